@@ -1,0 +1,40 @@
+# Two commands set up everything on a fresh machine: `make demo` and `make test`.
+# Both create (or reuse) the project's virtual environment in .venv and install what they need.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast bench install clean help
+
+help:
+	@echo "make demo   - train five residual schemes on the embedded digits and compare them"
+	@echo "make test   - run the whole test suite (slow tests included)"
+	@echo "make bench  - side-by-side speed/memory benchmarks"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall when the dependency list changes.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test,bench]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/rescale demo
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) runs demo_output .pytest_cache

@@ -1,0 +1,32 @@
+"""rescale_core: residual schemes, layers, model families and probes for normalization-free nets.
+
+    >>> import rescale_core
+    >>> model = rescale_core.create_model("resnet101", scheme="rescale", num_classes=10)
+    >>> groups = rescale_core.param_groups(model, weight_decay=1e-4, lr=0.1)
+
+Nothing here imports Lightning, W&B or data code; every task builds its networks through
+:func:`create_model`.
+"""
+from . import analysis, models  # noqa: F401  (models registers every family)
+from .blocks import ResidualBlock, ResidualMerge, ResidualSublayer
+from .layers import Gain, MeanShiftBias, ScalarBias
+from .optim import param_groups
+from .registry import create_model, list_models, register_model
+from .schemes import Scheme, get_scheme, list_schemes, register_scheme
+
+__all__ = [
+    "create_model", "list_models", "register_model", "list_schemes", "get_scheme", "register_scheme",
+    "Scheme", "param_groups", "analysis", "ResidualBlock", "ResidualMerge", "ResidualSublayer",
+    "MeanShiftBias", "ScalarBias", "Gain", "mean_shift_layers", "finish_measuring",
+]
+
+
+def mean_shift_layers(model):
+    """Every :class:`MeanShiftBias` of ``model``."""
+    return [m for m in model.modules() if isinstance(m, MeanShiftBias)]
+
+
+def finish_measuring(model) -> None:
+    """Freeze every mean-shift statistic of ``model`` now."""
+    for m in mean_shift_layers(model):
+        m.finish_measuring()

@@ -1,0 +1,138 @@
+"""Probes for the questions the papers raise. Hooks only: no model changes, state restored.
+
+- :func:`signal_propagation`: per residual block, the variances of the scaled skip term, the
+  scaled branch term, their sum and the block output, and the relative error of the RescaleNet
+  rebuttal's Eq. 1, ``eta_k = |Var[a x] + Var[b F] - Var[x_k]| / Var[x_k]``.
+- :func:`learned_scalars`: the learned branch multipliers per block (rebuttal [R2]).
+- :func:`dead_relu_fraction`: fraction of ReLU units that never fire on a batch (Sec. 4.4).
+"""
+from __future__ import annotations
+
+import copy
+import re
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from .blocks import ResidualMerge
+from .layers import MeanShiftBias
+
+__all__ = ["signal_propagation", "residual_blocks", "learned_scalars", "dead_relu_fraction"]
+
+
+def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(qualified name, module) of every module owning a :class:`ResidualMerge`, in model order."""
+    return [(name, m) for name, m in model.named_modules()
+            if isinstance(getattr(m, "merge", None), ResidualMerge)]
+
+
+def _stage_of(name: str) -> str:
+    """``layer3.5`` -> ``layer3``; ``encoder.layers.2.ffn`` -> ``encoder.layers``."""
+    match = re.match(r"^(.*?)(?:\.\d+)(?:\.|$)", name)
+    return match.group(1) if match else name.rsplit(".", 1)[0]
+
+
+@contextmanager
+def _preserved_state(model: nn.Module, train: bool | None):
+    """Run with the given mode and put every parameter, buffer and mode back afterwards."""
+    state = copy.deepcopy(model.state_dict())
+    modes = {m: m.training for m in model.modules()}
+    if train is not None:
+        model.train(train)
+    try:
+        yield
+    finally:
+        model.load_state_dict(state)
+        for m, mode in modes.items():
+            m.training = mode
+
+
+def _var(t: torch.Tensor) -> float:
+    return float(t.detach().double().var(unbiased=False))
+
+
+def signal_propagation(model: nn.Module, inputs, train: bool | None = True) -> list[dict]:
+    """One forward pass with hooks; one dict per residual block in forward order.
+
+    Keys: ``name``, ``stage``, ``block`` (index inside its stage), ``k`` and ``L``,
+    ``skip_scale``/``branch_scale`` (fixed multipliers), ``gain`` (mean learned multiplier or
+    None), ``var_skip``, ``var_branch``, ``var_sum``, ``var_out`` (what the next block receives)
+    and ``eta``. ``inputs`` is a tensor or a tuple of positional arguments.
+
+    ``train=True`` (default) measures as at the start of training (BatchNorm uses batch
+    statistics; mean-shift layers still measuring subtract this batch's means, as they would on
+    the first training batch); ``False`` uses eval mode; ``None`` keeps the model's mode. The
+    model's parameters, buffers (BN running stats, mean-shift state) and modes are restored.
+    Models without residual blocks (VGG) give an empty list.
+    """
+    blocks = residual_blocks(model)
+    records: list[dict] = []
+    pending: dict[int, dict] = {}
+    handles = []
+
+    def merge_hook(merge: ResidualMerge, args, output):
+        skip, branch = args[0], args[1]
+        rec = {"var_skip": _var(merge.skip_term(skip)), "var_branch": _var(merge.branch_term(branch)),
+               "var_sum": _var(output)}
+        pending[id(merge)] = rec
+
+    def block_hook(name: str):
+        def hook(block: nn.Module, args, output):
+            out = output[0] if isinstance(output, tuple) else output
+            rec = pending.pop(id(block.merge))
+            merge = block.merge
+            gain = None if merge.gain is None else float(merge.gain.weight.detach().mean())
+            stage = _stage_of(name)
+            index = sum(1 for r in records if r["stage"] == stage)
+            rec.update(name=name, stage=stage, block=index, k=merge.k, L=merge.L,
+                       skip_scale=merge.skip_scale, branch_scale=merge.branch_scale, gain=gain,
+                       var_out=_var(out))
+            rec["eta"] = abs(rec["var_skip"] + rec["var_branch"] - rec["var_sum"]) / max(rec["var_sum"], 1e-30)
+            records.append(rec)
+        return hook
+
+    measuring = any(isinstance(m, MeanShiftBias) and m.measuring for m in model.modules())
+    with _preserved_state(model, train):
+        try:
+            for name, block in blocks:
+                handles.append(block.merge.register_forward_hook(merge_hook))
+                handles.append(block.register_forward_hook(block_hook(name)))
+            args = inputs if isinstance(inputs, tuple) else (inputs,)
+            # Gradients enabled only so that mean-shift layers measure, as on a training batch.
+            with torch.set_grad_enabled(bool(train) and measuring):
+                model(*args)
+        finally:
+            for h in handles:
+                h.remove()
+    return records
+
+
+def learned_scalars(model: nn.Module) -> dict[str, float]:
+    """Mean learned branch multiplier of every residual block (name -> value)."""
+    return {name: float(block.merge.gain.weight.detach().mean())
+            for name, block in residual_blocks(model) if block.merge.gain is not None}
+
+
+@torch.no_grad()
+def dead_relu_fraction(model: nn.Module, inputs) -> float:
+    """Fraction of post-ReLU units (over channels of every ReLU call) that are zero for every
+    sample and position of ``inputs``: the dead neurons the mean-shift biases are meant to avoid."""
+    dead, total = 0, 0
+
+    def hook(module, args, output):
+        nonlocal dead, total
+        alive = output.detach().transpose(0, 1).reshape(output.shape[1], -1).gt(0).any(dim=1)
+        dead += int((~alive).sum())
+        total += alive.numel()
+
+    was_training = model.training
+    model.eval()
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.ReLU)]
+    try:
+        model(*(inputs if isinstance(inputs, tuple) else (inputs,)))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return dead / max(total, 1)

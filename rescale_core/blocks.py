@@ -1,0 +1,202 @@
+"""The one residual block every scheme and family uses, and the merge it asks its scheme for.
+
+- :class:`ResidualMerge`: ``block_scale * (skip_scale * s + branch_scale * gain * f + bias)``.
+  The analysis probe hooks this module: its two inputs are the skip and branch terms.
+- :class:`ResidualBlock`: basic (2 convs) or bottleneck (3 convs) branch, 1D/2D/3D, projection
+  shortcut; attribute names follow torchvision (``conv1``, ``bn1``, ..., ``downsample``) so a
+  ``bn`` ResNet loads torchvision's state dicts and torchvision's FPN/detectors wrap it.
+  Pre-conv biases (mean-shift or Fixup scalars) are ``shift1``..``shiftm``.
+- :class:`ResidualSublayer`: the Transformer sublayer (attention or feed-forward branch)
+  under post-LN, pre-LN, ``rescale``, ``rezero`` or ``skipinit``.
+
+Deviations from the official code: RescaleNet's official init multiplier uses ``k - 1 + L`` where
+the formula it implements (rebuttal [R4]) has ``k + L``; we follow the formula, so that
+``alpha_k^2 + beta_k^2 = 1`` holds exactly at init. Fixup's official downsample shares the branch's
+first scalar bias; ours has its own. CIFAR ResNets use projection (option B) shortcuts.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .init import init_branch, init_shortcut, rescale_conv_multiplier
+from .layers import (Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_shape, conv_nd,
+                     dropout_nd, make_norm)
+from .schemes import Scheme
+
+__all__ = ["ResidualMerge", "ResidualBlock", "ResidualSublayer", "pre_conv_bias"]
+
+
+class ResidualMerge(nn.Module):
+    """Mixes the skip path and the branch of block ``k`` of ``L`` as its scheme says."""
+
+    def __init__(self, scheme: Scheme, k: int, L: int, channel_shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.k, self.L = k, L
+        self.skip_scale = scheme.block_scale * scheme.skip_scale(k, L)
+        self.branch_scale = scheme.block_scale * scheme.branch_scale(k, L)
+        self.gain = None
+        if scheme.gain is not None:
+            self.gain = Gain(scheme.gain_init, channel_shape if scheme.gain == "vector" else (1,))
+        # Fixup's scalar bias after the multiplier (not scaled by block_scale: no scheme uses both)
+        self.bias = ScalarBias() if scheme.scalar_biases else None
+
+    def skip_term(self, skip: torch.Tensor) -> torch.Tensor:
+        return skip if self.skip_scale == 1.0 else skip * self.skip_scale
+
+    def branch_term(self, branch: torch.Tensor) -> torch.Tensor:
+        if self.gain is not None:
+            out = branch * (self.gain.weight * self.branch_scale)
+        elif self.branch_scale != 1.0:
+            out = branch * self.branch_scale
+        else:
+            out = branch
+        if self.bias is not None:
+            out = self.bias(out)
+        return out
+
+    def forward(self, skip: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+        if self.gain is not None and self.bias is None:
+            # one fused kernel pair: branch * (g * beta) + alpha * skip
+            return torch.add(branch * (self.gain.weight * self.branch_scale), skip,
+                             alpha=self.skip_scale)
+        return self.branch_term(branch) + self.skip_term(skip)
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}, L={self.L}, skip_scale={self.skip_scale:.4f}, branch_scale={self.branch_scale:.4f}"
+
+
+def pre_conv_bias(scheme: Scheme, channels: int, spatial_dims: int) -> nn.Module:
+    """What a scheme puts in front of a convolution: mean-shift bias, Fixup scalar, or nothing."""
+    if scheme.mean_shift:
+        return MeanShiftBias(channels, spatial_dims, scheme.measure_batches)
+    if scheme.scalar_biases:
+        return ScalarBias()
+    return nn.Identity()
+
+
+def _post_conv(scheme: Scheme, channels: int, spatial_dims: int, last: bool) -> nn.Module:
+    """After a branch conv: its norm layer, or Fixup's pre-activation scalar bias."""
+    if scheme.norm in ("bn", "gn"):
+        return make_norm(scheme.norm, channels, spatial_dims)
+    if scheme.scalar_biases and not last:
+        return ScalarBias()
+    return nn.Identity()
+
+
+class ResidualBlock(nn.Module):
+    """``relu(merge(shortcut(x), F(x)))`` with F a basic or bottleneck branch.
+
+    Args:
+        scheme: the residual scheme.
+        in_channels, planes: input channels and branch width (output = planes * expansion).
+        stride: stride of the block (on the 3x3 conv, as torchvision's ResNet v1.5).
+        kind: "basic" (3x3, 3x3; expansion 1) or "bottleneck" (1x1, 3x3, 1x1; expansion 4).
+        k, L: this block's 1-based index among the network's L residual blocks.
+        spatial_dims: 2 for images, 3 for video.
+        groups, base_width: ResNeXt cardinality and width per group.
+        conv_dropout: dropout after every branch conv (RescaleNet's Dropout2d/3d).
+    """
+
+    expansions = {"basic": 1, "bottleneck": 4}
+
+    def __init__(self, scheme: Scheme, in_channels: int, planes: int, stride: int = 1,
+                 kind: str = "basic", k: int = 1, L: int = 1, spatial_dims: int = 2,
+                 groups: int = 1, base_width: int = 64, conv_dropout: float = 0.0) -> None:
+        super().__init__()
+        if kind not in self.expansions:
+            raise ValueError(f"unknown block kind {kind!r}; expected basic or bottleneck")
+        self.kind, self.k, self.L = kind, k, L
+        out_channels = planes * self.expansions[kind]
+        if kind == "basic":
+            if groups != 1 or base_width != 64:
+                raise ValueError("basic blocks support only groups=1 and base_width=64")
+            specs = [(in_channels, planes, 3, stride, 1), (planes, planes, 3, 1, 1)]
+        else:
+            width = int(planes * (base_width / 64.0)) * groups
+            if width < 1:
+                raise ValueError(f"bottleneck width int({planes} * {base_width} / 64) * {groups} is 0: "
+                                 "planes too small for this width per group (use a larger base_width)")
+            specs = [(in_channels, width, 1, 1, 1), (width, width, 3, stride, groups),
+                     (width, out_channels, 1, 1, 1)]
+        self.num_convs = m = len(specs)
+        convs, norms = [], []
+        for i, (cin, cout, ks, s, g) in enumerate(specs, start=1):
+            setattr(self, f"shift{i}", pre_conv_bias(scheme, cin, spatial_dims))
+            conv = conv_nd(spatial_dims, cin, cout, ks, stride=s, padding=ks // 2, groups=g,
+                           bias=scheme.conv_bias)
+            setattr(self, f"conv{i}", conv)
+            norm = _post_conv(scheme, cout, spatial_dims, last=i == m)
+            setattr(self, f"bn{i}", norm)
+            convs.append(conv)
+            norms.append(norm)
+        self.drop = dropout_nd(conv_dropout, spatial_dims)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or in_channels != out_channels:
+            self.downsample = self._shortcut(scheme, in_channels, out_channels, stride, spatial_dims)
+        self.merge = ResidualMerge(scheme, k, L, channel_shape(out_channels, spatial_dims))
+        self.merge_norm = make_norm("bn", out_channels, spatial_dims) if scheme.merge_norm else nn.Identity()
+        init_branch(scheme, convs, norms, k, L, dropout=conv_dropout)
+
+    @staticmethod
+    def _shortcut(scheme: Scheme, cin: int, cout: int, stride: int, spatial_dims: int) -> nn.Sequential:
+        if scheme.mean_shift:  # RescaleNet: avgpool(stride) -> bias -> conv1x1
+            layers = [StridedAvgPool(stride, spatial_dims)] if stride > 1 else []
+            layers += [MeanShiftBias(cin, spatial_dims, scheme.measure_batches),
+                       conv_nd(spatial_dims, cin, cout, 1, bias=False)]
+        else:
+            layers = [ScalarBias()] if scheme.scalar_biases else []
+            layers.append(conv_nd(spatial_dims, cin, cout, 1, stride=stride, bias=scheme.conv_bias))
+            if scheme.norm in ("bn", "gn"):
+                layers.append(make_norm(scheme.norm, cout, spatial_dims))
+        shortcut = nn.Sequential(*layers)
+        conv = next(m for m in shortcut if isinstance(m, nn.modules.conv._ConvNd))
+        init_shortcut(scheme, conv)
+        return shortcut
+
+    def branch(self, x: torch.Tensor) -> torch.Tensor:
+        out = x
+        for i in range(1, self.num_convs + 1):
+            out = getattr(self, f"shift{i}")(out)
+            out = self.drop(getattr(self, f"conv{i}")(out))
+            out = getattr(self, f"bn{i}")(out)
+            if i < self.num_convs:
+                out = self.relu(out)
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x if self.downsample is None else self.downsample(x)
+        out = self.merge(shortcut, self.branch(x))
+        return self.relu(self.merge_norm(out))
+
+
+class ResidualSublayer(nn.Module):
+    """A Transformer residual sublayer ``x -> merge(x, dropout(fn(x, ...)))`` under a scheme.
+
+    ``post_ln``: ``LN(x + F(x))`` (Vaswani et al. 2017). ``pre_ln``: ``x + F(LN(x))``
+    (Xiong et al. 2020). ``rescale``: ``alpha_k x + beta g_k F(x)`` with the weights listed in
+    ``scaled_layers`` multiplied by the RescaleNet init multiplier (m = their number).
+    ``rezero`` / ``skipinit``: ``x + a_k F(x)``, ``a_k = 0`` at init.
+    """
+
+    def __init__(self, scheme: Scheme, d_model: int, fn: nn.Module, k: int, L: int,
+                 dropout: float = 0.0, scaled_layers: list[nn.Module] | None = None) -> None:
+        super().__init__()
+        if not scheme.supports("transformer"):
+            raise ValueError(f"scheme {scheme.name!r} has no Transformer form; use one of "
+                             "post_ln, pre_ln, rescale, rezero, skipinit")
+        self.fn = fn
+        self.pre_norm = make_norm("ln", d_model) if scheme.norm == "ln" and scheme.norm_position == "pre" else nn.Identity()
+        self.post_norm = make_norm("ln", d_model) if scheme.norm == "ln" and scheme.norm_position == "post" else nn.Identity()
+        self.dropout = nn.Dropout(dropout)
+        self.merge = ResidualMerge(scheme, k, L, (d_model,))  # features last
+        if scheme.init == "rescale" and scaled_layers:
+            mult = rescale_conv_multiplier(k, L, len(scaled_layers), scheme.c, 0.0, scheme.fixed_beta)
+            with torch.no_grad():
+                for layer in scaled_layers:
+                    layer.weight.mul_(mult)
+
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        out = self.dropout(self.fn(self.pre_norm(x), *args, **kwargs))
+        return self.post_norm(self.merge(x, out))

@@ -1,0 +1,111 @@
+"""Initialisers, each citing the equation it implements.
+
+Called once by the blocks and model families at construction time (never from ``forward``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .schemes import Scheme
+
+__all__ = ["he_normal_", "rescale_conv_multiplier", "fixup_multiplier", "init_branch",
+           "init_shortcut", "init_stem", "init_classifier"]
+
+
+def _fans(weight: torch.Tensor) -> tuple[int, int]:
+    receptive = math.prod(weight.shape[2:]) if weight.dim() > 2 else 1
+    return weight.shape[1] * receptive, weight.shape[0] * receptive
+
+
+@torch.no_grad()
+def he_normal_(weight: torch.Tensor, mode: str = "fan_in", gain: float = math.sqrt(2.0),
+               multiplier: float = 1.0) -> torch.Tensor:
+    """N(0, (gain * multiplier)^2 / fan): He et al. 2015, Eq. 10 (gain sqrt(2) for ReLU).
+
+    ``fan_in`` of a grouped conv counts only the channels of one group, like PyTorch.
+    """
+    fan_in, fan_out = _fans(weight)
+    fan = fan_in if mode == "fan_in" else fan_out
+    return weight.normal_(0.0, gain * multiplier / math.sqrt(fan))
+
+
+def rescale_conv_multiplier(k: int, L: int, m: int, c: float | None = None,
+                            dropout: float = 0.0, fixed_beta: bool = True) -> float:
+    """RescaleNet rebuttal [R4]: std multiplier of each of the m convs of branch k of L.
+
+    With ``beta = L^-1/2`` fixed, ``(L / (k + c))^(1/(2m))`` per conv makes the branch variance at
+    init ``L / (k + c)`` times smaller, so the effective ``beta_k^2 = 1 / (k + c)`` of Eq. 5.
+    ``sqrt(1 - p)`` compensates conv dropout p (inverted dropout scales activations by 1/(1-p)).
+    """
+    c = float(L) if c is None else float(c)
+    mult = (L / (k + c)) ** (1.0 / (2 * m)) if fixed_beta else 1.0
+    return mult * math.sqrt(1.0 - dropout)
+
+
+def fixup_multiplier(L: int, m: int) -> float:
+    """Fixup (Zhang et al. 2019, Sec. 3, rule 2): scale branch layers' He init by L^(-1/(2m-2))."""
+    return L ** (-1.0 / (2 * m - 2)) if m > 1 else 1.0
+
+
+@torch.no_grad()
+def init_branch(scheme: Scheme, convs: list[nn.Module], norms: list[nn.Module], k: int, L: int,
+                dropout: float = 0.0) -> None:
+    """Initialise the m layers of residual branch k (1-based) of L under ``scheme``."""
+    m = len(convs)
+    for i, conv in enumerate(convs):
+        last = i == m - 1
+        if scheme.init == "rescale":
+            mult = rescale_conv_multiplier(k, L, m, scheme.c, dropout, scheme.fixed_beta)
+            he_normal_(conv.weight, "fan_in", multiplier=mult)
+        elif scheme.init == "fixup":
+            if last:
+                conv.weight.zero_()
+            else:
+                he_normal_(conv.weight, "fan_out", multiplier=fixup_multiplier(L, m))
+        elif scheme.init == "he_fan_in":
+            he_normal_(conv.weight, "fan_in")
+        else:  # torchvision's ResNet: kaiming_normal_(mode="fan_out", nonlinearity="relu")
+            he_normal_(conv.weight, "fan_out")
+        if getattr(conv, "bias", None) is not None:
+            conv.bias.zero_()
+    for i, norm in enumerate(norms):
+        if getattr(norm, "weight", None) is not None and isinstance(norm.weight, nn.Parameter):
+            if isinstance(norm, (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)):
+                norm.weight.fill_(0.0 if (scheme.zero_gamma and i == len(norms) - 1) else 1.0)
+                norm.bias.zero_()
+
+
+@torch.no_grad()
+def init_shortcut(scheme: Scheme, conv: nn.Module) -> None:
+    """Projection shortcut: He gain 1 for RescaleNet (official code: kaiming_normal_, a=1),
+    Fixup's fan-out He normal, torchvision's fan-out He normal otherwise."""
+    if scheme.init == "rescale":
+        he_normal_(conv.weight, "fan_in", gain=1.0)
+    elif scheme.init == "he_fan_in":
+        he_normal_(conv.weight, "fan_in")
+    else:
+        he_normal_(conv.weight, "fan_out")
+    if getattr(conv, "bias", None) is not None:
+        conv.bias.zero_()
+
+
+@torch.no_grad()
+def init_stem(scheme: Scheme, conv: nn.Module) -> None:
+    he_normal_(conv.weight, "fan_out" if scheme.init in ("he_fan_out", "fixup") else "fan_in")
+    if getattr(conv, "bias", None) is not None:
+        conv.bias.zero_()
+
+
+@torch.no_grad()
+def init_classifier(scheme: Scheme, fc: nn.Linear) -> None:
+    """Fixup: zeros (rule 1). RescaleNet: He normal with gain 1 (official code). Otherwise
+    PyTorch's default Linear init, as torchvision's ResNet."""
+    if scheme.zero_classifier:
+        fc.weight.zero_()
+        fc.bias.zero_()
+    elif scheme.init == "rescale":
+        he_normal_(fc.weight, "fan_in", gain=1.0)
+        fc.bias.zero_()

@@ -1,0 +1,167 @@
+"""Small layers the residual schemes are made of.
+
+- :class:`MeanShiftBias`: RescaleNet's bias re-parameterisation against dead ReLUs
+  (Shao et al., NeurIPS 2020, Sec. 4.4): ``y = x + b - mu0`` where ``mu0`` is the per-channel
+  mean of ``x`` measured over the first ``measure_batches`` training batches.
+- :class:`ScalarBias` / :class:`Gain`: Fixup's scalar biases and the learnable branch
+  multipliers (scalar or per-channel) of RescaleNet, SkipInit, Fixup and ReZero.
+- :func:`make_norm`, :func:`conv_nd`: factories so one block serves 1D/2D/3D and every norm.
+
+Deviations from the official RescaleNet code (hukkai/rescaling, ``models/layers.py``):
+
+- the measuring counter advances only in training mode with gradients enabled, so
+  evaluation passes (Lightning's sanity check, ``torch.no_grad()`` validation) never consume
+  the measuring batches;
+- the "still measuring?" test reads a Python integer mirrored from the ``count`` buffer, so
+  once measuring is over ``forward`` performs no host-device synchronisation;
+- under ``torch.distributed`` the batch means are averaged across ranks while measuring, so
+  every rank ends with the same ``mu0``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["MeanShiftBias", "ScalarBias", "Gain", "channel_shape", "make_norm", "conv_nd", "pool_nd",
+           "dropout_nd", "StridedAvgPool"]
+
+
+def channel_shape(num_channels: int, spatial_dims: int) -> tuple[int, ...]:
+    """Broadcast shape of a per-channel parameter for (N, C, *spatial) inputs."""
+    return (1, num_channels) + (1,) * spatial_dims
+
+
+class MeanShiftBias(nn.Module):
+    """``y = x + bias - mu0`` with ``mu0`` the input's per-channel mean over the first batches.
+
+    Args:
+        num_channels: channels C of an input shaped (N, C, *spatial) or (N, C).
+        spatial_dims: 0 for (N, C) inputs (before a linear layer), 1, 2 or 3.
+        measure_batches: number of training forward calls averaged into ``mu0`` (paper: 8).
+        measure_bias_scale: the learnable bias is multiplied by this while measuring (1e-2 in the
+            official code), so the first updates cannot move it far before ``mu0`` is known.
+    """
+
+    def __init__(self, num_channels: int, spatial_dims: int = 2, measure_batches: int = 8,
+                 measure_bias_scale: float = 1e-2) -> None:
+        super().__init__()
+        shape = channel_shape(num_channels, spatial_dims)
+        self.num_channels = num_channels
+        self.measure_batches = int(measure_batches)
+        self.measure_bias_scale = float(measure_bias_scale)
+        self.bias = nn.Parameter(torch.zeros(shape))
+        self.register_buffer("mu0", torch.zeros(shape))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+        self._reduce_dims = (0,) + tuple(range(2, spatial_dims + 2))
+        self._count = 0  # Python mirror of `count`: no device sync to ask "still measuring?"
+
+    @property
+    def measuring(self) -> bool:
+        return self._count < self.measure_batches
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._count >= self.measure_batches:
+            return x + (self.bias - self.mu0)
+        if self.training and torch.is_grad_enabled():
+            self._update(x.detach())
+        return x + (self.bias * self.measure_bias_scale - self.mu0)
+
+    @torch.no_grad()
+    def _update(self, x: torch.Tensor) -> None:
+        mean = x.mean(dim=self._reduce_dims, keepdim=True).to(self.mu0.dtype)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(mean, op=dist.ReduceOp.SUM)
+            mean /= dist.get_world_size()
+        self._count += 1
+        # Running mean over the measured batches: mu0 <- mu0 + (m - mu0) / n.
+        self.mu0.add_((mean - self.mu0) / self._count)
+        self.count.fill_(self._count)
+
+    def finish_measuring(self) -> None:
+        """Freeze ``mu0`` now (e.g. after measuring on a calibration set instead of batches)."""
+        self._count = max(self._count, self.measure_batches)
+        self.count.fill_(self._count)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._count = int(self.count.item())  # one sync at load time, never in forward
+
+    def extra_repr(self) -> str:
+        return f"{self.num_channels}, measure_batches={self.measure_batches}"
+
+
+class ScalarBias(nn.Module):
+    """A single learnable scalar added to the input (Fixup, Zhang et al. 2019, Sec. 3)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.bias
+
+
+class Gain(nn.Module):
+    """A learnable multiplier of the given broadcast shape: ``(1,)`` for a scalar, or per channel."""
+
+    def __init__(self, init: float = 1.0, shape: tuple[int, ...] = (1,)) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.full(shape, float(init)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+
+def make_norm(kind: str | None, num_channels: int, spatial_dims: int = 2,
+              groups: int = 32) -> nn.Module:
+    """BatchNorm{1,2,3}d, GroupNorm (``groups`` groups, fewer when C is small), LayerNorm or Identity."""
+    if kind is None or kind == "none":
+        return nn.Identity()
+    if kind == "bn":
+        return {0: nn.BatchNorm1d, 1: nn.BatchNorm1d, 2: nn.BatchNorm2d,
+                3: nn.BatchNorm3d}[spatial_dims](num_channels)
+    if kind == "gn":
+        g = groups
+        while num_channels % g:
+            g //= 2
+        return nn.GroupNorm(g, num_channels)
+    if kind == "ln":
+        return nn.LayerNorm(num_channels)
+    raise ValueError(f"unknown norm {kind!r}; expected one of bn, gn, ln, none")
+
+
+def conv_nd(spatial_dims: int, *args, **kwargs) -> nn.Module:
+    return {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[spatial_dims](*args, **kwargs)
+
+
+def pool_nd(kind: str, spatial_dims: int, *args, **kwargs) -> nn.Module:
+    table = {"avg": {1: nn.AvgPool1d, 2: nn.AvgPool2d, 3: nn.AvgPool3d},
+             "max": {1: nn.MaxPool1d, 2: nn.MaxPool2d, 3: nn.MaxPool3d}}
+    return table[kind][spatial_dims](*args, **kwargs)
+
+
+class StridedAvgPool(nn.Module):
+    """``avgpool(stride)`` of RescaleNet's downsample shortcut whose output always has the size of
+    the branch's strided 3x3 conv, ``ceil(n / stride)``: the official ``nn.AvgPool2d(stride)``
+    fails on odd sizes (shape mismatch at the merge) and on size 1 (e.g. a 3D clip's time axis
+    after a few strides). Same result as ``AvgPool(stride)`` on sizes divisible by the stride."""
+
+    def __init__(self, stride: int, spatial_dims: int) -> None:
+        super().__init__()
+        self.stride, self.spatial_dims = int(stride), spatial_dims
+        self._pool = {1: nn.functional.avg_pool1d, 2: nn.functional.avg_pool2d,
+                      3: nn.functional.avg_pool3d}[spatial_dims]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kernel = tuple(min(self.stride, n) for n in x.shape[2:])
+        return self._pool(x, kernel, self.stride, ceil_mode=True, count_include_pad=False)
+
+    def extra_repr(self) -> str:
+        return f"stride={self.stride}"
+
+
+def dropout_nd(p: float, spatial_dims: int) -> nn.Module:
+    if p <= 0:
+        return nn.Identity()
+    return {0: nn.Dropout, 1: nn.Dropout1d, 2: nn.Dropout2d, 3: nn.Dropout3d}[spatial_dims](p)

@@ -1,0 +1,230 @@
+"""ResNets under every residual scheme: ImageNet ResNets/ResNeXts, CIFAR ResNets, Wide-ResNets
+and 3D ResNets, all built from :class:`rescale_core.blocks.ResidualBlock`.
+
+Papers: He et al. 2016 (ResNet, v1.5 stride on the 3x3 conv as torchvision); Xie et al. 2017
+(ResNeXt); Zagoruyko & Komodakis 2016 (Wide-ResNet); Hara et al. 2018 (3D ResNets); the schemes'
+papers are cited in :mod:`rescale_core.schemes`. RescaleNet's network-level pieces (Shao et al.
+2020, official ``models/rescale.py``): mean-shift bias after the stem conv and before global
+pooling, He-gain-1 classifier, Dropout2d in stages 3-4 and dropout before the classifier.
+
+The attribute names are torchvision's (``conv1``, ``bn1``, ``relu``, ``maxpool``,
+``layer1``..``layer4``, ``fc``; ``bn1`` holds whatever the scheme puts after the stem conv), the
+stem and stages are direct children in forward order, and ``out_channels_per_stage`` /
+``stage_names`` are exposed, so ``torchvision.models.detection.backbone_utils.BackboneWithFPN``
+wraps these networks unchanged.
+
+Deviations: Wide-ResNets and CIFAR ResNets use the v1 (post-activation) block with a projection
+shortcut; Wide-ResNet depth counts 6n+4 layers as in the WRN paper, CIFAR ResNet 6n+2.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..blocks import ResidualBlock
+from ..init import init_classifier, init_stem
+from ..layers import MeanShiftBias, ScalarBias, conv_nd, make_norm, pool_nd
+from ..registry import register_model
+from ..schemes import Scheme, get_scheme
+
+__all__ = ["ResNetConfig", "ResNet", "resnet", "cifar_resnet", "wide_resnet", "resnet3d"]
+
+
+@dataclass(frozen=True)
+class ResNetConfig:
+    block: str                             # "basic" | "bottleneck"
+    layers: tuple[int, ...]                # blocks per stage
+    widths: tuple[int, ...] = (64, 128, 256, 512)
+    stem: str = "imagenet"                 # "imagenet": 7x7/2 + maxpool; "cifar": 3x3/1
+    stem_width: int = 64
+    groups: int = 1
+    width_per_group: int = 64
+    spatial_dims: int = 2
+
+
+def _stem_post(scheme: Scheme, channels: int, spatial_dims: int) -> nn.Module:
+    if scheme.norm in ("bn", "gn"):
+        return make_norm(scheme.norm, channels, spatial_dims)
+    if scheme.mean_shift:
+        return MeanShiftBias(channels, spatial_dims, scheme.measure_batches)
+    if scheme.scalar_biases:
+        return ScalarBias()
+    return nn.Identity()
+
+
+class ResNet(nn.Module):
+    """A ResNet whose residual blocks follow ``scheme``.
+
+    Args:
+        config: the architecture (:class:`ResNetConfig`).
+        scheme: a scheme name or instance; ``scheme_options`` override its fields.
+        num_classes: classifier outputs (0: no classifier, ``forward`` returns pooled features).
+        in_channels: input channels (3 for RGB, 1 for digits/MNIST).
+    """
+
+    def __init__(self, config: ResNetConfig, scheme: "str | Scheme" = "bn",
+                 scheme_options: dict | None = None, num_classes: int = 1000,
+                 in_channels: int = 3) -> None:
+        super().__init__()
+        self.config = config
+        self.scheme = scheme = get_scheme(scheme, **(scheme_options or {}))
+        if not scheme.supports("conv"):
+            raise ValueError(f"scheme {scheme.name!r} is for Transformers, not ResNets")
+        d = config.spatial_dims
+        self.num_blocks = L = sum(config.layers)
+        self._build_stem(config, scheme, in_channels)
+        inplanes, k = config.stem_width, 1
+        expansion = ResidualBlock.expansions[config.block]
+        self.stage_names, self.out_channels_per_stage = [], []
+        for s, (planes, n) in enumerate(zip(config.widths, config.layers), start=1):
+            stride = 1 if s == 1 else 2
+            drop = scheme.conv_dropout if s in scheme.conv_dropout_stages else 0.0
+            blocks = []
+            for j in range(n):
+                blocks.append(ResidualBlock(scheme, inplanes, planes, stride if j == 0 else 1,
+                                            config.block, k, L, d, config.groups,
+                                            config.width_per_group, drop))
+                inplanes, k = planes * expansion, k + 1
+            setattr(self, f"layer{s}", nn.Sequential(*blocks))
+            self.stage_names.append(f"layer{s}")
+            self.out_channels_per_stage.append(inplanes)
+        self.num_features = inplanes
+        self.pool_shift = MeanShiftBias(inplanes, d, scheme.measure_batches) if scheme.mean_shift else nn.Identity()
+        self.avgpool = _global_pool(d)
+        self.head_norm = nn.BatchNorm1d(inplanes) if scheme.head_norm else nn.Identity()
+        self.dropout = nn.Dropout(scheme.classifier_dropout) if scheme.classifier_dropout > 0 else nn.Identity()
+        self.fc_bias = ScalarBias() if scheme.scalar_biases else nn.Identity()
+        self.fc = nn.Linear(inplanes, num_classes) if num_classes > 0 else nn.Identity()
+        if num_classes > 0:
+            init_classifier(scheme, self.fc)
+
+    def _build_stem(self, config: ResNetConfig, scheme: Scheme, in_channels: int) -> None:
+        d, w = config.spatial_dims, config.stem_width
+        if config.stem == "imagenet":
+            kernel = (3, 7, 7) if d == 3 else 7
+            stride = (1, 2, 2) if d == 3 else 2
+            padding = (1, 3, 3) if d == 3 else 3
+            self.conv1 = conv_nd(d, in_channels, w, kernel, stride=stride, padding=padding, bias=False)
+        elif config.stem == "cifar":
+            self.conv1 = conv_nd(d, in_channels, w, 3, stride=1, padding=1, bias=False)
+        else:
+            raise ValueError(f"unknown stem {config.stem!r}; expected imagenet or cifar")
+        self.bn1 = _stem_post(scheme, w, d)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = pool_nd("max", d, 3, 2, 1) if config.stem == "imagenet" else nn.Identity()
+        init_stem(scheme, self.conv1)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        for name in self.stage_names:
+            x = getattr(self, name)(x)
+        return x
+
+    def forward_head(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.flatten(self.avgpool(self.pool_shift(x)), 1)
+        return self.fc(self.fc_bias(self.dropout(self.head_norm(x))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    @property
+    def out_channels(self) -> int:
+        return self.num_features
+
+
+def _global_pool(spatial_dims: int) -> nn.Module:
+    return {1: nn.AdaptiveAvgPool1d, 2: nn.AdaptiveAvgPool2d, 3: nn.AdaptiveAvgPool3d}[spatial_dims](1)
+
+
+# --- named architectures (timm style: a table of configs, thin builders) -------------------
+IMAGENET_RESNETS: dict[str, ResNetConfig] = {
+    "resnet18": ResNetConfig("basic", (2, 2, 2, 2)),
+    "resnet34": ResNetConfig("basic", (3, 4, 6, 3)),
+    "resnet50": ResNetConfig("bottleneck", (3, 4, 6, 3)),
+    "resnet101": ResNetConfig("bottleneck", (3, 4, 23, 3)),
+    "resnet152": ResNetConfig("bottleneck", (3, 8, 36, 3)),
+    "resnet200": ResNetConfig("bottleneck", (3, 24, 36, 3)),
+    "resnext50_32x4d": ResNetConfig("bottleneck", (3, 4, 6, 3), groups=32, width_per_group=4),
+    "resnext101_32x8d": ResNetConfig("bottleneck", (3, 4, 23, 3), groups=32, width_per_group=8),
+}
+
+RESNETS_3D: dict[str, ResNetConfig] = {
+    "resnet3d_18": ResNetConfig("basic", (2, 2, 2, 2), spatial_dims=3),
+    "resnet3d_34": ResNetConfig("basic", (3, 4, 6, 3), spatial_dims=3),
+    "resnet3d_50": ResNetConfig("bottleneck", (3, 4, 6, 3), spatial_dims=3),
+    "resnet3d_101": ResNetConfig("bottleneck", (3, 4, 23, 3), spatial_dims=3),
+}
+
+# The papers' names: (model name, architecture, scheme)
+PAPER_MODELS = [
+    ("rescale18", "resnet18", "rescale"), ("rescale34", "resnet34", "rescale"),
+    ("rescale50", "resnet50", "rescale"), ("rescale101", "resnet101", "rescale"),
+    ("rescale152", "resnet152", "rescale"), ("rescale200", "resnet200", "rescale"),
+    ("rescalex50_32x4d", "resnext50_32x4d", "rescale"),
+    ("rescalex101_32x8d", "resnext101_32x8d", "rescale"),
+    ("fixup50", "resnet50", "fixup"), ("fixup101", "resnet101", "fixup"),
+    ("skipinit50", "resnet50", "skipinit"), ("skipinit101", "resnet101", "skipinit"),
+    ("rezero50", "resnet50", "rezero"),
+    ("rescale3d_50", "resnet3d_50", "rescale"),
+]
+
+
+def resnet(arch: str = "resnet50", scheme: "str | Scheme" = "bn", width: int = 1, **kwargs) -> ResNet:
+    """An ImageNet-style ResNet/ResNeXt or 3D ResNet by name; ``width`` multiplies the widths
+    (a cheap way to build tiny versions for tests: ``width`` < 1 is not allowed, use
+    ``base_width`` instead)."""
+    table = {**IMAGENET_RESNETS, **RESNETS_3D}
+    cfg = table[arch]
+    base_width = kwargs.pop("base_width", None)
+    if base_width is not None:  # scale all widths so that stage 1 has base_width planes
+        f = base_width / cfg.widths[0]
+        cfg = ResNetConfig(cfg.block, cfg.layers, tuple(max(1, int(w * f)) for w in cfg.widths),
+                           cfg.stem, base_width, cfg.groups, cfg.width_per_group, cfg.spatial_dims)
+    if width != 1:
+        cfg = ResNetConfig(cfg.block, cfg.layers, tuple(w * width for w in cfg.widths), cfg.stem,
+                           cfg.stem_width, cfg.groups, cfg.width_per_group, cfg.spatial_dims)
+    return ResNet(cfg, scheme, **kwargs)
+
+
+def cifar_resnet(depth: int = 20, scheme: "str | Scheme" = "bn", base_width: int = 16, **kwargs) -> ResNet:
+    """He et al. 2016's CIFAR ResNet: depth 6n+2, three stages of n basic blocks (16/32/64)."""
+    if (depth - 2) % 6:
+        raise ValueError(f"CIFAR ResNet depth must be 6n+2 (20, 32, 44, 56, 110, ...), got {depth}")
+    n = (depth - 2) // 6
+    w = base_width
+    cfg = ResNetConfig("basic", (n, n, n), (w, 2 * w, 4 * w), stem="cifar", stem_width=w)
+    return ResNet(cfg, scheme, **kwargs)
+
+
+def wide_resnet(depth: int = 16, width: int = 4, scheme: "str | Scheme" = "bn",
+                base_width: int = 16, **kwargs) -> ResNet:
+    """Wide-ResNet depth-width (Zagoruyko & Komodakis 2016): depth 6n+4, stages of n basic blocks
+    with 16k/32k/64k channels; e.g. 16-4, 28-10, 100-2 and SkipInit's 1000-2."""
+    if (depth - 4) % 6:
+        raise ValueError(f"Wide-ResNet depth must be 6n+4 (16, 28, 40, 100, 1000, ...), got {depth}")
+    n = (depth - 4) // 6
+    w = base_width
+    cfg = ResNetConfig("basic", (n, n, n), (w * width, 2 * w * width, 4 * w * width),
+                       stem="cifar", stem_width=w)
+    return ResNet(cfg, scheme, **kwargs)
+
+
+def resnet3d(arch: str = "resnet3d_18", scheme: "str | Scheme" = "bn", **kwargs) -> ResNet:
+    return resnet(arch, scheme, **kwargs)
+
+
+def _register() -> None:
+    for arch in IMAGENET_RESNETS:
+        register_model(arch, resnet, "resnet", arch=arch)
+    for arch in RESNETS_3D:
+        register_model(arch, resnet, "resnet3d", arch=arch)
+    for name, arch, scheme in PAPER_MODELS:
+        family = "resnet3d" if arch in RESNETS_3D else "resnet"
+        register_model(name, resnet, family, arch=arch, scheme=scheme)
+    register_model("cifar_resnet", cifar_resnet, "cifar_resnet")
+    register_model("wide_resnet", wide_resnet, "wide_resnet")
+
+
+_register()

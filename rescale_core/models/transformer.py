@@ -1,0 +1,478 @@
+"""Transformer encoder-decoder (Vaswani et al. 2017) whose every residual sublayer follows a scheme.
+
+Every attention and feed-forward sublayer is a :class:`rescale_core.blocks.ResidualSublayer`, so
+the same model trains as ``post_ln`` (Vaswani et al. 2017), ``pre_ln`` (Xiong et al. 2020, with a
+final LayerNorm on each stack's output), ``rescale`` (RescaleNet, Shao et al. 2020: the paper's
+deep WMT En-De Transformers without LayerNorm), ``rezero`` (Bachlechner et al. 2020) or
+``skipinit`` (De & Smith 2020). It is this suite's native replacement for fairseq's
+``transformer_wmt_en_de`` family (fairseq does not import on this stack; ``METHOD.md``).
+
+Block numbering for the schemes: k = 1..L over the sublayers of one stack in forward order;
+the encoder has L = 2 * num_encoder_layers (self-attention, feed-forward per layer), the decoder
+L = 3 * num_decoder_layers (causal self-attention, cross-attention, feed-forward). Under
+``rescale`` the layers that carry a branch's variance get the init multiplier
+``(L / (k + c))^(1/4)`` (m = 2): ``v_proj`` and ``out_proj`` of attention, ``fc1`` and ``fc2``
+of the feed-forward network; biases start at 0, so the branch is scaled by exactly
+``(L / (k + c))^(1/2)`` at init.
+
+Pieces as fairseq (Ott et al. 2019) builds them: token embeddings ``N(0, d^-1/2)`` with the pad
+row zeroed, multiplied by ``sqrt(d_model)``; sinusoidal positions counted over non-pad tokens
+(fairseq's ``make_positions``: left- and right-padded sequences get the same positions, pad
+positions get a zero vector); dropout after the embedding, after every branch (``dropout``), on
+the attention weights (``attention_dropout``) and after the feed-forward activation
+(``activation_dropout``); Xavier-uniform attention and feed-forward weights, with gain
+``1/sqrt(2)`` for ``q_proj``/``k_proj``/``v_proj`` and 1 for ``out_proj``/``fc1``/``fc2``;
+output projection tied to the decoder embedding by default.
+
+Attribute names: ``encoder.layers[i].self_attn`` / ``.ffn`` and ``decoder.layers[i].self_attn`` /
+``.cross_attn`` / ``.ffn`` are the :class:`ResidualSublayer` objects; their ``fn`` is the
+:class:`MultiheadAttention` or :class:`FeedForward`; ``encoder.embed`` / ``decoder.embed``,
+``encoder.layer_norm`` / ``decoder.layer_norm`` (``pre_ln`` only) and ``output_projection``.
+
+Deviations: the scheme fields ``mean_shift``/``measure_batches`` (RescaleNet's mean-shift biases
+before convolutions), ``scalar_biases``, ``conv_*``, ``head_norm``, ``classifier_dropout`` and
+``zero_classifier`` are conv-only and ignored here: every linear layer keeps an ordinary bias,
+initialised to 0 (fairseq leaves PyTorch's uniform default on the q/k/v biases). Positions use
+Vaswani et al.'s interleaved sin/cos formula (fairseq concatenates the sin and cos halves), so
+fairseq checkpoints do not load as they are. The architectures follow fairseq's
+``transformer_iwslt_de_en`` (small), ``transformer_wmt_en_de`` (base) and
+``transformer_vaswani_wmt_en_de_big`` (big); ``transformer_deep`` is base with 18 + 18 layers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..blocks import ResidualSublayer
+from ..layers import make_norm
+from ..registry import register_model
+from ..schemes import Scheme, get_scheme, list_schemes
+
+__all__ = ["TransformerConfig", "TRANSFORMERS", "MultiheadAttention", "FeedForward",
+           "SinusoidalPositions", "TransformerEmbedding", "TransformerEncoderLayer",
+           "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "Transformer",
+           "transformer"]
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    d_model: int = 512
+    nhead: int = 8
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    dim_feedforward: int = 2048
+    dropout: float = 0.1               # after embeddings and after every residual branch
+    attention_dropout: float = 0.0     # on the attention weights
+    activation_dropout: float = 0.0    # after the feed-forward activation
+    max_positions: int = 1024          # longest source / target sequence
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.nhead:
+            raise ValueError(f"d_model={self.d_model} is not divisible by nhead={self.nhead}")
+        if min(self.d_model, self.nhead, self.dim_feedforward, self.max_positions) < 1:
+            raise ValueError(f"Transformer sizes must be positive: {self}")
+        if self.num_encoder_layers < 1 or self.num_decoder_layers < 1:
+            raise ValueError("a Transformer needs at least one encoder and one decoder layer")
+        for key in ("dropout", "attention_dropout", "activation_dropout"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ValueError(f"{key} must lie in [0, 1), got {getattr(self, key)}")
+
+
+# --- attention, feed-forward, embeddings --------------------------------------------------------
+class MultiheadAttention(nn.Module):
+    """Multi-head attention with separate ``q_proj``/``k_proj``/``v_proj``/``out_proj`` layers,
+    computed by :func:`torch.nn.functional.scaled_dot_product_attention` (flash / memory-efficient
+    kernels where available).
+
+    ``forward(x, memory=None, attn_mask=None, is_causal=False, cache=None)``: self-attention on
+    ``x`` [B, T, d], or cross-attention from ``x`` to ``memory`` [B, S, d]. ``attn_mask`` is a
+    boolean mask broadcastable to [B, heads, T, S], True where a query may attend. ``cache`` (a
+    dict, incremental decoding): self-attention appends this step's keys/values to it (one new
+    query per call); cross-attention projects ``memory`` once and reuses it.
+    """
+
+    def __init__(self, d_model: int, nhead: int, dropout: float = 0.0, bias: bool = True) -> None:
+        super().__init__()
+        self.d_model, self.nhead, self.head_dim = d_model, nhead, d_model // nhead
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """fairseq's init: Xavier-uniform, gain 1/sqrt(2) for the input projections, biases 0."""
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            nn.init.xavier_uniform_(proj.weight, gain=1 / math.sqrt(2))
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            if proj.bias is not None:
+                proj.bias.zero_()
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, d] -> [B, H, T, d/H]
+        return x.unflatten(-1, (self.nhead, self.head_dim)).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                cache: dict | None = None) -> torch.Tensor:
+        q = self._heads(self.q_proj(x))
+        if memory is None:  # self-attention
+            k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+            if cache is not None:
+                if "k" in cache:
+                    k = torch.cat([cache["k"], k], dim=2)
+                    v = torch.cat([cache["v"], v], dim=2)
+                cache["k"], cache["v"] = k, v
+        elif cache is not None and "k" in cache:  # cross-attention, memory already projected
+            k, v = cache["k"], cache["v"]
+        else:
+            k, v = self._heads(self.k_proj(memory)), self._heads(self.v_proj(memory))
+            if cache is not None:
+                cache["k"], cache["v"] = k, v
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                             dropout_p=self.dropout if self.training else 0.0,
+                                             is_causal=is_causal)
+        return self.out_proj(out.transpose(1, 2).flatten(2))
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, nhead={self.nhead}, dropout={self.dropout}"
+
+
+class FeedForward(nn.Module):
+    """``fc2(dropout(relu(fc1(x))))`` with Xavier-uniform weights and zero biases (fairseq)."""
+
+    def __init__(self, d_model: int, dim_feedforward: int, activation_dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, dim_feedforward)
+        self.activation = nn.ReLU()
+        self.activation_dropout = nn.Dropout(activation_dropout)
+        self.fc2 = nn.Linear(dim_feedforward, d_model)
+        with torch.no_grad():
+            for fc in (self.fc1, self.fc2):
+                nn.init.xavier_uniform_(fc.weight)
+                fc.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.activation_dropout(self.activation(self.fc1(x))))
+
+
+class SinusoidalPositions(nn.Module):
+    """Vaswani et al. (2017, Sec. 3.5) sinusoids for positions 0..max_positions-1, indexed by
+    fairseq-style positions (1-based over non-pad tokens; 0 = pad -> zero vector)."""
+
+    def __init__(self, d_model: int, max_positions: int) -> None:
+        super().__init__()
+        self.max_positions = max_positions
+        pos = torch.arange(max_positions, dtype=torch.float64)[:, None]
+        two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
+        inv_freq = torch.exp(two_i * (-math.log(10000.0) / d_model))  # 10000^(-2i/d)
+        table = torch.zeros(max_positions + 1, d_model, dtype=torch.float64)
+        table[1:, 0::2] = torch.sin(pos * inv_freq)
+        table[1:, 1::2] = torch.cos(pos * inv_freq)[:, : d_model // 2]
+        self.register_buffer("table", table.float(), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return F.embedding(positions, self.table)
+
+
+class TransformerEmbedding(nn.Module):
+    """``dropout(sqrt(d) * embed_tokens(tokens) + positions)``; ``last_only`` embeds only the
+    last token of each row (incremental decoding), at its position in the whole prefix."""
+
+    def __init__(self, embed_tokens: nn.Embedding, max_positions: int, dropout: float) -> None:
+        super().__init__()
+        self.embed_tokens = embed_tokens
+        self.pad_index = embed_tokens.padding_idx
+        d_model = embed_tokens.embedding_dim
+        self.embed_scale = math.sqrt(d_model)
+        self.positions = SinusoidalPositions(d_model, max_positions)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        if tokens.size(1) > self.positions.max_positions:
+            raise ValueError(f"sequence length {tokens.size(1)} exceeds max_positions="
+                             f"{self.positions.max_positions}; build the model with a larger "
+                             "max_positions")
+        nonpad = tokens.ne(self.pad_index).long()
+        positions = torch.cumsum(nonpad, dim=1) * nonpad
+        if last_only:
+            tokens, positions = tokens[:, -1:], positions[:, -1:]
+        x = self.embed_scale * self.embed_tokens(tokens) + self.positions(positions)
+        return self.dropout(x)
+
+
+def _embedding(vocab_size: int, d_model: int, pad_index: int) -> nn.Embedding:
+    emb = nn.Embedding(vocab_size, d_model, padding_idx=pad_index)
+    with torch.no_grad():
+        nn.init.normal_(emb.weight, 0.0, d_model ** -0.5)
+        emb.weight[pad_index].zero_()
+    return emb
+
+
+def _key_padding_attn_mask(padding_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """[B, S] (True = pad) -> boolean attend-mask [B, 1, 1, S], or None when nothing is padded
+    (so the fused attention kernels run unmasked). A row that is all padding attends to every
+    position instead of producing NaNs."""
+    if padding_mask is None or not bool(padding_mask.any()):
+        return None
+    keep = ~padding_mask
+    keep = keep | ~keep.any(dim=1, keepdim=True)
+    return keep[:, None, None, :]
+
+
+# --- layers and stacks --------------------------------------------------------------------------
+def _attention_sublayer(cfg: TransformerConfig, scheme: Scheme, k: int, L: int) -> ResidualSublayer:
+    attn = MultiheadAttention(cfg.d_model, cfg.nhead, cfg.attention_dropout)
+    return ResidualSublayer(scheme, cfg.d_model, attn, k, L, cfg.dropout,
+                            scaled_layers=[attn.v_proj, attn.out_proj])
+
+
+def _ffn_sublayer(cfg: TransformerConfig, scheme: Scheme, k: int, L: int) -> ResidualSublayer:
+    ffn = FeedForward(cfg.d_model, cfg.dim_feedforward, cfg.activation_dropout)
+    return ResidualSublayer(scheme, cfg.d_model, ffn, k, L, cfg.dropout,
+                            scaled_layers=[ffn.fc1, ffn.fc2])
+
+
+class TransformerEncoderLayer(nn.Module):
+    """Self-attention sublayer (block k) and feed-forward sublayer (block k + 1) of L."""
+
+    def __init__(self, cfg: TransformerConfig, scheme: Scheme, k: int, L: int) -> None:
+        super().__init__()
+        self.self_attn = _attention_sublayer(cfg, scheme, k, L)
+        self.ffn = _ffn_sublayer(cfg, scheme, k + 1, L)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.ffn(self.self_attn(x, attn_mask=attn_mask))
+
+
+class TransformerDecoderLayer(nn.Module):
+    """Causal self-attention (block k), cross-attention (k + 1), feed-forward (k + 2) of L."""
+
+    def __init__(self, cfg: TransformerConfig, scheme: Scheme, k: int, L: int) -> None:
+        super().__init__()
+        self.self_attn = _attention_sublayer(cfg, scheme, k, L)
+        self.cross_attn = _attention_sublayer(cfg, scheme, k + 1, L)
+        self.ffn = _ffn_sublayer(cfg, scheme, k + 2, L)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
+                self_mask: torch.Tensor | None = None, is_causal: bool = False,
+                state: dict | None = None) -> torch.Tensor:
+        x = self.self_attn(x, attn_mask=self_mask, is_causal=is_causal,
+                           cache=None if state is None else state.setdefault("self", {}))
+        x = self.cross_attn(x, memory=memory, attn_mask=memory_mask,
+                            cache=None if state is None else state.setdefault("cross", {}))
+        return self.ffn(x)
+
+
+def _final_norm(scheme: Scheme, d_model: int) -> nn.Module | None:
+    return make_norm("ln", d_model) if scheme.norm == "ln" and scheme.norm_position == "pre" else None
+
+
+class TransformerEncoder(nn.Module):
+    def __init__(self, cfg: TransformerConfig, scheme: Scheme, embed_tokens: nn.Embedding) -> None:
+        super().__init__()
+        self.num_blocks = L = 2 * cfg.num_encoder_layers
+        self.embed = TransformerEmbedding(embed_tokens, cfg.max_positions, cfg.dropout)
+        self.layers = nn.ModuleList(TransformerEncoderLayer(cfg, scheme, 2 * i + 1, L)
+                                    for i in range(cfg.num_encoder_layers))
+        self.layer_norm = _final_norm(scheme, cfg.d_model)
+
+    def forward(self, src_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        padding_mask = src_tokens.eq(self.embed.pad_index)
+        attn_mask = _key_padding_attn_mask(padding_mask)
+        x = self.embed(src_tokens)
+        for layer in self.layers:
+            x = layer(x, attn_mask)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        return x, padding_mask
+
+
+class TransformerDecoder(nn.Module):
+    def __init__(self, cfg: TransformerConfig, scheme: Scheme, embed_tokens: nn.Embedding) -> None:
+        super().__init__()
+        self.num_blocks = L = 3 * cfg.num_decoder_layers
+        self.embed = TransformerEmbedding(embed_tokens, cfg.max_positions, cfg.dropout)
+        self.layers = nn.ModuleList(TransformerDecoderLayer(cfg, scheme, 3 * i + 1, L)
+                                    for i in range(cfg.num_decoder_layers))
+        self.layer_norm = _final_norm(scheme, cfg.d_model)
+
+    def _self_attn_mask(self, tgt_tokens: torch.Tensor) -> tuple[torch.Tensor | None, bool]:
+        """(attn_mask, is_causal). Trailing padding (fairseq's right-padded targets) cannot be seen
+        by a real token under the causal mask: use the fused causal kernel. Padding before a real
+        token is masked explicitly (each query always keeps itself, so no row is empty)."""
+        pad = tgt_tokens.eq(self.embed.pad_index)
+        if not bool((pad[:, :-1] & ~pad[:, 1:]).any()):
+            return None, True
+        T = tgt_tokens.size(1)
+        causal = torch.ones(T, T, dtype=torch.bool, device=tgt_tokens.device).tril()
+        keep = causal & ~pad[:, None, None, :]
+        keep = keep | torch.eye(T, dtype=torch.bool, device=tgt_tokens.device)
+        return keep, False
+
+    def forward(self, tgt_tokens: torch.Tensor, memory: torch.Tensor,
+                src_padding_mask: torch.Tensor | None = None,
+                incremental_state: dict | None = None) -> torch.Tensor:
+        """Features [B, T, d]; with ``incremental_state`` only the last token's [B, 1, d]."""
+        memory_mask = _key_padding_attn_mask(src_padding_mask)
+        incremental = incremental_state is not None
+        if incremental:  # one new query attending to every cached key: no mask needed
+            self_mask, is_causal = None, False
+        else:
+            self_mask, is_causal = self._self_attn_mask(tgt_tokens)
+        x = self.embed(tgt_tokens, last_only=incremental)
+        for i, layer in enumerate(self.layers):
+            state = incremental_state.setdefault(i, {}) if incremental else None
+            x = layer(x, memory, memory_mask, self_mask, is_causal, state)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        return x
+
+
+# --- the model ----------------------------------------------------------------------------------
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer whose residual sublayers follow ``scheme``.
+
+    Args:
+        config: the architecture (:class:`TransformerConfig`).
+        scheme: a Transformer scheme name or instance (``post_ln``, ``pre_ln``, ``rescale``,
+            ``rezero``, ``skipinit``); ``scheme_options`` override its fields.
+        src_vocab_size, tgt_vocab_size: vocabulary sizes (target defaults to the source's).
+        share_embeddings: one embedding matrix for source and target (equal vocab sizes).
+        tie_output: the output projection reuses the decoder's embedding matrix.
+        pad_index: padding token id; padding masks are derived from it.
+
+    ``forward(src_tokens, tgt_in_tokens)`` -> logits [B, T, V] (teacher forcing: ``tgt_in_tokens``
+    is the target shifted right, starting with bos). ``encode`` / ``decode`` expose the two halves
+    and :meth:`greedy_decode` generates.
+    """
+
+    def __init__(self, config: TransformerConfig, scheme: "str | Scheme" = "post_ln",
+                 scheme_options: dict | None = None, src_vocab_size: int | None = None,
+                 tgt_vocab_size: int | None = None, share_embeddings: bool = False,
+                 tie_output: bool = True, pad_index: int = 1) -> None:
+        super().__init__()
+        self.config = config
+        self.scheme = scheme = get_scheme(scheme, **(scheme_options or {}))
+        if not scheme.supports("transformer"):
+            raise ValueError(f"scheme {scheme.name!r} has no Transformer form; Transformer schemes "
+                             f"are {', '.join(list_schemes('transformer'))}")
+        if src_vocab_size is None:
+            raise ValueError("a Transformer needs src_vocab_size (and optionally tgt_vocab_size)")
+        tgt_vocab_size = src_vocab_size if tgt_vocab_size is None else tgt_vocab_size
+        if not 0 <= pad_index < min(src_vocab_size, tgt_vocab_size):
+            raise ValueError(f"pad_index={pad_index} is outside the vocabularies "
+                             f"({src_vocab_size}, {tgt_vocab_size})")
+        if share_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError(f"share_embeddings needs equal vocab sizes, got src {src_vocab_size} "
+                             f"and tgt {tgt_vocab_size}")
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
+        self.pad_index = pad_index
+        d = config.d_model
+        src_embed = _embedding(src_vocab_size, d, pad_index)
+        tgt_embed = src_embed if share_embeddings else _embedding(tgt_vocab_size, d, pad_index)
+        self.encoder = TransformerEncoder(config, scheme, src_embed)
+        self.decoder = TransformerDecoder(config, scheme, tgt_embed)
+        self.output_projection = nn.Linear(d, tgt_vocab_size, bias=False)
+        if tie_output:
+            self.output_projection.weight = tgt_embed.weight
+        else:
+            nn.init.normal_(self.output_projection.weight, 0.0, d ** -0.5)
+
+    def encode(self, src_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(memory [B, S, d], src_padding_mask [B, S] bool, True at padding)``."""
+        return self.encoder(src_tokens)
+
+    def decode(self, tgt_in_tokens: torch.Tensor, memory: torch.Tensor,
+               src_padding_mask: torch.Tensor | None = None,
+               incremental_state: dict | None = None) -> torch.Tensor:
+        """Logits [B, T, V]. With ``incremental_state`` (a dict kept between calls, initially
+        empty) ``tgt_in_tokens`` is the whole prefix so far, only its last token is computed
+        (keys/values of earlier steps come from the cache) and the logits are [B, 1, V]."""
+        return self.output_projection(
+            self.decoder(tgt_in_tokens, memory, src_padding_mask, incremental_state))
+
+    def forward(self, src_tokens: torch.Tensor, tgt_in_tokens: torch.Tensor) -> torch.Tensor:
+        memory, src_padding_mask = self.encode(src_tokens)
+        return self.decode(tgt_in_tokens, memory, src_padding_mask)
+
+    @torch.no_grad()
+    def greedy_decode(self, src_tokens: torch.Tensor, bos_index: int, eos_index: int,
+                      max_len: int = 200) -> torch.Tensor:
+        """Greedy search with cached keys/values: tokens [B, n], n <= ``max_len``, without the
+        leading bos; positions after a sequence's eos hold ``pad_index``; stops once every
+        sequence has produced eos. Never emits pad. Runs in the model's current mode (call
+        ``model.eval()`` first to switch dropout off)."""
+        if not 1 <= max_len <= self.config.max_positions:
+            raise ValueError(f"max_len must lie in [1, max_positions={self.config.max_positions}], "
+                             f"got {max_len}")
+        memory, src_padding_mask = self.encode(src_tokens)
+        B = src_tokens.size(0)
+        prefix = torch.full((B, 1), bos_index, dtype=torch.long, device=src_tokens.device)
+        finished = torch.zeros(B, dtype=torch.bool, device=src_tokens.device)
+        state: dict = {}
+        out = []
+        for _ in range(max_len):
+            logits = self.decode(prefix, memory, src_padding_mask, incremental_state=state)[:, -1]
+            logits[:, self.pad_index] = -math.inf
+            nxt = logits.argmax(dim=-1).masked_fill(finished, self.pad_index)
+            out.append(nxt)
+            finished |= nxt.eq(eos_index)
+            if bool(finished.all()):
+                break
+            prefix = torch.cat([prefix, nxt[:, None]], dim=1)
+        return torch.stack(out, dim=1)
+
+
+# --- named architectures ------------------------------------------------------------------------
+TRANSFORMERS: dict[str, TransformerConfig] = {
+    # for tests
+    "transformer_tiny": TransformerConfig(32, 2, 2, 2, 64, max_positions=256),
+    # fairseq transformer_iwslt_de_en
+    "transformer_small": TransformerConfig(512, 4, 6, 6, 1024, dropout=0.3),
+    # Vaswani et al. 2017 base; fairseq transformer_wmt_en_de
+    "transformer_base": TransformerConfig(512, 8, 6, 6, 2048, dropout=0.1),
+    # Vaswani et al. 2017 big (En-De dropout 0.3); fairseq transformer_vaswani_wmt_en_de_big
+    "transformer_big": TransformerConfig(1024, 16, 6, 6, 4096, dropout=0.3),
+    # the deep setting the normalisation-free schemes are for: base width, 18 + 18 layers
+    "transformer_deep": TransformerConfig(512, 8, 18, 18, 2048, dropout=0.1),
+}
+
+_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(TransformerConfig))
+
+
+def transformer(arch: str = "transformer_base", scheme: "str | Scheme" = "post_ln",
+                scheme_options: dict | None = None, src_vocab_size: int | None = None,
+                tgt_vocab_size: int | None = None, share_embeddings: bool = False,
+                tie_output: bool = True, pad_index: int = 1, **overrides) -> Transformer:
+    """A named Transformer (:data:`TRANSFORMERS`); ``overrides`` replace
+    :class:`TransformerConfig` fields, e.g. ``transformer("transformer_base", dropout=0.3,
+    num_encoder_layers=12)``."""
+    if "num_classes" in overrides:
+        raise ValueError("Transformers take src_vocab_size / tgt_vocab_size, not num_classes")
+    unknown = sorted(set(overrides) - set(_CONFIG_FIELDS))
+    if unknown:
+        hints = {u: difflib.get_close_matches(u, _CONFIG_FIELDS, n=2) for u in unknown}
+        raise TypeError(f"unknown Transformer argument(s) {hints}; config fields are "
+                        f"{list(_CONFIG_FIELDS)}")
+    if arch not in TRANSFORMERS:
+        raise KeyError(f"unknown Transformer {arch!r}; known: {', '.join(TRANSFORMERS)}")
+    cfg = dataclasses.replace(TRANSFORMERS[arch], **overrides)
+    return Transformer(cfg, scheme, scheme_options, src_vocab_size, tgt_vocab_size,
+                       share_embeddings, tie_output, pad_index)
+
+
+def _register() -> None:
+    for arch in TRANSFORMERS:
+        register_model(arch, transformer, "transformer", arch=arch)
+
+
+_register()

@@ -1,0 +1,92 @@
+"""VGG-11/16/19 (Simonyan & Zisserman 2015) with BatchNorm, without normalisation, and as
+RescaleNet's normalisation-free VGG (Shao et al. 2020, Sec. 5.1: mean-shift biases before every
+conv and linear layer; 25.0% top-1 error for VGG-19).
+
+Attribute names follow torchvision (``features``, ``avgpool``, ``classifier``), so a ``bn`` VGG
+loads torchvision's ``vgg*_bn`` state dicts. VGG has no residual blocks: only the schemes
+``bn``, ``none`` and ``rescale`` (its mean-shift biases and He init) apply.
+Deviation: the classifier width (4096) and stage-1 width (64) are arguments, for small tests.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..init import he_normal_
+from ..layers import MeanShiftBias
+from ..registry import register_model
+from ..schemes import Scheme, get_scheme
+
+__all__ = ["VGG", "vgg"]
+
+VGG_CONFIGS: dict[str, list] = {
+    "vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+    "vgg16": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"],
+    "vgg19": [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M",
+              512, 512, 512, 512, "M", 512, 512, 512, 512, "M"],
+}
+VGG_SCHEMES = ("bn", "none", "rescale")
+
+
+class VGG(nn.Module):
+    def __init__(self, arch: str = "vgg16", scheme: "str | Scheme" = "bn",
+                 scheme_options: dict | None = None, num_classes: int = 1000,
+                 in_channels: int = 3, base_width: int = 64, hidden_dim: int = 4096,
+                 dropout: float = 0.5) -> None:
+        super().__init__()
+        self.scheme = scheme = get_scheme(scheme, **(scheme_options or {}))
+        if scheme.name not in VGG_SCHEMES:
+            raise ValueError(f"VGG supports the schemes {VGG_SCHEMES}, not {scheme.name!r}")
+        f = base_width / 64
+        layers: list[nn.Module] = []
+        c = in_channels
+        for v in VGG_CONFIGS[arch]:
+            if v == "M":
+                layers.append(nn.MaxPool2d(2, 2))
+                continue
+            v = max(1, int(v * f))
+            if scheme.mean_shift:
+                layers.append(MeanShiftBias(c, 2, scheme.measure_batches))
+            conv = nn.Conv2d(c, v, 3, padding=1, bias=scheme.norm is None and not scheme.mean_shift)
+            he_normal_(conv.weight, "fan_out" if scheme.norm else "fan_in")
+            if conv.bias is not None:
+                nn.init.zeros_(conv.bias)
+            layers.append(conv)
+            if scheme.norm == "bn":
+                layers.append(nn.BatchNorm2d(v))
+            layers.append(nn.ReLU(inplace=True))
+            c = v
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
+        head: list[nn.Module] = []
+        dims = [c * 49, hidden_dim, hidden_dim]
+        for i in range(2):
+            if scheme.mean_shift:
+                head.append(MeanShiftBias(dims[i], 0, scheme.measure_batches))
+            head += [nn.Linear(dims[i], dims[i + 1]), nn.ReLU(inplace=True), nn.Dropout(dropout)]
+        if scheme.mean_shift:
+            head.append(MeanShiftBias(hidden_dim, 0, scheme.measure_batches))
+        head.append(nn.Linear(hidden_dim, num_classes))
+        self.classifier = nn.Sequential(*head)
+        for m in self.classifier:
+            if isinstance(m, nn.Linear):
+                gain = 1.0 if m.out_features == num_classes else 2 ** 0.5
+                if scheme.mean_shift:
+                    he_normal_(m.weight, "fan_in", gain=gain)
+                else:  # torchvision's VGG init
+                    nn.init.normal_(m.weight, 0, 0.01)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.flatten(self.avgpool(self.features(x)), 1)
+        return self.classifier(x)
+
+
+def vgg(arch: str = "vgg16", scheme: "str | Scheme" = "bn", **kwargs) -> VGG:
+    return VGG(arch, scheme, **kwargs)
+
+
+for _arch in VGG_CONFIGS:
+    register_model(_arch, vgg, "vgg", arch=_arch)
+    register_model(f"{_arch}_bn", vgg, "vgg", arch=_arch, scheme="bn")
+    register_model(f"{_arch}_rescale", vgg, "vgg", arch=_arch, scheme="rescale")

@@ -1,0 +1,169 @@
+"""Residual schemes: how a block normalises (or not), merges skip path and branch, and inits.
+
+A scheme is data. One generic block (:mod:`rescale_core.blocks`) reads it; every model family
+builds its blocks the same way. Select a scheme by name and override any field for ablations::
+
+    get_scheme("rescale", c=10.0, gain="vector", mean_shift=False)
+
+The merge every scheme reduces to (block k of L, k = 1..L)::
+
+    x_k = block_scale * (skip_scale_k * shortcut(x_{k-1}) + branch_scale_k * g_k * F_k(x_{k-1}) + b_k)
+
+- ``bn`` / ``gn``: torchvision ResNet (He et al. 2016) with BatchNorm / GroupNorm(32) after
+  every conv; ``zero_gamma`` zero-initialises the last norm weight of each branch
+  (Goyal et al. 2017).
+- ``none``: norm layers removed, He init, ``x + F(x)``: trains at small depth, fails deep.
+- ``rescale``: RescaleNet (Shao et al., NeurIPS 2020, Eq. 4-6): ``alpha_k = sqrt((k-1+c)/(k+c))``,
+  ``beta = L^-1/2`` fixed with each of the m branch convs' He std multiplied by
+  ``(L/(k+c))^(1/2m) * sqrt(1-p)`` (rebuttal [R4]), or ``beta_k = (k+c)^-1/2``
+  (``fixed_beta=False``); learnable gain (init 1, no weight decay); mean-shift biases.
+- ``skipinit``: SkipInit (De & Smith, NeurIPS 2020): learnable scalar at the end of each
+  branch, init 0, no normalisation. ``skipinit_reg``: Regularized SkipInit (biases in the convs
+  and dropout before the classifier).
+- ``fixup``: Fixup (Zhang et al., ICLR 2019): last branch layer and classifier zero-initialised,
+  the other branch layers' He std scaled by ``L^(-1/(2m-2))``, scalar biases before each conv,
+  activation and the classifier, one scalar multiplier per branch; scalars at lr/10.
+- ``rezero``: ReZero (Bachlechner et al. 2020): ``x + a F(x)``, ``a = 0`` at init.
+- SkipInit's counter-examples (rebuttal): ``bn_scaled`` (a BN ResNet whose blocks output
+  ``alpha (x + F(x))``, alpha = sqrt(1/2)), ``bn_head`` (one BN before the classifier only),
+  ``bn_merge`` (BN on the branch plus a BN after the merge).
+- Transformer sublayers: ``post_ln`` and ``pre_ln`` beside ``rescale``, ``rezero``, ``skipinit``.
+
+Deviation (all schemes, conv families): blocks use the ResNet v1 layout (ReLU after the merge),
+including the Wide-ResNets that are pre-activation in Zagoruyko & Komodakis (2016).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+__all__ = ["Scheme", "get_scheme", "list_schemes", "register_scheme"]
+
+Family = Literal["conv", "transformer"]
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """Every switch a residual scheme has. Field defaults describe a plain ``x + F(x)`` net."""
+
+    name: str
+    families: tuple[str, ...] = ("conv",)
+    # --- the branch -----------------------------------------------------------------------
+    norm: Optional[str] = None            # "bn" | "gn" | "ln" | None: after each branch layer
+    zero_gamma: bool = False              # last norm weight of each branch starts at 0
+    norm_position: str = "post"           # transformers: "post" (LN after merge) | "pre"
+    mean_shift: bool = False              # RescaleNet: bias - mu0 before every conv
+    measure_batches: int = 8              # batches averaged into mu0
+    scalar_biases: bool = False           # Fixup: scalar biases before convs/activations
+    conv_bias: bool = False               # ordinary per-channel conv biases
+    conv_dropout: float = 0.0             # dropout after each branch conv ...
+    conv_dropout_stages: tuple[int, ...] = (3, 4)  # ... in these stages (1-based)
+    # --- the merge ------------------------------------------------------------------------
+    merge: str = "add"                    # "add" | "rescale"
+    c: Optional[float] = None             # rescale: None -> L (the paper's choice)
+    fixed_beta: bool = True               # rescale: beta = L^-1/2 + init multiplier
+    gain: Optional[str] = None            # "scalar" | "vector" | None
+    gain_init: float = 1.0
+    block_scale: float = 1.0              # counter-example: x_k = block_scale * (x + F(x))
+    merge_norm: bool = False              # counter-example: a norm after the merge
+    # --- the network ----------------------------------------------------------------------
+    head_norm: bool = False               # counter-example: BN before the classifier only
+    classifier_dropout: float = 0.0
+    init: str = "he_fan_out"              # "he_fan_out" | "he_fan_in" | "rescale" | "fixup"
+    zero_classifier: bool = False
+    scalar_lr_factor: float = 1.0         # lr multiplier of gains and scalar biases
+
+    def __post_init__(self) -> None:
+        checks = {
+            "norm": (self.norm, (None, "bn", "gn", "ln")),
+            "merge": (self.merge, ("add", "rescale")),
+            "gain": (self.gain, (None, "scalar", "vector")),
+            "init": (self.init, ("he_fan_out", "he_fan_in", "rescale", "fixup")),
+            "norm_position": (self.norm_position, ("post", "pre")),
+        }
+        for key, (value, allowed) in checks.items():
+            if value not in allowed:
+                raise ValueError(f"scheme {self.name!r}: {key}={value!r} is not one of {allowed}")
+        if not 0.0 <= self.conv_dropout < 1.0 or not 0.0 <= self.classifier_dropout < 1.0:
+            raise ValueError(f"scheme {self.name!r}: dropout rates must lie in [0, 1)")
+        if self.measure_batches < 1:
+            raise ValueError(f"scheme {self.name!r}: measure_batches must be >= 1")
+
+    # --- the merge rule, per block ----------------------------------------------------------
+    def skip_scale(self, k: int, L: int) -> float:
+        """Multiplier of the shortcut of block k (1-based) of L, before ``block_scale``."""
+        if self.merge == "rescale":
+            c = self.c_for(L)
+            return math.sqrt((k - 1 + c) / (k + c))
+        return 1.0
+
+    def branch_scale(self, k: int, L: int) -> float:
+        """Fixed multiplier of the branch of block k (the learnable gain comes on top)."""
+        if self.merge == "rescale":
+            return L ** -0.5 if self.fixed_beta else (k + self.c_for(L)) ** -0.5
+        return 1.0
+
+    def c_for(self, L: int) -> float:
+        return float(L) if self.c is None else float(self.c)
+
+    def supports(self, family: str) -> bool:
+        return family in self.families
+
+    def replace(self, **overrides) -> "Scheme":
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            fields = [f.name for f in dataclasses.fields(self)]
+            hints = {u: difflib.get_close_matches(u, fields, n=2) for u in unknown}
+            raise ValueError(f"unknown scheme option(s) {hints} for scheme {self.name!r}; "
+                             f"options are {fields}")
+        return dataclasses.replace(self, **overrides)
+
+
+_SCHEMES: dict[str, Scheme] = {}
+
+
+def register_scheme(scheme: Scheme) -> Scheme:
+    if scheme.name in _SCHEMES:
+        raise ValueError(f"scheme {scheme.name!r} is already registered")
+    _SCHEMES[scheme.name] = scheme
+    return scheme
+
+
+def list_schemes(family: str | None = None) -> list[str]:
+    return sorted(n for n, s in _SCHEMES.items() if family is None or s.supports(family))
+
+
+def get_scheme(scheme: "str | Scheme", **overrides) -> Scheme:
+    """The scheme called ``scheme`` (or the given instance) with ``overrides`` applied."""
+    if isinstance(scheme, Scheme):
+        return scheme.replace(**overrides) if overrides else scheme
+    if scheme not in _SCHEMES:
+        close = difflib.get_close_matches(str(scheme), list(_SCHEMES), n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise KeyError(f"unknown scheme {scheme!r}.{hint} Known schemes: {', '.join(list_schemes())}")
+    return _SCHEMES[scheme].replace(**overrides) if overrides else _SCHEMES[scheme]
+
+
+_CONV_TF = ("conv", "transformer")
+
+register_scheme(Scheme("bn", norm="bn"))
+register_scheme(Scheme("gn", norm="gn"))
+register_scheme(Scheme("none", init="he_fan_in"))
+register_scheme(Scheme("rescale", families=_CONV_TF, merge="rescale", gain="scalar",
+                       mean_shift=True, init="rescale"))
+register_scheme(Scheme("skipinit", families=_CONV_TF, gain="scalar", gain_init=0.0,
+                       init="he_fan_in"))
+register_scheme(Scheme("skipinit_reg", gain="scalar", gain_init=0.0, init="he_fan_in",
+                       conv_bias=True, classifier_dropout=0.2))
+register_scheme(Scheme("fixup", gain="scalar", scalar_biases=True, init="fixup",
+                       zero_classifier=True, scalar_lr_factor=0.1))
+register_scheme(Scheme("rezero", families=_CONV_TF, gain="scalar", gain_init=0.0,
+                       init="he_fan_in"))
+register_scheme(Scheme("bn_scaled", norm="bn", block_scale=math.sqrt(0.5)))
+register_scheme(Scheme("bn_head", head_norm=True, init="he_fan_in"))
+register_scheme(Scheme("bn_merge", norm="bn", merge_norm=True))
+register_scheme(Scheme("post_ln", families=("transformer",), norm="ln", norm_position="post"))
+register_scheme(Scheme("pre_ln", families=("transformer",), norm="ln", norm_position="pre"))

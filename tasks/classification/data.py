@@ -1,0 +1,335 @@
+"""LightningDataModules for image classification.
+
+Every DataModule yields ``(images float32 [B, C, H, W], labels int64 [B])`` batches and knows
+``num_classes``, ``in_channels`` and ``image_size`` right after ``__init__`` without touching
+disk (so a CLI can link ``data.num_classes`` to ``model.num_classes`` and configs instantiate
+with no data present). Files are read in :meth:`setup`; bad input raises one-line
+:class:`~rescale_tasks.common.errors.DataError` / ``ConfigError`` messages.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import lightning.pytorch as L
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
+from torchvision.transforms import v2
+
+from rescale_tasks.common.errors import ConfigError, DataError
+
+from .datasets import (
+    ImageFileDataset, TensorImageDataset, collate_drop_none, find_file, read_cifar_batch,
+    read_idx_split, scan_image_folder,
+)
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+CIFAR_STATS = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+MNIST_STATS = {"mnist": ((0.1307,), (0.3081,)), "fashion_mnist": ((0.2860,), (0.3530,))}
+
+
+def _check_positive(**values: int) -> None:
+    for key, value in values.items():
+        if value < 1:
+            raise ConfigError(f"data.{key} must be at least 1, got {value}.")
+
+
+def _to_float(mean, std) -> list:
+    """Transforms turning a uint8 image into a normalised float32 plain tensor."""
+    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std), v2.ToPureTensor()]
+
+
+class ClassificationDataModule(L.LightningDataModule):
+    """Shared loader logic: seeded shuffling for train, ``drop_last`` only when it leaves a batch.
+
+    Subclasses set ``num_classes``/``in_channels``/``image_size`` in ``__init__`` and fill
+    ``train_set``/``val_set``/``test_set`` in ``setup`` (which the dataloader methods call on
+    demand when it has not run); ``predict`` uses the test set.
+    """
+
+    num_classes: int
+    in_channels: int
+    image_size: int
+
+    def __init__(self, batch_size: int, num_workers: int, pin_memory: bool,
+                 persistent_workers: bool, seed: int = 0):
+        super().__init__()
+        _check_positive(batch_size=batch_size)
+        if num_workers < 0:
+            raise ConfigError(f"data.num_workers must be 0 or more, got {num_workers}.")
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
+        self.seed = seed
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None
+        # A plain function (not a method), so worker processes never pickle the DataModule.
+        self.collate_fn: Callable = default_collate
+
+    def _loader(self, split: str, stage: str, train: bool = False) -> DataLoader:
+        if getattr(self, split) is None:
+            self.setup(stage)
+        dataset = getattr(self, split)
+        workers = self.num_workers
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=train,
+            generator=torch.Generator().manual_seed(self.seed) if train else None,
+            drop_last=train and len(dataset) > self.batch_size,
+            num_workers=workers,
+            pin_memory=self.pin_memory and torch.accelerator.is_available(),
+            persistent_workers=self.persistent_workers and workers > 0,
+            collate_fn=self.collate_fn,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train_set", "fit", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val_set", "validate")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test_set", "test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("test_set", "predict")
+
+
+class ImageFolderDataModule(ClassificationDataModule):
+    """ImageNet layout ``root/{train,val}/<class>/<image>``; test (and predict) split = val.
+
+    Unlike torchvision's ImageFolder: val/ must have the same class folders as train/, the
+    class count must equal ``num_classes``, and with ``skip_corrupt`` undecodable files are
+    dropped from their batch and counted in :attr:`skipped_corrupt` (across workers).
+    """
+
+    def __init__(self, root: str, num_classes: int = 1000, image_size: int = 224,
+                 eval_resize: int = 256, batch_size: int = 256, num_workers: int = 8,
+                 pin_memory: bool = True, persistent_workers: bool = True,
+                 skip_corrupt: bool = False, seed: int = 0):
+        super().__init__(batch_size, num_workers, pin_memory, persistent_workers, seed)
+        self.save_hyperparameters()
+        _check_positive(num_classes=num_classes, image_size=image_size)
+        if eval_resize < image_size:
+            raise ConfigError(
+                f"data.eval_resize ({eval_resize}) must be at least data.image_size ({image_size})."
+            )
+        self.root = root
+        self.num_classes, self.in_channels, self.image_size = num_classes, 3, image_size
+        self.eval_resize, self.skip_corrupt = eval_resize, skip_corrupt
+        self.class_names: list[str] | None = None
+        self.collate_fn = functools.partial(collate_drop_none, image_shape=(3, image_size, image_size))
+
+    def train_transform(self) -> v2.Compose:
+        return v2.Compose([
+            v2.ToImage(), v2.RandomResizedCrop(self.image_size, antialias=True),
+            v2.RandomHorizontalFlip(), *_to_float(IMAGENET_MEAN, IMAGENET_STD),
+        ])
+
+    def eval_transform(self) -> v2.Compose:
+        return v2.Compose([
+            v2.ToImage(), v2.Resize(self.eval_resize, antialias=True), v2.CenterCrop(self.image_size),
+            *_to_float(IMAGENET_MEAN, IMAGENET_STD),
+        ])
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.class_names is not None:
+            return
+        names, train, val = scan_image_folder(self.root, self.num_classes)
+        self.train_set = ImageFileDataset(train, self.train_transform(), self.skip_corrupt)
+        self.val_set = self.test_set = ImageFileDataset(val, self.eval_transform(), self.skip_corrupt)
+        self.class_names = names
+
+    @property
+    def skipped_corrupt(self) -> int:
+        """Distinct corrupt image files skipped so far, counted in all worker processes."""
+        return sum(ds.skipped for ds in (self.train_set, self.val_set) if ds is not None)
+
+
+class CIFARDataModule(ClassificationDataModule):
+    """CIFAR-10/100 from the standard python-pickle files, read without torchvision.
+
+    Reads ``root/cifar-10-batches-py/{data_batch_1..5,test_batch}`` or
+    ``root/cifar-100-python/{train,test}`` (``root`` may also be that folder itself). No md5
+    check, and pickles are loaded with an unpickler that only rebuilds numpy arrays.
+    ``val_split`` > 0 holds out that many (seeded) training images as validation; 0 validates
+    on the test set.
+    """
+
+    _LAYOUT = {
+        "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], "test_batch", b"labels", 10),
+        "cifar100": ("cifar-100-python", ["train"], "test", b"fine_labels", 100),
+    }
+
+    def __init__(self, root: str, variant: Literal["cifar10", "cifar100"] = "cifar10",
+                 batch_size: int = 128, num_workers: int = 4, pin_memory: bool = True,
+                 persistent_workers: bool = True, val_split: int = 0, augment: bool = True,
+                 seed: int = 0):
+        super().__init__(batch_size, num_workers, pin_memory, persistent_workers, seed)
+        self.save_hyperparameters()
+        if variant not in self._LAYOUT:
+            raise ConfigError(f"data.variant must be 'cifar10' or 'cifar100', got {variant!r}.")
+        if val_split < 0:
+            raise ConfigError(f"data.val_split must be 0 or more, got {val_split}.")
+        self.root, self.variant, self.val_split, self.augment = root, variant, val_split, augment
+        self.num_classes, self.in_channels, self.image_size = self._LAYOUT[variant][4], 3, 32
+
+    def data_dir(self) -> Path:
+        """The folder holding the batch files: ``root/<standard folder>`` or ``root`` itself."""
+        root = Path(os.path.expanduser(self.root))
+        folder, train_files = self._LAYOUT[self.variant][:2]
+        if not root.is_dir():
+            raise DataError(
+                f"CIFAR folder not found: {root} (data.root). Point --data.root at the folder "
+                f"holding {folder}/ (the extracted python version of the data set)."
+            )
+        if (root / folder).is_dir():
+            return root / folder
+        if root.name == folder or (root / train_files[0]).is_file():
+            return root
+        raise DataError(
+            f"No {folder}/ in {root} (data.root). Extract the python version of "
+            f"{self.variant} there, or point --data.root at the {folder} folder itself."
+        )
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.test_set is not None:
+            return
+        directory = self.data_dir()
+        _, train_files, test_file, label_key, n = self._LAYOUT[self.variant]
+        parts = [read_cifar_batch(directory / name, label_key, n) for name in train_files]
+        images, labels = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        test_images, test_labels = read_cifar_batch(directory / test_file, label_key, n)
+        mean, std = CIFAR_STATS[self.variant]
+        plain = v2.Compose(_to_float(mean, std))
+        augmented = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(),
+                                *_to_float(mean, std)]) if self.augment else plain
+        self.test_set = TensorImageDataset(test_images, test_labels, plain)
+        if self.val_split:
+            if self.val_split >= len(labels):
+                raise ConfigError(
+                    f"data.val_split={self.val_split} leaves no training images ({directory} holds "
+                    f"{len(labels)}); use a value below {len(labels)}."
+                )
+            order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.seed))
+            held, kept = order[:self.val_split], order[self.val_split:]
+            self.val_set = TensorImageDataset(images[held], labels[held], plain)
+            images, labels = images[kept], labels[kept]
+        else:
+            self.val_set = self.test_set
+        self.train_set = TensorImageDataset(images, labels, augmented)
+
+
+class MNISTDataModule(ClassificationDataModule):
+    """MNIST / Fashion-MNIST from the four IDX files (each optionally ``.gz``), read directly.
+
+    Looks in ``root``, ``root/raw`` and ``root/MNIST/raw`` (``root/FashionMNIST/raw`` for
+    ``fashion_mnist``), i.e. also inside a torchvision download folder; no checksums.
+    Validation = test set (t10k); no augmentation.
+    """
+
+    FILES = {
+        "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+        "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+    }
+
+    def __init__(self, root: str, variant: Literal["mnist", "fashion_mnist"] = "mnist",
+                 batch_size: int = 128, num_workers: int = 4, pin_memory: bool = True,
+                 persistent_workers: bool = True, seed: int = 0):
+        super().__init__(batch_size, num_workers, pin_memory, persistent_workers, seed)
+        self.save_hyperparameters()
+        if variant not in MNIST_STATS:
+            raise ConfigError(f"data.variant must be 'mnist' or 'fashion_mnist', got {variant!r}.")
+        self.root, self.variant = root, variant
+        self.num_classes, self.in_channels, self.image_size = 10, 1, 28
+
+    def search_dirs(self) -> list[Path]:
+        root = Path(os.path.expanduser(self.root))
+        sub = "MNIST" if self.variant == "mnist" else "FashionMNIST"
+        return [root, root / "raw", root / sub / "raw"]
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.test_set is not None:
+            return
+        dirs = self.search_dirs()
+        if not dirs[0].is_dir():
+            raise DataError(
+                f"MNIST folder not found: {dirs[0]} (data.root). Point --data.root at the folder "
+                "holding the IDX files (train-images-idx3-ubyte[.gz], ...)."
+            )
+        what = "Fashion-MNIST" if self.variant == "fashion_mnist" else "MNIST"
+        transform = v2.Compose(_to_float(*MNIST_STATS[self.variant]))
+        for split, (image_name, label_name) in self.FILES.items():
+            images, labels = read_idx_split(find_file(image_name, dirs, dirs[0], what),
+                                            find_file(label_name, dirs, dirs[0], what))
+            dataset = TensorImageDataset(images, labels, transform)
+            if split == "train":
+                self.train_set = dataset
+            else:
+                self.val_set = self.test_set = dataset
+
+
+class DigitsDataModule(ClassificationDataModule):
+    """The 1,797 8x8 handwritten digits shipped inside scikit-learn (no download).
+
+    Seeded stratified train/val/test split; pixels scaled to [0, 1] then standardised with
+    the (scalar) train mean/std; optionally resized once (bilinear) to ``image_size``.
+    Whole tensors are kept in memory.
+    """
+
+    def __init__(self, batch_size: int = 64, image_size: int = 8, val_fraction: float = 0.15,
+                 test_fraction: float = 0.15, num_workers: int = 0, pin_memory: bool = False,
+                 persistent_workers: bool = False, seed: int = 0):
+        super().__init__(batch_size, num_workers, pin_memory, persistent_workers, seed)
+        self.save_hyperparameters()
+        _check_positive(image_size=image_size)
+        if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
+            raise ConfigError(
+                f"data.val_fraction ({val_fraction}) and data.test_fraction ({test_fraction}) must "
+                "each be in (0, 1) and sum to less than 1."
+            )
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.num_classes, self.in_channels, self.image_size = 10, 1, image_size
+        self.split_indices: dict[str, torch.Tensor] | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.split_indices is not None:
+            return
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+
+        digits = load_digits()
+        y = digits.target
+        index = list(range(len(y)))
+        rest, test = train_test_split(index, test_size=self.test_fraction, stratify=y,
+                                      random_state=self.seed)
+        train, val = train_test_split(rest, test_size=self.val_fraction / (1 - self.test_fraction),
+                                      stratify=y[rest], random_state=self.seed)
+        images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+        labels = torch.tensor(y, dtype=torch.long)
+        self.split_indices = {k: torch.tensor(sorted(v)) for k, v in
+                              (("train", train), ("val", val), ("test", test))}
+        mean, std = images[self.split_indices["train"]].mean(), images[self.split_indices["train"]].std()
+        images = (images - mean) / std
+        if self.image_size != 8:
+            images = F.interpolate(images, size=(self.image_size, self.image_size),
+                                   mode="bilinear", align_corners=False)
+        self.train_set, self.val_set, self.test_set = (
+            TensorDataset(images[i].contiguous(), labels[i]) for i in self.split_indices.values()
+        )
+
+
+__all__ = [
+    "CIFARDataModule", "ClassificationDataModule", "DigitsDataModule", "ImageFolderDataModule",
+    "MNISTDataModule",
+]

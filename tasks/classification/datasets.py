@@ -1,0 +1,317 @@
+"""Raw readers and Dataset classes for the classification DataModules.
+
+Everything here reads the standard on-disk formats directly (no torchvision dataset classes,
+no checksums, no downloads) and turns every problem with the files into a one-line
+:class:`~rescale_tasks.common.errors.DataError` naming the file and the fix.
+"""
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import pickle
+import zlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset, default_collate
+
+from rescale_tasks.common.errors import DataError
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+# ----------------------------------------------------------------------------- image folders
+
+
+def _names(items: Sequence[str], limit: int = 3) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+def _scan_split(split_dir: Path) -> dict[str, list[str]]:
+    """Map each class folder (sorted) of ``split_dir`` to its sorted image files."""
+    classes: dict[str, list[str]] = {}
+    with os.scandir(split_dir) as entries:
+        folders = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+    for name in folders:
+        with os.scandir(split_dir / name) as entries:
+            files = sorted(
+                e.path for e in entries
+                if e.is_file() and not e.name.startswith(".")
+                and e.name.lower().endswith(IMAGE_EXTENSIONS)
+            )
+        classes[name] = files
+    return classes
+
+
+def scan_image_folder(root: str | os.PathLike, num_classes: int) -> tuple[
+    list[str], list[tuple[str, int]], list[tuple[str, int]]
+]:
+    """Index an ImageNet-style folder ``root/{train,val}/<class>/<image>``.
+
+    Returns ``(class_names, train_samples, val_samples)`` with samples as ``(path, label)``.
+    Unlike torchvision's ImageFolder, val/ must hold exactly the class folders of train/,
+    and the class count must equal ``num_classes``.
+    """
+    root = Path(os.path.expanduser(str(root)))
+    if not root.is_dir():
+        raise DataError(
+            f"ImageNet folder not found: {root} (data.root). "
+            "Point --data.root at a folder holding train/ and val/ class folders."
+        )
+    splits: dict[str, dict[str, list[str]]] = {}
+    for split in ("train", "val"):
+        split_dir = root / split
+        if not split_dir.is_dir():
+            raise DataError(
+                f"ImageNet folder {root} (data.root) has no {split}/ sub-folder: expected "
+                f"{split_dir}/<class>/<image>. Point --data.root at a folder holding train/ and val/."
+            )
+        classes = _scan_split(split_dir)
+        if not classes:
+            raise DataError(
+                f"No class folders in {split_dir} (data.root). Expected one sub-folder per class, "
+                f"e.g. {split_dir}/n01440764/*.JPEG."
+            )
+        empty = [name for name, files in classes.items() if not files]
+        if empty:
+            raise DataError(
+                f"Class folders without images in {split_dir}: {_names(empty)}. Add image files "
+                f"({'/'.join(IMAGE_EXTENSIONS)}) or remove those folders."
+            )
+        splits[split] = classes
+
+    train_names, val_names = list(splits["train"]), list(splits["val"])
+    if train_names != val_names:
+        missing = [n for n in train_names if n not in splits["val"]]
+        extra = [n for n in val_names if n not in splits["train"]]
+        parts = ([f"missing from val/: {_names(missing)}"] if missing else []) + (
+            [f"not in train/: {_names(extra)}"] if extra else [])
+        raise DataError(
+            f"Class folders of {root / 'val'} differ from {root / 'train'} ({'; '.join(parts)}). "
+            "Both splits need the same class folder names."
+        )
+    if len(train_names) != num_classes:
+        n = len(train_names)
+        raise DataError(
+            f"{root / 'train'} has {n} class folders but data.num_classes is {num_classes}. "
+            f"Set --data.num_classes {n} (or --model.num_classes {n} where it is not linked)."
+        )
+    train = [(f, label) for label, name in enumerate(train_names) for f in splits["train"][name]]
+    val = [(f, label) for label, name in enumerate(val_names) for f in splits["val"][name]]
+    return train_names, train, val
+
+
+class CorruptImageError(DataError):
+    """An image file that PIL cannot decode.
+
+    When raised inside a DataLoader worker, torch re-raises it in the main process as
+    ``CorruptImageError("Caught ... Original Traceback ...")``; the constructor recovers
+    the original single-line message so the user still sees one line.
+    """
+
+    def __init__(self, message: str):
+        if message.startswith("Caught ") and "Original Traceback" in message:
+            last = message.rstrip().splitlines()[-1]
+            prefix = f"{type(self).__qualname__}: "
+            message = last.split(prefix, 1)[1] if prefix in last else last
+        super().__init__(message)
+
+
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, zlib.error, Image.DecompressionBombError)
+
+
+class ImageFileDataset(Dataset):
+    """``(path, label)`` samples decoded with PIL (``.convert("RGB")``) then ``transform``.
+
+    With ``skip_corrupt`` an undecodable file yields ``None`` (drop it with
+    :func:`collate_drop_none`), is logged once and is flagged in the shared-memory
+    tensor ``corrupt`` so the count is visible from the main process across workers.
+    """
+
+    def __init__(self, samples: Sequence[tuple[str, int]], transform: Callable,
+                 skip_corrupt: bool = False):
+        self.samples = list(samples)
+        self.transform = transform
+        self.skip_corrupt = skip_corrupt
+        self.corrupt = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @property
+    def skipped(self) -> int:
+        """Distinct corrupt files met so far (in any process)."""
+        return int(self.corrupt.sum())
+
+    def __getitem__(self, index: int):
+        path, label = self.samples[index]
+        try:
+            with Image.open(path) as im:
+                image = im.convert("RGB")
+        except _DECODE_ERRORS as exc:
+            if not self.skip_corrupt:
+                raise CorruptImageError(
+                    f"Cannot decode image {path} ({type(exc).__name__}: {exc}). Replace or delete "
+                    "the file, or set --data.skip_corrupt true to skip unreadable images."
+                ) from None
+            if not bool(self.corrupt[index]):
+                self.corrupt[index] = True
+                log.warning("skipping corrupt image %s (%s: %s)", path, type(exc).__name__, exc)
+            return None
+        return self.transform(image), label
+
+
+def collate_drop_none(batch: list, image_shape: Sequence[int] = (3, 0, 0)):
+    """``default_collate`` after dropping ``None`` samples (corrupt files).
+
+    A batch made only of corrupt files collates to empty tensors ``[0, *image_shape]``
+    and ``[0]``; bind ``image_shape`` with ``functools.partial``.
+    """
+    kept = [sample for sample in batch if sample is not None]
+    if kept:
+        return default_collate(kept)
+    return torch.empty(0, *image_shape), torch.empty(0, dtype=torch.long)
+
+
+# ----------------------------------------------------------------------------- in-memory arrays
+
+
+class TensorImageDataset(Dataset):
+    """uint8 images ``[N, C, H, W]`` and int64 labels ``[N]`` held in memory, ``transform`` per item."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Callable):
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        return self.transform(self.images[index]), self.labels[index]
+
+
+# ----------------------------------------------------------------------------- CIFAR pickles
+
+_NUMPY_GLOBALS = {
+    (module, name)
+    for module in ("numpy.core.multiarray", "numpy._core.multiarray", "numpy.core.numeric",
+                   "numpy._core.numeric", "numpy")
+    for name in ("_reconstruct", "scalar", "ndarray", "dtype", "_frombuffer")
+} | {("_codecs", "encode")}  # protocol-2 pickles written by Python 3 encode bytes this way
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Loads plain containers and numpy arrays only, never arbitrary objects."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in _NUMPY_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def read_cifar_batch(path: Path, label_key: bytes, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One CIFAR python batch file -> uint8 images ``[N, 3, 32, 32]``, int64 labels ``[N]``."""
+    if not path.is_file():
+        raise DataError(
+            f"CIFAR file not found: {path} (data.root). Extract the python version of the data set "
+            "(cifar-10-python.tar.gz / cifar-100-python.tar.gz) into --data.root."
+        )
+    try:
+        with open(path, "rb") as f:
+            batch = _ArrayUnpickler(f, encoding="bytes").load()
+    except Exception as exc:  # any unpickling failure means a damaged / foreign file
+        raise DataError(
+            f"Cannot read CIFAR file {path} ({type(exc).__name__}: {exc}). "
+            "Re-extract the python version of the data set into --data.root."
+        ) from None
+    how = "Re-extract the python version of the data set into --data.root."
+    if not isinstance(batch, dict) or b"data" not in batch or label_key not in batch:
+        raise DataError(f"CIFAR file {path} is not a batch dict with b'data' and {label_key!r}. {how}")
+    data = np.asarray(batch[b"data"])
+    labels = np.asarray(batch[label_key])
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
+        raise DataError(f"CIFAR file {path}: b'data' is {data.dtype} {data.shape}, expected uint8 N x 3072. {how}")
+    if labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
+        raise DataError(f"CIFAR file {path}: {len(data)} images but labels of shape {labels.shape}. {how}")
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise DataError(f"CIFAR file {path}: labels outside 0..{num_classes - 1}. Check --data.variant.")
+    images = torch.from_numpy(data.reshape(-1, 3, 32, 32).copy())
+    return images, torch.from_numpy(labels.astype(np.int64))
+
+
+# ----------------------------------------------------------------------------- MNIST IDX files
+
+IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC = 2051, 2049
+
+
+def read_idx(path: Path, magic: int) -> torch.Tensor:
+    """An uncompressed or ``.gz`` IDX file of unsigned bytes -> uint8 tensor of its dims."""
+    how = "Re-download the file (or point --data.root at a good copy)."
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+            raw = f.read()
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"Cannot read IDX file {path} ({type(exc).__name__}: {exc}). {how}") from None
+    if len(raw) < 8:
+        raise DataError(f"IDX file {path} is too short ({len(raw)} bytes) to hold a header. {how}")
+    found = int.from_bytes(raw[:4], "big")
+    if found != magic:
+        kind = "images" if magic == IDX_IMAGES_MAGIC else "labels"
+        raise DataError(f"IDX file {path} has magic number {found}, expected {magic} ({kind}). {how}")
+    ndim = magic & 0xFF
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError(f"IDX file {path} is too short ({len(raw)} bytes) for its {ndim}-d header. {how}")
+    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    expected = header + int(np.prod(dims))
+    if len(raw) != expected:
+        raise DataError(
+            f"IDX file {path} has {len(raw)} bytes but its header {dims} implies {expected}. {how}"
+        )
+    array = np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+    return torch.from_numpy(array.copy())
+
+
+def find_file(name: str, dirs: Sequence[Path], root: Path, what: str) -> Path:
+    """First ``dir/name`` or ``dir/name.gz`` in ``dirs``; DataError listing the search otherwise."""
+    for d in dirs:
+        for candidate in (d / name, d / f"{name}.gz"):
+            if candidate.is_file():
+                return candidate
+    raise DataError(
+        f"{what} file {name}[.gz] not found under {root} (data.root); looked in "
+        f"{', '.join(str(d) for d in dirs)}. Point --data.root at the folder holding the IDX files."
+    )
+
+
+def read_idx_split(images_path: Path, labels_path: Path, size: int = 28) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images ``[N, 1, size, size]`` uint8 and labels ``[N]`` int64 from an IDX image/label pair."""
+    images = read_idx(images_path, IDX_IMAGES_MAGIC)
+    labels = read_idx(labels_path, IDX_LABELS_MAGIC)
+    if tuple(images.shape[1:]) != (size, size):
+        raise DataError(
+            f"IDX file {images_path} holds {tuple(images.shape[1:])} images, expected {size}x{size}. "
+            "Re-download the file."
+        )
+    if len(images) != len(labels):
+        raise DataError(
+            f"IDX files disagree: {images_path} has {len(images)} images but {labels_path} has "
+            f"{len(labels)} labels. Re-download both files."
+        )
+    if len(labels) and int(labels.max()) > 9:
+        raise DataError(f"IDX file {labels_path} has labels above 9. Re-download the file.")
+    return images.unsqueeze(1), labels.long()
+
+
+__all__ = [
+    "IMAGE_EXTENSIONS", "CorruptImageError", "ImageFileDataset", "TensorImageDataset",
+    "collate_drop_none", "find_file", "read_cifar_batch", "read_idx", "read_idx_split",
+    "scan_image_folder",
+]

@@ -1,0 +1,43 @@
+"""Saving the full resolved config with every run (run directory and W&B run config)."""
+from __future__ import annotations
+
+import os
+
+from lightning.pytorch.cli import SaveConfigCallback
+
+__all__ = ["SaveConfigToRun", "run_directory"]
+
+
+def run_directory(logger) -> str | None:
+    """The directory that belongs to this run alone: the W&B run's ``files`` folder (synced with
+    the run), or a CSV/TensorBoard logger's versioned ``log_dir``."""
+    experiment = getattr(logger, "experiment", None)
+    if experiment is not None and hasattr(experiment, "dir") and hasattr(experiment, "summary"):
+        return experiment.dir
+    return getattr(logger, "log_dir", None)
+
+
+class SaveConfigToRun(SaveConfigCallback):
+    """Writes the resolved ``config.yaml`` into each run's own directory (never a shared folder,
+    so runs cannot collide) and pushes the whole config, not only the module's hyper-parameters,
+    to every logger (the W&B run config)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["save_to_log_dir"] = False
+        # W&B keeps its own run config in files/config.yaml: use a name of our own
+        kwargs.setdefault("config_filename", "rescale_config.yaml")
+        super().__init__(*args, **kwargs)
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        config = self.config.as_dict()
+        for logger in trainer.loggers:
+            logger.log_hyperparams(config)
+            directory = run_directory(logger)
+            if directory:
+                os.makedirs(directory, exist_ok=True)
+                self.parser.save(self.config, os.path.join(directory, self.config_filename),
+                                 skip_none=False, overwrite=True, multifile=False)
+        if not trainer.loggers and trainer.default_root_dir:
+            os.makedirs(trainer.default_root_dir, exist_ok=True)
+            self.parser.save(self.config, os.path.join(trainer.default_root_dir, self.config_filename),
+                             skip_none=False, overwrite=True, multifile=False)

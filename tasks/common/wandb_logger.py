@@ -1,0 +1,61 @@
+"""Weights & Biases logging that never hangs for lack of network.
+
+:class:`SuiteWandbLogger` is Lightning's ``WandbLogger`` whose mode is decided at start-up:
+``WANDB_MODE`` when the user sets it, online when an API key is configured (``WANDB_API_KEY``
+or ``wandb login``), offline otherwise. Offline runs land in ``<save_dir>/wandb/offline-run-*``
+and can be uploaded later with ``wandb sync``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from lightning.pytorch.loggers import WandbLogger
+
+__all__ = ["SuiteWandbLogger", "wandb_mode"]
+
+
+def _has_api_key() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:  # `wandb login` stores the key in ~/.netrc
+        import netrc
+
+        auth = netrc.netrc().authenticators("api.wandb.ai")
+        return bool(auth and auth[2])
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def wandb_mode() -> str:
+    """``WANDB_MODE`` if set, else "online" when logged in, else "offline"."""
+    return os.environ.get("WANDB_MODE") or ("online" if _has_api_key() else "offline")
+
+
+class SuiteWandbLogger(WandbLogger):
+    """WandbLogger, offline unless the user is logged in; runs grouped by experiment.
+
+    Args mirror WandbLogger: ``project`` (one per task), ``group`` (one per experiment, holding
+    the normalized baseline and its normalization-free counterparts side by side), ``name``
+    (the run, e.g. ``rescale50``), ``tags``; ``save_dir`` holds the run directory and its
+    checkpoints.
+    """
+
+    def __init__(self, name: Optional[str] = None, save_dir: str = "runs", project: str = "rescale",
+                 group: Optional[str] = None, tags: Optional[list[str]] = None,
+                 job_type: Optional[str] = None, id: Optional[str] = None,
+                 log_model: bool = False, **kwargs: Any) -> None:
+        os.makedirs(save_dir, exist_ok=True)
+        mode = wandb_mode()
+        if kwargs.get("settings") is None:
+            kwargs["settings"] = _settings()
+        super().__init__(name=name, save_dir=save_dir, project=project, group=group, tags=tags,
+                         job_type=job_type, id=id, log_model=log_model,
+                         offline=mode == "offline", mode=mode, **kwargs)
+
+
+def _settings():
+    import wandb
+
+    # no console capture thread, and a bounded wait when online
+    return wandb.Settings(console="off", init_timeout=60, silent=True)
