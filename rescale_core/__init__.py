@@ -1,5 +1,8 @@
 """rescale_core: residual schemes, layers, model families and probes for normalization-free nets.
 
+RescaleNet (Shao et al., NeurIPS 2020) and the schemes it is compared with: BatchNorm ResNets,
+SkipInit (De & Smith 2020), Fixup (Zhang et al. 2019) and ReZero (Bachlechner et al. 2020).
+
     >>> import rescale_core
     >>> model = rescale_core.create_model("resnet101", scheme="rescale", num_classes=10)
     >>> groups = rescale_core.param_groups(model, weight_decay=1e-4, lr=0.1)

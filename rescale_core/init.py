@@ -1,4 +1,5 @@
-"""Initialisers, each citing the equation it implements.
+"""Initialisers (He et al. 2015; RescaleNet, Shao et al. 2020; Fixup, Zhang et al. 2019), each citing
+the equation it implements.
 
 Called once by the blocks and model families at construction time (never from ``forward``).
 """

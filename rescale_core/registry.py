@@ -1,4 +1,8 @@
-"""Model registry: name -> builder. Refuses duplicates; unknown names get close matches."""
+"""Model registry: name -> builder. Refuses duplicates; unknown names get close matches.
+
+The papers' names (``rescale50``: Shao et al. 2020; ``fixup50``: Zhang et al. 2019; ``skipinit50``:
+De & Smith 2020) are registered with their scheme fixed.
+"""
 from __future__ import annotations
 
 import difflib

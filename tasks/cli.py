@@ -87,7 +87,11 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
         raise UserError(f"config file not found: {missing[0]} (--config). Run configs live in "
                         f"experiments/<task>/, e.g. experiments/imagenet/rescale50.yaml")
     defaults = defaults_for(configs)
-    parser_kwargs = {cmd: {"default_config_files": defaults} for cmd in TRAINER_SUBCOMMANDS}
+    if run:
+        parser_kwargs = {cmd: {"default_config_files": defaults} for cmd in TRAINER_SUBCOMMANDS}
+    else:  # parse and instantiate only (no subcommand): tests, notebooks, tools
+        parser_kwargs = {"default_config_files": defaults}
+        argv = argv[1:] if argv and argv[0] in TRAINER_SUBCOMMANDS else argv
     return RescaleCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
                       subclass_mode_data=True, save_config_callback=SaveConfigToRun,
                       seed_everything_default=0, trainer_defaults=trainer_defaults(),
@@ -134,6 +138,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (UserError, TrainingDiverged) as err:
         print(f"error: {err}", file=sys.stderr)
         return getattr(err, "exit_code", 1)
+    finally:
+        _finish_wandb()
+
+
+def _finish_wandb() -> None:
+    """Close the W&B run this command opened, so its history and summary are flushed to disk."""
+    if "wandb" in sys.modules:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -140,6 +140,7 @@ def _accepts(factory: Callable, name: str) -> bool:
     target = getattr(factory, "func", factory)  # functools.partial from jsonargparse
     try:
         target = target.__init__ if inspect.isclass(target) else target
-        return name in inspect.signature(target).parameters
+        params = inspect.signature(target).parameters.values()
     except (TypeError, ValueError):
         return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

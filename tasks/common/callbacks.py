@@ -76,7 +76,7 @@ class LearnedScalarsLogger(L.Callback):
         self.every_n_steps = every_n_steps
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step % self.every_n_steps:
+        if (trainer.global_step - 1) % self.every_n_steps:  # the first step, then every n
             return
         net = getattr(pl_module, "net", pl_module)
         values = learned_scalars(net)

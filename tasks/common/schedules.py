@@ -58,11 +58,13 @@ class WarmupMultiStepLR(_EpochScheduleLR):
 class WarmupCosineLR(_EpochScheduleLR):
     def __init__(self, optimizer: Optimizer, warmup_epochs: float = 0.0, min_factor: float = 0.0,
                  steps_per_epoch: int = 1, max_epochs: int | None = None, last_epoch: int = -1) -> None:
+        if not max_epochs:
+            raise ValueError("WarmupCosineLR needs max_epochs (the length of the cosine); set trainer.max_epochs")
         self.min_factor = min_factor
         super().__init__(optimizer, warmup_epochs, steps_per_epoch, max_epochs, last_epoch)
 
     def decay(self, epoch: float) -> float:
-        total = (self.max_epochs or 1) - self.warmup_epochs
+        total = self.max_epochs - self.warmup_epochs
         t = min(max((epoch - self.warmup_epochs) / max(total, 1e-8), 0.0), 1.0)
         return self.min_factor + (1 - self.min_factor) * 0.5 * (1 + math.cos(math.pi * t))
 

@@ -112,7 +112,7 @@ def test_rescale_merge_scales_and_branch_init(arch, L):
         assert (merge.k, merge.L) == (k, L)
         assert merge.skip_scale == pytest.approx(math.sqrt((k - 1 + L) / (k + L)), rel=1e-12)
         assert merge.branch_scale == pytest.approx(L ** -0.5, rel=1e-12)
-        assert merge.gain.weight.shape == (1,) and float(merge.gain.weight) == 1.0
+        assert merge.gain.weight.shape == (1,) and float(merge.gain.weight.detach()) == 1.0
         for i in (1, 2, 3):
             w = getattr(block, f"conv{i}").weight.detach()
             expected = math.sqrt(2.0 / _fan_in(w)) * (L / (k + L)) ** (1 / 6)
@@ -130,9 +130,9 @@ def test_rescale_network_level_init():
     torch.manual_seed(0)
     model = rescale_core.create_model("resnet50", scheme="rescale", num_classes=10)
     assert isinstance(model.bn1, MeanShiftBias) and isinstance(model.pool_shift, MeanShiftBias)
-    w = model.conv1.weight
+    w = model.conv1.weight.detach()
     assert float(w.std()) == pytest.approx(math.sqrt(2 / _fan_in(w)), rel=0.05)
-    assert float(model.fc.weight.std()) == pytest.approx(math.sqrt(1 / 2048), rel=0.05)
+    assert float(model.fc.weight.detach().std()) == pytest.approx(math.sqrt(1 / 2048), rel=0.05)
     assert torch.count_nonzero(model.fc.bias) == 0
     for name, block in residual_blocks(model):
         if block.downsample is None:
@@ -143,7 +143,7 @@ def test_rescale_network_level_init():
         assert kinds == ([StridedAvgPool] if stride > 1 else []) + [MeanShiftBias, nn.Conv2d], name
         conv = layers[-1]
         assert conv.stride == (1, 1)
-        assert float(conv.weight.std()) == pytest.approx(math.sqrt(1 / _fan_in(conv.weight)),
+        assert float(conv.weight.detach().std()) == pytest.approx(math.sqrt(1 / _fan_in(conv.weight)),
                                                          rel=_relative_std_tolerance(conv.weight.numel()))
 
 
@@ -174,7 +174,7 @@ def test_rescale_without_fixed_beta():
     torch.manual_seed(0)
     plain = rescale_core.create_model("resnet50", scheme="rescale", num_classes=10,
                                       scheme_options={"fixed_beta": False})
-    w = plain.layer3[5].conv2.weight
+    w = plain.layer3[5].conv2.weight.detach()
     assert float(w.std()) == pytest.approx(math.sqrt(2 / _fan_in(w)), rel=0.03)
 
 
@@ -243,9 +243,9 @@ def test_fixup_init(name, kwargs, L, m):
             w = getattr(block, f"conv{i}").weight.detach()
             expected = math.sqrt(2 / _fan_out(w)) * L ** (-1 / (2 * m - 2))
             assert float(w.std()) == pytest.approx(expected, rel=_relative_std_tolerance(w.numel())), (bname, i)
-        assert float(block.merge.gain.weight) == 1.0
+        assert float(block.merge.gain.weight.detach()) == 1.0
     scalars = [mod.bias for mod in model.modules() if isinstance(mod, rescale_core.ScalarBias)]
-    assert scalars and all(float(b) == 0.0 for b in scalars)
+    assert scalars and all(float(b.detach()) == 0.0 for b in scalars)
 
 
 # --------------------------------------------------------------- shapes the official code fails on

@@ -1,0 +1,155 @@
+"""Probes: signal propagation per residual block (RescaleNet rebuttal, Shao et al. 2020, Eq. 1),
+learned branch multipliers and dead ReLUs. They must leave the model exactly as they found it."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import rescale_core
+from rescale_core.analysis import (dead_relu_fraction, learned_scalars, residual_blocks,
+                                   signal_propagation)
+
+
+def _model(name, scheme, **kw):
+    torch.manual_seed(0)
+    return rescale_core.create_model(name, scheme=scheme, base_width=8, num_classes=5, **kw)
+
+
+def _snapshot(model):
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    modes = {name: m.training for name, m in model.named_modules()}
+    counts = [m._count for m in rescale_core.mean_shift_layers(model)]
+    return state, modes, counts
+
+
+def _assert_same(model, snapshot):
+    state, modes, counts = snapshot
+    now = model.state_dict()
+    assert now.keys() == state.keys()
+    for k in state:
+        assert torch.equal(now[k], state[k]), k
+    assert {name: m.training for name, m in model.named_modules()} == modes
+    assert [m._count for m in rescale_core.mean_shift_layers(model)] == counts
+
+
+@pytest.mark.parametrize("scheme, train", [("rescale", True), ("rescale", False), ("rescale", None),
+                                           ("bn", True), ("bn", False), ("bn_merge", True),
+                                           ("fixup", True)])
+def test_signal_propagation_restores_the_model(scheme, train):
+    model = _model("resnet18", scheme)
+    model.train()
+    model(torch.randn(4, 3, 32, 32))  # some statistics already measured: count 1 of 8
+    model.eval()
+    model.layer2.train()  # mixed modes must survive too
+    snap = _snapshot(model)
+    records = signal_propagation(model, torch.randn(4, 3, 32, 32), train=train)
+    assert len(records) == 8
+    assert all(r["var_out"] > 0 for r in records)
+    _assert_same(model, snap)
+
+
+def test_signal_propagation_measures_like_a_training_batch_but_keeps_nothing():
+    model = _model("resnet18", "rescale").eval()
+    x = torch.randn(4, 3, 32, 32)
+    layers = rescale_core.mean_shift_layers(model)
+    seen = []
+    hooks = [m.register_forward_hook(lambda mod, args, out: seen.append(mod._count)) for m in layers]
+    signal_propagation(model, x, train=True)
+    assert seen == [1] * len(layers)  # during the probe: measured, as on a first training batch
+    seen.clear()
+    signal_propagation(model, x, train=False)
+    assert seen == [0] * len(layers)
+    for h in hooks:
+        h.remove()
+    assert all(m._count == 0 and torch.count_nonzero(m.mu0) == 0 for m in layers)
+
+
+def test_eval_mode_uses_running_statistics():
+    model = _model("resnet18", "bn")
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_var.fill_(100.0)
+    x = torch.randn(4, 3, 32, 32)
+    eval_records = signal_propagation(model, x, train=False)
+    train_records = signal_propagation(model, x, train=True)
+    assert eval_records[0]["var_out"] < 0.1 * train_records[0]["var_out"]
+    assert all(torch.all(m.running_var == 100.0) for m in model.modules() if isinstance(m, nn.BatchNorm2d))
+
+
+def test_records_come_in_forward_order():
+    model = _model("resnet50", "rescale")
+    records = signal_propagation(model, torch.randn(2, 3, 32, 32))
+    names = [name for name, _ in residual_blocks(model)]
+    assert [r["name"] for r in records] == names
+    assert [r["stage"] for r in records] == ["layer1"] * 3 + ["layer2"] * 4 + ["layer3"] * 6 + ["layer4"] * 3
+    assert [r["block"] for r in records] == [0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 0, 1, 2]
+    assert [r["k"] for r in records] == list(range(1, 17)) and {r["L"] for r in records} == {16}
+    expected_keys = {"name", "stage", "block", "k", "L", "skip_scale", "branch_scale", "gain",
+                     "var_skip", "var_branch", "var_sum", "var_out", "eta"}
+    for r, (_, block) in zip(records, residual_blocks(model)):
+        assert set(r) == expected_keys
+        assert r["skip_scale"] == block.merge.skip_scale and r["gain"] == 1.0
+        # eta is the relative error of Var[a x] + Var[b F] against Var[x_k] before the ReLU
+        assert r["eta"] == pytest.approx(abs(r["var_skip"] + r["var_branch"] - r["var_sum"]) / r["var_sum"])
+        assert r["var_out"] <= r["var_sum"] * 1.01 + 1e-12  # ReLU after the merge cannot add variance much
+
+
+def test_var_out_is_what_the_next_block_receives():
+    model = _model("resnet18", "bn")
+    x = torch.randn(4, 3, 32, 32)
+    inputs = {}
+    hooks = [b.register_forward_pre_hook(lambda mod, args, n=n: inputs.__setitem__(n, args[0].var(unbiased=False).item()))
+             for n, b in residual_blocks(model)]
+    records = signal_propagation(model, x)
+    for h in hooks:
+        h.remove()
+    for prev, nxt in zip(records, records[1:]):
+        assert nxt["name"] in inputs
+        assert inputs[nxt["name"]] == pytest.approx(prev["var_out"], rel=1e-5)
+
+
+def test_vgg_gives_no_records():
+    torch.manual_seed(0)
+    model = rescale_core.create_model("vgg11", scheme="bn", base_width=8, hidden_dim=32, num_classes=5)
+    snap = _snapshot(model)
+    assert signal_propagation(model, torch.randn(2, 3, 32, 32)) == []
+    _assert_same(model, snap)
+
+
+def test_tuple_inputs():
+    model = _model("cifar_resnet", "rezero", depth=8)
+    records = signal_propagation(model, (torch.randn(2, 3, 16, 16),))
+    assert [r["stage"] for r in records] == ["layer1", "layer2", "layer3"]
+    assert all(r["var_branch"] == 0.0 and r["gain"] == 0.0 for r in records)
+
+
+def test_learned_scalars():
+    model = _model("resnet18", "rescale")
+    with torch.no_grad():
+        model.layer3[1].merge.gain.weight.fill_(11.1)
+    scalars = learned_scalars(model)
+    assert list(scalars) == [n for n, _ in residual_blocks(model)]
+    assert scalars["layer3.1"] == pytest.approx(11.1) and scalars["layer1.0"] == 1.0
+    assert learned_scalars(_model("resnet18", "bn")) == {}
+    vec = _model("resnet18", "rescale", scheme_options={"gain": "vector"})
+    with torch.no_grad():
+        vec.layer1[0].merge.gain.weight.copy_(torch.arange(8.0).view(1, 8, 1, 1))
+    assert learned_scalars(vec)["layer1.0"] == pytest.approx(3.5)
+
+
+def test_dead_relu_fraction():
+    model = _model("resnet18", "rescale").train()
+    x = torch.randn(4, 3, 32, 32)
+    before = copy.deepcopy(model.state_dict())
+    frac = dead_relu_fraction(model, x)
+    assert 0.0 <= frac < 1.0 and model.training
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    # a stem that only outputs negatives kills every unit of the first ReLU
+    with torch.no_grad():
+        model.conv1.weight.zero_()
+        model.bn1.bias.fill_(-1.0)
+    assert dead_relu_fraction(model.eval(), x) > frac
+    assert not model.training

@@ -1,0 +1,106 @@
+"""Residual schemes as data: the merge rule of RescaleNet (Shao et al. 2020, Eq. 4-6), SkipInit
+(De & Smith 2020), Fixup (Zhang et al. 2019), ReZero (Bachlechner et al. 2020) and BN baselines."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from rescale_core import get_scheme, list_schemes, register_scheme
+from rescale_core.init import rescale_conv_multiplier
+from rescale_core.schemes import Scheme
+
+
+@pytest.mark.parametrize("L", [1, 16, 33, 498])
+def test_rescale_merge_preserves_variance(L):
+    s = get_scheme("rescale")
+    for k in range(1, L + 1):
+        alpha = s.skip_scale(k, L)
+        assert alpha == pytest.approx(math.sqrt((k - 1 + L) / (k + L)), rel=1e-12)
+        assert s.branch_scale(k, L) == pytest.approx(L ** -0.5, rel=1e-12)
+        # effective beta_k: the fixed L^-1/2 times the init multiplier of m convs, squared
+        for m in (2, 3):
+            beta = s.branch_scale(k, L) * rescale_conv_multiplier(k, L, m) ** m
+            assert alpha ** 2 + beta ** 2 == pytest.approx(1.0, rel=1e-12)
+            assert beta ** 2 == pytest.approx(1 / (k + L), rel=1e-12)
+
+
+def test_rescale_non_reparameterised_and_c():
+    s = get_scheme("rescale", fixed_beta=False, c=3.0)
+    L = 10
+    for k in range(1, L + 1):
+        assert s.branch_scale(k, L) == pytest.approx((k + 3.0) ** -0.5)
+        assert s.skip_scale(k, L) ** 2 + s.branch_scale(k, L) ** 2 == pytest.approx(1.0)
+    assert s.c_for(L) == 3.0 and get_scheme("rescale").c_for(L) == 10.0
+    assert get_scheme("rescale").skip_scale(1, 1) == pytest.approx(math.sqrt(0.5))
+
+
+@pytest.mark.parametrize("name", ["bn", "gn", "none", "skipinit", "fixup", "rezero", "bn_head"])
+def test_additive_schemes_have_unit_scales(name):
+    s = get_scheme(name)
+    assert s.skip_scale(3, 10) == 1.0 and s.branch_scale(3, 10) == 1.0
+
+
+def test_registered_scheme_definitions():
+    assert get_scheme("bn").norm == "bn" and get_scheme("gn").norm == "gn"
+    assert get_scheme("none").norm is None and get_scheme("none").gain is None
+    r = get_scheme("rescale")
+    assert (r.merge, r.gain, r.gain_init, r.mean_shift, r.init, r.measure_batches) == (
+        "rescale", "scalar", 1.0, True, "rescale", 8)
+    for name in ("skipinit", "rezero", "skipinit_reg"):
+        s = get_scheme(name)
+        assert s.gain == "scalar" and s.gain_init == 0.0 and s.norm is None
+    assert get_scheme("skipinit_reg").conv_bias and get_scheme("skipinit_reg").classifier_dropout > 0
+    f = get_scheme("fixup")
+    assert (f.scalar_biases, f.zero_classifier, f.init, f.scalar_lr_factor) == (True, True, "fixup", 0.1)
+    assert get_scheme("bn_scaled").block_scale == pytest.approx(math.sqrt(0.5))
+    assert get_scheme("bn_head").head_norm and get_scheme("bn_head").norm is None
+    assert get_scheme("bn_merge").merge_norm and get_scheme("bn_merge").norm == "bn"
+
+
+def test_families():
+    conv = list_schemes("conv")
+    tf = list_schemes("transformer")
+    assert {"bn", "gn", "none", "rescale", "skipinit", "skipinit_reg", "fixup", "rezero",
+            "bn_scaled", "bn_head", "bn_merge"} == set(conv)
+    assert {"post_ln", "pre_ln", "rescale", "rezero", "skipinit"} == set(tf)
+    assert set(list_schemes()) == set(conv) | set(tf)
+    assert get_scheme("pre_ln").supports("transformer") and not get_scheme("pre_ln").supports("conv")
+
+
+def test_overrides_return_new_frozen_schemes():
+    base = get_scheme("rescale")
+    s = get_scheme("rescale", gain="vector", measure_batches=2)
+    assert (s.gain, s.measure_batches) == ("vector", 2) and base.gain == "scalar"
+    assert get_scheme(s) is s and get_scheme(s, c=1.0).c == 1.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.c = 2.0
+
+
+def test_unknown_option_lists_the_options():
+    with pytest.raises(ValueError) as exc:
+        get_scheme("rescale", measure_batch=2)
+    message = str(exc.value)
+    assert "measure_batch" in message and "measure_batches" in message and "fixed_beta" in message
+
+
+def test_unknown_scheme_suggests_close_matches():
+    with pytest.raises(KeyError) as exc:
+        get_scheme("rescal")
+    assert "Did you mean rescale" in str(exc.value) and "skipinit" in str(exc.value)
+
+
+@pytest.mark.parametrize("bad", [{"norm": "batch"}, {"merge": "mul"}, {"gain": "matrix"},
+                                 {"init": "xavier"}, {"norm_position": "middle"},
+                                 {"conv_dropout": 1.0}, {"classifier_dropout": -0.1},
+                                 {"measure_batches": 0}])
+def test_invalid_values_are_refused(bad):
+    with pytest.raises(ValueError):
+        get_scheme("rescale", **bad)
+
+
+def test_duplicate_scheme_refused():
+    with pytest.raises(ValueError, match="already registered"):
+        register_scheme(Scheme("bn"))
+    assert get_scheme("bn").norm == "bn"

@@ -1,0 +1,194 @@
+"""The `rescale` CLI on the classification task: configs, fast_dev_run per config family on real
+on-disk formats, W&B offline runs, checkpoints (save, validate, resume) and bad input."""
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import rescale_core
+from rescale_tasks.cli import main, run_lightning
+from rescale_tasks.common.optim import build_optimizer
+from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
+
+REPO = Path(__file__).resolve().parents[3]
+EXPERIMENTS = REPO / "experiments"
+RUN_CONFIGS = sorted(p for p in EXPERIMENTS.rglob("*.yaml") if not p.name.startswith("_"))
+CPU = ["--trainer.accelerator", "cpu", "--trainer.devices", "1"]
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+
+def test_experiment_folders_hold_the_papers_rows():
+    names = {p.stem for p in (EXPERIMENTS / "imagenet").glob("*.yaml")}
+    for required in ["resnet50_bn", "resnet50_gn", "resnet50_bn_zero_gamma", "rescale50", "rescale101",
+                     "rescale152", "rescalex101_32x8d", "fixup50", "skipinit50", "vgg19_bn",
+                     "vgg19_rescale", "rescale50_mixup", "rescale50_cosine"]:
+        assert required in names
+    cifar = {p.stem for p in (EXPERIMENTS / "cifar").glob("*.yaml")}
+    for depth in ["wrn16-4", "wrn28-10", "wrn100-2", "wrn1000-2"]:
+        for scheme in ["bn", "rescale", "skipinit", "fixup", "none"]:
+            assert f"{depth}_{scheme}" in cifar
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", RUN_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_experiment_config_instantiates_without_data(config):
+    cli = run_lightning(["fit", "--config", str(config)], run=False)
+    module, data = cli.model, cli.datamodule
+    assert module.hparams.num_classes == data.num_classes
+    assert any(isinstance(m, rescale_core.ResidualMerge) for m in module.net.modules()) or "vgg" in config.stem
+    optimizer = build_optimizer(module.net, module.optimizer_factory)
+    seen = [p for g in optimizer.param_groups for p in g["params"]]
+    assert len(seen) == len(list(module.net.parameters()))
+    scheduler = module.scheduler_factory(optimizer, steps_per_epoch=10, max_epochs=cli.trainer.max_epochs)
+    scheduler.step()
+    assert all(g["lr"] >= 0 for g in optimizer.param_groups)
+    cfg = cli.config["fit"]
+    assert cfg.trainer.logger.init_args.group  # every run sits in a W&B group
+
+
+def _tiny_imagenet_args(root):
+    return ["--data.root", str(root), "--data.num_classes", "3", "--data.image_size", "32",
+            "--data.eval_resize", "36", "--data.batch_size", "4", "--data.num_workers", "0"]
+
+
+@pytest.mark.parametrize("config,extra", [
+    ("imagenet/rescale50.yaml", ["--model.init_args.network_options", "{base_width: 8}"]),
+    ("imagenet/resnet50_bn.yaml", ["--model.init_args.network_options", "{base_width: 8}"]),
+    ("imagenet/fixup50.yaml", ["--model.init_args.network_options", "{base_width: 8}"]),
+    ("imagenet/vgg19_rescale.yaml", ["--model.init_args.network_options", "{base_width: 8, hidden_dim: 32}"]),
+    ("imagenet/rescale50_mixup.yaml", ["--model.init_args.network_options", "{base_width: 8}"]),
+])
+def test_fast_dev_run_imagenet_family(imagenet_folder, config, extra):
+    code = main(["fit", "--config", str(EXPERIMENTS / config), *_tiny_imagenet_args(imagenet_folder),
+                 *extra, "--trainer.fast_dev_run", "2", *CPU])
+    assert code == 0
+
+
+def test_fast_dev_run_cifar_family(cifar10_root):
+    code = main(["fit", "--config", str(EXPERIMENTS / "cifar/wrn16-4_rescale.yaml"), "--data.root", str(cifar10_root),
+                 "--data.batch_size", "4", "--data.num_workers", "0",
+                 "--model.init_args.network_options", "{depth: 10, width: 1}", "--trainer.fast_dev_run", "2", *CPU])
+    assert code == 0
+
+
+def test_fast_dev_run_mnist_idx_files(mnist_root):
+    code = main(["fit", "--config", str(EXPERIMENTS / "cifar/wrn16-4_skipinit.yaml"),
+                 "--data", "rescale_tasks.classification.data.MNISTDataModule", "--data.root", str(mnist_root),
+                 "--data.batch_size", "4", "--data.num_workers", "0",
+                 "--model.init_args.network_options", "{depth: 10, width: 1}", "--trainer.fast_dev_run", "2", *CPU])
+    assert code == 0
+
+
+DIGITS_RUN = """
+model:
+  class_path: rescale_tasks.classification.module.ClassificationModule
+  init_args:
+    network: cifar_resnet
+    scheme: rescale
+    scheme_options: {measure_batches: 3}
+    network_options: {depth: 8, base_width: 8}
+    optimizer:
+      class_path: torch.optim.SGD
+      init_args: {lr: 0.05, momentum: 0.9, weight_decay: 0.0005}
+    lr_scheduler:
+      class_path: rescale_tasks.common.schedules.WarmupCosineLR
+      init_args: {warmup_epochs: 1}
+data:
+  class_path: rescale_tasks.classification.data.DigitsDataModule
+  init_args: {batch_size: 128}
+trainer:
+  max_epochs: 1
+  limit_train_batches: 4
+  limit_val_batches: 2
+  accelerator: cpu
+  devices: 1
+  enable_progress_bar: false
+  log_every_n_steps: 1
+  logger:
+    class_path: rescale_tasks.common.wandb_logger.SuiteWandbLogger
+    init_args: {project: rescale-test, group: digits-test, name: digits-rescale, save_dir: runs}
+"""
+
+
+def _write_config(tmp_path: Path) -> str:
+    path = tmp_path / "digits.yaml"
+    path.write_text(DIGITS_RUN)
+    return str(path)
+
+
+def test_fit_logs_metrics_and_full_config_to_offline_wandb(tmp_path):
+    assert main(["fit", "--config", _write_config(tmp_path)]) == 0
+    runs = find_offline_runs("runs")
+    assert len(runs) == 1
+    run = read_offline_run(runs[0])
+    assert run.name == "digits-rescale" and run.group == "digits-test"
+    # the full resolved config, not only the module's hyper-parameters
+    assert run.config["model"]["init_args"]["scheme"] == "rescale"
+    assert run.config["data"]["class_path"].endswith("DigitsDataModule")
+    assert run.config["trainer"]["max_epochs"] == 1
+    losses = run.metric("train/loss_step")
+    assert losses and all(torch.isfinite(torch.tensor(losses)))
+    assert run.metric("val/acc1")
+    assert any(k.startswith("scalars/layer1") for row in run.history for k in row)  # learned scalars
+    saved = glob.glob(os.path.join(runs[0], "files", "rescale_config.yaml"))
+    assert saved and "DigitsDataModule" in Path(saved[0]).read_text()
+
+
+def test_checkpoint_validate_and_resume(tmp_path):
+    config = _write_config(tmp_path)
+    assert main(["fit", "--config", config]) == 0
+    last = glob.glob("runs/rescale-test/*/checkpoints/last.ckpt")
+    assert len(last) == 1
+    ckpt = torch.load(last[0], map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 4 and ckpt["epoch"] == 0
+    counts = [v for k, v in ckpt["state_dict"].items() if k.endswith(".count")]
+    assert counts and all(int(c) == 3 for c in counts)  # mean-shift measuring state saved
+
+    assert main(["validate", "--config", config, "--ckpt_path", last[0]]) == 0
+
+    cli = run_lightning(["--config", config], run=False)
+    from rescale_core import mean_shift_layers
+
+    assert all(m.measuring for m in mean_shift_layers(cli.model.net))  # fresh model
+    metrics = cli.trainer.validate(cli.model, datamodule=cli.datamodule, ckpt_path=last[0], verbose=False)[0]
+    assert 0.0 <= metrics["val/acc1"] <= 1.0
+    assert all(not m.measuring for m in mean_shift_layers(cli.model.net))  # restored, not re-measured
+    import wandb
+
+    wandb.finish()
+
+    assert main(["fit", "--config", config, "--ckpt_path", last[0], "--trainer.max_epochs", "2"]) == 0
+    resumed = [p for p in glob.glob("runs/rescale-test/*/checkpoints/last.ckpt") if p != last[0]]
+    assert len(resumed) == 1
+    state = torch.load(resumed[0], map_location="cpu", weights_only=False)
+    assert state["epoch"] == 1 and state["global_step"] == 8  # continued, not restarted
+
+
+def test_missing_data_path_is_one_clear_line(capsys):
+    code = main(["fit", "--config", str(EXPERIMENTS / "imagenet/resnet50_bn.yaml"),
+                 "--data.root", "/does/not/exist", "--model.init_args.network_options", "{base_width: 8}", *CPU])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[-1].startswith("error: ") and "/does/not/exist" in err[-1] and "data.root" in err[-1]
+
+
+def test_missing_config_file_is_one_clear_line(capsys):
+    assert main(["fit", "--config", "experiments/imagenet/nope.yaml"]) == 2
+    assert "config file not found" in capsys.readouterr().err
+
+
+def test_suite_subcommands_list_models_and_schemes(capsys):
+    assert main(["models", "rescale*"]) == 0
+    assert "rescale50" in capsys.readouterr().out.split()
+    assert main(["schemes"]) == 0
+    assert {"bn", "rescale", "skipinit", "fixup", "rezero", "none"} <= set(capsys.readouterr().out.split())
