@@ -6,12 +6,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast bench install clean help
+.PHONY: demo test test-fast install clean help
 
 help:
 	@echo "make demo   - train five residual schemes on the embedded digits and compare them"
 	@echo "make test   - run the whole test suite (slow tests included)"
-	@echo "make bench  - side-by-side speed/memory benchmarks"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,9 +31,6 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
-
-bench: $(STAMP)
-	$(PY) -m benchmarks.run
 
 clean:
 	rm -rf $(VENV) runs demo_output .pytest_cache

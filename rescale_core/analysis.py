@@ -1,4 +1,5 @@
-"""Probes for the questions the papers (Shao et al. 2020; De & Smith 2020) raise. Hooks only: no model changes, state restored.
+"""Probes for the questions the papers (Shao et al. 2020; De & Smith 2020) raise. Hooks only:
+no model changes, state restored.
 
 - :func:`signal_propagation`: per residual block, the variances of the scaled skip term, the
   scaled branch term, their sum and the block output, and the relative error of the RescaleNet

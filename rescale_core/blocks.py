@@ -1,5 +1,6 @@
 """The one residual block every scheme and family uses, and the merge it asks its scheme for
-(ResNet v1 blocks of He et al. 2016; merge rules of Shao et al. 2020, De & Smith 2020, Zhang et al. 2019).
+(ResNet v1 blocks of He et al. 2016; merge rules of Shao et al. 2020, De & Smith 2020 and
+Zhang et al. 2019).
 
 - :class:`ResidualMerge`: ``block_scale * (skip_scale * s + branch_scale * gain * f + bias)``.
   The analysis probe hooks this module: its two inputs are the skip and branch terms.

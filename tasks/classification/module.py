@@ -17,6 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 import rescale_core
 
+from ..common.errors import ConfigError
 from ..common.optim import build_optimizer
 
 __all__ = ["ClassificationModule"]
@@ -60,7 +61,12 @@ class ClassificationModule(L.LightningModule):
             kwargs["scheme"] = scheme
         if scheme_options:
             kwargs["scheme_options"] = dict(scheme_options)
-        self.net = rescale_core.create_model(network, **kwargs)
+        try:
+            self.net = rescale_core.create_model(network, **kwargs)
+        except (KeyError, ValueError, TypeError) as err:  # unknown name, scheme or option
+            message = err.args[0] if err.args else str(err)
+            raise ConfigError(f"cannot build network {network!r} (model.init_args.network / scheme / "
+                              f"scheme_options / network_options): {message}") from None
         self.scheme_name = getattr(getattr(self.net, "scheme", None), "name", scheme or "unknown")
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler

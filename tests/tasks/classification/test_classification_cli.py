@@ -182,6 +182,16 @@ def test_missing_data_path_is_one_clear_line(capsys):
     assert err[-1].startswith("error: ") and "/does/not/exist" in err[-1] and "data.root" in err[-1]
 
 
+@pytest.mark.parametrize("override,expected", [
+    (["--model.init_args.network", "resnet5"], "resnet50"),
+    (["--model.init_args.scheme", "rescal"], "rescale"),
+])
+def test_unknown_model_or_scheme_is_one_clear_line(capsys, override, expected):
+    code = main(["fit", "--config", str(EXPERIMENTS / "imagenet/resnet50_bn.yaml"), *override, *CPU])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("error: cannot build network") and expected in err[-1]
+
+
 def test_missing_config_file_is_one_clear_line(capsys):
     assert main(["fit", "--config", "experiments/imagenet/nope.yaml"]) == 2
     assert "config file not found" in capsys.readouterr().err
