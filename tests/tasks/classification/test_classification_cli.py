@@ -50,9 +50,10 @@ def test_every_experiment_config_instantiates_without_data(config):
     seen = [p for g in optimizer.param_groups for p in g["params"]]
     assert len(seen) == len(list(module.net.parameters()))
     scheduler = module.scheduler_factory(optimizer, steps_per_epoch=10, max_epochs=cli.trainer.max_epochs)
+    optimizer.step()
     scheduler.step()
     assert all(g["lr"] >= 0 for g in optimizer.param_groups)
-    cfg = cli.config["fit"]
+    cfg = cli.config
     assert cfg.trainer.logger.init_args.group  # every run sits in a W&B group
 
 
