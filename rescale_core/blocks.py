@@ -58,11 +58,8 @@ class ResidualMerge(nn.Module):
         return out
 
     def forward(self, skip: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
-        if self.gain is not None and self.bias is None:
-            # one fused kernel pair: branch * (g * beta) + alpha * skip
-            return torch.add(branch * (self.gain.weight * self.branch_scale), skip,
-                             alpha=self.skip_scale)
-        return self.branch_term(branch) + self.skip_term(skip)
+        # alpha * skip folded into the add: one kernel, whatever the scheme
+        return torch.add(self.branch_term(branch), skip, alpha=self.skip_scale)
 
     def extra_repr(self) -> str:
         return f"k={self.k}, L={self.L}, skip_scale={self.skip_scale:.4f}, branch_scale={self.branch_scale:.4f}"

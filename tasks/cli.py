@@ -25,7 +25,8 @@ from lightning.pytorch.cli import LightningCLI  # noqa: E402
 
 from .common.callbacks import DivergenceMonitor, LearnedScalarsLogger, TrainingDiverged  # noqa: E402
 from .common.config import SaveConfigToRun  # noqa: E402
-from .common.errors import ConfigError, UserError  # noqa: E402
+from .common.errors import UserError  # noqa: E402
+from .common.networks import check_network  # noqa: E402
 
 __all__ = ["RescaleCLI", "main", "defaults_for"]
 
@@ -46,22 +47,7 @@ class RescaleCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         init = config.get("model", {}).get("init_args", {}) or {}
         if "network" in init:
-            check_network_args(init.get("network"), init.get("scheme"), init.get("scheme_options"))
-
-
-def check_network_args(network: str, scheme: Optional[str], scheme_options: Optional[dict]) -> None:
-    import rescale_core
-    from rescale_core.registry import model_entry
-
-    try:
-        entry = model_entry(network)
-        name = scheme or entry.defaults.get("scheme")
-        if name is not None:
-            rescale_core.get_scheme(name, **dict(scheme_options or {}))
-    except (KeyError, ValueError) as err:
-        message = err.args[0] if err.args else str(err)
-        raise ConfigError(f"cannot build network {network!r} (model.init_args.network / scheme / "
-                          f"scheme_options): {message}") from None
+            check_network(init.get("network"), init.get("scheme"), init.get("scheme_options"))
 
 
 def trainer_defaults() -> dict:

@@ -18,7 +18,7 @@ shortcut; Wide-ResNet depth counts 6n+4 layers as in the WRN paper, CIFAR ResNet
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -29,7 +29,7 @@ from ..layers import MeanShiftBias, ScalarBias, conv_nd, make_norm, pool_nd
 from ..registry import register_model
 from ..schemes import Scheme, get_scheme
 
-__all__ = ["ResNetConfig", "ResNet", "resnet", "cifar_resnet", "wide_resnet", "resnet3d"]
+__all__ = ["ResNetConfig", "ResNet", "resnet", "cifar_resnet", "wide_resnet"]
 
 
 @dataclass(frozen=True)
@@ -171,20 +171,16 @@ PAPER_MODELS = [
 ]
 
 
-def resnet(arch: str = "resnet50", scheme: "str | Scheme" = "bn", width: int = 1, **kwargs) -> ResNet:
-    """An ImageNet-style ResNet/ResNeXt or 3D ResNet by name; ``width`` multiplies the widths
-    (a cheap way to build tiny versions for tests: ``width`` < 1 is not allowed, use
-    ``base_width`` instead)."""
-    table = {**IMAGENET_RESNETS, **RESNETS_3D}
-    cfg = table[arch]
-    base_width = kwargs.pop("base_width", None)
-    if base_width is not None:  # scale all widths so that stage 1 has base_width planes
+def resnet(arch: str = "resnet50", scheme: "str | Scheme" = "bn", width: int = 1,
+           base_width: int | None = None, **kwargs) -> ResNet:
+    """An ImageNet-style ResNet/ResNeXt or 3D ResNet by name. ``width`` multiplies every stage's
+    width; ``base_width`` rescales them so that stage 1 has ``base_width`` planes (tiny models)."""
+    cfg = {**IMAGENET_RESNETS, **RESNETS_3D}[arch]
+    if base_width is not None:
         f = base_width / cfg.widths[0]
-        cfg = ResNetConfig(cfg.block, cfg.layers, tuple(max(1, int(w * f)) for w in cfg.widths),
-                           cfg.stem, base_width, cfg.groups, cfg.width_per_group, cfg.spatial_dims)
+        cfg = replace(cfg, widths=tuple(max(1, int(w * f)) for w in cfg.widths), stem_width=base_width)
     if width != 1:
-        cfg = ResNetConfig(cfg.block, cfg.layers, tuple(w * width for w in cfg.widths), cfg.stem,
-                           cfg.stem_width, cfg.groups, cfg.width_per_group, cfg.spatial_dims)
+        cfg = replace(cfg, widths=tuple(w * width for w in cfg.widths))
     return ResNet(cfg, scheme, **kwargs)
 
 
@@ -209,10 +205,6 @@ def wide_resnet(depth: int = 16, width: int = 4, scheme: "str | Scheme" = "bn",
     cfg = ResNetConfig("basic", (n, n, n), (w * width, 2 * w * width, 4 * w * width),
                        stem="cifar", stem_width=w)
     return ResNet(cfg, scheme, **kwargs)
-
-
-def resnet3d(arch: str = "resnet3d_18", scheme: "str | Scheme" = "bn", **kwargs) -> ResNet:
-    return resnet(arch, scheme, **kwargs)
 
 
 def _register() -> None:

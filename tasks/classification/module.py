@@ -15,9 +15,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
-import rescale_core
-
-from ..common.errors import ConfigError
+from ..common.networks import create_network
 from ..common.optim import build_optimizer
 
 __all__ = ["ClassificationModule"]
@@ -61,12 +59,7 @@ class ClassificationModule(L.LightningModule):
             kwargs["scheme"] = scheme
         if scheme_options:
             kwargs["scheme_options"] = dict(scheme_options)
-        try:
-            self.net = rescale_core.create_model(network, **kwargs)
-        except (KeyError, ValueError, TypeError) as err:  # unknown name, scheme or option
-            message = err.args[0] if err.args else str(err)
-            raise ConfigError(f"cannot build network {network!r} (model.init_args.network / scheme / "
-                              f"scheme_options / network_options): {message}") from None
+        self.net = create_network(network, **kwargs)
         self.scheme_name = getattr(getattr(self.net, "scheme", None), "name", scheme or "unknown")
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler

@@ -196,19 +196,9 @@ def harness() -> type[Harness]:
     return Harness
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _one_torch_thread():
-    """One intra-op thread: on a small shared machine two OpenMP threads that wait for each
-    other make these tiny models ~10x slower (measured 1.3 s vs 14.7 s)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def pytest_generate_tests(metafunc) -> None:
-    """``conv_case``: every (model, scheme) of the ResNet families; ``vgg_case``: of VGG."""
-    for argname, families in (("conv_case", CONV_FAMILIES), ("vgg_case", ("vgg",))):
+    """``model_case``: every (model, scheme) of the ResNet families and VGG."""
+    for argname, families in (("model_case", CONV_FAMILIES + ("vgg",)),):
         if argname in metafunc.fixturenames:
             params = cases(families)
             metafunc.parametrize(argname, params, ids=[f"{n}-{s}" for n, s in params])

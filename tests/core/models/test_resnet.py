@@ -17,18 +17,6 @@ from rescale_core.layers import MeanShiftBias, StridedAvgPool
 
 
 # --------------------------------------------------------------- every model x every scheme
-def test_forward_backward_at_init(conv_case, harness):
-    harness.forward_backward_at_init(*conv_case)
-
-
-def test_three_sgd_steps_change_every_parameter(conv_case, harness):
-    harness.sgd_steps_change_every_parameter(*conv_case)
-
-
-def test_state_dict_round_trip(conv_case, harness):
-    harness.state_dict_round_trip(*conv_case)
-
-
 def test_tiny_configs_have_the_documented_depth(harness):
     assert rescale_core.create_model("cifar_resnet", **harness.tiny_kwargs("cifar_resnet")).num_blocks == 3
     assert rescale_core.create_model("wide_resnet", **harness.tiny_kwargs("wide_resnet")).num_blocks == 6

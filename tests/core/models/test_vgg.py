@@ -13,18 +13,6 @@ from rescale_core.analysis import signal_propagation
 from rescale_core.layers import MeanShiftBias
 
 
-def test_forward_backward_at_init(vgg_case, harness):
-    harness.forward_backward_at_init(*vgg_case)
-
-
-def test_three_sgd_steps_change_every_parameter(vgg_case, harness):
-    harness.sgd_steps_change_every_parameter(*vgg_case)
-
-
-def test_state_dict_round_trip(vgg_case, harness):
-    harness.state_dict_round_trip(*vgg_case)
-
-
 def _tiny(name, scheme=None, **kwargs):
     torch.manual_seed(0)
     extra = {} if scheme is None else {"scheme": scheme}

@@ -1,0 +1,44 @@
+"""Building ``rescale_core`` networks from a task config, with one-line errors for bad names.
+
+Every task module builds its network through :func:`create_network`; the CLI calls
+:func:`check_network` before instantiation, because jsonargparse would wrap an error raised
+while instantiating in a multi-line report of its own.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import rescale_core
+from rescale_core.registry import model_entry
+from torch import nn
+
+from .errors import ConfigError
+
+__all__ = ["create_network", "check_network"]
+
+_WHERE = "model.init_args.network / scheme / scheme_options / network_options"
+
+
+def _config_error(network: str, err: Exception) -> ConfigError:
+    message = err.args[0] if err.args else str(err)
+    return ConfigError(f"cannot build network {network!r} ({_WHERE}): {message}")
+
+
+def check_network(network: str, scheme: Optional[str] = None,
+                  scheme_options: Optional[dict[str, Any]] = None) -> None:
+    """Raise :class:`ConfigError` for an unknown network, scheme or scheme option, building nothing."""
+    try:
+        entry = model_entry(network)  # always: an explicit scheme must not skip this check
+        name = scheme or entry.defaults.get("scheme")
+        if name is not None:
+            rescale_core.get_scheme(name, **dict(scheme_options or {}))
+    except (KeyError, ValueError) as err:
+        raise _config_error(network, err) from None
+
+
+def create_network(network: str, **kwargs: Any) -> nn.Module:
+    """``rescale_core.create_model`` with bad names and options turned into one-line errors."""
+    try:
+        return rescale_core.create_model(network, **kwargs)
+    except (KeyError, ValueError, TypeError) as err:
+        raise _config_error(network, err) from None
