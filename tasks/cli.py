@@ -12,6 +12,7 @@ lives in one place. Networks, optimizers, schedulers, data modules and loggers a
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Callable, Optional
@@ -22,11 +23,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import lightning.pytorch as L  # noqa: E402
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint  # noqa: E402
 from lightning.pytorch.cli import LightningCLI  # noqa: E402
+from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
 
 from .common.callbacks import DivergenceMonitor, LearnedScalarsLogger, TrainingDiverged  # noqa: E402
+from .common.checkpointing import LastCheckpoint, ResumeState, preempted_message, read_run_id  # noqa: E402
+from .common.checkpoint_compat import check_config_against_checkpoint  # noqa: E402
+from .common.cli_errors import config_errors, trainer_config_errors  # noqa: E402
 from .common.config import SaveConfigToRun  # noqa: E402
+from .common.data_report import SkippedDataReport  # noqa: E402
 from .common.errors import UserError  # noqa: E402
-from .common.networks import check_network  # noqa: E402
+from .common.networks import check_network, resolved_architecture  # noqa: E402
 
 __all__ = ["RescaleCLI", "main", "defaults_for"]
 
@@ -37,9 +43,41 @@ DEFAULTS_NAME = "_defaults.yaml"
 class RescaleCLI(LightningCLI):
     """LightningCLI with the data -> model links every classification-style task needs."""
 
+    # --- one-line errors (parsers are built with exit_on_error=False, see run_lightning) ---
+    def parse_arguments(self, parser, args) -> None:
+        argv = sys.argv[1:] if args is None else args
+        parsers = getattr(self, "_subcommand_parsers", {})
+        sub = next((parsers[a] for a in argv if isinstance(a, str) and a in parsers), parser) \
+            if isinstance(argv, (list, tuple)) else parser
+        with config_errors(sub):  # the subcommand's parser knows the valid keys
+            super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """Refuse a checkpoint of another architecture before Lightning replaces the configured
+        model with the checkpoint's hyper-parameters (which would hide the mismatch)."""
+        if self.config.get("subcommand"):
+            section = self.config[self.config.subcommand]
+            check_config_against_checkpoint(section.get("model"), section.get("ckpt_path"),
+                                            normalize=resolved_architecture)
+        with config_errors(self.parser):
+            super()._parse_ckpt_path()
+
+    def instantiate_classes(self) -> None:
+        with config_errors():  # a UserError raised in a constructor, unwrapped from jsonargparse's report
+            super().instantiate_classes()
+
+    def instantiate_trainer(self, **kwargs):
+        with trainer_config_errors():
+            return super().instantiate_trainer(**kwargs)
+
     def add_arguments_to_parser(self, parser) -> None:
         for key in ("num_classes", "in_channels"):
             parser.link_arguments(f"data.{key}", f"model.init_args.{key}", apply_on="instantiate")
+        # always-on callbacks, each with its own config section, e.g.
+        # `last_checkpoint: {every_n_train_steps: N, every_minutes: M}`, `divergence: {check_every_n_steps: 25}`
+        parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
+        parser.add_lightning_class_args(DivergenceMonitor, "divergence")
+        parser.add_lightning_class_args(LearnedScalarsLogger, "learned_scalars")
 
     def before_instantiate_classes(self) -> None:
         """Check network and scheme names before anything is built, so a typo is one clear line
@@ -48,6 +86,23 @@ class RescaleCLI(LightningCLI):
         init = config.get("model", {}).get("init_args", {}) or {}
         if "network" in init:
             check_network(init.get("network"), init.get("scheme"), init.get("scheme_options"))
+        if self.subcommand == "fit":
+            resume_wandb_run(config)
+
+
+def resume_wandb_run(config) -> None:
+    """``fit --ckpt_path <file>``: continue the W&B run the checkpoint was written under (same
+    run id, hence the same run and checkpoint folder) instead of starting a second run."""
+    ckpt = config.get("ckpt_path")
+    logger = config.get("trainer", {}).get("logger")
+    if not ckpt or ckpt in ("last", "best", "hpc", "registry") or not hasattr(logger, "get"):
+        return
+    init = logger.get("init_args")
+    if not str(logger.get("class_path", "")).endswith("WandbLogger") or init is None or init.get("id"):
+        return
+    run_id = read_run_id(ckpt)
+    if run_id:
+        init["id"] = run_id
 
 
 def trainer_defaults() -> dict:
@@ -55,9 +110,12 @@ def trainer_defaults() -> dict:
         "logger": {"class_path": "rescale_tasks.common.wandb_logger.SuiteWandbLogger",
                    "init_args": {"save_dir": "runs", "project": "rescale"}},
         # persistent callbacks: always present, whatever the config says
-        "callbacks": [DivergenceMonitor(), LearnedScalarsLogger(),
-                      ModelCheckpoint(save_last=True, filename="epoch{epoch:03d}", auto_insert_metric_name=False),
+        # (and LastCheckpoint, DivergenceMonitor, LearnedScalarsLogger: see add_arguments_to_parser)
+        "callbacks": [ResumeState(), SkippedDataReport(),
+                      ModelCheckpoint(filename="epoch{epoch:03d}", auto_insert_metric_name=False),
                       LearningRateMonitor(logging_interval="step")],
+        # atomic saves; loading never runs code from the file
+        "plugins": [{"class_path": "rescale_tasks.common.checkpointing.AtomicCheckpointIO"}],
     }
 
 
@@ -98,8 +156,9 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
     defaults = defaults_for(configs)
     if run:
         parser_kwargs = {cmd: {"default_config_files": defaults} for cmd in TRAINER_SUBCOMMANDS}
+        parser_kwargs["exit_on_error"] = False  # raise, for one-line errors (subcommands inherit it)
     else:  # parse and instantiate only (no subcommand): tests, notebooks, tools
-        parser_kwargs = {"default_config_files": defaults}
+        parser_kwargs = {"default_config_files": defaults, "exit_on_error": False}
         argv = argv[1:] if argv and argv[0] in TRAINER_SUBCOMMANDS else argv
     return RescaleCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
                       subclass_mode_data=True, save_config_callback=SaveConfigToRun,
@@ -147,6 +206,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (UserError, TrainingDiverged) as err:
         print(f"error: {err}", file=sys.stderr)
         return getattr(err, "exit_code", 1)
+    except SIGTERMException as err:
+        print(f"error: {preempted_message(err)}", file=sys.stderr)
+        return 128 + signal.SIGTERM
     finally:
         _finish_wandb()
 

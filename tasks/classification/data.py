@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
 from rescale_tasks.common.errors import ConfigError, DataError
+from rescale_tasks.common.sampling import PerSampleSeed, ResumableDataLoader, ResumableSampler
 
 from .datasets import (
     ImageFileDataset, TensorImageDataset, collate_drop_none, find_file, read_cifar_batch,
@@ -80,17 +81,20 @@ class ClassificationDataModule(L.LightningDataModule):
             self.setup(stage)
         dataset = getattr(self, split)
         workers = self.num_workers
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            shuffle=train,
-            generator=torch.Generator().manual_seed(self.seed) if train else None,
-            drop_last=train and len(dataset) > self.batch_size,
-            num_workers=workers,
-            pin_memory=self.pin_memory and torch.accelerator.is_available(),
-            persistent_workers=self.persistent_workers and workers > 0,
-            collate_fn=self.collate_fn,
-        )
+        kwargs = dict(batch_size=self.batch_size, num_workers=workers,
+                      pin_memory=self.pin_memory and torch.accelerator.is_available(),
+                      persistent_workers=self.persistent_workers and workers > 0,
+                      collate_fn=self.collate_fn,
+                      # a private generator: creating an iterator never draws from the global RNG,
+                      # so the training stream (dropout, mixup) is the same after a resume
+                      generator=torch.Generator().manual_seed(self.seed))
+        if not train:
+            return DataLoader(dataset, shuffle=False, **kwargs)
+        # seeded order per epoch, sharded over ranks, resumable mid-epoch; per-sample seeds make
+        # augmentation independent of workers and restarts
+        sampler = ResumableSampler(dataset, shuffle=True, seed=self.seed, with_seeds=True)
+        return ResumableDataLoader(PerSampleSeed(dataset), sampler,
+                                   drop_last=len(sampler) > self.batch_size, **kwargs)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train_set", "fit", train=True)

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
-from ..common.networks import create_network
+from ..common.checkpoint_compat import check_checkpoint_compatible
+from ..common.networks import create_network, resolved_architecture
 from ..common.optim import build_optimizer
 
 __all__ = ["ClassificationModule"]
@@ -82,8 +83,10 @@ class ClassificationModule(L.LightningModule):
         perm = torch.randperm(x.shape[0], device=x.device)
         return lam * x + (1 - lam) * x[perm], y, y[perm], lam
 
-    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         x, y = batch
+        if y.numel() == 0:  # every file of the batch was corrupt and skipped: no step
+            return None
         if self.mixup_alpha > 0:
             x, ya, yb, lam = self._mixup(x, y)
             logits = self(x)
@@ -117,6 +120,16 @@ class ClassificationModule(L.LightningModule):
     def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self(x).softmax(dim=-1)
+
+    # --- checkpoints ----------------------------------------------------------------------
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse, in one line, a checkpoint of another network, scheme or class count (runs
+        before the weights are loaded, which would fail with a page of key/shape mismatches)."""
+        trainer = self._trainer
+        path = getattr(trainer, "ckpt_path", None) if trainer is not None else None
+        check_checkpoint_compatible(checkpoint, self.hparams, self.state_dict(),
+                                    source=f"checkpoint {path}" if path else "the checkpoint",
+                                    strict=self.strict_loading, normalize=resolved_architecture)
 
     # --- optimisation ---------------------------------------------------------------------
     def configure_optimizers(self):

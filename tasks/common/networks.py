@@ -14,7 +14,7 @@ from torch import nn
 
 from .errors import ConfigError
 
-__all__ = ["create_network", "check_network"]
+__all__ = ["create_network", "check_network", "default_scheme", "resolved_architecture"]
 
 _WHERE = "model.init_args.network / scheme / scheme_options / network_options"
 
@@ -42,3 +42,28 @@ def create_network(network: str, **kwargs: Any) -> nn.Module:
         return rescale_core.create_model(network, **kwargs)
     except (KeyError, ValueError, TypeError) as err:
         raise _config_error(network, err) from None
+
+
+def default_scheme(network: str) -> Optional[str]:
+    """The scheme ``network`` builds when none is given (None for an unknown name).
+
+    Lets a checkpoint saved with ``scheme: null`` compare equal to one naming that scheme.
+    """
+    import inspect
+
+    try:
+        entry = model_entry(network)
+    except KeyError:
+        return None
+    if entry.defaults.get("scheme") is not None:
+        return entry.defaults["scheme"]
+    parameter = inspect.signature(entry.builder).parameters.get("scheme")
+    default = None if parameter is None else parameter.default
+    return default if isinstance(default, str) else None
+
+
+def resolved_architecture(hparams: dict[str, Any]) -> dict[str, Any]:
+    """``hparams`` with the network's default scheme filled in where none was given."""
+    if hparams.get("scheme") is None and isinstance(hparams.get("network"), str):
+        hparams = dict(hparams, scheme=default_scheme(hparams["network"]))
+    return hparams

@@ -7,12 +7,16 @@ and can be uploaded later with ``wandb sync``.
 """
 from __future__ import annotations
 
+import logging
 import os
+import time
 from typing import Any, Optional
 
 from lightning.pytorch.loggers import WandbLogger
 
 __all__ = ["SuiteWandbLogger", "wandb_mode"]
+
+log = logging.getLogger(__name__)
 
 
 def _has_api_key() -> bool:
@@ -45,6 +49,8 @@ class SuiteWandbLogger(WandbLogger):
                  group: Optional[str] = None, tags: Optional[list[str]] = None,
                  job_type: Optional[str] = None, id: Optional[str] = None,
                  log_model: bool = False, **kwargs: Any) -> None:
+        # absolute: the W&B service process may outlive a change of working directory
+        save_dir = os.path.abspath(save_dir)
         os.makedirs(save_dir, exist_ok=True)
         mode = wandb_mode()
         if kwargs.get("settings") is None:
@@ -52,6 +58,22 @@ class SuiteWandbLogger(WandbLogger):
         super().__init__(name=name, save_dir=save_dir, project=project, group=group, tags=tags,
                          job_type=job_type, id=id, log_model=log_model,
                          offline=mode == "offline", mode=mode, **kwargs)
+
+    @property
+    def experiment(self):
+        """The W&B run; when resuming right after the previous process was killed, waits (up to
+        ``RUN_ID_RELEASE_S``) for that process's W&B service to let go of the run id."""
+        deadline = time.monotonic() + self.RUN_ID_RELEASE_S
+        while True:
+            try:
+                return WandbLogger.experiment.fget(self)
+            except Exception as err:  # wandb raises ServerResponseError("run ID ... is in use")
+                if "is in use" not in str(err) or time.monotonic() > deadline:
+                    raise
+                log.info("W&B run %s is still held by the previous process's service; waiting", self._id)
+                time.sleep(1.0)
+
+    RUN_ID_RELEASE_S = 120.0
 
 
 def _settings():

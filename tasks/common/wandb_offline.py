@@ -11,6 +11,7 @@ import glob
 import json
 import os
 import struct
+import time
 from dataclasses import dataclass, field
 
 __all__ = ["OfflineRun", "read_offline_run", "find_offline_runs"]
@@ -29,6 +30,7 @@ class OfflineRun:
     name: str | None = None
     group: str | None = None
     tags: list[str] = field(default_factory=list)
+    finished: bool = False  # the run's exit record is written
 
     def metric(self, key: str) -> list:
         """Every logged value of ``key``, in order."""
@@ -74,8 +76,22 @@ def _set_nested(target: dict, item) -> None:
     target[keys[-1]] = json.loads(item.value_json)
 
 
-def read_offline_run(run_dir_or_file: str) -> OfflineRun:
-    """Config, history rows and summary of an offline run directory or ``.wandb`` file."""
+def read_offline_run(run_dir_or_file: str, wait_s: float = 60.0) -> OfflineRun:
+    """Config, history rows and summary of an offline run directory or ``.wandb`` file.
+
+    ``wandb.finish()`` can return before W&B's service process has written the last records
+    (seen on a loaded machine); a run whose file has no ``exit`` record yet is re-read for up
+    to ``wait_s`` seconds, then returned as it is (``finished`` False).
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        run = _read(run_dir_or_file)
+        if run.finished or time.monotonic() > deadline:
+            return run
+        time.sleep(0.2)
+
+
+def _read(run_dir_or_file: str) -> OfflineRun:
     from wandb.proto import wandb_internal_pb2 as pb
 
     path = run_dir_or_file
@@ -87,8 +103,13 @@ def read_offline_run(run_dir_or_file: str) -> OfflineRun:
     run = OfflineRun(path=path)
     for raw in _records(path):
         rec = pb.Record()
-        rec.ParseFromString(raw)
+        try:
+            rec.ParseFromString(raw)
+        except Exception:  # a record still being written: the rest is not there yet
+            break
         kind = rec.WhichOneof("record_type")
+        if kind == "exit":
+            run.finished = True
         if kind == "run":
             run.run_id, run.name, run.group = rec.run.run_id, rec.run.display_name, rec.run.run_group
             run.tags = list(rec.run.tags)

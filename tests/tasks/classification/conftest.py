@@ -132,7 +132,7 @@ def write_mnist(root: Path, n_train: int = 20, n_test: int = 10, subdir: str = "
                          test_images[:, None], test_labels.astype(np.int64))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def data_writers() -> types.SimpleNamespace:
     """The writer functions, for test modules that cannot import this conftest."""
     return types.SimpleNamespace(imagefolder=write_imagefolder, cifar=write_cifar, mnist=write_mnist,

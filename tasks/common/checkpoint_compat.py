@@ -1,0 +1,128 @@
+"""Does a checkpoint belong to the architecture this run builds? One line saying what differs.
+
+Loading a checkpoint of another network or scheme otherwise fails deep in ``load_state_dict``
+with a page of missing keys and shape mismatches, or, through LightningCLI (which replaces the
+run's model config with the checkpoint's hyper-parameters), silently evaluates the wrong
+network. Every task compares the hyper-parameters that decide its architecture and the state
+dict's keys and shapes with :func:`check_checkpoint_compatible`.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from .errors import ConfigError
+
+__all__ = ["ARCHITECTURE_KEYS", "CONFIG_KEYS", "check_checkpoint_compatible", "check_config_against_checkpoint",
+           "hparam_differences", "state_dict_differences", "MISMATCH_FIX"]
+
+#: Hyper-parameters that fix a network's parameters (names, shapes) or its forward pass.
+ARCHITECTURE_KEYS = ("network", "scheme", "scheme_options", "network_options", "num_classes", "in_channels")
+#: What the CLI compares before anything is built: num_classes/in_channels are only linked from
+#: the data module at instantiation, so those are checked against the built module instead.
+CONFIG_KEYS = ("_class_path", "network", "scheme", "scheme_options", "network_options")
+MISMATCH_FIX = ("Run with the config the checkpoint was trained with (its run folder keeps it as "
+                "rescale_config.yaml), or drop --ckpt_path to start from scratch.")
+_LABELS = {"_class_path": "module"}
+
+
+def _normal(value: Any) -> Any:
+    """Comparable form: ``None`` and ``{}`` both mean "nothing overridden"; mappings sorted."""
+    if isinstance(value, Mapping):
+        value = {str(k): _normal(v) for k, v in value.items()}
+        return dict(sorted(value.items())) or None
+    if isinstance(value, (list, tuple)):
+        return [_normal(v) for v in value]
+    return value
+
+
+def _show(key: str, value: Any) -> str:
+    if key == "_class_path" and isinstance(value, str):
+        value = value.rsplit(".", 1)[-1]
+    return f"{_LABELS.get(key, key)}={_normal(value)}"
+
+
+def hparam_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
+                       keys: Sequence[str] = ARCHITECTURE_KEYS) -> list[str]:
+    """The ``keys`` present on both sides whose values differ."""
+    return [k for k in keys if k in saved and k in current and _normal(saved[k]) != _normal(current[k])]
+
+
+def state_dict_differences(saved: Mapping[str, Any], current: Mapping[str, Any], strict: bool = True,
+                           limit: int = 2) -> list[str]:
+    """Short descriptions of missing/unexpected keys (when ``strict``) and shape mismatches."""
+    problems = []
+    shapes = [k for k in current if k in saved and hasattr(saved[k], "shape") and hasattr(current[k], "shape")
+              and tuple(saved[k].shape) != tuple(current[k].shape)]
+    for key in shapes[:limit]:
+        problems.append(f"{key} has shape {tuple(saved[key].shape)} in the checkpoint but "
+                        f"{tuple(current[key].shape)} here")
+    if len(shapes) > limit:
+        problems.append(f"{len(shapes) - limit} more shape mismatches")
+    if strict:
+        for keys, what in (([k for k in current if k not in saved], "missing from the checkpoint"),
+                           ([k for k in saved if k not in current], "not in this network")):
+            if keys:
+                shown = ", ".join(keys[:limit]) + (f" (+{len(keys) - limit} more)" if len(keys) > limit else "")
+                problems.append(f"{len(keys)} entries {what}: {shown}")
+    return problems
+
+
+def check_checkpoint_compatible(checkpoint: Mapping[str, Any], hparams: Mapping[str, Any],
+                                state_dict: Optional[Mapping[str, Any]] = None, *,
+                                keys: Sequence[str] = ARCHITECTURE_KEYS, source: str = "the checkpoint",
+                                strict: bool = True,
+                                normalize: Optional[Callable[[dict], dict]] = None,
+                                fix: str = MISMATCH_FIX) -> None:
+    """Raise :class:`ConfigError` (one line) when ``checkpoint`` is of another architecture.
+
+    Args:
+        checkpoint: the loaded checkpoint (``hyper_parameters`` and ``state_dict`` are read).
+        hparams: this run's hyper-parameters (a module's ``hparams`` or a config section).
+        state_dict: this run's state dict, to compare keys and shapes (None: skip).
+        keys: the hyper-parameters that decide the architecture; only keys both sides have count.
+        source: how to name the checkpoint in the message (e.g. ``checkpoint <path>``).
+        strict: also report missing and unexpected state-dict entries (as strict loading would).
+        normalize: applied to both hyper-parameter dicts first (e.g. fill in a network's
+            default scheme, so "scheme: null" and the scheme it resolves to compare equal).
+    """
+    saved = dict(checkpoint.get("hyper_parameters") or {})
+    current = dict(hparams)
+    if normalize is not None:
+        saved, current = normalize(saved), normalize(current)
+    differing = hparam_differences(saved, current, keys)
+    saved_state = checkpoint.get("state_dict")
+    problems = [] if state_dict is None or saved_state is None else \
+        state_dict_differences(saved_state, state_dict, strict=strict)
+    if not differing and not problems:
+        return
+    shown = [k for k in keys if k in ("network", "scheme") or k in differing]
+    theirs = ", ".join(_show(k, saved[k]) for k in shown if k in saved) or "unknown hyper-parameters"
+    ours = ", ".join(_show(k, current[k]) for k in shown if k in current) or "network"
+    if differing:
+        labels = ", ".join(_LABELS.get(k, k) for k in differing)
+        reason = f"{source} was saved from {theirs} but this run builds {ours} (they differ in {labels})"
+    else:
+        reason = f"{source} does not fit this run's {ours}: {'; '.join(problems)}"
+    raise ConfigError(f"{reason}. {fix}")
+
+
+def check_config_against_checkpoint(model_config: Any, ckpt_path: Optional[str],
+                                    normalize: Optional[Callable[[dict], dict]] = None) -> None:
+    """The CLI's check of ``--ckpt_path`` against the run's ``model`` config section.
+
+    Must run before LightningCLI parses the checkpoint's hyper-parameters into the config (it
+    replaces the configured network with the checkpoint's, which would hide any mismatch).
+    ``model_config`` is the ``class_path``/``init_args`` section (a dict or a jsonargparse
+    Namespace); names such as ``last`` that are not files are left to Lightning.
+    """
+    if not ckpt_path or not os.path.isfile(str(ckpt_path)) or model_config is None:
+        return
+    from .checkpointing import safe_load  # one-line errors for unreadable files
+
+    if hasattr(model_config, "as_dict"):
+        model_config = model_config.as_dict()
+    saved = safe_load(ckpt_path, mmap=True).get("hyper_parameters") or {}
+    current = {"_class_path": model_config.get("class_path"), **(model_config.get("init_args") or {})}
+    check_checkpoint_compatible({"hyper_parameters": saved}, current, keys=CONFIG_KEYS,
+                                source=f"checkpoint {ckpt_path}", normalize=normalize)

@@ -1,0 +1,286 @@
+"""Checkpoints a multi-day run can trust: atomic writes, safe loading, preemption, exact resume.
+
+- :class:`AtomicCheckpointIO`: writes ``<file>.tmp-<pid>``, fsyncs it and renames it over the
+  target, so a crash while saving never leaves a truncated ``last.ckpt``; loads with
+  ``torch.load(weights_only=True)`` (never runs code from the file), our own classes allow-listed.
+- :class:`ResumeState`: stores the random-number streams of every library and the W&B run id in
+  the checkpoint and restores the streams when training restarts, so a resumed run draws the
+  same dropout masks and mixup coefficients as an uninterrupted one.
+- :class:`LastCheckpoint`: the one writer of ``last.ckpt``: at epoch ends, every n steps or
+  minutes, and on SIGTERM (cluster preemption, ``scancel``, ``kill``), where Lightning finishes
+  the current step and raises. Together with the resumable training loader
+  (:mod:`rescale_tasks.common.sampling`) the run resumes at the next batch of the same epoch.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning.pytorch as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from .errors import UserError
+
+__all__ = ["AtomicCheckpointIO", "ResumeState", "LastCheckpoint", "safe_load", "SAFE_GLOBALS",
+           "CheckpointError", "read_run_id", "preempted_message"]
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be used: missing, truncated, or holding code."""
+
+
+def _safe_globals() -> list:
+    """Classes a checkpoint of this suite may hold besides tensors and plain containers."""
+    from pathlib import PosixPath, WindowsPath
+
+    from rescale_core.schemes import Scheme
+
+    return [Scheme, PosixPath, WindowsPath]
+
+
+SAFE_GLOBALS = _safe_globals()
+
+
+def safe_load(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = False) -> dict:
+    """``torch.load`` that never executes code from the file; errors are one clear line.
+
+    ``mmap=True`` maps the tensors instead of reading them: cheap when only the metadata
+    (hyper-parameters, run id) of a large checkpoint is needed.
+    """
+    path = str(path)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint not found: {path} (--ckpt_path). Pass the path of a .ckpt "
+                              "file written by this suite, e.g. runs/<project>/<run id>/checkpoints/last.ckpt")
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if "weights_only" in str(err) or "global" in str(err).lower():
+            raise CheckpointError(
+                f"refusing to load {path}: it holds Python objects that could run code "
+                f"({_first_global(str(err))}); only checkpoints written by this suite load safely") from None
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason}); "
+                              "resume from an earlier checkpoint in the same folder") from None
+    except (RuntimeError, EOFError, OSError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason}); "
+                              "resume from an earlier checkpoint in the same folder") from None
+
+
+def _first_global(message: str) -> str:
+    for line in message.splitlines():
+        if "GLOBAL" in line or "Unsupported global" in line:
+            return line.strip()
+    return message.strip().splitlines()[0]
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """TorchCheckpointIO with atomic saves (temp file + fsync + rename) and ``weights_only`` loads."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as handle:
+                torch.save(checkpoint, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)  # atomic on POSIX: readers see the old file or the new one
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        _fsync_dir(target.parent)
+
+    def load_checkpoint(self, path, map_location: Any = None, weights_only: Optional[bool] = None) -> dict:
+        return safe_load(path, map_location=map_location if map_location is not None else "cpu")
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename itself durable (a power cut right after it keeps the new file)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_run_id(path: str | os.PathLike) -> Optional[str]:
+    """The W&B run id a checkpoint was written under (``None`` if it has none)."""
+    state = safe_load(path, mmap=True)
+    for key, value in state.get("callbacks", {}).items():
+        if key.startswith("ResumeState") and isinstance(value, dict):
+            return value.get("run_id")
+    return None
+
+
+def _rng_states() -> dict[str, Any]:
+    states = {"torch": torch.get_rng_state(), "numpy": _numpy_state(), "python": _python_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _numpy_state() -> dict:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached": float(cached)}
+
+
+def _python_state() -> dict:
+    version, internal, gauss = random.getstate()
+    return {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss}
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    n = states["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    p = states["python"]
+    random.setstate((p["version"], tuple(int(v) for v in p["internal"].tolist()), p["gauss"]))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+class ResumeState(L.Callback):
+    """Random streams and the W&B run id, saved with every checkpoint and restored on resume.
+
+    The streams are restored when training starts (after Lightning has set up the data and run
+    any sanity check), i.e. exactly where the uninterrupted run stood after the saved step.
+    Only tensors and plain values are stored, so ``weights_only`` loading accepts them.
+    """
+
+    def __init__(self) -> None:
+        self._pending: Optional[dict[str, Any]] = None
+        self.run_id: Optional[str] = None
+
+    @property
+    def state_key(self) -> str:
+        return "ResumeState"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": _rng_states(), "run_id": self.run_id}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pending = state_dict.get("rng")
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for logger in trainer.loggers:
+            version = getattr(logger, "version", None)
+            if version is not None and type(logger).__name__.endswith("WandbLogger"):
+                self.run_id = str(version)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        _load_train_loader_state(trainer)
+        if self._pending is not None:
+            _set_rng_states(self._pending)
+            self._pending = None
+
+
+def _load_train_loader_state(trainer: L.Trainer) -> None:
+    """Hand the saved training-loader position to the loader in use.
+
+    Lightning (2.6) applies saved loader states only when it builds the training loader after
+    restoring the loops; a module that reads ``trainer.estimated_stepping_batches`` in
+    ``configure_optimizers`` (per-step schedules) builds it before, and the saved position is
+    silently dropped. Our loaders iterate lazily, so loading here, before the first batch, is
+    still in time.
+    """
+    loop = trainer.fit_loop
+    states = getattr(loop, "_combined_loader_states_to_load", None)
+    if states and loop._combined_loader is not None:
+        loop._combined_loader._load_state_dicts(states)
+        loop._combined_loader_states_to_load = []
+
+
+class LastCheckpoint(L.Callback):
+    """The one writer of ``last.ckpt``: at every epoch end, every ``every_n_train_steps`` steps
+    and every ``every_minutes`` minutes of training (mid-epoch resume points for long epochs),
+    and when the run is preempted.
+
+    Lightning turns SIGTERM into ``SIGTERMException`` at the end of the current training step;
+    this callback saves then, so nothing already trained is lost, and ``--ckpt_path <file>`` (or
+    ``--ckpt_path last`` with a fixed run id) resumes at the next batch. Other exceptions are left
+    alone: a diverged or crashed run must not overwrite its last good checkpoint.
+    The file goes beside the run's other checkpoints (the ModelCheckpoint folder), where
+    Lightning's ``ckpt_path="last"`` looks for it.
+
+    Args:
+        every_n_train_steps: also save every n optimizer steps (0: off).
+        every_minutes: also save after this many minutes of training since the last save (0: off).
+        on_preemption: save on SIGTERM.
+    """
+
+    def __init__(self, every_n_train_steps: int = 0, every_minutes: float = 0.0, on_preemption: bool = True) -> None:
+        if every_n_train_steps < 0 or every_minutes < 0:
+            raise UserError(f"last_checkpoint.every_n_train_steps ({every_n_train_steps}) and "
+                            f"last_checkpoint.every_minutes ({every_minutes}) must be 0 (off) or positive")
+        self.every_n_train_steps = every_n_train_steps
+        self.every_minutes = every_minutes
+        self.on_preemption = on_preemption
+        self.saved_path: Optional[str] = None
+        self._last_save = time.monotonic()
+
+    def path(self, trainer: L.Trainer) -> str:
+        checkpoint = trainer.checkpoint_callback
+        folder = checkpoint.dirpath if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath \
+            else os.path.join(trainer.default_root_dir, "checkpoints")
+        return os.path.join(folder, ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION)
+
+    def save(self, trainer: L.Trainer) -> None:
+        # never overwrite the last good checkpoint with a diverged model (divergence monitors
+        # read their device-side record only every few steps: make them read it now)
+        from .callbacks import DivergenceMonitor
+
+        monitors = [cb for cb in trainer.callbacks if isinstance(cb, DivergenceMonitor)]
+        if not all([m.healthy(trainer, trainer.lightning_module) for m in monitors]):
+            return
+        self.saved_path = self.path(trainer)
+        trainer.save_checkpoint(self.saved_path)
+        self._last_save = time.monotonic()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last_save = time.monotonic()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.sanity_checking or trainer.fit_loop.epoch_loop._should_accumulate():
+            return
+        due = bool(self.every_n_train_steps) and trainer.global_step % self.every_n_train_steps == 0
+        if self.every_minutes:
+            # rank 0's clock decides for everyone, so all ranks enter the collective save together
+            late = time.monotonic() - self._last_save >= 60 * self.every_minutes
+            due = due or bool(trainer.strategy.broadcast(late))
+        if due:
+            self.save(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.save(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not self.on_preemption or not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
+            return
+        self.save(trainer)
+        exception.checkpoint_path, exception.step = self.saved_path, trainer.global_step  # for the exit line
+
+
+def preempted_message(exception: BaseException) -> str:
+    """The one line a preempted run ends with: where it stopped and how to resume it."""
+    path = getattr(exception, "checkpoint_path", None)
+    if path is None:
+        return "stopped by SIGTERM before a checkpoint could be written; resume from the last checkpoint"
+    return (f"stopped by SIGTERM at step {exception.step}; saved {path}. Resume with the same command "
+            f"plus --ckpt_path {path}")

@@ -1,0 +1,152 @@
+"""Training data order that survives interruption and matches across process counts.
+
+:class:`ResumableSampler` is a :class:`~torch.utils.data.DistributedSampler` (so Lightning never
+replaces it under DDP) whose epoch permutation depends only on ``(seed, epoch)``; rank ``r`` of
+``R`` takes positions ``r, r + R, ...``. One step of R processes with per-rank batch ``B`` therefore
+sees exactly the samples of one step of a single process with batch ``R * B``.
+
+:class:`ResumableDataLoader` counts the batches it has handed out this epoch and exposes them
+through ``state_dict`` (Lightning stores the state of such loaders in every checkpoint and loads
+it before creating the iterator on resume), so a run killed mid-epoch continues with the very
+next batch of the same permutation instead of restarting the epoch.
+
+Random augmentation is made independent of worker processes and iterator restarts by
+:class:`PerSampleSeed`: the sampler hands out ``(index, seed)`` keys and every sample is
+transformed under its own RNG seed derived from ``(seed, epoch, index)``.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+__all__ = ["ResumableSampler", "ResumableDataLoader", "PerSampleSeed", "sample_seed"]
+
+_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, epoch, index) over seeds
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A 63-bit seed for one sample of one epoch (stable across processes and Python runs)."""
+    value = (seed * _MIX + epoch * 1_000_003 + index) & 0xFFFFFFFFFFFFFFFF
+    value ^= value >> 31
+    value = (value * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    return (value ^ (value >> 29)) & 0x7FFFFFFFFFFFFFFF
+
+
+class ResumableSampler(DistributedSampler):
+    """Seeded per-epoch permutation, sharded over ranks, able to start mid-epoch.
+
+    Args:
+        dataset: the (sized) data set.
+        shuffle: permute each epoch (``False``: natural order).
+        seed: permutation seed; the same on every rank.
+        drop_last: drop the tail that does not divide evenly over the ranks.
+        num_replicas, rank: defaults come from ``torch.distributed`` when initialised, else 1, 0.
+        with_seeds: yield ``(index, per-sample seed)`` keys for :class:`PerSampleSeed`.
+    """
+
+    def __init__(self, dataset: Dataset, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 num_replicas: int | None = None, rank: int | None = None, with_seeds: bool = False) -> None:
+        distributed = dist.is_available() and dist.is_initialized()
+        num_replicas = num_replicas if num_replicas is not None else (dist.get_world_size() if distributed else 1)
+        rank = rank if rank is not None else (dist.get_rank() if distributed else 0)
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
+                         drop_last=drop_last)
+        self.with_seeds = with_seeds
+        self._resume: tuple[int, int] | None = None  # (epoch, samples of this rank's share done)
+
+    def resume_at(self, epoch: int, start: int) -> None:
+        """Skip the first ``start`` samples of this rank's share, if the next iteration is ``epoch``."""
+        self._resume = (int(epoch), int(start))
+
+    def pending_start(self) -> int:
+        return self._resume[1] if self._resume and self._resume[0] == self.epoch else 0
+
+    def indices(self) -> list[int]:
+        """This rank's indices for the current epoch, in order (the whole share)."""
+        return list(super().__iter__())
+
+    def __iter__(self) -> Iterator[Any]:
+        start, self._resume = self.pending_start(), None
+        for index in self.indices()[start:]:
+            yield (index, sample_seed(self.seed, self.epoch, index)) if self.with_seeds else index
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader over a :class:`ResumableSampler` that can resume mid-epoch.
+
+    ``state_dict`` records the epoch and the number of batches handed out in it; after
+    ``load_state_dict`` the iteration of that same epoch starts right after them, while any other
+    epoch (the saved one had ended, e.g. at ``limit_train_batches``) starts from its top.
+    ``len`` stays the full epoch, as Lightning's progress tracking expects. Iteration is lazy:
+    workers start, and the permutation is drawn, at the first ``next()``, i.e. after Lightning
+    has set the sampler's epoch (it creates the iterator before doing so).
+    """
+
+    def __init__(self, dataset: Dataset, sampler: ResumableSampler, **kwargs: Any) -> None:
+        if not isinstance(sampler, ResumableSampler):
+            raise TypeError("ResumableDataLoader needs a ResumableSampler")
+        super().__init__(dataset, sampler=sampler, **kwargs)
+        self.batches_seen = 0  # batches handed out in the current epoch
+
+    def __iter__(self):
+        sampler: ResumableSampler = self.sampler
+        self.batches_seen = sampler.pending_start() // self.batch_size
+        for batch in super().__iter__():
+            self.batches_seen += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        sampler: ResumableSampler = self.sampler
+        return {"epoch": sampler.epoch, "batches_seen": self.batches_seen, "seed": sampler.seed,
+                "num_replicas": sampler.num_replicas, "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        sampler: ResumableSampler = self.sampler
+        same_layout = (state.get("num_replicas") == sampler.num_replicas
+                       and state.get("batch_size") == self.batch_size and state.get("seed") == sampler.seed)
+        seen = int(state.get("batches_seen", 0))
+        if same_layout and 0 < seen < len(self):  # positions only map onto the same layout
+            sampler.set_epoch(int(state["epoch"]))
+            sampler.resume_at(int(state["epoch"]), seen * self.batch_size)
+            self.batches_seen = seen
+
+
+class PerSampleSeed(Dataset):
+    """Applies ``dataset[index]`` under a seed of its own, for keys ``(index, seed)``.
+
+    The RNG state of the calling process (main or worker) is saved and restored around each
+    sample, so the training loop's own random stream (dropout, mixup) is never disturbed and a
+    sample's augmentation does not depend on which worker loads it or when.
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        if not isinstance(key, tuple):
+            return self.dataset[key]
+        index, seed = key
+        torch_state, py_state, np_state = torch.get_rng_state(), random.getstate(), np.random.get_state()
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % (2**32))
+        try:
+            return self.dataset[index]
+        finally:
+            torch.set_rng_state(torch_state)
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+    def __getattr__(self, name: str):
+        # attribute access (e.g. ``skipped`` counters) goes to the wrapped data set
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)

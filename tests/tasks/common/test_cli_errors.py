@@ -1,0 +1,151 @@
+"""Bad config keys and values end the `rescale` command with one `error: ...` line and exit 2:
+no usage text, no jsonargparse report, no traceback; the line names the key, what is wrong and
+the closest valid keys. The one-line errors that existed before (missing data path, unknown
+network or scheme, missing config file) keep working."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rescale_tasks.cli import main
+
+REPO = Path(__file__).resolve().parents[3]
+RESCALE50 = str(REPO / "experiments/imagenet/rescale50.yaml")
+RESNET50_BN = str(REPO / "experiments/imagenet/resnet50_bn.yaml")
+CPU = ["--trainer.accelerator", "cpu", "--trainer.devices", "1"]
+
+DIGITS = """
+model:
+  class_path: rescale_tasks.classification.module.ClassificationModule
+  init_args:
+    network: cifar_resnet
+    scheme: rescale
+    network_options: {depth: 8, base_width: 8}
+data:
+  class_path: rescale_tasks.classification.data.DigitsDataModule
+  init_args: {batch_size: 64}
+trainer:
+  max_epochs: 1
+  limit_train_batches: 2
+  limit_val_batches: 1
+  accelerator: cpu
+  devices: 1
+  enable_progress_bar: false
+  logger: false
+"""
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+
+def digits_config(tmp_path: Path, old: str = "", new: str = "") -> str:
+    """The digits run config, with ``old`` replaced by ``new`` (a typo planted in the YAML)."""
+    assert old in DIGITS
+    path = tmp_path / "digits.yaml"
+    path.write_text(DIGITS.replace(old, new, 1))
+    return str(path)
+
+
+def one_error_line(capsys) -> str:
+    """stderr must hold exactly one non-empty line, the error; returns it without ``error: ``."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and "Traceback" not in err and "usage:" not in err, err
+    return lines[0][len("error: "):]
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--model.init_args.no_such_key", "3"],
+     ["unknown config key model.init_args.no_such_key", "ClassificationModule has no parameter 'no_such_key'",
+      "valid keys under model.init_args: network, scheme"]),
+    (["--model.init_args.netwrk", "resnet50"], ["model.init_args.netwrk", "did you mean model.init_args.network?"]),
+    (["--model.init_args.optimizer.init_args.lrr", "0.1"],
+     ["unknown config key model.init_args.optimizer.init_args.lrr", "SGD has no parameter 'lrr'",
+      "did you mean model.init_args.optimizer.init_args.lr"]),
+    (["--trainer.max_epochs", "abc"], ["bad value for trainer.max_epochs: expected int or null, got 'abc'"]),
+    (["--trainer.precision", "banana"], ["bad value for trainer.precision: expected one of", "'bf16-mixed'",
+                                         "got 'banana'"]),
+    (["--model.init_args.label_smoothing", "x"],
+     ["bad value for model.init_args.label_smoothing: expected float, got 'x'"]),
+    (["--model.init_args.lr_scheduler.init_args.milestones", "abc"],
+     ["bad value for model.init_args.lr_scheduler.init_args.milestones: expected list, got 'abc'"]),
+    (["--trainer.maxepochs", "3"], ["unknown option --trainer.maxepochs; did you mean --trainer.max_epochs"]),
+    (["--trainer.callbacks+=NoSuchCallback"], ["bad value for trainer.callbacks: 'NoSuchCallback' is not an "
+                                               "importable class"]),
+    (["--data.init_args.batch_size", "-1"], ["data.batch_size must be at least 1, got -1."]),
+])
+def test_bad_override_is_one_line(capsys, args, expected):
+    code = main(["fit", "--config", RESCALE50, *args, *CPU])
+    line = one_error_line(capsys)
+    assert code == 2
+    for text in expected:
+        assert text in line
+
+
+@pytest.mark.parametrize("old,new,expected", [
+    ("  max_epochs: 1", "  max_epoch: 1", "unknown config key trainer.max_epoch; did you mean trainer.max_epochs"),
+    ("    network: cifar_resnet", "    netwrk: cifar_resnet",
+     "unknown config key model.init_args.netwrk: ClassificationModule has no parameter 'netwrk'; did you mean "
+     "model.init_args.network?"),
+    ("{batch_size: 64}", "{batch_sise: 64}", "did you mean data.init_args.batch_size?"),
+    ("trainer:", "seed: 3\ntrainer:", "unknown config key seed; valid keys: seed_everything, trainer, model, data"),
+    ("{batch_size: 64}", "{batch_size: 0}", "data.batch_size must be at least 1, got 0."),
+])
+def test_bad_key_or_value_in_yaml_is_one_line(tmp_path, capsys, old, new, expected):
+    code = main(["fit", "--config", digits_config(tmp_path, old, new)])
+    assert expected in one_error_line(capsys) and code == 2
+
+
+def test_bad_trainer_setting_is_one_line(tmp_path, capsys):
+    code = main(["fit", "--config", digits_config(tmp_path), "--trainer.accelerator", "tpux"])
+    line = one_error_line(capsys)
+    assert code == 2 and "bad trainer setting" in line and "accelerator='tpux'" in line and "cpu" in line
+
+
+def test_unknown_command_is_one_line(capsys):
+    assert main(["fitt", "--config", RESCALE50]) == 2
+    assert one_error_line(capsys) == "unknown command 'fitt'; did you mean fit?"
+
+
+# --- the one-line errors that existed before ------------------------------------------------------
+
+def test_missing_config_file(capsys):
+    assert main(["fit", "--config", "experiments/imagenet/nope.yaml"]) == 2
+    assert one_error_line(capsys).startswith("config file not found: experiments/imagenet/nope.yaml")
+
+
+@pytest.mark.parametrize("override,expected", [
+    (["--model.init_args.network", "resnet5"], "unknown model 'resnet5'. Did you mean resnet50"),
+    (["--model.init_args.scheme", "rescal"], "unknown scheme 'rescal'. Did you mean rescale"),
+])
+def test_unknown_network_or_scheme(capsys, override, expected):
+    code = main(["fit", "--config", RESNET50_BN, *override, *CPU])
+    line = one_error_line(capsys)
+    assert code == 2 and line.startswith("cannot build network") and expected in line
+
+
+def test_missing_data_path(capsys):
+    code = main(["fit", "--config", RESNET50_BN, "--data.root", "/does/not/exist",
+                 "--model.init_args.network_options", "{base_width: 8}", "--trainer.logger", "false", *CPU])
+    line = one_error_line(capsys)
+    assert code == 2 and line.startswith("ImageNet folder not found: /does/not/exist (data.root)")
+
+
+def test_console_script_prints_one_line_without_usage(tmp_path):
+    """The installed `rescale` command itself (argv from sys.argv, a fresh process)."""
+    rescale = Path(sys.executable).with_name("rescale")
+    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1")
+    done = subprocess.run([str(rescale), "fit", "--config", RESCALE50, "--model.init_args.no_such_key", "3"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: unknown config key model.init_args.no_such_key")
