@@ -6,11 +6,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast install clean help
+.PHONY: demo test test-fast bench install clean help
 
 help:
 	@echo "make demo   - train five residual schemes on the embedded digits and compare them"
 	@echo "make test   - run the whole test suite (slow tests included)"
+	@echo "make bench  - benchmark harness (issue #5) -> benchmarks/RESULTS.md; BENCH_ARGS=\"--quick\" or \"--no-compile\""
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +32,9 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m benchmarks --markdown benchmarks/RESULTS.md $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) runs demo_output .pytest_cache

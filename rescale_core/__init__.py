@@ -12,6 +12,7 @@ Nothing here imports Lightning, W&B or data code; every task builds its networks
 """
 from . import analysis, models  # noqa: F401  (models registers every family)
 from .blocks import ResidualBlock, ResidualMerge, ResidualSublayer
+from .fastpath import reference_path
 from .layers import Gain, MeanShiftBias, ScalarBias
 from .optim import param_groups
 from .registry import create_model, list_models, register_model
@@ -21,6 +22,7 @@ __all__ = [
     "create_model", "list_models", "register_model", "list_schemes", "get_scheme", "register_scheme",
     "Scheme", "param_groups", "analysis", "ResidualBlock", "ResidualMerge", "ResidualSublayer",
     "MeanShiftBias", "ScalarBias", "Gain", "mean_shift_layers", "finish_measuring",
+    "reference_path",
 ]
 
 

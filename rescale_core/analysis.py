@@ -6,6 +6,10 @@ no model changes, state restored.
   rebuttal's Eq. 1, ``eta_k = |Var[a x] + Var[b F] - Var[x_k]| / Var[x_k]``.
 - :func:`learned_scalars`: the learned branch multipliers per block (rebuttal [R2]).
 - :func:`dead_relu_fraction`: fraction of ReLU units that never fire on a batch (Sec. 4.4).
+
+The probes hook the merge and the ReLUs, so they run the model on its reference path
+(:func:`rescale_core.fastpath.reference_path`; the fast path computes the same function but
+calls neither).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import torch
 from torch import nn
 
 from .blocks import ResidualMerge
+from .fastpath import reference_path
 from .layers import MeanShiftBias
 
 __all__ = ["signal_propagation", "residual_blocks", "learned_scalars", "dead_relu_fraction"]
@@ -94,7 +99,7 @@ def signal_propagation(model: nn.Module, inputs, train: bool | None = True) -> l
         return hook
 
     measuring = any(isinstance(m, MeanShiftBias) and m.measuring for m in model.modules())
-    with _preserved_state(model, train):
+    with _preserved_state(model, train), reference_path(model):
         try:
             for name, block in blocks:
                 handles.append(block.merge.register_forward_hook(merge_hook))
@@ -131,7 +136,8 @@ def dead_relu_fraction(model: nn.Module, inputs) -> float:
     model.eval()
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.ReLU)]
     try:
-        model(*(inputs if isinstance(inputs, tuple) else (inputs,)))
+        with reference_path(model):
+            model(*(inputs if isinstance(inputs, tuple) else (inputs,)))
     finally:
         for h in handles:
             h.remove()

@@ -11,6 +11,11 @@ Zhang et al. 2019).
 - :class:`ResidualSublayer`: the Transformer sublayer (attention or feed-forward branch)
   under post-LN, pre-LN, ``rescale``, ``rezero`` or ``skipinit``.
 
+Both compute ``forward`` on a fast path (``_forward_fused``: biases, gains and the merge folded
+into the convolutions / the branch's last linear layer, see :mod:`rescale_core.fastpath`) unless
+``fused`` is False or a bypassed submodule has hooks; ``_forward_reference`` is the plain
+layer-by-layer code, the definition the fast path is tested against.
+
 Deviations from the official code: RescaleNet's official init multiplier uses ``k - 1 + L`` where
 the formula it implements (rebuttal [R4]) has ``k + L``; we follow the formula, so that
 ``alpha_k^2 + beta_k^2 = 1`` holds exactly at init. Fixup's official downsample shares the branch's
@@ -21,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import fastpath as fp
 from .init import init_branch, init_shortcut, rescale_conv_multiplier
 from .layers import (Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_shape, conv_nd,
                      dropout_nd, make_norm)
@@ -60,6 +66,13 @@ class ResidualMerge(nn.Module):
     def forward(self, skip: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
         # alpha * skip folded into the add: one kernel, whatever the scheme
         return torch.add(self.branch_term(branch), skip, alpha=self.skip_scale)
+
+    def branch_multiplier(self):
+        """``gain * branch_scale`` (a tensor), ``branch_scale`` (a float) or None when it is 1:
+        what the fast path folds into the branch's last layer."""
+        if self.gain is not None:
+            return self.gain.weight * self.branch_scale
+        return self.branch_scale if self.branch_scale != 1.0 else None
 
     def extra_repr(self) -> str:
         return f"k={self.k}, L={self.L}, skip_scale={self.skip_scale:.4f}, branch_scale={self.branch_scale:.4f}"
@@ -137,6 +150,7 @@ class ResidualBlock(nn.Module):
         self.merge = ResidualMerge(scheme, k, L, channel_shape(out_channels, spatial_dims))
         self.merge_norm = make_norm("bn", out_channels, spatial_dims) if scheme.merge_norm else nn.Identity()
         init_branch(scheme, convs, norms, k, L, dropout=conv_dropout)
+        self.fused = True  # fast path (same function); False: the reference path
 
     @staticmethod
     def _shortcut(scheme: Scheme, cin: int, cout: int, stride: int, spatial_dims: int) -> nn.Sequential:
@@ -165,9 +179,108 @@ class ResidualBlock(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused and not fp.has_hooks_below(self):
+            return self._forward_fused(x)
+        return self._forward_reference(x)
+
+    def _forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         shortcut = x if self.downsample is None else self.downsample(x)
         out = self.merge(shortcut, self.branch(x))
         return self.relu(self.merge_norm(out))
+
+    def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """The reference function with the folds of :mod:`rescale_core.fastpath`: pre-conv
+        offsets into 1x1 convs' biases (1) or across the ReLU before a 3x3 conv (2), Fixup's
+        scalar biases and ``gain * branch_scale`` into the conv biases / last conv's weight (3),
+        then ``relu_(f.add_(skip, alpha=skip_scale))``. Measures the mean-shift statistics on
+        the same tensors as the reference (an offset being measured is added, not folded)."""
+        return self._fused(x, 1.0, 1.0)
+
+    def carries_scale(self) -> bool:
+        """Whether :meth:`_fused` may take and return activations in scaled units (``c_in``,
+        ``c_out`` != 1): true when the block is positively homogeneous once its additive terms
+        are scaled (no norm layer, nothing unknown) and no mean-shift layer measures now."""
+        if not all(isinstance(getattr(self, f"bn{i}"), (nn.Identity, ScalarBias))
+                   and fp.is_offset_module(getattr(self, f"shift{i}"))
+                   and not fp.is_updating(getattr(self, f"shift{i}"))
+                   for i in range(1, self.num_convs + 1)):
+            return False
+        if not isinstance(self.merge_norm, nn.Identity):
+            return False
+        if self.downsample is not None and not all(
+                isinstance(m, (StridedAvgPool, nn.modules.conv._ConvNd)) or
+                (fp.is_offset_module(m) and not fp.is_updating(m)) for m in self.downsample):
+            return False
+        return True
+
+    def _fused(self, x: torch.Tensor, c_in: float, c_out: float) -> torch.Tensor:
+        """:meth:`_forward_fused` on scaled activations: the true input is ``c_in * x``, the
+        result is the true output divided by ``c_out``. Both are 1 except in
+        :meth:`rescale_core.models.resnet.ResNet.forward`, which carries RescaleNet's skip
+        multipliers ``a`` along the stages: with ``c_out = a c_in``,
+        ``relu(a c_in x + f) = c_out relu(x + f / c_out)``, so no block multiplies its skip path
+        and no backward pass multiplies the skip gradient. The branch is positively homogeneous
+        once every additive term (offsets, biases) is divided by ``c_in``, and its multiplier
+        becomes ``gain * branch_scale * c_in / c_out`` (only :meth:`carries_scale` blocks)."""
+        if self.downsample is None:
+            skip = x
+        else:
+            skip = fp.fused_sequential(self.downsample, x, 1.0 / c_in)
+        drop_active = self.training and not isinstance(self.drop, nn.Identity)
+        m = self.num_convs
+        h, absorbed, f = x, False, x
+        for i in range(1, m + 1):
+            conv = getattr(self, f"conv{i}")
+            shift = getattr(self, f"shift{i}")
+            post = getattr(self, f"bn{i}")
+            weight, bias = conv.weight, fp.scaled(conv.bias, c_in)
+            if not absorbed:  # this conv's input offset: into its bias, or added
+                if not fp.is_offset_module(shift):
+                    h = shift(h)
+                else:
+                    e = fp.scaled(fp.offset_of(shift, h), c_in)
+                    if e is not None:
+                        if fp.folds_input_offset(conv, h.numel()):
+                            bias = fp.add_bias(bias, fp.input_offset_bias(weight, e, conv.groups))
+                        else:
+                            h = h + e
+            absorbed = False
+            plain_post = isinstance(post, (nn.Identity, ScalarBias))
+            if i < m:
+                cross = None
+                if not drop_active and plain_post:
+                    if isinstance(post, ScalarBias):  # Fixup's bias before the activation
+                        bias = fp.add_bias(bias, fp.scaled(post.bias, c_in))
+                    nshift, nconv = getattr(self, f"shift{i + 1}"), getattr(self, f"conv{i + 1}")
+                    if (isinstance(nshift, (MeanShiftBias, ScalarBias)) and not fp.is_updating(nshift)
+                            and not fp.folds_input_offset(nconv, fp.conv_out_numel(conv, h))):
+                        cross = fp.scaled(fp.offset_of(nshift), c_in)
+                        bias = fp.add_bias(bias, cross.detach())
+                z = conv._conv_forward(h, weight, fp.conv_bias(bias, conv.out_channels))
+                z = self.drop(z)
+                if drop_active or not plain_post:
+                    z = fp.scaled_module(post, z, c_in)
+                if cross is not None:
+                    h, absorbed = fp.shifted_relu(z, cross), True
+                else:
+                    h = torch.relu_(z)
+            else:  # the last conv carries the merge's multiplier (and Fixup's bias after it)
+                merge = self.merge
+                foldable = isinstance(post, nn.Identity)
+                if foldable:
+                    scale = fp.times(merge.branch_multiplier(), c_in / c_out)
+                    if scale is not None:
+                        weight, bias = fp.scale_out(weight, scale), fp.scale_bias(bias, scale)
+                    if merge.bias is not None and not drop_active:
+                        bias = fp.add_bias(bias, fp.scaled(merge.bias.bias, c_out))
+                f = conv._conv_forward(h, weight, fp.conv_bias(bias, conv.out_channels))
+                f = self.drop(f)
+                if not foldable:  # a norm layer: only with c_in == c_out == 1
+                    f = merge.branch_term(post(f))
+                elif merge.bias is not None and drop_active:
+                    f = f + fp.scaled(merge.bias.bias, c_out)
+        out = f.add_(skip, alpha=self.merge.skip_scale * c_in / c_out)
+        return torch.relu_(self.merge_norm(out))
 
 
 class ResidualSublayer(nn.Module):
@@ -195,7 +308,21 @@ class ResidualSublayer(nn.Module):
             with torch.no_grad():
                 for layer in scaled_layers:
                     layer.weight.mul_(mult)
+        self.fused = True  # fast path (same function); False: the reference path
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if (self.fused and getattr(self.fn, "supports_out_scale", False)
+                and self.merge.bias is None and not fp.has_hooks_below(self)):
+            return self._forward_fused(x, *args, **kwargs)
+        return self._forward_reference(x, *args, **kwargs)
+
+    def _forward_reference(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         out = self.dropout(self.fn(self.pre_norm(x), *args, **kwargs))
         return self.post_norm(self.merge(x, out))
+
+    def _forward_fused(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        """``gain * branch_scale`` folded into the branch's last linear layer (``fn`` takes
+        ``out_scale``; dropout commutes with the scaling), then one in-place add of the skip."""
+        out = self.fn(self.pre_norm(x), *args, out_scale=self.merge.branch_multiplier(), **kwargs)
+        out = self.dropout(out)
+        return self.post_norm(out.add_(x, alpha=self.merge.skip_scale))

@@ -15,9 +15,17 @@ Deviations from the official RescaleNet code (hukkai/rescaling, ``models/layers.
 - the "still measuring?" test reads a Python integer mirrored from the ``count`` buffer, so
   once measuring is over ``forward`` performs no host-device synchronisation;
 - under ``torch.distributed`` the batch means are averaged across ranks while measuring, so
-  every rank ends with the same ``mu0``.
+  every rank ends with the same ``mu0``;
+- :meth:`MeanShiftBias.offset` exposes the term ``bias - mu0`` (measuring first when the call
+  is a measuring one), so that the fast paths of :mod:`rescale_core.fastpath` can fold it into
+  a convolution's bias instead of adding it to the activations. The measuring update is hidden
+  from ``torch.compile`` (it changes Python state every step); compiled code only reads the
+  ``_measuring`` flag, which changes once.
 """
 from __future__ import annotations
+
+import itertools
+import math
 
 import torch
 import torch.distributed as dist
@@ -48,7 +56,7 @@ class MeanShiftBias(nn.Module):
         super().__init__()
         shape = channel_shape(num_channels, spatial_dims)
         self.num_channels = num_channels
-        self.measure_batches = int(measure_batches)
+        self._measure_batches = int(measure_batches)
         self.measure_bias_scale = float(measure_bias_scale)
         self.bias = nn.Parameter(torch.zeros(shape))
         self.register_buffer("mu0", torch.zeros(shape))
@@ -56,17 +64,50 @@ class MeanShiftBias(nn.Module):
         self._reduce_dims = (0,) + tuple(range(2, spatial_dims + 2))
         self._count = 0  # Python mirror of `count`: no device sync to ask "still measuring?"
 
+    # `_count` and `measure_batches` keep the flag `_measuring` up to date: forward (and compiled
+    # code) reads only the flag, which changes once, not the counter, which changes every step.
+    @property
+    def _count(self) -> int:
+        return self._n
+
+    @_count.setter
+    def _count(self, value: int) -> None:
+        self._n = int(value)
+        self._measuring = self._n < self._measure_batches
+
+    @property
+    def measure_batches(self) -> int:
+        return self._measure_batches
+
+    @measure_batches.setter
+    def measure_batches(self, value: int) -> None:
+        self._measure_batches = int(value)
+        if "_n" in self.__dict__:
+            self._count = self._n
+
     @property
     def measuring(self) -> bool:
-        return self._count < self.measure_batches
+        return self._measuring
+
+    @property
+    def updating(self) -> bool:
+        """Whether a call now would measure (training mode, gradients enabled, still measuring)."""
+        return self._measuring and self.training and torch.is_grad_enabled()
+
+    def offset(self, x: torch.Tensor | None = None) -> torch.Tensor:
+        """The term added to the input: ``bias - mu0`` (``bias * measure_bias_scale - mu0`` while
+        measuring). With ``x`` (this layer's input) a measuring call measures it first, exactly
+        as :meth:`forward` does; ``forward(x) == x + offset(x)``."""
+        if not self._measuring:
+            return self.bias - self.mu0
+        if x is not None and self.training and torch.is_grad_enabled():
+            self._update(x.detach())
+        return self.bias * self.measure_bias_scale - self.mu0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._count >= self.measure_batches:
-            return x + (self.bias - self.mu0)
-        if self.training and torch.is_grad_enabled():
-            self._update(x.detach())
-        return x + (self.bias * self.measure_bias_scale - self.mu0)
+        return x + self.offset(x)
 
+    @torch.compiler.disable
     @torch.no_grad()
     def _update(self, x: torch.Tensor) -> None:
         mean = x.mean(dim=self._reduce_dims, keepdim=True).to(self.mu0.dtype)
@@ -86,6 +127,15 @@ class MeanShiftBias(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._count = int(self.count.item())  # one sync at load time, never in forward
+
+    def __setstate__(self, state: dict) -> None:
+        # whole modules pickled before `_count`/`measure_batches` became properties
+        count, batches = state.pop("_count", None), state.pop("measure_batches", None)
+        super().__setstate__(state)
+        if batches is not None:
+            self._measure_batches = int(batches)
+        if count is not None:
+            self._count = count
 
     def extra_repr(self) -> str:
         return f"{self.num_channels}, measure_batches={self.measure_batches}"
@@ -141,11 +191,38 @@ def pool_nd(kind: str, spatial_dims: int, *args, **kwargs) -> nn.Module:
     return table[kind][spatial_dims](*args, **kwargs)
 
 
+class _BlockMean(torch.autograd.Function):
+    """Mean over non-overlapping blocks (``strides[d]`` along spatial dim d, which it divides) of a
+    contiguous (N, C, ...) tensor, as a sum of strided slices: the same as ``avg_pool`` with
+    kernel = stride, ~3x faster on CPU for contiguous (not channels_last) inputs."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
+        ctx.strides, ctx.in_shape = strides, x.shape
+        parts = [x[(slice(None), slice(None)) + tuple(slice(o, None, s) for o, s in zip(offset, strides))]
+                 for offset in itertools.product(*[range(s) for s in strides])]
+        out = parts[0] + parts[1] if len(parts) > 1 else parts[0].clone()
+        for part in parts[2:]:
+            out.add_(part)
+        return out.mul_(1.0 / len(parts))
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        strides, shape = ctx.strides, ctx.in_shape
+        blocks = tuple(d for n, s in zip(shape[2:], strides) for d in (n // s, s))
+        gx = torch.empty(shape, dtype=g.dtype, device=g.device)
+        ones = tuple(d for n, s in zip(shape[2:], strides) for d in (n // s, 1))
+        torch.mul(g.reshape(shape[:2] + ones).expand(shape[:2] + blocks), 1.0 / math.prod(strides),
+                  out=gx.view(shape[:2] + blocks))
+        return gx, None
+
+
 class StridedAvgPool(nn.Module):
     """``avgpool(stride)`` of RescaleNet's downsample shortcut whose output always has the size of
     the branch's strided 3x3 conv, ``ceil(n / stride)``: the official ``nn.AvgPool2d(stride)``
     fails on odd sizes (shape mismatch at the merge) and on size 1 (e.g. a 3D clip's time axis
-    after a few strides). Same result as ``AvgPool(stride)`` on sizes divisible by the stride."""
+    after a few strides). Same result as ``AvgPool(stride)`` on sizes divisible by the stride,
+    where contiguous inputs take a faster kernel (:class:`_BlockMean`)."""
 
     def __init__(self, stride: int, spatial_dims: int) -> None:
         super().__init__()
@@ -155,6 +232,10 @@ class StridedAvgPool(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernel = tuple(min(self.stride, n) for n in x.shape[2:])
+        if (x.device.type == "cpu" and x.is_contiguous() and x.dim() == self.spatial_dims + 2
+                and all(n % k == 0 for n, k in zip(x.shape[2:], kernel))
+                and not torch.compiler.is_compiling()):
+            return _BlockMean.apply(x, kernel)
         return self._pool(x, kernel, self.stride, ceil_mode=True, count_include_pad=False)
 
     def extra_repr(self) -> str:

@@ -13,6 +13,10 @@ stem and stages are direct children in forward order, and ``out_channels_per_sta
 ``stage_names`` are exposed, so ``torchvision.models.detection.backbone_utils.BackboneWithFPN``
 wraps these networks unchanged.
 
+``forward`` runs a fast path (``fused``; :mod:`rescale_core.fastpath`): the stem's bias (mean-shift
+or Fixup scalar) folded into the stem conv, the bias before global pooling added after pooling;
+``fused = False`` or :func:`rescale_core.reference_path` gives the layer-by-layer reference.
+
 Deviations: Wide-ResNets and CIFAR ResNets use the v1 (post-activation) block with a projection
 shortcut; Wide-ResNet depth counts 6n+4 layers as in the WRN paper, CIFAR ResNet 6n+2.
 """
@@ -23,6 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from .. import fastpath as fp
 from ..blocks import ResidualBlock
 from ..init import init_classifier, init_stem
 from ..layers import MeanShiftBias, ScalarBias, conv_nd, make_norm, pool_nd
@@ -99,6 +104,7 @@ class ResNet(nn.Module):
         self.fc = nn.Linear(inplanes, num_classes) if num_classes > 0 else nn.Identity()
         if num_classes > 0:
             init_classifier(scheme, self.fc)
+        self.fused = True  # fast path (same function); False: the reference path
 
     def _build_stem(self, config: ResNetConfig, scheme: Scheme, in_channels: int) -> None:
         d, w = config.spatial_dims, config.stem_width
@@ -117,17 +123,82 @@ class ResNet(nn.Module):
         init_stem(scheme, self.conv1)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        for name in self.stage_names:
-            x = getattr(self, name)(x)
-        return x
+        x, c = self._features(x)
+        return x if c == 1.0 else x * c
 
     def forward_head(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.flatten(self.avgpool(self.pool_shift(x)), 1)
-        return self.fc(self.fc_bias(self.dropout(self.head_norm(x))))
+        return self._head(x, 1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+        if fp.measuring_step(self):
+            return self._forward_measuring(x)
+        return self._head(*self._features(x))
+
+    @torch.compiler.disable
+    def _forward_measuring(self, x: torch.Tensor) -> torch.Tensor:
+        """A step that measures mean-shift statistics (the first few): eager under
+        ``torch.compile``, so that compiled code never sees the per-step counters; the compiled
+        graph is built once measuring is over."""
+        return self._head(*self._features(x))
+
+    def _features(self, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Features in units of ``c`` (true features = ``c * x``). On the fast path RescaleNet's
+        skip multipliers ``alpha_k`` are carried along instead of applied by every block
+        (:meth:`ResidualBlock._fused`): ``c`` is their product, applied once after pooling."""
+        if self.fused and not fp.has_hooks(self.conv1, self.bn1, self.relu):
+            x = self.maxpool(self._stem_fused(x))
+        else:
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        c = 1.0
+        for name in self.stage_names:
+            stage = getattr(self, name)
+            if not self.fused or fp.has_hooks(stage) or fp.has_hooks_below(stage):
+                x, c = (x if c == 1.0 else x * c), 1.0
+                x = stage(x)
+                continue
+            for block in stage:
+                if (isinstance(block, ResidualBlock) and block.fused and block.merge.skip_scale > 0
+                        and block.carries_scale()):
+                    c_out = c * block.merge.skip_scale
+                    x, c = block._fused(x, c, c_out), c_out
+                else:
+                    x, c = (x if c == 1.0 else x * c), 1.0
+                    x = block(x)
+        return x, c
+
+    def _stem_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """``relu(bn1(conv1(x)))`` with a mean-shift / scalar ``bn1`` folded into the conv bias
+        (while measuring, the statistics need the conv output first: added in place)."""
+        conv, post = self.conv1, self.bn1
+        if isinstance(post, (MeanShiftBias, ScalarBias)) and not fp.is_updating(post):
+            bias = fp.add_bias(conv.bias, fp.offset_of(post))
+            z = conv._conv_forward(x, conv.weight, fp.conv_bias(bias, conv.out_channels))
+        elif isinstance(post, MeanShiftBias):
+            z = conv(x)
+            e = post.offset(z)
+            z = z.add_(e)
+        else:
+            z = post(conv(x))
+        return torch.relu_(z)
+
+    def _head(self, x: torch.Tensor, c: float) -> torch.Tensor:
+        """The head on features in units of ``c``; ``avgpool(c x + e) = c avgpool(x) + e``."""
+        shift = self.pool_shift
+        if (self.fused and isinstance(shift, (MeanShiftBias, nn.Identity))
+                and not fp.has_hooks(shift, self.avgpool)):
+            if c != 1.0 and fp.is_updating(shift):
+                x, c = x * c, 1.0
+            e = fp.offset_of(shift, x)
+            x = torch.flatten(self.avgpool(x), 1)
+            if c != 1.0:
+                x = x * c
+            if e is not None:
+                x = x + e.reshape(1, -1)
+        else:
+            if c != 1.0:
+                x = x * c
+            x = torch.flatten(self.avgpool(shift(x)), 1)
+        return self.fc(self.fc_bias(self.dropout(self.head_norm(x))))
 
     @property
     def out_channels(self) -> int:

@@ -71,6 +71,11 @@ class TransformerConfig:
     attention_dropout: float = 0.0     # on the attention weights
     activation_dropout: float = 0.0    # after the feed-forward activation
     max_positions: int = 1024          # longest source / target sequence
+    # True: leave out the attention masks when nothing needs masking (fused unmasked / causal
+    # kernels) at the price of one host read per forward (a device sync on GPU, a graph break
+    # under torch.compile, where it is skipped); False: always pass the masks, sync-free.
+    # Same outputs either way (up to the attention kernels' rounding).
+    mask_check: bool = True
 
     def __post_init__(self) -> None:
         if self.d_model % self.nhead:
@@ -85,6 +90,20 @@ class TransformerConfig:
 
 
 # --- attention, feed-forward, embeddings --------------------------------------------------------
+def _scaled_linear(layer: nn.Linear, x: torch.Tensor, scale=None) -> torch.Tensor:
+    """``scale * layer(x)`` with the scale (float, scalar or per-output tensor) folded into the
+    weight and bias: no pass over the activations (the residual fast path)."""
+    if scale is None:
+        return layer(x)
+    if isinstance(scale, torch.Tensor):
+        s = scale.reshape(-1)
+        w = layer.weight * s[:, None]
+    else:
+        s = scale
+        w = layer.weight * s
+    return F.linear(x, w, None if layer.bias is None else layer.bias * s)
+
+
 class MultiheadAttention(nn.Module):
     """Multi-head attention with separate ``q_proj``/``k_proj``/``v_proj``/``out_proj`` layers,
     computed by :func:`torch.nn.functional.scaled_dot_product_attention` (flash / memory-efficient
@@ -94,8 +113,11 @@ class MultiheadAttention(nn.Module):
     ``x`` [B, T, d], or cross-attention from ``x`` to ``memory`` [B, S, d]. ``attn_mask`` is a
     boolean mask broadcastable to [B, heads, T, S], True where a query may attend. ``cache`` (a
     dict, incremental decoding): self-attention appends this step's keys/values to it (one new
-    query per call); cross-attention projects ``memory`` once and reuses it.
+    query per call); cross-attention projects ``memory`` once and reuses it. ``out_scale``
+    multiplies the output, folded into ``out_proj`` (the residual sublayer's fast path).
     """
+
+    supports_out_scale = True
 
     def __init__(self, d_model: int, nhead: int, dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
@@ -122,7 +144,7 @@ class MultiheadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
                 attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                cache: dict | None = None) -> torch.Tensor:
+                cache: dict | None = None, out_scale=None) -> torch.Tensor:
         q = self._heads(self.q_proj(x))
         if memory is None:  # self-attention
             k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
@@ -140,19 +162,22 @@ class MultiheadAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                              dropout_p=self.dropout if self.training else 0.0,
                                              is_causal=is_causal)
-        return self.out_proj(out.transpose(1, 2).flatten(2))
+        return _scaled_linear(self.out_proj, out.transpose(1, 2).flatten(2), out_scale)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, nhead={self.nhead}, dropout={self.dropout}"
 
 
 class FeedForward(nn.Module):
-    """``fc2(dropout(relu(fc1(x))))`` with Xavier-uniform weights and zero biases (fairseq)."""
+    """``fc2(dropout(relu(fc1(x))))`` with Xavier-uniform weights and zero biases (fairseq);
+    ``out_scale`` multiplies the output, folded into ``fc2``."""
+
+    supports_out_scale = True
 
     def __init__(self, d_model: int, dim_feedforward: int, activation_dropout: float = 0.0) -> None:
         super().__init__()
         self.fc1 = nn.Linear(d_model, dim_feedforward)
-        self.activation = nn.ReLU()
+        self.activation = nn.ReLU(inplace=True)  # on fc1's fresh output: no copy
         self.activation_dropout = nn.Dropout(activation_dropout)
         self.fc2 = nn.Linear(dim_feedforward, d_model)
         with torch.no_grad():
@@ -160,8 +185,8 @@ class FeedForward(nn.Module):
                 nn.init.xavier_uniform_(fc.weight)
                 fc.bias.zero_()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.activation_dropout(self.activation(self.fc1(x))))
+    def forward(self, x: torch.Tensor, out_scale=None) -> torch.Tensor:
+        return _scaled_linear(self.fc2, self.activation_dropout(self.activation(self.fc1(x))), out_scale)
 
 
 class SinusoidalPositions(nn.Module):
@@ -205,7 +230,7 @@ class TransformerEmbedding(nn.Module):
         positions = torch.cumsum(nonpad, dim=1) * nonpad
         if last_only:
             tokens, positions = tokens[:, -1:], positions[:, -1:]
-        x = self.embed_scale * self.embed_tokens(tokens) + self.positions(positions)
+        x = torch.add(self.positions(positions), self.embed_tokens(tokens), alpha=self.embed_scale)
         return self.dropout(x)
 
 
@@ -217,11 +242,15 @@ def _embedding(vocab_size: int, d_model: int, pad_index: int) -> nn.Embedding:
     return emb
 
 
-def _key_padding_attn_mask(padding_mask: torch.Tensor | None) -> torch.Tensor | None:
+def _check_masks(check: bool) -> bool:
+    return check and not torch.compiler.is_compiling()
+
+
+def _key_padding_attn_mask(padding_mask: torch.Tensor | None, check: bool = True) -> torch.Tensor | None:
     """[B, S] (True = pad) -> boolean attend-mask [B, 1, 1, S], or None when nothing is padded
-    (so the fused attention kernels run unmasked). A row that is all padding attends to every
-    position instead of producing NaNs."""
-    if padding_mask is None or not bool(padding_mask.any()):
+    and ``check`` (so the fused attention kernels run unmasked; one host read). A row that is
+    all padding attends to every position instead of producing NaNs."""
+    if padding_mask is None or (_check_masks(check) and not bool(padding_mask.any())):
         return None
     keep = ~padding_mask
     keep = keep | ~keep.any(dim=1, keepdim=True)
@@ -284,10 +313,11 @@ class TransformerEncoder(nn.Module):
         self.layers = nn.ModuleList(TransformerEncoderLayer(cfg, scheme, 2 * i + 1, L)
                                     for i in range(cfg.num_encoder_layers))
         self.layer_norm = _final_norm(scheme, cfg.d_model)
+        self.mask_check = cfg.mask_check
 
     def forward(self, src_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         padding_mask = src_tokens.eq(self.embed.pad_index)
-        attn_mask = _key_padding_attn_mask(padding_mask)
+        attn_mask = _key_padding_attn_mask(padding_mask, self.mask_check)
         x = self.embed(src_tokens)
         for layer in self.layers:
             x = layer(x, attn_mask)
@@ -304,25 +334,31 @@ class TransformerDecoder(nn.Module):
         self.layers = nn.ModuleList(TransformerDecoderLayer(cfg, scheme, 3 * i + 1, L)
                                     for i in range(cfg.num_decoder_layers))
         self.layer_norm = _final_norm(scheme, cfg.d_model)
+        self.mask_check = cfg.mask_check
 
     def _self_attn_mask(self, tgt_tokens: torch.Tensor) -> tuple[torch.Tensor | None, bool]:
         """(attn_mask, is_causal). Trailing padding (fairseq's right-padded targets) cannot be seen
-        by a real token under the causal mask: use the fused causal kernel. Padding before a real
-        token is masked explicitly (each query always keeps itself, so no row is empty)."""
+        by a real token under the causal mask: use the fused causal kernel (checked with one host
+        read, unless ``mask_check`` is off). Padding before a real token is masked explicitly
+        (each query always keeps itself, so no row is empty). Without the check the same choice
+        is made on the device (``torch.where``), so padded positions get the same outputs too."""
         pad = tgt_tokens.eq(self.embed.pad_index)
-        if not bool((pad[:, :-1] & ~pad[:, 1:]).any()):
+        left_padding = (pad[:, :-1] & ~pad[:, 1:]).any()
+        if _check_masks(self.mask_check) and not bool(left_padding):
             return None, True
         T = tgt_tokens.size(1)
         causal = torch.ones(T, T, dtype=torch.bool, device=tgt_tokens.device).tril()
         keep = causal & ~pad[:, None, None, :]
         keep = keep | torch.eye(T, dtype=torch.bool, device=tgt_tokens.device)
+        if not _check_masks(self.mask_check):
+            keep = torch.where(left_padding, keep, causal)
         return keep, False
 
     def forward(self, tgt_tokens: torch.Tensor, memory: torch.Tensor,
                 src_padding_mask: torch.Tensor | None = None,
                 incremental_state: dict | None = None) -> torch.Tensor:
         """Features [B, T, d]; with ``incremental_state`` only the last token's [B, 1, d]."""
-        memory_mask = _key_padding_attn_mask(src_padding_mask)
+        memory_mask = _key_padding_attn_mask(src_padding_mask, self.mask_check)
         incremental = incremental_state is not None
         if incremental:  # one new query attending to every cached key: no mask needed
             self_mask, is_causal = None, False

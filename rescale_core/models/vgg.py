@@ -6,12 +6,17 @@ Attribute names follow torchvision (``features``, ``avgpool``, ``classifier``), 
 loads torchvision's ``vgg*_bn`` state dicts. VGG has no residual blocks: only the schemes
 ``bn``, ``none`` and ``rescale`` (its mean-shift biases and He init) apply.
 Deviation: the classifier width (4096) and stage-1 width (64) are arguments, for small tests.
+
+``forward`` runs a fast path (``fused``; :mod:`rescale_core.fastpath`): each mean-shift bias of
+the conv stack crosses the ReLU (and max-pool) before it into the previous conv's bias,
+``maxpool(relu(z)) + e = maxpool(max(z + e, e))``; ``fused = False`` gives the reference.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from .. import fastpath as fp
 from ..init import he_normal_
 from ..layers import MeanShiftBias
 from ..registry import register_model
@@ -76,10 +81,47 @@ class VGG(nn.Module):
                 else:  # torchvision's VGG init
                     nn.init.normal_(m.weight, 0, 0.01)
                 nn.init.zeros_(m.bias)
+        self.fused = True  # fast path (same function); False: the reference path
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.flatten(self.avgpool(self.features(x)), 1)
-        return self.classifier(x)
+        if fp.measuring_step(self):
+            return self._forward_measuring(x)
+        return self._forward(x)
+
+    @torch.compiler.disable
+    def _forward_measuring(self, x: torch.Tensor) -> torch.Tensor:
+        """Steps that measure mean-shift statistics run eagerly under ``torch.compile``."""
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused and not fp.has_hooks(self.features) and not fp.has_hooks_below(self.features):
+            x = self._features_fused(x)
+        else:
+            x = self.features(x)
+        return self.classifier(torch.flatten(self.avgpool(x), 1))
+
+    def _features_fused(self, x: torch.Tensor) -> torch.Tensor:
+        mods = list(self.features)
+        i = 0
+        while i < len(mods):
+            m = mods[i]
+            if isinstance(m, nn.Conv2d) and i + 1 < len(mods) and isinstance(mods[i + 1], nn.ReLU):
+                k = i + 2 + (i + 2 < len(mods) and isinstance(mods[i + 2], nn.MaxPool2d))
+                nxt = mods[k] if k < len(mods) else None
+                if isinstance(nxt, MeanShiftBias) and not nxt.updating:
+                    e = nxt.offset()
+                    bias = fp.add_bias(m.bias, e.detach())
+                    x = fp.shifted_relu(m._conv_forward(x, m.weight, fp.conv_bias(bias, m.out_channels)), e)
+                    if k == i + 3:
+                        x = mods[i + 2](x)
+                    i = k + 1
+                    continue
+                x = torch.relu_(m(x))
+                i += 2
+                continue
+            x = m(x)
+            i += 1
+        return x
 
 
 def vgg(arch: str = "vgg16", scheme: "str | Scheme" = "bn", **kwargs) -> VGG:

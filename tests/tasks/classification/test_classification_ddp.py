@@ -69,6 +69,7 @@ def rescale(args: list[str], cwd: Path, launcher: list[str] = (), timeout: int =
     """Run the installed `rescale` command (optionally under a launcher such as torchrun)."""
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    env.pop("WANDB_SERVICE", None)  # a service of this test process: the run gets its own
     done = subprocess.run([*launcher, str(BIN / "rescale"), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]

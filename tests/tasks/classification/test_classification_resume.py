@@ -72,8 +72,12 @@ def _config(folder: Path, root: Path, name: str) -> Path:
 
 
 def _env():
-    return dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", OMP_NUM_THREADS="1",
-                PYTHONHASHSEED="0")
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", OMP_NUM_THREADS="1",
+               PYTHONHASHSEED="0")
+    # runs of earlier tests in this process started a W&B service and advertise it to children;
+    # a killed child's run would stay "in use" in that long-lived service
+    env.pop("WANDB_SERVICE", None)
+    return env
 
 
 def _rescale(*args, cwd):

@@ -1,0 +1,134 @@
+"""``python -m benchmarks``: run the harness's sections and print one report (see ``--help``).
+
+Run from the repository root (``make bench`` does). Progress goes to stderr, the tables to stdout,
+and with ``--markdown PATH`` the results section of that file is rewritten.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+
+import torch
+
+from . import report
+from .sections import SECTIONS, SectionResult, Settings, run_section
+
+DEFAULT_REPEATS = {
+    "cpu": {"train": 10, "eval": 10, "measuring": 6, "channels_last": 6, "compile": 5,
+            "resnet3d": 8, "transformer": 8, "data": 3},
+    "cuda": {"train": 20, "eval": 20, "measuring": 12, "channels_last": 12, "compile": 12,
+             "resnet3d": 15, "transformer": 15, "data": 3},
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Train-step time and peak memory, eval throughput, measuring steps, channels_last "
+                    "and torch.compile variants of normalization-free ResNets and Transformers "
+                    "against their normalized baselines and no-normalization floors, and DataLoader "
+                    "throughput: medians of paired ratios over interleaved repeats, in one run.")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="default: cuda when available, else cpu")
+    p.add_argument("--batch", type=int, default=None, help="ResNet-50 batch (default: cpu 16, cuda 128)")
+    p.add_argument("--image-size", type=int, default=None, help="ResNet-50 image size (default 224)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="paired repeats of every section (default: per section, see the header)")
+    p.add_argument("--warmup", type=int, default=10,
+                   help="warm-up train steps per contender; never fewer than measure_batches + 2 (10)")
+    p.add_argument("--only", nargs="+", choices=list(SECTIONS), metavar="SECTION",
+                   help=f"run only these sections: {', '.join(SECTIONS)}")
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                   help="channels_last models and inputs in every section (default: on for cuda, off for cpu; "
+                        "the channels_last section always compares both)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the torch.compile section (default: on, off with --quick; slow on CPU)")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
+                   help="cuda autocast dtype (default bf16); cpu always runs float32")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads (default: torch's own; 1 with --quick)")
+    p.add_argument("--min-run-time", type=float, default=None,
+                   help="seconds per measurement block of fast statements (default 0.2, quick 0.05)")
+    p.add_argument("--resnet3d-arch", default="resnet3d_50", help="3D ResNet of the resnet3d section")
+    p.add_argument("--transformer-arch", default="transformer_small",
+                   help="registered Transformer of the transformer section")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: tiny inputs, 2 repeats, no compile (about 2 minutes on 2 CPU cores)")
+    p.add_argument("--markdown", metavar="PATH", help="write the results section of this markdown file")
+    return p.parse_args(argv)
+
+
+def build_settings(args: argparse.Namespace) -> Settings:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available")
+    gpu = device.type == "cuda"
+    if gpu:
+        torch.backends.cudnn.benchmark = True  # autotuned during the warm-up, for every contender
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    elif args.quick:
+        # a smoke run: one thread keeps tiny models fast on a shared, loaded machine
+        torch.set_num_threads(1)
+    repeats = dict(DEFAULT_REPEATS[device.type])
+    if args.quick:
+        repeats = dict.fromkeys(repeats, 2)
+    if args.repeats is not None:
+        repeats = dict.fromkeys(repeats, max(1, args.repeats))
+    dtype = args.dtype or ("bf16" if gpu else "fp32")
+    amp = torch.bfloat16 if (gpu and dtype == "bf16") else None
+    q = args.quick
+    return Settings(
+        device=device, amp_dtype=amp,
+        channels_last=gpu if args.channels_last is None else args.channels_last,
+        batch=args.batch or (2 if q else (128 if gpu else 16)),
+        image_size=args.image_size or (64 if q else 224),
+        warmup=args.warmup, eval_warmup=1 if q else 3, repeats=repeats,
+        min_run_time=args.min_run_time or (0.05 if q else 0.2),
+        resnet3d={"arch": args.resnet3d_arch, "frames": 4 if q else 16,
+                  "image_size": 32 if q else 112, "batch": 2 if q else (16 if gpu else 2)},
+        transformer={"arch": args.transformer_arch, "src_len": 8 if q else (64 if gpu else 32),
+                     "tgt_len": 8 if q else (64 if gpu else 32),
+                     "vocab_size": 1000 if q else (32000 if gpu else 8000),
+                     "batch": 2 if q else (64 if gpu else 16)},
+        data={"num_images": 32 if q else 256, "batch": 8 if q else 32, "image_size": 64 if q else 224,
+              "source_size": (160, 120) if q else (500, 375)},
+    )
+
+
+def selected_sections(args: argparse.Namespace) -> list[str]:
+    if args.only:
+        return [s for s in SECTIONS if s in args.only]
+    run_compile = (not args.quick) if args.compile is None else args.compile
+    return [s for s in SECTIONS if s != "compile" or run_compile]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = build_settings(args)
+    env = report.environment(settings, sys.argv[1:] if argv is None else argv)
+    print(report.header_text(env), flush=True)
+    results: list[SectionResult] = []
+    for name in selected_sections(args):
+        try:
+            res = run_section(name, settings)
+        except Exception as exc:  # one broken section must not lose the others' measurements
+            traceback.print_exc()
+            res = SectionResult(name, error=f"{type(exc).__name__}: {exc}")
+        results.append(res)
+        print(report.section_text(res), flush=True)
+    metrics = {k: v for r in results for k, v in r.metrics.items()}
+    goal_table = report.goals_table(report.evaluate_goals(metrics, settings.device), settings.device,
+                                    {r.name for r in results})
+    if args.quick:
+        goal_table.notes.insert(0, "--quick smoke run (tiny inputs, 2 repeats): the marks mean nothing here")
+    print(report.footer_text(results, goal_table), flush=True)
+    if args.markdown:
+        report.write_results(args.markdown, report.render_markdown(env, results, goal_table))
+        print(f"\nresults written to {args.markdown}", flush=True)
+    return 1 if any(r.error for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""The contenders: for each model family a table name -> builder, with its normalized baseline,
+its no-normalization floor and the model the goals are about.
+
+- ``resnet50``: torchvision's BN ResNet-50 (the baseline); the floor, torchvision's ResNet-50 with
+  every norm layer replaced by ``nn.Identity`` (the cheapest a normalization-free ResNet-50 can
+  be: no scheme adds less than nothing); timm's ``nf_resnet50`` (NF-ResNet, Brock et al. 2021);
+  this suite's ``rescale50``, ``skipinit50`` and ``fixup50`` from :func:`rescale_core.create_model`.
+- ``resnet3d``: this suite's 3D ResNet (``resnet3d_50`` by default, Hara et al. 2018) under ``bn``
+  (the baseline), ``rescale``, ``skipinit`` and ``none`` (the floor: ``x + F(x)``, no norm, no
+  gain, no bias).
+- ``transformer``: this suite's encoder-decoder Transformer (``transformer_small``, fairseq's
+  IWSLT size, by default) under ``post_ln`` (the baseline, Vaswani et al. 2017), ``pre_ln``,
+  ``rescale``, ``rezero``, ``skipinit`` and the floor (``skipinit`` without its gain: plain
+  ``x + F(x)``, no LayerNorm).
+
+A :class:`Suite` also knows how to make a batch for its models and the training loss.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import rescale_core
+
+__all__ = ["Contender", "Suite", "resnet50_suite", "resnet3d_suite", "transformer_suite",
+           "torchvision_resnet50", "resnet50_floor"]
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    build: Callable[[], nn.Module]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A family of contenders measured side by side.
+
+    ``make_batch(batch_size, device) -> (inputs tuple, targets)``; ``loss(output, targets)``;
+    ``items`` is what one sample counts in the throughput column (1 image, 1 clip, T tokens)
+    and ``unit`` names it.
+    """
+
+    name: str
+    title: str
+    contenders: tuple[Contender, ...]
+    baseline: str
+    floor: str
+    target: str
+    make_batch: Callable[[int, torch.device], tuple[tuple[torch.Tensor, ...], torch.Tensor]]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    shape: str
+    items: int = 1
+    unit: str = "img"
+    image_like: bool = True  # channels_last applies to its inputs
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.contenders]
+        for role in ("baseline", "floor", "target"):
+            if getattr(self, role) not in names:
+                raise ValueError(f"{self.name}: {role} {getattr(self, role)!r} not in {names}")
+
+    def contender(self, name: str) -> Contender:
+        for c in self.contenders:
+            if c.name == name:
+                return c
+        raise KeyError(f"{self.name}: no contender {name!r}; have {[c.name for c in self.contenders]}")
+
+
+# --- ResNet-50 ----------------------------------------------------------------------------------
+def torchvision_resnet50(num_classes: int = 1000, **kwargs) -> nn.Module:
+    import torchvision
+
+    return torchvision.models.resnet50(num_classes=num_classes, **kwargs)
+
+
+def resnet50_floor(num_classes: int = 1000) -> nn.Module:
+    """torchvision's ResNet-50 with every BatchNorm replaced by ``nn.Identity``."""
+    return torchvision_resnet50(num_classes, norm_layer=lambda channels: nn.Identity())
+
+
+def _timm(name: str, num_classes: int) -> nn.Module:
+    import timm
+
+    return timm.create_model(name, num_classes=num_classes)
+
+
+def _image_batch(image_size: int, num_classes: int, frames: int | None = None):
+    def make(batch: int, device: torch.device):
+        g = torch.Generator().manual_seed(0)
+        shape = (batch, 3, image_size, image_size) if frames is None else (batch, 3, frames, image_size, image_size)
+        x = torch.randn(shape, generator=g)
+        y = torch.randint(0, num_classes, (batch,), generator=g)
+        return (x.to(device),), y.to(device)
+    return make
+
+
+def resnet50_suite(image_size: int = 224, num_classes: int = 1000,
+                   base_width: int | None = None) -> Suite:
+    """``base_width`` (e.g. 8) shrinks this suite's own models for smoke tests; the torchvision and
+    timm models keep their widths then, so use it only to exercise the harness."""
+    ours = {} if base_width is None else {"base_width": base_width}
+    contenders = (
+        Contender("resnet50 BN", lambda: torchvision_resnet50(num_classes), "torchvision, the baseline"),
+        Contender("floor (no norm)", lambda: resnet50_floor(num_classes), "torchvision, BN -> Identity"),
+        Contender("nf_resnet50", lambda: _timm("nf_resnet50", num_classes), "timm NF-ResNet"),
+        Contender("rescale50", lambda: rescale_core.create_model("rescale50", num_classes=num_classes, **ours)),
+        Contender("skipinit50", lambda: rescale_core.create_model("skipinit50", num_classes=num_classes, **ours)),
+        Contender("fixup50", lambda: rescale_core.create_model("fixup50", num_classes=num_classes, **ours)),
+    )
+    return Suite("resnet50", "ResNet-50", contenders, baseline="resnet50 BN", floor="floor (no norm)",
+                 target="rescale50", make_batch=_image_batch(image_size, num_classes),
+                 loss=F.cross_entropy, shape=f"3x{image_size}x{image_size}")
+
+
+# --- 3D ResNet ----------------------------------------------------------------------------------
+RESNET3D_SCHEMES = {"bn": "3D BN", "rescale": "3D rescale", "skipinit": "3D skipinit",
+                    "none": "3D floor (none)"}
+
+
+def resnet3d_suite(arch: str = "resnet3d_50", frames: int = 16, image_size: int = 112,
+                   num_classes: int = 400, base_width: int | None = None) -> Suite:
+    extra = {} if base_width is None else {"base_width": base_width}
+
+    def builder(scheme: str):
+        return lambda: rescale_core.create_model(arch, scheme=scheme, num_classes=num_classes, **extra)
+
+    contenders = tuple(Contender(f"{label}", builder(scheme), f"{arch} scheme={scheme}")
+                       for scheme, label in RESNET3D_SCHEMES.items())
+    return Suite("resnet3d", f"3D ResNet ({arch})", contenders, baseline="3D BN",
+                 floor="3D floor (none)", target="3D rescale",
+                 make_batch=_image_batch(image_size, num_classes, frames), loss=F.cross_entropy,
+                 shape=f"3x{frames}x{image_size}x{image_size}", unit="clip")
+
+
+# --- Transformer --------------------------------------------------------------------------------
+TRANSFORMER_SCHEMES = {"post_ln": ("post-LN", None), "pre_ln": ("pre-LN", None),
+                       "rescale": ("T rescale", None), "rezero": ("T rezero", None),
+                       "skipinit": ("T skipinit", None),
+                       "floor": ("T floor (no LN)", ("skipinit", {"gain": None}))}
+
+
+def transformer_suite(arch: str = "transformer_small", src_len: int = 32, tgt_len: int = 32,
+                      vocab_size: int = 8000, **overrides) -> Suite:
+    """``overrides`` replace TransformerConfig fields (e.g. ``d_model``) for small smoke runs."""
+
+    def builder(scheme: str, options: dict | None):
+        return lambda: rescale_core.create_model(arch, scheme=scheme, scheme_options=options,
+                                                 src_vocab_size=vocab_size, **overrides)
+
+    contenders = []
+    for scheme, (label, alias) in TRANSFORMER_SCHEMES.items():
+        real, options = alias if alias else (scheme, None)
+        note = f"{arch} scheme={real}" + (f" {options}" if options else "")
+        contenders.append(Contender(label, builder(real, options), note))
+
+    def make(batch: int, device: torch.device):
+        g = torch.Generator().manual_seed(0)
+        low = 4  # above pad (1), bos, eos: no padding, so every kernel runs unmasked
+        src = torch.randint(low, vocab_size, (batch, src_len), generator=g)
+        tgt = torch.randint(low, vocab_size, (batch, tgt_len + 1), generator=g)
+        return (src.to(device), tgt[:, :-1].to(device)), tgt[:, 1:].to(device)
+
+    def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+
+    return Suite("transformer", f"Transformer ({arch})", tuple(contenders), baseline="post-LN",
+                 floor="T floor (no LN)", target="T rescale", make_batch=make, loss=loss,
+                 shape=f"src {src_len} + tgt {tgt_len} tokens, vocab {vocab_size}",
+                 items=tgt_len, unit="tok", image_like=False)

@@ -1,0 +1,295 @@
+"""Printing: the machine/versions header, the section tables, the goals with pass/fail marks
+computed from the measured ratios, and the results section of ``benchmarks/RESULTS.md``.
+
+The goals are those of issue #5, as ratios measured in the same run:
+
+- the target's train step at most 0.90x its normalized baseline on CPU (0.85x on GPU, where the
+  harness runs bf16 autocast with channels_last), i.e. within 5% of the no-normalization floor;
+  the same under ``torch.compile``;
+- its measuring steps no slower than its ordinary steps (a 5% allowance for noise);
+- its peak training memory at most the baseline's;
+- its eval-mode forward within 5% of the floor.
+
+ResNet-50 (``rescale50`` vs torchvision's BN ResNet-50), the 3D ResNet (rescale vs BN) and the
+Transformer (rescale vs post-LN) get the same goals where the section ran. Thresholds live in
+:data:`THRESHOLDS`; nothing in a mark is hard-coded but the threshold.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import os
+import platform
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .models import resnet3d_suite, resnet50_suite, transformer_suite
+from .sections import SectionResult, Settings, Table
+from .timing import Summary
+
+__all__ = ["THRESHOLDS", "Goal", "GoalResult", "goals", "evaluate_goals", "environment",
+           "format_table", "markdown_table", "goals_table", "header_text", "section_text",
+           "footer_text", "render_text", "render_markdown", "write_results",
+           "BEGIN", "END"]
+
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+# (cpu, cuda) thresholds on medians of paired ratios
+THRESHOLDS = {
+    "train_vs_baseline": (0.90, 0.85),
+    "train_vs_floor": (1.05, 1.05),
+    "compile_vs_baseline": (0.90, 0.85),
+    "measuring_vs_ordinary": (1.05, 1.05),
+    "memory_vs_baseline": (1.00, 1.00),
+    "eval_vs_floor": (1.05, 1.05),
+}
+
+
+@dataclass(frozen=True)
+class Goal:
+    model: str       # e.g. "ResNet-50"
+    text: str
+    key: str         # metric key of a SectionResult
+    kind: str        # key of THRESHOLDS
+    section: str     # the --only section that measures it
+
+
+@dataclass(frozen=True)
+class GoalResult:
+    goal: Goal
+    threshold: float
+    value: "Summary | float | None"
+
+    @property
+    def status(self) -> str:
+        if self.value is None:
+            return "not measured"
+        median = self.value.median if isinstance(self.value, Summary) else float(self.value)
+        mark = "PASS" if median <= self.threshold else "FAIL"
+        if isinstance(self.value, Summary) and self.value.q1 <= self.threshold < self.value.q3:
+            mark += " (IQR spans the threshold)"
+        return mark
+
+    @property
+    def measured(self) -> str:
+        if self.value is None:
+            return "-"
+        if isinstance(self.value, Summary):
+            return f"{self.value.median:.3f} [{self.value.q1:.3f}, {self.value.q3:.3f}]"
+        return f"{float(self.value):.3f}"
+
+
+def goals() -> list[Goal]:
+    out = []
+    # (suite, title, the --only section measuring each kind of goal)
+    for suite, title, section in (
+        (resnet50_suite(), "ResNet-50", {k: k for k in ("train", "eval", "measuring", "compile")}),
+        (resnet3d_suite(), "3D ResNet", dict.fromkeys(("train", "eval", "measuring"), "resnet3d")),
+        (transformer_suite(), "Transformer", dict.fromkeys(("train", "eval"), "transformer")),
+    ):
+        t, b, f, n = suite.target, suite.baseline, suite.floor, suite.name
+        out += [
+            Goal(title, f"{t} train step / {b}", f"{n}.train.vs_baseline.{t}", "train_vs_baseline", section["train"]),
+            Goal(title, f"{t} train step / {f}", f"{n}.train.vs_floor.{t}", "train_vs_floor", section["train"]),
+        ]
+        if "compile" in section:
+            out.append(Goal(title, f"{t} train step / {b}, both torch.compile'd",
+                            f"{n}.compile.vs_baseline.{t}", "compile_vs_baseline", section["compile"]))
+        if "measuring" in section:
+            out.append(Goal(title, f"{t} measuring step / its ordinary step",
+                            f"{n}.measuring.vs_ordinary", "measuring_vs_ordinary", section["measuring"]))
+        out += [
+            Goal(title, f"{t} peak train memory / {b}", f"{n}.train.mem_vs_baseline.{t}",
+                 "memory_vs_baseline", section["train"]),
+            Goal(title, f"{t} eval forward / {f}", f"{n}.eval.vs_floor.{t}", "eval_vs_floor", section["eval"]),
+        ]
+    return out
+
+
+def evaluate_goals(metrics: dict, device: str | torch.device) -> list[GoalResult]:
+    on_gpu = torch.device(device).type == "cuda"
+    return [GoalResult(g, THRESHOLDS[g.kind][1 if on_gpu else 0], metrics.get(g.key)) for g in goals()]
+
+
+# --- environment --------------------------------------------------------------------------------
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_commit() -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head + (" (uncommitted changes)" if dirty else "")) if head else "unknown"
+
+
+def environment(settings: Settings, argv: list[str] | None = None) -> list[tuple[str, str]]:
+    """(key, value) rows: date, command, machine, versions and run settings."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    gpu = "none"
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        gpu = (f"{props.name}, {props.total_memory / 2**30:.0f} GiB, capability "
+               f"{props.major}.{props.minor}, CUDA {torch.version.cuda}")
+    rows = [
+        ("date", _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
+        ("command", " ".join(["python -m benchmarks", *(argv if argv is not None else sys.argv[1:])])),
+        ("cpu", f"{_cpu_model()}, {os.cpu_count()} logical cores ({usable} usable), "
+                f"torch threads {torch.get_num_threads()}"),
+        ("gpu", gpu),
+        ("os", f"{platform.system()} {platform.release()}; load average at the start: {load_average()}"),
+        ("versions", f"python {platform.python_version()}, torch {torch.__version__}, torchvision "
+                     f"{_version('torchvision')}, timm {_version('timm')}, lightning {_version('lightning')}, "
+                     f"numpy {_version('numpy')}, pillow {_version('pillow')}"),
+        ("code", f"rescale-suite {_version('rescale-suite')}, commit {_git_commit()}"),
+        ("settings", f"{settings.run_config.label()}; ResNet-50 batch {settings.batch} at "
+                     f"{settings.image_size} px; >= {settings.warmup} warm-up train steps per contender; "
+                     f"repeats " + ", ".join(f"{k} {v}" for k, v in settings.repeats.items())
+                     + ("; cudnn.benchmark on" if torch.backends.cudnn.benchmark else "")),
+    ]
+    return rows
+
+
+# --- rendering ----------------------------------------------------------------------------------
+def format_table(table: Table) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(table.columns, *table.rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    out = [table.title, line(table.columns), line("-" * w for w in widths)]
+    out += [line(r) for r in table.rows]
+    out += [f"  * {n}" for n in table.notes]
+    return "\n".join(out)
+
+
+def _md_cell(x) -> str:
+    return str(x).replace("|", "\\|")
+
+
+def markdown_table(table: Table, level: str = "###") -> str:
+    out = [f"{level} {table.title}", "", "| " + " | ".join(map(_md_cell, table.columns)) + " |",
+           "|" + "|".join("---" for _ in table.columns) + "|"]
+    out += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in table.rows]
+    if table.notes:
+        out += [""] + [f"- {n}" for n in table.notes]
+    return "\n".join(out)
+
+
+def goals_table(results: list[GoalResult], device: str | torch.device, ran: set[str]) -> Table:
+    rows = []
+    for r in results:
+        if r.value is None and r.goal.section not in ran:
+            continue  # section not selected in this run (--only / --no-compile)
+        rows.append([r.goal.model, r.goal.text, r.measured, f"<= {r.threshold:.2f}", r.status])
+    if not rows:
+        rows = [["-", "no goal is measured by the selected sections", "-", "-", "-"]]
+    on_gpu = torch.device(device).type == "cuda"
+    notes = ["measured: median [q1, q3] of paired per-repeat ratios (memory: one deterministic probe); "
+             "the mark compares the median with the threshold; where the inter-quartile range spans "
+             "the threshold the run was too noisy to decide (rerun on a quieter machine or with more "
+             "--repeats)",
+             "thresholds: benchmarks/report.py THRESHOLDS (issue #5: train <= "
+             f"{THRESHOLDS['train_vs_baseline'][1 if on_gpu else 0]:.2f}x the normalized baseline "
+             + ("on GPU in bf16 + channels_last)" if on_gpu else "on CPU, eager)")]
+    return Table("Goals (issue #5)", ["model", "goal", "measured", "threshold", "status"], rows, notes)
+
+
+def header_text(env: list[tuple[str, str]]) -> str:
+    out = ["=" * 78, "rescale benchmark harness (issue #5)"]
+    out += [f"{k:<9} {v}" for k, v in env]
+    return "\n".join(out + ["=" * 78])
+
+
+def section_text(res: SectionResult) -> str:
+    out = []
+    if res.error:
+        out += ["", f"[{res.name}] FAILED: {res.error}"]
+    for t in res.tables:
+        out += ["", format_table(t)]
+    return "\n".join(out)
+
+
+def load_average() -> str:
+    """The 1-minute load average against the usable cores: other work on the machine slows
+    contenders unevenly, the one thing paired repeats cannot fully cancel."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    try:
+        return f"{os.getloadavg()[0]:.1f} on {cores} cores"
+    except OSError:
+        return "unknown"
+
+
+def times_line(results: list[SectionResult]) -> str:
+    return ("section times: " + ", ".join(f"{r.name} {r.seconds:.0f} s" for r in results)
+            + f"; load average at the end: {load_average()}")
+
+
+def footer_text(results: list[SectionResult], goal_table: Table) -> str:
+    return "\n".join(["", format_table(goal_table), "", times_line(results)])
+
+
+def render_text(env: list[tuple[str, str]], results: list[SectionResult], goal_table: Table) -> str:
+    return "\n".join([header_text(env), *(section_text(r) for r in results),
+                      footer_text(results, goal_table)])
+
+
+def render_markdown(env: list[tuple[str, str]], results: list[SectionResult], goal_table: Table) -> str:
+    out = [BEGIN, f"## Results of {dict(env)['date']}", "", "| | |", "|---|---|"]
+    out += [f"| {k} | {_md_cell(v)} |" for k, v in env]
+    out += ["", markdown_table(goal_table)]
+    for res in results:
+        if res.error:
+            out += ["", f"**{res.name} failed:** {res.error}"]
+        for t in res.tables:
+            out += ["", markdown_table(t)]
+    out += ["", times_line(results).capitalize(), END]
+    return "\n".join(out) + "\n"
+
+
+_INTRO = """# Benchmark results
+
+Written by `make bench` (`python -m benchmarks --markdown benchmarks/RESULTS.md`); everything
+between the `bench:begin` / `bench:end` markers is replaced on every run, text outside them is
+kept. See `benchmarks/__init__.py` and `python -m benchmarks --help` for what is measured.
+
+"""
+
+
+def write_results(path: str | Path, markdown: str) -> None:
+    """Replace the results section of ``path`` (between the markers), keeping the rest."""
+    path = Path(path)
+    text = path.read_text() if path.exists() else _INTRO
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _m: markdown, text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + markdown
+    path.write_text(text)

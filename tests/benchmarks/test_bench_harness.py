@@ -1,0 +1,178 @@
+"""Smoke tests of the benchmark harness (``benchmarks/``, issue #5) on tiny models.
+
+No timing is asserted: only the structure of the tables, the paired-ratio arithmetic (fed with
+fake timings), the memory probe's direction and the command line's exit status. ``benchmarks`` is
+a plain folder of the repository root, importable because ``python -m pytest`` runs from there.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import rescale_core
+from benchmarks import report  # the repository folder (pyproject: pytest pythonpath = ["."])
+from benchmarks.memory import peak_step_memory
+from benchmarks.models import Contender, Suite, _image_batch
+from benchmarks.sections import Settings, eval_suite, measuring_suite, train_suite
+from benchmarks.steps import RunConfig, min_warmup, prepare, reset_measuring, warm_up
+from benchmarks.timing import Summary, paired_repeats, summarize, timer_measure
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tiny_suite() -> Suite:
+    def build(scheme):
+        return lambda: rescale_core.create_model("cifar_resnet", depth=8, base_width=4,
+                                                 scheme=scheme, num_classes=5)
+    contenders = (Contender("bn", build("bn"), "baseline"), Contender("none", build("none")),
+                  Contender("rescale", build("rescale")))
+    return Suite("tiny", "tiny ResNet", contenders, baseline="bn", floor="none", target="rescale",
+                 make_batch=_image_batch(8, 5), loss=F.cross_entropy, shape="3x8x8")
+
+
+def tiny_settings() -> Settings:
+    return Settings(device=torch.device("cpu"), amp_dtype=None, channels_last=False, batch=4,
+                    image_size=8, warmup=2, eval_warmup=1, repeats={}, min_run_time=0.001,
+                    verbose=False)
+
+
+# --- timing arithmetic --------------------------------------------------------------------------
+def fake_measures(times: dict[str, list[float]], calls: list[str]):
+    def make(name):
+        it = iter(times[name])
+
+        def measure():
+            calls.append(name)
+            return next(it)
+        return measure
+    return {name: make(name) for name in times}
+
+
+def test_ratios_are_medians_of_per_repeat_ratios():
+    times = {"base": [1.0, 2.0, 4.0], "x": [1.5, 1.0, 6.0], "floor": [0.5, 1.0, 3.0]}
+    calls: list[str] = []
+    paired = paired_repeats(fake_measures(times, calls), "base", repeats=3)
+    assert paired.times == times
+    assert paired.ratios("x") == [1.5, 0.5, 1.5]
+    r = paired.ratio("x")
+    assert r.median == 1.5 and r.n == 3  # the ratio of medians would be 1.5 / 2.0 = 0.75
+    assert r.q1 == pytest.approx(1.0) and r.q3 == pytest.approx(1.5)
+    assert paired.ratio("x", "floor").median == pytest.approx(2.0)  # ratios [3, 1, 2]
+    assert paired.ratio("base").median == 1.0
+    # interleaved: every repeat times every contender once, rotated from repeat to repeat
+    assert calls == ["base", "x", "floor", "x", "floor", "base", "floor", "base", "x"]
+
+
+def test_summarize_quartiles():
+    assert summarize([5.0, 1.0, 3.0, 2.0, 4.0]) == Summary(3.0, 2.0, 4.0, 5)
+    assert summarize([2.0]) == Summary(2.0, 2.0, 2.0, 1)
+    with pytest.raises(ValueError):
+        summarize([])
+    with pytest.raises(KeyError):
+        paired_repeats({"a": lambda: 1.0}, "b", 1)
+
+
+def test_timer_measure_runs_the_statement_after_setup():
+    seen = []
+    state = {"fresh": False}
+
+    def setup():
+        state["fresh"] = True
+
+    def fn():
+        seen.append(state["fresh"])
+        state["fresh"] = False
+
+    seconds = timer_measure(fn, setup=setup, number=1)()
+    assert seconds > 0 and seen and seen[-1] is True  # the timed call directly follows setup
+    assert timer_measure(lambda: None, min_run_time=0.001)() > 0
+
+
+# --- sections on tiny models --------------------------------------------------------------------
+def test_train_eval_measuring_tables():
+    suite, settings = tiny_suite(), tiny_settings()
+    train = train_suite(suite, settings, batch=4, repeats=2, section="train")
+    (table,) = train.tables
+    assert table.columns[:4] == ["model", "ms/step", "vs bn", "vs none"]
+    assert "peak MiB" in table.columns and "mem vs base" in table.columns
+    assert [row[0] for row in table.rows] == ["bn", "none", "rescale"]
+    assert table.rows[0][2] == "1.000 [1.000, 1.000]"  # the baseline against itself
+    assert table.rows[1][3] == "1.000 [1.000, 1.000]"  # the floor against itself
+    m = train.metrics
+    assert m["tiny.train.vs_baseline.bn"].median == 1.0
+    assert isinstance(m["tiny.train.vs_floor.rescale"], Summary)
+    assert m["tiny.train.mem_vs_baseline.bn"] == 1.0 and m["tiny.train.mem_vs_baseline.rescale"] > 0
+
+    ev = eval_suite(suite, settings, batch=4, repeats=2, section="eval")
+    assert ev.tables[0].columns == ["model", "ms/batch", "img/s", "vs bn", "vs none"]
+    assert ev.metrics["tiny.eval.per_second.rescale"] > 0
+
+    meas = measuring_suite(suite, settings, batch=4, repeats=2, section="measuring")
+    assert [r[0] for r in meas.tables[0].rows] == ["rescale ordinary step", "rescale measuring step"]
+    assert meas.metrics["tiny.measuring.vs_ordinary"].n == 2
+
+
+def test_warm_up_passes_the_measuring_phase_and_reset_restarts_it():
+    p = prepare(tiny_suite(), "rescale", 4, RunConfig())
+    assert min_warmup(p.model) == 10
+    warm_up(p, steps=1)  # raised to measure_batches + 2
+    layers = rescale_core.mean_shift_layers(p.model)
+    assert p.warmup_steps == 10 and not any(m.measuring for m in layers)
+    reset_measuring(p.model)
+    assert all(m.measuring and int(m.count) == 0 for m in layers)
+
+
+def test_memory_probe_grows_with_the_batch():
+    suite = tiny_suite()
+    peaks = {}
+    for batch in (2, 32):
+        p = warm_up(prepare(suite, "bn", batch, RunConfig()), 1)
+        r = peak_step_memory(p.train_step, p.model, p.optimizer, p.tensors)
+        assert r.step_peak > 0 and r.unaccounted == 0 and r.peak == r.resting + r.step_peak
+        peaks[batch] = r
+    assert peaks[32].peak > peaks[2].peak
+    assert peaks[32].step_peak > peaks[2].step_peak
+
+
+# --- goals and results file ---------------------------------------------------------------------
+def test_goal_marks_follow_the_measured_ratios():
+    key = "resnet50.train.vs_baseline.rescale50"
+    metrics = {key: Summary(0.88, 0.86, 0.90, 10), "resnet50.train.mem_vs_baseline.rescale50": 1.02}
+    cpu = {r.goal.key: r for r in report.evaluate_goals(metrics, "cpu")}
+    gpu = {r.goal.key: r for r in report.evaluate_goals(metrics, "cuda")}
+    assert cpu[key].status == "PASS" and gpu[key].status == "FAIL"  # 0.90 on CPU, 0.85 on GPU
+    assert cpu["resnet50.train.mem_vs_baseline.rescale50"].status == "FAIL"
+    assert cpu["resnet50.eval.vs_floor.rescale50"].status == "not measured"
+    noisy = report.evaluate_goals({key: Summary(0.89, 0.80, 0.95, 10)}, "cpu")
+    assert next(r for r in noisy if r.goal.key == key).status == "PASS (IQR spans the threshold)"
+    table = report.goals_table(list(cpu.values()), "cpu", ran={"train"})
+    assert {row[1] for row in table.rows} >= {"rescale50 train step / resnet50 BN"}
+    assert all(row[0] == "ResNet-50" for row in table.rows)  # sections that did not run are left out
+
+
+def test_write_results_replaces_only_its_section(tmp_path):
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# Results\n\nhand-written notes\n")
+    report.write_results(path, f"{report.BEGIN}\nfirst\n{report.END}\n")
+    report.write_results(path, f"{report.BEGIN}\nsecond\n{report.END}\n")
+    text = path.read_text()
+    assert "hand-written notes" in text and "second" in text and "first" not in text
+    assert text.count(report.BEGIN) == 1
+
+
+def test_command_line_quick_run(tmp_path):
+    out = tmp_path / "RESULTS.md"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", "data",
+                           "--markdown", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "DataLoader throughput" in proc.stdout and "versions" in proc.stdout
+    text = out.read_text()
+    assert report.BEGIN in text and "| workers=0 |" in text
