@@ -26,7 +26,7 @@ from lightning.pytorch.cli import LightningCLI  # noqa: E402
 from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
 
 from .common.callbacks import DivergenceMonitor, LearnedScalarsLogger, TrainingDiverged  # noqa: E402
-from .common.checkpointing import LastCheckpoint, ResumeState, preempted_message, read_run_id  # noqa: E402
+from .common.checkpointing import LastCheckpoint, ResumeState, peek_checkpoint, preempted_message  # noqa: E402
 from .common.checkpoint_compat import check_config_against_checkpoint  # noqa: E402
 from .common.cli_errors import config_errors, trainer_config_errors  # noqa: E402
 from .common.config import SaveConfigToRun  # noqa: E402
@@ -100,7 +100,7 @@ def resume_wandb_run(config) -> None:
     init = logger.get("init_args")
     if not str(logger.get("class_path", "")).endswith("WandbLogger") or init is None or init.get("id"):
         return
-    run_id = read_run_id(ckpt)
+    run_id = peek_checkpoint(ckpt).run_id
     if run_id:
         init["id"] = run_id
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -14,3 +15,23 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+class HostSyncCounter(TorchDispatchMode):
+    """Counts ``aten::_local_scalar_dense``: the op behind ``item()``, ``bool(t)``, ``int(t)``,
+    ``float(t)`` and every Python ``if`` on a tensor: a device-to-host sync on GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.syncs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.syncs += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def count_host_syncs():
+    """``with count_host_syncs() as probe: ...`` then ``probe.syncs``: host reads inside the block."""
+    return HostSyncCounter

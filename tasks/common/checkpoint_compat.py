@@ -118,11 +118,11 @@ def check_config_against_checkpoint(model_config: Any, ckpt_path: Optional[str],
     """
     if not ckpt_path or not os.path.isfile(str(ckpt_path)) or model_config is None:
         return
-    from .checkpointing import safe_load  # one-line errors for unreadable files
+    from .checkpointing import peek_checkpoint  # one-line errors for unreadable files
 
     if hasattr(model_config, "as_dict"):
         model_config = model_config.as_dict()
-    saved = safe_load(ckpt_path, mmap=True).get("hyper_parameters") or {}
+    saved = peek_checkpoint(ckpt_path).hyper_parameters
     current = {"_class_path": model_config.get("class_path"), **(model_config.get("init_args") or {})}
     check_checkpoint_compatible({"hyper_parameters": saved}, current, keys=CONFIG_KEYS,
                                 source=f"checkpoint {ckpt_path}", normalize=normalize)

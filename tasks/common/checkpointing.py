@@ -13,10 +13,12 @@
 """
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,13 +26,15 @@ import lightning.pytorch as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from .callbacks import DivergenceMonitor
 from .errors import UserError
 
 __all__ = ["AtomicCheckpointIO", "ResumeState", "LastCheckpoint", "safe_load", "SAFE_GLOBALS",
-           "CheckpointError", "read_run_id", "preempted_message"]
+           "CheckpointError", "CheckpointInfo", "peek_checkpoint", "preempted_message"]
 
 
 class CheckpointError(UserError):
@@ -119,13 +123,27 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def read_run_id(path: str | os.PathLike) -> Optional[str]:
-    """The W&B run id a checkpoint was written under (``None`` if it has none)."""
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What the CLI needs to know about a checkpoint before building anything."""
+
+    hyper_parameters: dict
+    run_id: Optional[str]
+
+
+def peek_checkpoint(path: str | os.PathLike) -> CheckpointInfo:
+    """Hyper-parameters and W&B run id of a checkpoint, read once per file version (tensors are
+    memory-mapped, not read): the CLI's several checks share one load."""
+    stat = os.stat(path) if os.path.isfile(path) else None
+    return _peek(str(path), stat.st_mtime_ns if stat else None, stat.st_size if stat else None)
+
+
+@functools.lru_cache(maxsize=4)
+def _peek(path: str, mtime_ns: Optional[int], size: Optional[int]) -> CheckpointInfo:
     state = safe_load(path, mmap=True)
-    for key, value in state.get("callbacks", {}).items():
-        if key.startswith("ResumeState") and isinstance(value, dict):
-            return value.get("run_id")
-    return None
+    run_id = next((value.get("run_id") for key, value in state.get("callbacks", {}).items()
+                   if key.startswith("ResumeState") and isinstance(value, dict)), None)
+    return CheckpointInfo(dict(state.get("hyper_parameters") or {}), run_id)
 
 
 def _rng_states() -> dict[str, Any]:
@@ -181,7 +199,7 @@ class ResumeState(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         for logger in trainer.loggers:
             version = getattr(logger, "version", None)
-            if version is not None and type(logger).__name__.endswith("WandbLogger"):
+            if version is not None and isinstance(logger, WandbLogger):
                 self.run_id = str(version)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -244,8 +262,6 @@ class LastCheckpoint(L.Callback):
     def save(self, trainer: L.Trainer) -> None:
         # never overwrite the last good checkpoint with a diverged model (divergence monitors
         # read their device-side record only every few steps: make them read it now)
-        from .callbacks import DivergenceMonitor
-
         monitors = [cb for cb in trainer.callbacks if isinstance(cb, DivergenceMonitor)]
         if not all([m.healthy(trainer, trainer.lightning_module) for m in monitors]):
             return

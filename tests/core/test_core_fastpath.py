@@ -14,7 +14,6 @@ import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import rescale_core
 from rescale_core import MeanShiftBias, ResidualBlock, ResidualSublayer, get_scheme, reference_path
@@ -455,21 +454,10 @@ def test_fold_helpers():
 
 
 # --------------------------------------------------------------- no host syncs
-class _SyncCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.syncs = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.syncs += 1
-        return func(*args, **(kwargs or {}))
-
-
-def test_no_host_sync_in_fused_training_step():
+def test_no_host_sync_in_fused_training_step(count_host_syncs):
     model = _model("resnet50", "rescale", torch.float32, measure_batches=1).train()
     x = _model_input("resnet50", dtype=torch.float32)
-    with _SyncCounter() as probe:
+    with count_host_syncs() as probe:
         for _ in range(2):  # measuring step, then a measured one
             model(x).sum().backward()
         with torch.no_grad():
@@ -524,7 +512,7 @@ def test_sublayer_fused_only_with_known_branches():
 
 
 @pytest.mark.parametrize("scheme", ["rescale", "post_ln"])
-def test_transformer_sync_free_masks(scheme):
+def test_transformer_sync_free_masks(scheme, count_host_syncs):
     model = _transformer(scheme).eval()
     free = copy.deepcopy(model)
     free.encoder.mask_check = free.decoder.mask_check = False
@@ -535,7 +523,7 @@ def test_transformer_sync_free_masks(scheme):
         for t in (tgt, left):
             with torch.no_grad():
                 want = model(src, t)
-                with _SyncCounter() as probe:
+                with count_host_syncs() as probe:
                     got = free(src, t)
             assert probe.syncs == 0
             torch.testing.assert_close(got, want, **F64)

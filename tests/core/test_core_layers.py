@@ -7,7 +7,6 @@ import copy
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import rescale_core
 from rescale_core.layers import (Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_shape,
@@ -135,20 +134,6 @@ def test_other_input_ranks(spatial_dims, shape):
     torch.testing.assert_close(layer.mu0.flatten(), channel_means(x), rtol=0, atol=1e-5)
 
 
-class _HostSyncCounter(TorchDispatchMode):
-    """Counts ``aten::_local_scalar_dense``: the op behind ``item()``, ``bool(t)``, ``int(t)``,
-    ``float(t)`` and every Python ``if`` on a tensor: a device-to-host sync on GPU."""
-
-    def __init__(self):
-        super().__init__()
-        self.syncs = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.syncs += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _forbid_host_reads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("host read of a tensor in forward")
@@ -156,17 +141,17 @@ def _forbid_host_reads(monkeypatch):
         monkeypatch.setattr(torch.Tensor, attr, refuse)
 
 
-def test_the_sync_probes_catch_a_count_check_on_a_tensor(monkeypatch):
+def test_the_sync_probes_catch_a_count_check_on_a_tensor(monkeypatch, count_host_syncs):
     """Control: the probes below do see the official code's ``if count < threshold`` and the one
     sync this layer does on purpose (reading ``count`` at load time)."""
     count = torch.zeros((), dtype=torch.long)
-    with _HostSyncCounter() as probe:
+    with count_host_syncs() as probe:
         if count < 8:
             pass
     assert probe.syncs == 1
     layer = MeanShiftBias(C, measure_batches=1)
     state = layer.state_dict()
-    with _HostSyncCounter() as probe:
+    with count_host_syncs() as probe:
         layer.load_state_dict(state)
     assert probe.syncs == 1
     with monkeypatch.context() as m:
@@ -177,7 +162,7 @@ def test_the_sync_probes_catch_a_count_check_on_a_tensor(monkeypatch):
             bool(count < 8)
 
 
-def test_no_host_sync_in_forward_once_measured(monkeypatch):
+def test_no_host_sync_in_forward_once_measured(monkeypatch, count_host_syncs):
     torch.manual_seed(0)
     model = rescale_core.create_model("resnet18", scheme="rescale", base_width=8, num_classes=3,
                                       scheme_options={"measure_batches": 2}).train()
@@ -185,7 +170,7 @@ def test_no_host_sync_in_forward_once_measured(monkeypatch):
     for _ in range(2):
         model(x)
     assert not any(m.measuring for m in rescale_core.mean_shift_layers(model))
-    with _HostSyncCounter() as probe:
+    with count_host_syncs() as probe:
         model(x).sum().backward()
         model.eval()
         with torch.no_grad():

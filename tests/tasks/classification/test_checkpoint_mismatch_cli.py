@@ -10,43 +10,20 @@ import pytest
 
 from rescale_tasks.cli import main
 
-RUN = """
-model:
-  class_path: rescale_tasks.classification.module.ClassificationModule
-  init_args:
-    network: cifar_resnet
-    scheme: rescale
-    scheme_options: {measure_batches: 2}
-    network_options: {depth: 8, base_width: 8}
-data:
-  class_path: rescale_tasks.classification.data.DigitsDataModule
-  init_args: {batch_size: 64}
-trainer:
-  max_epochs: 1
-  limit_train_batches: 2
-  limit_val_batches: 1
-  accelerator: cpu
-  devices: 1
-  enable_progress_bar: false
-  enable_model_summary: false
-  logger:
-    class_path: lightning.pytorch.loggers.CSVLogger
-    init_args: {save_dir: logs}
-"""
+CSV = {"logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "logs"}}}
 
 
-def write_config(folder: Path, name: str, old: str = "", new: str = "") -> str:
-    assert old in RUN
-    path = folder / f"{name}.yaml"
-    path.write_text(RUN.replace(old, new, 1))
-    return str(path)
+def write_config(run_config, folder: Path, name: str, **init_args) -> str:
+    """The 2-step rescale run on the digits, with ``init_args`` of the model changed."""
+    init = {"scheme_options": {"measure_batches": 2}, **init_args}
+    return run_config(folder / f"{name}.yaml", model={"init_args": init}, trainer=CSV)
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> tuple[Path, str]:
+def trained(tmp_path_factory, run_config) -> tuple[Path, str]:
     """(folder, checkpoint) of a 2-step rescale run, shared by the tests of this file."""
     folder = tmp_path_factory.mktemp("ckpt")
-    assert main(["fit", "--config", write_config(folder, "rescale"), "--trainer.default_root_dir", str(folder),
+    assert main(["fit", "--config", write_config(run_config, folder, "rescale"), "--trainer.default_root_dir", str(folder),
                  "--trainer.logger.init_args.save_dir", str(folder / "logs")]) == 0
     ckpts = sorted(glob.glob(str(folder / "**" / "*.ckpt"), recursive=True))
     assert ckpts
@@ -59,50 +36,43 @@ def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
 
 
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
-    return lines[0]
-
-
 def test_same_architecture_loads(trained, tmp_path):
     folder, ckpt = trained
     assert main(["validate", "--config", str(folder / "rescale.yaml"), "--ckpt_path", ckpt]) == 0
 
 
-def test_validate_with_a_checkpoint_of_another_scheme(trained, tmp_path, capsys):
+def test_validate_with_a_checkpoint_of_another_scheme(trained, tmp_path, error_line, run_config):
     _, ckpt = trained
-    config = write_config(tmp_path, "bn", "scheme: rescale\n    scheme_options: {measure_batches: 2}", "scheme: bn")
+    config = write_config(run_config, tmp_path, "bn", scheme="bn", scheme_options=None)
     assert main(["validate", "--config", config, "--ckpt_path", ckpt]) == 2
-    line = one_error_line(capsys)
+    line = error_line()
     assert f"checkpoint {ckpt} was saved from network=cifar_resnet, scheme=rescale" in line
     assert "this run builds network=cifar_resnet, scheme=bn" in line and "differ in scheme" in line
     assert "drop --ckpt_path" in line and "rescale_config.yaml" in line
 
 
-def test_fit_with_a_checkpoint_of_another_network(trained, tmp_path, capsys):
+def test_fit_with_a_checkpoint_of_another_network(trained, tmp_path, error_line, run_config):
     _, ckpt = trained
-    assert main(["fit", "--config", write_config(tmp_path, "deeper", "depth: 8", "depth: 14"),
+    assert main(["fit", "--config", write_config(run_config, tmp_path, "deeper", network_options={"depth": 14}),
                  "--ckpt_path", ckpt]) == 2
-    line = one_error_line(capsys)
+    line = error_line()
     assert "network_options={'base_width': 8, 'depth': 8}" in line
     assert "network_options={'base_width': 8, 'depth': 14}" in line and "differ in network_options" in line
 
-    assert main(["fit", "--config", write_config(tmp_path, "vgg", "network: cifar_resnet", "network: vgg11"),
+    assert main(["fit", "--config", write_config(run_config, tmp_path, "vgg", network="vgg11"),
                  "--model.init_args.network_options", "{base_width: 8}", "--ckpt_path", ckpt]) == 2
-    assert "network=cifar_resnet" in (line := one_error_line(capsys)) and "network=vgg11" in line
+    assert "network=cifar_resnet" in (line := error_line()) and "network=vgg11" in line
 
 
-def test_checkpoint_of_another_class_count_fails_when_loading(trained, tmp_path, capsys, data_writers):
+def test_checkpoint_of_another_class_count_fails_when_loading(trained, tmp_path, data_writers, error_line, run_config):
     """num_classes/in_channels come from the data module at instantiation, so the module's
     on_load_checkpoint catches these, before load_state_dict."""
     _, ckpt = trained
     root = data_writers.cifar(tmp_path / "cifar", "cifar100", n_per_file=12, n_test=8).root
-    code = main(["validate", "--config", write_config(tmp_path, "c100"), "--ckpt_path", ckpt,
+    code = main(["validate", "--config", write_config(run_config, tmp_path, "c100"), "--ckpt_path", ckpt,
                  "--data", "rescale_tasks.classification.data.CIFARDataModule", "--data.root", str(root),
                  "--data.variant", "cifar100", "--data.batch_size", "4", "--data.num_workers", "0"])
-    line = one_error_line(capsys)
+    line = error_line()
     assert code == 2
     assert "num_classes=10, in_channels=1" in line and "num_classes=100, in_channels=3" in line
     assert "differ in num_classes, in_channels" in line

@@ -93,45 +93,24 @@ def test_fast_dev_run_mnist_idx_files(mnist_root):
     assert code == 0
 
 
-DIGITS_RUN = """
-model:
-  class_path: rescale_tasks.classification.module.ClassificationModule
-  init_args:
-    network: cifar_resnet
-    scheme: rescale
-    scheme_options: {measure_batches: 3}
-    network_options: {depth: 8, base_width: 8}
-    optimizer:
-      class_path: torch.optim.SGD
-      init_args: {lr: 0.05, momentum: 0.9, weight_decay: 0.0005}
-    lr_scheduler:
-      class_path: rescale_tasks.common.schedules.WarmupCosineLR
-      init_args: {warmup_epochs: 1}
-data:
-  class_path: rescale_tasks.classification.data.DigitsDataModule
-  init_args: {batch_size: 128}
-trainer:
-  max_epochs: 1
-  limit_train_batches: 4
-  limit_val_batches: 2
-  accelerator: cpu
-  devices: 1
-  enable_progress_bar: false
-  log_every_n_steps: 1
-  logger:
-    class_path: rescale_tasks.common.wandb_logger.SuiteWandbLogger
-    init_args: {project: rescale-test, group: digits-test, name: digits-rescale, save_dir: runs}
-"""
+SGD_COSINE = {
+    "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.0005}},
+    "lr_scheduler": {"class_path": "rescale_tasks.common.schedules.WarmupCosineLR", "init_args": {"warmup_epochs": 1}},
+}
 
 
-def _write_config(tmp_path: Path) -> str:
-    path = tmp_path / "digits.yaml"
-    path.write_text(DIGITS_RUN)
-    return str(path)
+@pytest.fixture
+def digits_run(tmp_path, run_config, suite_wandb_logger) -> str:
+    """A 4-step rescale run on the digits, logged to an offline W&B run."""
+    return run_config(tmp_path / "digits.yaml",
+                      model={"init_args": {"scheme_options": {"measure_batches": 3}, **SGD_COSINE}},
+                      data={"init_args": {"batch_size": 128}},
+                      trainer={"limit_train_batches": 4, "limit_val_batches": 2, "log_every_n_steps": 1,
+                               "logger": suite_wandb_logger("rescale-test", "digits-rescale", group="digits-test")})
 
 
-def test_fit_logs_metrics_and_full_config_to_offline_wandb(tmp_path):
-    assert main(["fit", "--config", _write_config(tmp_path)]) == 0
+def test_fit_logs_metrics_and_full_config_to_offline_wandb(digits_run):
+    assert main(["fit", "--config", digits_run]) == 0
     runs = find_offline_runs("runs")
     assert len(runs) == 1
     run = read_offline_run(runs[0])
@@ -148,8 +127,8 @@ def test_fit_logs_metrics_and_full_config_to_offline_wandb(tmp_path):
     assert saved and "DigitsDataModule" in Path(saved[0]).read_text()
 
 
-def test_checkpoint_validate_and_resume(tmp_path):
-    config = _write_config(tmp_path)
+def test_checkpoint_validate_and_resume(digits_run):
+    config = digits_run
     assert main(["fit", "--config", config]) == 0
     last = glob.glob("runs/rescale-test/*/checkpoints/last.ckpt")
     assert len(last) == 1
@@ -180,10 +159,10 @@ def test_checkpoint_validate_and_resume(tmp_path):
     assert len(fits) == 2 and fits[0].run_id == fits[1].run_id  # (validate runs are runs of their own)
 
 
-def test_checkpoints_are_written_atomically_and_loaded_weights_only(tmp_path):
+def test_checkpoints_are_written_atomically_and_loaded_weights_only(digits_run):
     from rescale_tasks.common.checkpointing import AtomicCheckpointIO
 
-    cli = run_lightning(["--config", _write_config(tmp_path)], run=False)
+    cli = run_lightning(["--config", digits_run], run=False)
     assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     import wandb
 

@@ -34,35 +34,17 @@ REPO = HERE.parents[2]
 BIN = Path(sys.executable).parent
 PROBE = "rank_state_probe.SaveRankState"
 
-RUN = """
-model:
-  class_path: rescale_tasks.classification.module.ClassificationModule
-  init_args:
-    network: cifar_resnet
-    scheme: rescale                       # no batch statistics: ranks and runs must agree
-    scheme_options: {measure_batches: 3}
-    network_options: {depth: 8, base_width: 8}
-    optimizer:
-      class_path: torch.optim.SGD
-      init_args: {lr: 0.2, momentum: 0.9, weight_decay: 0.0005}
-    lr_scheduler:
-      class_path: rescale_tasks.common.schedules.WarmupCosineLR
-      init_args: {warmup_epochs: 0.25}
-data:
-  class_path: rescale_tasks.classification.data.DigitsDataModule
-  init_args: {batch_size: 32}
-trainer:
-  max_epochs: 1
-  limit_train_batches: 8
-  accelerator: cpu
-  devices: 1
-  enable_progress_bar: false
-  enable_model_summary: false
-  log_every_n_steps: 1
-  logger:
-    class_path: rescale_tasks.common.wandb_logger.SuiteWandbLogger
-    init_args: {project: rescale-test, name: digits, save_dir: runs}
-"""
+def write_run(path: Path, run_config, suite_wandb_logger) -> str:
+    """8 steps of a rescale network (no batch statistics: ranks and runs must agree) on the digits,
+    validating on the whole val set."""
+    return run_config(path, model={"init_args": {
+        "scheme_options": {"measure_batches": 3},
+        "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.2, "momentum": 0.9, "weight_decay": 0.0005}},
+        "lr_scheduler": {"class_path": "rescale_tasks.common.schedules.WarmupCosineLR",
+                         "init_args": {"warmup_epochs": 0.25}}}},
+        data={"init_args": {"batch_size": 32}},
+        trainer={"limit_train_batches": 8, "limit_val_batches": None, "log_every_n_steps": 1,
+                 "logger": suite_wandb_logger("rescale-test", "digits")})
 
 
 def rescale(args: list[str], cwd: Path, launcher: list[str] = (), timeout: int = 300) -> None:
@@ -102,9 +84,10 @@ def max_difference(a: dict, b: dict, keys) -> float:
 
 @pytest.mark.slow
 @pytest.mark.ddp
-def test_two_process_ddp_matches_one_process_with_the_same_global_batch(tmp_path, monkeypatch):
+def test_two_process_ddp_matches_one_process_with_the_same_global_batch(tmp_path, monkeypatch, run_config,
+                                                                       suite_wandb_logger):
     monkeypatch.chdir(tmp_path)  # the in-process model build below creates its logger's folder
-    (tmp_path / "run.yaml").write_text(RUN)
+    write_run(tmp_path / "run.yaml", run_config, suite_wandb_logger)
     ddp_dir, one_dir = tmp_path / "ddp", tmp_path / "one"
     ddp_dir.mkdir()
     one_dir.mkdir()

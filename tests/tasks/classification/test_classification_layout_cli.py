@@ -29,43 +29,36 @@ def fit(root: Path) -> int:
                  "--trainer.accelerator", "cpu", "--trainer.devices", "1"])
 
 
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
-    return lines[0]
-
-
-def test_images_directly_under_train_without_class_folders(tmp_path, capsys, imagenet_folder):
+def test_images_directly_under_train_without_class_folders(tmp_path, imagenet_folder, error_line):
     flat = tmp_path / "flat"
     for split in ("train", "val"):
         (flat / split).mkdir(parents=True)
         for image in (imagenet_folder / split).rglob("*.JPEG"):
             shutil.copy(image, flat / split / image.name)  # no <class>/ level
     assert fit(flat) == 2
-    line = one_error_line(capsys)
+    line = error_line()
     assert f"No class folders in {flat / 'train'}" in line and "one sub-folder per class" in line
 
 
-def test_missing_val_folder(capsys, imagenet_folder):
+def test_missing_val_folder(imagenet_folder, error_line):
     shutil.rmtree(imagenet_folder / "val")
     assert fit(imagenet_folder) == 2
-    line = one_error_line(capsys)
+    line = error_line()
     assert f"has no val/ sub-folder: expected {imagenet_folder / 'val'}/<class>/<image>" in line
 
 
-def test_root_holding_class_folders_instead_of_splits(capsys, imagenet_folder):
+def test_root_holding_class_folders_instead_of_splits(imagenet_folder, error_line):
     """A common mistake: --data.root pointing at train/ itself."""
     assert fit(imagenet_folder / "train") == 2
-    assert "has no train/ sub-folder" in one_error_line(capsys)
+    assert "has no train/ sub-folder" in error_line()
 
 
-def test_empty_class_folder(capsys, imagenet_folder):
+def test_empty_class_folder(imagenet_folder, error_line):
     for image in (imagenet_folder / "train/n002").iterdir():
         image.unlink()
     (imagenet_folder / "train/n002/notes.txt").write_text("not an image")
     assert fit(imagenet_folder) == 2
-    line = one_error_line(capsys)
+    line = error_line()
     assert f"Class folders without images in {imagenet_folder / 'train'}: n002" in line
     assert "Add image files" in line
 

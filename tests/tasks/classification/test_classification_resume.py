@@ -21,40 +21,6 @@ from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_r
 
 pytestmark = [pytest.mark.slow]
 
-RUN = """
-seed_everything: 7
-model:
-  class_path: rescale_tasks.classification.module.ClassificationModule
-  init_args:
-    network: cifar_resnet
-    scheme: rescale
-    scheme_options: {{measure_batches: 6, conv_dropout: 0.1}}
-    network_options: {{depth: 8, base_width: 8}}
-    mixup_alpha: 0.2
-    optimizer:
-      class_path: torch.optim.SGD
-      init_args: {{lr: 0.05, momentum: 0.9, weight_decay: 0.0005}}
-    lr_scheduler:
-      class_path: rescale_tasks.common.schedules.WarmupCosineLR
-      init_args: {{warmup_epochs: 1}}
-data:
-  class_path: rescale_tasks.classification.data.CIFARDataModule
-  init_args: {{root: {root}, batch_size: 8, num_workers: 1, persistent_workers: false, pin_memory: false}}
-trainer:
-  max_epochs: 3
-  accelerator: cpu
-  devices: 1
-  deterministic: true
-  enable_progress_bar: false
-  log_every_n_steps: 1
-  callbacks:
-    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
-      init_args: {{every_n_train_steps: 2, save_top_k: -1, filename: "{{step:03d}}"}}
-  logger:
-    class_path: rescale_tasks.common.wandb_logger.SuiteWandbLogger
-    init_args: {{project: resume-test, name: {name}, save_dir: {save_dir}}}
-last_checkpoint: {{every_n_train_steps: 2}}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +30,27 @@ def cifar(tmp_path_factory, data_writers):
     return root
 
 
-def _config(folder: Path, root: Path, name: str) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "run.yaml"
-    path.write_text(RUN.format(root=root, name=name, save_dir=folder / "runs"))
-    return path
+def _config(run_config, folder: Path, root: Path, name: str) -> str:
+    """3 epochs x 10 steps on CIFAR pickles, with every random stream in play; a checkpoint
+    every 2 steps (progress markers for the tests) and ``last.ckpt`` every 2 steps."""
+    return run_config(
+        folder / "run.yaml", seed_everything=7,
+        model={"init_args": {
+            "scheme_options": {"measure_batches": 6, "conv_dropout": 0.1}, "mixup_alpha": 0.2,
+            "optimizer": {"class_path": "torch.optim.SGD",
+                          "init_args": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.0005}},
+            "lr_scheduler": {"class_path": "rescale_tasks.common.schedules.WarmupCosineLR",
+                             "init_args": {"warmup_epochs": 1}}}},
+        data={"class_path": "rescale_tasks.classification.data.CIFARDataModule",
+              "init_args": {"root": str(root), "batch_size": 8, "num_workers": 1, "persistent_workers": False,
+                            "pin_memory": False}},
+        trainer={"max_epochs": 3, "limit_train_batches": None, "limit_val_batches": None, "deterministic": True,
+                 "log_every_n_steps": 1,
+                 "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                                "init_args": {"every_n_train_steps": 2, "save_top_k": -1, "filename": "{step:03d}"}}],
+                 "logger": {"class_path": "rescale_tasks.common.wandb_logger.SuiteWandbLogger",
+                            "init_args": {"project": "resume-test", "name": name, "save_dir": str(folder / "runs")}}},
+        last_checkpoint={"every_n_train_steps": 2})
 
 
 def _env():
@@ -118,15 +100,15 @@ def _assert_same_training(a: dict, b: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(cifar, tmp_path_factory):
+def uninterrupted(cifar, tmp_path_factory, run_config):
     cwd = tmp_path_factory.mktemp("uninterrupted")
-    result = _run(["fit", "--config", _config(cwd, cifar, "whole")], cwd)
+    result = _run(["fit", "--config", _config(run_config, cwd, cifar, "whole")], cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     return cwd
 
 
-def test_sigterm_mid_epoch_saves_and_resumes_identically(cifar, uninterrupted, tmp_path):
-    config = _config(tmp_path, cifar, "preempted")
+def test_sigterm_mid_epoch_saves_and_resumes_identically(cifar, uninterrupted, tmp_path, run_config):
+    config = _config(run_config, tmp_path, cifar, "preempted")
     proc = _start_and_signal(["fit", "--config", config], tmp_path, "step=004.ckpt", signal.SIGTERM)
     err = proc.stderr.read()
     lines = [line for line in err.splitlines() if line.startswith("error:")]
@@ -148,8 +130,8 @@ def test_sigterm_mid_epoch_saves_and_resumes_identically(cifar, uninterrupted, t
     assert resumed_val and resumed_val[-1] == whole.metric("val/acc1")[-1]
 
 
-def test_sigkill_resumes_from_the_last_checkpoint_identically(cifar, uninterrupted, tmp_path):
-    config = _config(tmp_path, cifar, "killed")
+def test_sigkill_resumes_from_the_last_checkpoint_identically(cifar, uninterrupted, tmp_path, run_config):
+    config = _config(run_config, tmp_path, cifar, "killed")
     proc = _start_and_signal(["fit", "--config", config], tmp_path, "step=012.ckpt", signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL
     (last,) = glob.glob(str(tmp_path / "runs" / "resume-test" / "*" / "checkpoints" / "last.ckpt"))
@@ -161,12 +143,12 @@ def test_sigkill_resumes_from_the_last_checkpoint_identically(cifar, uninterrupt
     _assert_same_training(_final(uninterrupted), _final(tmp_path))
 
 
-def test_fixed_run_id_and_ckpt_path_last_is_one_command_for_start_and_requeue(cifar, tmp_path, monkeypatch):
+def test_fixed_run_id_and_ckpt_path_last_is_one_command_for_start_and_requeue(cifar, tmp_path, monkeypatch, run_config):
     from rescale_tasks.cli import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
-    config = _config(tmp_path, cifar, "requeued")
+    config = _config(run_config, tmp_path, cifar, "requeued")
     command = ["fit", "--config", str(config), "--trainer.logger.init_args.id", "job42", "--ckpt_path", "last",
                "--trainer.max_epochs", "1"]
     assert main(command) == 0  # nothing to resume yet: starts afresh

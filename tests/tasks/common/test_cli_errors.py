@@ -18,25 +18,6 @@ RESCALE50 = str(REPO / "experiments/imagenet/rescale50.yaml")
 RESNET50_BN = str(REPO / "experiments/imagenet/resnet50_bn.yaml")
 CPU = ["--trainer.accelerator", "cpu", "--trainer.devices", "1"]
 
-DIGITS = """
-model:
-  class_path: rescale_tasks.classification.module.ClassificationModule
-  init_args:
-    network: cifar_resnet
-    scheme: rescale
-    network_options: {depth: 8, base_width: 8}
-data:
-  class_path: rescale_tasks.classification.data.DigitsDataModule
-  init_args: {batch_size: 64}
-trainer:
-  max_epochs: 1
-  limit_train_batches: 2
-  limit_val_batches: 1
-  accelerator: cpu
-  devices: 1
-  enable_progress_bar: false
-  logger: false
-"""
 
 
 @pytest.fixture(autouse=True)
@@ -46,21 +27,17 @@ def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
 
 
-def digits_config(tmp_path: Path, old: str = "", new: str = "") -> str:
-    """The digits run config, with ``old`` replaced by ``new`` (a typo planted in the YAML)."""
-    assert old in DIGITS
-    path = tmp_path / "digits.yaml"
-    path.write_text(DIGITS.replace(old, new, 1))
-    return str(path)
-
-
-def one_error_line(capsys) -> str:
-    """stderr must hold exactly one non-empty line, the error; returns it without ``error: ``."""
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: ") and "Traceback" not in err and "usage:" not in err, err
-    return lines[0][len("error: "):]
+@pytest.fixture
+def digits_config(tmp_path, run_config):
+    """``digits_config(old, new)``: the tiny digits run config with the text ``old`` replaced by
+    ``new`` (a typo planted in the YAML file itself)."""
+    def write(old: str = "", new: str = "") -> str:
+        path = Path(run_config(tmp_path / "digits.yaml"))
+        text = path.read_text()
+        assert old in text
+        path.write_text(text.replace(old, new, 1))
+        return str(path)
+    return write
 
 
 @pytest.mark.parametrize("args,expected", [
@@ -83,9 +60,9 @@ def one_error_line(capsys) -> str:
                                                "importable class"]),
     (["--data.init_args.batch_size", "-1"], ["data.batch_size must be at least 1, got -1."]),
 ])
-def test_bad_override_is_one_line(capsys, args, expected):
+def test_bad_override_is_one_line(args, expected, error_line):
     code = main(["fit", "--config", RESCALE50, *args, *CPU])
-    line = one_error_line(capsys)
+    line = error_line()
     assert code == 2
     for text in expected:
         assert text in line
@@ -96,47 +73,47 @@ def test_bad_override_is_one_line(capsys, args, expected):
     ("    network: cifar_resnet", "    netwrk: cifar_resnet",
      "unknown config key model.init_args.netwrk: ClassificationModule has no parameter 'netwrk'; did you mean "
      "model.init_args.network?"),
-    ("{batch_size: 64}", "{batch_sise: 64}", "did you mean data.init_args.batch_size?"),
+    ("    batch_size: 64", "    batch_sise: 64", "did you mean data.init_args.batch_size?"),
     ("trainer:", "seed: 3\ntrainer:", "unknown config key seed; valid keys: seed_everything, trainer, model, data"),
-    ("{batch_size: 64}", "{batch_size: 0}", "data.batch_size must be at least 1, got 0."),
+    ("    batch_size: 64", "    batch_size: 0", "data.batch_size must be at least 1, got 0."),
 ])
-def test_bad_key_or_value_in_yaml_is_one_line(tmp_path, capsys, old, new, expected):
-    code = main(["fit", "--config", digits_config(tmp_path, old, new)])
-    assert expected in one_error_line(capsys) and code == 2
+def test_bad_key_or_value_in_yaml_is_one_line(digits_config, old, new, expected, error_line):
+    code = main(["fit", "--config", digits_config(old, new)])
+    assert expected in error_line() and code == 2
 
 
-def test_bad_trainer_setting_is_one_line(tmp_path, capsys):
-    code = main(["fit", "--config", digits_config(tmp_path), "--trainer.accelerator", "tpux"])
-    line = one_error_line(capsys)
+def test_bad_trainer_setting_is_one_line(digits_config, error_line):
+    code = main(["fit", "--config", digits_config(), "--trainer.accelerator", "tpux"])
+    line = error_line()
     assert code == 2 and "bad trainer setting" in line and "accelerator='tpux'" in line and "cpu" in line
 
 
-def test_unknown_command_is_one_line(capsys):
+def test_unknown_command_is_one_line(error_line):
     assert main(["fitt", "--config", RESCALE50]) == 2
-    assert one_error_line(capsys) == "unknown command 'fitt'; did you mean fit?"
+    assert error_line() == "unknown command 'fitt'; did you mean fit?"
 
 
 # --- the one-line errors that existed before ------------------------------------------------------
 
-def test_missing_config_file(capsys):
+def test_missing_config_file(error_line):
     assert main(["fit", "--config", "experiments/imagenet/nope.yaml"]) == 2
-    assert one_error_line(capsys).startswith("config file not found: experiments/imagenet/nope.yaml")
+    assert error_line().startswith("config file not found: experiments/imagenet/nope.yaml")
 
 
 @pytest.mark.parametrize("override,expected", [
     (["--model.init_args.network", "resnet5"], "unknown model 'resnet5'. Did you mean resnet50"),
     (["--model.init_args.scheme", "rescal"], "unknown scheme 'rescal'. Did you mean rescale"),
 ])
-def test_unknown_network_or_scheme(capsys, override, expected):
+def test_unknown_network_or_scheme(override, expected, error_line):
     code = main(["fit", "--config", RESNET50_BN, *override, *CPU])
-    line = one_error_line(capsys)
+    line = error_line()
     assert code == 2 and line.startswith("cannot build network") and expected in line
 
 
-def test_missing_data_path(capsys):
+def test_missing_data_path(error_line):
     code = main(["fit", "--config", RESNET50_BN, "--data.root", "/does/not/exist",
                  "--model.init_args.network_options", "{base_width: 8}", "--trainer.logger", "false", *CPU])
-    line = one_error_line(capsys)
+    line = error_line()
     assert code == 2 and line.startswith("ImageNet folder not found: /does/not/exist (data.root)")
 
 

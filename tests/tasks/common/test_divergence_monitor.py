@@ -125,39 +125,18 @@ def test_no_host_sync_per_step_on_cuda():
 
 # --- end to end through the CLI -------------------------------------------------------------------
 
-DIVERGING_RUN = """
-model:
-  class_path: rescale_tasks.classification.module.ClassificationModule
-  init_args:
-    network: cifar_resnet
-    scheme: none
-    network_options: {depth: 8, base_width: 8}
-    optimizer:
-      class_path: torch.optim.SGD
-      init_args: {lr: 1000.0, momentum: 0.9}
-data:
-  class_path: rescale_tasks.classification.data.DigitsDataModule
-  init_args: {batch_size: 128}
-trainer:
-  max_epochs: 1
-  limit_train_batches: 8
-  limit_val_batches: 1
-  accelerator: cpu
-  devices: 1
-  log_every_n_steps: 1
-  enable_progress_bar: false
-  enable_model_summary: false
-  logger:
-    class_path: rescale_tasks.common.wandb_logger.SuiteWandbLogger
-    init_args: {project: rescale-test, name: diverges, save_dir: runs}
-"""
 
 
-def test_cli_run_that_diverges(tmp_path, monkeypatch, capsys):
+def test_cli_run_that_diverges(tmp_path, monkeypatch, capsys, run_config, suite_wandb_logger):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    Path("diverges.yaml").write_text(DIVERGING_RUN)
+    run_config(Path("diverges.yaml"),  # no normalisation and lr 1000: diverges within a few steps
+               model={"init_args": {"scheme": "none", "optimizer": {
+                   "class_path": "torch.optim.SGD", "init_args": {"lr": 1000.0, "momentum": 0.9}}}},
+               data={"init_args": {"batch_size": 128}},
+               trainer={"limit_train_batches": 8, "log_every_n_steps": 1,
+                        "logger": suite_wandb_logger("rescale-test", "diverges")})
     code = main(["fit", "--config", "diverges.yaml"])
     err = capsys.readouterr().err
     # W&B's own start-up notices ("wandb: WARNING ...") are not part of the error report
