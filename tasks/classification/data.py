@@ -21,7 +21,8 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
 from rescale_tasks.common.errors import ConfigError, DataError
-from rescale_tasks.common.sampling import PerSampleSeed, ResumableDataLoader, ResumableSampler
+from rescale_tasks.common.sampling import (PerSampleSeed, ResumableDataLoader, ResumableSampler,
+                                           sigterm_safe_worker_init)
 
 from .datasets import (
     ImageFileDataset, TensorImageDataset, collate_drop_none, find_file, read_cifar_batch,
@@ -85,6 +86,7 @@ class ClassificationDataModule(L.LightningDataModule):
                       pin_memory=self.pin_memory and torch.accelerator.is_available(),
                       persistent_workers=self.persistent_workers and workers > 0,
                       collate_fn=self.collate_fn,
+                      worker_init_fn=sigterm_safe_worker_init() if workers > 0 else None,
                       # a private generator: creating an iterator never draws from the global RNG,
                       # so the training stream (dropout, mixup) is the same after a resume
                       generator=torch.Generator().manual_seed(self.seed))

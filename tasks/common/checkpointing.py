@@ -266,7 +266,7 @@ class LastCheckpoint(L.Callback):
         if not all([m.healthy(trainer, trainer.lightning_module) for m in monitors]):
             return
         self.saved_path = self.path(trainer)
-        trainer.save_checkpoint(self.saved_path)
+        trainer.save_checkpoint(self.saved_path, weights_only=False)  # the full state: a resume point
         self._last_save = time.monotonic()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

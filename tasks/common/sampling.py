@@ -16,7 +16,10 @@ transformed under its own RNG seed derived from ``(seed, epoch, index)``.
 """
 from __future__ import annotations
 
+import atexit
+import multiprocessing
 import random
+import signal
 from typing import Any, Iterator
 
 import numpy as np
@@ -24,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-__all__ = ["ResumableSampler", "ResumableDataLoader", "PerSampleSeed", "sample_seed"]
+__all__ = ["ResumableSampler", "ResumableDataLoader", "PerSampleSeed", "sample_seed", "worker_init", "sigterm_safe_worker_init"]
 
 _MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, epoch, index) over seeds
 
@@ -150,3 +153,38 @@ class PerSampleSeed(Dataset):
         if name == "dataset":
             raise AttributeError(name)
         return getattr(self.dataset, name)
+
+
+def worker_init(worker_id: int) -> None:
+    """DataLoader workers leave SIGTERM to the main process.
+
+    A cluster's preemption signal reaches every process of the job; a worker dying of it would
+    crash the run ("DataLoader worker ... killed by signal") before the main process finishes its
+    step and writes ``last.ckpt``. The main process stops its workers itself when it exits (and
+    workers exit when it dies). Also seeds the worker as Lightning's ``seed_everything(workers=True)``
+    would (augmentation itself is seeded per sample by :class:`PerSampleSeed`).
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from lightning.fabric.utilities.seed import pl_worker_init_function
+
+    pl_worker_init_function(worker_id)
+
+
+def sigterm_safe_worker_init():
+    """:func:`worker_init`, after making sure the main process can still end its workers: at
+    exit, multiprocessing terminates daemonic children with SIGTERM (ignored now) and waits for
+    them; an exit hook registered after it (so run before it) kills them instead."""
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(_kill_daemonic_children)
+        _exit_hook_registered = True
+    return worker_init
+
+
+_exit_hook_registered = False
+
+
+def _kill_daemonic_children() -> None:
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()

@@ -72,15 +72,16 @@ def _run(args, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def _start_and_signal(args, cwd: Path, when: str, sig: int) -> subprocess.Popen:
-    """Start a run, wait until the checkpoint file ``when`` exists, then send ``sig``."""
+    """Start a run, wait until the checkpoint file ``when`` exists, then send ``sig`` to its whole
+    process group (data workers included), as a cluster scheduler does."""
     proc = subprocess.Popen(_rescale(*args, cwd=cwd), cwd=cwd, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 300
     while not glob.glob(str(cwd / "runs" / "resume-test" / "*" / "checkpoints" / when)):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.time() < deadline, "the run made no progress"
         time.sleep(0.05)
-    proc.send_signal(sig)
+    os.killpg(proc.pid, sig)
     proc.wait(timeout=300)
     return proc
 
