@@ -11,8 +11,9 @@ reported as ``median [q1, q3]`` over the repeats.
 - ``measuring``: rescale50's train step during its measuring phase (mean-shift statistics reset
   before each timed step) against its ordinary step, paired.
 - ``channels_last``: BN, floor and rescale50 train steps in channels_last (BN also contiguous).
-- ``compile``: BN, floor and rescale50 train steps under ``torch.compile``; compile time and the
-  number of compiled graphs reported separately (``--no-compile`` skips the section).
+- ``compile``: BN, floor and rescale50 train steps under ``torch.compile`` and rescale50 eager;
+  compile time and the number of compiled graphs reported separately (``--no-compile`` skips
+  the section).
 - ``resnet3d`` / ``transformer``: train (+ memory), eval and, for schemes with mean-shift biases,
   measuring steps of the 3D ResNet and the Transformer against their normalized baselines.
 - ``data``: DataLoader throughput of the classification pipeline (:mod:`benchmarks.data`).
@@ -279,10 +280,11 @@ def section_measuring(settings: Settings) -> SectionResult:
 def variant_suite(suite: Suite, settings: Settings, section: str,
                   variant: Callable[[RunConfig], RunConfig], variant_tag: str,
                   reference: Callable[[RunConfig], RunConfig] | None = None,
-                  reference_tag: str = "") -> tuple[SectionResult, dict[str, Prepared], PairedTimes]:
-    """Baseline, floor and target of ``suite`` in the variant config (and the baseline in the
-    reference config when given), paired; ratios to the baseline in the variant config, to the
-    floor in it and to the reference."""
+                  reference_tag: str = "", reference_model: str | None = None,
+                  ) -> tuple[SectionResult, dict[str, Prepared], PairedTimes]:
+    """Baseline, floor and target of ``suite`` in the variant config (and ``reference_model``,
+    by default the baseline, in the reference config when given), paired; ratios to the
+    baseline in the variant config, to the floor in it and to the reference."""
     base = settings.run_config
     var_cfg = variant(base)
     labels = {suite.baseline: f"{suite.baseline} {variant_tag}", suite.floor: f"{suite.floor} {variant_tag}",
@@ -290,11 +292,11 @@ def variant_suite(suite: Suite, settings: Settings, section: str,
     prepared: dict[str, Prepared] = {}
     ref_name = None
     if reference is not None:
-        ref_cfg = reference(base)
-        ref_name = f"{suite.baseline} {reference_tag}"
-        prepared.update(_prepare_all(suite, [suite.baseline], settings, settings.batch,
-                                     configs={suite.baseline: ref_cfg},
-                                     labels={suite.baseline: ref_name}))
+        ref_model = reference_model or suite.baseline
+        ref_name = f"{ref_model} {reference_tag}"
+        prepared.update(_prepare_all(suite, [ref_model], settings, settings.batch,
+                                     configs={ref_model: reference(base)},
+                                     labels={ref_model: ref_name}))
     prepared.update(_prepare_all(suite, [suite.baseline, suite.floor, suite.target], settings,
                                  settings.batch, configs=dict.fromkeys(labels, var_cfg), labels=labels))
     baseline = labels[suite.baseline]
@@ -305,9 +307,13 @@ def variant_suite(suite: Suite, settings: Settings, section: str,
         row = [name, _ms(paired.seconds(name).median), _ratio(paired.ratio(name)),
                _ratio(paired.ratio(name, labels[suite.floor]))]
         rows.append(row + ([_ratio(paired.ratio(name, ref_name))] if ref_name else []))
-    result.metrics[f"{suite.name}.{section}.vs_baseline.{suite.target}"] = paired.ratio(labels[suite.target])
+    for role in (suite.target, suite.floor):
+        result.metrics[f"{suite.name}.{section}.vs_baseline.{role}"] = paired.ratio(labels[role])
     result.metrics[f"{suite.name}.{section}.vs_floor.{suite.target}"] = paired.ratio(
         labels[suite.target], labels[suite.floor])
+    if ref_name:
+        result.metrics[f"{suite.name}.{section}.vs_reference.{suite.target}"] = paired.ratio(
+            labels[suite.target], ref_name)
     note = (f"batch {settings.batch} x {suite.shape}; {var_cfg.label()}"
             + (f"; reference: {reference(base).label()}" if ref_name else "")
             + f"; {paired.repeats} paired repeats after >= {settings.warmup} warm-up steps each")
@@ -331,13 +337,12 @@ def section_compile(settings: Settings) -> SectionResult:
 
 
 def compile_suite(suite: Suite, settings: Settings, section: str) -> SectionResult:
-    """Baseline, floor and target under torch.compile, paired, with compile time and graph count.
-
-    No eager reference in this paired run (the train section times the eager models): on 2 CPU
-    cores every contender costs about a minute of warm-up and timing on top of its compilation.
-    """
+    """Baseline, floor and target under torch.compile, and the target eager, paired, with
+    compile time and graph count: compiled against compiled, and the target against itself."""
     result, prepared, paired = variant_suite(
-        suite, settings, section, lambda c: replace(c, compile=True), "(compiled)")
+        suite, settings, section, lambda c: replace(c, compile=True), "(compiled)",
+        reference=lambda c: replace(c, compile=False), reference_tag="(eager)",
+        reference_model=suite.target)
     table = result.tables[0]
     table.columns += ["compile s", "graphs"]
     for row in table.rows:

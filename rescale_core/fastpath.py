@@ -36,6 +36,7 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torch.nn.modules import module as _module_mod
 
@@ -44,7 +45,7 @@ from .layers import MeanShiftBias, ScalarBias
 __all__ = ["reference_path", "measuring_step", "has_hooks", "has_hooks_below", "offset_of",
            "is_updating", "is_offset_module", "folds_input_offset", "conv_out_numel",
            "input_offset_bias", "add_bias", "conv_bias", "scaled", "times", "scaled_module",
-           "scale_out", "scale_bias", "shifted_relu", "fused_sequential"]
+           "scale_out", "scale_bias", "shifted_relu", "fused_sequential", "scaled_linear"]
 
 
 # --------------------------------------------------------------- switching paths
@@ -238,16 +239,114 @@ class _ShiftedReLU(torch.autograd.Function):
         return gz, ge
 
 
+class _ShiftedReLUCompiled(torch.autograd.Function):
+    """:class:`_ShiftedReLU` out of place, for ``torch.compile``: the same backward from the
+    output, so inductor keeps ``y`` (which the next conv keeps anyway) instead of a bool mask
+    of ``z > e`` that the autograd of ``where`` would save (an extra buffer per ReLU, and on CPU
+    a mask store several times slower than the ReLU)."""
+
+    @staticmethod
+    def forward(ctx, z: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        y = torch.maximum(z, e)
+        ctx.save_for_backward(y, e)
+        return y
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        y, e = ctx.saved_tensors
+        return torch.ops.aten.threshold_backward(g, y - e, 0), g.sum_to_size(e.shape)
+
+
 def shifted_relu(z: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     """``relu(z - e) + e`` for ``z`` that already contains ``e.detach()`` (identity 2). Works in
     place on ``z`` (a conv output nothing else needs) in eager mode."""
     e = e.to(z.dtype)
     if torch.compiler.is_compiling():
-        ed = e.detach()
-        return torch.where(z > ed, z, ed) + (e - ed)
+        return _ShiftedReLUCompiled.apply(z, e)
     if not (torch.is_grad_enabled() and (z.requires_grad or e.requires_grad)):
         return torch.maximum(z, e, out=z)
     return _ShiftedReLU.apply(z, e)
+
+
+# --------------------------------------------------------------- a linear layer with a multiplier
+def _per_feature(scale, dims: int = 1):
+    """A float stays a float; a tensor becomes one value per output feature, shaped to broadcast
+    over a weight's rows (``dims=2``) or a bias / the last axis of an activation (``dims=1``)."""
+    if not isinstance(scale, torch.Tensor):
+        return scale
+    return scale.reshape((-1,) + (1,) * (dims - 1))
+
+
+def _scale_on_weight(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Scale the weight when it is not larger than the output, else the output (in place)."""
+    return weight.numel() <= x.numel() // x.shape[-1] * weight.shape[0]
+
+
+def _scaled_linear_forward(x, weight, bias, scale):
+    """Into a fresh tensor, not a view of one (the merge adds the skip path to it in place)."""
+    on_weight = _scale_on_weight(x, weight)
+    if on_weight:
+        weight = weight * _per_feature(scale, 2)
+        bias = None if bias is None else bias * _per_feature(scale)
+    y = x.new_empty(x.shape[:-1] + (weight.shape[0],))
+    x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, weight.shape[0])
+    if bias is None:
+        torch.mm(x2, weight.t(), out=y2)
+    else:
+        torch.addmm(bias, x2, weight.t(), out=y2)
+    return y if on_weight else y.mul_(_per_feature(scale))
+
+
+class _ScaledLinear(torch.autograd.Function):
+    """``y = s * (x W^T + b)``, ``s`` a float, a scalar tensor or one per output feature (the
+    Transformer sublayer's ``gain * branch_scale``), saving only ``x``, ``W``, ``b`` and ``s``.
+    Folding ``s`` into a new weight ``s W`` would save that copy for backward, one per sublayer:
+    in a Transformer the weights are larger than a batch's activations, so the copies cost ~20%
+    of a step's memory. With ``G = g^T x`` and ``g_b = sum(g)``, the gradients of the plain
+    layer: ``dW = s G``, ``db = s g_b``, ``ds = sum_i(W * G) + b g_b`` per output feature and
+    ``dx = (s g) W``; ``s`` is applied to the smaller of the weight and the activations."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, scale):
+        if isinstance(scale, torch.Tensor):
+            ctx.save_for_backward(x, weight, bias, scale)
+        else:
+            ctx.save_for_backward(x, weight, bias)
+            ctx.float_scale = scale
+        return _scaled_linear_forward(x, weight, bias, scale)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        x, weight, bias, *rest = ctx.saved_tensors
+        scale = rest[0] if rest else ctx.float_scale
+        need_x, need_w, need_b, need_s = ctx.needs_input_grad
+        gx = gw = gb = gs = None
+        if need_x:
+            gx = (g @ (weight * _per_feature(scale, 2)) if _scale_on_weight(x, weight)
+                  else (g * _per_feature(scale)) @ weight)
+        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+        if need_w or need_s:
+            plain = g2.t() @ x2  # dL/dW of the unscaled layer
+            gw = plain * _per_feature(scale, 2) if need_w else None
+            gs = (weight * plain).sum(1) if need_s else None
+        if bias is not None and (need_b or need_s):
+            plain_b = g2.sum(0)
+            gb = plain_b * _per_feature(scale) if need_b else None
+            gs = gs + bias * plain_b if need_s else None
+        if need_s:
+            gs = gs.sum().reshape(scale.shape) if scale.numel() == 1 else gs.reshape(scale.shape)
+        return gx, gw, gb, gs
+
+
+def scaled_linear(layer: nn.Linear, x: torch.Tensor, scale=None) -> torch.Tensor:
+    """``scale * layer(x)`` for a float, a scalar tensor or one per output feature, without
+    saving a scaled weight copy for backward (:class:`_ScaledLinear`); None: ``layer(x)``."""
+    if scale is None:
+        return layer(x)
+    if not torch.is_grad_enabled():
+        return _scaled_linear_forward(x, layer.weight, layer.bias, scale)
+    return _ScaledLinear.apply(x, layer.weight, layer.bias, scale)
 
 
 # --------------------------------------------------------------- sequential shortcuts

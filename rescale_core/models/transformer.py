@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..blocks import ResidualSublayer
+from ..fastpath import scaled_linear
 from ..layers import make_norm
 from ..registry import register_model
 from ..schemes import Scheme, get_scheme, list_schemes
@@ -90,20 +91,6 @@ class TransformerConfig:
 
 
 # --- attention, feed-forward, embeddings --------------------------------------------------------
-def _scaled_linear(layer: nn.Linear, x: torch.Tensor, scale=None) -> torch.Tensor:
-    """``scale * layer(x)`` with the scale (float, scalar or per-output tensor) folded into the
-    weight and bias: no pass over the activations (the residual fast path)."""
-    if scale is None:
-        return layer(x)
-    if isinstance(scale, torch.Tensor):
-        s = scale.reshape(-1)
-        w = layer.weight * s[:, None]
-    else:
-        s = scale
-        w = layer.weight * s
-    return F.linear(x, w, None if layer.bias is None else layer.bias * s)
-
-
 class MultiheadAttention(nn.Module):
     """Multi-head attention with separate ``q_proj``/``k_proj``/``v_proj``/``out_proj`` layers,
     computed by :func:`torch.nn.functional.scaled_dot_product_attention` (flash / memory-efficient
@@ -162,7 +149,7 @@ class MultiheadAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                              dropout_p=self.dropout if self.training else 0.0,
                                              is_causal=is_causal)
-        return _scaled_linear(self.out_proj, out.transpose(1, 2).flatten(2), out_scale)
+        return scaled_linear(self.out_proj, out.transpose(1, 2).flatten(2), out_scale)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, nhead={self.nhead}, dropout={self.dropout}"
@@ -186,7 +173,7 @@ class FeedForward(nn.Module):
                 fc.bias.zero_()
 
     def forward(self, x: torch.Tensor, out_scale=None) -> torch.Tensor:
-        return _scaled_linear(self.fc2, self.activation_dropout(self.activation(self.fc1(x))), out_scale)
+        return scaled_linear(self.fc2, self.activation_dropout(self.activation(self.fc1(x))), out_scale)
 
 
 class SinusoidalPositions(nn.Module):

@@ -502,6 +502,42 @@ def test_transformer_fused_equals_reference(scheme):
             _assert_same(outs[0], outs[1], F64, f"transformer {scheme} train={train}")
 
 
+@pytest.mark.parametrize("rows", [2, 40])  # the scale on the activations / on the weight
+@pytest.mark.parametrize("scale", ["float", "scalar", "vector"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_scaled_linear_gradients(rows, scale, bias):
+    """``scaled_linear`` is ``s * layer(x)`` with exact gradients for x, W, b and s (gradcheck
+    in float64) on both sides of its weight-or-output choice."""
+    torch.manual_seed(0)
+    layer = nn.Linear(6, 5, bias=bias).double()
+    x = torch.randn(rows, 3, 6, dtype=torch.float64, requires_grad=True)
+    s = {"float": 0.7, "scalar": torch.tensor([0.7], dtype=torch.float64, requires_grad=True),
+         "vector": torch.randn(5, dtype=torch.float64, requires_grad=True)}[scale]
+    params = [x, layer.weight] + ([layer.bias] if bias else []) + ([s] if scale != "float" else [])
+
+    def fn(*args):
+        return fp.scaled_linear(layer, x, s)
+
+    assert torch.autograd.gradcheck(fn, params)
+    torch.testing.assert_close(fp.scaled_linear(layer, x, s), layer(x) * s, **F64)
+    with torch.no_grad():
+        torch.testing.assert_close(fp.scaled_linear(layer, x, s), layer(x) * s, **F64)
+
+
+@pytest.mark.parametrize("rows", [2, 40])
+def test_scaled_linear_saves_no_weight_copy(rows):
+    """Backward keeps only the input, the parameters and the multiplier (no folded weight):
+    the reason a Transformer's gains no longer cost memory."""
+    layer = nn.Linear(6, 5)
+    x = torch.randn(rows, 6, requires_grad=True)
+    gain = torch.full((1,), 0.5, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        fp.scaled_linear(layer, x, gain).sum().backward()
+    allowed = {t.data_ptr() for t in (x, layer.weight, layer.bias, gain)}
+    assert saved and {t.data_ptr() for t in saved} <= allowed
+
+
 def test_sublayer_fused_only_with_known_branches():
     sub = ResidualSublayer(get_scheme("rescale"), 8, nn.Linear(8, 8), 2, 6)
     x = torch.randn(2, 3, 8)
