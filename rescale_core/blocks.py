@@ -67,6 +67,27 @@ class ResidualMerge(nn.Module):
         # alpha * skip folded into the add: one kernel, whatever the scheme
         return torch.add(self.branch_term(branch), skip, alpha=self.skip_scale)
 
+    def result_dtype(self, branch: torch.Tensor, skip: torch.Tensor) -> torch.dtype:
+        """The dtype :meth:`forward` returns: the promotion of both inputs and the merge's
+        parameters. Under autocast a float32 gain makes it float32 while the branch is bf16;
+        the fast path must return the same (a Transformer's residual stream stays float32)."""
+        dtype = torch.promote_types(branch.dtype, skip.dtype)
+        for module in (self.gain, self.bias):
+            if module is not None:
+                for p in module.parameters(recurse=False):
+                    dtype = torch.promote_types(dtype, p.dtype)
+        return dtype
+
+    def fused_add(self, branch: torch.Tensor, skip: torch.Tensor, skip_scale: float) -> torch.Tensor:
+        """``branch + skip_scale * skip`` in :meth:`result_dtype`: in place on ``branch`` (a fresh
+        tensor nothing else holds) when it has that dtype already, else in a new tensor."""
+        dtype = self.result_dtype(branch, skip)
+        if branch.dtype == dtype:
+            return branch.add_(skip, alpha=skip_scale)
+        if skip.dtype != dtype:
+            branch = branch.to(dtype)
+        return torch.add(branch, skip, alpha=skip_scale)  # promotes: computed in ``dtype``
+
     def branch_multiplier(self):
         """``gain * branch_scale`` (a tensor), ``branch_scale`` (a float) or None when it is 1:
         what the fast path folds into the branch's last layer."""
@@ -279,7 +300,7 @@ class ResidualBlock(nn.Module):
                     f = merge.branch_term(post(f))
                 elif merge.bias is not None and drop_active:
                     f = f + fp.scaled(merge.bias.bias, c_out)
-        out = f.add_(skip, alpha=self.merge.skip_scale * c_in / c_out)
+        out = self.merge.fused_add(f, skip, self.merge.skip_scale * c_in / c_out)
         return torch.relu_(self.merge_norm(out))
 
 
@@ -325,4 +346,4 @@ class ResidualSublayer(nn.Module):
         ``out_scale``; dropout commutes with the scaling), then one in-place add of the skip."""
         out = self.fn(self.pre_norm(x), *args, out_scale=self.merge.branch_multiplier(), **kwargs)
         out = self.dropout(out)
-        return self.post_norm(out.add_(x, alpha=self.merge.skip_scale))
+        return self.post_norm(self.merge.fused_add(out, x, self.merge.skip_scale))

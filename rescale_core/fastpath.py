@@ -43,7 +43,7 @@ from torch.nn.modules import module as _module_mod
 from .layers import MeanShiftBias, ScalarBias
 
 __all__ = ["reference_path", "measuring_step", "has_hooks", "has_hooks_below", "offset_of",
-           "is_updating", "is_offset_module", "folds_input_offset", "conv_out_numel",
+           "is_updating", "is_offset_module", "as_promoted", "folds_input_offset", "conv_out_numel",
            "input_offset_bias", "add_bias", "conv_bias", "scaled", "times", "scaled_module",
            "scale_out", "scale_bias", "shifted_relu", "fused_sequential", "scaled_linear"]
 
@@ -191,6 +191,16 @@ def scale_out(weight: torch.Tensor, scale) -> torch.Tensor:
     return weight * scale
 
 
+def as_promoted(x: torch.Tensor, *terms: torch.Tensor | None) -> torch.Tensor:
+    """``x`` in the dtype the reference's ``x + term`` would have: a folded term no longer
+    promotes (under autocast a bf16 conv output plus a float32 offset is float32)."""
+    dtype = x.dtype
+    for t in terms:
+        if t is not None:
+            dtype = torch.promote_types(dtype, t.dtype)
+    return x if dtype == x.dtype else x.to(dtype)
+
+
 def scaled(t: torch.Tensor | None, c: float) -> torch.Tensor | None:
     """``t / c`` (an additive term in activations carried in units of ``c``)."""
     return t if t is None or c == 1.0 else t / c
@@ -283,17 +293,20 @@ def _scale_on_weight(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def _scaled_linear_forward(x, weight, bias, scale):
-    """Into a fresh tensor, not a view of one (the merge adds the skip path to it in place)."""
+    """Into a fresh tensor, not a view of one (the merge adds the skip path to it in place).
+    ``s`` is applied in the parameters' dtype, then the weight cast to ``x.dtype`` (autocast):
+    one rounding, as ``F.linear`` under autocast rounds the unscaled weight."""
     on_weight = _scale_on_weight(x, weight)
     if on_weight:
         weight = weight * _per_feature(scale, 2)
         bias = None if bias is None else bias * _per_feature(scale)
+    weight = weight.to(x.dtype)
     y = x.new_empty(x.shape[:-1] + (weight.shape[0],))
     x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, weight.shape[0])
     if bias is None:
         torch.mm(x2, weight.t(), out=y2)
     else:
-        torch.addmm(bias, x2, weight.t(), out=y2)
+        torch.addmm(bias.to(x.dtype), x2, weight.t(), out=y2)
     return y if on_weight else y.mul_(_per_feature(scale))
 
 
@@ -304,7 +317,9 @@ class _ScaledLinear(torch.autograd.Function):
     in a Transformer the weights are larger than a batch's activations, so the copies cost ~20%
     of a step's memory. With ``G = g^T x`` and ``g_b = sum(g)``, the gradients of the plain
     layer: ``dW = s G``, ``db = s g_b``, ``ds = sum_i(W * G) + b g_b`` per output feature and
-    ``dx = (s g) W``; ``s`` is applied to the smaller of the weight and the activations."""
+    ``dx = (s g) W``; ``s`` is applied to the smaller of the weight and the activations. ``x``
+    may have a lower precision than the parameters (autocast): the products run in ``x``'s
+    dtype, the parameter gradients are formed in the parameters' dtype."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, scale):
@@ -323,15 +338,17 @@ class _ScaledLinear(torch.autograd.Function):
         need_x, need_w, need_b, need_s = ctx.needs_input_grad
         gx = gw = gb = gs = None
         if need_x:
-            gx = (g @ (weight * _per_feature(scale, 2)) if _scale_on_weight(x, weight)
-                  else (g * _per_feature(scale)) @ weight)
+            if _scale_on_weight(x, weight):
+                gx = g @ (weight * _per_feature(scale, 2)).to(g.dtype)
+            else:
+                gx = (g * _per_feature(scale)).to(g.dtype) @ weight.to(g.dtype)
         g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
         if need_w or need_s:
-            plain = g2.t() @ x2  # dL/dW of the unscaled layer
+            plain = (g2.t() @ x2).to(weight.dtype)  # dL/dW of the unscaled layer
             gw = plain * _per_feature(scale, 2) if need_w else None
             gs = (weight * plain).sum(1) if need_s else None
         if bias is not None and (need_b or need_s):
-            plain_b = g2.sum(0)
+            plain_b = g2.sum(0, dtype=bias.dtype)
             gb = plain_b * _per_feature(scale) if need_b else None
             gs = gs + bias * plain_b if need_s else None
         if need_s:
@@ -341,12 +358,22 @@ class _ScaledLinear(torch.autograd.Function):
 
 def scaled_linear(layer: nn.Linear, x: torch.Tensor, scale=None) -> torch.Tensor:
     """``scale * layer(x)`` for a float, a scalar tensor or one per output feature, without
-    saving a scaled weight copy for backward (:class:`_ScaledLinear`); None: ``layer(x)``."""
+    saving a scaled weight copy for backward (:class:`_ScaledLinear`); None: ``layer(x)``.
+    Under autocast the input is cast to the autocast dtype, as ``F.linear`` does."""
     if scale is None:
         return layer(x)
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        x = x.to(torch.get_autocast_dtype(device))
+        with torch.autocast(device, enabled=False):
+            return _apply_scaled_linear(x, layer.weight, layer.bias, scale)
+    return _apply_scaled_linear(x, layer.weight, layer.bias, scale)
+
+
+def _apply_scaled_linear(x, weight, bias, scale):
     if not torch.is_grad_enabled():
-        return _scaled_linear_forward(x, layer.weight, layer.bias, scale)
-    return _ScaledLinear.apply(x, layer.weight, layer.bias, scale)
+        return _scaled_linear_forward(x, weight, bias, scale)
+    return _ScaledLinear.apply(x, weight, bias, scale)
 
 
 # --------------------------------------------------------------- sequential shortcuts

@@ -171,8 +171,9 @@ class ResNet(nn.Module):
         (while measuring, the statistics need the conv output first: added in place)."""
         conv, post = self.conv1, self.bn1
         if isinstance(post, (MeanShiftBias, ScalarBias)) and not fp.is_updating(post):
-            bias = fp.add_bias(conv.bias, fp.offset_of(post))
-            z = conv._conv_forward(x, conv.weight, fp.conv_bias(bias, conv.out_channels))
+            e = fp.offset_of(post)
+            z = conv._conv_forward(x, conv.weight, fp.conv_bias(fp.add_bias(conv.bias, e), conv.out_channels))
+            z = fp.as_promoted(z, e)
         elif isinstance(post, MeanShiftBias):
             z = conv(x)
             e = post.offset(z)
