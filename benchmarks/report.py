@@ -82,8 +82,10 @@ class GoalResult:
         mark = "PASS" if _median(self.value) <= self.threshold else "FAIL"
         if isinstance(self.value, Summary) and self.value.q1 <= self.threshold < self.value.q3:
             mark += " (IQR spans the threshold)"
-        if self.floor is not None and _median(self.floor) > self.threshold:
-            mark += f" (out of reach: the floor itself is {_median(self.floor):.3f})"
+        if self.floor is not None:
+            floor = _median(self.floor)
+            mark += (f" (out of reach: the floor itself is {floor:.3f})" if floor > self.threshold
+                     else f" (floor {floor:.3f})")
         return mark
 
     @property

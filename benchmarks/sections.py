@@ -349,11 +349,12 @@ def compile_suite(suite: Suite, settings: Settings, section: str) -> SectionResu
         p = prepared[row[0]]
         if p.compiled:
             overhead = p.warmup_seconds - p.warmup_steps * paired.seconds(row[0]).median
-            row += [f"{overhead:.1f}", str(p.graphs)]
+            row += [f"{max(overhead, 0.0):.1f}", str(p.graphs)]
         else:
             row += ["-", "-"]
     table.notes.append("compile s: wall time of the warm-up minus its steps at the measured speed "
-                       "(compilation and recompilations); graphs: graphs compiled during warm-up")
+                       "(compilation and recompilations; near 0 when inductor's on-disk cache already "
+                       "holds the kernels); graphs: graphs compiled during warm-up")
     recompiled = [n for n, p in prepared.items() if p.compiled and p.graphs > 1]
     if recompiled:
         table.notes.append(f"recompiled during warm-up: {recompiled}; past torch._dynamo's "

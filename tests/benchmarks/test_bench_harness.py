@@ -157,8 +157,9 @@ def test_goal_marks_follow_the_measured_ratios():
 
 
 def test_goal_marks_name_a_floor_that_misses_the_threshold_itself():
-    """A ratio to the baseline the floor itself misses is marked out of reach (with the floor's
-    figure); the compile goals compare with the compiled floor and with the eager target."""
+    """A ratio to the baseline names the floor's own ratio, and is marked out of reach where the
+    floor itself misses the threshold; the compile goals compare with the compiled floor and
+    with the eager target."""
     key, floor = "resnet50.compile.vs_baseline.rescale50", "resnet50.compile.vs_baseline.floor (no norm)"
     metrics = {key: Summary(0.97, 0.96, 0.98, 5), floor: Summary(0.93, 0.92, 0.94, 5),
                "resnet50.compile.vs_floor.rescale50": Summary(1.03, 1.02, 1.04, 5),
@@ -167,8 +168,8 @@ def test_goal_marks_name_a_floor_that_misses_the_threshold_itself():
     assert marks[key] == "FAIL (out of reach: the floor itself is 0.930)"
     assert marks["resnet50.compile.vs_floor.rescale50"] == "PASS"
     assert marks["resnet50.compile.vs_reference.rescale50"] == "PASS"
-    metrics[floor] = Summary(0.85, 0.84, 0.86, 5)  # a floor that makes it: a plain FAIL
-    assert {r.goal.key: r.status for r in report.evaluate_goals(metrics, "cpu")}[key] == "FAIL"
+    metrics[floor] = Summary(0.85, 0.84, 0.86, 5)  # a floor that makes it: a FAIL, floor named
+    assert {r.goal.key: r.status for r in report.evaluate_goals(metrics, "cpu")}[key] == "FAIL (floor 0.850)"
 
 
 def test_write_results_replaces_only_its_section(tmp_path):
