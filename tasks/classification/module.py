@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
+from ..common.acceleration import as_memory_format, compile_in_place, use_channels_last
 from ..common.checkpoint_compat import check_checkpoint_compatible
 from ..common.networks import create_network, resolved_architecture
 from ..common.optim import build_optimizer
@@ -43,6 +44,9 @@ class ClassificationModule(L.LightningModule):
             ``steps_per_epoch`` and ``max_epochs`` and step every optimizer step.
         label_smoothing, mixup_alpha: regularisers (mixup off when 0).
         norm_weight_decay: weight decay of norm-layer weights (None: the optimizer's).
+        channels_last: weights and input batches in channels_last memory format (faster
+            convolutions on GPUs with bf16 and on many CPUs).
+        compile: ``torch.compile`` the network (in place: checkpoints keep their keys).
     """
 
     def __init__(self, network: str = "resnet50", scheme: Optional[str] = None,
@@ -52,7 +56,8 @@ class ClassificationModule(L.LightningModule):
                  optimizer: OptimizerFactory = _default_sgd,
                  lr_scheduler: Optional[SchedulerFactory] = None,
                  label_smoothing: float = 0.0, mixup_alpha: float = 0.0,
-                 norm_weight_decay: Optional[float] = None) -> None:
+                 norm_weight_decay: Optional[float] = None, channels_last: bool = False,
+                 compile: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         kwargs = dict(network_options or {}, num_classes=num_classes, in_channels=in_channels)
@@ -67,6 +72,9 @@ class ClassificationModule(L.LightningModule):
         self.label_smoothing = label_smoothing
         self.mixup_alpha = mixup_alpha
         self.norm_weight_decay = norm_weight_decay
+        self.memory_format = use_channels_last(self.net) if channels_last else None
+        if compile:
+            compile_in_place(self.net)
         top5 = min(5, num_classes)
         self.train_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
@@ -75,7 +83,7 @@ class ClassificationModule(L.LightningModule):
         self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        return self.net(as_memory_format(x, self.memory_format))
 
     # --- steps ----------------------------------------------------------------------------
     def _mixup(self, x: torch.Tensor, y: torch.Tensor):
