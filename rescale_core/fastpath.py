@@ -227,6 +227,14 @@ def scale_bias(bias: torch.Tensor | None, scale) -> torch.Tensor | None:
 
 
 # --------------------------------------------------------------- the ReLU with an offset
+def _relu_grad_above(g: torch.Tensor, y: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """``g`` where ``y > e``, else 0: ``y - e > 0`` exactly when ``z > e`` (``y == e`` bit for
+    bit otherwise). Two float kernels writing one new buffer (the difference, overwritten by
+    the result): ~10x faster on CPU than a broadcast compare and select."""
+    diff = y - e
+    return torch.ops.aten.threshold_backward.grad_input(g, diff, 0, grad_input=diff)
+
+
 class _ShiftedReLU(torch.autograd.Function):
     """``y = max(z, e)`` in place, with ``z = u + e`` (``e`` entered ``z`` through the previous
     conv's bias, detached): ``y = relu(u) + e``. Backward as the reference ``relu(u) + e``:
@@ -242,9 +250,7 @@ class _ShiftedReLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         y, e = ctx.saved_tensors
-        # g where y > e: y - e > 0 exactly when z > e (y == e bit for bit otherwise); two fast
-        # float kernels, several times faster on CPU than a broadcast compare and a bool multiply
-        gz = torch.ops.aten.threshold_backward(g, y - e, 0) if ctx.needs_input_grad[0] else None
+        gz = _relu_grad_above(g, y, e) if ctx.needs_input_grad[0] else None
         ge = g.sum_to_size(e.shape) if ctx.needs_input_grad[1] else None
         return gz, ge
 
@@ -263,7 +269,7 @@ class _ShiftedReLUCompiled(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        y, e = ctx.saved_tensors
+        y, e = ctx.saved_tensors  # functional ops: inductor fuses them into one kernel
         return torch.ops.aten.threshold_backward(g, y - e, 0), g.sum_to_size(e.shape)
 
 

@@ -104,9 +104,29 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if tmp.exists():
                 tmp.unlink()
         _fsync_dir(target.parent)
+        _remove_stale_temps(target)
 
     def load_checkpoint(self, path, map_location: Any = None, weights_only: Optional[bool] = None) -> dict:
         return safe_load(path, map_location=map_location if map_location is not None else "cpu")
+
+
+def _remove_stale_temps(target: Path) -> None:
+    """Delete ``<target>.tmp-<pid>`` files of writers that no longer run (a run killed with
+    SIGKILL in the middle of a save leaves one; the checkpoint itself was never touched)."""
+    for tmp in target.parent.glob(f"{target.name}.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
 
 
 def _fsync_dir(folder: Path) -> None:

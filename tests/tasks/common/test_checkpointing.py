@@ -32,6 +32,24 @@ def test_save_is_atomic_when_the_writer_crashes(tmp_path, monkeypatch):
     assert int(io.load_checkpoint(target)["step"]) == 1
 
 
+def test_next_save_removes_temps_of_killed_writers(tmp_path):
+    """A writer killed (SIGKILL) mid-save leaves ``last.ckpt.tmp-<pid>``; the next save deletes
+    it when that process is gone, and leaves a live writer's temp alone."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    target = tmp_path / "last.ckpt"
+    stale, live = target.with_name(f"last.ckpt.tmp-{dead}"), target.with_name("last.ckpt.tmp-1")
+    other = target.with_name(f"best.ckpt.tmp-{dead}")  # another file's temp: not ours to judge
+    for p in (stale, live, other):
+        p.write_bytes(b"half a checkpoint")
+    AtomicCheckpointIO().save_checkpoint({"step": torch.tensor(1)}, target)
+    assert not stale.exists() and live.exists() and other.exists()  # pid 1 always runs
+    assert int(safe_load(target)["step"]) == 1
+
+
 class _Payload:
     """Unpickling this would create a file: stands in for arbitrary code in a checkpoint."""
 
