@@ -88,6 +88,16 @@ class ResidualMerge(nn.Module):
             branch = branch.to(dtype)
         return torch.add(branch, skip, alpha=skip_scale)  # promotes: computed in ``dtype``
 
+    def scaled_add(self, branch: torch.Tensor, scale, skip: torch.Tensor, skip_scale: float) -> torch.Tensor:
+        """``scale * branch + skip_scale * skip`` (``scale`` a float or a tensor broadcasting
+        over channels) in :meth:`result_dtype`, laid out as the branch: for a branch whose last
+        weight is larger than its output (two passes over the output beat three over the weight)."""
+        out = branch * scale
+        dtype = self.result_dtype(branch, skip)
+        if out.dtype != dtype:
+            out = out.to(dtype)
+        return out.add_(skip, alpha=skip_scale)
+
     def branch_multiplier(self):
         """``gain * branch_scale`` (a tensor), ``branch_scale`` (a float) or None when it is 1:
         what the fast path folds into the branch's last layer."""
@@ -249,7 +259,7 @@ class ResidualBlock(nn.Module):
             skip = fp.fused_sequential(self.downsample, x, 1.0 / c_in)
         drop_active = self.training and not isinstance(self.drop, nn.Identity)
         m = self.num_convs
-        h, absorbed, f = x, False, x
+        h, absorbed, f, merge_scale = x, False, x, None
         for i in range(1, m + 1):
             conv = getattr(self, f"conv{i}")
             shift = getattr(self, f"shift{i}")
@@ -290,7 +300,9 @@ class ResidualBlock(nn.Module):
                 foldable = isinstance(post, nn.Identity)
                 if foldable:
                     scale = fp.times(merge.branch_multiplier(), c_in / c_out)
-                    if scale is not None:
+                    if scale is not None and merge.bias is None and not fp.folds_output_scale(conv, h):
+                        merge_scale = scale  # the weight is larger than the output: scale there
+                    elif scale is not None:
                         weight, bias = fp.scale_out(weight, scale), fp.scale_bias(bias, scale)
                     if merge.bias is not None and not drop_active:
                         bias = fp.add_bias(bias, fp.scaled(merge.bias.bias, c_out))
@@ -300,7 +312,11 @@ class ResidualBlock(nn.Module):
                     f = merge.branch_term(post(f))
                 elif merge.bias is not None and drop_active:
                     f = f + fp.scaled(merge.bias.bias, c_out)
-        out = self.merge.fused_add(f, skip, self.merge.skip_scale * c_in / c_out)
+        alpha = self.merge.skip_scale * c_in / c_out
+        if merge_scale is not None:
+            out = self.merge.scaled_add(f, merge_scale, skip, alpha)
+        else:
+            out = self.merge.fused_add(f, skip, alpha)
         return torch.relu_(self.merge_norm(out))
 
 

@@ -43,7 +43,7 @@ from torch.nn.modules import module as _module_mod
 from .layers import MeanShiftBias, ScalarBias
 
 __all__ = ["reference_path", "measuring_step", "has_hooks", "has_hooks_below", "offset_of",
-           "is_updating", "is_offset_module", "as_promoted", "folds_input_offset", "conv_out_numel",
+           "is_updating", "is_offset_module", "as_promoted", "folds_input_offset", "folds_output_scale", "conv_out_numel",
            "input_offset_bias", "add_bias", "conv_bias", "scaled", "times", "scaled_module",
            "scale_out", "scale_bias", "shifted_relu", "fused_sequential", "scaled_linear"]
 
@@ -137,6 +137,12 @@ def folds_input_offset(conv: nn.Module, in_numel: int) -> bool:
     when the weight is not larger than the input (the fold costs a few passes over ``W``)."""
     return (isinstance(conv, nn.modules.conv._ConvNd) and _zero_padding(conv)
             and conv.weight.numel() <= in_numel)
+
+
+def folds_output_scale(conv: nn.modules.conv._ConvNd, x: torch.Tensor) -> bool:
+    """Fold a multiplier of this conv's output into its weight (identity 3) when the weight is
+    not larger than the output; else the merge scales the output (small batches, 3D nets)."""
+    return conv.weight.numel() <= conv_out_numel(conv, x)
 
 
 def conv_out_numel(conv: nn.modules.conv._ConvNd, x: torch.Tensor) -> int:
