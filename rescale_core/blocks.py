@@ -223,8 +223,9 @@ class ResidualBlock(nn.Module):
         """The reference function with the folds of :mod:`rescale_core.fastpath`: pre-conv
         offsets into 1x1 convs' biases (1) or across the ReLU before a 3x3 conv (2), Fixup's
         scalar biases and ``gain * branch_scale`` into the conv biases / last conv's weight (3),
-        then ``relu_(f.add_(skip, alpha=skip_scale))``. Measures the mean-shift statistics on
-        the same tensors as the reference (an offset being measured is added, not folded)."""
+        then ``relu_(f.add_(skip, alpha=skip_scale))`` (``f * gain`` first where the last weight is
+        larger than ``f``). Measures the mean-shift statistics on the same tensors as the
+        reference (an offset being measured is added, not folded)."""
         return self._fused(x, 1.0, 1.0)
 
     def carries_scale(self) -> bool:

@@ -18,7 +18,9 @@ checks outputs, gradients and mean-shift state against the reference path):
    conv(x; s W, s b + t)`` for Fixup's scalar biases, the learned gain times ``branch_scale``
    (scalar or per channel) and Fixup's bias after the multiplier. ``dropout(s y) = s dropout(y)``,
    so the multiplier folds under conv dropout too; the additive terms do not (they are added
-   after the dropout as in the reference).
+   after the dropout as in the reference). A multiplier folds only where the weight is not
+   larger than the conv's output (:func:`folds_output_scale`); else the merge scales the output
+   (3D nets at small batches, whose weights outweigh their activations).
 4. ``avgpool(x + e) = avgpool(x) + e`` (RescaleNet's bias before global pooling).
 
 The merge then is one in-place ``add_(skip, alpha=skip_scale)`` on the branch output followed by
