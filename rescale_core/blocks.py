@@ -72,10 +72,10 @@ class ResidualMerge(nn.Module):
         parameters. Under autocast a float32 gain makes it float32 while the branch is bf16;
         the fast path must return the same (a Transformer's residual stream stays float32)."""
         dtype = torch.promote_types(branch.dtype, skip.dtype)
-        for module in (self.gain, self.bias):
-            if module is not None:
-                for p in module.parameters(recurse=False):
-                    dtype = torch.promote_types(dtype, p.dtype)
+        if self.gain is not None:
+            dtype = torch.promote_types(dtype, self.gain.weight.dtype)
+        if self.bias is not None:
+            dtype = torch.promote_types(dtype, self.bias.bias.dtype)
         return dtype
 
     def fused_add(self, branch: torch.Tensor, skip: torch.Tensor, skip_scale: float) -> torch.Tensor:

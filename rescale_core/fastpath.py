@@ -44,7 +44,8 @@ from torch.nn.modules import module as _module_mod
 
 from .layers import MeanShiftBias, ScalarBias
 
-__all__ = ["reference_path", "measuring_step", "has_hooks", "has_hooks_below", "offset_of",
+__all__ = ["reference_path", "measuring_step", "eager_while_measuring", "has_hooks", "has_hooks_in",
+           "has_hooks_below", "offset_of",
            "is_updating", "is_offset_module", "as_promoted", "folds_input_offset", "folds_output_scale", "conv_out_numel",
            "input_offset_bias", "add_bias", "conv_bias", "scaled", "times", "scaled_module",
            "scale_out", "scale_bias", "shifted_relu", "fused_sequential", "scaled_linear"]
@@ -87,6 +88,11 @@ def has_hooks(*modules: nn.Module | None) -> bool:
     return _global_hooks() or any(m is not None and _module_hooks(m) for m in modules)
 
 
+def has_hooks_in(module: nn.Module) -> bool:
+    """Hooks on ``module`` or any of its submodules (or global hooks)."""
+    return _global_hooks() or any(_module_hooks(m) for m in module.modules())
+
+
 def has_hooks_below(module: nn.Module) -> bool:
     """Hooks on any strict submodule of ``module`` (its own hooks fire around its forward)."""
     if _global_hooks():
@@ -112,6 +118,18 @@ def measuring_step(model: nn.Module) -> bool:
         layers = tuple(m for m in model.modules() if isinstance(m, MeanShiftBias))
         model.__dict__["_mean_shift_layers"] = layers
     return any(m._measuring for m in layers)
+
+
+@torch.compiler.disable
+def _eagerly(fn, *args):
+    return fn(*args)
+
+
+def eager_while_measuring(model: nn.Module, fn, *args):
+    """``fn(*args)``, run eagerly under ``torch.compile`` while ``model`` measures mean-shift
+    statistics (the first few steps: compiled code never sees the per-step counters, and the
+    graph is built once measuring is over)."""
+    return _eagerly(fn, *args) if measuring_step(model) else fn(*args)
 
 
 def offset_of(mod: nn.Module, x: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -244,41 +262,32 @@ def _relu_grad_above(g: torch.Tensor, y: torch.Tensor, e: torch.Tensor) -> torch
 
 
 class _ShiftedReLU(torch.autograd.Function):
-    """``y = max(z, e)`` in place, with ``z = u + e`` (``e`` entered ``z`` through the previous
-    conv's bias, detached): ``y = relu(u) + e``. Backward as the reference ``relu(u) + e``:
-    ``du = g * (y > e)`` (ReLU's tie rule: no gradient at 0) and ``de = sum(g)``."""
+    """``y = max(z, e)``, with ``z = u + e`` (``e`` entered ``z`` through the previous conv's
+    bias, detached): ``y = relu(u) + e``. In place on ``z`` in eager mode; out of place under
+    ``torch.compile``, where saving the output keeps inductor from saving a bool mask of
+    ``z > e`` per ReLU (an extra buffer, and on CPU a store several times slower than the
+    ReLU). Backward as the reference ``relu(u) + e``: ``du = g * (y > e)`` (ReLU's tie rule:
+    no gradient at 0) and ``de = sum(g)``."""
 
     @staticmethod
-    def forward(ctx, z: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        torch.maximum(z, e, out=z)
-        ctx.mark_dirty(z)
-        ctx.save_for_backward(z, e)
-        return z
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor):
-        y, e = ctx.saved_tensors
-        gz = _relu_grad_above(g, y, e) if ctx.needs_input_grad[0] else None
-        ge = g.sum_to_size(e.shape) if ctx.needs_input_grad[1] else None
-        return gz, ge
-
-
-class _ShiftedReLUCompiled(torch.autograd.Function):
-    """:class:`_ShiftedReLU` out of place, for ``torch.compile``: the same backward from the
-    output, so inductor keeps ``y`` (which the next conv keeps anyway) instead of a bool mask
-    of ``z > e`` that the autograd of ``where`` would save (an extra buffer per ReLU, and on CPU
-    a mask store several times slower than the ReLU)."""
-
-    @staticmethod
-    def forward(ctx, z: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        y = torch.maximum(z, e)
+    def forward(ctx, z: torch.Tensor, e: torch.Tensor, inplace: bool) -> torch.Tensor:
+        if inplace:
+            y = torch.maximum(z, e, out=z)
+            ctx.mark_dirty(z)
+        else:
+            y = torch.maximum(z, e)
         ctx.save_for_backward(y, e)
+        ctx.inplace = inplace
         return y
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        y, e = ctx.saved_tensors  # functional ops: inductor fuses them into one kernel
-        return torch.ops.aten.threshold_backward(g, y - e, 0), g.sum_to_size(e.shape)
+        y, e = ctx.saved_tensors
+        gz = None
+        if ctx.needs_input_grad[0]:  # functional under compile: inductor fuses it into one kernel
+            gz = _relu_grad_above(g, y, e) if ctx.inplace else torch.ops.aten.threshold_backward(g, y - e, 0)
+        ge = g.sum_to_size(e.shape) if ctx.needs_input_grad[1] else None
+        return gz, ge, None
 
 
 def shifted_relu(z: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
@@ -286,10 +295,10 @@ def shifted_relu(z: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     place on ``z`` (a conv output nothing else needs) in eager mode."""
     e = e.to(z.dtype)
     if torch.compiler.is_compiling():
-        return _ShiftedReLUCompiled.apply(z, e)
+        return _ShiftedReLU.apply(z, e, False)
     if not (torch.is_grad_enabled() and (z.requires_grad or e.requires_grad)):
         return torch.maximum(z, e, out=z)
-    return _ShiftedReLU.apply(z, e)
+    return _ShiftedReLU.apply(z, e, True)
 
 
 # --------------------------------------------------------------- a linear layer with a multiplier

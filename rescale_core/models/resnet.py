@@ -130,15 +130,9 @@ class ResNet(nn.Module):
         return self._head(x, 1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if fp.measuring_step(self):
-            return self._forward_measuring(x)
-        return self._head(*self._features(x))
+        return fp.eager_while_measuring(self, self._forward, x)
 
-    @torch.compiler.disable
-    def _forward_measuring(self, x: torch.Tensor) -> torch.Tensor:
-        """A step that measures mean-shift statistics (the first few): eager under
-        ``torch.compile``, so that compiled code never sees the per-step counters; the compiled
-        graph is built once measuring is over."""
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._head(*self._features(x))
 
     def _features(self, x: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -152,7 +146,7 @@ class ResNet(nn.Module):
         c = 1.0
         for name in self.stage_names:
             stage = getattr(self, name)
-            if not self.fused or fp.has_hooks(stage) or fp.has_hooks_below(stage):
+            if not self.fused or fp.has_hooks_in(stage):
                 x, c = (x if c == 1.0 else x * c), 1.0
                 x = stage(x)
                 continue

@@ -84,17 +84,10 @@ class VGG(nn.Module):
         self.fused = True  # fast path (same function); False: the reference path
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if fp.measuring_step(self):
-            return self._forward_measuring(x)
-        return self._forward(x)
-
-    @torch.compiler.disable
-    def _forward_measuring(self, x: torch.Tensor) -> torch.Tensor:
-        """Steps that measure mean-shift statistics run eagerly under ``torch.compile``."""
-        return self._forward(x)
+        return fp.eager_while_measuring(self, self._forward, x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused and not fp.has_hooks(self.features) and not fp.has_hooks_below(self.features):
+        if self.fused and not fp.has_hooks_in(self.features):
             x = self._features_fused(x)
         else:
             x = self.features(x)

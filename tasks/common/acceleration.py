@@ -35,7 +35,7 @@ def use_channels_last(net: nn.Module) -> torch.memory_format:
 
 def as_memory_format(x: torch.Tensor, fmt: torch.memory_format | None) -> torch.Tensor:
     """``x`` in ``fmt`` when it has that format's rank (a batch of images or clips), else ``x``."""
-    if fmt is None or x.dim() != {torch.channels_last: 4, torch.channels_last_3d: 5}[fmt]:
+    if fmt is None or _FORMATS.get(x.dim()) != fmt:
         return x
     return x.contiguous(memory_format=fmt)
 
