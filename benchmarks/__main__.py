@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         goal_table.notes.insert(0, "--quick smoke run (tiny inputs, 2 repeats): the marks mean nothing here")
     print(report.footer_text(results, goal_table), flush=True)
     if args.markdown:
-        report.write_results(args.markdown, report.render_markdown(env, results, goal_table))
+        tag = report.results_tag(settings)
+        report.write_results(args.markdown, report.render_markdown(env, results, goal_table, tag), tag)
         print(f"\nresults written to {args.markdown}", flush=True)
     return 1 if any(r.error for r in results) else 0
 

@@ -41,9 +41,25 @@ from .timing import Summary
 __all__ = ["THRESHOLDS", "Goal", "GoalResult", "goals", "evaluate_goals", "environment",
            "format_table", "markdown_table", "goals_table", "header_text", "section_text",
            "footer_text", "render_text", "render_markdown", "write_results",
-           "BEGIN", "END"]
+           "BEGIN", "END", "markers", "results_tag"]
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def markers(tag: str = "") -> tuple[str, str]:
+    """The begin/end markers of one results section of RESULTS.md. The CPU run owns the plain
+    markers; a GPU run writes its own section (``tag`` e.g. ``cuda-bf16``) next to it, so a GPU
+    run never replaces the CPU figures and vice versa."""
+    if not tag:
+        return BEGIN, END
+    return f"<!-- bench:begin {tag} -->", f"<!-- bench:end {tag} -->"
+
+
+def results_tag(settings: Settings) -> str:
+    """'' on CPU; ``cuda-bf16`` / ``cuda-fp32`` on a GPU (one section per autocast setting)."""
+    if settings.device.type == "cpu":
+        return ""
+    return f"{settings.device.type}-{'bf16' if settings.amp_dtype == torch.bfloat16 else 'fp32'}"
 
 # (cpu, cuda) thresholds on medians of paired ratios
 THRESHOLDS = {
@@ -287,8 +303,11 @@ def render_text(env: list[tuple[str, str]], results: list[SectionResult], goal_t
                       footer_text(results, goal_table)])
 
 
-def render_markdown(env: list[tuple[str, str]], results: list[SectionResult], goal_table: Table) -> str:
-    out = [BEGIN, f"## Results of {dict(env)['date']}", "", "| | |", "|---|---|"]
+def render_markdown(env: list[tuple[str, str]], results: list[SectionResult], goal_table: Table,
+                    tag: str = "") -> str:
+    begin, end = markers(tag)
+    title = f"{tag} results" if tag else "Results"
+    out = [begin, f"## {title} of {dict(env)['date']}", "", "| | |", "|---|---|"]
     out += [f"| {k} | {_md_cell(v)} |" for k, v in env]
     out += ["", markdown_table(goal_table)]
     for res in results:
@@ -296,7 +315,7 @@ def render_markdown(env: list[tuple[str, str]], results: list[SectionResult], go
             out += ["", f"**{res.name} failed:** {res.error}"]
         for t in res.tables:
             out += ["", markdown_table(t)]
-    out += ["", times_line(results).capitalize(), END]
+    out += ["", times_line(results).capitalize(), end]
     return "\n".join(out) + "\n"
 
 
@@ -309,11 +328,13 @@ kept. See `benchmarks/__init__.py` and `python -m benchmarks --help` for what is
 """
 
 
-def write_results(path: str | Path, markdown: str) -> None:
-    """Replace the results section of ``path`` (between the markers), keeping the rest."""
+def write_results(path: str | Path, markdown: str, tag: str = "") -> None:
+    """Replace the results section ``tag`` of ``path`` (between its markers), keeping the rest
+    (the other devices' sections included); append it when it is not there yet."""
     path = Path(path)
     text = path.read_text() if path.exists() else _INTRO
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
+    begin, end = markers(tag)
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.S)
     if pattern.search(text):
         text = pattern.sub(lambda _m: markdown, text, count=1)
     else:

@@ -54,7 +54,7 @@ class ResidualMerge(nn.Module):
 
     def branch_term(self, branch: torch.Tensor) -> torch.Tensor:
         if self.gain is not None:
-            out = branch * (self.gain.weight * self.branch_scale)
+            out = branch * (self.gain.weight * self.branch_scale).to(branch.dtype)
         elif self.branch_scale != 1.0:
             out = branch * self.branch_scale
         else:
@@ -67,16 +67,12 @@ class ResidualMerge(nn.Module):
         # alpha * skip folded into the add: one kernel, whatever the scheme
         return torch.add(self.branch_term(branch), skip, alpha=self.skip_scale)
 
-    def result_dtype(self, branch: torch.Tensor, skip: torch.Tensor) -> torch.dtype:
-        """The dtype :meth:`forward` returns: the promotion of both inputs and the merge's
-        parameters. Under autocast a float32 gain makes it float32 while the branch is bf16;
-        the fast path must return the same (a Transformer's residual stream stays float32)."""
-        dtype = torch.promote_types(branch.dtype, skip.dtype)
-        if self.gain is not None:
-            dtype = torch.promote_types(dtype, self.gain.weight.dtype)
-        if self.bias is not None:
-            dtype = torch.promote_types(dtype, self.bias.bias.dtype)
-        return dtype
+    @staticmethod
+    def result_dtype(branch: torch.Tensor, skip: torch.Tensor) -> torch.dtype:
+        """The dtype :meth:`forward` returns: the promotion of its two inputs (the gain and bias
+        act in the branch's dtype). Under autocast a ResNet's stream stays bf16, as a BN
+        ResNet's does; a Transformer's stays float32 (float32 embeddings plus bf16 branches)."""
+        return torch.promote_types(branch.dtype, skip.dtype)
 
     def fused_add(self, branch: torch.Tensor, skip: torch.Tensor, skip_scale: float) -> torch.Tensor:
         """``branch + skip_scale * skip`` in :meth:`result_dtype`: in place on ``branch`` (a fresh
@@ -92,18 +88,19 @@ class ResidualMerge(nn.Module):
         """``scale * branch + skip_scale * skip`` (``scale`` a float or a tensor broadcasting
         over channels) in :meth:`result_dtype`, laid out as the branch: for a branch whose last
         weight is larger than its output (two passes over the output beat three over the weight)."""
-        out = branch * scale
+        out = branch * (scale.to(branch.dtype) if isinstance(scale, torch.Tensor) else scale)
         dtype = self.result_dtype(branch, skip)
         if out.dtype != dtype:
             out = out.to(dtype)
         return out.add_(skip, alpha=skip_scale)
 
-    def branch_multiplier(self):
-        """``gain * branch_scale`` (a tensor), ``branch_scale`` (a float) or None when it is 1:
-        what the fast path folds into the branch's last layer."""
+    def branch_multiplier(self, factor: float = 1.0):
+        """``gain * branch_scale * factor`` (a tensor, one kernel), ``branch_scale * factor`` (a
+        float) or None when it is 1: what the fast path folds into the branch's last layer."""
+        scale = self.branch_scale * factor
         if self.gain is not None:
-            return self.gain.weight * self.branch_scale
-        return self.branch_scale if self.branch_scale != 1.0 else None
+            return self.gain.weight * scale
+        return scale if scale != 1.0 else None
 
     def extra_repr(self) -> str:
         return f"k={self.k}, L={self.L}, skip_scale={self.skip_scale:.4f}, branch_scale={self.branch_scale:.4f}"
@@ -275,7 +272,7 @@ class ResidualBlock(nn.Module):
                         if fp.folds_input_offset(conv, h.numel()):
                             bias = fp.add_bias(bias, fp.input_offset_bias(weight, e, conv.groups))
                         else:
-                            h = h + e
+                            h = h + e.to(h.dtype)
             absorbed = False
             plain_post = isinstance(post, (nn.Identity, ScalarBias))
             if i < m:
@@ -300,7 +297,7 @@ class ResidualBlock(nn.Module):
                 merge = self.merge
                 foldable = isinstance(post, nn.Identity)
                 if foldable:
-                    scale = fp.times(merge.branch_multiplier(), c_in / c_out)
+                    scale = merge.branch_multiplier(c_in / c_out)
                     if scale is not None and merge.bias is None and not fp.folds_output_scale(conv, h):
                         merge_scale = scale  # the weight is larger than the output: scale there
                     elif scale is not None:
@@ -312,7 +309,7 @@ class ResidualBlock(nn.Module):
                 if not foldable:  # a norm layer: only with c_in == c_out == 1
                     f = merge.branch_term(post(f))
                 elif merge.bias is not None and drop_active:
-                    f = f + fp.scaled(merge.bias.bias, c_out)
+                    f = f + fp.scaled(merge.bias.bias, c_out).to(f.dtype)
         alpha = self.merge.skip_scale * c_in / c_out
         if merge_scale is not None:
             out = self.merge.scaled_add(f, merge_scale, skip, alpha)

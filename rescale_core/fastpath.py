@@ -46,8 +46,8 @@ from .layers import MeanShiftBias, ScalarBias
 
 __all__ = ["reference_path", "measuring_step", "eager_while_measuring", "has_hooks", "has_hooks_in",
            "has_hooks_below", "offset_of",
-           "is_updating", "is_offset_module", "as_promoted", "folds_input_offset", "folds_output_scale", "conv_out_numel",
-           "input_offset_bias", "add_bias", "conv_bias", "scaled", "times", "scaled_module",
+           "is_updating", "is_offset_module", "folds_input_offset", "folds_output_scale", "conv_out_numel",
+           "input_offset_bias", "add_bias", "conv_bias", "scaled", "scaled_module",
            "scale_out", "scale_bias", "shifted_relu", "fused_sequential", "scaled_linear"]
 
 
@@ -217,26 +217,9 @@ def scale_out(weight: torch.Tensor, scale) -> torch.Tensor:
     return weight * scale
 
 
-def as_promoted(x: torch.Tensor, *terms: torch.Tensor | None) -> torch.Tensor:
-    """``x`` in the dtype the reference's ``x + term`` would have: a folded term no longer
-    promotes (under autocast a bf16 conv output plus a float32 offset is float32)."""
-    dtype = x.dtype
-    for t in terms:
-        if t is not None:
-            dtype = torch.promote_types(dtype, t.dtype)
-    return x if dtype == x.dtype else x.to(dtype)
-
-
 def scaled(t: torch.Tensor | None, c: float) -> torch.Tensor | None:
     """``t / c`` (an additive term in activations carried in units of ``c``)."""
     return t if t is None or c == 1.0 else t / c
-
-
-def times(scale, c: float):
-    """``scale * c`` for a multiplier that may be None (1), a float or a tensor."""
-    if c == 1.0:
-        return scale
-    return c if scale is None else scale * c
 
 
 def scaled_module(mod: nn.Module, x: torch.Tensor, c: float) -> torch.Tensor:
@@ -410,7 +393,7 @@ def fused_sequential(seq: nn.Sequential, x: torch.Tensor, scale: float = 1.0) ->
     for mod in seq:
         if isinstance(mod, (MeanShiftBias, ScalarBias)):
             if pending is not None:
-                x, pending = x + pending, None
+                x, pending = x + pending.to(x.dtype), None
             pending = scaled(offset_of(mod, x), c)
         elif pending is not None and folds_input_offset(mod, x.numel()):
             bias = add_bias(scaled(mod.bias, c), input_offset_bias(mod.weight, pending, mod.groups))
@@ -418,9 +401,9 @@ def fused_sequential(seq: nn.Sequential, x: torch.Tensor, scale: float = 1.0) ->
             pending = None
         else:
             if pending is not None:
-                x, pending = x + pending, None
+                x, pending = x + pending.to(x.dtype), None
             if c != 1.0 and isinstance(mod, nn.modules.conv._ConvNd) and mod.bias is not None:
                 x = mod._conv_forward(x, mod.weight, mod.bias / c)
             else:
                 x = mod(x)
-    return x if pending is None else x + pending
+    return x if pending is None else x + pending.to(x.dtype)

@@ -7,6 +7,12 @@
   multipliers (scalar or per-channel) of RescaleNet, SkipInit, Fixup and ReZero.
 - :func:`make_norm`, :func:`conv_nd`: factories so one block serves 1D/2D/3D and every norm.
 
+Under autocast these layers act in the dtype of the activation they receive (their float32
+parameters are cast to it, as autocast casts a convolution's weight and bias, and as a BatchNorm
+returns its input's dtype): a bf16 stream stays bf16 instead of being promoted to float32 by a
+float32 offset or gain, which would double the bytes of every later elementwise pass and add a
+cast before every convolution.
+
 Deviations from the official RescaleNet code (hukkai/rescaling, ``models/layers.py``):
 
 - the measuring counter advances only in training mode with gradients enabled, so
@@ -105,18 +111,18 @@ class MeanShiftBias(nn.Module):
         return self.bias * self.measure_bias_scale - self.mu0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.offset(x)
+        return x + self.offset(x).to(x.dtype)
 
     @torch.compiler.disable
     @torch.no_grad()
     def _update(self, x: torch.Tensor) -> None:
-        mean = x.mean(dim=self._reduce_dims, keepdim=True).to(self.mu0.dtype)
+        mean = x.mean(dim=self._reduce_dims, keepdim=True, dtype=self.mu0.dtype)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(mean, op=dist.ReduceOp.SUM)
             mean /= dist.get_world_size()
         self._count += 1
-        # Running mean over the measured batches: mu0 <- mu0 + (m - mu0) / n.
-        self.mu0.add_((mean - self.mu0) / self._count)
+        # Running mean over the measured batches: mu0 <- mu0 + (m - mu0) / n (one kernel each)
+        self.mu0.lerp_(mean, 1.0 / self._count)
         self.count.fill_(self._count)
 
     def finish_measuring(self) -> None:
@@ -149,7 +155,7 @@ class ScalarBias(nn.Module):
         self.bias = nn.Parameter(torch.zeros(1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.bias
+        return x + self.bias.to(x.dtype)
 
 
 class Gain(nn.Module):
@@ -160,7 +166,7 @@ class Gain(nn.Module):
         self.weight = nn.Parameter(torch.full(shape, float(init)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.weight
+        return x * self.weight.to(x.dtype)
 
 
 def make_norm(kind: str | None, num_channels: int, spatial_dims: int = 2,

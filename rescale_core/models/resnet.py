@@ -167,11 +167,10 @@ class ResNet(nn.Module):
         if isinstance(post, (MeanShiftBias, ScalarBias)) and not fp.is_updating(post):
             e = fp.offset_of(post)
             z = conv._conv_forward(x, conv.weight, fp.conv_bias(fp.add_bias(conv.bias, e), conv.out_channels))
-            z = fp.as_promoted(z, e)
         elif isinstance(post, MeanShiftBias):
             z = conv(x)
             e = post.offset(z)
-            z = z.add_(e)
+            z = z.add_(e.to(z.dtype))
         else:
             z = post(conv(x))
         return torch.relu_(z)
@@ -188,7 +187,7 @@ class ResNet(nn.Module):
             if c != 1.0:
                 x = x * c
             if e is not None:
-                x = x + e.reshape(1, -1)
+                x = x + e.reshape(1, -1).to(x.dtype)
         else:
             if c != 1.0:
                 x = x * c

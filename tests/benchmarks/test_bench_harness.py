@@ -182,6 +182,18 @@ def test_write_results_replaces_only_its_section(tmp_path):
     assert text.count(report.BEGIN) == 1
 
 
+def test_gpu_results_sit_next_to_the_cpu_results(tmp_path):
+    path = tmp_path / "RESULTS.md"
+    begin, end = report.markers("cuda-bf16")
+    report.write_results(path, f"{report.BEGIN}\ncpu figures\n{report.END}\n")
+    report.write_results(path, f"{begin}\ngpu first\n{end}\n", "cuda-bf16")
+    report.write_results(path, f"{begin}\ngpu second\n{end}\n", "cuda-bf16")
+    report.write_results(path, f"{report.BEGIN}\ncpu again\n{report.END}\n")
+    text = path.read_text()
+    assert "cpu again" in text and "gpu second" in text and "first" not in text and "cpu figures" not in text
+    assert text.count(begin) == 1 and text.count(report.BEGIN) == 1
+
+
 def test_command_line_quick_run(tmp_path):
     out = tmp_path / "RESULTS.md"
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}

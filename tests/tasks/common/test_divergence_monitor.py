@@ -47,11 +47,12 @@ def loader(n: int = 64) -> DataLoader:
     return DataLoader(TensorDataset(torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)), batch_size=4)
 
 
-def fit(module: L.LightningModule, monitor: DivergenceMonitor, max_steps: int = 16, accelerator: str = "cpu"):
+def fit(module: L.LightningModule, monitor: DivergenceMonitor, max_steps: int = 16, accelerator: str = "cpu",
+        samples: int = 64):
     trainer = L.Trainer(max_steps=max_steps, accelerator=accelerator, devices=1, callbacks=[monitor], logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         num_sanity_val_steps=0)
-    trainer.fit(module, loader())
+    trainer.fit(module, loader(samples))
     return trainer
 
 
@@ -119,7 +120,7 @@ class _NoSyncMonitor(DivergenceMonitor):
 def test_no_host_sync_per_step_on_cuda():
     monitor = _NoSyncMonitor()  # default interval on an accelerator: 25
     with pytest.raises(TrainingDiverged, match="at step 30 "):
-        fit(BreaksAt(30), monitor, max_steps=64, accelerator="gpu")
+        fit(BreaksAt(30), monitor, max_steps=64, accelerator="gpu", samples=4 * 64)  # one epoch: no epoch-end read
     assert monitor.reads == 2 and monitor.diverged_at == 30  # after steps 25 and 50 only
 
 
