@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suite", choices=["resnet50", "resnet3d", "transformer"], default="resnet50")
     p.add_argument("--contenders", nargs="+", default=None, help="contender names (default: all)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="cuda autocast dtype (default bf16)")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
+                   help="autocast dtype (default: bf16 on cuda, fp32 on cpu; bf16 on cpu counts the casts)")
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--compile", action="store_true")
     p.add_argument("--batch", type=int, default=None, help="ResNet-50 batch (cpu 16, cuda 128)")
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     if gpu:
         torch.backends.cudnn.benchmark = True
     args.batch = args.batch or (128 if gpu else 16)
-    amp = torch.bfloat16 if gpu and (args.dtype or "bf16") == "bf16" else None
+    amp = torch.bfloat16 if (args.dtype or ("bf16" if gpu else "fp32")) == "bf16" else None
     config = RunConfig(device, amp, gpu if args.channels_last is None else args.channels_last, args.compile)
     suite, batch = _suite(args.suite, args)
     names = args.contenders or [c.name for c in suite.contenders]
@@ -122,9 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.trace_dir:
             prof.export_chrome_trace(f"{args.trace_dir}/{re.sub(r'[^A-Za-z0-9]+', '_', name)}.json")
         total, cats, top = kernel_table(prof.key_averages(), args.steps, device.type, args.top)
-        summary.append((name, wall, total, cats))
-        print(f"\n== {name}: {wall:.2f} ms wall, {total:.2f} ms {'kernel' if gpu else 'CPU self'} time "
-              f"per train step (batch {batch}, {config.label()})")
+        calls = sum(c for _, c, _ in kernel_table(prof.key_averages(), args.steps, device.type, 10**9)[2])
+        summary.append((name, wall, total, calls, cats))
+        print(f"\n== {name}: {wall:.2f} ms wall, {total:.2f} ms {'kernel' if gpu else 'CPU self'} time, "
+              f"{calls:.0f} {'kernel launches' if gpu else 'op calls'} per train step (batch {batch}, {config.label()})")
         print("   " + ", ".join(f"{c} {ms:.2f}" for c, ms in sorted(cats.items(), key=lambda kv: -kv[1])))
         for ms, calls, kname in top:
             print(f"  {ms:8.3f} ms {calls:6.1f}x  [{categorize(kname)}] {kname[:110]}")
@@ -132,10 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         if gpu:
             torch.cuda.empty_cache()
     cats_all = sorted({c for *_, cats in summary for c in cats})
-    print("\nms per train step: wall (unprofiled), summed kernel time and its categories")
-    print(f"{'contender':<22}{'wall':>9}{'kernels':>9}" + "".join(f"{c:>14}" for c in cats_all))
-    for name, wall, total, cats in summary:
-        print(f"{name:<22}{wall:9.2f}{total:9.2f}" + "".join(f"{cats.get(c, 0.0):14.2f}" for c in cats_all))
+    print("\nper train step: wall ms (unprofiled), summed kernel ms, calls, and ms by category")
+    print(f"{'contender':<22}{'wall':>9}{'kernels':>9}{'calls':>7}" + "".join(f"{c:>14}" for c in cats_all))
+    for name, wall, total, calls, cats in summary:
+        print(f"{name:<22}{wall:9.2f}{total:9.2f}{calls:7.0f}" + "".join(f"{cats.get(c, 0.0):14.2f}" for c in cats_all))
     return 0
 
 
