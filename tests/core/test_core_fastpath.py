@@ -497,12 +497,12 @@ def test_bf16_autocast_fast_path_matches_reference(name, scheme, fmt):
     the skip path in the reference's dtype, the same
     measuring state, and outputs and float32 gradients of every parameter about as close to a
     float32 run as the reference path's under the same autocast. Not closer than that: bf16
-    rounding alone moves some gradients of these small randomised nets by 10-60%, and the fast
-    path keeps a branch's activations (and their gradients) in bf16 between its convolutions,
-    as an autocast BN ResNet does, where the reference's float32 offsets promote them to
-    float32; its errors per parameter are up to ~7x the reference's (0.38 against 0.06 on a
-    bias whose gradient is a sum with heavy cancellation), over all gradients together about
-    the reference's. A wrong fold, scale or dtype errs by O(1)."""
+    rounding alone moves some gradients of these small randomised nets by 10-60%, and the two
+    paths round in different places (the fast path folds offsets into float32 conv biases that
+    autocast casts once, the reference adds them in bf16); per parameter the fast path's errors
+    may be a few times the reference's on a bias whose gradient is a sum with heavy
+    cancellation, over all gradients together about the reference's. A wrong fold, scale or
+    dtype errs by O(1)."""
     if name.startswith("transformer"):
         torch.manual_seed(0)
         model = rescale_core.create_model(name, scheme=scheme, src_vocab_size=40, dropout=0.0,
