@@ -124,7 +124,10 @@ class PerSampleSeed(Dataset):
 
     The RNG state of the calling process (main or worker) is saved and restored around each
     sample, so the training loop's own random stream (dropout, mixup) is never disturbed and a
-    sample's augmentation does not depend on which worker loads it or when.
+    sample's augmentation does not depend on which worker loads it or when. Only the CPU
+    generator is seeded (augmentation runs on the CPU): ``torch.manual_seed`` would also reseed
+    every CUDA generator, which is not restored, so with ``num_workers=0`` on a GPU dropout and
+    mixup would draw the same device numbers at every step.
     """
 
     def __init__(self, dataset: Dataset) -> None:
@@ -138,7 +141,7 @@ class PerSampleSeed(Dataset):
             return self.dataset[key]
         index, seed = key
         torch_state, py_state, np_state = torch.get_rng_state(), random.getstate(), np.random.get_state()
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)  # the CPU stream only, never the CUDA ones
         random.seed(seed)
         np.random.seed(seed % (2**32))
         try:

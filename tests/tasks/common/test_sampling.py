@@ -1,6 +1,7 @@
 """The resumable training order: seeded per epoch, sharded over ranks, resumable mid-epoch."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
@@ -97,3 +98,28 @@ def test_sample_seed_is_stable_and_spread():
     assert sample_seed(0, 1, 2) == sample_seed(0, 1, 2)
     seeds = {sample_seed(s, e, i) for s in range(3) for e in range(3) for i in range(50)}
     assert len(seeds) == 450 and all(0 <= s < 2**63 for s in seeds)
+
+
+def test_per_sample_seed_leaves_the_device_generators_alone(monkeypatch):
+    """Only the CPU generator is seeded per sample: reseeding CUDA (what ``torch.manual_seed``
+    does) would restart the training loop's device random stream at every batch."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a per-sample seed reseeded the CUDA generators")
+
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", forbidden)
+    monkeypatch.setattr(torch.cuda, "manual_seed", forbidden)
+    data = PerSampleSeed(_Noisy())
+    before = torch.get_rng_state()
+    first, again = data[(3, 11)], data[(3, 11)]
+    assert torch.equal(first[0], again[0])  # the sample's own stream is seeded
+    assert torch.equal(torch.get_rng_state(), before)  # and the caller's CPU stream restored
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_stream_advances_across_batches_with_per_sample_seeds():
+    data = PerSampleSeed(_Noisy())
+    draws = []
+    for step in range(3):  # num_workers=0: samples are loaded in the training process
+        data[(step, 5)]
+        draws.append(torch.rand(4, device="cuda"))  # what dropout would draw at this step
+    assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], draws[2])
