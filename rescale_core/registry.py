@@ -46,14 +46,19 @@ def create_model(name: str, **kwargs) -> nn.Module:
 
     kwargs go to the family builder: ``scheme`` (a name or :class:`~rescale_core.schemes.Scheme`),
     ``scheme_options`` (overrides of the scheme's fields), ``num_classes``, ``in_channels`` and
-    family arguments such as ``depth``/``width``. Paper names (``rescale50``, ``fixup50`` ...) fix
-    their scheme; passing a different one is an error.
+    family arguments such as ``depth``/``width``. A registered name fixes what it names: its
+    architecture (``arch``: ``resnet50`` is a ResNet-50) and, for paper names (``rescale50``,
+    ``fixup50`` ...), its scheme; passing a different value is an error, never a silent rebuild
+    of another network.
     """
     entry = model_entry(name)
     for key, value in entry.defaults.items():
-        if key in kwargs and kwargs[key] != value and key == "scheme":
-            raise ValueError(f"model {name!r} is defined with scheme={value!r}; for another scheme "
-                             f"use the family name (e.g. create_model('resnet50', scheme=...))")
+        if key in kwargs and kwargs[key] != value:
+            if key == "scheme":
+                raise ValueError(f"model {name!r} is defined with scheme={value!r}; for another scheme "
+                                 f"use the family name (e.g. create_model('resnet50', scheme=...))")
+            raise ValueError(f"model {name!r} is defined with {key}={value!r}, got {key}={kwargs[key]!r}; "
+                             f"create the model by that name instead (e.g. create_model({kwargs[key]!r}))")
         kwargs.setdefault(key, value)
     return entry.builder(**kwargs)
 

@@ -107,6 +107,13 @@ def test_paper_names_fix_their_scheme(name, scheme):
         create_model(name, scheme=other, **kwargs)
 
 
+@pytest.mark.parametrize("name, other", [("resnet50", "resnet18"), ("rescale50", "resnet101"),
+                                         ("vgg19_bn", "vgg11"), ("transformer_tiny", "transformer_small")])
+def test_names_fix_their_architecture(name, other):
+    with pytest.raises(ValueError, match=rf"^model '{name}' is defined with arch=.*got arch='{other}'"):
+        create_model(name, arch=other)
+
+
 def test_scheme_options_reach_paper_models():
     model = create_model("rescale50", base_width=8, num_classes=3, scheme_options={"measure_batches": 2})
     assert all(m.measure_batches == 2 for m in rescale_core.mean_shift_layers(model))
