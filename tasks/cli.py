@@ -120,17 +120,20 @@ def trainer_defaults() -> dict:
 
 
 def defaults_for(config_paths: list[str]) -> list[str]:
-    """``_defaults.yaml`` files that apply to the given run configs, outermost first."""
+    """``_defaults.yaml`` files that apply to the given run configs, outermost first: those of
+    the config's folder and its parents up to the ``experiments`` folder holding it, or of the
+    config's own folder alone outside an ``experiments`` tree (an unrelated ``_defaults.yaml``
+    higher up, in a home or scratch folder, is never applied)."""
     found: list[str] = []
     for cfg in config_paths:
         folder = Path(cfg).resolve().parent
+        parents = [folder, *folder.parents]
+        top = next((i for i, p in enumerate(parents) if p.name == "experiments"), 0)
         chain = []
-        for parent in [folder, *folder.parents]:
+        for parent in parents[:top + 1]:
             candidate = parent / DEFAULTS_NAME
             if candidate.is_file() and candidate != Path(cfg).resolve():
                 chain.append(str(candidate))
-            if parent.name == "experiments":
-                break
         for path in reversed(chain):
             if path not in found:
                 found.append(path)
@@ -154,6 +157,9 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
         raise UserError(f"config file not found: {missing[0]} (--config). Run configs live in "
                         f"experiments/<task>/, e.g. experiments/imagenet/rescale50.yaml")
     defaults = defaults_for(configs)
+    if any(a == "--print_config" or a.startswith("--print_config=") for a in argv):
+        # stderr: the printed YAML on stdout stays a config that can be saved and reused
+        print("# defaults applied (outermost first): " + (", ".join(defaults) or "none"), file=sys.stderr)
     if run:
         parser_kwargs = {cmd: {"default_config_files": defaults} for cmd in TRAINER_SUBCOMMANDS}
         parser_kwargs["exit_on_error"] = False  # raise, for one-line errors (subcommands inherit it)
