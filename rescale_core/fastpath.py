@@ -108,16 +108,31 @@ def is_updating(mod: nn.Module) -> bool:
     return isinstance(mod, MeanShiftBias) and mod.updating
 
 
+# Bumped whenever any module anywhere registers a submodule (assignment or ``add_module``): the
+# cached list of a model's mean-shift layers is rebuilt after a layer is added or replaced (a
+# detection wrapper, a new classifier), and never walked again otherwise.
+_module_tree_version = 0
+
+
+def _on_module_registration(module, name, submodule):
+    global _module_tree_version
+    _module_tree_version += 1
+
+
+_module_mod.register_module_module_registration_hook(_on_module_registration)
+
+
 def measuring_step(model: nn.Module) -> bool:
     """Whether a forward of ``model`` now measures some mean-shift statistics (training mode,
-    gradients on, a layer still measuring). Reads only the layers' ``_measuring`` flags."""
+    gradients on, a layer still measuring). Reads only the layers' ``_measuring`` flags, from a
+    list cached until a module is next registered anywhere."""
     if not (model.training and torch.is_grad_enabled()):
         return False
-    layers = model.__dict__.get("_mean_shift_layers")
-    if layers is None:
-        layers = tuple(m for m in model.modules() if isinstance(m, MeanShiftBias))
-        model.__dict__["_mean_shift_layers"] = layers
-    return any(m._measuring for m in layers)
+    cached = model.__dict__.get("_mean_shift_layers")
+    if cached is None or cached[0] != _module_tree_version:
+        cached = (_module_tree_version, tuple(m for m in model.modules() if isinstance(m, MeanShiftBias)))
+        model.__dict__["_mean_shift_layers"] = cached
+    return any(m._measuring for m in cached[1])
 
 
 @torch.compiler.disable

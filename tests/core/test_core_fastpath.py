@@ -715,3 +715,17 @@ def test_fx_tracing_records_the_reference_modules(scheme):
         torch.testing.assert_close(gm(x), model(x), **F32)
     called = {n.target for n in gm.graph.nodes if n.op == "call_module"}
     assert {"layer1.0.relu", "layer1.0.conv1", "relu"} <= called  # the fast path calls neither ReLU
+
+
+def test_measuring_step_sees_layers_added_after_a_forward():
+    """The cached list of mean-shift layers follows the model's structure: a layer added or
+    replaced after the first forward (a wrapper, a new head) is seen at once."""
+    model = rescale_core.create_model("resnet18", scheme="rescale", base_width=8, num_classes=3,
+                                      scheme_options={"measure_batches": 1}).train()
+    x = torch.randn(2, 3, 32, 32)
+    model(x)
+    assert not fp.measuring_step(model)  # every layer has measured its one batch
+    model.fc_bias = MeanShiftBias(model.fc.in_features, spatial_dims=0, measure_batches=1)
+    assert fp.measuring_step(model)
+    model.fc_bias = nn.Identity()  # and a removed one is forgotten
+    assert not fp.measuring_step(model)
