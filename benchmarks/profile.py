@@ -55,9 +55,10 @@ def _suite(name: str, args: argparse.Namespace):
     return transformer_suite(src_len=64, tgt_len=64, vocab_size=32000), args.batch_transformer
 
 
-def kernel_table(events, steps: int, device_type: str, top: int) -> tuple[float, dict, list]:
-    """(ms per step, {category: ms per step}, [(ms per step, calls per step, name)] top kernels)
-    from a profiler's ``key_averages()``: device self time on CUDA, CPU self time on CPU."""
+def kernel_table(events, steps: int, device_type: str, top: int) -> tuple[float, float, dict, list]:
+    """(ms per step, calls per step, {category: ms per step}, [(ms per step, calls per step,
+    name)] top kernels) from a profiler's ``key_averages()``: device self time and kernel
+    launches on CUDA, CPU self time and op calls on CPU."""
     rows = []
     for e in events:
         if device_type == "cuda":
@@ -72,11 +73,12 @@ def kernel_table(events, steps: int, device_type: str, top: int) -> tuple[float,
         if t > 0:
             rows.append((t / 1e3 / steps, e.count / steps, e.key))
     total = sum(r[0] for r in rows)
+    calls = sum(r[1] for r in rows)
     cats: dict[str, float] = defaultdict(float)
     for ms, _, name in rows:
         cats[categorize(name)] += ms
     rows.sort(reverse=True)
-    return total, dict(cats), rows[:top]
+    return total, calls, dict(cats), rows[:top]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                 prepared.train_step()
         if args.trace_dir:
             prof.export_chrome_trace(f"{args.trace_dir}/{re.sub(r'[^A-Za-z0-9]+', '_', name)}.json")
-        total, cats, top = kernel_table(prof.key_averages(), args.steps, device.type, args.top)
-        calls = sum(c for _, c, _ in kernel_table(prof.key_averages(), args.steps, device.type, 10**9)[2])
+        total, calls, cats, top = kernel_table(prof.key_averages(), args.steps, device.type, args.top)
         summary.append((name, wall, total, calls, cats))
         print(f"\n== {name}: {wall:.2f} ms wall, {total:.2f} ms {'kernel' if gpu else 'CPU self'} time, "
               f"{calls:.0f} {'kernel launches' if gpu else 'op calls'} per train step (batch {batch}, {config.label()})")

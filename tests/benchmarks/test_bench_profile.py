@@ -1,0 +1,24 @@
+"""``python -m benchmarks.profile``: kernel categories and a CPU run of the kernel tables."""
+from __future__ import annotations
+
+from benchmarks import profile
+
+
+def test_kernel_names_fall_into_their_categories():
+    assert profile.categorize("sm90_xmma_fprop_implicit_gemm_bf16bf16") == "conv/matmul"
+    assert profile.categorize("aten::convolution_backward") == "conv/matmul"
+    assert profile.categorize("void at::native::bfloat16_copy_kernel_cuda") == "copy/cast"
+    assert profile.categorize("batch_norm_collect_statistics_channels_last_kernel") == "reduction"
+    assert profile.categorize("vectorized_elementwise_kernel<CUDAFunctor_add>") == "elementwise"
+    assert profile.categorize("multi_tensor_apply_kernel") == "optimizer"
+
+
+def test_cpu_tables_name_every_contender(capsys):
+    assert profile.main(["--device", "cpu", "--contenders", "floor (no norm)", "rescale50",
+                         "--batch", "1", "--image-size", "32", "--steps", "1", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    summary = out[out.index("per train step"):].splitlines()[2:]
+    for name in ("floor (no norm)", "rescale50"):
+        (line,) = [row for row in summary if row.startswith(name)]
+        wall, kernels, calls = (float(v) for v in line[len(name):].split()[:3])
+        assert wall > 0 and kernels > 0 and calls > 0
