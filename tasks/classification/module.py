@@ -17,6 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from ..common.acceleration import as_memory_format, compile_in_place, use_channels_last
 from ..common.checkpoint_compat import check_checkpoint_compatible
+from ..common.distributed import every_rank_has_samples, world_size, zero_loss
 from ..common.networks import create_network, resolved_architecture
 from ..common.optim import build_optimizer
 
@@ -93,8 +94,9 @@ class ClassificationModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         x, y = batch
-        if y.numel() == 0:  # every file of the batch was corrupt and skipped: no step
-            return None
+        # every file of a batch corrupt and skipped: all ranks skip it together (common.distributed)
+        if not every_rank_has_samples(y.numel()):
+            return zero_loss(self) if world_size() > 1 else None
         if self.mixup_alpha > 0:
             x, ya, yb, lam = self._mixup(x, y)
             logits = self(x)

@@ -171,3 +171,29 @@ def test_fsdp_on_cpu_is_one_clear_line(tmp_path, monkeypatch, capsys):
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: bad trainer setting")
     assert "requires a GPU accelerator" in lines[0]
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_a_batch_corrupt_on_one_rank_only_is_skipped_by_every_rank(tmp_path, imagenet_folder):
+    """Batch size 1 per rank over 12 files, one of them corrupt: at one step one rank's batch is
+    empty. Every rank turns that step into a zero-loss step together (no rank waits in an
+    all-reduce the other never joins, Lightning's refusal of `None` under DDP is not met), all 6
+    steps complete and the ranks end with the same weights."""
+    good = imagenet_folder / "train/n002/n002_1.JPEG"
+    good.write_bytes(good.read_bytes()[:200])  # truncated in place: still 12 train files, no padding
+    rescale(["fit", "--config", str(REPO / "experiments/imagenet/rescale50.yaml"),
+             "--model.init_args.network_options", "{base_width: 8}", "--data.init_args.root", str(imagenet_folder),
+             "--data.init_args.num_classes", "3", "--data.init_args.image_size", "32",
+             "--data.init_args.eval_resize", "36", "--data.init_args.batch_size", "1",
+             "--data.init_args.num_workers", "0", "--data.init_args.skip_corrupt", "true",
+             "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp",
+             "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "0",
+             "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.save_dir", "runs",
+             f"--trainer.callbacks+={PROBE}", "--trainer.callbacks.init_args.folder", "state"],
+            tmp_path, timeout=240)
+    rank0, rank1 = rank_states(tmp_path / "state", 2)
+    assert rank0["global_step"] == rank1["global_step"] == 6
+    (run_dir,) = find_offline_runs(str(tmp_path / "runs"))
+    assert read_offline_run(run_dir).metric("data/skipped_corrupt")[-1] == 1  # the step was met
+    assert max_difference(rank0["state_dict"], rank1["state_dict"], rank0["state_dict"]) == 0.0

@@ -1,0 +1,59 @@
+"""Decisions every process of a distributed run must take together.
+
+A training step that one rank skips and the others run deadlocks DDP: the others wait in the
+gradient all-reduce (and in the collectives of ``self.log(sync_dist=True)`` and of the mean-shift
+measurement) for a rank that never arrives. :func:`every_rank_has_samples` turns the local "my
+batch is empty" (every file of it was corrupt and skipped) into one decision shared by all ranks.
+Lightning refuses a ``None`` from ``training_step`` with several processes, so there every rank
+returns :func:`zero_loss` instead: no forward, no logging, a backward that gives every parameter a
+zero gradient (DDP's all-reduce runs as usual; accumulated gradients are kept). The optimizer still
+takes its step, so momentum and weight decay act as after any zero-gradient batch. One process
+returns ``None`` and Lightning skips the step entirely.
+
+The vote travels over a gloo process group on host integers: the batch size is known on the host,
+so the vote never waits for the GPU (an NCCL all-reduce read back with ``.item()`` would add a
+device synchronisation to every step). With a gloo default group (CPU runs) that group is reused;
+otherwise one gloo group is created once, by all ranks, at the first vote.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["world_size", "every_rank_has_samples", "zero_loss"]
+
+_HOST_GROUPS: dict[int, object] = {}
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _host_group():
+    """A gloo group over all ranks (the default group when it is gloo already)."""
+    if dist.get_backend() == "gloo":
+        return None
+    key = id(dist.group.WORLD)  # a new default group (a new run in this process) gets a new one
+    if key not in _HOST_GROUPS:
+        _HOST_GROUPS[key] = dist.new_group(backend="gloo")
+    return _HOST_GROUPS[key]
+
+
+def every_rank_has_samples(count: int) -> bool:
+    """True when this rank's batch has ``count > 0`` samples and so has every other rank's.
+
+    Call it on every rank at every step (it is a collective when the world size exceeds 1); a
+    False result is the same on all ranks, so all of them skip the step together.
+    """
+    if world_size() == 1:
+        return count > 0
+    empty = torch.tensor([int(count == 0)], dtype=torch.int32)
+    dist.all_reduce(empty, op=dist.ReduceOp.MAX, group=_host_group())
+    return not bool(empty.item())
+
+
+def zero_loss(module: torch.nn.Module) -> torch.Tensor:
+    """A loss of exactly 0 whose backward reaches every trainable parameter of ``module``: each gets
+    a zero gradient, so DDP's gradient hooks fire on every rank as in an ordinary step."""
+    terms = [p.sum() for p in module.parameters() if p.requires_grad]
+    return torch.stack(terms).sum() * 0.0
