@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -210,6 +211,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         run_lightning(argv, from_command_line=from_command_line)
         return 0
     except (UserError, TrainingDiverged) as err:
+        if os.environ.get("RESCALE_TRACEBACK", "") not in ("", "0"):  # the error behind the line
+            traceback.print_exception(getattr(err, "original", None) or err, file=sys.stderr)
         print(f"error: {err}", file=sys.stderr)
         return getattr(err, "exit_code", 1)
     except SIGTERMException as err:

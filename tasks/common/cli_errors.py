@@ -13,8 +13,11 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import importlib.util
 import inspect
+import os
 import re
+import traceback
 from contextlib import contextmanager
 from typing import Iterable, Iterator, Optional
 
@@ -242,15 +245,38 @@ def config_errors(parser=None) -> Iterator[None]:
         raise found from None
 
 
+_LIGHTNING_PACKAGES = ("lightning", "lightning_fabric", "pytorch_lightning", "lightning_utilities")
+
+
+def _package_root(name: str) -> Optional[str]:
+    spec = importlib.util.find_spec(name)
+    return os.path.dirname(spec.origin) + os.sep if spec is not None and spec.origin else None
+
+
+def _raised_by_lightning_checks(err: BaseException) -> bool:
+    """Whether every frame between the call into Lightning and the ``raise`` is Lightning's own
+    code: then the error is Lightning checking a value it was given (the Trainer is built only
+    from the config). A frame of any other code (a callback's, a logger's, this suite's, torch's)
+    means a bug there, whose traceback is what one needs."""
+    roots = tuple(r for r in map(_package_root, _LIGHTNING_PACKAGES) if r)
+    frames = [f.filename for f in traceback.extract_tb(err.__traceback__)]
+    first = next((i for i, name in enumerate(frames) if name.startswith(roots)), None)
+    return first is not None and all(name.startswith(roots) for name in frames[first:])
+
+
 @contextmanager
 def trainer_config_errors() -> Iterator[None]:
     """Lightning's own checks of ``trainer.*`` values (accelerator, strategy, devices ...) as one
-    ConfigError line: the Trainer is built only from the config, so these are config errors."""
+    ConfigError line. Only errors Lightning raises itself are translated; a ``ValueError`` from
+    any other code the Trainer calls keeps its traceback. ``RESCALE_TRACEBACK=1`` prints the
+    traceback of a translated one too (:func:`rescale_tasks.cli.main`)."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     try:
         yield
     except (ValueError, MisconfigurationException) as err:
-        if isinstance(err, UserError):
+        if isinstance(err, UserError) or not _raised_by_lightning_checks(err):
             raise
-        raise ConfigError(f"bad trainer setting (trainer.* in the config or --trainer.*): {flatten(err)}") from None
+        error = ConfigError(f"bad trainer setting (trainer.* in the config or --trainer.*): {flatten(err)}")
+        error.original = err
+        raise error from None

@@ -7,11 +7,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
+import lightning.pytorch as L
 import pytest
 
 from rescale_tasks.cli import main
+from rescale_tasks.common.cli_errors import trainer_config_errors
+from rescale_tasks.common.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[3]
 RESCALE50 = str(REPO / "experiments/imagenet/rescale50.yaml")
@@ -126,3 +130,38 @@ def test_console_script_prints_one_line_without_usage(tmp_path):
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith("error: unknown config key model.init_args.no_such_key")
+
+
+class BrokenStateKey(L.Callback):
+    """A callback with a bug the Trainer meets while it is built (Lightning reads the state key of
+    every stateful callback in ``Trainer.__init__``)."""
+
+    def state_dict(self):
+        return {}
+
+    @property
+    def state_key(self):
+        raise ValueError("a bug in a callback, not a trainer setting")
+
+
+def test_a_bug_met_while_the_trainer_is_built_keeps_its_traceback(digits_config):
+    with pytest.raises(ValueError, match="a bug in a callback") as caught:
+        main(["fit", "--config", digits_config(), f"--trainer.callbacks+={__name__}.BrokenStateKey"])
+    assert "state_key" in "".join(traceback.format_tb(caught.value.__traceback__))
+
+
+def test_only_lightnings_own_checks_are_translated():
+    with pytest.raises(ConfigError, match=r"bad trainer setting .*accelerator='tpux'"):
+        with trainer_config_errors():
+            L.Trainer(accelerator="tpux")
+    with pytest.raises(ValueError, match="^not Lightning's$"):
+        with trainer_config_errors():
+            raise ValueError("not Lightning's")
+
+
+def test_rescale_traceback_shows_what_a_translated_line_hides(digits_config, monkeypatch, capsys):
+    monkeypatch.setenv("RESCALE_TRACEBACK", "1")
+    assert main(["fit", "--config", digits_config(), "--trainer.accelerator", "tpux"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "accelerator_connector.py" in err
+    assert err.strip().splitlines()[-1].startswith("error: bad trainer setting")
