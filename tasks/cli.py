@@ -158,6 +158,8 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
         raise UserError(f"config file not found: {missing[0]} (--config). Run configs live in "
                         f"experiments/<task>/, e.g. experiments/imagenet/rescale50.yaml")
     defaults = defaults_for(configs)
+    for path in [*defaults, *configs]:
+        _check_yaml(path)
     if any(a == "--print_config" or a.startswith("--print_config=") for a in argv):
         # stderr: the printed YAML on stdout stays a config that can be saved and reused
         print("# defaults applied (outermost first): " + (", ".join(defaults) or "none"), file=sys.stderr)
@@ -171,6 +173,24 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
                       subclass_mode_data=True, save_config_callback=SaveConfigToRun,
                       seed_everything_default=0, trainer_defaults=trainer_defaults(),
                       parser_kwargs=parser_kwargs, args=None if from_command_line else argv, run=run)
+
+
+def _check_yaml(path: str) -> None:
+    """A YAML syntax error as one line naming the file, line and column (jsonargparse reports only
+    the parser's words, e.g. ``while parsing a flow mapping``)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            yaml.safe_load(f)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+        what = " ".join(str(x) for x in (err.context, err.problem) if x)
+        raise UserError(f"YAML syntax error in {where}: {what}; fix the file (the line shown, or "
+                        "the one above it)") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"YAML error in {path}: {' '.join(str(err).split())}") from None
 
 
 def _cmd_models(argv: list[str]) -> int:

@@ -165,3 +165,24 @@ def test_rescale_traceback_shows_what_a_translated_line_hides(digits_config, mon
     err = capsys.readouterr().err
     assert "Traceback" in err and "accelerator_connector.py" in err
     assert err.strip().splitlines()[-1].startswith("error: bad trainer setting")
+
+
+@pytest.mark.parametrize("text,where,what", [
+    ("trainer:\n  max_epochs: {1\nmodel:\n  x: 1\n", ":3:6:", "while parsing a flow mapping"),
+    ("a: 1\n b: 2\n", ":2:3:", "mapping values are not allowed here"),
+])
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path, text, where, what, error_line):
+    config = tmp_path / "broken.yaml"
+    config.write_text(text)
+    assert main(["fit", "--config", str(config)]) == 2
+    line = error_line()
+    assert line.startswith(f"YAML syntax error in {config}{where}") and what in line
+
+
+def test_a_yaml_syntax_error_in_a_defaults_file_names_that_file(tmp_path, error_line):
+    folder = tmp_path / "experiments" / "mine"
+    folder.mkdir(parents=True)
+    (folder / "_defaults.yaml").write_text("trainer: [1,\n")
+    (folder / "run.yaml").write_text("trainer:\n  max_epochs: 1\n")
+    assert main(["fit", "--config", str(folder / "run.yaml")]) == 2
+    assert error_line().startswith(f"YAML syntax error in {folder / '_defaults.yaml'}:2:1:")
