@@ -58,6 +58,10 @@ class SuiteWandbLogger(WandbLogger):
         super().__init__(name=name, save_dir=save_dir, project=project, group=group, tags=tags,
                          job_type=job_type, id=id, log_model=log_model,
                          offline=mode == "offline", mode=mode, **kwargs)
+        if not kwargs.get("anonymous"):
+            # Lightning passes anonymous=None explicitly, and W&B warns that the setting has no
+            # effect any more at every run: leave it out unless the user asked for it
+            self._wandb_init.pop("anonymous", None)
 
     @property
     def experiment(self):
