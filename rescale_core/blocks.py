@@ -13,7 +13,8 @@ Zhang et al. 2019).
 
 Both compute ``forward`` on a fast path (``_forward_fused``: biases, gains and the merge folded
 into the convolutions / the branch's last linear layer, see :mod:`rescale_core.fastpath`) unless
-``fused`` is False or a bypassed submodule has hooks; ``_forward_reference`` is the plain
+``fused`` is False, a bypassed submodule has hooks or the fast path does not implement their
+scheme (:func:`rescale_core.fastpath.implements`); ``_forward_reference`` is the plain
 layer-by-layer code, the definition the fast path is tested against.
 
 Deviations from the official code: RescaleNet's official init multiplier uses ``k - 1 + L`` where
@@ -139,6 +140,10 @@ class ResidualBlock(nn.Module):
     """
 
     expansions = {"basic": 1, "bottleneck": 4}
+    # Whether the fast path implements this module's scheme (fastpath.IMPLEMENTED_FIELDS), set at
+    # construction; ``fused = True`` does not override it. The class default: modules pickled
+    # before the check, which ran the fast path.
+    _fast_ok = True
 
     def __init__(self, scheme: Scheme, in_channels: int, planes: int, stride: int = 1,
                  kind: str = "basic", k: int = 1, L: int = 1, spatial_dims: int = 2,
@@ -178,7 +183,8 @@ class ResidualBlock(nn.Module):
         self.merge = ResidualMerge(scheme, k, L, channel_shape(out_channels, spatial_dims))
         self.merge_norm = make_norm("bn", out_channels, spatial_dims) if scheme.merge_norm else nn.Identity()
         init_branch(scheme, convs, norms, k, L, dropout=conv_dropout)
-        self.fused = True  # fast path (same function); False: the reference path
+        # fast path (same function) only for a scheme it implements; False: the reference path
+        self.fused = self._fast_ok = fp.implements(scheme)
 
     @staticmethod
     def _shortcut(scheme: Scheme, cin: int, cout: int, stride: int, spatial_dims: int) -> nn.Sequential:
@@ -207,7 +213,7 @@ class ResidualBlock(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused and not fp.has_hooks_below(self):
+        if self.fused and self._fast_ok and not fp.has_hooks_below(self):
             return self._forward_fused(x)
         return self._forward_reference(x)
 
@@ -327,6 +333,11 @@ class ResidualSublayer(nn.Module):
     ``rezero`` / ``skipinit``: ``x + a_k F(x)``, ``a_k = 0`` at init.
     """
 
+    # Whether the fast path implements this module's scheme (fastpath.IMPLEMENTED_FIELDS), set at
+    # construction; ``fused = True`` does not override it. The class default: modules pickled
+    # before the check, which ran the fast path.
+    _fast_ok = True
+
     def __init__(self, scheme: Scheme, d_model: int, fn: nn.Module, k: int, L: int,
                  dropout: float = 0.0, scaled_layers: list[nn.Module] | None = None) -> None:
         super().__init__()
@@ -343,10 +354,11 @@ class ResidualSublayer(nn.Module):
             with torch.no_grad():
                 for layer in scaled_layers:
                     layer.weight.mul_(mult)
-        self.fused = True  # fast path (same function); False: the reference path
+        # fast path (same function) only for a scheme it implements; False: the reference path
+        self.fused = self._fast_ok = fp.implements(scheme)
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if (self.fused and getattr(self.fn, "supports_out_scale", False)
+        if (self.fused and self._fast_ok and getattr(self.fn, "supports_out_scale", False)
                 and self.merge.bias is None and not fp.has_hooks_below(self)):
             return self._forward_fused(x, *args, **kwargs)
         return self._forward_reference(x, *args, **kwargs)

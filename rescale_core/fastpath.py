@@ -30,10 +30,19 @@ call (small next to a conv), so training, evaluation and ``torch.compile`` share
 Fallback to the reference path: per module ``fused = False`` (or :func:`reference_path` for a
 whole model), and automatically whenever a module the fast path bypasses carries hooks (the
 analysis probes hook the merge, the mean-shift layers and the ReLUs), global module hooks exist
-or ``torch.fx`` traces the model.
+or ``torch.fx`` traces the model. And for every scheme the fast path was not written for: each
+module built from a scheme (``ResidualBlock``, ``ResidualSublayer``, ``ResNet``, ``VGG``) runs it
+only if :func:`implements` its scheme, i.e. every field of the scheme (``dataclasses.fields``:
+those of a ``Scheme`` subclass too) is listed in :data:`IMPLEMENTED_FIELDS` with its value among
+the listed ones. Anything else (a new switch, a new merge rule) computes the reference function,
+never a fast one that silently ignores the switch; setting ``fused = True`` does not override
+this. A new field is listed here once the fast path handles it (block, shortcut sequential,
+stem, head and the scale carried along a ResNet).
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 from contextlib import contextmanager
 
 import torch
@@ -43,12 +52,86 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torch.nn.modules import module as _module_mod
 
 from .layers import MeanShiftBias, ScalarBias
+from .schemes import Scheme
 
-__all__ = ["reference_path", "measuring_step", "eager_while_measuring", "has_hooks", "has_hooks_in",
+__all__ = ["IMPLEMENTED_FIELDS", "implements", "unimplemented",
+           "reference_path", "measuring_step", "eager_while_measuring", "has_hooks", "has_hooks_in",
            "has_hooks_below", "offset_of",
            "is_updating", "is_offset_module", "folds_input_offset", "folds_output_scale", "conv_out_numel",
            "input_offset_bias", "add_bias", "conv_bias", "scaled", "scaled_module",
            "scale_out", "scale_bias", "shifted_relu", "fused_sequential", "scaled_linear"]
+
+
+# --------------------------------------------------------------- the schemes it implements
+_logger = logging.getLogger(__name__)
+
+_BOOL = (False, True)
+
+# Every ``Scheme`` field the fast path was written for, with the values it implements (None: any
+# value). Checked field by field against the fast-path code: a field is listed when the fast path
+# reads it, or calls the modules it builds, as the reference path does, or when it acts only at
+# construction or in the optimizer (never in ``forward``). Categorical fields list their values:
+# a new value (a new merge rule) is as unknown as a new field.
+IMPLEMENTED_FIELDS: dict[str, tuple | None] = {
+    "name": None,                 # a label
+    "families": None,             # checked at construction
+    # --- the branch
+    "norm": (None, "bn", "gn", "ln"),  # norm layers run as modules; nothing folds across them,
+    #                               no scale is carried through them (carries_scale)
+    "zero_gamma": _BOOL,          # init only
+    "norm_position": ("post", "pre"),  # the sublayer's fast path calls pre_norm and post_norm
+    "mean_shift": _BOOL,          # MeanShiftBias folded (1, 2, 4): blocks, shortcut, stem, head, VGG
+    "measure_batches": None,      # inside MeanShiftBias: offset() measures as the reference does
+    "scalar_biases": _BOOL,       # Fixup's ScalarBias folded (1, 3); a sublayer's runs the reference
+    "conv_bias": _BOOL,           # conv.bias enters every folded bias (scaled when carrying)
+    "conv_dropout": None,         # self.drop applied; the folds dropout would change are skipped
+    "conv_dropout_stages": None,  # which blocks get dropout: construction
+    # --- the merge
+    "merge": ("add", "rescale"),  # ResidualMerge.skip_scale / branch_multiplier
+    "c": None,                    # a number inside skip_scale / branch_scale
+    "fixed_beta": _BOOL,          # branch_scale and init
+    "gain": (None, "scalar", "vector"),  # branch_multiplier: none, one or per-channel values
+    "gain_init": None,            # init value of the gain
+    "block_scale": None,          # inside skip_scale / branch_scale (Fixup's bias unscaled on both)
+    "merge_norm": _BOOL,          # merge_norm runs as a module; no scale is carried through it
+    # --- the network
+    "head_norm": _BOOL,           # runs as a module in ResNet._head on both paths
+    "classifier_dropout": None,   # runs as a module in the head on both paths
+    "init": ("he_fan_out", "he_fan_in", "rescale", "fixup"),  # construction only; by value, as
+    #                               a new rule may build something forward has to know about
+    "zero_classifier": _BOOL,     # init only
+    "scalar_lr_factor": None,     # optimizer only (param_groups)
+}
+
+_logged: set = set()
+
+
+def unimplemented(scheme: Scheme) -> list[str]:
+    """The fields of ``scheme`` (a ``Scheme`` or a subclass) the fast path was not written for:
+    not in :data:`IMPLEMENTED_FIELDS`, or with a value it does not list."""
+    out = []
+    for f in dataclasses.fields(scheme):
+        if f.name not in IMPLEMENTED_FIELDS:
+            out.append(f.name)
+            continue
+        values = IMPLEMENTED_FIELDS[f.name]
+        if values is not None and getattr(scheme, f.name) not in values:
+            out.append(f.name)
+    return out
+
+
+def implements(scheme: Scheme) -> bool:
+    """Whether the fast path computes ``scheme``'s function (:func:`unimplemented` is empty).
+    Logs once per scheme name and set of unimplemented fields (INFO) when it does not."""
+    missing = unimplemented(scheme)
+    if missing:
+        key = (type(scheme).__qualname__, scheme.name, tuple(missing))
+        if key not in _logged:
+            _logged.add(key)
+            _logger.info("scheme %r: the fast path does not implement %s; its modules run the "
+                         "reference path", scheme.name,
+                         ", ".join(f"{n}={getattr(scheme, n)!r}" for n in missing))
+    return not missing
 
 
 # --------------------------------------------------------------- switching paths

@@ -15,7 +15,8 @@ wraps these networks unchanged.
 
 ``forward`` runs a fast path (``fused``; :mod:`rescale_core.fastpath`): the stem's bias (mean-shift
 or Fixup scalar) folded into the stem conv, the bias before global pooling added after pooling;
-``fused = False`` or :func:`rescale_core.reference_path` gives the layer-by-layer reference.
+``fused = False`` or :func:`rescale_core.reference_path` gives the layer-by-layer reference, as
+does a scheme the fast path does not implement (:func:`rescale_core.fastpath.implements`).
 
 Deviations: Wide-ResNets and CIFAR ResNets use the v1 (post-activation) block with a projection
 shortcut; Wide-ResNet depth counts 6n+4 layers as in the WRN paper, CIFAR ResNet 6n+2.
@@ -69,6 +70,11 @@ class ResNet(nn.Module):
         in_channels: input channels (3 for RGB, 1 for digits/MNIST).
     """
 
+    # Whether the fast path implements this module's scheme (fastpath.IMPLEMENTED_FIELDS), set at
+    # construction; ``fused = True`` does not override it. The class default: modules pickled
+    # before the check, which ran the fast path.
+    _fast_ok = True
+
     def __init__(self, config: ResNetConfig, scheme: "str | Scheme" = "bn",
                  scheme_options: dict | None = None, num_classes: int = 1000,
                  in_channels: int = 3) -> None:
@@ -104,7 +110,8 @@ class ResNet(nn.Module):
         self.fc = nn.Linear(inplanes, num_classes) if num_classes > 0 else nn.Identity()
         if num_classes > 0:
             init_classifier(scheme, self.fc)
-        self.fused = True  # fast path (same function); False: the reference path
+        # fast path (same function) only for a scheme it implements; False: the reference path
+        self.fused = self._fast_ok = fp.implements(scheme)
 
     def _build_stem(self, config: ResNetConfig, scheme: Scheme, in_channels: int) -> None:
         d, w = config.spatial_dims, config.stem_width
@@ -139,20 +146,21 @@ class ResNet(nn.Module):
         """Features in units of ``c`` (true features = ``c * x``). On the fast path RescaleNet's
         skip multipliers ``alpha_k`` are carried along instead of applied by every block
         (:meth:`ResidualBlock._fused`): ``c`` is their product, applied once after pooling."""
-        if self.fused and not fp.has_hooks(self.conv1, self.bn1, self.relu):
+        fast = self.fused and self._fast_ok
+        if fast and not fp.has_hooks(self.conv1, self.bn1, self.relu):
             x = self.maxpool(self._stem_fused(x))
         else:
             x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         c = 1.0
         for name in self.stage_names:
             stage = getattr(self, name)
-            if not self.fused or fp.has_hooks_in(stage):
+            if not fast or fp.has_hooks_in(stage):
                 x, c = (x if c == 1.0 else x * c), 1.0
                 x = stage(x)
                 continue
             for block in stage:
-                if (isinstance(block, ResidualBlock) and block.fused and block.merge.skip_scale > 0
-                        and block.carries_scale()):
+                if (isinstance(block, ResidualBlock) and block.fused and block._fast_ok
+                        and block.merge.skip_scale > 0 and block.carries_scale()):
                     c_out = c * block.merge.skip_scale
                     x, c = block._fused(x, c, c_out), c_out
                 else:
@@ -178,7 +186,7 @@ class ResNet(nn.Module):
     def _head(self, x: torch.Tensor, c: float) -> torch.Tensor:
         """The head on features in units of ``c``; ``avgpool(c x + e) = c avgpool(x) + e``."""
         shift = self.pool_shift
-        if (self.fused and isinstance(shift, (MeanShiftBias, nn.Identity))
+        if (self.fused and self._fast_ok and isinstance(shift, (MeanShiftBias, nn.Identity))
                 and not fp.has_hooks(shift, self.avgpool)):
             if c != 1.0 and fp.is_updating(shift):
                 x, c = x * c, 1.0

@@ -9,7 +9,8 @@ Deviation: the classifier width (4096) and stage-1 width (64) are arguments, for
 
 ``forward`` runs a fast path (``fused``; :mod:`rescale_core.fastpath`): each mean-shift bias of
 the conv stack crosses the ReLU (and max-pool) before it into the previous conv's bias,
-``maxpool(relu(z)) + e = maxpool(max(z + e, e))``; ``fused = False`` gives the reference.
+``maxpool(relu(z)) + e = maxpool(max(z + e, e))``; ``fused = False`` gives the reference, as
+does a scheme the fast path does not implement (:func:`rescale_core.fastpath.implements`).
 """
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ VGG_SCHEMES = ("bn", "none", "rescale")
 
 
 class VGG(nn.Module):
+    # Whether the fast path implements this module's scheme (fastpath.IMPLEMENTED_FIELDS), set at
+    # construction; ``fused = True`` does not override it. The class default: modules pickled
+    # before the check, which ran the fast path.
+    _fast_ok = True
+
     def __init__(self, arch: str = "vgg16", scheme: "str | Scheme" = "bn",
                  scheme_options: dict | None = None, num_classes: int = 1000,
                  in_channels: int = 3, base_width: int = 64, hidden_dim: int = 4096,
@@ -81,13 +87,14 @@ class VGG(nn.Module):
                 else:  # torchvision's VGG init
                     nn.init.normal_(m.weight, 0, 0.01)
                 nn.init.zeros_(m.bias)
-        self.fused = True  # fast path (same function); False: the reference path
+        # fast path (same function) only for a scheme it implements; False: the reference path
+        self.fused = self._fast_ok = fp.implements(scheme)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fp.eager_while_measuring(self, self._forward, x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused and not fp.has_hooks_in(self.features):
+        if self.fused and self._fast_ok and not fp.has_hooks_in(self.features):
             x = self._features_fused(x)
         else:
             x = self.features(x)

@@ -6,8 +6,11 @@ along a ResNet. Outputs, gradients of every parameter and of the input, and the 
 state (during and after measuring) must agree; channels_last and torch.compile too."""
 from __future__ import annotations
 
+import collections
 import copy
+import dataclasses
 import itertools
+import logging
 import shutil
 
 import pytest
@@ -16,8 +19,11 @@ from torch import nn
 from torch.nn import functional as F
 
 import rescale_core
-from rescale_core import MeanShiftBias, ResidualBlock, ResidualSublayer, get_scheme, reference_path
+from rescale_core import (MeanShiftBias, ResidualBlock, ResidualSublayer, Scheme, get_scheme,
+                          reference_path)
 from rescale_core import fastpath as fp
+from rescale_core.models.resnet import ResNet
+from rescale_core.models.vgg import VGG
 
 F64 = dict(rtol=1e-9, atol=1e-11)
 F32 = dict(rtol=1e-4, atol=1e-5)
@@ -729,3 +735,122 @@ def test_measuring_step_sees_layers_added_after_a_forward():
     assert fp.measuring_step(model)
     model.fc_bias = nn.Identity()  # and a removed one is forgotten
     assert not fp.measuring_step(model)
+
+
+# --------------------------------------------------------------- schemes the fast path implements
+@dataclasses.dataclass(frozen=True)
+class ClippedScheme(Scheme):
+    """A scheme with a switch the fast path was not written for (it would clip the branch)."""
+
+    branch_clip: float = 0.0
+
+
+def _clipped(name: str = "rescale") -> ClippedScheme:
+    return ClippedScheme(**vars(get_scheme(name)), branch_clip=0.5)
+
+
+def test_registered_schemes_are_implemented():
+    """Every shipped scheme runs the fast path: ``IMPLEMENTED_FIELDS`` lists exactly the fields
+    of ``Scheme`` (a field added without a decision on the fast path fails here)."""
+    assert set(fp.IMPLEMENTED_FIELDS) == {f.name for f in dataclasses.fields(Scheme)}
+    for name in rescale_core.list_schemes():
+        assert fp.unimplemented(get_scheme(name)) == [], name
+        assert fp.implements(get_scheme(name))
+
+
+def _count_paths(monkeypatch) -> collections.Counter:
+    """Calls of each path's entry points (a ResNet runs its blocks' ``_fused`` directly)."""
+    calls = collections.Counter()
+    for cls, names in ((ResidualBlock, ("_fused", "_forward_reference")),
+                       (ResidualSublayer, ("_forward_fused", "_forward_reference")),
+                       (ResNet, ("_stem_fused",)), (VGG, ("_features_fused",))):
+        for name in names:
+            def spy(self, *args, _original=getattr(cls, name), _key=f"{cls.__name__}.{name}", **kwargs):
+                calls[_key] += 1
+                return _original(self, *args, **kwargs)
+            monkeypatch.setattr(cls, name, spy)
+    return calls
+
+
+def _fused_calls(calls) -> int:
+    return sum(n for k, n in calls.items() if "fused" in k)
+
+
+def _runs_the_reference_only(model: nn.Module, run, calls) -> None:
+    """``model`` is built on the reference path (every ``fused`` flag False); ``run(model)`` (a
+    seeded training step, then an eval forward) with every flag set to True still calls no fast
+    path (nothing re-enables one that would ignore a switch) and equals, bit for bit, a copy run
+    under :func:`reference_path`."""
+    flags = [m for m in model.modules() if isinstance(getattr(m, "fused", None), bool)]
+    assert flags and not any(m.fused for m in flags)
+    ref = copy.deepcopy(model)
+    for m in flags:
+        m.fused = True
+    calls.clear()
+    got = run(model)
+    assert _fused_calls(calls) == 0, dict(calls)
+    with reference_path(ref):
+        want = run(ref)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def _conv_run(model):
+    x = _model_input("cifar_resnet", batch=2)
+    model.train()
+    out, gx, grads = _step(model, x, seed=0)
+    model.eval()
+    with torch.no_grad():
+        return [out, gx, *grads.values(), model(x)]
+
+
+def _tf_run(model):
+    src, tgt = _tokens(2, 5, 1), _tokens(2, 4, 2)
+    model.train()
+    torch.manual_seed(3)
+    out = model(src, tgt)
+    out.pow(2).mean().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    model.eval()
+    with torch.no_grad():
+        return [out.detach(), *grads, model(src, tgt)]
+
+
+def _vgg(scheme):
+    torch.manual_seed(0)
+    model = rescale_core.create_model("vgg11", scheme=scheme, base_width=4, hidden_dim=8,
+                                      num_classes=5, scheme_options={"measure_batches": 1})
+    _randomise(model)
+    return model.double()
+
+
+def test_unknown_switch_runs_the_reference_path(monkeypatch, caplog):
+    """A ``Scheme`` subclass with a switch the fast path does not know: every block, sublayer,
+    ResNet and VGG built from it computes the reference function (logged once per scheme);
+    the same scheme without the switch runs the fast path."""
+    monkeypatch.setattr(fp, "_logged", set())
+    caplog.set_level(logging.INFO, logger="rescale_core.fastpath")
+    calls = _count_paths(monkeypatch)
+    assert fp.unimplemented(_clipped()) == ["branch_clip"] and not fp.implements(_clipped())
+    for build, run in ((lambda s: _model("cifar_resnet", s), _conv_run),
+                       (_transformer, _tf_run), (_vgg, _conv_run)):
+        model = build(get_scheme("rescale"))
+        calls.clear()
+        run(model)
+        assert _fused_calls(calls) > 0, dict(calls)
+        _runs_the_reference_only(build(_clipped()), run, calls)
+    logged = [r for r in caplog.records if r.name == "rescale_core.fastpath"]
+    assert len(logged) == 1 and "branch_clip" in logged[0].getMessage()
+
+
+def test_unlisted_value_runs_the_reference_path(monkeypatch):
+    """A categorical field's value outside those the fast path lists (here: ``merge="rescale"``
+    taken off the table) also selects the reference path; other values of it stay fast."""
+    monkeypatch.setitem(fp.IMPLEMENTED_FIELDS, "merge", ("add",))
+    assert fp.unimplemented(get_scheme("rescale")) == ["merge"]
+    assert fp.implements(get_scheme("fixup"))
+    calls = _count_paths(monkeypatch)
+    _runs_the_reference_only(_model("cifar_resnet", "rescale"), _conv_run, calls)
+    _conv_run(_model("cifar_resnet", "fixup"))
+    assert _fused_calls(calls) > 0
