@@ -8,7 +8,6 @@ dict's keys and shapes with :func:`check_checkpoint_compatible`.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .errors import ConfigError
@@ -114,11 +113,13 @@ def check_config_against_checkpoint(model_config: Any, ckpt_path: Optional[str],
     Must run before LightningCLI parses the checkpoint's hyper-parameters into the config (it
     replaces the configured network with the checkpoint's, which would hide any mismatch).
     ``model_config`` is the ``class_path``/``init_args`` section (a dict or a jsonargparse
-    Namespace); names such as ``last`` that are not files are left to Lightning.
+    Namespace); names such as ``last`` that are not files are left to Lightning. Remote URLs
+    (``s3://...``) are checked too: Lightning's CLI reads hyper-parameters from local files only.
     """
-    if not ckpt_path or not os.path.isfile(str(ckpt_path)) or model_config is None:
+    from .checkpointing import checkpoint_exists, peek_checkpoint  # one-line errors for unreadable files
+
+    if not ckpt_path or model_config is None or not checkpoint_exists(str(ckpt_path)):
         return
-    from .checkpointing import peek_checkpoint  # one-line errors for unreadable files
 
     if hasattr(model_config, "as_dict"):
         model_config = model_config.as_dict()

@@ -3,6 +3,9 @@
 - :class:`AtomicCheckpointIO`: writes ``<file>.tmp-<pid>``, fsyncs it and renames it over the
   target, so a crash while saving never leaves a truncated ``last.ckpt``; loads with
   ``torch.load(weights_only=True)`` (never runs code from the file), our own classes allow-listed.
+  Remote folders (``s3://``, ``gs://``, any fsspec URL) go through Lightning's fsspec writer (one
+  upload: the object appears whole or not at all) and load just as safely; ``s3://`` needs
+  ``s3fs`` and ``gs://`` needs ``gcsfs``, which are not installed with the suite.
 - :class:`ResumeState`: stores the random-number streams of every library and the W&B run id in
   the checkpoint and restores the streams when training restarts, so a resumed run draws the
   same dropout masks and mixup coefficients as an uninterrupted one.
@@ -14,6 +17,7 @@
 from __future__ import annotations
 
 import functools
+import io
 import os
 import pickle
 import random
@@ -25,6 +29,7 @@ from typing import Any, Optional
 import lightning.pytorch as L
 import numpy as np
 import torch
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol, get_filesystem
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -34,7 +39,8 @@ from .callbacks import DivergenceMonitor
 from .errors import UserError
 
 __all__ = ["AtomicCheckpointIO", "ResumeState", "LastCheckpoint", "safe_load", "SAFE_GLOBALS",
-           "CheckpointError", "CheckpointInfo", "peek_checkpoint", "preempted_message"]
+           "CheckpointError", "CheckpointInfo", "peek_checkpoint", "preempted_message", "is_remote",
+           "checkpoint_exists"]
 
 
 class CheckpointError(UserError):
@@ -57,17 +63,22 @@ def safe_load(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = F
     """``torch.load`` that never executes code from the file; errors are one clear line.
 
     ``mmap=True`` maps the tensors instead of reading them: cheap when only the metadata
-    (hyper-parameters, run id) of a large checkpoint is needed.
+    (hyper-parameters, run id) of a large checkpoint is needed. Remote URLs (``s3://...``) are
+    read whole through fsspec (nothing to map) and loaded with the same allow-list.
     """
     path = str(path)
-    if not os.path.isfile(path):
+    if is_remote(path):
+        source, mmap = io.BytesIO(_read_remote(path)), False
+    elif not os.path.isfile(path):
         raise CheckpointError(f"checkpoint not found: {path} (--ckpt_path). Pass the path of a .ckpt "
                               "file written by this suite, e.g. runs/<project>/<run id>/checkpoints/last.ckpt")
+    else:
+        source = path
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
-            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+            return torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = _first_line(err)
         if "weights_only" in str(err) or "global" in str(err).lower():
             raise CheckpointError(
                 f"refusing to load {path}: it holds Python objects that could run code "
@@ -75,9 +86,59 @@ def safe_load(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = F
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason}); "
                               "resume from an earlier checkpoint in the same folder") from None
     except (RuntimeError, EOFError, OSError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = _first_line(err)
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason}); "
                               "resume from an earlier checkpoint in the same folder") from None
+
+
+def is_remote(path: str | os.PathLike) -> bool:
+    """True for fsspec URLs that are not the local disk (``s3://``, ``gs://``, ``memory://``...)."""
+    return not _is_local_file_protocol(path)
+
+
+def checkpoint_exists(path: str | os.PathLike) -> bool:
+    """Whether ``path`` (a local path or a remote URL) is a checkpoint file, not a name such as ``last``."""
+    if not is_remote(path):
+        return os.path.isfile(path)
+    try:
+        return _filesystem(str(path)).isfile(str(path))
+    except OSError:  # unreachable or forbidden: loading it says why, in one line
+        return True
+
+
+def _filesystem(path: str, storage_options: Optional[Any] = None):
+    """The fsspec filesystem of a remote URL; a missing package or a rejected option is one line
+    (option names only: their values may be credentials)."""
+    protocol = path.split("://", 1)[0].split("::", 1)[0]
+    try:
+        return get_filesystem(path, **(storage_options or {}))  # TypeError when not a mapping
+    except ImportError as err:  # fsspec: "Install s3fs to access S3"
+        raise CheckpointError(f"cannot open checkpoint {path}: {_first_line(err)}. Remote checkpoint folders "
+                              "need the fsspec package of their storage, e.g. pip install s3fs (s3://) or "
+                              "gcsfs (gs://)") from None
+    except (TypeError, ValueError) as err:
+        what = "the URL is"
+        if storage_options:
+            what = (f"storage_options {sorted(storage_options)} are" if isinstance(storage_options, dict)
+                    else "storage_options (not a dict of fsspec options) are")
+        raise CheckpointError(f"cannot open checkpoint {path}: {what} not accepted by the {protocol}:// "
+                              f"filesystem ({_first_line(err)})") from None
+
+
+def _read_remote(path: str) -> bytes:
+    fs = _filesystem(path)
+    try:
+        if not fs.isfile(path):
+            raise CheckpointError(f"checkpoint not found: {path} (--ckpt_path). Pass the URL of a .ckpt file "
+                                  "written by this suite, e.g. s3://<bucket>/<run id>/checkpoints/last.ckpt")
+        return fs.cat_file(path)  # one download; torch.load would otherwise seek through the remote file
+    except OSError as err:
+        raise CheckpointError(f"cannot read checkpoint {path} ({_first_line(err)}); check the URL and the "
+                              "credentials of its storage") from None
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
 def _first_global(message: str) -> str:
@@ -88,9 +149,19 @@ def _first_global(message: str) -> str:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """TorchCheckpointIO with atomic saves (temp file + fsync + rename) and ``weights_only`` loads."""
+    """TorchCheckpointIO with atomic saves (temp file + fsync + rename) and ``weights_only`` loads.
+
+    Remote URLs (``s3://``, ``gs://``...) are written by Lightning's fsspec IO; ``storage_options``
+    (``trainer.save_checkpoint(..., storage_options=...)``) are passed to their fsspec filesystem.
+    """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
+        if is_remote(path):
+            self._save_remote(checkpoint, str(path), storage_options)
+            return
+        if storage_options:  # they configure an fsspec filesystem; the local write uses none
+            raise CheckpointError(f"storage_options apply to remote checkpoint URLs (s3://, gs://...) only; "
+                                  f"{path} is a local file: save it without them")
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
@@ -105,6 +176,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 tmp.unlink()
         _fsync_dir(target.parent)
         _remove_stale_temps(target)
+
+    def _save_remote(self, checkpoint: dict[str, Any], path: str, storage_options: Optional[Any]) -> None:
+        # an object store has no rename; one upload (multipart on S3/GCS) only appears once complete
+        if not storage_options:
+            super().save_checkpoint(checkpoint, path)  # Lightning's fsspec writer, tuned per store
+            return
+        fs = _filesystem(path, storage_options)  # Lightning's writer takes no options: its write, our fs
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        fs.makedirs(os.path.dirname(path), exist_ok=True)
+        with fs.transaction:
+            fs.pipe_file(path, buffer.getvalue())
 
     def load_checkpoint(self, path, map_location: Any = None, weights_only: Optional[bool] = None) -> dict:
         return safe_load(path, map_location=map_location if map_location is not None else "cpu")
@@ -152,14 +235,29 @@ class CheckpointInfo:
 
 
 def peek_checkpoint(path: str | os.PathLike) -> CheckpointInfo:
-    """Hyper-parameters and W&B run id of a checkpoint, read once per file version (tensors are
-    memory-mapped, not read): the CLI's several checks share one load."""
-    stat = os.stat(path) if os.path.isfile(path) else None
-    return _peek(str(path), stat.st_mtime_ns if stat else None, stat.st_size if stat else None)
+    """Hyper-parameters and W&B run id of a checkpoint, read once per file version (local tensors
+    are memory-mapped, not read; a remote file is downloaded once): the CLI's several checks share
+    one load."""
+    path = str(path)
+    return _peek(path, *_file_version(path))
+
+
+def _file_version(path: str) -> tuple:
+    """What changes when the file is rewritten: local mtime and size, or the remote store's metadata."""
+    if not is_remote(path):
+        stat = os.stat(path) if os.path.isfile(path) else None
+        return (stat.st_mtime_ns, stat.st_size) if stat else (None, None)
+    try:
+        info = _filesystem(path).info(path)
+    except OSError:  # missing or unreachable: safe_load says which, uncached
+        return None, None
+    stamp = next((info[k] for k in ("ETag", "etag", "md5Hash", "LastModified", "mtime", "updated", "created")
+                  if info.get(k) is not None), None)
+    return (None if stamp is None else str(stamp)), info.get("size")
 
 
 @functools.lru_cache(maxsize=4)
-def _peek(path: str, mtime_ns: Optional[int], size: Optional[int]) -> CheckpointInfo:
+def _peek(path: str, version: Any, size: Optional[int]) -> CheckpointInfo:
     state = safe_load(path, mmap=True)
     run_id = next((value.get("run_id") for key, value in state.get("callbacks", {}).items()
                    if key.startswith("ResumeState") and isinstance(value, dict)), None)

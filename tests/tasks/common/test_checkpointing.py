@@ -131,3 +131,169 @@ def test_last_checkpoint_is_never_a_diverged_model(tmp_path):
     saved = safe_load(last.saved_path)
     assert saved["global_step"] == 3  # the last finite state; the deferred check ran before each save
     assert all(torch.isfinite(v).all() for v in saved["state_dict"].values())
+
+
+# --- remote checkpoint folders (fsspec URLs), on fsspec's in-process memory:// filesystem ---
+
+@pytest.fixture
+def memory_dir(tmp_path, monkeypatch):
+    """A fresh ``memory://`` folder, removed afterwards; the working directory is ``tmp_path``, so
+    a URL mistaken for a local path (a ``memory:`` folder) would show up there."""
+    import uuid
+
+    import fsspec
+
+    monkeypatch.chdir(tmp_path)
+    name = f"rescale-test-{uuid.uuid4().hex}"
+    fs = fsspec.filesystem("memory")
+    yield f"memory://{name}"
+    if fs.exists(f"/{name}"):
+        fs.rm(f"/{name}", recursive=True)
+
+
+def _memory_files(url: str) -> list[str]:
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    return sorted(p.rsplit("/", 1)[-1] for p in fs.find(url))
+
+
+def test_remote_checkpoints_save_load_and_remove_through_fsspec(memory_dir, tmp_path):
+    io = AtomicCheckpointIO()
+    url = f"{memory_dir}/ckpts/a.ckpt"
+    saved = {"step": torch.tensor(7), "w": torch.randn(3, 2)}
+    io.save_checkpoint(saved, url)
+    assert _memory_files(memory_dir) == ["a.ckpt"]
+    assert list(tmp_path.iterdir()) == []  # nothing written to the local disk
+    loaded = io.load_checkpoint(url)
+    assert int(loaded["step"]) == 7 and torch.equal(loaded["w"], saved["w"])
+    io.remove_checkpoint(url)
+    assert _memory_files(memory_dir) == []
+
+
+def test_remote_storage_options_reach_the_filesystem_and_are_refused_for_local_files(memory_dir, tmp_path,
+                                                                                     monkeypatch):
+    import rescale_tasks.common.checkpointing as checkpointing
+
+    seen = []
+    real = checkpointing.get_filesystem
+    monkeypatch.setattr(checkpointing, "get_filesystem", lambda path, **kw: seen.append(kw) or real(path, **kw))
+    url = f"{memory_dir}/b.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"step": torch.tensor(1)}, url, storage_options={"skip_instance_cache": True})
+    assert {"skip_instance_cache": True} in seen and int(safe_load(url)["step"]) == 1
+    with pytest.raises(CheckpointError, match="storage_options apply to remote .* local file") as err:
+        AtomicCheckpointIO().save_checkpoint({}, tmp_path / "c.ckpt", storage_options={"anon": True})
+    assert "\n" not in str(err.value)
+
+
+def test_missing_and_truncated_remote_checkpoints_are_one_line_errors(memory_dir):
+    import fsspec
+
+    missing = f"{memory_dir}/ckpts/last.ckpt"
+    with pytest.raises(CheckpointError, match=f"checkpoint not found: {missing}") as err:
+        AtomicCheckpointIO().load_checkpoint(missing)
+    assert "\n" not in str(err.value)
+    AtomicCheckpointIO().save_checkpoint({"w": torch.zeros(1000)}, missing)
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file(missing, fs.cat_file(missing)[:300])
+    with pytest.raises(CheckpointError, match="corrupt or truncated") as err:
+        safe_load(missing)
+    assert "\n" not in str(err.value)
+
+
+def test_remote_loading_never_runs_code_from_the_file(memory_dir, tmp_path):
+    import fsspec
+
+    marker = tmp_path / "code-ran"
+    url = f"{memory_dir}/evil.ckpt"
+    with fsspec.open(url, "wb") as handle:
+        torch.save({"state_dict": {}, "x": _Payload(str(marker))}, handle)
+    with pytest.raises(CheckpointError, match=f"refusing to load {url}"):
+        AtomicCheckpointIO().load_checkpoint(url)
+    assert not marker.exists()
+
+
+def test_peek_reads_the_run_id_of_a_remote_checkpoint(memory_dir):
+    """``--ckpt_path memory://.../last.ckpt`` continues the W&B run: the CLI peeks at the run id."""
+    import fsspec
+
+    from rescale_tasks.common.checkpointing import peek_checkpoint
+
+    url = f"{memory_dir}/last.ckpt"
+
+    def write(state):  # straight to the store, as another process's upload would
+        with fsspec.open(url, "wb") as handle:
+            torch.save(state, handle)
+
+    write({"hyper_parameters": {"network": "rescale18"}, "callbacks": {"ResumeState": {"run_id": "abc123"}}})
+    info = peek_checkpoint(url)
+    assert info.run_id == "abc123" and info.hyper_parameters == {"network": "rescale18"}
+    write({"callbacks": {"ResumeState": {"run_id": "def456"}}})
+    assert peek_checkpoint(url).run_id == "def456"  # a rewritten file is read again
+
+
+def test_cli_checks_a_remote_checkpoint_against_the_configured_network(memory_dir):
+    """Lightning's CLI reads hyper-parameters from local checkpoints only; ours checks remote ones too."""
+    from rescale_tasks.common.checkpoint_compat import check_config_against_checkpoint
+    from rescale_tasks.common.errors import ConfigError
+
+    import fsspec
+
+    url, module = f"{memory_dir}/last.ckpt", "rescale_tasks.classification.module.ImageClassifier"
+    with fsspec.open(url, "wb") as handle:
+        torch.save({"hyper_parameters": {"_class_path": module, "network": "rescale18"}}, handle)
+    check_config_against_checkpoint({"class_path": module, "init_args": {"network": "rescale18"}}, url)
+    with pytest.raises(ConfigError, match=f"checkpoint {url} was saved from network=rescale18"):
+        check_config_against_checkpoint({"class_path": module, "init_args": {"network": "rescale50"}}, url)
+
+
+class _Steady(__import__("lightning").pytorch.LightningModule):
+    """A linear model on fixed data, 4 steps an epoch, SGD with momentum (optimizer state matters)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(4, 1)
+
+    def on_train_start(self):
+        self.start_step = self.global_step
+
+    def training_step(self, batch, batch_idx):
+        return (self.layer(batch[0]) - batch[1]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(1)
+        data = torch.utils.data.TensorDataset(torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g))
+        return torch.utils.data.DataLoader(data, batch_size=4)
+
+
+def test_fit_writes_last_checkpoint_to_a_remote_folder_and_resumes_from_it(memory_dir, tmp_path):
+    import lightning.pytorch as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from rescale_tasks.common.checkpointing import LastCheckpoint
+
+    def fit(max_epochs, ckpt_path=None, root=memory_dir):
+        model = _Steady()
+        trainer = L.Trainer(default_root_dir=root, max_epochs=max_epochs, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, accelerator="cpu", num_sanity_val_steps=0,
+                            callbacks=[ModelCheckpoint(dirpath=f"{root}/ckpts"), LastCheckpoint(), ResumeState()],
+                            plugins=[AtomicCheckpointIO()])
+        trainer.fit(model, ckpt_path=ckpt_path)
+        return trainer, model
+
+    first, _ = fit(1)
+    last = f"{memory_dir}/ckpts/last.ckpt"
+    assert next(cb for cb in first.callbacks if isinstance(cb, LastCheckpoint)).saved_path == last
+    assert _memory_files(memory_dir) == ["epoch=0-step=4.ckpt", "last.ckpt"]
+    assert list(tmp_path.iterdir()) == []  # no local "memory:" folder
+    assert safe_load(last)["global_step"] == 4
+
+    resumed, model = fit(2, ckpt_path=last)
+    assert model.start_step == 4 and resumed.global_step == 8 and safe_load(last)["global_step"] == 8
+    _, straight = fit(2, root=str(tmp_path / "straight"))
+    for name, value in straight.state_dict().items():  # weights and momentum restored from memory://
+        assert torch.equal(model.state_dict()[name], value), name
