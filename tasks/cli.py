@@ -32,6 +32,7 @@ from .common.checkpoint_compat import check_config_against_checkpoint  # noqa: E
 from .common.cli_errors import config_errors, trainer_config_errors  # noqa: E402
 from .common.config import SaveConfigToRun  # noqa: E402
 from .common.data_report import SkippedDataReport  # noqa: E402
+from .common.run_summary import RunSummary  # noqa: E402
 from .common.errors import UserError  # noqa: E402
 from .common.networks import check_network, resolved_architecture  # noqa: E402
 
@@ -79,6 +80,7 @@ class RescaleCLI(LightningCLI):
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
         parser.add_lightning_class_args(DivergenceMonitor, "divergence")
         parser.add_lightning_class_args(LearnedScalarsLogger, "learned_scalars")
+        parser.add_lightning_class_args(RunSummary, "run_summary")  # run_summary.json for compare/studies
 
     def before_instantiate_classes(self) -> None:
         """Check network and scheme names before anything is built, so a typo is one clear line

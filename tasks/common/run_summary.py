@@ -1,0 +1,244 @@
+"""``run_summary.json``: what a run ended with, in one small file next to its resolved config.
+
+Every ``rescale fit`` writes it into the run's own directory (the W&B run's ``files`` folder,
+beside ``rescale_config.yaml``; :func:`~.config.run_directory`), or where ``run_summary.path``
+says (the studies put it in each grid point's folder). ``rescale compare`` and the study
+aggregations read these files wherever the runs ran (this machine, a SLURM array, a sweep
+agent), so they need neither W&B's servers nor its file format.
+
+Contents: the run's identity (project, group, name, network, scheme, seed, lr, global batch),
+``status`` (``finished``, ``diverged``, ``interrupted``), the final value of every logged scalar,
+the best validation values, curves (``train/loss`` at the logged steps, validation metrics per
+epoch), steps, epochs, training seconds and samples per second.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any, Optional
+
+import lightning.pytorch as L
+import torch
+
+from .callbacks import DivergenceMonitor
+from .config import run_directory
+
+__all__ = ["RunSummary", "SUMMARY_FILE", "read_summary", "find_summaries"]
+
+SUMMARY_FILE = "run_summary.json"
+
+
+def _scalar(value: Any) -> Optional[float]:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            return None
+        value = value.detach().float().item()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _batch_size(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            n = _batch_size(item)
+            if n:
+                return n
+    return 0
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities as strings: strict JSON readers refuse the bare tokens."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _from_json(value: Any) -> Any:
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    return value
+
+
+class RunSummary(L.Callback):
+    """Writes :data:`SUMMARY_FILE` at the end of fitting (also when it diverged or was
+    interrupted), on rank 0.
+
+    Args:
+        path: the file to write (None: ``run_summary.json`` in the run's directory).
+        higher_is_better: validation metric names (suffixes) where larger is better, for the
+            best values (``acc1``, ``acc5``, ``map``, ``bleu`` ...); the others are minimised.
+    """
+
+    def __init__(self, path: Optional[str] = None,
+                 higher_is_better: tuple[str, ...] = ("acc", "acc1", "acc5", "map", "ap", "bleu")) -> None:
+        self.path = path
+        self.higher_is_better = tuple(higher_is_better)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.train_curve: list[list[float]] = []
+        self.val_curve: dict[str, list[list[float]]] = {}
+        self.samples = 0
+        self.seconds_before = 0.0  # training time of the run before it was resumed
+        self.seconds = 0.0
+        self._start: Optional[float] = None
+        self._written = False
+
+    # the curves and counters travel in the checkpoint: a resumed run's summary covers all of it
+    def state_dict(self) -> dict:
+        elapsed = time.perf_counter() - self._start if self._start is not None else 0.0
+        return {"train_curve": self.train_curve, "val_curve": self.val_curve, "samples": self.samples,
+                "seconds": self.seconds_before + elapsed}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.train_curve = [list(p) for p in state_dict.get("train_curve", [])]
+        self.val_curve = {k: [list(p) for p in v] for k, v in state_dict.get("val_curve", {}).items()}
+        self.samples = int(state_dict.get("samples", 0))
+        self.seconds_before = float(state_dict.get("seconds", 0.0))
+
+    # --- collecting ---------------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start = time.perf_counter()
+        self._written = False
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.samples += _batch_size(batch) * trainer.world_size
+        if trainer.global_step % max(trainer.log_every_n_steps, 1) == 0 or trainer.global_step == 1:
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            value = _scalar(loss)  # one read per logged step, as Lightning's own logging does
+            if value is not None:
+                self.train_curve.append([trainer.global_step, value])
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        for key, value in trainer.callback_metrics.items():
+            value = _scalar(value)
+            if key.startswith("val/") and value is not None:
+                self.val_curve.setdefault(key, []).append([trainer.current_epoch, value])
+
+    # --- writing ------------------------------------------------------------------------------
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.write(trainer, pl_module, "finished")
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.write(trainer, pl_module, "interrupted", error=f"{type(exception).__name__}: {exception}")
+
+    def _best(self, key: str) -> Optional[float]:
+        values = [v for _, v in self.val_curve.get(key, []) if math.isfinite(v)]
+        if not values:
+            return None
+        return max(values) if key.rsplit("/", 1)[-1] in self.higher_is_better else min(values)
+
+    def summary(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str,
+                error: Optional[str] = None) -> dict:
+        monitor = next((c for c in trainer.callbacks if isinstance(c, DivergenceMonitor)), None)
+        diverged_at = getattr(monitor, "diverged_at", None)
+        if diverged_at is not None:
+            status = "diverged"
+        self.seconds = self.seconds_before + (time.perf_counter() - self._start if self._start is not None else 0.0)
+        hparams = dict(getattr(pl_module, "hparams", {}) or {})
+        data_hparams = dict(getattr(trainer.datamodule, "hparams", {}) or {}) if trainer.datamodule else {}
+        batch = data_hparams.get("batch_size")
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        lr = None
+        if optimizer is not None:
+            group = optimizer.param_groups[0]
+            lr = group.get("initial_lr", group.get("lr"))
+        logger = trainer.logger
+        experiment = getattr(logger, "_experiment", None)  # never start a W&B run here
+        final = {k: v for k, v in ((k, _scalar(v)) for k, v in trainer.callback_metrics.items()) if v is not None}
+        return {
+            "name": getattr(experiment, "name", None) or getattr(logger, "name", None),
+            "project": getattr(experiment, "project", None) or getattr(logger, "_project", None),
+            "group": getattr(experiment, "group", None) or None,
+            "run_id": getattr(experiment, "id", None),
+            "task": type(pl_module).__name__,
+            "network": hparams.get("network"),
+            "scheme": getattr(pl_module, "scheme_name", None) or hparams.get("scheme"),
+            "scheme_options": hparams.get("scheme_options") or {},
+            "network_options": hparams.get("network_options") or {},
+            "seed": int(os.environ["PL_GLOBAL_SEED"]) if os.environ.get("PL_GLOBAL_SEED") else None,
+            "lr": lr,
+            "batch_size": batch,
+            "global_batch": batch * trainer.world_size * trainer.accumulate_grad_batches if batch else None,
+            "world_size": trainer.world_size,
+            "status": status,
+            "error": error,
+            "diverged_step": diverged_at,
+            "steps": trainer.global_step,
+            "epochs": trainer.current_epoch,  # completed epochs (Lightning counts on at the end)
+            "train_seconds": self.seconds,
+            "samples_per_second": self.samples / self.seconds if self.seconds > 0 else None,
+            "final": final,
+            "best": {k: self._best(k) for k in self.val_curve},
+            "curves": {"train/loss": self.train_curve, **self.val_curve},
+            "checkpoint": _last_checkpoint(trainer),
+        }
+
+    def write(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str,
+              error: Optional[str] = None) -> Optional[str]:
+        if self._written or trainer.global_rank != 0 or trainer.sanity_checking and status == "finished":
+            return None
+        path = self.path or _default_path(trainer)
+        if path is None:
+            return None
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(_json_safe(self.summary(trainer, pl_module, status, error)), f, indent=1)
+        os.replace(tmp, path)  # a reader never sees half a file
+        self._written = True
+        return path
+
+
+def _default_path(trainer: L.Trainer) -> Optional[str]:
+    directory = run_directory(trainer.logger) if trainer.logger is not None else None
+    directory = directory or trainer.default_root_dir
+    return os.path.join(directory, SUMMARY_FILE) if directory else None
+
+
+def _last_checkpoint(trainer: L.Trainer) -> Optional[str]:
+    from .checkpointing import LastCheckpoint
+
+    callback = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)
+    return callback.path(trainer) if callback is not None else None
+
+
+def read_summary(path: str) -> dict:
+    """A ``run_summary.json`` (or the folder holding one), NaN restored; ``path`` added."""
+    if os.path.isdir(path):
+        path = os.path.join(path, SUMMARY_FILE)
+    with open(path) as f:
+        summary = _from_json(json.load(f))
+    summary["path"] = path
+    return summary
+
+
+def find_summaries(*roots: str) -> list[str]:
+    """Every ``run_summary.json`` under the given folders (or the files themselves), sorted."""
+    found = set()
+    for root in roots:
+        if os.path.isfile(root):
+            found.add(os.path.abspath(root))
+            continue
+        for folder, _, files in os.walk(root):
+            if SUMMARY_FILE in files:
+                found.add(os.path.abspath(os.path.join(folder, SUMMARY_FILE)))
+    return sorted(found)

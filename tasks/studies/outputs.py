@@ -1,0 +1,150 @@
+"""What every study command writes: tables as CSV and markdown, plots as PNG, and both to a W&B
+run when one is named (``--wandb_run``)."""
+from __future__ import annotations
+
+import csv
+import math
+import os
+from typing import Any, Iterable, Optional, Sequence
+
+__all__ = ["write_table", "markdown_table", "format_cell", "new_figure", "save_figure", "log_to_wandb",
+           "StudyOutputs"]
+
+
+def format_cell(value: Any) -> str:
+    """Numbers to 4 significant digits, None as an empty cell, NaN as ``nan``."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _columns(rows: Sequence[dict], columns: Optional[Sequence[str]]) -> list[str]:
+    if columns is not None:
+        return list(columns)
+    out: dict[str, None] = {}
+    for row in rows:
+        out.update(dict.fromkeys(row))
+    return list(out)
+
+
+def markdown_table(rows: Sequence[dict], columns: Optional[Sequence[str]] = None) -> str:
+    cols = _columns(rows, columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(format_cell(row.get(c)) for c in cols) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_table(rows: Sequence[dict], stem: str, columns: Optional[Sequence[str]] = None,
+                title: Optional[str] = None) -> tuple[str, str]:
+    """``<stem>.csv`` (full precision) and ``<stem>.md`` (rounded, with an optional title line)."""
+    cols = _columns(rows, columns)
+    os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
+    with open(stem + ".csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows([{c: ("" if row.get(c) is None else row.get(c)) for c in cols} for row in rows])
+    with open(stem + ".md", "w") as f:
+        f.write((f"{title}\n\n" if title else "") + markdown_table(rows, cols))
+    return stem + ".csv", stem + ".md"
+
+
+def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.6):
+    """A matplotlib figure on the Agg backend (no display needed) and its list of axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def save_figure(fig, path: str) -> str:
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def log_to_wandb(run: str, tables: dict[str, Sequence[dict]], images: dict[str, str],
+                 project: Optional[str] = None) -> str:
+    """Log tables and PNGs to the W&B run ``run``: a run directory of this suite
+    (``.../wandb/offline-run-*`` or ``run-*``) or a run id (with ``project``). The run is resumed
+    (``resume="allow"``) in the suite's mode: offline unless logged in. Returns the run id."""
+    import wandb
+
+    from ..common.errors import UserError
+    from ..common.wandb_logger import wandb_mode
+    from ..common.wandb_offline import read_offline_run
+
+    save_dir = None
+    if os.path.isdir(run):
+        try:
+            info = read_offline_run(run, wait_s=0)
+        except (FileNotFoundError, ValueError) as err:
+            raise UserError(f"--wandb_run {run}: not a W&B run directory ({err}); give a "
+                            "runs/wandb/offline-run-* folder or a run id with --wandb_project") from None
+        run_id = info.run_id
+        project = project or info.config.get("trainer", {}).get("logger", {}).get("init_args", {}).get("project")
+        save_dir = os.path.dirname(os.path.dirname(os.path.abspath(run)))  # <save_dir>/wandb/<run>
+    else:
+        run_id = run
+        if not project:
+            raise UserError(f"--wandb_run {run}: a run id needs --wandb_project (or give the run's folder)")
+    settings = wandb.Settings(console="off", silent=True)
+    with wandb.init(id=run_id, project=project or "rescale", dir=save_dir, resume="allow",
+                    mode=wandb_mode(), settings=settings) as wb:
+        payload: dict[str, Any] = {}
+        for name, rows in tables.items():
+            cols = _columns(rows, None)
+            payload[f"tables/{name}"] = wandb.Table(columns=cols, data=[[row.get(c) for c in cols] for row in rows])
+        for name, path in images.items():
+            payload[f"plots/{name}"] = wandb.Image(path)
+        wb.log(payload)
+    return run_id
+
+
+class StudyOutputs:
+    """The files of one command: ``<out>/<stem>.csv|.md|.png``, remembered for W&B and the final
+    listing printed to the user."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+        self.tables: dict[str, list[dict]] = {}
+        self.images: dict[str, str] = {}
+        self.files: list[str] = []
+
+    def table(self, name: str, rows: Sequence[dict], columns: Optional[Sequence[str]] = None,
+              title: Optional[str] = None) -> None:
+        rows = list(rows)
+        self.tables[name] = rows
+        self.files += write_table(rows, os.path.join(self.out, name), columns, title)
+
+    def figure(self, name: str, fig) -> str:
+        path = save_figure(fig, os.path.join(self.out, name + ".png"))
+        self.images[name] = path
+        self.files.append(path)
+        return path
+
+    def finish(self, wandb_run: Optional[str] = None, wandb_project: Optional[str] = None,
+               echo: Iterable[str] = ()) -> None:
+        """Print the markdown of the tables named in ``echo`` and the files written; log to W&B."""
+        for name in echo:
+            print(markdown_table(self.tables[name]))
+        if wandb_run:
+            run_id = log_to_wandb(wandb_run, self.tables, self.images, wandb_project)
+            print(f"logged to W&B run {run_id}")
+        print("wrote " + ", ".join(self.files))
