@@ -359,17 +359,35 @@ class LastCheckpoint(L.Callback):
         every_n_train_steps: also save every n optimizer steps (0: off).
         every_minutes: also save after this many minutes of training since the last save (0: off).
         on_preemption: save on SIGTERM.
+        dirpath: where the run's checkpoints go (``last.ckpt`` and the epoch checkpoints of the
+            suite's ModelCheckpoint): a local folder or an fsspec URL (``s3://bucket/ckpts``), in a
+            subfolder named by the run id (the logger's version) so runs never share one.
+            None: the run's own folder.
     """
 
-    def __init__(self, every_n_train_steps: int = 0, every_minutes: float = 0.0, on_preemption: bool = True) -> None:
+    def __init__(self, every_n_train_steps: int = 0, every_minutes: float = 0.0, on_preemption: bool = True,
+                 dirpath: Optional[str] = None) -> None:
         if every_n_train_steps < 0 or every_minutes < 0:
             raise UserError(f"last_checkpoint.every_n_train_steps ({every_n_train_steps}) and "
                             f"last_checkpoint.every_minutes ({every_minutes}) must be 0 (off) or positive")
+        self.dirpath = dirpath
         self.every_n_train_steps = every_n_train_steps
         self.every_minutes = every_minutes
         self.on_preemption = on_preemption
         self.saved_path: Optional[str] = None
         self._last_save = time.monotonic()
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Point the ModelCheckpoints without a folder of their own at ``dirpath`` (before their
+        own setup: Lightning runs checkpoint callbacks last)."""
+        if not self.dirpath:
+            return
+        version = getattr(trainer.logger, "version", None) if trainer.logger is not None else None
+        folder = self.dirpath.rstrip("/") + (f"/{version}" if version else "")
+        for checkpoint in trainer.checkpoint_callbacks:
+            if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath is None:
+                checkpoint.dirpath = folder
+                checkpoint._fs = get_filesystem(folder)  # chosen in its __init__ from its dirpath then
 
     def path(self, trainer: L.Trainer) -> str:
         checkpoint = trainer.checkpoint_callback

@@ -297,3 +297,28 @@ def test_fit_writes_last_checkpoint_to_a_remote_folder_and_resumes_from_it(memor
     _, straight = fit(2, root=str(tmp_path / "straight"))
     for name, value in straight.state_dict().items():  # weights and momentum restored from memory://
         assert torch.equal(model.state_dict()[name], value), name
+
+
+def test_the_cli_writes_and_resumes_a_run_in_a_remote_folder(memory_dir, tmp_path, monkeypatch, run_config,
+                                                             suite_wandb_logger):
+    """``--last_checkpoint.dirpath s3://...`` (here memory://): last.ckpt and the epoch checkpoints
+    land in ``<dirpath>/<run id>/``, and ``--ckpt_path <that URL>`` resumes the same run."""
+    from rescale_tasks.cli import main
+    from rescale_tasks.common.run_summary import find_summaries, read_summary
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    config = run_config(tmp_path / "run.yaml", trainer={"logger": suite_wandb_logger("rescale-test", "remote"),
+                                                        "log_every_n_steps": 1})
+    assert main(["fit", "--config", config, "--last_checkpoint.dirpath", memory_dir]) == 0
+    files = _memory_files(memory_dir)
+    assert files == ["epoch000.ckpt", "last.ckpt"] and not list(tmp_path.glob("**/*.ckpt"))
+    (summary,) = find_summaries("runs")
+    first = read_summary(summary)
+    last = first["checkpoint"]
+    assert last == f"{memory_dir}/{first['run_id']}/last.ckpt"
+    assert main(["fit", "--config", config, "--last_checkpoint.dirpath", memory_dir, "--ckpt_path", last,
+                 "--trainer.max_epochs", "2"]) == 0
+    (resumed,) = [read_summary(p) for p in find_summaries("runs") if p != summary]  # W&B: a new offline folder
+    assert resumed["run_id"] == first["run_id"] and resumed["steps"] == 4  # the same run, 2 more steps
+    assert [s for s, _ in resumed["curves"]["train/loss"]] == [1, 2, 3, 4]  # its summary covers all of it
+    assert _memory_files(memory_dir) == ["epoch000.ckpt", "epoch001.ckpt", "last.ckpt"]
