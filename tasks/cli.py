@@ -217,7 +217,19 @@ def _cmd_demo(argv: list[str]) -> int:
     return demo_main(argv)
 
 
+def _studies(module: str) -> Callable[[list[str]], int]:
+    """``rescale analyze|study|compare``: the papers' studies (imported when called)."""
+    def run(argv: list[str]) -> int:
+        import importlib
+
+        return importlib.import_module(f"rescale_tasks.studies.{module}").main(argv)
+    return run
+
+
 SUITE_COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "analyze": _studies("analyze"),
+    "study": _studies("study"),
+    "compare": _studies("compare"),
     "demo": _cmd_demo,
     "models": _cmd_models,
     "schemes": _cmd_schemes,

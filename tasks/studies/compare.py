@@ -1,0 +1,221 @@
+"""``rescale compare``: each normalization-free run against its normalized baseline.
+
+    rescale compare runs/ studies/depth/ [--metric val/acc1] [--baseline bn] [--out compare]
+    rescale compare --wandb_project <entity>/<project>        (online: the project's runs)
+
+Runs are read from the ``run_summary.json`` every ``rescale fit`` writes (found under the given
+folders, wherever the runs ran), or from a W&B project through its API. They are grouped by
+experiment (the W&B group, e.g. ``imagenet-resnet50``; else the network) and, inside one, by
+variant (scheme plus its options); several runs of a variant are seeds, shown as mean +- std
+(sample std, n-1). Each variant is set against the experiment's baseline: the normalized scheme
+named by ``--baseline`` or, by default, the first of bn, gn, post_ln, pre_ln present.
+
+Writes ``compare.csv/.md`` (one row per experiment and variant: n, the task's metric mean and
+std, its difference to the baseline, final train loss, throughput and its ratio to the
+baseline's, diverged runs) and, per experiment, ``<experiment>_curves.png`` (training loss and
+validation metric of every run) and ``<experiment>_metric.png`` (the metric per variant, error
+bars over seeds).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import statistics
+from collections import defaultdict
+from typing import Iterable, Optional
+
+from ..common.errors import UserError
+from ..common.run_summary import find_summaries, read_summary
+from .outputs import StudyOutputs, new_figure
+
+__all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of"]
+
+# the task's metric, by what the runs logged: classification, detection, translation
+METRICS = ("val/acc1", "val/map", "val/bleu", "val/acc")
+BASELINES = ("bn", "gn", "post_ln", "pre_ln")
+
+
+def mean_std(values: Iterable[float]) -> tuple[Optional[float], Optional[float], int]:
+    """Mean, sample standard deviation (n-1; None for one value) and count of the finite values."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not finite:
+        return None, None, 0
+    return statistics.fmean(finite), (statistics.stdev(finite) if len(finite) > 1 else None), len(finite)
+
+
+def experiment_of(run: dict) -> str:
+    return run.get("group") or run.get("network") or "runs"
+
+
+def variant_of(run: dict) -> str:
+    """``rescale`` or ``rescale[c=10,gain=vector]``: the scheme and the options that change it."""
+    options = run.get("scheme_options") or {}
+    extra = ",".join(f"{k}={options[k]}" for k in sorted(options))
+    return f"{run.get('scheme') or 'unknown'}" + (f"[{extra}]" if extra else "")
+
+
+def _is_normalized(scheme: str) -> bool:
+    from rescale_core import get_scheme
+
+    try:
+        return get_scheme(scheme).norm is not None
+    except KeyError:
+        return False
+
+
+def _metric_value(run: dict, metric: str, use: str) -> Optional[float]:
+    if run.get("status") == "diverged":
+        return None
+    value = (run.get(use) or {}).get(metric)
+    return None if value is None else float(value)
+
+
+def _pick_metric(runs: list[dict], metric: Optional[str]) -> str:
+    if metric:
+        return metric
+    for name in METRICS:
+        if any(name in (r.get("best") or {}) or name in (r.get("final") or {}) for r in runs):
+            return name
+    raise UserError("the runs logged none of the known task metrics " + ", ".join(METRICS) +
+                    "; name one with --metric (e.g. --metric val/loss)")
+
+
+def _baseline(variants: dict[str, list[dict]], wanted: Optional[str]) -> Optional[str]:
+    if wanted:
+        return next((v for v in variants if v == wanted or v.split("[")[0] == wanted), None)
+    for scheme in BASELINES:
+        if scheme in variants:
+            return scheme
+    return next((v for v in variants if _is_normalized(v.split("[")[0])), None)
+
+
+def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optional[str] = None,
+                 use: str = "best") -> tuple[list[dict], str]:
+    """One row per (experiment, variant), baseline first; and the metric used."""
+    metric = _pick_metric(runs, metric)
+    higher = "loss" not in metric.rsplit("/", 1)[-1]  # val/loss, train/loss_epoch: lower is better
+    groups: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        groups[experiment_of(run)][variant_of(run)].append(run)
+    rows = []
+    for experiment in sorted(groups):
+        variants = groups[experiment]
+        base = _baseline(variants, baseline)
+        base_mean = mean_std(_metric_value(r, metric, use) for r in variants[base])[0] if base else None
+        base_speed = mean_std(r.get("samples_per_second") for r in variants[base])[0] if base else None
+        order = ([base] if base else []) + sorted(v for v in variants if v != base)
+        for variant in order:
+            group = variants[variant]
+            mean, std, _ = mean_std(_metric_value(r, metric, use) for r in group)
+            loss = mean_std((r.get("final") or {}).get("train/loss_epoch") for r in group)[0]
+            speed = mean_std(r.get("samples_per_second") for r in group)[0]
+            diverged = sum(r.get("status") == "diverged" for r in group)
+            rows.append({
+                "experiment": experiment, "variant": variant,
+                "role": "baseline" if variant == base else "",
+                "runs": len(group), "metric": metric, "mean": mean, "std": std,
+                "vs_baseline": (mean - base_mean) if mean is not None and base_mean is not None else None,
+                "better": (None if mean is None or base_mean is None or variant == base
+                           else (mean >= base_mean) == higher),
+                "train_loss": loss, "samples_per_s": speed,
+                "speed_vs_baseline": speed / base_speed if speed and base_speed else None,
+                "diverged": f"{diverged}/{len(group)}",
+            })
+    return rows, metric
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "runs"
+
+
+def _plots(outputs: StudyOutputs, runs: list[dict], rows: list[dict], metric: str) -> None:
+    by_experiment: dict[str, list[dict]] = defaultdict(list)
+    for run in runs:
+        by_experiment[experiment_of(run)].append(run)
+    for experiment, group in sorted(by_experiment.items()):
+        fig, (ax_loss, ax_metric) = new_figure(2)
+        colors: dict[str, str] = {}
+        for run in sorted(group, key=variant_of):
+            variant = variant_of(run)
+            first = variant not in colors
+            color = colors.setdefault(variant, f"C{len(colors) % 10}")
+            curves = run.get("curves") or {}
+            label = variant if first else None
+            loss = [(s, v) for s, v in curves.get("train/loss", []) if math.isfinite(v)]
+            if loss:
+                ax_loss.plot(*zip(*loss), color=color, alpha=0.8, label=label)
+            points = curves.get(metric, [])
+            if points:
+                ax_metric.plot(*zip(*points), color=color, marker="o", alpha=0.8, label=label)
+        ax_loss.set(xlabel="step", ylabel="train loss", yscale="log", title=f"{experiment}: training loss")
+        ax_metric.set(xlabel="epoch", ylabel=metric, title=f"{experiment}: {metric}")
+        outputs.figure(f"{_slug(experiment)}_curves", fig)
+
+        mine = [r for r in rows if r["experiment"] == experiment]
+        fig, (ax,) = new_figure(1)
+        xs = range(len(mine))
+        ax.bar(xs, [r["mean"] if r["mean"] is not None else 0.0 for r in mine],
+               yerr=[r["std"] or 0.0 for r in mine], capsize=4,
+               color=["0.6" if r["role"] else "C0" for r in mine])
+        ax.set_xticks(list(xs), [r["variant"] + (" (diverged)" if r["mean"] is None else "") for r in mine],
+                      rotation=30, ha="right", fontsize=8)
+        ax.set(ylabel=metric, title=f"{experiment}: {metric} (mean +- std over seeds)")
+        outputs.figure(f"{_slug(experiment)}_metric", fig)
+
+
+def _wandb_runs(project: str) -> list[dict]:
+    """The finished runs of an online W&B project as run summaries (group, scheme, metrics)."""
+    import wandb
+
+    from ..common.wandb_logger import wandb_mode
+
+    if wandb_mode() != "online":
+        raise UserError(f"--wandb_project {project} reads runs from W&B's servers: log in (wandb login) "
+                        "or compare the run folders instead (rescale compare runs/)")
+    out = []
+    for run in wandb.Api().runs(project):
+        config = run.config or {}
+        init = ((config.get("model") or {}).get("init_args") or {})
+        summary = {k: v for k, v in dict(run.summary).items() if isinstance(v, (int, float))}
+        history = run.history(keys=["train/loss_step"], pandas=False)
+        out.append({
+            "name": run.name, "group": run.group, "run_id": run.id, "network": init.get("network"),
+            "scheme": init.get("scheme"), "scheme_options": init.get("scheme_options") or {},
+            "status": "diverged" if summary.get("diverged") else run.state,
+            "final": summary, "best": {}, "samples_per_second": None,
+            "curves": {"train/loss": [[row.get("_step"), row["train/loss_step"]] for row in history
+                                      if "train/loss_step" in row]},
+        })
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="rescale compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("folders", nargs="*", help="folders holding run_summary.json files (searched recursively)")
+    p.add_argument("--wandb_project", help="entity/project: compare its runs through the W&B API (online)")
+    p.add_argument("--metric", help=f"the metric to compare (default: the first logged of {', '.join(METRICS)})")
+    p.add_argument("--use", choices=("best", "final"), default="best", help="best or final validation value")
+    p.add_argument("--baseline", help="the baseline variant (default: bn, gn, post_ln or pre_ln)")
+    p.add_argument("--out", default="compare", help="output folder")
+    p.add_argument("--wandb_run", help="also log the table and plots to this W&B run (folder or id)")
+    args = p.parse_args(argv)
+    if not args.folders and not args.wandb_project:
+        raise UserError("rescale compare needs run folders (e.g. runs/) or --wandb_project")
+    missing = [f for f in args.folders if not os.path.exists(f)]
+    if missing:
+        raise UserError(f"rescale compare: no such folder {missing[0]}")
+    runs = [read_summary(path) for path in find_summaries(*args.folders)]
+    if args.wandb_project:
+        runs += _wandb_runs(args.wandb_project)
+    if not runs:
+        raise UserError(f"no run_summary.json under {', '.join(args.folders)}: every `rescale fit` "
+                        "writes one beside its config; point at the runs' folders")
+    rows, metric = compare_rows(runs, args.metric, args.baseline, args.use)
+    outputs = StudyOutputs(args.out)
+    outputs.table("compare", rows, title=f"{metric} ({args.use}), each variant against its baseline; "
+                  "std: sample std over seeds (n-1)")
+    _plots(outputs, runs, rows, metric)
+    outputs.finish(args.wandb_run, echo=["compare"])
+    return 0

@@ -1,0 +1,87 @@
+"""`rescale compare` on run folders written here with known values: the exact table."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from rescale_tasks.cli import main
+from rescale_tasks.studies.compare import mean_std
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+
+
+def write_run(folder: Path, group: str, scheme: str, acc: float | None, speed: float, loss: float,
+              seed: int, status: str = "finished", **extra) -> None:
+    folder.mkdir(parents=True)
+    summary = {"name": f"{scheme}-{seed}", "group": group, "network": "resnet50", "scheme": scheme,
+               "scheme_options": {}, "seed": seed, "status": status, "samples_per_second": speed,
+               "final": {"train/loss_epoch": loss, "val/acc1": acc if acc is not None else "nan"},
+               "best": {"val/acc1": acc} if acc is not None else {},
+               "curves": {"train/loss": [[1, 2.3], [2, loss]], "val/acc1": [[0, acc or 0.1]]}, **extra}
+    (folder / "run_summary.json").write_text(json.dumps(summary))
+
+
+@pytest.fixture
+def runs(tmp_path) -> Path:
+    root = tmp_path / "runs"
+    write_run(root / "a", "imagenet-r50", "bn", 0.70, 100.0, 1.0, 0)
+    write_run(root / "b", "imagenet-r50", "bn", 0.74, 100.0, 0.8, 1)
+    write_run(root / "c", "imagenet-r50", "rescale", 0.73, 150.0, 0.9, 0)
+    write_run(root / "d", "imagenet-r50", "rescale", 0.77, 130.0, 0.7, 1)
+    write_run(root / "e" / "deep", "imagenet-r50", "none", None, 200.0, float("nan"), 0, status="diverged")
+    write_run(root / "f", "digits", "skipinit", 0.95, 10.0, 0.1, 0)
+    write_run(root / "g", "digits", "bn", 0.97, 20.0, 0.05, 0)
+    return root
+
+
+def test_compare_gives_exactly_the_expected_table(runs, tmp_path, capsys):
+    assert main(["compare", str(runs), "--out", "cmp"]) == 0
+    with open(tmp_path / "cmp/compare.csv") as f:
+        rows = list(csv.DictReader(f))
+    got = [(r["experiment"], r["variant"], r["role"], r["runs"], r["mean"], r["std"], r["vs_baseline"],
+            r["better"], r["train_loss"], r["samples_per_s"], r["speed_vs_baseline"], r["diverged"]) for r in rows]
+    std2 = mean_std([0.70, 0.74])[1]
+    assert std2 == pytest.approx(0.0282842712, rel=1e-8)  # sample std: sqrt(0.0008 / 1)
+    expected = [
+        ("digits", "bn", "baseline", "1", "0.97", "", "0.0", "", "0.05", "20.0", "1.0", "0/1"),
+        ("digits", "skipinit", "", "1", "0.95", "", str(0.95 - 0.97), "False", "0.1", "10.0", "0.5", "0/1"),
+        ("imagenet-r50", "bn", "baseline", "2", str((0.70 + 0.74) / 2), str(std2), "0.0", "", "0.9", "100.0",
+         "1.0", "0/2"),
+        ("imagenet-r50", "none", "", "1", "", "", "", "", "", "200.0", "2.0", "1/1"),
+        ("imagenet-r50", "rescale", "", "2", str((0.73 + 0.77) / 2), str(mean_std([0.73, 0.77])[1]),
+         str((0.73 + 0.77) / 2 - (0.70 + 0.74) / 2), "True", "0.8", "140.0", "1.4", "0/2"),
+    ]
+    assert got == expected
+    out = capsys.readouterr().out
+    assert "| imagenet-r50 | rescale |  | 2 | val/acc1 | 0.75 | 0.02828 | 0.03 | yes | 0.8 | 140 | 1.4 | 0/2 |" in out
+    for name in ("compare.md", "imagenet-r50_curves.png", "imagenet-r50_metric.png", "digits_curves.png"):
+        assert (tmp_path / "cmp" / name).stat().st_size > 0
+
+
+def test_compare_names_its_baseline_and_metric(runs, tmp_path):
+    assert main(["compare", str(runs), "--out", "cmp", "--baseline", "rescale", "--metric", "train/loss_epoch",
+                 "--use", "final"]) == 0
+    with open(tmp_path / "cmp/compare.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["experiment"] == "imagenet-r50"]
+    assert [r["variant"] for r in rows] == ["rescale", "bn", "none"]
+    assert rows[1]["better"] == "False"  # a loss: lower is better, bn's 0.9 > rescale's 0.8
+
+
+@pytest.mark.parametrize("args,expected", [
+    ([], "needs run folders"),
+    (["nowhere"], "no such folder nowhere"),
+    (["empty"], "no run_summary.json under empty"),
+    (["--wandb_project", "me/proj"], "reads runs from W&B's servers"),
+])
+def test_compare_bad_input_is_one_line(args, expected, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["compare", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0]
