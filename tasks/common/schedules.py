@@ -14,7 +14,7 @@ import math
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-__all__ = ["WarmupMultiStepLR", "WarmupCosineLR", "ConstantLR"]
+__all__ = ["WarmupMultiStepLR", "WarmupCosineLR", "ConstantLR", "InverseSqrtLR"]
 
 
 class _EpochScheduleLR(LambdaLR):
@@ -71,3 +71,31 @@ class WarmupCosineLR(_EpochScheduleLR):
 
 class ConstantLR(_EpochScheduleLR):
     """Warm-up (optional) then a constant learning rate."""
+
+
+class InverseSqrtLR(LambdaLR):
+    """The Transformer schedule (Vaswani et al. 2017; fairseq's ``inverse_sqrt``), in updates:
+    linear warm-up from ``warmup_init_factor * lr`` to ``lr`` over ``warmup_updates``, then
+    ``lr * sqrt(warmup_updates / update)``. Update ``u`` (1-based) is the one being taken.
+    ``steps_per_epoch``/``max_epochs`` are accepted (the task module passes them) and unused."""
+
+    def __init__(self, optimizer: Optimizer, warmup_updates: int = 4000, warmup_init_factor: float = 0.0,
+                 steps_per_epoch: int = 1, max_epochs: int | None = None, last_epoch: int = -1) -> None:
+        if warmup_updates < 0 or not 0.0 <= warmup_init_factor <= 1.0:
+            raise ValueError(f"InverseSqrtLR: warmup_updates ({warmup_updates}) must be >= 0 and "
+                             f"warmup_init_factor ({warmup_init_factor}) in [0, 1]")
+        self.warmup_updates = int(warmup_updates)
+        self.warmup_init_factor = float(warmup_init_factor)
+        super().__init__(optimizer, self._factor, last_epoch=last_epoch)
+
+    def _factor(self, step: int) -> float:
+        update = step + 1
+        if update < self.warmup_updates:
+            return self.warmup_init_factor + update * (1.0 - self.warmup_init_factor) / self.warmup_updates
+        return math.sqrt(max(self.warmup_updates, 1) / update)
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.__dict__.update(state_dict)
