@@ -217,19 +217,22 @@ def _cmd_demo(argv: list[str]) -> int:
     return demo_main(argv)
 
 
+def _run_module(module: str, argv: list[str]) -> int:
+    import importlib
+
+    return importlib.import_module(module).main(argv)
+
+
 def _studies(module: str) -> Callable[[list[str]], int]:
     """``rescale analyze|study|compare``: the papers' studies (imported when called)."""
-    def run(argv: list[str]) -> int:
-        import importlib
-
-        return importlib.import_module(f"rescale_tasks.studies.{module}").main(argv)
-    return run
+    return lambda argv: _run_module(f"rescale_tasks.studies.{module}", argv)
 
 
 SUITE_COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "analyze": _studies("analyze"),
     "study": _studies("study"),
     "compare": _studies("compare"),
+    "average-checkpoints": lambda argv: _run_module("rescale_tasks.common.averaging", argv),
     "demo": _cmd_demo,
     "models": _cmd_models,
     "schemes": _cmd_schemes,
