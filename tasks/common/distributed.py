@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["world_size", "every_rank_has_samples", "zero_loss"]
+__all__ = ["world_size", "every_rank_has_samples", "sum_over_ranks", "zero_loss"]
 
 _HOST_GROUPS: dict[int, object] = {}
 
@@ -50,6 +50,16 @@ def every_rank_has_samples(count: int) -> bool:
     empty = torch.tensor([int(count == 0)], dtype=torch.int32)
     dist.all_reduce(empty, op=dist.ReduceOp.MAX, group=_host_group())
     return not bool(empty.item())
+
+
+def sum_over_ranks(value: int) -> int:
+    """A host integer summed over every rank (e.g. the target tokens of a step, by which the
+    translation loss is normalised); a collective when the world size exceeds 1."""
+    if world_size() == 1:
+        return int(value)
+    total = torch.tensor([int(value)], dtype=torch.int64)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=_host_group())
+    return int(total.item())
 
 
 def zero_loss(module: torch.nn.Module) -> torch.Tensor:

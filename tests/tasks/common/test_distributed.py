@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rescale_tasks.common.distributed import every_rank_has_samples, world_size, zero_loss
+from rescale_tasks.common.distributed import every_rank_has_samples, sum_over_ranks, world_size, zero_loss
 
 
 def test_one_process_decides_alone():
     assert world_size() == 1
     assert every_rank_has_samples(3) and not every_rank_has_samples(0)
+    assert sum_over_ranks(5) == 5
 
 
 def test_zero_loss_gives_every_trainable_parameter_a_zero_gradient():

@@ -1,0 +1,1 @@
+"""WMT translation with deep normalization-free Transformers (issue #12)."""
