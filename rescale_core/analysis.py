@@ -121,14 +121,22 @@ def learned_scalars(model: nn.Module) -> dict[str, float]:
 
 
 @torch.no_grad()
-def dead_relu_fraction(model: nn.Module, inputs) -> float:
+def dead_relu_fraction(model: nn.Module, inputs, per_sample: bool = False) -> float:
     """Fraction of post-ReLU units (over channels of every ReLU call) that are zero for every
-    sample and position of ``inputs``: the dead neurons the mean-shift biases are meant to avoid."""
+    sample and position of ``inputs``: the dead neurons the mean-shift biases are meant to avoid.
+
+    ``per_sample=True``: the fraction of (sample, channel) pairs that are zero at every position
+    of that sample, i.e. the mean over samples of the channels silent on each: finer than "dead
+    on the whole batch", which a network at initialisation rarely has."""
     dead, total = 0, 0
 
     def hook(module, args, output):
         nonlocal dead, total
-        alive = output.detach().transpose(0, 1).reshape(output.shape[1], -1).gt(0).any(dim=1)
+        out = output.detach()
+        if per_sample:
+            alive = out.reshape(out.shape[0], out.shape[1], -1).gt(0).any(dim=2)
+        else:
+            alive = out.transpose(0, 1).reshape(out.shape[1], -1).gt(0).any(dim=1)
         dead += int((~alive).sum())
         total += alive.numel()
 

@@ -1,0 +1,377 @@
+"""``rescale analyze``: the papers' probes of one or more runs, as tables and plots.
+
+    rescale analyze signal    --config RUN.yaml [--config ...] [--ckpt FILE ...] [--input data|gaussian]
+    rescale analyze scalars   --config RUN.yaml --ckpt FILE [--ckpt FILE ...]
+    rescale analyze dead-relu --config RUN.yaml [--config ...] [--max_samples 512]
+
+Common flags: ``--out DIR`` (default ``analysis/<command>``), ``--wandb_run RUN`` (a run folder
+or id, with ``--wandb_project``), and Lightning overrides after ``--`` applied to every config,
+e.g. ``-- --model.init_args.network_options "{depth: 20, base_width: 8}"``.
+
+- ``signal``: per residual block, Var of the scaled skip and branch terms, of their sum and of
+  the block output, and ``eta_k`` (RescaleNet rebuttal, Eq. 1 and Fig. (a)/(b)); the skip and
+  branch variances against depth are the SkipInit view (under BN the skip path's variance grows
+  with the block index). Model at initialisation, or from checkpoints.
+- ``scalars``: the learned branch multiplier of every block (rebuttal [R2]); vector gains as
+  mean, min, max and std; several checkpoints of one run give the multipliers over training.
+- ``dead-relu``: the fraction of dead ReLUs at initialisation (on an evaluation batch, and per
+  evaluation sample) against the number of samples the mean-shift statistic ``mu0`` is measured
+  on, with and without the re-parameterisation (scheme option ``mean_shift``).
+
+Each writes ``<out>/<name>.csv``, ``.md`` and ``.png`` and prints the markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from rescale_core import finish_measuring, mean_shift_layers
+from rescale_core.analysis import dead_relu_fraction, residual_blocks, signal_propagation
+
+from ..common.errors import UserError
+from .models import (Subject, load_subject, probe_inputs, resolve_device, run_names, subjects,
+                     take_samples)
+from .outputs import StudyOutputs, new_figure
+
+__all__ = ["main", "signal_rows", "gain_rows", "signal_figure", "scalars_figure", "dead_relu_rows",
+           "dead_relu_figure", "SIGNAL_COLUMNS", "SCALAR_COLUMNS", "DEAD_RELU_COLUMNS"]
+
+SIGNAL_COLUMNS = ["run", "block", "stage", "k", "var_skip", "var_branch", "var_sum", "var_out", "eta", "gain"]
+SCALAR_COLUMNS = ["run", "step", "block", "stage", "k", "gain", "gain_min", "gain_max", "gain_std"]
+DEAD_RELU_COLUMNS = ["run", "mean_shift", "samples", "dead_fraction", "dead_per_sample"]
+
+
+# --- rows --------------------------------------------------------------------------------------
+
+def signal_rows(records: Sequence[dict], run: str) -> list[dict]:
+    """Table rows of :func:`rescale_core.analysis.signal_propagation` records."""
+    return [{"run": run, "block": r["name"], "stage": r["stage"], "k": r["k"], "var_skip": r["var_skip"],
+             "var_branch": r["var_branch"], "var_sum": r["var_sum"], "var_out": r["var_out"], "eta": r["eta"],
+             "gain": r["gain"]} for r in records]
+
+
+def gain_rows(net: torch.nn.Module, run: str = "", step: int = 0) -> list[dict]:
+    """The learned branch multiplier of every residual block that has one: its mean, and for a
+    vector (per-channel) gain its min, max and std (empty for a scalar gain)."""
+    from rescale_core.analysis import _stage_of
+
+    rows = []
+    for name, block in residual_blocks(net):
+        gain = block.merge.gain
+        if gain is None:
+            continue
+        w = gain.weight.detach().double().flatten()
+        vector = w.numel() > 1
+        rows.append({"run": run, "step": step, "block": name, "stage": _stage_of(name), "k": block.merge.k,
+                     "gain": float(w.mean()),
+                     "gain_min": float(w.min()) if vector else None, "gain_max": float(w.max()) if vector else None,
+                     "gain_std": float(w.std(unbiased=False)) if vector else None})
+    return rows
+
+
+def dead_relu_rows(net: torch.nn.Module, measure, evaluate, sizes: Sequence[int], run: str,
+                   mean_shift: bool, batch_size: int = 64) -> list[dict]:
+    """Dead ReLUs on ``evaluate`` after measuring ``mu0`` on the first n samples of ``measure``,
+    for every n of ``sizes``, each time from the model at initialisation: ``dead_fraction``, the
+    channels silent on every evaluation sample (the paper's dead neurons), and ``dead_per_sample``,
+    the mean over evaluation samples of the channels silent on that sample (finer: at
+    initialisation a mean-shifted network rarely has a channel dead on a whole batch).
+
+    Measuring is what training does on its first batches, in chunks of at most ``batch_size``
+    samples (``mu0`` = the running mean of the chunk means, equal chunks when n is a multiple of
+    the chunk count); only the mean-shift statistics are kept: the forward passes that measure
+    them in training mode leave BN statistics, dropout's random stream and every weight as they
+    were. Without mean-shift layers nothing depends on n: the fraction is measured once.
+    """
+    def fractions(model) -> dict:
+        return {"dead_fraction": dead_relu_fraction(model, evaluate),
+                "dead_per_sample": dead_relu_fraction(model, evaluate, per_sample=True)}
+
+    rows, fixed = [], None
+    for n in sizes:
+        if not mean_shift_layers(net):
+            fixed = fractions(net) if fixed is None else fixed
+            rows.append({"run": run, "mean_shift": mean_shift, "samples": n, **fixed})
+            continue
+        measured = copy.deepcopy(net).train()
+        for p in measured.parameters():
+            p.requires_grad_(False)  # mean-shift layers measure with gradients enabled: build no graph
+        chunks = math.ceil(n / batch_size)
+        for layer in mean_shift_layers(measured):
+            layer.measure_batches = chunks
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            for i in range(chunks):
+                measured(*take_samples(measure, i * n // chunks, (i + 1) * n // chunks))
+        finish_measuring(measured)
+        probe = copy.deepcopy(net)
+        for target, source in zip(mean_shift_layers(probe), mean_shift_layers(measured)):
+            target.load_state_dict(source.state_dict())
+        finish_measuring(probe)  # frozen at what n samples gave, whatever measure_batches says
+        rows.append({"run": run, "mean_shift": mean_shift, "samples": n, **fractions(probe)})
+    return rows
+
+
+# --- figures -----------------------------------------------------------------------------------
+
+def _runs(rows: Sequence[dict], key: str = "run") -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for row in rows:
+        out.setdefault(row[key], []).append(row)
+    return out
+
+
+def _log_if_positive(ax, values, mask: bool = False) -> None:
+    """Log scale when every value is positive, or (``mask``) when some are (the others not drawn:
+    a SkipInit branch is exactly 0 at initialisation)."""
+    values = [v for v in values if v is not None]
+    if values and (all(v > 0 for v in values) or (mask and any(v > 0 for v in values))):
+        ax.set_yscale("log", nonpositive="mask")
+
+
+def _finish(fig):
+    """Grid, legends and layout (``StudyOutputs.figure`` does the same; the training callback logs
+    figures without saving them)."""
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def signal_figure(rows: Sequence[dict], title: Optional[str] = None):
+    """Three panels over the block index k (forward order): Var[x_k] (block outputs), eta_k, and
+    the variances of the skip and branch terms (solid/dashed: the SkipInit view)."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (ax_var, ax_eta, ax_terms) = new_figure(3, width=4.6)
+    runs = _runs(rows)
+    for i, (run, rs) in enumerate(runs.items()):
+        color = f"C{i % 10}"
+        k = list(range(1, len(rs) + 1))
+        ax_var.plot(k, [r["var_out"] for r in rs], "o-", ms=3, color=color, label=run)
+        ax_eta.plot(k, [r["eta"] for r in rs], "o-", ms=3, color=color, label=run)
+        ax_terms.plot(k, [r["var_skip"] for r in rs], "-", color=color, label=f"{run} skip")
+        ax_terms.plot(k, [r["var_branch"] for r in rs], "--", color=color, label=f"{run} branch")
+    first = next(iter(runs.values()), [])
+    for ax in (ax_var, ax_eta, ax_terms):  # stage boundaries of the first run
+        for j in range(1, len(first)):
+            if first[j]["stage"] != first[j - 1]["stage"]:
+                ax.axvline(j + 0.5, color="0.7", lw=0.8, ls=":")
+        ax.set_xlabel("block k")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _log_if_positive(ax_var, [r["var_out"] for r in rows], mask=True)
+    _log_if_positive(ax_eta, [r["eta"] for r in rows])
+    _log_if_positive(ax_terms, [v for r in rows for v in (r["var_skip"], r["var_branch"])], mask=True)
+    ax_var.set_ylabel("Var[x_k] (block output)")
+    ax_eta.set_ylabel("eta_k")
+    ax_terms.set_ylabel("Var of skip (solid), branch (dashed)")
+    ax_var.set_title(title or "signal propagation")
+    ax_eta.set_title("relative error of Eq. 1")
+    ax_terms.set_title("skip and branch terms")
+    return _finish(fig)
+
+
+def scalars_figure(rows: Sequence[dict], title: Optional[str] = None):
+    """Bars: every block's multiplier at the last step of each run (min-max range for vector
+    gains); lines: the multipliers over training when a run has several steps."""
+    runs = _runs(rows)
+    over_time = any(len({r["step"] for r in rs}) > 1 for rs in runs.values())
+    fig, axes = new_figure(2 if over_time else 1, width=max(5.0, 0.3 * len({r["block"] for r in rows}) * len(runs) + 3))
+    ax = axes[0]
+    width = 0.8 / max(len(runs), 1)
+    blocks: list[str] = []
+    for i, (run, rs) in enumerate(runs.items()):
+        last = max(r["step"] for r in rs)
+        rs = [r for r in rs if r["step"] == last]
+        blocks = blocks or [r["block"] for r in rs]
+        x = [blocks.index(r["block"]) + (i - (len(runs) - 1) / 2) * width if r["block"] in blocks
+             else len(blocks) for r in rs]
+        ranges = [[r["gain"] - r["gain_min"] if r["gain_min"] is not None else 0 for r in rs],
+                  [r["gain_max"] - r["gain"] if r["gain_max"] is not None else 0 for r in rs]]
+        vector = any(r["gain_min"] is not None for r in rs)
+        ax.bar(x, [r["gain"] for r in rs], width=width, color=f"C{i % 10}", label=f"{run} (step {last})",
+               yerr=ranges if vector else None, capsize=2)
+    ax.set_xticks(range(len(blocks)), blocks, rotation=90, fontsize=7)
+    ax.set_ylabel("learned multiplier (mean)")
+    ax.set_title(title or "learned branch multipliers")
+    if over_time:
+        ax = axes[1]
+        styles = ["-", "--", ":", "-."]
+        for i, (run, rs) in enumerate(runs.items()):
+            names = list(dict.fromkeys(r["block"] for r in rs))
+            for j, block in enumerate(names):
+                points = sorted((r["step"], r["gain"]) for r in rs if r["block"] == block)
+                ax.plot([p[0] for p in points], [p[1] for p in points], styles[i % 4], marker="o", ms=3,
+                        color=f"C{j % 10}", label=block if len(runs) == 1 else f"{run} {block}")
+        ax.set_xlabel("global step")
+        ax.set_ylabel("learned multiplier (mean)")
+        ax.set_title("over training")
+    return _finish(fig)
+
+
+def dead_relu_figure(rows: Sequence[dict]):
+    """Dead fraction on the evaluation batch and per sample against n (log2), one line per run and
+    variant (dashed: without mean shift, flat)."""
+    fig, axes = new_figure(2)
+    for ax, key, what in zip(axes, ("dead_fraction", "dead_per_sample"),
+                             ("dead on the whole evaluation batch", "silent per evaluation sample")):
+        for i, (run, rs) in enumerate(_runs(rows).items()):
+            for shift, style in ((True, "o-"), (False, "s--")):
+                points = [r for r in rs if r["mean_shift"] is shift]
+                if points:
+                    ax.plot([r["samples"] for r in points], [r[key] for r in points], style, ms=3,
+                            color=f"C{i % 10}", label=f"{run}, {'mean shift' if shift else 'no mean shift'}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("samples measuring mu0")
+        ax.set_ylabel("fraction of ReLU channels")
+        ax.set_title(what)
+    return _finish(fig)
+
+
+# --- commands ----------------------------------------------------------------------------------
+
+def _no_blocks(subject: Subject, what: str) -> UserError:
+    return UserError(f"{subject.name}: {subject.describe()} has no residual blocks; `rescale analyze {what}` "
+                     "needs a residual network (a ResNet, Wide-ResNet or Transformer, not a VGG)")
+
+
+def _signal(args, overrides: list[str]) -> int:
+    rows = []
+    for subject in subjects(args.config, args.ckpt, overrides, args.device):
+        if not residual_blocks(subject.net):
+            raise _no_blocks(subject, "signal")
+        inputs = probe_inputs(subject, args.input, args.samples, args.shape, args.seed)
+        rows += signal_rows(signal_propagation(subject.net, inputs, train=args.train), subject.label)
+        del subject
+    out = StudyOutputs(args.out or "analysis/signal")
+    mode = "train" if args.train else "eval"
+    title = f"signal propagation ({args.samples} {args.input} samples, {mode} mode)"
+    out.table("signal", rows, SIGNAL_COLUMNS, title=title)
+    out.figure("signal", signal_figure(rows, title))
+    out.finish(args.wandb_run, args.wandb_project, echo=["signal"])
+    return 0
+
+
+def _scalars(args, overrides: list[str]) -> int:
+    rows = []
+    for subject in subjects(args.config, args.ckpt, overrides, "cpu"):
+        found = gain_rows(subject.net, subject.name, subject.step)
+        if not found:
+            if not residual_blocks(subject.net):
+                raise _no_blocks(subject, "scalars")
+            raise UserError(f"{subject.name}: {subject.describe()} has no learned branch multipliers (scheme gain: "
+                            "none); `rescale analyze scalars` needs a scheme with gains: rescale, skipinit, fixup, "
+                            "rezero")
+        rows += found
+        del subject
+    out = StudyOutputs(args.out or "analysis/scalars")
+    out.table("scalars", rows, SCALAR_COLUMNS, title="learned branch multipliers per block")
+    out.figure("scalars", scalars_figure(rows))
+    out.finish(args.wandb_run, args.wandb_project, echo=["scalars"])
+    return 0
+
+
+def _dead_relu(args, overrides: list[str]) -> int:
+    if args.max_samples < 1 or args.eval_samples < 1 or args.batch_size < 1:
+        raise UserError("--max_samples, --eval_samples and --batch_size must be at least 1")
+    sizes = [2 ** i for i in range(10) if 2 ** i <= args.max_samples]  # 1 .. 512
+    rows = []
+    for config, name in zip(args.config, run_names(args.config)):
+        for shift in (True, False):
+            option = ["--model.init_args.scheme_options.mean_shift", "true" if shift else "false"]
+            subject = load_subject(config, None, [*overrides, *option], name=name, device=args.device)
+            if shift and not mean_shift_layers(subject.net):
+                raise UserError(f"{name}: {subject.describe()} has no mean-shift layers even with mean_shift: true; "
+                                "`rescale analyze dead-relu` needs a network with biases before its convolutions")
+            inputs = probe_inputs(subject, args.input, sizes[-1] + args.eval_samples, args.shape, args.seed)
+            measure, evaluate = take_samples(inputs, 0, sizes[-1]), take_samples(inputs, sizes[-1])
+            rows += dead_relu_rows(subject.net, measure, evaluate, sizes, name, shift, args.batch_size)
+            del subject
+    out = StudyOutputs(args.out or "analysis/dead_relu")
+    out.table("dead_relu", rows, DEAD_RELU_COLUMNS,
+              title=f"dead ReLUs at initialisation ({args.eval_samples} {args.input} evaluation samples)")
+    out.figure("dead_relu", dead_relu_figure(rows))
+    out.finish(args.wandb_run, args.wandb_project, echo=["dead_relu"])
+    return 0
+
+
+# --- command line ------------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one ``UserError`` line (the ``rescale`` command prints it)."""
+
+    def error(self, message: str):
+        raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(v) for v in text.replace("x", ",").split(",") if v.strip())
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive sizes like 3,224,224, got {text!r}")
+    return shape
+
+
+def _parser() -> _Parser:
+    common = _Parser(add_help=False)
+    common.add_argument("--config", action="append", required=True,
+                        help="run config (repeatable: several runs in one table and plot)")
+    common.add_argument("--out", help="output folder (default analysis/<command>)")
+    common.add_argument("--wandb_run", help="log tables and plots to this W&B run (run folder or id)")
+    common.add_argument("--wandb_project", help="W&B project of a --wandb_run given as an id")
+    ckpt = _Parser(add_help=False)
+    ckpt.add_argument("--ckpt", action="append", default=[],
+                      help="checkpoint (repeatable: one per --config, or several of one run)")
+    inputs = _Parser(add_help=False)
+    inputs.add_argument("--input", choices=("data", "gaussian"), default="data",
+                        help="the data module's training samples (default) or standard Gaussian input")
+    inputs.add_argument("--shape", type=_shape, help="sample shape C,H,W for --input gaussian (default: a real "
+                                                      "sample's, or the data module's in_channels/image_size)")
+    inputs.add_argument("--seed", type=int, default=0, help="seed of the Gaussian input")
+    inputs.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda, cuda:N")
+
+    parser = _Parser(prog="rescale analyze", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{signal,scalars,dead-relu}")
+    signal = commands.add_parser("signal", parents=[common, ckpt, inputs], prog="rescale analyze signal",
+                                 help="per-block variances and eta_k (at init or from checkpoints)")
+    signal.add_argument("--samples", type=int, default=64, help="samples in the probed batch (default 64)")
+    mode = signal.add_mutually_exclusive_group()
+    mode.add_argument("--train", dest="train", action="store_true", default=True,
+                      help="training mode, as at the first step (default): BN uses batch statistics")
+    mode.add_argument("--eval", dest="train", action="store_false", help="evaluation mode")
+    signal.set_defaults(func=_signal)
+    scalars = commands.add_parser("scalars", parents=[common, ckpt], prog="rescale analyze scalars",
+                                  help="learned branch multipliers per block, over training")
+    scalars.set_defaults(func=_scalars)
+    dead = commands.add_parser("dead-relu", parents=[common, inputs], prog="rescale analyze dead-relu",
+                               help="dead ReLUs at init vs samples measuring the mean-shift statistic")
+    dead.add_argument("--max_samples", type=int, default=512, help="largest n of 1, 2, 4, ... (default 512)")
+    dead.add_argument("--eval_samples", type=int, default=64,
+                      help="samples the dead fraction is measured on, after the measuring ones (default 64)")
+    dead.add_argument("--batch_size", type=int, default=64, help="measuring chunk size (default 64)")
+    dead.set_defaults(func=_dead_relu)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``rescale analyze <command> [flags] [-- lightning overrides]``."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, overrides = argv[:cut], argv[cut + 1:]
+    args = _parser().parse_args(argv)
+    if getattr(args, "samples", 1) < 1:
+        raise UserError("--samples must be at least 1")
+    if hasattr(args, "device"):
+        args.device = resolve_device(args.device)  # before anything is built
+    return args.func(args, overrides)

@@ -1,0 +1,246 @@
+"""The model a study looks at: built from a run config as training builds it (at initialisation),
+optionally with the weights of a checkpoint, and the network inputs it is probed with.
+
+Task-independent: a study reads the LightningModule's ``net`` attribute (the network the
+probes of :mod:`rescale_core.analysis` hook) and takes the network's inputs from a batch with
+the module's ``network_inputs(batch)`` method when it has one, else ``batch[0]`` (a classification
+batch is ``(images, labels)``). :class:`rescale_tasks.common.module.RescaleTaskModule` defines it;
+a detection, video or translation module that takes other inputs overrides it (a tuple of the
+network's positional arguments). Inputs are handled as such tuples throughout.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..common.errors import DataError, UserError
+
+__all__ = ["Subject", "load_subject", "subjects", "network_inputs", "data_inputs", "gaussian_inputs",
+           "probe_inputs", "take_samples", "batch_size_of", "resolve_device", "run_names"]
+
+#: Overrides that make building a model from a cluster config work on any machine: the Trainer is
+#: built by the CLI but never runs here (no logger, one process, full precision).
+BUILD_ONLY = ["--trainer.logger", "false", "--trainer.accelerator", "cpu", "--trainer.devices", "1",
+              "--trainer.num_nodes", "1", "--trainer.strategy", "auto", "--trainer.precision", "32-true"]
+CKPT_FIX = ("Give the --config the checkpoint was trained with (its run folder keeps it as "
+            "rescale_config.yaml), with the same overrides after --.")
+
+
+@dataclass
+class Subject:
+    """A built LightningModule (on its device, weights loaded), its data module and its names."""
+
+    module: Any
+    datamodule: Any
+    name: str                      # the run: the config's name
+    config: str
+    ckpt: Optional[str] = None
+    step: int = 0                  # the checkpoint's global_step (0 at initialisation)
+
+    @property
+    def net(self) -> nn.Module:
+        return getattr(self.module, "net", self.module)
+
+    @property
+    def label(self) -> str:
+        """The run, and the step of its checkpoint when there is one."""
+        return self.name if self.ckpt is None else f"{self.name} step {self.step}"
+
+    @property
+    def device(self) -> torch.device:
+        param = next(self.module.parameters(), None)
+        return param.device if param is not None else torch.device("cpu")
+
+    def describe(self) -> str:
+        """``network/scheme`` when the module has those hyper-parameters (this suite's modules)."""
+        hparams = getattr(self.module, "hparams", {}) or {}
+        network = hparams.get("network") or type(self.net).__name__
+        scheme = getattr(getattr(self.net, "scheme", None), "name", None) or hparams.get("scheme")
+        return f"{network}" + (f" (scheme {scheme})" if scheme else "")
+
+
+@contextlib.contextmanager
+def _quiet_lightning():
+    """Building prints Lightning's start-up lines (seed, accelerators, tips): not a study's output."""
+    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric", "lightning")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"bad --device {device!r}: expected auto, cpu, cuda or cuda:N") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: no CUDA GPU on this machine; use --device cpu (or auto)")
+    return resolved
+
+
+def load_subject(config: str, ckpt: Optional[str] = None, overrides: Sequence[str] = (),
+                 name: Optional[str] = None, device: str | torch.device = "cpu") -> Subject:
+    """Build the module and data module of ``config`` (``_defaults.yaml`` files and ``overrides``
+    applied, seeded as ``rescale fit`` seeds) without training, and load ``ckpt``'s weights.
+
+    A missing file, or a checkpoint of another architecture, is one :class:`UserError` line.
+    """
+    from ..cli import run_lightning
+
+    with _quiet_lightning(), warnings.catch_warnings():
+        # run from `rescale analyze`, whose own sys.argv LightningCLI would warn about
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        cli = run_lightning(["fit", "--config", config, *overrides, *BUILD_ONLY], run=False)
+    subject = Subject(cli.model, cli.datamodule, name or _stem(config), config)
+    if ckpt is not None:
+        subject.ckpt = ckpt
+        subject.step = load_weights(subject.module, ckpt)
+    subject.module.to(resolve_device(device) if isinstance(device, str) else device)
+    return subject
+
+
+def load_weights(module, path: str) -> int:
+    """Load a checkpoint's weights into ``module`` as Lightning does (the module's
+    ``on_load_checkpoint`` hook, then its state dict); returns the checkpoint's global step."""
+    from ..common.checkpoint_compat import check_checkpoint_compatible
+    from ..common.checkpointing import checkpoint_exists, safe_load
+    from ..common.networks import resolved_architecture
+
+    if not checkpoint_exists(path):
+        raise UserError(f"checkpoint not found: {path} (--ckpt). Give a .ckpt file written by this suite, "
+                        "e.g. runs/<project>/<run id>/checkpoints/last.ckpt")
+    checkpoint = safe_load(path)
+    if not isinstance(checkpoint.get("state_dict"), dict):
+        raise UserError(f"checkpoint {path} holds no state_dict: not a Lightning checkpoint of this suite (--ckpt)")
+    strict = getattr(module, "strict_loading", True)
+    check_checkpoint_compatible(checkpoint, getattr(module, "hparams", {}) or {}, module.state_dict(),
+                                source=f"checkpoint {path}", strict=strict, normalize=resolved_architecture,
+                                fix=CKPT_FIX)
+    module.on_load_checkpoint(checkpoint)
+    module.load_state_dict(checkpoint["state_dict"], strict=strict)
+    return int(checkpoint.get("global_step") or 0)
+
+
+def _stem(path: str) -> str:
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def run_names(configs: Sequence[str]) -> list[str]:
+    """A short name per config: its file name, with its folder where two names would clash."""
+    stems = [_stem(c) for c in configs]
+    return [f"{os.path.basename(os.path.dirname(os.path.abspath(c)))}/{s}" if stems.count(s) > 1 else s
+            for c, s in zip(configs, stems)]
+
+
+def subjects(configs: Sequence[str], ckpts: Sequence[str] = (), overrides: Sequence[str] = (),
+             device: str | torch.device = "auto") -> Iterator[Subject]:
+    """The subjects of a command, built one at a time (a paper-scale model is freed before the
+    next is built): one per config at initialisation; with checkpoints, one per checkpoint of a
+    single config (several checkpoints of one run) or one checkpoint per config, in order."""
+    configs, ckpts = list(configs), list(ckpts or ())
+    names = run_names(configs)
+    if not ckpts:
+        pairs = [(c, None, n) for c, n in zip(configs, names)]
+    elif len(configs) == 1:
+        pairs = [(configs[0], k, names[0]) for k in ckpts]
+    elif len(ckpts) == len(configs):
+        pairs = list(zip(configs, ckpts, names))
+    else:
+        raise UserError(f"{len(ckpts)} --ckpt for {len(configs)} --config: give one --ckpt per --config (in the "
+                        "same order), or one --config with several --ckpt (checkpoints of one run)")
+    for config, ckpt, name in pairs:
+        yield load_subject(config, ckpt, overrides, name=name, device=device)
+
+
+# --- inputs ----------------------------------------------------------------------------------------
+
+def network_inputs(module, batch) -> tuple:
+    """The network's positional inputs taken from ``batch``, as a tuple: the module's
+    ``network_inputs(batch)`` when it defines one (:class:`rescale_tasks.common.module.RescaleTaskModule`
+    does), else ``batch[0]`` of a tuple/list batch, else the batch itself."""
+    method = getattr(module, "network_inputs", None)
+    if callable(method):
+        inputs = method(batch)
+    else:
+        inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def batch_size_of(inputs: tuple) -> int:
+    return int(inputs[0].shape[0])
+
+
+def take_samples(inputs: tuple, start: int, stop: Optional[int] = None) -> tuple:
+    """Samples ``start:stop`` of every tensor of a tuple of network inputs."""
+    return tuple(t[start:stop] for t in inputs)
+
+
+def _concat(parts: list[tuple], what: str) -> tuple:
+    try:
+        return tuple(torch.cat([p[i] for p in parts]) for i in range(len(parts[0])))
+    except (RuntimeError, TypeError) as err:
+        raise UserError(f"{what}: the batches of the training loader cannot be joined into one "
+                        f"({str(err).splitlines()[0]}); lower --samples to one batch") from None
+
+
+def data_inputs(subject: Subject, samples: int) -> tuple:
+    """The first ``samples`` network inputs of the data module's training loader (``setup("fit")``)."""
+    datamodule = subject.datamodule
+    if datamodule is None or not hasattr(datamodule, "train_dataloader"):
+        raise UserError(f"{subject.name}: the config has no data module; use --input gaussian --shape C,H,W")
+    datamodule.setup("fit")
+    parts, seen = [], 0
+    for batch in datamodule.train_dataloader():
+        parts.append(network_inputs(subject.module, batch))
+        seen += batch_size_of(parts[-1])
+        if seen >= samples:
+            break
+    if seen < samples:
+        raise UserError(f"{subject.name}: the training set has {seen} samples, fewer than the {samples} asked "
+                        "for; lower --samples (or --max_samples)")
+    return take_samples(_concat(parts, subject.name), 0, samples)
+
+
+def _shape_from_data(subject: Subject) -> tuple[int, ...]:
+    """The shape of one sample: from a real batch, else from the data module's ``in_channels``
+    and ``image_size`` when its data are not on this machine."""
+    try:
+        inputs = data_inputs(subject, 1)
+    except DataError:
+        datamodule = subject.datamodule
+        channels, size = getattr(datamodule, "in_channels", None), getattr(datamodule, "image_size", None)
+        if channels is None or size is None:
+            raise UserError(f"{subject.name}: no data to take the input shape from; give --shape C,H,W") from None
+        return (int(channels), int(size), int(size))
+    if len(inputs) != 1 or not inputs[0].is_floating_point():
+        raise UserError(f"{subject.name}: the network takes {len(inputs)} inputs of type {inputs[0].dtype}; "
+                        "Gaussian input is for a network of one float input: use --input data")
+    return tuple(inputs[0].shape[1:])
+
+
+def gaussian_inputs(subject: Subject, samples: int, shape: Optional[Sequence[int]] = None,
+                    seed: int = 0) -> tuple:
+    """``samples`` standard Gaussian inputs of ``shape`` (default: the shape of a real sample)."""
+    shape = tuple(shape) if shape else _shape_from_data(subject)
+    return (torch.randn((samples, *shape), generator=torch.Generator().manual_seed(seed)),)
+
+
+def probe_inputs(subject: Subject, source: str, samples: int, shape: Optional[Sequence[int]] = None,
+                 seed: int = 0) -> tuple:
+    """``--input data`` or ``--input gaussian`` (a tuple of the network's inputs), on the subject's device."""
+    inputs = data_inputs(subject, samples) if source == "data" else gaussian_inputs(subject, samples, shape, seed)
+    return tuple(t.to(subject.device) for t in inputs)
