@@ -233,6 +233,7 @@ SUITE_COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "study": _studies("study"),
     "compare": _studies("compare"),
     "average-checkpoints": lambda argv: _run_module("rescale_tasks.common.averaging", argv),
+    "prepare-translation": lambda argv: _run_module("rescale_tasks.translation.prepare", argv),
     "demo": _cmd_demo,
     "models": _cmd_models,
     "schemes": _cmd_schemes,

@@ -1,0 +1,154 @@
+"""The corpus encoded once into memory-mapped token arrays (fairseq-preprocess's binarized data).
+
+Each side of each split becomes three files in ``<cache>/tokens/``, named ``<split>-<key>``:
+``.bin``, every sentence's piece ids back to back (uint16 when the vocabulary fits, else int32;
+no eos stored: the batches add bos/eos, so the same arrays serve either translation direction);
+``.offsets.npy``, int64 start offsets (n + 1 of them; sentence i is
+``tokens[offsets[i]:offsets[i + 1]]``); ``.json`` (dtype, counts), written last, which marks the
+entry complete. ``key`` hashes the text file, the column (TSV) and the SentencePiece model, so
+a changed model or text re-encodes and nothing else does. Loading maps the files
+(``np.memmap``): a cached 1M-pair corpus opens in under 0.1 s, the pages are shared by
+DataLoader workers and DDP ranks on one machine, and only the lengths (int32, from the offsets)
+are held in memory.
+
+Deviation from fairseq's ``MMapIndexedDataset``: plain numpy files instead of its own index
+format; same idea (one flat token file plus offsets).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from itertools import chain, islice
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import sentencepiece as spm
+
+from .cache import DIGEST_CHARS, digest_of, file_digest, write_atomic
+from .corpus import SplitSource
+from .vocab import available_threads
+
+__all__ = ["TokenArray", "EncodedSplit", "encode_split", "CHUNK_LINES"]
+
+CHUNK_LINES = 50_000  # lines encoded per SentencePiece call (bounded memory on any corpus size)
+_FORMAT = 1  # bump when the stored layout changes
+
+
+class TokenArray:
+    """Read-only sentences of one side: ``len``, ``sizes`` (tokens per sentence, without eos)
+    and ``array[i]`` (an ndarray view). The memory map is opened lazily in each process and is
+    not pickled (a pickled ``np.memmap`` would copy the whole file into every worker)."""
+
+    def __init__(self, tokens_path: Path, offsets_path: Path, dtype: str, num_tokens: int) -> None:
+        self.tokens_path, self.offsets_path = Path(tokens_path), Path(offsets_path)
+        self.dtype, self.num_tokens = np.dtype(dtype), int(num_tokens)
+        self.offsets = np.load(self.offsets_path, mmap_mode="r")
+        self.sizes = np.diff(self.offsets).astype(np.int32)
+        self._tokens: np.ndarray | None = None
+
+    @property
+    def tokens(self) -> np.ndarray:
+        if self._tokens is None:
+            if self.num_tokens == 0:  # mmap refuses empty files
+                self._tokens = np.empty(0, dtype=self.dtype)
+            else:
+                self._tokens = np.memmap(self.tokens_path, dtype=self.dtype, mode="r", shape=(self.num_tokens,))
+        return self._tokens
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_tokens", "offsets", "sizes")}
+
+    def __setstate__(self, state: dict) -> None:  # re-mapped in the receiving process
+        self.__init__(state["tokens_path"], state["offsets_path"], state["dtype"], state["num_tokens"])
+
+
+@dataclass
+class EncodedSplit:
+    """Both sides of one split, aligned: pair i is ``(src[i], tgt[i])``."""
+
+    split: str
+    src: TokenArray
+    tgt: TokenArray
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
+    while chunk := list(islice(lines, size)):
+        yield chunk
+
+
+def _paths(stem: Path) -> tuple[Path, Path, Path]:
+    """(tokens, offsets, meta) files of one cache entry."""
+    return tuple(stem.parent / f"{stem.name}{suffix}" for suffix in (".bin", ".offsets.npy", ".json"))
+
+
+def _load_side(stem: Path) -> TokenArray | None:
+    tokens_path, offsets_path, meta_path = _paths(stem)
+    if not meta_path.is_file():
+        return None
+    meta = json.loads(meta_path.read_text())
+    return TokenArray(tokens_path, offsets_path, meta["dtype"], meta["num_tokens"])
+
+
+def _encode_side(source: SplitSource, side: int, processor: spm.SentencePieceProcessor,
+                 stem: Path) -> TokenArray:
+    tokens_path, offsets_path, meta_path = _paths(stem)
+    dtype = np.uint16 if processor.piece_size() <= np.iinfo(np.uint16).max + 1 else np.int32
+    lengths: list[np.ndarray] = []
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=stem.parent, prefix=f".{stem.name}.", suffix=".bin.tmp")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in _chunks(source.lines(side), CHUNK_LINES):
+                ids = processor.encode(chunk, out_type=int, num_threads=available_threads())
+                sizes = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+                flat = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(sizes.sum()))
+                out.write(flat.tobytes())
+                lengths.append(sizes)
+        os.replace(tmp, tokens_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    sizes = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    buffer = io.BytesIO()
+    np.save(buffer, offsets)
+    write_atomic(offsets_path, buffer.getvalue())
+    meta = {"dtype": np.dtype(dtype).name, "num_tokens": int(offsets[-1]), "num_sentences": len(sizes),
+            "source": [str(p) for p in source.paths], "side": side}
+    write_atomic(meta_path, json.dumps(meta, indent=1).encode())  # last: marks the entry complete
+    return TokenArray(tokens_path, offsets_path, meta["dtype"], meta["num_tokens"])
+
+
+def encode_split(source: SplitSource, processor: spm.SentencePieceProcessor, model_path: Path,
+                 cache_dir: Path) -> EncodedSplit:
+    """Both sides of ``source`` as token arrays, encoded now unless cached.
+
+    Before encoding, checks that the sides are line-aligned (a one-line :class:`DataError`
+    naming both counts); a cached entry was made from the same bytes, so it passed already."""
+    model = file_digest(model_path, cache_dir)
+    stems = []
+    for side in (0, 1):
+        text = file_digest(source.paths[min(side, len(source.paths) - 1)], cache_dir)
+        column = side if source.layout == "tsv" else None
+        key = digest_of("tokens", _FORMAT, text, column, model)[:DIGEST_CHARS]
+        stems.append(cache_dir / "tokens" / f"{source.split}-{key}")
+    arrays = [_load_side(stem) for stem in stems]
+    if any(array is None for array in arrays):
+        source.check()
+        arrays = [array if array is not None else _encode_side(source, side, processor, stem)
+                  for side, (array, stem) in enumerate(zip(arrays, stems))]
+    return EncodedSplit(source.split, *arrays)

@@ -1,0 +1,135 @@
+"""Parallel text as people have it: where each split is and how its lines are read.
+
+Two layouts under ``root``, per split ``train``, ``valid``, ``test``:
+
+- ``files``: line-aligned plain text, one file per language, ``<split>.<lang>`` (``train.en`` and
+  ``train.de``): line i of one side translates line i of the other (fairseq-preprocess's
+  ``--trainpref train --source-lang en --target-lang de``).
+- ``tsv``: one file ``<split>.tsv`` of ``source<TAB>target`` lines.
+
+``auto`` takes ``tsv`` when some ``<split>.tsv`` exists and no ``<split>.<lang>`` file, else ``files``.
+
+Lines are split on ``\\n`` only (a trailing ``\\r`` is removed): Python's text mode and
+``str.splitlines`` also break at ``\\r``, form feeds and U+2028, which real corpora contain
+inside sentences, and a single extra break would shift every later pair. Text must be UTF-8.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Literal
+
+from rescale_tasks.common.errors import ConfigError, DataError
+
+__all__ = ["SPLITS", "LAYOUTS", "SplitSource", "find_splits", "count_lines"]
+
+SPLITS = ("train", "valid", "test")
+LAYOUTS = ("auto", "files", "tsv")
+Layout = Literal["auto", "files", "tsv"]
+
+
+def count_lines(path: Path) -> int:
+    """Lines as :meth:`SplitSource.lines` yields them (a last line without ``\\n`` counts)."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def _decode(raw: bytes, path: Path, number: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path} line {number} is not UTF-8 ({err.reason} at byte {err.start}); "
+                        "convert the file to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8).") from None
+
+
+def _raw_lines(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as f:  # binary iteration splits on b"\n" only
+        for raw in f:
+            if raw.endswith(b"\n"):
+                raw = raw[:-1]
+            yield raw[:-1] if raw.endswith(b"\r") else raw
+
+
+@dataclass(frozen=True)
+class SplitSource:
+    """One split on disk: ``paths`` = (source file, target file) or (tsv file,)."""
+
+    split: str
+    layout: Literal["files", "tsv"]
+    paths: tuple[Path, ...]
+
+    def check(self) -> int:
+        """The number of pairs; a :class:`DataError` when the two sides are not line-aligned."""
+        if self.layout == "tsv":
+            return count_lines(self.paths[0])
+        src, tgt = self.paths
+        n_src, n_tgt = count_lines(src), count_lines(tgt)
+        if n_src != n_tgt:
+            raise DataError(
+                f"{src.name} has {n_src} lines but {tgt.name} has {n_tgt} (in {src.parent}): the two "
+                "sides must be line-aligned, one sentence pair per line number; fix or remove the "
+                "unmatched lines.")
+        return n_src
+
+    def lines(self, side: int) -> Iterator[str]:
+        """The text of side 0 (source) or 1 (target), one string per pair, in file order."""
+        if self.layout == "files":
+            path = self.paths[side]
+            for number, raw in enumerate(_raw_lines(path), 1):
+                yield _decode(raw, path, number)
+            return
+        path = self.paths[0]
+        for number, raw in enumerate(_raw_lines(path), 1):
+            fields = raw.split(b"\t")
+            if len(fields) != 2:
+                raise DataError(
+                    f"{path} line {number} has {len(fields)} tab-separated fields; a TSV corpus needs "
+                    "exactly 2 per line (source<TAB>target): remove tabs inside sentences or extra columns.")
+            yield _decode(fields[side], path, number)
+
+
+def _check_lang(name: str, value: str) -> None:
+    if not value or os.sep in value or value.startswith("."):
+        raise ConfigError(f"data.{name} must be a language code such as 'en', got {value!r}.")
+
+
+def find_splits(root: str | os.PathLike, src_lang: str, tgt_lang: str,
+                layout: Layout = "auto") -> dict[str, SplitSource]:
+    """The splits present under ``root`` (at least ``train``, or ``valid``/``test`` alone)."""
+    _check_lang("src_lang", src_lang)
+    _check_lang("tgt_lang", tgt_lang)
+    if src_lang == tgt_lang:
+        raise ConfigError(f"data.src_lang and data.tgt_lang are both {src_lang!r}; give two languages.")
+    if layout not in LAYOUTS:
+        raise ConfigError(f"data.layout must be one of {', '.join(LAYOUTS)}, got {layout!r}.")
+    folder = Path(os.path.expanduser(str(root)))
+    if not folder.is_dir():
+        raise DataError(f"translation data folder not found: {folder} (data.root); point --data.root "
+                        f"at the folder holding train.{src_lang}/train.{tgt_lang} (or train.tsv).")
+    if layout == "auto":  # tsv only when there is a .tsv split and no per-language file
+        per_language = any((folder / f"{split}.{lang}").exists() for split in SPLITS for lang in (src_lang, tgt_lang))
+        layout = "tsv" if not per_language and any((folder / f"{s}.tsv").exists() for s in SPLITS) else "files"
+    found: dict[str, SplitSource] = {}
+    for split in SPLITS:
+        if layout == "tsv":
+            paths: tuple[Path, ...] = (folder / f"{split}.tsv",)
+        else:
+            paths = (folder / f"{split}.{src_lang}", folder / f"{split}.{tgt_lang}")
+        present = [p.is_file() for p in paths]
+        if all(present):
+            found[split] = SplitSource(split, layout, paths)
+        elif any(present):  # one side without the other
+            missing = paths[present.index(False)]
+            raise DataError(f"{missing.name} is missing in {folder} (data.root) although "
+                            f"{paths[present.index(True)].name} is there; add it or remove the other side.")
+    if not found:
+        wanted = "train.tsv" if layout == "tsv" else f"train.{src_lang} and train.{tgt_lang}"
+        listing = ", ".join(sorted(p.name for p in folder.iterdir())[:8]) or "nothing"
+        raise DataError(f"no parallel text in {folder} (data.root): expected {wanted} (layout {layout}), "
+                        f"found {listing}; check data.root, data.src_lang/tgt_lang and data.layout.")
+    return found

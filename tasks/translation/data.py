@@ -1,0 +1,195 @@
+"""The LightningDataModule for translation: parallel text in, token-budget batches out.
+
+Knows ``vocab_size``, ``pad_index``, ``bos_index``, ``eos_index`` right after ``__init__`` (so a
+CLI can link them into the model, as classification links ``num_classes``): the special ids are
+fixed (:mod:`.vocab`), and ``vocab_size`` is ``data.vocab_size`` unless ``data.spm_model`` names
+an existing model, whose own size is used (the only file read in ``__init__``). Text is read,
+the SentencePiece model trained and the corpus encoded in :meth:`prepare_data` (once per node)
+and found in the caches by :meth:`setup` (every rank); both are no-ops when the caches exist.
+
+Batches: see :mod:`.dataset` (keys ``id``, ``src_tokens``, ``src_lengths``,
+``prev_output_tokens``, ``target``, ``ntokens``, ``nsentences``) and :mod:`.sampler` (token
+budget, DDP sharding, exact mid-epoch resume, filler batches marked by ``id`` -1 in evaluation).
+Training pairs are cleaned as :mod:`.cleaning` says; the counts are in :attr:`reports` and
+logged once. ``references(split)`` gives the raw target lines of ``valid``/``test`` for sacreBLEU
+(row ``id`` of a batch is the index into it) and :meth:`decode` turns ids back into text.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal, Sequence
+
+import lightning.pytorch as L
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
+
+from rescale_tasks.common.errors import ConfigError, DataError
+from rescale_tasks.common.sampling import sigterm_safe_worker_init
+
+from .cleaning import CleanOptions, CleanReport, count_truncated, select_train
+from .dataset import PairDataset
+from .pipeline import CorpusSettings, PreparedCorpus, prepare_corpus
+from .sampler import TokenBatchLoader, TokenBatchSampler
+from .vocab import BOS, EOS, PAD, UNK, SpmOptions, load_spm
+
+__all__ = ["TranslationDataModule"]
+
+_STAGE_SPLITS = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}
+
+
+class TranslationDataModule(L.LightningDataModule):
+    """Parallel text under ``root`` (``<split>.<lang>`` files or ``<split>.tsv``; :mod:`.corpus`).
+
+    Args:
+        root: folder with the ``train``/``valid``/``test`` splits.
+        src_lang, tgt_lang: language codes (file suffixes in the ``files`` layout).
+        layout: ``auto``, ``files`` or ``tsv``.
+        spm_model: a SentencePiece ``.model`` with ids bos 0, pad 1, eos 2, unk 3; None trains
+            (or finds the cached) joint model on the training text.
+        vocab_size, model_type: of the model trained when ``spm_model`` is None.
+        max_tokens: padded positions per batch tensor (fairseq ``--max-tokens``), per rank.
+        max_source_positions, max_target_positions: longest sequences with eos (the model's limits).
+        clean: training-pair cleaning (:class:`~.cleaning.CleanOptions`; a dict works too).
+        cache_dir: where models and encoded arrays go (default ``<root>/rescale_cache``, or
+            ``~/.cache/rescale/translation`` when ``root`` is read-only).
+        num_workers, pin_memory, persistent_workers: DataLoader options.
+        seed: batch composition and order (the same on every rank).
+    """
+
+    pad_index, bos_index, eos_index, unk_index = PAD, BOS, EOS, UNK
+
+    def __init__(self, root: str, src_lang: str = "en", tgt_lang: str = "de",
+                 layout: Literal["auto", "files", "tsv"] = "auto", spm_model: str | None = None,
+                 vocab_size: int = 32000, model_type: Literal["bpe", "unigram"] = "bpe",
+                 max_tokens: int = 4096, max_source_positions: int = 1024, max_target_positions: int = 1024,
+                 clean: CleanOptions | None = None, cache_dir: str | None = None, num_workers: int = 2,
+                 pin_memory: bool = True, persistent_workers: bool = True, seed: int = 0):
+        super().__init__()
+        self.save_hyperparameters()
+        for key, value, least in (("max_tokens", max_tokens, 2), ("max_source_positions", max_source_positions, 2),
+                                  ("max_target_positions", max_target_positions, 2)):
+            if value < least:
+                raise ConfigError(f"data.{key} must be at least {least}, got {value}.")
+        if num_workers < 0:
+            raise ConfigError(f"data.num_workers must be 0 or more, got {num_workers}.")
+        self.clean = CleanOptions(**clean) if isinstance(clean, dict) else (clean or CleanOptions())
+        self.settings = CorpusSettings(root, src_lang, tgt_lang, layout, spm_model,
+                                       # not the data seed: runs with other seeds share one vocabulary
+                                       SpmOptions(vocab_size=vocab_size, model_type=model_type),
+                                       cache_dir)
+        self.max_tokens, self.seed = max_tokens, seed
+        self.max_source_positions, self.max_target_positions = max_source_positions, max_target_positions
+        self.num_workers, self.pin_memory, self.persistent_workers = num_workers, pin_memory, persistent_workers
+        self.vocab_size = vocab_size
+        self.processor = None
+        if spm_model and Path(os.path.expanduser(spm_model)).is_file():
+            self.processor = load_spm(spm_model)  # its size is the vocabulary the model must have
+            self.vocab_size = self.processor.piece_size()
+        self.prepared: PreparedCorpus | None = None
+        self.datasets: dict[str, PairDataset] = {}
+        self.train_indices: np.ndarray | None = None
+        self.reports: dict[str, CleanReport] = {}
+        self._references: dict[str, list[str]] = {}
+
+    # --- preparing --------------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        """Train/find the SentencePiece model and encode every split (local rank 0 only)."""
+        prepare_corpus(self.settings)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.prepared is None:
+            prepared = prepare_corpus(self.settings)
+            pieces = prepared.processor.piece_size()
+            if pieces != self.vocab_size:  # data.spm_model was created or replaced after __init__
+                raise DataError(f"{prepared.spm_model} (data.spm_model) has {pieces} pieces but the model "
+                                f"was sized for {self.vocab_size}; set --data.vocab_size {pieces}.")
+            datasets = {name: PairDataset(encoded, self.max_source_positions, self.max_target_positions)
+                        for name, encoded in prepared.encoded.items()}
+            self._select(prepared, datasets)
+            self.prepared, self.processor, self.datasets = prepared, prepared.processor, datasets
+            rank_zero_info("translation data: " + "; ".join(r.line() for r in self.reports.values())
+                           + f"; vocabulary {self.vocab_size} ({prepared.spm_model})")
+        for split in _STAGE_SPLITS.get(stage or "", ()):
+            self._dataset(split)
+
+    def _select(self, prepared: PreparedCorpus, datasets: dict[str, PairDataset]) -> None:
+        """The training pairs kept by cleaning, and every split's report."""
+        limits = (self.max_source_positions, self.max_target_positions)
+        for name, dataset in datasets.items():
+            src, tgt = dataset.encoded.src.sizes, dataset.encoded.tgt.sizes
+            if name == "train":
+                where = " and ".join(str(p) for p in prepared.sources["train"].paths)
+                self.train_indices, report = select_train(src, tgt, self.clean, *limits, self.max_tokens, where)
+            else:
+                report = CleanReport(name, len(src), len(src), truncated=count_truncated(src, tgt, *limits))
+            self.reports[name] = report
+
+    def _dataset(self, split: str) -> PairDataset:
+        if self.prepared is None:
+            self.setup()
+        if split not in self.datasets:
+            paths = self.prepared.sources[next(iter(self.prepared.sources))].paths
+            names = (f"{split}.tsv" if len(paths) == 1 else
+                     f"{split}.{self.settings.src_lang} and {split}.{self.settings.tgt_lang}")
+            raise DataError(f"no {split} split in {paths[0].parent} (data.root): add {names}.")
+        return self.datasets[split]
+
+    # --- loaders ----------------------------------------------------------------------------
+    def loader(self, split: str, num_replicas: int | None = None, rank: int | None = None) -> DataLoader:
+        """The loader of ``split`` for rank ``rank`` of ``num_replicas`` (default: from
+        ``torch.distributed``); training batches are shuffled and resumable."""
+        dataset = self._dataset(split)
+        train = split == "train"
+        sampler = TokenBatchSampler(dataset, self.train_indices if train else None, self.max_tokens,
+                                    shuffle=train, seed=self.seed, num_replicas=num_replicas, rank=rank)
+        workers = self.num_workers
+        kwargs = dict(num_workers=workers, pin_memory=self.pin_memory and torch.accelerator.is_available(),
+                      persistent_workers=self.persistent_workers and workers > 0,
+                      worker_init_fn=sigterm_safe_worker_init() if workers > 0 else None,
+                      # a private generator: creating an iterator never draws from the global RNG
+                      generator=torch.Generator().manual_seed(self.seed))
+        if train:
+            return TokenBatchLoader(dataset, sampler, **kwargs)
+        return DataLoader(dataset, sampler=sampler, batch_size=None, **kwargs)
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader("valid")
+
+    def test_dataloader(self) -> DataLoader:
+        return self.loader("test")
+
+    # --- text -------------------------------------------------------------------------------
+    def references(self, split: str) -> list[str]:
+        """The raw target lines of ``split`` (line ``id`` of a batch row), for sacreBLEU."""
+        self._dataset(split)
+        if split not in self._references:
+            self._references[split] = list(self.prepared.sources[split].lines(1))
+        return self._references[split]
+
+    def sources(self, split: str) -> list[str]:
+        """The raw source lines of ``split``."""
+        self._dataset(split)
+        return list(self.prepared.sources[split].lines(0))
+
+    def _processor(self):
+        if self.processor is None:
+            self.setup()
+        return self.processor
+
+    def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
+        """Detokenized text of one sequence: stops at the first eos, skips bos and pad."""
+        ids = ids.tolist() if isinstance(ids, (torch.Tensor, np.ndarray)) else list(ids)
+        if EOS in ids:
+            ids = ids[:ids.index(EOS)]
+        return self._processor().decode([i for i in ids if i not in (BOS, PAD)])
+
+    def encode(self, text: str) -> torch.Tensor:
+        """Source tokens of one sentence as a model input row: pieces + eos, int64 [S]."""
+        pieces = self._processor().encode(text, out_type=int)[:self.max_source_positions - 1]
+        return torch.tensor(pieces + [EOS], dtype=torch.int64)

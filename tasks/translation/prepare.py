@@ -1,0 +1,94 @@
+"""Build the SentencePiece model and the encoded token arrays of a parallel corpus ahead of training.
+
+    rescale translate-prepare ROOT [--src_lang en] [--tgt_lang de] [--vocab_size 32000] ...
+
+Does what ``TranslationDataModule.prepare_data`` does (the same caches, so a later run starts
+at once) and prints the model, each split's size and what the cleaning options would drop from
+``train``, plus the ``--data.*`` flags to use. Cleaning is applied when the data are loaded, so
+other cleaning options later need no new preparation. Options are the DataModule's names.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from rescale_tasks.common.errors import UserError
+
+from .batching import batch_by_size, length_order, padding_efficiency
+from .cleaning import CleanOptions, count_truncated, select_train
+from .corpus import LAYOUTS
+from .pipeline import CorpusSettings, prepare_corpus
+from .vocab import MODEL_TYPES, SpmOptions
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    d, c = SpmOptions(), CleanOptions()
+    p = argparse.ArgumentParser(prog="rescale translate-prepare", description=__doc__.split("\n\n")[0])
+    p.add_argument("root", help="folder with train/valid/test as <split>.<lang> files or <split>.tsv")
+    p.add_argument("--src_lang", default="en")
+    p.add_argument("--tgt_lang", default="de")
+    p.add_argument("--layout", default="auto", choices=LAYOUTS)
+    p.add_argument("--spm_model", default=None, help="use this SentencePiece model instead of training one")
+    p.add_argument("--vocab_size", type=int, default=d.vocab_size)
+    p.add_argument("--model_type", default=d.model_type, choices=MODEL_TYPES)
+    p.add_argument("--character_coverage", type=float, default=d.character_coverage)
+    p.add_argument("--input_sentence_size", type=int, default=d.input_sentence_size,
+                   help="sentences sampled to train SentencePiece (0 = all)")
+    p.add_argument("--spm_seed", type=int, default=d.seed,
+                   help="seed of the sentence sample (a model the DataModule finds by options uses 0)")
+    p.add_argument("--cache_dir", default=None)
+    # only reported here: cleaning and size limits act when the data are loaded
+    p.add_argument("--max_len", type=int, default=c.max_len)
+    p.add_argument("--len_ratio", type=float, default=c.len_ratio)
+    p.add_argument("--keep_empty", action="store_true", help="keep pairs with an empty side")
+    p.add_argument("--max_tokens", type=int, default=4096)
+    p.add_argument("--max_source_positions", type=int, default=1024)
+    p.add_argument("--max_target_positions", type=int, default=1024)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    options = SpmOptions(vocab_size=args.vocab_size, model_type=args.model_type,
+                         character_coverage=args.character_coverage,
+                         input_sentence_size=args.input_sentence_size, seed=args.spm_seed)
+    settings = CorpusSettings(args.root, args.src_lang, args.tgt_lang, args.layout, args.spm_model,
+                              options, args.cache_dir)
+    clean = CleanOptions(drop_empty=not args.keep_empty, max_len=args.max_len or None,
+                         len_ratio=args.len_ratio or None)
+    start = time.perf_counter()
+    prepared = prepare_corpus(settings)
+    limits = (args.max_source_positions, args.max_target_positions)
+    print(f"SentencePiece model: {prepared.spm_model} ({prepared.processor.piece_size()} pieces)")
+    print(f"cache: {prepared.cache_dir}")
+    for name, encoded in prepared.encoded.items():
+        src, tgt = encoded.src.sizes, encoded.tgt.sizes
+        print(f"{name}: {len(encoded)} pairs, {int(src.sum())} + {int(tgt.sum())} tokens")
+        if name == "train":
+            where = " and ".join(str(p) for p in prepared.sources[name].paths)
+            kept, report = select_train(src, tgt, clean, *limits, args.max_tokens, where)
+            s, t = (sizes + 1 for sizes in (src, tgt))
+            order = length_order(kept, s, t, 0)
+            batches = batch_by_size(order, np.maximum(s, t)[order], args.max_tokens)
+            print(f"  cleaning: {report.line()}")
+            print(f"  {len(batches)} batches of up to {args.max_tokens} tokens per epoch (one process), "
+                  f"padding efficiency {padding_efficiency(batches, s, t):.3f}")
+        elif truncated := count_truncated(src, tgt, *limits):
+            print(f"  {truncated} pairs longer than the position limits (truncated when loaded)")
+    flags = f"--data.root {args.root} --data.src_lang {args.src_lang} --data.tgt_lang {args.tgt_lang}"
+    print(f"done in {time.perf_counter() - start:.1f} s; train with {flags} --data.spm_model {prepared.spm_model}"
+          + (f" --data.cache_dir {args.cache_dir}" if args.cache_dir else ""))
+    return 0
+
+
+if __name__ == "__main__":  # python -m rescale_tasks.translation.prepare
+    try:
+        sys.exit(main())
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
