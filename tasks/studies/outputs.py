@@ -105,7 +105,8 @@ def log_to_wandb(run: str, tables: dict[str, Sequence[dict]], images: dict[str, 
         if not project:
             raise UserError(f"--wandb_run {run}: a run id needs --wandb_project (or give the run's folder)")
     settings = wandb.Settings(console="off", silent=True)
-    with wandb.init(id=run_id, project=project or "rescale", dir=save_dir, resume="allow",
+    # dir: an explicit folder (W&B would otherwise use the working folder of its first run in this process)
+    with wandb.init(id=run_id, project=project or "rescale", dir=save_dir or os.getcwd(), resume="allow",
                     mode=wandb_mode(), settings=settings) as wb:
         payload: dict[str, Any] = {}
         for name, rows in tables.items():

@@ -1,0 +1,249 @@
+"""`rescale study`: grids of ordinary `rescale fit` runs, run here one after another (resuming where
+they stopped) or handed to SLURM / a W&B sweep, and their tables.
+
+- the depth study on the embedded digits: a plain network (`none`) trains when shallow and
+  diverges when deep, where `rescale` and `skipinit` train; the divergence is a row of the table;
+- an interrupted study run again skips its finished point, resumes the interrupted one from its
+  `last.ckpt` and runs the rest (in this process: `--in_process`, to keep the test short);
+- the SLURM array script and the W&B sweep reach every point, and `run-point` runs one (the
+  installed `rescale fit` in a subprocess, as the local engine runs every point by default);
+- the seeds table of run summaries with known values is exactly mean and sample std.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rescale_tasks.cli import main
+from rescale_tasks.common.run_summary import read_summary
+from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
+from rescale_tasks.studies.grid import Grid
+from rescale_tasks.studies.study import build_parser, parse_lr_grid
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the subprocess runs: one thread each, as this process
+
+
+SGD = {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.1, "momentum": 0.9}}
+
+
+def tiny(run_config, path: Path, **trainer) -> str:
+    """The tests' digits config (2 steps of a depth-8 CIFAR ResNet), logging to an offline W&B run
+    (the study points it at the point's folder)."""
+    return run_config(path, model={"init_args": {"optimizer": SGD}},
+                      trainer={"logger": None, "log_every_n_steps": 1, **trainer})
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_depth_study_none_diverges_deep_where_rescale_and_skipinit_train(tmp_path, run_config, capsys):
+    # 3 epochs of 15 SGD steps (lr 0.1, momentum 0.9), validation on the whole val split
+    config = run_config(tmp_path / "depth.yaml", model={"init_args": {"optimizer": SGD}},
+                        trainer={"logger": None, "max_epochs": 3, "limit_train_batches": 15,
+                                 "limit_val_batches": None, "log_every_n_steps": 5})
+    code = main(["study", "depth", "--config", config, "--depths", "8", "44", "--schemes", "none", "rescale",
+                 "skipinit", "--out", "depth", "--in_process"])
+    assert code == 0, capsys.readouterr()
+    rows = {(r["scheme"], int(r["depth"])): r for r in read_csv(tmp_path / "depth/depth.csv")}
+    assert len(rows) == 6
+    # a plain network trains when shallow (no normalisation needed at 3 blocks) ...
+    assert rows["none", 8]["status"] == "trained" and float(rows["none", 8]["final val/acc1"]) > 0.5
+    # ... and diverges at depth 44 within its first steps: a result, not a crash
+    deep = rows["none", 44]
+    assert deep["status"] == f"diverged at step {deep['diverged_step']}" and int(deep["diverged_step"]) <= 3
+    assert deep["final val/acc1"] == "" and deep["val_loss"] == ""  # a non-finite model's validation is no result
+    for scheme in ("rescale", "skipinit"):  # the normalisation-free schemes train at the same depth and lr
+        row = rows[scheme, 44]
+        assert row["status"] == "trained" and int(row["steps"]) == 45 and float(row["final val/acc1"]) > 0.3, row
+        assert float(row["train_loss"]) < 2.0
+    wide = {r["scheme"]: r for r in read_csv(tmp_path / "depth/depth_grid.csv")}
+    assert list(wide) == ["none", "rescale", "skipinit"]
+    assert wide["none"]["depth 44"] == f"diverged@{deep['diverged_step']}"
+    assert (tmp_path / "depth/depth.png").stat().st_size > 10_000 and (tmp_path / "depth/depth.md").is_file()
+    out = capsys.readouterr().out
+    assert "| none | " in out and "points: 6 run, 0 resumed, 0 already done, 0 failed" in out
+    # every point is an ordinary fit with its own summary, checkpoint and W&B run in its folder
+    grid = Grid.load(str(tmp_path / "depth"))
+    point = grid.point("d44-rescale")
+    assert grid.status(point) == "done" and grid.last_checkpoint(point)
+    assert list((tmp_path / "depth/points/d44-rescale/wandb").glob("offline-run-*"))
+
+
+def test_an_interrupted_study_resumes_without_repeating_finished_runs(tmp_path, run_config, capsys):
+    config = tiny(run_config, tmp_path / "seeds.yaml", max_epochs=2, limit_train_batches=3)
+    study = ["study", "seeds", "--config", config, "--seeds", "3", "--out", "seeds"]
+    assert main([*study, "--engine", "slurm"]) == 0  # writes the grid (and the script), runs nothing
+    grid = Grid.load("seeds")
+    first, second, third = grid.points
+    # point 1 finished; point 2 was stopped after its first epoch: a last.ckpt, no summary
+    assert main(grid.point_argv(first)) == 0
+    assert main([*grid.point_argv(second), "--trainer.max_epochs", "1"]) == 0
+    (tmp_path / "seeds/points/seed1/run_summary.json").unlink()
+    assert [grid.status(p) for p in grid.points] == ["done", "partial", "todo"]
+    checkpoint = grid.last_checkpoint(second)
+    assert grid.point_argv(second)[-2:] == ["--ckpt_path", checkpoint]
+    done_before = (tmp_path / "seeds/points/seed0/run_summary.json")
+    stamp, content = done_before.stat().st_mtime_ns, done_before.read_text()
+    capsys.readouterr()
+
+    assert main([*study, "--in_process"]) == 0  # (the default, a subprocess per point: run-point below)
+    out = capsys.readouterr().out
+    assert "[1/3] seed0: done (finished), skipped" in out
+    assert f"[2/3] seed1: resuming from {checkpoint}" in out and "[3/3] seed2: running" in out
+    assert "points: 1 run, 1 resumed, 1 already done, 0 failed" in out
+    assert done_before.stat().st_mtime_ns == stamp and done_before.read_text() == content
+    assert not (tmp_path / "seeds/points/seed0/log.txt").exists()  # never started by the study
+    log = (tmp_path / "seeds/points/seed1/log.txt").read_text()
+    assert f"resume from {checkpoint}" in log and f"--ckpt_path {checkpoint}" in log
+    resumed, fresh = read_summary("seeds/points/seed1"), read_summary("seeds/points/seed2")
+    assert resumed["status"] == fresh["status"] == "finished"
+    assert resumed["steps"] == fresh["steps"] == 6 and (resumed["seed"], fresh["seed"]) == (1, 2)
+    assert [s for s, _ in resumed["curves"]["train/loss"]] == [1, 2, 3, 4, 5, 6]  # both segments
+    rows = {(r["metric"], r["use"]): r for r in read_csv(tmp_path / "seeds/seeds.csv")}
+    assert rows["val/acc1", "final"]["n"] == "3" and rows["val/acc1", "final"]["diverged"] == "0"
+
+    capsys.readouterr()
+    assert main([*study, "--in_process"]) == 0  # once more: nothing left to run
+    assert "points: 0 run, 0 resumed, 3 already done, 0 failed" in capsys.readouterr().out
+
+
+def expand_sweep_command(command: list[str], program: str, index: int) -> list[str]:
+    """What `wandb agent` runs for the sweep's run with ``point=index`` (its own expansion of the
+    ``${...}`` macros; ``${env}`` is /usr/bin/env)."""
+    from wandb.sdk.launch.sweeps.utils import create_sweep_command_args
+
+    macros = create_sweep_command_args({"args": {"point": {"value": index}}})
+    macros.update(env=["/usr/bin/env"], program=[program], interpreter=["python"])
+    out = []
+    for item in command:
+        out += macros[item[2:-1]] if item.startswith("${") and item.endswith("}") else [item]
+    return out
+
+
+def test_slurm_array_and_wandb_sweep_reach_every_point(tmp_path, run_config, capsys):
+    config = tiny(run_config, tmp_path / "tiny.yaml")
+    study = ["study", "batch-lr", "--config", config, "--schemes", "rescale", "skipinit", "--batch_sizes", "32", "64",
+             "--lrs", "0.05", "0.1", "--out", "blr"]
+    assert main([*study, "--engine", "slurm", "--partition", "gpu", "--time", "02:00:00", "--max_parallel", "4",
+                 "--sbatch=--account=abc"]) == 0
+    assert "submit: sbatch " in capsys.readouterr().out
+    grid = Grid.load("blr")
+    n = len(grid.points)
+    assert n == 8 and grid.point(3).params == {"scheme": "rescale", "batch_size": 64, "lr": 0.1}
+    assert grid.point_argv(grid.point(3))[-6:] == ["--model.init_args.scheme", "rescale", "--data.init_args.batch_size",
+                                                   "64", "--model.init_args.optimizer.init_args.lr", "0.1"]
+
+    script = (tmp_path / "blr/slurm.sbatch").read_text().splitlines()
+    assert script[0] == "#!/bin/bash"
+    options = [line.split(None, 1)[1] for line in script if line.startswith("#SBATCH ")]
+    assert f"--array=0-{n - 1}%4" in options and "--partition=gpu" in options and "--time=02:00:00" in options
+    assert "--gres=gpu:1" in options and "--account=abc" in options and "--requeue" in options
+    assert "--signal=TERM@120" in options
+    (launch,) = [shlex.split(line) for line in script if line.startswith("srun ")]
+    assert launch[-1] == "$SLURM_ARRAY_TASK_ID" and os.path.isabs(launch[-2])
+    assert any("scontrol requeue" in line for line in script)
+    for index in range(n):  # every array task id names its own point
+        argv = [*launch[:-1], str(index)]
+        args = build_parser().parse_args(argv[argv.index("study") + 1:])
+        assert args.command == "run-point" and Grid.load(args.study_dir).point(args.index) == grid.points[index]
+
+    assert main([*study, "--engine", "wandb"]) == 0  # the same grid, for `wandb agent`
+    assert "wandb sweep --project " in capsys.readouterr().out
+    sweep = yaml.safe_load((tmp_path / "blr/sweep.yaml").read_text())
+    assert sweep["method"] == "grid" and sweep["parameters"] == {"point": {"values": list(range(n))}}
+    assert sweep["project"] == "rescale" and os.access(sweep["program"], os.X_OK)
+    for index in range(n):
+        argv = expand_sweep_command(sweep["command"], sweep["program"], index)
+        assert argv[:2] == ["/usr/bin/env", sweep["program"]]
+        args = build_parser().parse_args(argv[argv.index("study") + 1:])
+        assert Grid.load(args.study_dir).point(args.point) == grid.points[index]
+
+    # run-point runs that one point (the installed `rescale fit` in a subprocess, its output shown
+    # and kept in the point's log); run again (a requeue, a second agent) it has nothing to do
+    capsys.readouterr()
+    assert main(["study", "run-point", str(tmp_path / "blr"), "--point=5"]) == 0
+    assert "`Trainer.fit` stopped: `max_epochs=1` reached." in capsys.readouterr().out
+    assert "`Trainer.fit` stopped" in (tmp_path / "blr/points/skipinit-b32-lr0.1/log.txt").read_text()
+    assert [grid.status(p) for p in grid.points] == ["todo"] * 5 + ["done"] + ["todo"] * 2
+    summary = read_summary("blr/points/skipinit-b32-lr0.1")
+    assert (summary["scheme"], summary["batch_size"], summary["lr"]) == ("skipinit", 32, 0.1)
+    capsys.readouterr()
+    assert main(["study", "run-point", str(tmp_path / "blr"), "5", "--in_process"]) == 0
+    assert "nothing to run" in capsys.readouterr().out
+    assert read_summary("blr/points/skipinit-b32-lr0.1") == summary
+
+    # the tables say what is missing instead of failing
+    assert main(["study", "aggregate", "blr"]) == 0
+    table = {(r["scheme"], r["batch_size"]): r for r in read_csv(tmp_path / "blr/batch_lr.csv")}
+    assert table["skipinit", "32"]["largest_stable_lr"] == "0.1" and table["skipinit", "32"]["not_done"] == "1"
+    assert table["rescale", "64"]["largest_stable_lr"] == "" and table["rescale", "64"]["not_done"] == "2"
+    assert (tmp_path / "blr/batch_lr.png").is_file() and (tmp_path / "blr/batch_lr_metric.png").is_file()
+
+
+def summary(status: str, acc: float, loss: float, train_loss: float, seed: int) -> dict:
+    return {"status": status, "seed": seed, "steps": 100, "diverged_step": 37 if status == "diverged" else None,
+            "final": {"val/acc1": acc, "val/loss": loss, "train/loss_epoch": train_loss, "lr-SGD": 0.1,
+                      "scalars/stage1.block0": 0.5},
+            "best": {"val/acc1": acc, "val/loss": loss},
+            "curves": {"train/loss": [[1, 2.3], [100, train_loss]], "val/acc1": [[0, acc]]}}
+
+
+def test_seed_table_is_mean_and_sample_std(tmp_path, run_config):
+    config = tiny(run_config, tmp_path / "tiny.yaml")
+    assert main(["study", "seeds", "--config", config, "--seeds", "4", "--out", "seeds", "--engine", "slurm"]) == 0
+    known = [summary("finished", 0.5, 2.0, 0.25, 0), summary("finished", 0.75, 4.0, 0.5, 1),
+             summary("finished", 1.0, 6.0, 0.75, 2), summary("diverged", float("nan"), float("nan"), float("nan"), 3)]
+    for i, s in enumerate(known):  # as the runs would have written them, NaN as a string
+        folder = tmp_path / f"seeds/points/seed{i}"
+        folder.mkdir(parents=True)
+        text = json.dumps(s).replace("NaN", '"nan"')
+        (folder / "run_summary.json").write_text(text)
+    assert main(["study", "aggregate", "seeds", "--wandb_run", "seedtable", "--wandb_project", "rescale-test"]) == 0
+    # 3 finite values each (the diverged seed counted apart); std = sample std (n-1)
+    assert (tmp_path / "seeds/seeds.csv").read_text().splitlines() == [
+        "metric,use,n,mean,std,min,max,runs,diverged",
+        "train/loss_epoch,final,3,0.5,0.25,0.25,0.75,4,1",
+        "val/acc1,final,3,0.75,0.25,0.5,1.0,4,1",
+        "val/acc1,best,3,0.75,0.25,0.5,1.0,4,1",
+        "val/loss,final,3,4.0,2.0,2.0,6.0,4,1",
+        "val/loss,best,3,4.0,2.0,2.0,6.0,4,1",
+    ]
+    assert "sample standard deviation (ddof=1, n-1)" in (tmp_path / "seeds/seeds.md").read_text()
+    points = {r["seed"]: r["status"] for r in read_csv(tmp_path / "seeds/seeds_points.csv")}
+    assert points == {"0": "trained", "1": "trained", "2": "trained", "3": "diverged at step 37"}
+    assert (tmp_path / "seeds/seeds.png").is_file()
+    (run_dir,) = find_offline_runs(str(tmp_path))  # the tables and the plot, logged to the run named
+    logged = read_offline_run(run_dir)
+    (row,) = logged.history
+    assert logged.run_id == "seedtable" and row["plots/seeds/_type"] == "image-file"
+    assert row["tables/seeds/_type"] == "table-file"
+    assert (row["tables/seeds/nrows"], row["tables/seeds_points/nrows"]) == (5, 4)
+
+
+def test_bad_input_is_one_line(tmp_path, run_config, error_line):
+    config = tiny(run_config, tmp_path / "tiny.yaml")
+    assert main(["study", "depth", "--config", config, "--depths", "x"]) == 2
+    assert "argument --depths: invalid int value: 'x'" in error_line()
+    assert main(["study", "aggregate", "nowhere"]) == 2
+    assert "nowhere is not a study folder" in error_line()
+    assert main(["study", "seeds", "--config", config, "--seeds", "2", "--out", "s", "--engine", "slurm"]) == 0
+    assert main(["study", "seeds", "--config", config, "--seeds", "2", "--out", "s", "--engine", "slurm",
+                 "--", "--trainer.max_epochs", "3"]) == 0  # no point has run yet: the grid is replaced
+    (tmp_path / "s/points/seed0").mkdir(parents=True)
+    assert main(["study", "seeds", "--config", config, "--seeds", "2", "--out", "s", "--engine", "slurm"]) == 2
+    assert "already holds point seed0 run with other settings" in error_line()
+    assert parse_lr_grid("0.0125:0.1:2") == [0.0125, 0.025, 0.05, 0.1]
