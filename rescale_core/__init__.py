@@ -8,11 +8,13 @@ SkipInit (De & Smith 2020), Fixup (Zhang et al. 2019) and ReZero (Bachlechner et
     >>> groups = rescale_core.param_groups(model, weight_decay=1e-4, lr=0.1)
 
 Nothing here imports Lightning, W&B or data code; every task builds its networks through
-:func:`create_model`.
+:func:`create_model`. :mod:`rescale_core.generation` translates with a Transformer (greedy
+and beam search over cached keys/values).
 """
-from . import analysis, models  # noqa: F401  (models registers every family)
+from . import analysis, generation, models  # noqa: F401  (models registers every family)
 from .blocks import ResidualBlock, ResidualMerge, ResidualSublayer
 from .fastpath import reference_path
+from .generation import beam_search, greedy_search
 from .layers import Gain, MeanShiftBias, ScalarBias
 from .optim import param_groups
 from .registry import create_model, list_models, register_model
@@ -22,7 +24,7 @@ __all__ = [
     "create_model", "list_models", "register_model", "list_schemes", "get_scheme", "register_scheme",
     "Scheme", "param_groups", "analysis", "ResidualBlock", "ResidualMerge", "ResidualSublayer",
     "MeanShiftBias", "ScalarBias", "Gain", "mean_shift_layers", "finish_measuring",
-    "reference_path",
+    "reference_path", "generation", "greedy_search", "beam_search",
 ]
 
 

@@ -24,6 +24,17 @@ the attention weights (``attention_dropout``) and after the feed-forward activat
 ``1/sqrt(2)`` for ``q_proj``/``k_proj``/``v_proj`` and 1 for ``out_proj``/``fc1``/``fc2``;
 output projection tied to the decoder embedding by default.
 
+Incremental decoding (inference): :meth:`Transformer.new_cache` encodes nothing but projects
+the encoder memory once into every cross-attention's keys/values and returns an
+:class:`IncrementalState`; :meth:`Transformer.decode_step` feeds the next target token(s),
+appends their self-attention keys/values to the cache and returns their logits, equal to the
+full :meth:`Transformer.decode` of the whole prefix (up to rounding). Positions continue from the
+number of non-pad tokens already fed (as :class:`TransformerEmbedding` counts them), and new
+queries see cached keys through an explicit bottom-right-aligned causal mask (SDPA's
+``is_causal`` aligns top-left, wrong for queries after cached keys). ``IncrementalState.reorder``
+selects rows for beam search (fairseq's ``reorder_incremental_state``); the searches themselves
+live in :mod:`rescale_core.generation`.
+
 Attribute names: ``encoder.layers[i].self_attn`` / ``.ffn`` and ``decoder.layers[i].self_attn`` /
 ``.cross_attn`` / ``.ffn`` are the :class:`ResidualSublayer` objects; their ``fn`` is the
 :class:`MultiheadAttention` or :class:`FeedForward`; ``encoder.embed`` / ``decoder.embed``,
@@ -51,6 +62,7 @@ from torch import nn
 
 from ..blocks import ResidualSublayer
 from ..fastpath import scaled_linear
+from ..generation import greedy_search
 from ..layers import make_norm
 from ..registry import register_model
 from ..schemes import Scheme, get_scheme, list_schemes
@@ -58,7 +70,7 @@ from ..schemes import Scheme, get_scheme, list_schemes
 __all__ = ["TransformerConfig", "TRANSFORMERS", "MultiheadAttention", "FeedForward",
            "SinusoidalPositions", "TransformerEmbedding", "TransformerEncoderLayer",
            "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "Transformer",
-           "transformer"]
+           "KVCache", "IncrementalState", "transformer"]
 
 
 @dataclass(frozen=True)
@@ -99,9 +111,11 @@ class MultiheadAttention(nn.Module):
     ``forward(x, memory=None, attn_mask=None, is_causal=False, cache=None)``: self-attention on
     ``x`` [B, T, d], or cross-attention from ``x`` to ``memory`` [B, S, d]. ``attn_mask`` is a
     boolean mask broadcastable to [B, heads, T, S], True where a query may attend. ``cache`` (a
-    dict, incremental decoding): self-attention appends this step's keys/values to it (one new
-    query per call); cross-attention projects ``memory`` once and reuses it. ``out_scale``
-    multiplies the output, folded into ``out_proj`` (the residual sublayer's fast path).
+    :class:`KVCache`, incremental decoding): a static one holds the projected memory
+    (cross-attention, ``memory`` is then not needed); otherwise this call's keys/values are
+    appended to it and the queries attend to all of them (the caller passes the mask that
+    places them after the cached keys). ``out_scale`` multiplies the output, folded into
+    ``out_proj`` (the residual sublayer's fast path).
     """
 
     supports_out_scale = True
@@ -129,23 +143,22 @@ class MultiheadAttention(nn.Module):
     def _heads(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, d] -> [B, H, T, d/H]
         return x.unflatten(-1, (self.nhead, self.head_dim)).transpose(1, 2)
 
+    def memory_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [B, H, S, d/H] of ``memory`` [B, S, d] (cross-attention)."""
+        return self._heads(self.k_proj(memory)), self._heads(self.v_proj(memory))
+
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
                 attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                cache: dict | None = None, out_scale=None) -> torch.Tensor:
+                cache: "KVCache | None" = None, out_scale=None) -> torch.Tensor:
         q = self._heads(self.q_proj(x))
-        if memory is None:  # self-attention
+        if cache is not None and cache.static:  # cross-attention, memory projected once
+            k, v = cache.k, cache.v
+        elif memory is not None:
+            k, v = self.memory_kv(memory)
+        else:  # self-attention
             k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
             if cache is not None:
-                if "k" in cache:
-                    k = torch.cat([cache["k"], k], dim=2)
-                    v = torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"] = k, v
-        elif cache is not None and "k" in cache:  # cross-attention, memory already projected
-            k, v = cache["k"], cache["v"]
-        else:
-            k, v = self._heads(self.k_proj(memory)), self._heads(self.v_proj(memory))
-            if cache is not None:
-                cache["k"], cache["v"] = k, v
+                k, v = cache.append(k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                              dropout_p=self.dropout if self.training else 0.0,
                                              is_causal=is_causal)
@@ -196,8 +209,9 @@ class SinusoidalPositions(nn.Module):
 
 
 class TransformerEmbedding(nn.Module):
-    """``dropout(sqrt(d) * embed_tokens(tokens) + positions)``; ``last_only`` embeds only the
-    last token of each row (incremental decoding), at its position in the whole prefix."""
+    """``dropout(sqrt(d) * embed_tokens(tokens) + positions)``. ``offset`` [B] (incremental
+    decoding): the number of non-pad tokens before ``tokens`` in each row, so that positions
+    continue where the cached prefix ended."""
 
     def __init__(self, embed_tokens: nn.Embedding, max_positions: int, dropout: float) -> None:
         super().__init__()
@@ -208,15 +222,16 @@ class TransformerEmbedding(nn.Module):
         self.positions = SinusoidalPositions(d_model, max_positions)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        if tokens.size(1) > self.positions.max_positions:
+    def forward(self, tokens: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
+        if offset is None and tokens.size(1) > self.positions.max_positions:
             raise ValueError(f"sequence length {tokens.size(1)} exceeds max_positions="
                              f"{self.positions.max_positions}; build the model with a larger "
                              "max_positions")
         nonpad = tokens.ne(self.pad_index).long()
-        positions = torch.cumsum(nonpad, dim=1) * nonpad
-        if last_only:
-            tokens, positions = tokens[:, -1:], positions[:, -1:]
+        positions = torch.cumsum(nonpad, dim=1)
+        if offset is not None:
+            positions = positions + offset[:, None]
+        positions = positions * nonpad
         x = torch.add(self.positions(positions), self.embed_tokens(tokens), alpha=self.embed_scale)
         return self.dropout(x)
 
@@ -278,13 +293,13 @@ class TransformerDecoderLayer(nn.Module):
         self.cross_attn = _attention_sublayer(cfg, scheme, k + 1, L)
         self.ffn = _ffn_sublayer(cfg, scheme, k + 2, L)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
-                self_mask: torch.Tensor | None = None, is_causal: bool = False,
-                state: dict | None = None) -> torch.Tensor:
-        x = self.self_attn(x, attn_mask=self_mask, is_causal=is_causal,
-                           cache=None if state is None else state.setdefault("self", {}))
-        x = self.cross_attn(x, memory=memory, attn_mask=memory_mask,
-                            cache=None if state is None else state.setdefault("cross", {}))
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None,
+                memory_mask: torch.Tensor | None = None, self_mask: torch.Tensor | None = None,
+                is_causal: bool = False, self_cache: "KVCache | None" = None,
+                cross_cache: "KVCache | None" = None) -> torch.Tensor:
+        """``memory`` may be None when ``cross_cache`` holds its keys/values."""
+        x = self.self_attn(x, attn_mask=self_mask, is_causal=is_causal, cache=self_cache)
+        x = self.cross_attn(x, memory=memory, attn_mask=memory_mask, cache=cross_cache)
         return self.ffn(x)
 
 
@@ -342,22 +357,160 @@ class TransformerDecoder(nn.Module):
         return keep, False
 
     def forward(self, tgt_tokens: torch.Tensor, memory: torch.Tensor,
-                src_padding_mask: torch.Tensor | None = None,
-                incremental_state: dict | None = None) -> torch.Tensor:
-        """Features [B, T, d]; with ``incremental_state`` only the last token's [B, 1, d]."""
+                src_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Features [B, T, d] of the whole target prefix (teacher forcing)."""
         memory_mask = _key_padding_attn_mask(src_padding_mask, self.mask_check)
-        incremental = incremental_state is not None
-        if incremental:  # one new query attending to every cached key: no mask needed
-            self_mask, is_causal = None, False
+        self_mask, is_causal = self._self_attn_mask(tgt_tokens)
+        x = self.embed(tgt_tokens)
+        for layer in self.layers:
+            x = layer(x, memory, memory_mask, self_mask, is_causal)
+        return x if self.layer_norm is None else self.layer_norm(x)
+
+    def new_cache(self, memory: torch.Tensor, src_padding_mask: torch.Tensor | None = None,
+                  capacity: int | None = None) -> "IncrementalState":
+        """An empty :class:`IncrementalState` for ``memory`` [B, S, d]: every cross-attention's
+        keys/values and the memory's attend-mask computed once here. ``capacity``: the number
+        of target tokens to reserve room for (the buffers grow past it when needed)."""
+        cross = [KVCache(*layer.cross_attn.fn.memory_kv(memory), static=True)
+                 for layer in self.layers]
+        selfs = [KVCache(capacity=capacity) for _ in self.layers]
+        memory_mask = _key_padding_attn_mask(src_padding_mask, self.mask_check)
+        return IncrementalState(selfs, cross, memory_mask, memory.size(0), memory.device,
+                                self.mask_check)
+
+    def step(self, tokens: torch.Tensor, cache: "IncrementalState") -> torch.Tensor:
+        """Features [B, T, d] of ``tokens`` [B, T] (usually T = 1), the next tokens after the
+        prefix held in ``cache``; their keys/values are appended to it."""
+        total = cache.length + tokens.size(1)
+        if total > self.embed.positions.max_positions:
+            raise ValueError(f"target length {total} exceeds max_positions="
+                             f"{self.embed.positions.max_positions}; build the model with a "
+                             "larger max_positions")
+        n = cache.length
+        x = self.embed(tokens, offset=cache.num_tokens)
+        padded = cache._record(tokens.eq(self.embed.pad_index))
+        if n == 0:  # a first call is a whole prefix: the training path's masks
+            self_mask, is_causal = self._self_attn_mask(tokens)
         else:
-            self_mask, is_causal = self._self_attn_mask(tgt_tokens)
-        x = self.embed(tgt_tokens, last_only=incremental)
-        for i, layer in enumerate(self.layers):
-            state = incremental_state.setdefault(i, {}) if incremental else None
-            x = layer(x, memory, memory_mask, self_mask, is_causal, state)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
-        return x
+            self_mask = _cached_self_attn_mask(n, tokens.size(1), cache.key_padding, padded)
+            is_causal = False
+        for layer, self_cache, cross_cache in zip(self.layers, cache.self_attn, cache.cross_attn):
+            x = layer(x, None, cache.memory_mask, self_mask, is_causal, self_cache, cross_cache)
+        return x if self.layer_norm is None else self.layer_norm(x)
+
+
+# --- incremental decoding state -----------------------------------------------------------------
+class KVCache:
+    """Keys and values [B, heads, T, head_dim] of one attention layer during incremental decoding.
+
+    ``static`` (cross-attention): the projected encoder memory, fixed. Otherwise (causal
+    self-attention) :meth:`append` writes each step's keys/values into buffers that double
+    when full: amortised O(1) per step instead of re-copying the whole prefix (``torch.cat``,
+    as fairseq does). Under autograd it concatenates instead, since later in-place writes
+    would invalidate what backward saved. Inference state, not a module: never saved.
+    """
+
+    __slots__ = ("k", "v", "length", "static", "capacity")
+
+    def __init__(self, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                 static: bool = False, capacity: int | None = None) -> None:
+        self.k, self.v, self.static = k, v, static
+        self.length = 0 if k is None else k.size(2)
+        self.capacity = capacity
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append [B, H, t, d/H] keys/values; returns all of them (views of the buffers)."""
+        if self.static:
+            raise RuntimeError("a static (cross-attention) cache takes no new keys")
+        n, t = self.length, k.size(2)
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            self.k = k if self.k is None else torch.cat([self.k[:, :, :n], k], dim=2)
+            self.v = v if self.v is None else torch.cat([self.v[:, :, :n], v], dim=2)
+        else:
+            if self.k is None or n + t > self.k.size(2):
+                old_cap = 0 if self.k is None else self.k.size(2)
+                cap = max(n + t, 2 * old_cap, self.capacity or 0, 8)
+                self.k, self.v = self._grow(self.k, k, n, cap), self._grow(self.v, v, n, cap)
+            self.k[:, :, n:n + t] = k
+            self.v[:, :, n:n + t] = v
+        self.length = n + t
+        return self.k[:, :, :n + t], self.v[:, :, :n + t]
+
+    @staticmethod
+    def _grow(old: torch.Tensor | None, new: torch.Tensor, n: int, cap: int) -> torch.Tensor:
+        buf = new.new_empty(new.size(0), new.size(1), cap, new.size(3))
+        if old is not None and n:
+            buf[:, :, :n] = old[:, :, :n]
+        return buf
+
+    def reorder(self, index: torch.Tensor) -> None:
+        if self.k is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+
+class IncrementalState:
+    """What the decoder keeps between incremental steps for a batch of B rows
+    (:meth:`Transformer.new_cache`): per layer the self-attention :class:`KVCache` and the
+    cross-attention keys/values of the encoder memory, the memory's attend-mask, which cached
+    target tokens are padding, and each row's count of non-pad tokens (positions continue from
+    it). Passed explicitly to :meth:`Transformer.decode_step`; no hidden state in the model.
+
+    ``reorder(index)`` keeps rows ``index`` (a LongTensor into the current rows, repeats
+    allowed): beam search reorders beams and drops finished sentences with it.
+    """
+
+    def __init__(self, self_attn: list[KVCache], cross_attn: list[KVCache],
+                 memory_mask: torch.Tensor | None, batch_size: int, device: torch.device,
+                 mask_check: bool = True) -> None:
+        self.self_attn, self.cross_attn = self_attn, cross_attn
+        self.memory_mask = memory_mask
+        self.mask_check = mask_check
+        self.length = 0  # target tokens fed so far (cached keys per row)
+        self.num_tokens = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.key_padding = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
+        # with mask_check: whether any fed token was padding (else the masks are always built)
+        self.saw_padding = False
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_tokens.size(0)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        index = index.to(self.num_tokens.device)
+        for kv in (*self.self_attn, *self.cross_attn):
+            kv.reorder(index)
+        if self.memory_mask is not None:
+            self.memory_mask = self.memory_mask.index_select(0, index)
+        self.num_tokens = self.num_tokens.index_select(0, index)
+        self.key_padding = self.key_padding.index_select(0, index)
+
+    def _record(self, new_pad: torch.Tensor) -> bool:
+        """Record tokens (padding ``new_pad`` [B, T]) as fed; returns whether the next
+        self-attention mask must hide padding (always, unless ``mask_check`` may read the
+        tokens on the host: one read per step, as the training path reads once per forward)."""
+        self.num_tokens = self.num_tokens + (~new_pad).sum(dim=1)
+        self.key_padding = torch.cat([self.key_padding, new_pad], dim=1)
+        self.length += new_pad.size(1)
+        if not _check_masks(self.mask_check):
+            return True
+        self.saw_padding = self.saw_padding or bool(new_pad.any())
+        return self.saw_padding
+
+
+def _cached_self_attn_mask(n: int, t: int, key_padding: torch.Tensor,
+                           padded: bool) -> torch.Tensor | None:
+    """Attend-mask of ``t`` new queries after ``n`` cached keys: query i sits at n + i and sees
+    keys j <= n + i that are not padding (itself always, as in the full decode). Aligned
+    bottom-right, so built explicitly (SDPA's ``is_causal`` aligns top-left); None for one query
+    when nothing is padded (every cached key visible)."""
+    if t == 1 and not padded:
+        return None
+    q = torch.arange(n, n + t, device=key_padding.device)[:, None]
+    k = torch.arange(n + t, device=key_padding.device)[None, :]
+    keep = k <= q  # [t, n + t]
+    if padded:
+        keep = (keep & ~key_padding[:, None, None, :]) | (k == q)
+    return keep
 
 
 # --- the model ----------------------------------------------------------------------------------
@@ -374,8 +527,9 @@ class Transformer(nn.Module):
         pad_index: padding token id; padding masks are derived from it.
 
     ``forward(src_tokens, tgt_in_tokens)`` -> logits [B, T, V] (teacher forcing: ``tgt_in_tokens``
-    is the target shifted right, starting with bos). ``encode`` / ``decode`` expose the two halves
-    and :meth:`greedy_decode` generates.
+    is the target shifted right, starting with bos). ``encode`` / ``decode`` expose the two halves;
+    ``new_cache`` / ``decode_step`` decode incrementally (:mod:`rescale_core.generation` searches
+    with them) and :meth:`greedy_decode` generates.
     """
 
     def __init__(self, config: TransformerConfig, scheme: "str | Scheme" = "post_ln",
@@ -415,44 +569,39 @@ class Transformer(nn.Module):
         return self.encoder(src_tokens)
 
     def decode(self, tgt_in_tokens: torch.Tensor, memory: torch.Tensor,
-               src_padding_mask: torch.Tensor | None = None,
-               incremental_state: dict | None = None) -> torch.Tensor:
-        """Logits [B, T, V]. With ``incremental_state`` (a dict kept between calls, initially
-        empty) ``tgt_in_tokens`` is the whole prefix so far, only its last token is computed
-        (keys/values of earlier steps come from the cache) and the logits are [B, 1, V]."""
-        return self.output_projection(
-            self.decoder(tgt_in_tokens, memory, src_padding_mask, incremental_state))
+               src_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, V] of the whole target prefix ``tgt_in_tokens`` (teacher forcing)."""
+        return self.output_projection(self.decoder(tgt_in_tokens, memory, src_padding_mask))
+
+    def new_cache(self, memory: torch.Tensor, src_padding_mask: torch.Tensor | None = None,
+                  capacity: int | None = None) -> IncrementalState:
+        """An empty :class:`IncrementalState` for incremental decoding against ``memory``
+        (from :meth:`encode`): the cross-attention keys/values are projected here, once."""
+        return self.decoder.new_cache(memory, src_padding_mask, capacity)
+
+    def decode_step(self, tokens: torch.Tensor, cache: IncrementalState) -> torch.Tensor:
+        """Logits [B, T, V] of the next target tokens ``tokens`` [B, T] (T = 1 per step of a
+        search; a longer first call feeds a whole prefix) given the prefix in ``cache``, which
+        it extends. Equal to the last T positions of :meth:`decode` on the whole prefix."""
+        return self.output_projection(self.decoder.step(tokens, cache))
 
     def forward(self, src_tokens: torch.Tensor, tgt_in_tokens: torch.Tensor) -> torch.Tensor:
         memory, src_padding_mask = self.encode(src_tokens)
         return self.decode(tgt_in_tokens, memory, src_padding_mask)
 
-    @torch.no_grad()
     def greedy_decode(self, src_tokens: torch.Tensor, bos_index: int, eos_index: int,
                       max_len: int = 200) -> torch.Tensor:
-        """Greedy search with cached keys/values: tokens [B, n], n <= ``max_len``, without the
-        leading bos; positions after a sequence's eos hold ``pad_index``; stops once every
-        sequence has produced eos. Never emits pad. Runs in the model's current mode (call
-        ``model.eval()`` first to switch dropout off)."""
+        """Greedy search (:func:`rescale_core.generation.greedy_search`, eval mode, no minimum
+        length) as a tensor: tokens [B, n], n <= ``max_len``, without the leading bos; each row
+        ends with its eos unless it reached ``max_len`` tokens first; positions after a row's
+        end hold ``pad_index``; n is the longest row. Never emits pad."""
         if not 1 <= max_len <= self.config.max_positions:
             raise ValueError(f"max_len must lie in [1, max_positions={self.config.max_positions}], "
                              f"got {max_len}")
-        memory, src_padding_mask = self.encode(src_tokens)
-        B = src_tokens.size(0)
-        prefix = torch.full((B, 1), bos_index, dtype=torch.long, device=src_tokens.device)
-        finished = torch.zeros(B, dtype=torch.bool, device=src_tokens.device)
-        state: dict = {}
-        out = []
-        for _ in range(max_len):
-            logits = self.decode(prefix, memory, src_padding_mask, incremental_state=state)[:, -1]
-            logits[:, self.pad_index] = -math.inf
-            nxt = logits.argmax(dim=-1).masked_fill(finished, self.pad_index)
-            out.append(nxt)
-            finished |= nxt.eq(eos_index)
-            if bool(finished.all()):
-                break
-            prefix = torch.cat([prefix, nxt[:, None]], dim=1)
-        return torch.stack(out, dim=1)
+        hyps = greedy_search(self, src_tokens, bos=bos_index, eos=eos_index, max_len_a=0.0,
+                             max_len_b=max_len, min_len=0)
+        rows = [torch.cat([h.tokens, h.tokens.new_full((1,), eos_index)])[:max_len] for h in hyps]
+        return nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=self.pad_index)
 
 
 # --- named architectures ------------------------------------------------------------------------

@@ -295,8 +295,8 @@ def test_incremental_decoding_matches_full_decoding(scheme):
     src[1, 4:] = PAD
     memory, mask = model.encode(src)
     full = model.decode(tgt, memory, mask)
-    state: dict = {}
-    steps = [model.decode(tgt[:, : t + 1], memory, mask, incremental_state=state) for t in range(5)]
+    cache = model.new_cache(memory, mask)
+    steps = [model.decode_step(tgt[:, t : t + 1], cache) for t in range(5)]
     assert all(s.shape == (2, 1, V) for s in steps)
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=2e-5, rtol=1e-5)
 
