@@ -108,6 +108,23 @@ def resume_wandb_run(config) -> None:
         init["id"] = run_id
 
 
+class LoggedLearningRate(LearningRateMonitor):
+    """Lightning's LearningRateMonitor, silent when the run has no logger (``trainer.logger:
+    false``), where Lightning's own refuses to start the run."""
+
+    def on_train_start(self, trainer: L.Trainer, *args, **kwargs) -> None:
+        if trainer.loggers:
+            super().on_train_start(trainer, *args, **kwargs)
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args, **kwargs) -> None:
+        if trainer.loggers:
+            super().on_train_batch_start(trainer, *args, **kwargs)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *args, **kwargs) -> None:
+        if trainer.loggers:
+            super().on_train_epoch_start(trainer, *args, **kwargs)
+
+
 def trainer_defaults() -> dict:
     return {
         "logger": {"class_path": "rescale_tasks.common.wandb_logger.SuiteWandbLogger",
@@ -116,7 +133,7 @@ def trainer_defaults() -> dict:
         # (and LastCheckpoint, DivergenceMonitor, LearnedScalarsLogger: see add_arguments_to_parser)
         "callbacks": [ResumeState(), SkippedDataReport(),
                       ModelCheckpoint(filename="epoch{epoch:03d}", auto_insert_metric_name=False),
-                      LearningRateMonitor(logging_interval="step")],
+                      LoggedLearningRate(logging_interval="step")],
         # atomic saves; loading never runs code from the file
         "plugins": [{"class_path": "rescale_tasks.common.checkpointing.AtomicCheckpointIO"}],
     }

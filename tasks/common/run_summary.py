@@ -174,6 +174,7 @@ class RunSummary(L.Callback):
             "scheme": getattr(pl_module, "scheme_name", None) or hparams.get("scheme"),
             "scheme_options": hparams.get("scheme_options") or {},
             "network_options": hparams.get("network_options") or {},
+            "num_classes": hparams.get("num_classes"),
             "seed": int(os.environ["PL_GLOBAL_SEED"]) if os.environ.get("PL_GLOBAL_SEED") else None,
             "lr": lr,
             "batch_size": batch,

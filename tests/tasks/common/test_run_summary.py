@@ -48,3 +48,12 @@ def test_a_diverged_run_says_so(tmp_path, run_config):
     assert s["status"] == "diverged" and s["diverged_step"] is not None
     assert math.isnan(s["final"]["train/loss_step"]) or not math.isfinite(s["curves"]["train/loss"][-1][1])
     json.loads(open(summary).read())  # strict JSON (NaN written as a string)
+
+
+def test_a_run_without_a_logger_trains_and_still_writes_its_summary(tmp_path, run_config):
+    """``trainer.logger: false``: the suite's learning-rate monitor stays quiet (Lightning's own
+    refuses to start without a logger) and the summary goes to the root folder."""
+    config = run_config(tmp_path / "run.yaml", trainer={"default_root_dir": str(tmp_path / "root")})
+    assert main(["fit", "--config", config]) == 0  # TINY_RUN has logger: false
+    s = read_summary(str(tmp_path / "root"))
+    assert s["status"] == "finished" and s["steps"] == 2 and s["num_classes"] == 10
