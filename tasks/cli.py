@@ -73,7 +73,7 @@ class RescaleCLI(LightningCLI):
             return super().instantiate_trainer(**kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
-        for key in ("num_classes", "in_channels"):
+        for key in ("num_classes", "in_channels", "vocab_size", "pad_index", "bos_index", "eos_index"):
             parser.link_arguments(f"data.{key}", f"model.init_args.{key}", apply_on="instantiate")
         # always-on callbacks, each with its own config section, e.g.
         # `last_checkpoint: {every_n_train_steps: N, every_minutes: M}`, `divergence: {check_every_n_steps: 25}`
@@ -251,6 +251,7 @@ SUITE_COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "compare": _studies("compare"),
     "average-checkpoints": lambda argv: _run_module("rescale_tasks.common.averaging", argv),
     "prepare-translation": lambda argv: _run_module("rescale_tasks.translation.prepare", argv),
+    "translate": lambda argv: _run_module("rescale_tasks.translation.translate", argv),
     "demo": _cmd_demo,
     "models": _cmd_models,
     "schemes": _cmd_schemes,

@@ -1,4 +1,4 @@
-"""From text files to cached, encoded splits: the steps ``translate-prepare`` and the DataModule share.
+"""From text files to cached, encoded splits: the steps ``prepare-translation`` and the DataModule share.
 
 1. find the splits under ``root`` (:mod:`.corpus`);
 2. the SentencePiece model: ``spm_model`` when given (its special ids checked), else the cached

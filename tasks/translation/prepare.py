@@ -1,6 +1,6 @@
 """Build the SentencePiece model and the encoded token arrays of a parallel corpus ahead of training.
 
-    rescale translate-prepare ROOT [--src_lang en] [--tgt_lang de] [--vocab_size 32000] ...
+    rescale prepare-translation ROOT [--src_lang en] [--tgt_lang de] [--vocab_size 32000] ...
 
 Does what ``TranslationDataModule.prepare_data`` does (the same caches, so a later run starts
 at once) and prints the model, each split's size and what the cleaning options would drop from
@@ -28,7 +28,7 @@ __all__ = ["main"]
 
 def _parser() -> argparse.ArgumentParser:
     d, c = SpmOptions(), CleanOptions()
-    p = argparse.ArgumentParser(prog="rescale translate-prepare", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="rescale prepare-translation", description=__doc__.split("\n\n")[0])
     p.add_argument("root", help="folder with train/valid/test as <split>.<lang> files or <split>.tsv")
     p.add_argument("--src_lang", default="en")
     p.add_argument("--tgt_lang", default="de")

@@ -132,7 +132,7 @@ def load_spm(path: str | os.PathLike) -> spm.SentencePieceProcessor:
         processor.Load(str(path))
     except (OSError, RuntimeError):
         raise DataError(f"{path} (data.spm_model) is not a SentencePiece model; give the .model file "
-                        "that spm_train or `rescale translate-prepare` wrote.") from None
+                        "that spm_train or `rescale prepare-translation` wrote.") from None
     found = {"bos": processor.bos_id(), "pad": processor.pad_id(), "eos": processor.eos_id(),
              "unk": processor.unk_id()}
     if found != SPECIAL_IDS:

@@ -17,9 +17,10 @@ from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_r
 REPO = Path(__file__).resolve().parents[3]
 EXPERIMENTS = REPO / "experiments"
 # experiments/cluster/ holds overlays (trainer settings applied after a run config) that need
-# GPUs; test_classification_ddp.py runs them with CPU overrides.
+# GPUs; test_classification_ddp.py runs them with CPU overrides. experiments/wmt/ is translation
+# (tests/tasks/translation/test_translation_configs.py).
 RUN_CONFIGS = sorted(p for p in EXPERIMENTS.rglob("*.yaml")
-                     if not p.name.startswith("_") and p.parent.name != "cluster")
+                     if not p.name.startswith("_") and p.parent.name not in ("cluster", "wmt"))
 CPU = ["--trainer.accelerator", "cpu", "--trainer.devices", "1"]
 
 

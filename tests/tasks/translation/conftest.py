@@ -102,3 +102,13 @@ def parallel_root(tmp_path_factory, gettext_splits) -> Path:
 def writers():
     """The writers, for tests that plant bad input in a corpus of their own."""
     return type("Writers", (), {"files": staticmethod(write_files), "tsv": staticmethod(write_tsv)})
+
+
+@pytest.fixture(scope="session")
+def handful_root(tmp_path_factory) -> Path:
+    """32 short real pairs (2-4 English words) as train, valid and test alike: a Transformer
+    overfits them in a few hundred steps, which proves the whole task learns."""
+    pairs = [p for p in catalogue_pairs() if 2 <= len(p[0].split()) <= 4][:32]
+    if len(pairs) < 32:
+        pytest.skip(f"too few short message pairs in {MO_DIR}/*.mo")
+    return write_files(tmp_path_factory.mktemp("handful_en_de"), {"train": pairs, "valid": pairs, "test": pairs})

@@ -1,0 +1,254 @@
+"""Translation with an encoder-decoder Transformer under any residual scheme (post-LN, pre-LN,
+and the normalization-free ``rescale``, ``rezero``, ``skipinit``): the training loss, BLEU
+during validation, and the test set's hypotheses written beside its score.
+
+- Training: fairseq's label-smoothed cross entropy (:mod:`.loss`, eps 0.1) summed over the
+  target tokens and divided by the target tokens of the step on every rank together, so each
+  token weighs the same whatever rank and batch it is in (fairseq's normalisation; with gradient
+  accumulation each micro-batch is normalised by its own tokens). Adam (0.9, 0.98) with the
+  inverse-sqrt schedule (:class:`~rescale_tasks.common.schedules.InverseSqrtLR`), clipping and
+  accumulation through the Trainer (``gradient_clip_val``, ``accumulate_grad_batches``), bf16 on
+  GPUs with ``trainer.precision: bf16-mixed`` (the loss is computed in float32).
+  Logged: ``train/loss`` and ``train/nll_loss`` per target token (natural log; fairseq logs base
+  2), ``train/ppl`` = exp(nll).
+- Validation: the same loss per token over the whole validation set, and corpus BLEU
+  (:mod:`.bleu`, its sacreBLEU signature printed once) of beam-search translations of the first
+  ``val_bleu_sentences`` validation lines (0: no BLEU while training).
+- Test: BLEU of the whole test set; ``hypotheses.test.txt`` (one detokenized line per source
+  line, in corpus order) and ``bleu.test.json`` (score, signature, statistics) in the run's
+  folder, so any external scorer gives the same BLEU from the file.
+
+The SentencePiece model travels inside every checkpoint (``checkpoint["sentencepiece"]``, its
+serialized bytes), so ``rescale translate --ckpt_path`` needs nothing else.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, Optional
+
+import sentencepiece as spm
+import torch
+
+from rescale_core.generation import GenerationConfig, generate
+
+from ..common.config import run_directory
+from ..common.distributed import world_size
+from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
+from .bleu import STYLES, bleu_statistics, bleu_from_statistics
+from .loss import label_smoothed_nll_loss, tokens_over_ranks
+
+__all__ = ["TranslationModule", "HYPOTHESES_FILE", "BLEU_FILE"]
+
+HYPOTHESES_FILE = "hypotheses.test.txt"
+BLEU_FILE = "bleu.test.json"
+
+
+def _default_adam(params: Iterable) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=7e-4, betas=(0.9, 0.98), eps=1e-8)
+
+
+class TranslationModule(RescaleTaskModule):
+    """Args:
+        network: a Transformer from ``rescale_core`` (``transformer_base``, ``transformer_big``,
+            ``transformer_deep``, ``transformer_tiny``).
+        scheme: ``post_ln``, ``pre_ln``, ``rescale``, ``rezero`` or ``skipinit``.
+        network_options: :class:`~rescale_core.models.transformer.TransformerConfig` fields
+            (``num_encoder_layers: 60``, ``dropout: 0.3`` ...) and ``share_embeddings``.
+        vocab_size, pad_index, bos_index, eos_index: linked from the data module by the CLI.
+        label_smoothing: epsilon of the smoothed loss.
+        beam, len_penalty, length_penalty_style, max_len_a, max_len_b: decoding
+            (:mod:`rescale_core.generation`; ``gnmt`` with 0.6 is Vaswani et al.'s penalty).
+        val_bleu_sentences: BLEU during validation on the first N validation lines (0: off).
+        bleu_style: ``sacrebleu`` or ``compound_split`` (the WMT14 En-De papers' convention).
+        optimizer, lr_scheduler, norm_weight_decay, compile: see
+            :class:`~rescale_tasks.common.module.RescaleTaskModule`.
+    """
+
+    def __init__(self, network: str = "transformer_base", scheme: Optional[str] = None,
+                 scheme_options: Optional[dict[str, Any]] = None,
+                 network_options: Optional[dict[str, Any]] = None,
+                 vocab_size: int = 32000, pad_index: int = 1, bos_index: int = 0, eos_index: int = 2,
+                 optimizer: OptimizerFactory = _default_adam,
+                 lr_scheduler: Optional[SchedulerFactory] = None,
+                 label_smoothing: float = 0.1, beam: int = 4, len_penalty: float = 1.0,
+                 length_penalty_style: str = "fairseq", max_len_a: float = 1.2, max_len_b: int = 10,
+                 val_bleu_sentences: int = 1000, bleu_style: str = "sacrebleu",
+                 norm_weight_decay: Optional[float] = None, compile: bool = False) -> None:
+        from ..common.errors import ConfigError
+
+        if bleu_style not in STYLES:
+            raise ConfigError(f"model.bleu_style must be one of {', '.join(STYLES)}, got {bleu_style!r}")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ConfigError(f"model.label_smoothing must lie in [0, 1), got {label_smoothing}")
+        try:
+            self.generation = GenerationConfig(beam=beam, max_len_a=max_len_a, max_len_b=max_len_b,
+                                               len_penalty=len_penalty, length_penalty_style=length_penalty_style)
+        except ValueError as err:
+            raise ConfigError(f"model decoding settings: {err}") from None
+        options = dict(network_options or {})
+        options.setdefault("share_embeddings", True)  # one joint SentencePiece vocabulary
+        super().__init__(network, scheme, scheme_options, options, optimizer, lr_scheduler,
+                         norm_weight_decay, False, compile,
+                         network_kwargs={"src_vocab_size": vocab_size, "pad_index": pad_index})
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.label_smoothing = label_smoothing
+        self.pad_index, self.bos_index, self.eos_index = pad_index, bos_index, eos_index
+        self.val_bleu_sentences = val_bleu_sentences
+        self.bleu_style = bleu_style
+        self.processor: Optional[spm.SentencePieceProcessor] = None
+        self._bleu_stats: Optional[torch.Tensor] = None
+        self._hypotheses: list[tuple[int, str]] = []
+        self._signature_shown = False
+
+    def forward(self, src_tokens: torch.Tensor, prev_output_tokens: torch.Tensor) -> torch.Tensor:
+        return self.net(src_tokens, prev_output_tokens)
+
+    def network_inputs(self, batch) -> tuple:
+        return batch["src_tokens"], batch["prev_output_tokens"]
+
+    # --- the subword model ----------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        processor = getattr(datamodule, "processor", None)
+        if processor is None and datamodule is not None and hasattr(datamodule, "setup"):
+            datamodule.setup(stage)
+            processor = getattr(datamodule, "processor", None)
+        if processor is not None:
+            self.processor = processor
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.processor is not None:
+            checkpoint["sentencepiece"] = self.processor.serialized_model_proto()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        proto = checkpoint.get("sentencepiece")
+        if proto is not None and self.processor is None:
+            self.processor = spm.SentencePieceProcessor()
+            self.processor.LoadFromSerializedProto(proto)
+
+    def detokenize(self, tokens: torch.Tensor) -> str:
+        ids = [int(t) for t in tokens.tolist() if int(t) not in (self.bos_index, self.pad_index)]
+        if self.eos_index in ids:
+            ids = ids[:ids.index(self.eos_index)]
+        return self.processor.decode(ids)
+
+    # --- steps ----------------------------------------------------------------------------
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        logits = self(batch["src_tokens"], batch["prev_output_tokens"])
+        loss_sum, nll_sum = label_smoothed_nll_loss(logits, batch["target"], self.label_smoothing, self.pad_index)
+        ntokens = int(batch["ntokens"])
+        total = tokens_over_ranks(ntokens)
+        # DDP averages gradients over ranks: times the world size, the gradient is that of
+        # the loss summed over all ranks' tokens divided by their number
+        loss = loss_sum * (world_size() / max(total, 1))
+        per_token = loss_sum.detach() / max(ntokens, 1)
+        nll = nll_sum.detach() / max(ntokens, 1)
+        self.log("train/loss", per_token, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
+                 batch_size=max(ntokens, 1))
+        self.log("train/nll_loss", nll, on_step=True, on_epoch=True, sync_dist=True, batch_size=max(ntokens, 1))
+        self.log("train/ppl", nll.exp(), on_step=True, on_epoch=False, sync_dist=True)
+        return loss
+
+    def _eval_step(self, batch: dict, prefix: str, bleu_rows: Optional[int]) -> None:
+        ntokens = int(batch["ntokens"])
+        if ntokens > 0:  # filler batches (id -1) keep the ranks in step and count nothing
+            logits = self(batch["src_tokens"], batch["prev_output_tokens"])
+            loss_sum, nll_sum = label_smoothed_nll_loss(logits, batch["target"], self.label_smoothing,
+                                                        self.pad_index)
+            self.log(f"{prefix}/loss", loss_sum / ntokens, on_epoch=True, sync_dist=True, batch_size=ntokens)
+            self.log(f"{prefix}/nll_loss", nll_sum / ntokens, on_epoch=True, sync_dist=True, batch_size=ntokens)
+        if bleu_rows is None or self.processor is None or self.trainer.sanity_checking:
+            return
+        ids = batch["id"]
+        keep = (ids >= 0) & (ids < bleu_rows)
+        if not bool(keep.any()):
+            return
+        rows = keep.nonzero().flatten()
+        results = generate(self.net, batch["src_tokens"][rows], bos=self.bos_index, eos=self.eos_index,
+                           config=self.generation)
+        split = "valid" if prefix == "val" else "test"
+        references = self.trainer.datamodule.references(split)
+        hyps, refs = [], []
+        for row, nbest in zip(rows.tolist(), results):
+            line = int(ids[row])
+            text = self.detokenize(nbest[0].tokens)
+            hyps.append(text)
+            refs.append(references[line])
+            if prefix == "test":
+                self._hypotheses.append((line, text))
+        stats = torch.tensor(bleu_statistics(hyps, refs, self.bleu_style), dtype=torch.int64)
+        self._bleu_stats = stats if self._bleu_stats is None else self._bleu_stats + stats
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step(batch, "val", self.val_bleu_sentences or None)
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step(batch, "test", 1 << 62)
+
+    def on_validation_epoch_start(self) -> None:
+        self._bleu_stats = None
+
+    def on_test_epoch_start(self) -> None:
+        self._bleu_stats, self._hypotheses = None, []
+
+    def _log_bleu(self, key: str):
+        """Corpus BLEU from the statistics of every rank (a collective: every rank calls it)."""
+        import torch.distributed as dist
+
+        from ..common.distributed import _host_group
+
+        stats = self._bleu_stats if self._bleu_stats is not None else torch.zeros(10, dtype=torch.int64)
+        if world_size() > 1:
+            dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=_host_group())
+        if int(stats[8]) == 0:  # nothing decoded on any rank
+            return None
+        result = bleu_from_statistics(stats.tolist(), self.bleu_style)
+        self.log(key, result.score, sync_dist=False)  # the same on every rank (summed statistics)
+        if not self._signature_shown and self.trainer.is_global_zero:
+            print(f"sacreBLEU signature: {result.signature}")
+            for logger in self.trainer.loggers:
+                summary = getattr(getattr(logger, "experiment", None), "summary", None)
+                if summary is not None:
+                    summary["bleu_signature"] = result.signature
+            self._signature_shown = True
+        return result
+
+    def on_validation_epoch_end(self) -> None:
+        if self.val_bleu_sentences and not self.trainer.sanity_checking:
+            self._log_bleu("val/bleu")
+
+    def on_test_epoch_end(self) -> None:
+        result = self._log_bleu("test/bleu")
+        hypotheses = self._gather_hypotheses()
+        if not self.trainer.is_global_zero or result is None:
+            return
+        folder = self._output_folder()
+        os.makedirs(folder, exist_ok=True)
+        count = len(self.trainer.datamodule.references("test"))
+        by_line = dict(hypotheses)
+        with open(os.path.join(folder, HYPOTHESES_FILE), "w", encoding="utf-8") as f:
+            f.writelines(by_line.get(i, "") + "\n" for i in range(count))
+        with open(os.path.join(folder, BLEU_FILE), "w") as f:
+            json.dump({"bleu": result.score, "signature": result.signature, "style": self.bleu_style,
+                       "statistics": result.statistics, "sentences": count,
+                       "hypotheses": HYPOTHESES_FILE}, f, indent=1)
+        print(f"test BLEU {result.score:.2f} ({result.signature}); hypotheses: "
+              f"{os.path.join(folder, HYPOTHESES_FILE)}")
+
+    def _gather_hypotheses(self) -> list[tuple[int, str]]:
+        if world_size() == 1:
+            return list(self._hypotheses)
+        import torch.distributed as dist
+
+        from ..common.distributed import _host_group
+
+        parts: list = [None] * world_size()
+        dist.all_gather_object(parts, self._hypotheses, group=_host_group())
+        return [item for part in parts for item in part]
+
+    def _output_folder(self) -> str:
+        logger = self.trainer.logger
+        folder = run_directory(logger) if logger is not None else None
+        return folder or self.trainer.default_root_dir

@@ -1,0 +1,120 @@
+"""``rescale translate``: translate text with a trained checkpoint, as ``fairseq-interactive`` does.
+
+    rescale translate --ckpt_path runs/rescale-wmt/<id>/checkpoints/last.ckpt < news.en > news.de
+    rescale translate --ckpt_path avg.ckpt --input news.en --output news.de --beam 5
+
+Reads one source sentence per line (a file or stdin), encodes it with the SentencePiece model
+stored in the checkpoint, translates in token-budget batches of length-sorted sentences (beam
+search, or greedy with ``--beam 1``; settings default to the checkpoint's), and writes one
+detokenized translation per line in input order. An empty input line gives an empty line.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+from typing import Iterable, Optional, TextIO
+
+import numpy as np
+import torch
+
+from rescale_core.generation import GenerationConfig, generate
+
+from ..common.checkpointing import safe_load
+from ..common.errors import UserError
+from .batching import batch_by_size
+from .module import TranslationModule
+
+__all__ = ["load_translator", "translate_lines", "main"]
+
+
+def load_translator(path: str, device: str = "cpu") -> TranslationModule:
+    """The translation module of a checkpoint written by ``rescale fit`` (weights, subword model)."""
+    checkpoint = safe_load(path)
+    if "sentencepiece" not in checkpoint or "hyper_parameters" not in checkpoint:
+        raise UserError(f"{path} is not a translation checkpoint of this suite (no SentencePiece model "
+                        "inside); give a checkpoint written by rescale fit with a TranslationModule config")
+    accepted = inspect.signature(TranslationModule.__init__).parameters
+    hparams = {k: v for k, v in checkpoint["hyper_parameters"].items() if k in accepted}
+    module = TranslationModule(**hparams)
+    module.on_load_checkpoint(checkpoint)
+    module.load_state_dict(checkpoint["state_dict"])
+    return module.to(device).eval()
+
+
+def _encode(module: TranslationModule, line: str) -> list[int]:
+    limit = module.net.config.max_positions - 1
+    return module.processor.encode(line, out_type=int)[:limit] + [module.eos_index]
+
+
+@torch.no_grad()
+def translate_lines(module: TranslationModule, lines: list[str], config: GenerationConfig,
+                    max_tokens: int = 4096) -> list[str]:
+    """Translations of ``lines`` in their order; batches of length-sorted sentences whose padded
+    source fits ``max_tokens`` (padding never changes a translation, so order only saves time)."""
+    out = [""] * len(lines)
+    todo = [i for i, line in enumerate(lines) if line.strip()]
+    if not todo:
+        return out
+    encoded = {i: _encode(module, lines[i]) for i in todo}
+    order = np.array(sorted(todo, key=lambda i: (len(encoded[i]), i)), dtype=np.int64)
+    sizes = np.array([len(encoded[i]) for i in order], dtype=np.int64)
+    device = next(module.parameters()).device
+    for batch in batch_by_size(order, sizes, max_tokens):
+        rows = [torch.tensor(encoded[int(i)]) for i in batch]
+        src = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=module.pad_index).to(device)
+        results = generate(module.net, src, bos=module.bos_index, eos=module.eos_index, config=config)
+        for i, nbest in zip(batch.tolist(), results):
+            out[i] = module.detokenize(nbest[0].tokens.cpu())
+    return out
+
+
+def _read(stream: TextIO) -> list[str]:
+    return [line.rstrip("\n").rstrip("\r") for line in stream]
+
+
+def _write(lines: Iterable[str], stream: TextIO) -> None:
+    stream.writelines(line + "\n" for line in lines)
+    stream.flush()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="rescale translate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt_path", required=True, help="checkpoint of a translation run (or an averaged one)")
+    p.add_argument("--input", default="-", help="source sentences, one per line (default: stdin)")
+    p.add_argument("--output", default="-", help="where the translations go (default: stdout)")
+    p.add_argument("--beam", type=int, help="beam size (1: greedy; default: the checkpoint's)")
+    p.add_argument("--len_penalty", type=float, help="length penalty alpha (default: the checkpoint's)")
+    p.add_argument("--length_penalty_style", choices=("fairseq", "gnmt"), help="len^alpha or ((5+len)/6)^alpha")
+    p.add_argument("--max_len_a", type=float)
+    p.add_argument("--max_len_b", type=int)
+    p.add_argument("--max_tokens", type=int, default=4096, help="source tokens per batch (padded)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (auto: a GPU when there is one)")
+    args = p.parse_args(argv)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    module = load_translator(args.ckpt_path, device)
+    defaults = module.generation
+    try:
+        config = GenerationConfig(
+            beam=args.beam if args.beam is not None else defaults.beam,
+            len_penalty=args.len_penalty if args.len_penalty is not None else defaults.len_penalty,
+            length_penalty_style=args.length_penalty_style or defaults.length_penalty_style,
+            max_len_a=args.max_len_a if args.max_len_a is not None else defaults.max_len_a,
+            max_len_b=args.max_len_b if args.max_len_b is not None else defaults.max_len_b)
+    except ValueError as err:
+        raise UserError(f"rescale translate: {err}") from None
+    if args.input == "-":
+        lines = _read(sys.stdin)
+    else:
+        try:
+            with open(args.input, encoding="utf-8") as f:
+                lines = _read(f)
+        except OSError as err:
+            raise UserError(f"cannot read --input {args.input}: {err.strerror}") from None
+    translations = translate_lines(module, lines, config, args.max_tokens)
+    if args.output == "-":
+        _write(translations, sys.stdout)
+    else:
+        with open(args.output, "w", encoding="utf-8") as f:
+            _write(translations, f)
+    return 0

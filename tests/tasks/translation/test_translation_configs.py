@@ -1,0 +1,41 @@
+"""Every run config of experiments/wmt/ builds its network (narrowed to d_model 16, so 60 + 12
+layers build in a moment) with the recipe it names, without data on disk."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rescale_tasks.cli import run_lightning
+from rescale_tasks.common.schedules import InverseSqrtLR
+
+WMT = Path(__file__).resolve().parents[3] / "experiments/wmt"
+CONFIGS = sorted(p for p in WMT.glob("*.yaml") if not p.name.startswith("_"))
+LAYERS = {"6": (6, 6), "18": (18, 18), "60": (60, 12)}
+NARROW = ["--model.init_args.network_options.d_model", "16", "--model.init_args.network_options.nhead", "2",
+          "--model.init_args.network_options.dim_feedforward", "32", "--data.init_args.vocab_size", "64"]
+
+
+def test_the_papers_grid_is_there():
+    names = {p.stem for p in CONFIGS}
+    assert names == {f"{s}{d}" for s in ("post_ln", "pre_ln", "rescale", "rezero", "skipinit") for d in LAYERS}
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_every_wmt_config_builds_its_recipe(config, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli = run_lightning(["fit", "--config", str(config), *NARROW], run=False)
+    module, data = cli.model, cli.datamodule
+    scheme, depth = config.stem.rstrip("0123456789"), config.stem[len(config.stem.rstrip("0123456789")):]
+    net = module.net
+    assert module.scheme_name == scheme and net.config.d_model == 16
+    assert (len(net.encoder.layers), len(net.decoder.layers)) == LAYERS[depth]
+    assert module.hparams.vocab_size == data.vocab_size == 64 and module.pad_index == data.pad_index
+    assert net.encoder.embed.embed_tokens.weight is net.decoder.embed.embed_tokens.weight  # joint vocabulary
+    assert module.label_smoothing == 0.1 and module.generation.length_penalty_style == "gnmt"
+    adam = module.optimizer_factory(module.net.parameters())
+    scheduler = module.scheduler_factory(adam, steps_per_epoch=10, max_epochs=None)
+    assert isinstance(adam, torch.optim.Adam) and adam.defaults["betas"] == (0.9, 0.98)
+    assert isinstance(scheduler, InverseSqrtLR) and scheduler.warmup_updates == 4000
+    assert cli.config.trainer.logger.init_args.group == f"wmt14-en-de-{depth}L"

@@ -1,0 +1,90 @@
+"""The translation task end to end through the `rescale` command: a tiny Transformer without
+LayerNorm (`rescale`) overfits a handful of real pairs, `rescale test` writes its hypotheses
+beside a score any scorer reproduces from them, `rescale translate` gives the same lines."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import sacrebleu
+import torch
+
+from rescale_tasks.cli import main
+from rescale_tasks.common.checkpointing import safe_load
+from rescale_tasks.common.run_summary import find_summaries, read_summary
+from rescale_tasks.translation.module import BLEU_FILE, HYPOTHESES_FILE
+
+REPO = Path(__file__).resolve().parents[3]
+TINY = ["--model.init_args.network", "transformer_tiny",
+        "--model.init_args.network_options", "{share_embeddings: true, dropout: 0.0}",
+        "--model.init_args.label_smoothing", "0.0", "--model.init_args.val_bleu_sentences", "32",
+        "--data.init_args.vocab_size", "150", "--data.init_args.max_tokens", "2048",
+        "--data.init_args.num_workers", "0", "--trainer.accelerator", "cpu", "--trainer.devices", "1",
+        "--trainer.precision", "32-true", "--trainer.enable_progress_bar", "false"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, handful_root) -> dict:
+    folder = tmp_path_factory.mktemp("wmt_run")
+    old = os.getcwd()
+    os.chdir(folder)
+    os.environ.setdefault("WANDB_MODE", "offline")
+    try:
+        code = main(["fit", "--config", str(REPO / "experiments/wmt/rescale6.yaml"), *TINY,
+                     "--data.init_args.root", str(handful_root), "--trainer.max_steps", "240",
+                     "--trainer.val_check_interval", "240", "--trainer.log_every_n_steps", "10",
+                     "--model.init_args.optimizer.init_args.lr", "0.003",
+                     "--model.init_args.lr_scheduler.init_args.warmup_updates", "30"])
+    finally:
+        os.chdir(old)
+    assert code == 0
+    (summary,) = find_summaries(str(folder / "runs"))
+    return {"folder": folder, "summary": read_summary(summary), "root": handful_root}
+
+
+def test_a_tiny_normalization_free_transformer_overfits_a_handful_of_pairs(trained):
+    s = trained["summary"]
+    assert s["scheme"] == "rescale" and s["status"] == "finished" and s["steps"] == 240
+    losses = [v for _, v in s["curves"]["train/loss"]]
+    assert losses[-1] < 0.1 * losses[0]
+    assert s["final"]["val/bleu"] > 60  # the 32 training pairs, decoded with beam 4
+
+
+def test_test_writes_hypotheses_that_rescore_to_the_same_bleu(trained, monkeypatch, capsys):
+    monkeypatch.chdir(trained["folder"])
+    ckpt = trained["summary"]["checkpoint"]
+    assert "sentencepiece" in safe_load(ckpt)  # the subword model travels in the checkpoint
+    assert main(["test", "--config", str(REPO / "experiments/wmt/rescale6.yaml"), *TINY,
+                 "--data.init_args.root", str(trained["root"]), "--ckpt_path", ckpt]) == 0
+    assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a" in capsys.readouterr().out
+    (score_file,) = trained["folder"].glob(f"runs/wandb/offline-run-*/files/{BLEU_FILE}")
+    score = json.loads(score_file.read_text())
+    hypotheses = (score_file.parent / HYPOTHESES_FILE).read_text(encoding="utf-8").splitlines()
+    references = (trained["root"] / "test.de").read_text(encoding="utf-8").splitlines()
+    assert len(hypotheses) == len(references) == score["sentences"] == 32
+    assert score["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+    assert score["bleu"] > 60 and score["signature"].startswith("nrefs:1")
+    trained["hypotheses"] = hypotheses
+
+
+def test_translate_writes_one_line_per_input_line_in_order(trained, tmp_path):
+    if "hypotheses" not in trained:
+        pytest.fail("needs test_test_writes_hypotheses_that_rescore_to_the_same_bleu first")
+    sources = (trained["root"] / "test.en").read_text(encoding="utf-8").splitlines()
+    source = tmp_path / "in.en"
+    source.write_text("\n".join(sources[:5] + [""] + sources[5:]) + "\n", encoding="utf-8")
+    out = tmp_path / "out.de"
+    assert main(["translate", "--ckpt_path", trained["summary"]["checkpoint"], "--input", str(source),
+                 "--output", str(out), "--max_tokens", "64"]) == 0
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert lines[5] == "" and lines[:5] + lines[6:] == trained["hypotheses"]  # beam 4 as in test
+
+
+def test_translate_refuses_other_checkpoints_in_one_line(tmp_path, capsys):
+    other = tmp_path / "classifier.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {"network": "resnet50"}}, other)
+    assert main(["translate", "--ckpt_path", str(other)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a translation checkpoint of this suite" in err[0]
