@@ -12,9 +12,10 @@ def run_directory(logger) -> str | None:
     """The directory that belongs to this run alone: the W&B run's ``files`` folder (synced with
     the run), or a CSV/TensorBoard logger's versioned ``log_dir``."""
     experiment = getattr(logger, "experiment", None)
-    if experiment is not None and hasattr(experiment, "dir") and hasattr(experiment, "summary"):
-        return experiment.dir
-    return getattr(logger, "log_dir", None)
+    directory = getattr(experiment, "dir", None) if hasattr(experiment, "summary") else None
+    if not isinstance(directory, str):  # fast_dev_run's DummyLogger answers every name with a no-op
+        directory = getattr(logger, "log_dir", None)
+    return directory if isinstance(directory, str) else None
 
 
 class SaveConfigToRun(SaveConfigCallback):

@@ -165,10 +165,10 @@ class RunSummary(L.Callback):
         experiment = getattr(logger, "_experiment", None)  # never start a W&B run here
         final = {k: v for k, v in ((k, _scalar(v)) for k, v in trainer.callback_metrics.items()) if v is not None}
         return {
-            "name": getattr(experiment, "name", None) or getattr(logger, "name", None),
-            "project": getattr(experiment, "project", None) or getattr(logger, "_project", None),
-            "group": getattr(experiment, "group", None) or None,
-            "run_id": getattr(experiment, "id", None),
+            "name": _text(getattr(experiment, "name", None)) or _text(getattr(logger, "name", None)),
+            "project": _text(getattr(experiment, "project", None)) or _text(getattr(logger, "_project", None)),
+            "group": _text(getattr(experiment, "group", None)),
+            "run_id": _text(getattr(experiment, "id", None)),
             "task": type(pl_module).__name__,
             "network": hparams.get("network"),
             "scheme": getattr(pl_module, "scheme_name", None) or hparams.get("scheme"),
@@ -207,6 +207,11 @@ class RunSummary(L.Callback):
         os.replace(tmp, path)  # a reader never sees half a file
         self._written = True
         return path
+
+
+def _text(value: Any) -> Optional[str]:
+    """A logger's name, project ... when it is one (fast_dev_run's DummyLogger gives no-ops)."""
+    return value if isinstance(value, str) and value else None
 
 
 def _default_path(trainer: L.Trainer) -> Optional[str]:

@@ -39,3 +39,14 @@ def test_every_wmt_config_builds_its_recipe(config, tmp_path, monkeypatch):
     assert isinstance(adam, torch.optim.Adam) and adam.defaults["betas"] == (0.9, 0.98)
     assert isinstance(scheduler, InverseSqrtLR) and scheduler.warmup_updates == 4000
     assert cli.config.trainer.logger.init_args.group == f"wmt14-en-de-{depth}L"
+
+
+@pytest.mark.parametrize("scheme", ["post_ln", "rescale"])
+def test_the_big_recipe_sits_over_the_base_one(scheme, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli = run_lightning(["fit", "--config", str(WMT / "big" / f"{scheme}.yaml"), *NARROW], run=False)
+    module = cli.model
+    assert module.hparams.network == "transformer_big" and module.scheme_name == scheme
+    assert module.optimizer_factory(module.net.parameters()).defaults["lr"] == 1e-3
+    assert cli.datamodule.max_tokens == 3584 and cli.config.trainer.accumulate_grad_batches == 16
+    assert module.label_smoothing == 0.1  # the rest from ../_defaults.yaml
