@@ -16,9 +16,11 @@ __all__ = ["ARCHITECTURE_KEYS", "CONFIG_KEYS", "check_checkpoint_compatible", "c
            "hparam_differences", "state_dict_differences", "MISMATCH_FIX"]
 
 #: Hyper-parameters that fix a network's parameters (names, shapes) or its forward pass.
-ARCHITECTURE_KEYS = ("network", "scheme", "scheme_options", "network_options", "num_classes", "in_channels")
-#: What the CLI compares before anything is built: num_classes/in_channels are only linked from
-#: the data module at instantiation, so those are checked against the built module instead.
+ARCHITECTURE_KEYS = ("network", "scheme", "scheme_options", "network_options", "num_classes", "in_channels",
+                     "vocab_size", "pad_index", "bos_index", "eos_index")
+#: What the CLI compares before anything is built: num_classes/in_channels (and a translation
+#: model's vocabulary and special ids) are only linked from the data module at instantiation, so
+#: those are checked against the built module instead.
 CONFIG_KEYS = ("_class_path", "network", "scheme", "scheme_options", "network_options")
 MISMATCH_FIX = ("Run with the config the checkpoint was trained with (its run folder keeps it as "
                 "rescale_config.yaml), or drop --ckpt_path to start from scratch.")

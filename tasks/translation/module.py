@@ -9,8 +9,10 @@ during validation, and the test set's hypotheses written beside its score.
   inverse-sqrt schedule (:class:`~rescale_tasks.common.schedules.InverseSqrtLR`), clipping and
   accumulation through the Trainer (``gradient_clip_val``, ``accumulate_grad_batches``), bf16 on
   GPUs with ``trainer.precision: bf16-mixed`` (the loss is computed in float32).
-  Logged: ``train/loss`` and ``train/nll_loss`` per target token (natural log; fairseq logs base
-  2), ``train/ppl`` = exp(nll).
+  Logged: ``train/loss_step``/``_epoch`` and ``train/nll_loss_step``/``_epoch`` per target token
+  (natural log; fairseq logs base 2), ``train/ppl`` = exp(nll). Epoch and evaluation means are
+  token-weighted ``MeanMetric``s synced as sums (Lightning's own weighted epoch mean averages its
+  integer token counts over ranks, truncating them: a 0.2% error seen with 2 ranks).
 - Validation: the same loss per token over the whole validation set, and corpus BLEU
   (:mod:`.bleu`, its sacreBLEU signature printed once) of beam-search translations of the first
   ``val_bleu_sentences`` validation lines (0: no BLEU while training).
@@ -29,6 +31,7 @@ from typing import Any, Iterable, Optional
 
 import sentencepiece as spm
 import torch
+from torchmetrics.aggregation import MeanMetric
 
 from rescale_core.generation import GenerationConfig, generate
 
@@ -100,6 +103,11 @@ class TranslationModule(RescaleTaskModule):
         self._bleu_stats: Optional[torch.Tensor] = None
         self._hypotheses: list[tuple[int, str]] = []
         self._signature_shown = False
+        # per-token means weighted by target tokens, synced as sums (Lightning's own epoch mean
+        # averages its integer token counts over ranks and truncates them)
+        for split in ("train", "val", "test"):
+            setattr(self, f"{split}_loss", MeanMetric())
+            setattr(self, f"{split}_nll", MeanMetric())
 
     def forward(self, src_tokens: torch.Tensor, prev_output_tokens: torch.Tensor) -> torch.Tensor:
         return self.net(src_tokens, prev_output_tokens)
@@ -145,10 +153,13 @@ class TranslationModule(RescaleTaskModule):
         loss = loss_sum * (world_size() / max(total, 1))
         per_token = loss_sum.detach() / max(ntokens, 1)
         nll = nll_sum.detach() / max(ntokens, 1)
-        self.log("train/loss", per_token, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
-                 batch_size=max(ntokens, 1))
-        self.log("train/nll_loss", nll, on_step=True, on_epoch=True, sync_dist=True, batch_size=max(ntokens, 1))
+        self.train_loss.update(per_token, weight=ntokens)
+        self.train_nll.update(nll, weight=ntokens)
+        self.log("train/loss_step", per_token, prog_bar=True, on_step=True, on_epoch=False, sync_dist=True)
+        self.log("train/nll_loss_step", nll, on_step=True, on_epoch=False, sync_dist=True)
         self.log("train/ppl", nll.exp(), on_step=True, on_epoch=False, sync_dist=True)
+        self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True)
+        self.log("train/nll_loss_epoch", self.train_nll, on_step=False, on_epoch=True)
         return loss
 
     def _eval_step(self, batch: dict, prefix: str, bleu_rows: Optional[int]) -> None:
@@ -157,8 +168,11 @@ class TranslationModule(RescaleTaskModule):
             logits = self(batch["src_tokens"], batch["prev_output_tokens"])
             loss_sum, nll_sum = label_smoothed_nll_loss(logits, batch["target"], self.label_smoothing,
                                                         self.pad_index)
-            self.log(f"{prefix}/loss", loss_sum / ntokens, on_epoch=True, sync_dist=True, batch_size=ntokens)
-            self.log(f"{prefix}/nll_loss", nll_sum / ntokens, on_epoch=True, sync_dist=True, batch_size=ntokens)
+            loss_metric, nll_metric = getattr(self, f"{prefix}_loss"), getattr(self, f"{prefix}_nll")
+            loss_metric.update(loss_sum / ntokens, weight=ntokens)
+            nll_metric.update(nll_sum / ntokens, weight=ntokens)
+            self.log(f"{prefix}/loss", loss_metric, on_epoch=True, batch_size=ntokens)
+            self.log(f"{prefix}/nll_loss", nll_metric, on_epoch=True, batch_size=ntokens)
         if bleu_rows is None or self.processor is None or self.trainer.sanity_checking:
             return
         ids = batch["id"]

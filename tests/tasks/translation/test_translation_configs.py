@@ -12,7 +12,7 @@ from rescale_tasks.common.schedules import InverseSqrtLR
 
 WMT = Path(__file__).resolve().parents[3] / "experiments/wmt"
 CONFIGS = sorted(p for p in WMT.glob("*.yaml") if not p.name.startswith("_"))
-LAYERS = {"6": (6, 6), "18": (18, 18), "60": (60, 12)}
+LAYERS = {"6": (6, 6), "18": (18, 6), "60": (60, 12)}
 NARROW = ["--model.init_args.network_options.d_model", "16", "--model.init_args.network_options.nhead", "2",
           "--model.init_args.network_options.dim_feedforward", "32", "--data.init_args.vocab_size", "64"]
 

@@ -13,6 +13,7 @@ import torch
 
 from rescale_core.generation import generate
 from rescale_tasks.translation.bleu import corpus_bleu
+from rescale_tasks.translation.loss import label_smoothed_nll_loss
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -64,3 +65,12 @@ def test_two_processes_agree_and_score_every_sentence_once(tmp_path, handful_roo
                                                               eos=data.eos_index, config=module.generation)]
     single = corpus_bleu(hyps, references).score
     assert single > 5 and bleu == pytest.approx(single, abs=1e-4)
+    # and the validation loss per token both ranks logged is one process's over the same data
+    loss = tokens = 0.0
+    module.eval()
+    with torch.no_grad():
+        for batch in data.loader("valid", num_replicas=1, rank=0):
+            logits = module(batch["src_tokens"], batch["prev_output_tokens"])
+            loss += label_smoothed_nll_loss(logits, batch["target"], module.label_smoothing, data.pad_index)[0].item()
+            tokens += batch["ntokens"]
+    assert ranks[0]["metrics"]["val/loss"] == pytest.approx(loss / tokens, rel=1e-5)

@@ -88,3 +88,12 @@ def test_translate_refuses_other_checkpoints_in_one_line(tmp_path, capsys):
     assert main(["translate", "--ckpt_path", str(other)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is not a translation checkpoint of this suite" in err[0]
+
+
+def test_a_checkpoint_of_another_vocabulary_is_one_line(trained, monkeypatch, capsys):
+    monkeypatch.chdir(trained["folder"])
+    code = main(["test", "--config", str(REPO / "experiments/wmt/rescale6.yaml"), *TINY,
+                 "--data.init_args.root", str(trained["root"]), "--data.init_args.vocab_size", "140",
+                 "--ckpt_path", trained["summary"]["checkpoint"]])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(err) == 1 and "vocab_size=150" in err[0] and "vocab_size=140" in err[0]
