@@ -16,9 +16,23 @@ from .sections import SECTIONS, SectionResult, Settings, run_section
 
 DEFAULT_REPEATS = {
     "cpu": {"train": 10, "eval": 10, "measuring": 6, "channels_last": 6, "compile": 5,
-            "resnet3d": 8, "transformer": 8, "data": 3},
+            "resnet3d": 8, "transformer": 8, "data": 3, "translation": 4},
     "cuda": {"train": 20, "eval": 20, "measuring": 12, "channels_last": 12, "compile": 12,
-             "resnet3d": 15, "transformer": 15, "data": 3},
+             "resnet3d": 15, "transformer": 15, "data": 3, "translation": 15},
+}
+
+# The translation section's sizes (the rest: sections.TRANSLATION_DEFAULTS). The GPU runs the
+# task's own network (transformer_base, 8000 pieces, 4096-token batches); the CPU a narrower,
+# shallower one on 1024-token batches (about a minute); --quick a tiny one on 3000 pairs.
+TRANSLATION_SIZES = {
+    "quick": {"num_pairs": 3000, "valid": 200, "test": 200, "vocab_size": 500,
+              "overrides": {"d_model": 32, "nhead": 2, "num_encoder_layers": 1, "num_decoder_layers": 1,
+                            "dim_feedforward": 64},
+              "train_max_tokens": 512, "train_batches": 2, "decode_batch": 2},
+    "cpu": {"overrides": {"d_model": 256, "nhead": 4, "num_encoder_layers": 3, "num_decoder_layers": 3,
+                          "dim_feedforward": 1024},
+            "train_max_tokens": 1024, "train_batches": 2, "decode_batch": 4},
+    "cuda": {"train_max_tokens": 4096, "train_batches": 8, "decode_batch": 32},
 }
 
 
@@ -27,8 +41,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m benchmarks",
         description="Train-step time and peak memory, eval throughput, measuring steps, channels_last "
                     "and torch.compile variants of normalization-free ResNets and Transformers "
-                    "against their normalized baselines and no-normalization floors, and DataLoader "
-                    "throughput: medians of paired ratios over interleaved repeats, in one run.")
+                    "against their normalized baselines and no-normalization floors, DataLoader "
+                    "throughput, and the translation task (loader tokens/s, padding efficiency, "
+                    "train tokens/s, cached vs recomputed decoding): medians of paired ratios over "
+                    "interleaved repeats, in one run.")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cuda when available, else cpu")
     p.add_argument("--batch", type=int, default=None, help="ResNet-50 batch (default: cpu 16, cuda 128)")
@@ -55,7 +71,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="registered Transformer of the transformer section")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: tiny inputs, 2 repeats, no compile (about 2 minutes on 2 CPU cores)")
+    p.add_argument("--translation-root", metavar="DIR",
+                   help="folder of the translation section's corpus and caches (default: under the "
+                        "temp directory, kept between runs)")
     p.add_argument("--markdown", metavar="PATH", help="write the results section of this markdown file")
+    p.add_argument("--markdown-tag", metavar="TAG", default="",
+                   help="write a results section of its own, <!-- bench:begin [DEVICE-]TAG -->, instead "
+                        "of the device's main one (e.g. --only translation --markdown-tag translation: "
+                        "adds this run's tables without replacing the full run's figures)")
     return p.parse_args(argv)
 
 
@@ -94,6 +117,8 @@ def build_settings(args: argparse.Namespace) -> Settings:
                      "batch": 2 if q else (64 if gpu else 16)},
         data={"num_images": 32 if q else 256, "batch": 8 if q else 32, "image_size": 64 if q else 224,
               "source_size": (160, 120) if q else (500, 375)},
+        translation={**TRANSLATION_SIZES["quick" if q else device.type],
+                     **({"root": args.translation_root} if args.translation_root else {})},
     )
 
 
@@ -125,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         goal_table.notes.insert(0, "--quick smoke run (tiny inputs, 2 repeats): the marks mean nothing here")
     print(report.footer_text(results, goal_table), flush=True)
     if args.markdown:
-        tag = report.results_tag(settings)
+        tag = report.results_tag(settings, args.markdown_tag)
         report.write_results(args.markdown, report.render_markdown(env, results, goal_table, tag), tag)
         print(f"\nresults written to {args.markdown}", flush=True)
     return 1 if any(r.error for r in results) else 0

@@ -1,4 +1,4 @@
-"""DataLoader throughput of the task pipelines (images/s), on generated data.
+"""DataLoader throughput of the task pipelines (images/s, tokens/s), on generated and real data.
 
 Classification: :class:`rescale_tasks.classification.data.ImageFolderDataModule` (the ImageNet
 pipeline: PIL decode, RandomResizedCrop, flip, normalise, collate) over a temporary folder of
@@ -11,13 +11,25 @@ One measurement = one full pass (epoch) over the training loader, timed with
 (``persistent_workers``), so worker start-up is excluded and the first, untimed pass of every
 measurement warms the page cache. num_workers 0 and 2 are interleaved as paired repeats.
 
-Video and translation pipelines join through :data:`PIPELINES` once their tasks exist in
-``rescale_tasks`` (each entry builds a loader over generated data and names its unit).
+Translation: :class:`rescale_tasks.translation.data.TranslationDataModule`'s training loader
+(token-budget batches, collation of padded source/target tensors) over real English-German
+pairs: the German gettext catalogues Debian installs (``/usr/share/locale/de/LC_MESSAGES/*.mo``,
+English UI strings with their human translations; :func:`read_mo`, the reader the translation
+tests use, copied so the benchmarks need no test package). :func:`translation_corpus` writes them
+once as ``train/valid/test.{en,de}`` into a folder under the system's temp directory; the data
+module trains its SentencePiece model and encodes the splits into its own content-keyed cache
+there, so only the first run pays for them. Measured by the ``translation`` section
+(:func:`translation_throughput`: target tokens/s, and the batches' padding efficiency).
+
+Video joins through :data:`PIPELINES` once its task exists in ``rescale_tasks``.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import importlib.util
+import random
+import struct
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +42,9 @@ from PIL import Image
 from .timing import PairedTimes, paired_repeats, timer_measure
 
 __all__ = ["make_image_folder", "classification_loader", "LoaderThroughput",
-           "classification_throughput", "PIPELINES", "pending_pipelines"]
+           "classification_throughput", "MO_DIR", "read_mo", "catalogue_pairs", "translation_corpus",
+           "translation_datamodule", "TokenLoaderThroughput", "translation_throughput",
+           "PIPELINES", "pending_pipelines"]
 
 
 def make_image_folder(root: str | Path, num_classes: int = 4, train_per_class: int = 64,
@@ -119,19 +133,184 @@ def classification_throughput(workers: tuple[int, ...] = (0, 2), *, num_images: 
     return LoaderThroughput(images, paired, image_size, source_size, batch_size)
 
 
-# The pipelines of the suite's tasks: name -> (rescale_tasks module that must exist, unit).
+# --- translation: real English-German pairs from the gettext catalogues ------------------------
+MO_DIR = Path("/usr/share/locale/de/LC_MESSAGES")
+MO_MAGIC = 0x950412DE
+
+
+def read_mo(path: str | Path) -> list[tuple[str, str]]:
+    """Plain single-line (msgid, msgstr) pairs of one compiled GNU ``.mo`` catalogue (magic,
+    count, two tables of (length, offset)); plural entries (NUL inside), entries with a context
+    (EOT inside), the header, untranslated or identical strings and anything spanning several
+    lines or holding a tab are skipped. The translation tests' reader
+    (``tests/tasks/translation/conftest.py``), copied: benchmarks do not import tests."""
+    data = Path(path).read_bytes()
+    for order in "<>":
+        if len(data) >= 20 and struct.unpack(order + "I", data[:4])[0] == MO_MAGIC:
+            break
+    else:
+        return []
+    count, originals, translations = struct.unpack(order + "3I", data[8:20])
+    pairs = []
+    for i in range(count):
+        entries = [struct.unpack(order + "2I", data[table + 8 * i:table + 8 * i + 8])
+                   for table in (originals, translations)]
+        raw = [data[offset:offset + length] for length, offset in entries]
+        if not raw[0] or any(b"\x00" in r or b"\x04" in r for r in raw):
+            continue
+        try:
+            english, german = (r.decode("utf-8").strip() for r in raw)
+        except UnicodeDecodeError:
+            continue
+        if not german or english == german or any(c in english + german for c in "\n\r\t\x0b\x0c"):
+            continue
+        if any(c.isalpha() for c in english):
+            pairs.append((english, german))
+    return pairs
+
+
+@functools.lru_cache(maxsize=2)
+def catalogue_pairs(mo_dir: str | Path = MO_DIR) -> tuple[tuple[str, str], ...]:
+    """Distinct pairs of every catalogue in ``mo_dir`` (first translation of each English
+    string), in a fixed shuffled order (the tests' order: the same pairs in the same order)."""
+    seen: dict[str, str] = {}
+    for path in sorted(Path(mo_dir).glob("*.mo")):
+        for english, german in read_mo(path):
+            seen.setdefault(english, german)
+    pairs = sorted(seen.items())
+    random.Random(0).shuffle(pairs)
+    return tuple(pairs)
+
+
+def translation_corpus(root: str | Path | None = None, num_pairs: int | None = None,
+                       valid: int = 500, test: int = 500, mo_dir: str | Path = MO_DIR) -> Path:
+    """``train``/``valid``/``test`` ``.en``/``.de`` files of the catalogue pairs under ``root``
+    (default: ``<tmp>/rescale_bench_translation/gettext_en_de_<n>``); the first ``valid`` +
+    ``test`` pairs are held out, up to ``num_pairs`` pairs in all (None: every pair). A file is
+    rewritten only when its text differs, so the data module's caches (SentencePiece model,
+    encoded arrays, under ``root/rescale_cache``) stay valid from run to run. Without the
+    catalogues, a ``root`` that already holds the six files is used as it is (a corpus copied
+    from a machine that has them)."""
+    pairs = catalogue_pairs(mo_dir)
+    n = len(pairs) if num_pairs is None else min(int(num_pairs), len(pairs))
+    if n < valid + test + 200:
+        files = [Path(root) / f"{split}.{lang}" for split in ("train", "valid", "test") for lang in ("en", "de")] \
+            if root is not None else []
+        if files and all(f.is_file() for f in files):
+            return Path(root)
+        raise RuntimeError(f"only {len(pairs)} plain message pairs in {mo_dir}/*.mo; the translation "
+                           f"benchmark needs {valid + test + 200} (install Debian's German locale "
+                           "catalogues, e.g. the gettext/coreutils/... packages' de translations)")
+    if root is None:
+        root = Path(tempfile.gettempdir()) / "rescale_bench_translation" / f"gettext_en_de_{n}"
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    splits = {"valid": pairs[:valid], "test": pairs[valid:valid + test], "train": pairs[valid + test:n]}
+    for split, rows in splits.items():
+        for lang, side in (("en", 0), ("de", 1)):
+            path = root / f"{split}.{lang}"
+            text = "".join(f"{row[side]}\n" for row in rows)
+            if not path.is_file() or path.read_text(encoding="utf-8") != text:
+                path.write_text(text, encoding="utf-8")
+    return root
+
+
+def translation_datamodule(root: str | Path, vocab_size: int, max_tokens: int = 4096,
+                           num_workers: int = 0, seed: int = 0):
+    """The task's data module over ``root``, set up for fitting (trains/finds the SentencePiece
+    model and the encoded splits in its cache); persistent workers, no pinned memory."""
+    from rescale_tasks.translation.data import TranslationDataModule
+
+    dm = TranslationDataModule(root=str(root), vocab_size=vocab_size, max_tokens=max_tokens,
+                               num_workers=num_workers, pin_memory=False, persistent_workers=True,
+                               seed=seed)
+    dm.setup("fit")
+    return dm
+
+
+@dataclass
+class TokenLoaderThroughput:
+    """One epoch of the translation training loader: what it holds and how fast it is read."""
+
+    paired: PairedTimes       # seconds per epoch, one entry per setting ("workers=0", ...)
+    batches: int
+    sentences: int
+    target_tokens: int        # real (non-pad) target tokens, the unit of tokens/s
+    real_tokens: int          # real source + target tokens (eos included)
+    padded_positions: int     # source + target tensor elements
+    padding_efficiency: float  # rescale_tasks.translation.batching.padding_efficiency of the batches
+    max_tokens: int
+
+    def tokens_per_second(self, name: str) -> float:
+        return self.target_tokens / self.paired.seconds(name).median
+
+    @property
+    def tensor_efficiency(self) -> float:
+        """Real tokens / padded positions counted on the collated tensors themselves."""
+        return self.real_tokens / self.padded_positions
+
+
+def _token_epoch(loader) -> Callable[[], tuple[int, int, int, int, int]]:
+    def epoch() -> tuple[int, int, int, int, int]:
+        batches = sentences = target = real = padded = 0
+        for batch in loader:
+            batches += 1
+            sentences += int(batch["nsentences"])
+            target += int(batch["ntokens"])
+            real += int(batch["src_lengths"].sum()) + int(batch["ntokens"])
+            padded += batch["src_tokens"].numel() + batch["target"].numel()
+        return batches, sentences, target, real, padded
+    return epoch
+
+
+def translation_throughput(root: str | Path, vocab_size: int, workers: tuple[int, ...] = (0, 2), *,
+                           max_tokens: int = 4096, repeats: int = 3, min_run_time: float = 0.2,
+                           progress=None) -> TokenLoaderThroughput:
+    """Paired target tokens/s of the translation training loader for each ``num_workers`` in
+    ``workers`` (one measurement = one epoch, persistent workers), and the padding efficiency of
+    its token-budget batches at ``max_tokens``."""
+    from rescale_tasks.translation.batching import padding_efficiency
+
+    loaders = {f"workers={w}": translation_datamodule(root, vocab_size, max_tokens, w).train_dataloader()
+               for w in workers}
+    measures = {}
+    try:
+        counts = {name: _token_epoch(loader)() for name, loader in loaders.items()}  # warm-up pass
+        if len(set(counts.values())) != 1:
+            raise RuntimeError(f"the loaders disagree on the epoch's contents: {counts}")
+        batches, sentences, target, real, padded = next(iter(counts.values()))
+        loader = next(iter(loaders.values()))
+        dataset, sampler = loader.dataset, loader.sampler
+        efficiency = padding_efficiency(sampler.batches, dataset.src_sizes, dataset.tgt_sizes)
+        measures = {name: timer_measure(_token_epoch(loader), min_run_time=min_run_time,
+                                        label="translation loader", description=name)
+                    for name, loader in loaders.items()}
+        paired = paired_repeats(measures, baseline=f"workers={workers[0]}", repeats=repeats,
+                                progress=progress)
+    finally:
+        measures.clear()
+        loaders.clear()
+        gc.collect()
+    return TokenLoaderThroughput(paired, batches, sentences, target, real, padded, efficiency, max_tokens)
+
+
+# The pipelines of the suite's tasks: name -> (rescale_tasks module that must exist, unit,
+# the section measuring it when it is not the data section).
 PIPELINES = {
-    "classification (ImageFolder)": ("rescale_tasks.classification", "img"),
-    "video": ("rescale_tasks.video", "clip"),
-    "translation": ("rescale_tasks.translation", "sentence"),
+    "classification (ImageFolder)": ("rescale_tasks.classification", "img", "data"),
+    "video": ("rescale_tasks.video", "clip", None),
+    "translation": ("rescale_tasks.translation", "tok", "translation"),
 }
 
 
 def pending_pipelines() -> list[tuple[str, str]]:
-    """(pipeline, reason) for the pipelines this harness does not measure yet."""
+    """(pipeline, reason) for the pipelines the data section does not measure."""
     out = []
-    for name, (module, _unit) in PIPELINES.items():
-        if name.startswith("classification"):
+    for name, (module, _unit, section) in PIPELINES.items():
+        if section == "data":
+            continue
+        if section is not None:
+            out.append((name, f"measured by the {section} section (--only {section})"))
             continue
         present = importlib.util.find_spec(module.rsplit(".", 1)[0]) is not None and \
             importlib.util.find_spec(module) is not None

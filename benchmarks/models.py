@@ -12,6 +12,10 @@ its no-normalization floor and the model the goals are about.
   IWSLT size, by default) under ``post_ln`` (the baseline, Vaswani et al. 2017), ``pre_ln``,
   ``rescale``, ``rezero``, ``skipinit`` and the floor (``skipinit`` without its gain: plain
   ``x + F(x)``, no LayerNorm).
+- ``translation``: the translation task's network (``transformer_base``, shared embeddings,
+  :class:`rescale_tasks.translation.module.TranslationModule`'s) under ``post_ln`` (the
+  baseline), ``pre_ln`` and ``rescale``, trained with the task's label-smoothed loss and Adam on
+  real token-budget batches (several per timed call, :attr:`Suite.multi_batch`); no floor.
 
 A :class:`Suite` also knows how to make a batch for its models and the training loss.
 """
@@ -27,7 +31,7 @@ from torch import nn
 import rescale_core
 
 __all__ = ["Contender", "Suite", "resnet50_suite", "resnet3d_suite", "transformer_suite",
-           "torchvision_resnet50", "resnet50_floor"]
+           "translation_suite", "TRANSLATION_SCHEMES", "torchvision_resnet50", "resnet50_floor"]
 
 
 @dataclass(frozen=True)
@@ -41,16 +45,18 @@ class Contender:
 class Suite:
     """A family of contenders measured side by side.
 
-    ``make_batch(batch_size, device) -> (inputs tuple, targets)``; ``loss(output, targets)``;
+    ``make_batch(batch_size, device) -> (inputs tuple, targets)``, or with ``multi_batch`` a
+    list of them (one timed call = one step per batch); ``loss(output, targets)``;
     ``items`` is what one sample counts in the throughput column (1 image, 1 clip, T tokens)
-    and ``unit`` names it.
+    and ``unit`` names it; ``optimizer(params)`` replaces the harness's SGD (learning rate 0
+    either way); ``floor`` None: the suite has no floor contender.
     """
 
     name: str
     title: str
     contenders: tuple[Contender, ...]
     baseline: str
-    floor: str
+    floor: str | None
     target: str
     make_batch: Callable[[int, torch.device], tuple[tuple[torch.Tensor, ...], torch.Tensor]]
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -58,10 +64,14 @@ class Suite:
     items: int = 1
     unit: str = "img"
     image_like: bool = True  # channels_last applies to its inputs
+    multi_batch: bool = False
+    optimizer: Callable[..., torch.optim.Optimizer] | None = None
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.contenders]
         for role in ("baseline", "floor", "target"):
+            if role == "floor" and self.floor is None:
+                continue
             if getattr(self, role) not in names:
                 raise ValueError(f"{self.name}: {role} {getattr(self, role)!r} not in {names}")
 
@@ -173,3 +183,50 @@ def transformer_suite(arch: str = "transformer_small", src_len: int = 32, tgt_le
                  floor="T floor (no LN)", target="T rescale", make_batch=make, loss=loss,
                  shape=f"src {src_len} + tgt {tgt_len} tokens, vocab {vocab_size}",
                  items=tgt_len, unit="tok", image_like=False)
+
+
+# --- the translation task's Transformer -----------------------------------------------------------
+TRANSLATION_SCHEMES = ("post_ln", "pre_ln", "rescale")
+
+
+def translation_suite(batches: list[dict], vocab_size: int, arch: str = "transformer_base",
+                      schemes: tuple[str, ...] = TRANSLATION_SCHEMES, label_smoothing: float = 0.1,
+                      pad_index: int = 1, max_tokens: int | None = None, **overrides) -> Suite:
+    """The translation task's network on real batches (the data module's dicts: ``src_tokens``,
+    ``prev_output_tokens``, ``target``): ``rescale_core.create_model(arch, scheme=...,
+    src_vocab_size=vocab_size, share_embeddings=True)`` as TranslationModule builds it, the
+    label-smoothed loss summed and divided by the batch's target tokens (TranslationModule's
+    ``training_step`` on one process), Adam (0.9, 0.98) as the task's default optimizer, at
+    learning rate 0. ``overrides`` replace TransformerConfig fields (smaller CPU sizes)."""
+    from rescale_tasks.translation.loss import label_smoothed_nll_loss
+
+    if not batches:
+        raise ValueError("translation_suite needs at least one batch")
+
+    def builder(scheme: str):
+        return lambda: rescale_core.create_model(arch, scheme=scheme, src_vocab_size=vocab_size,
+                                                 share_embeddings=True, pad_index=pad_index, **overrides)
+
+    contenders = tuple(Contender(TRANSFORMER_SCHEMES[s][0], builder(s), f"{arch} scheme={s}") for s in schemes)
+
+    def make(_batch_size: int, device: torch.device):
+        return [((b["src_tokens"].to(device), b["prev_output_tokens"].to(device)), b["target"].to(device))
+                for b in batches]
+
+    def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss_sum, _nll = label_smoothed_nll_loss(logits, target, label_smoothing, pad_index)
+        return loss_sum / target.ne(pad_index).sum()  # on the device: no host read in the step
+
+    def adam(params):
+        return torch.optim.Adam(params, lr=0.0, betas=(0.9, 0.98), eps=1e-8)
+
+    tokens = sum(int(b["target"].ne(pad_index).sum()) for b in batches)
+    sizes = ", ".join(f"{tuple(b['src_tokens'].shape)}/{tuple(b['target'].shape)}" for b in batches)
+    budget = f" of max_tokens {max_tokens}" if max_tokens else ""
+    labels = [c.name for c in contenders]
+    return Suite("translation", f"Translation ({arch})", contenders, baseline=labels[0], floor=None,
+                 target=TRANSFORMER_SCHEMES["rescale"][0] if "rescale" in schemes else labels[-1],
+                 make_batch=make, loss=loss,
+                 shape=f"{len(batches)} real batches{budget} (src/target [rows, width]: {sizes}), "
+                       f"{tokens} target tokens, vocab {vocab_size}",
+                 items=tokens, unit="tok", image_like=False, multi_batch=True, optimizer=adam)

@@ -15,6 +15,11 @@ ResNet-50 (``rescale50`` vs torchvision's BN ResNet-50), the 3D ResNet (rescale 
 Transformer (rescale vs post-LN) get the same goals where the section ran. Thresholds live in
 :data:`THRESHOLDS`; nothing in a mark is hard-coded but the threshold.
 
+The translation section adds the goals of issue #12: the training loader's token-budget batches
+at ``max_tokens`` 4096 more than 0.90 real tokens per padded position (a higher-is-better goal),
+and greedy decoding with the key/value cache faster than full recomputation at every forced
+output length measured (20 tokens and longer; time ratio below 1).
+
 A ratio to the baseline cannot beat the floor's own ratio: no scheme adds less than nothing. Where
 the floor itself misses a ratio-to-baseline threshold in the same run (a Transformer spends under
 1% of its step in LayerNorm; inductor fuses BatchNorm into neighbouring kernels), the mark says
@@ -55,11 +60,13 @@ def markers(tag: str = "") -> tuple[str, str]:
     return f"<!-- bench:begin {tag} -->", f"<!-- bench:end {tag} -->"
 
 
-def results_tag(settings: Settings) -> str:
-    """'' on CPU; ``cuda-bf16`` / ``cuda-fp32`` on a GPU (one section per autocast setting)."""
-    if settings.device.type == "cpu":
-        return ""
-    return f"{settings.device.type}-{'bf16' if settings.amp_dtype == torch.bfloat16 else 'fp32'}"
+def results_tag(settings: Settings, extra: str = "") -> str:
+    """'' on CPU; ``cuda-bf16`` / ``cuda-fp32`` on a GPU (one section per autocast setting);
+    ``extra`` (``--markdown-tag``) appended: ``translation`` on CPU, ``cuda-bf16-translation``."""
+    device = "" if settings.device.type == "cpu" else \
+        f"{settings.device.type}-{'bf16' if settings.amp_dtype == torch.bfloat16 else 'fp32'}"
+    extra = re.sub(r"[^A-Za-z0-9_.-]+", "-", extra.strip()).strip("-")
+    return "-".join(t for t in (device, extra) if t)
 
 # (cpu, cuda) thresholds on medians of paired ratios
 THRESHOLDS = {
@@ -71,7 +78,13 @@ THRESHOLDS = {
     "measuring_vs_ordinary": (1.05, 1.05),
     "memory_vs_baseline": (1.00, 1.00),
     "eval_vs_floor": (1.05, 1.05),
+    "padding_efficiency": (0.90, 0.90),          # higher is better: real tokens / padded positions
+    "decode_cached_vs_recomputed": (1.00, 1.00),  # time with the cache / time recomputing
 }
+
+# The forced output lengths the translation section decodes at by default (each gets a goal;
+# other lengths found in a run's metrics get theirs too).
+DECODE_LENGTHS = (20, 50, 100)
 
 
 @dataclass(frozen=True)
@@ -82,6 +95,14 @@ class Goal:
     kind: str        # key of THRESHOLDS
     section: str     # the --only section that measures it
     floor_key: str | None = None  # the floor's ratio to the same baseline, where one applies
+    higher: bool = False  # the value must exceed the threshold (else stay at or below it)
+    issue: int = 5
+
+    def passes(self, value: float, threshold: float) -> bool:
+        return value > threshold if self.higher else value <= threshold
+
+    def threshold_text(self, threshold: float) -> str:
+        return f"{'>' if self.higher else '<='} {threshold:.2f}"
 
 
 @dataclass(frozen=True)
@@ -95,7 +116,7 @@ class GoalResult:
     def status(self) -> str:
         if self.value is None:
             return "not measured"
-        mark = "PASS" if _median(self.value) <= self.threshold else "FAIL"
+        mark = "PASS" if self.goal.passes(_median(self.value), self.threshold) else "FAIL"
         if isinstance(self.value, Summary) and self.value.q1 <= self.threshold < self.value.q3:
             mark += " (IQR spans the threshold)"
         if self.floor is not None:
@@ -117,7 +138,22 @@ def _median(value: "Summary | float") -> float:
     return value.median if isinstance(value, Summary) else float(value)
 
 
-def goals() -> list[Goal]:
+def translation_goals(metrics: dict | None = None) -> list[Goal]:
+    """Issue #12's goals: padding efficiency, and the cache against recomputation per length
+    (:data:`DECODE_LENGTHS` and any other length measured in ``metrics``)."""
+    prefix = "translation.decode.cached_vs_recomputed."
+    lengths = set(DECODE_LENGTHS) | {int(k[len(prefix):]) for k in (metrics or {})
+                                     if k.startswith(prefix) and k[len(prefix):].isdigit()}
+    out = [Goal("Translation", "padding efficiency of the training batches (real tokens / padded "
+                "positions)", "translation.padding_efficiency", "padding_efficiency", "translation",
+                higher=True, issue=12)]
+    out += [Goal("Translation", f"greedy decoding with the cache / recomputed, {n} tokens",
+                 f"{prefix}{n}", "decode_cached_vs_recomputed", "translation", issue=12)
+            for n in sorted(lengths)]
+    return out
+
+
+def goals(metrics: dict | None = None) -> list[Goal]:
     out = []
     # (suite, title, the --only section measuring each kind of goal)
     for suite, title, section in (
@@ -149,13 +185,13 @@ def goals() -> list[Goal]:
                  "memory_vs_baseline", section["train"]),
             Goal(title, f"{t} eval forward / {f}", f"{n}.eval.vs_floor.{t}", "eval_vs_floor", section["eval"]),
         ]
-    return out
+    return out + translation_goals(metrics)
 
 
 def evaluate_goals(metrics: dict, device: str | torch.device) -> list[GoalResult]:
     on_gpu = torch.device(device).type == "cuda"
     return [GoalResult(g, THRESHOLDS[g.kind][1 if on_gpu else 0], metrics.get(g.key),
-                       metrics.get(g.floor_key) if g.floor_key else None) for g in goals()]
+                       metrics.get(g.floor_key) if g.floor_key else None) for g in goals(metrics)]
 
 
 # --- environment --------------------------------------------------------------------------------
@@ -243,11 +279,12 @@ def markdown_table(table: Table, level: str = "###") -> str:
 
 
 def goals_table(results: list[GoalResult], device: str | torch.device, ran: set[str]) -> Table:
-    rows = []
+    rows, issues = [], set()
     for r in results:
         if r.value is None and r.goal.section not in ran:
             continue  # section not selected in this run (--only / --no-compile)
-        rows.append([r.goal.model, r.goal.text, r.measured, f"<= {r.threshold:.2f}", r.status])
+        rows.append([r.goal.model, r.goal.text, r.measured, r.goal.threshold_text(r.threshold), r.status])
+        issues.add(r.goal.issue)
     if not rows:
         rows = [["-", "no goal is measured by the selected sections", "-", "-", "-"]]
     on_gpu = torch.device(device).type == "cuda"
@@ -258,7 +295,13 @@ def goals_table(results: list[GoalResult], device: str | torch.device, ran: set[
              "thresholds: benchmarks/report.py THRESHOLDS (issue #5: train <= "
              f"{THRESHOLDS['train_vs_baseline'][1 if on_gpu else 0]:.2f}x the normalized baseline "
              + ("on GPU in bf16 + channels_last)" if on_gpu else "on CPU, eager)")]
-    return Table("Goals (issue #5)", ["model", "goal", "measured", "threshold", "status"], rows, notes)
+    if 12 in issues:
+        notes.append("issue #12 (translation): padding efficiency above 0.90 at max_tokens 4096; greedy "
+                     "decoding with the key/value cache faster than recomputing the decoder over the "
+                     "prefix at every forced output length (time ratio below 1)")
+    issues = sorted(issues or {5})
+    title = f"Goals (issue{'s' if len(issues) > 1 else ''} {', '.join(f'#{i}' for i in issues)})"
+    return Table(title, ["model", "goal", "measured", "threshold", "status"], rows, notes)
 
 
 def header_text(env: list[tuple[str, str]]) -> str:

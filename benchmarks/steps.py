@@ -2,7 +2,8 @@
 
 Every contender gets the same treatment: the suite's loss, gradients zeroed with
 ``set_to_none=True``, SGD with momentum 0.9 and weight decay 1e-4 (the ImageNet recipe; the
-optimizer is part of a train step) at learning rate 0, an optional ``torch.autocast`` dtype (bf16
+optimizer is part of a train step; a suite may name its own, e.g. the translation task's Adam)
+at learning rate 0, an optional ``torch.autocast`` dtype (bf16
 on GPU), an optional channels_last memory format (model and input) and an optional
 ``torch.compile``. Learning rate 0: the update is computed in full (weight decay, momentum
 buffer, the parameter update) but leaves the weights at their initial values, so the
@@ -10,6 +11,10 @@ no-normalization floors, which diverge within a few real steps (as they should),
 timed on inf/NaN arithmetic, and every contender runs on the same finite numbers in every step.
 On CUDA every step ends with ``torch.cuda.synchronize()``, so the timed statement contains the
 whole step.
+
+A suite with ``multi_batch`` makes a list of batches (the translation suite: real token-budget
+batches of different shapes); its timed statement is one train step (or eval forward) per batch,
+in order, and ``Prepared.steps_per_call`` says how many.
 
 :func:`warm_up` runs at least ``measure_batches + 2`` training steps (RescaleNet's mean-shift
 biases measure their input means during the first ``measure_batches`` steps), so the timings of
@@ -63,11 +68,19 @@ class Prepared:
     batch_size: int
     compiled: bool = False
     warmup_seconds: float = 0.0   # wall time of the warm-up (includes compilation)
-    warmup_steps: int = 0
+    warmup_steps: int = 0         # calls of the timed statement during the warm-up
     graphs: int = 0               # graphs torch.compile produced during the warm-up
+    batches: list[tuple[tuple[torch.Tensor, ...], torch.Tensor]] = field(default_factory=list)
+
+    @property
+    def steps_per_call(self) -> int:
+        """Optimizer steps (or forwards) in one call of ``train_step`` (``eval_step``)."""
+        return max(1, len(self.batches))
 
     @property
     def tensors(self) -> list[torch.Tensor]:
+        if self.batches:
+            return [t for inputs, targets in self.batches for t in (*inputs, targets)]
         return [*self.inputs, self.targets]
 
 
@@ -83,38 +96,47 @@ def prepare(suite: Suite, contender: Contender | str, batch_size: int, config: R
     device = config.device
     torch.manual_seed(seed)
     model = contender.build().to(device)
-    inputs, targets = suite.make_batch(batch_size, device)
+    made = suite.make_batch(batch_size, device)
+    batches = list(made) if suite.multi_batch else [made]
+    if not batches:
+        raise ValueError(f"{suite.name}: make_batch gave no batch")
     if config.channels_last and suite.image_like:
-        fmt = _memory_format(inputs[0])
+        fmt = _memory_format(batches[0][0][0])
         model = model.to(memory_format=fmt)
-        inputs = tuple(x.contiguous(memory_format=fmt) for x in inputs)
+        batches = [(tuple(x.contiguous(memory_format=fmt) for x in inputs), targets)
+                   for inputs, targets in batches]
     model.train(train)
-    optimizer = (torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.9, weight_decay=1e-4)
-                 if train else None)
+    optimizer = None
+    if train:
+        optimizer = (suite.optimizer(model.parameters()) if suite.optimizer is not None else
+                     torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.9, weight_decay=1e-4))
     runner = torch.compile(model) if config.compile else model
     sync = device.type == "cuda"
     amp = config.amp_dtype
 
     def train_step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-            loss = suite.loss(runner(*inputs), targets)
-        loss.backward()
-        optimizer.step()
+        for inputs, targets in batches:
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+                loss = suite.loss(runner(*inputs), targets)
+            loss.backward()
+            optimizer.step()
         if sync:
             torch.cuda.synchronize(device)
 
     def eval_step() -> None:
         with torch.inference_mode(), torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-            runner(*inputs)
+            for inputs, _targets in batches:
+                runner(*inputs)
         if sync:
             torch.cuda.synchronize(device)
 
     if not train:
         finish_measuring(model)  # an evaluated model has measured its statistics in training
+    inputs, targets = batches[0]
     return Prepared(contender.name, model, optimizer, inputs, targets,
                     train_step if train else _no_train(contender.name), eval_step, batch_size,
-                    compiled=config.compile)
+                    compiled=config.compile, batches=batches if suite.multi_batch else [])
 
 
 def _no_train(name: str) -> Callable[[], None]:
@@ -130,20 +152,23 @@ def min_warmup(model: nn.Module, extra: int = 2) -> int:
 
 
 def warm_up(prepared: Prepared, steps: int, train: bool = True) -> Prepared:
-    """Run ``steps`` (at least :func:`min_warmup`) train steps, or ``steps`` eval forwards.
+    """Run ``steps`` (at least :func:`min_warmup`) train steps, or ``steps`` eval forwards: as
+    many calls of the timed statement as hold that many steps (one per call, except with a
+    multi-batch suite).
 
     The warm-up's wall time is kept in ``prepared.warmup_seconds`` (with ``torch.compile`` it is
     dominated by compilation); it is bookkeeping, not a measurement.
     """
     if train:
         steps = max(steps, min_warmup(prepared.model))
+    calls = -(-steps // prepared.steps_per_call)
     step = prepared.train_step if train else prepared.eval_step
     graphs = _graph_count() if prepared.compiled else 0
     start = time.perf_counter()
-    for _ in range(steps):
+    for _ in range(calls):
         step()
     prepared.warmup_seconds += time.perf_counter() - start
-    prepared.warmup_steps += steps
+    prepared.warmup_steps += calls
     if prepared.compiled:
         prepared.graphs += _graph_count() - graphs
     still = [m for m in rescale_core.mean_shift_layers(prepared.model) if m.measuring]

@@ -7,6 +7,7 @@ a plain folder of the repository root, importable because ``python -m pytest`` r
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,10 @@ from benchmarks.models import Contender, Suite, _image_batch
 from benchmarks.sections import Settings, eval_suite, measuring_suite, train_suite
 from benchmarks.steps import RunConfig, min_warmup, prepare, reset_measuring, warm_up
 from benchmarks.timing import Summary, paired_repeats, summarize, timer_measure
+from benchmarks import data as data_bench
+from benchmarks.decoding import greedy_cached, greedy_recompute
+from benchmarks.models import translation_suite
+from benchmarks.sections import section_translation
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -204,3 +209,109 @@ def test_command_line_quick_run(tmp_path):
     assert "DataLoader throughput" in proc.stdout and "versions" in proc.stdout
     text = out.read_text()
     assert report.BEGIN in text and "| workers=0 |" in text
+
+
+# --- translation (issue #12) ---------------------------------------------------------------------
+TINY_TRANSFORMER = {"d_model": 16, "nhead": 2, "num_encoder_layers": 1, "num_decoder_layers": 1,
+                    "dim_feedforward": 32}
+
+
+def test_read_mo_reads_plain_pairs(tmp_path):
+    """The .mo reader copied into benchmarks/data.py: a little-endian catalogue written here."""
+    entries = [(b"", b"Content-Type: text/plain; charset=UTF-8\n"), (b"Open file", "Datei \u00f6ffnen".encode()),
+               (b"one\x00many", b"eins\x00viele"), (b"Same", b"Same"), (b"Two\nlines", b"Zwei\nZeilen")]
+    n, header = len(entries), 28
+    originals, translations = header, header + 8 * len(entries)
+    blob, offset, tables = b"", header + 16 * n, ([], [])
+    for i, pair in enumerate(entries):
+        for side, text in enumerate(pair):
+            tables[side].append((len(text), offset + len(blob)))
+            blob += text + b"\x00"
+    data = struct.pack("<7I", data_bench.MO_MAGIC, 0, n, originals, translations, 0, 0)
+    data += b"".join(struct.pack("<2I", *e) for e in tables[0] + tables[1]) + blob
+    (tmp_path / "x.mo").write_bytes(data)
+    assert data_bench.read_mo(tmp_path / "x.mo") == [("Open file", "Datei \u00f6ffnen")]
+    assert data_bench.catalogue_pairs(tmp_path) == (("Open file", "Datei \u00f6ffnen"),)
+
+
+def test_recomputed_greedy_decoding_matches_the_cached_search():
+    torch.manual_seed(0)
+    model = rescale_core.create_model("transformer_base", scheme="rescale", src_vocab_size=50,
+                                      share_embeddings=True, **TINY_TRANSFORMER).eval()
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 1]])
+    for n in (1, 6):
+        cached = greedy_cached(model, src, bos=0, eos=2, length=n)
+        assert cached.shape == (2, n) and not cached.eq(2).any() and not cached.eq(1).any()
+        assert torch.equal(cached, greedy_recompute(model, src, bos=0, eos=2, length=n))
+
+
+def test_multi_batch_suite_steps_once_per_batch():
+    """A translation-style suite: one timed call = one optimizer step per batch; the warm-up
+    counts steps, not calls."""
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for rows, width in ((3, 5), (2, 9)):
+        tgt = torch.randint(4, 40, (rows, width), generator=g)
+        tgt[0, -2:] = 1  # padding: not counted as tokens
+        batches.append({"src_tokens": torch.randint(4, 40, (rows, width + 1), generator=g),
+                        "prev_output_tokens": tgt, "target": tgt})
+    suite = translation_suite(batches, 40, "transformer_base", schemes=("post_ln", "rescale"), **TINY_TRANSFORMER)
+    assert suite.items == 3 * 5 + 2 * 9 - 4 and suite.floor is None and suite.target == "T rescale"
+    p = prepare(suite, "T rescale", 0, RunConfig())
+    assert p.steps_per_call == 2 and len(p.tensors) == 6
+    assert isinstance(p.optimizer, torch.optim.Adam)
+    warm_up(p, steps=5)
+    assert p.warmup_steps == 3  # calls holding >= 5 steps
+    assert p.optimizer.state[next(iter(p.model.parameters()))]["step"] == 6
+
+
+def test_translation_goals_and_tags():
+    metrics = {"translation.padding_efficiency": 0.93,
+               "translation.decode.cached_vs_recomputed.20": Summary(0.7, 0.6, 0.8, 3),
+               "translation.decode.cached_vs_recomputed.7": Summary(1.2, 1.1, 1.3, 3)}
+    marks = {r.goal.key: r for r in report.evaluate_goals(metrics, "cpu")}
+    assert marks["translation.padding_efficiency"].status == "PASS"  # higher is better
+    assert marks["translation.decode.cached_vs_recomputed.20"].status == "PASS"
+    assert marks["translation.decode.cached_vs_recomputed.7"].status == "FAIL"  # a measured length gets a goal
+    assert marks["translation.decode.cached_vs_recomputed.100"].status == "not measured"
+    low = report.evaluate_goals({"translation.padding_efficiency": 0.85}, "cuda")
+    assert next(r for r in low if r.goal.key == "translation.padding_efficiency").status == "FAIL"
+    table = report.goals_table(list(marks.values()), "cpu", ran={"translation"})
+    assert table.title == "Goals (issue #12)" and all(row[0] == "Translation" for row in table.rows)
+    assert table.rows[0][3] == "> 0.90"
+    cpu, gpu = tiny_settings(), tiny_settings()
+    gpu.device, gpu.amp_dtype = torch.device("cuda"), torch.bfloat16
+    assert report.results_tag(cpu) == "" and report.results_tag(cpu, "translation") == "translation"
+    assert report.results_tag(gpu, "trans lation") == "cuda-bf16-trans-lation"
+
+
+def test_translation_section_on_real_pairs(tmp_path):
+    """The whole section on 1200 real catalogue pairs with a tiny model: a few seconds."""
+    if len(data_bench.catalogue_pairs()) < 1400:
+        pytest.skip(f"too few plain message pairs in {data_bench.MO_DIR}/*.mo")
+    settings = tiny_settings()
+    settings.repeats = {"translation": 2}
+    settings.translation = {"root": str(tmp_path / "corpus"), "num_pairs": 1400, "valid": 100, "test": 100,
+                            "vocab_size": 300, "workers": (0,), "overrides": TINY_TRANSFORMER,
+                            "train_max_tokens": 256, "train_batches": 2, "decode_batch": 2,
+                            "lengths": (3, 6), "beam": 2}
+    res = section_translation(settings)
+    loader, train, decode = res.tables
+    assert loader.columns[:2] == ["setting", "tok/s"] and [r[0] for r in loader.rows] == ["workers=0"]
+    assert [r[0] for r in train.rows] == ["post-LN", "pre-LN", "T rescale"]
+    assert train.rows[0][3] == "1.000 [1.000, 1.000]"  # the baseline against itself
+    m = res.metrics
+    assert 0 < m["translation.padding_efficiency"] <= 1
+    assert m["translation.loader.per_second.workers=0"] > 0
+    for name in ("post-LN", "pre-LN", "T rescale"):
+        assert m[f"translation.train.per_second.{name}"] > 0
+        assert m[f"translation.train.tokens_vs_baseline.{name}"].n == 2
+    assert [(r[0], r[1]) for r in decode.rows] == [(n, s) for n in ("3", "6") for s in
+                                                  ("greedy, cached", "greedy, recomputed", "beam 2, cached")]
+    assert all(r[5] == "2/2" for r in decode.rows if r[1].startswith("greedy"))  # cache == recomputation
+    for n in (3, 6):
+        assert m[f"translation.decode.cached_vs_recomputed.{n}"].median > 0
+        assert m[f"translation.decode.sentences_per_second.beam 2, cached.{n}"] > 0
+    marks = {r.goal.key: r.status for r in report.evaluate_goals(m, "cpu")}
+    assert marks["translation.padding_efficiency"] in ("PASS", "FAIL")
+    assert marks["translation.decode.cached_vs_recomputed.6"].split()[0] in ("PASS", "FAIL")
