@@ -112,3 +112,13 @@ def handful_root(tmp_path_factory) -> Path:
     if len(pairs) < 32:
         pytest.skip(f"too few short message pairs in {MO_DIR}/*.mo")
     return write_files(tmp_path_factory.mktemp("handful_en_de"), {"train": pairs, "valid": pairs, "test": pairs})
+
+
+@pytest.fixture(scope="session")
+def few_hundred_root(tmp_path_factory) -> Path:
+    """200 short real pairs (2-4 English words) as train, valid and test alike: the end-to-end
+    test trains a small Transformer until it has learned them by heart."""
+    pairs = [p for p in catalogue_pairs() if 2 <= len(p[0].split()) <= 4][:200]
+    if len(pairs) < 200:
+        pytest.skip(f"too few short message pairs in {MO_DIR}/*.mo")
+    return write_files(tmp_path_factory.mktemp("few_hundred_en_de"), {"train": pairs, "valid": pairs, "test": pairs})
