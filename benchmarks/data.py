@@ -14,8 +14,8 @@ measurement warms the page cache. num_workers 0 and 2 are interleaved as paired 
 Translation: :class:`rescale_tasks.translation.data.TranslationDataModule`'s training loader
 (token-budget batches, collation of padded source/target tensors) over real English-German
 pairs: the German gettext catalogues Debian installs (``/usr/share/locale/de/LC_MESSAGES/*.mo``,
-English UI strings with their human translations; :func:`read_mo`, the reader the translation
-tests use, copied so the benchmarks need no test package). :func:`translation_corpus` writes them
+English UI strings with their human translations; read by
+:mod:`rescale_tasks.translation.catalogues`, as the translation tests read them). :func:`translation_corpus` writes them
 once as ``train/valid/test.{en,de}`` into a folder under the system's temp directory; the data
 module trains its SentencePiece model and encodes the splits into its own content-keyed cache
 there, so only the first run pays for them. Measured by the ``translation`` section
@@ -25,13 +25,11 @@ Video joins through :data:`PIPELINES` once its task exists in ``rescale_tasks``.
 """
 from __future__ import annotations
 
-import functools
 import gc
 import importlib.util
-import random
-import struct
 import tempfile
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,10 +37,12 @@ import numpy as np
 import torch
 from PIL import Image
 
+from rescale_tasks.translation.catalogues import MO_DIR, catalogue_pairs
+
 from .timing import PairedTimes, paired_repeats, timer_measure
 
 __all__ = ["make_image_folder", "classification_loader", "LoaderThroughput",
-           "classification_throughput", "MO_DIR", "read_mo", "catalogue_pairs", "translation_corpus",
+           "classification_throughput", "translation_corpus",
            "translation_datamodule", "TokenLoaderThroughput", "translation_throughput",
            "PIPELINES", "pending_pipelines"]
 
@@ -87,6 +87,18 @@ def _consume(loader) -> Callable[[], int]:
     return epoch
 
 
+@contextmanager
+def _released(*collections: dict):
+    """Empty the loaders (and the measures holding them) afterwards and collect: their iterators
+    stop their persistent workers when collected."""
+    try:
+        yield
+    finally:
+        for collection in collections:
+            collection.clear()
+        gc.collect()
+
+
 @dataclass
 class LoaderThroughput:
     images_per_epoch: int
@@ -110,13 +122,13 @@ def classification_throughput(workers: tuple[int, ...] = (0, 2), *, num_images: 
         make_image_folder(tmp, num_classes, per_class, 1, source_size)
         loaders = {f"workers={w}": classification_loader(tmp, num_classes, batch_size, w, image_size)
                    for w in workers}
-        measures = {}
-        try:
+        measures: dict = {}
+        with _released(measures, loaders):
             counts = {name: _consume(loader)() for name, loader in loaders.items()}  # warm-up pass
             images = next(iter(counts.values()))
-            measures = {name: timer_measure(_consume(loader), min_run_time=min_run_time,
-                                            label="dataloader", description=name)
-                        for name, loader in loaders.items()}
+            measures.update({name: timer_measure(_consume(loader), min_run_time=min_run_time,
+                                                 label="dataloader", description=name)
+                             for name, loader in loaders.items()})
             if 0 in workers and torch.get_num_threads() > 1:
                 # the main process decodes with num_workers=0: also time it at 1 torch thread,
                 # the setting of worker processes (oversubscribed OpenMP threads can be 10x slower)
@@ -125,61 +137,11 @@ def classification_throughput(workers: tuple[int, ...] = (0, 2), *, num_images: 
                     description="workers=0, 1 thread", num_threads=1)
             paired = paired_repeats(measures, baseline=f"workers={workers[0]}", repeats=repeats,
                                     progress=progress)
-        finally:
-            # the loaders' iterators stop their persistent workers when collected
-            measures.clear()
-            loaders.clear()
-            gc.collect()
     return LoaderThroughput(images, paired, image_size, source_size, batch_size)
 
 
 # --- translation: real English-German pairs from the gettext catalogues ------------------------
-MO_DIR = Path("/usr/share/locale/de/LC_MESSAGES")
-MO_MAGIC = 0x950412DE
-
-
-def read_mo(path: str | Path) -> list[tuple[str, str]]:
-    """Plain single-line (msgid, msgstr) pairs of one compiled GNU ``.mo`` catalogue (magic,
-    count, two tables of (length, offset)); plural entries (NUL inside), entries with a context
-    (EOT inside), the header, untranslated or identical strings and anything spanning several
-    lines or holding a tab are skipped. The translation tests' reader
-    (``tests/tasks/translation/conftest.py``), copied: benchmarks do not import tests."""
-    data = Path(path).read_bytes()
-    for order in "<>":
-        if len(data) >= 20 and struct.unpack(order + "I", data[:4])[0] == MO_MAGIC:
-            break
-    else:
-        return []
-    count, originals, translations = struct.unpack(order + "3I", data[8:20])
-    pairs = []
-    for i in range(count):
-        entries = [struct.unpack(order + "2I", data[table + 8 * i:table + 8 * i + 8])
-                   for table in (originals, translations)]
-        raw = [data[offset:offset + length] for length, offset in entries]
-        if not raw[0] or any(b"\x00" in r or b"\x04" in r for r in raw):
-            continue
-        try:
-            english, german = (r.decode("utf-8").strip() for r in raw)
-        except UnicodeDecodeError:
-            continue
-        if not german or english == german or any(c in english + german for c in "\n\r\t\x0b\x0c"):
-            continue
-        if any(c.isalpha() for c in english):
-            pairs.append((english, german))
-    return pairs
-
-
-@functools.lru_cache(maxsize=2)
-def catalogue_pairs(mo_dir: str | Path = MO_DIR) -> tuple[tuple[str, str], ...]:
-    """Distinct pairs of every catalogue in ``mo_dir`` (first translation of each English
-    string), in a fixed shuffled order (the tests' order: the same pairs in the same order)."""
-    seen: dict[str, str] = {}
-    for path in sorted(Path(mo_dir).glob("*.mo")):
-        for english, german in read_mo(path):
-            seen.setdefault(english, german)
-    pairs = sorted(seen.items())
-    random.Random(0).shuffle(pairs)
-    return tuple(pairs)
+# (the reader lives in the package, rescale_tasks.translation.catalogues, which the tests use too)
 
 
 def translation_corpus(root: str | Path | None = None, num_pairs: int | None = None,
@@ -273,8 +235,8 @@ def translation_throughput(root: str | Path, vocab_size: int, workers: tuple[int
 
     loaders = {f"workers={w}": translation_datamodule(root, vocab_size, max_tokens, w).train_dataloader()
                for w in workers}
-    measures = {}
-    try:
+    measures: dict = {}
+    with _released(measures, loaders):
         counts = {name: _token_epoch(loader)() for name, loader in loaders.items()}  # warm-up pass
         if len(set(counts.values())) != 1:
             raise RuntimeError(f"the loaders disagree on the epoch's contents: {counts}")
@@ -282,15 +244,11 @@ def translation_throughput(root: str | Path, vocab_size: int, workers: tuple[int
         loader = next(iter(loaders.values()))
         dataset, sampler = loader.dataset, loader.sampler
         efficiency = padding_efficiency(sampler.batches, dataset.src_sizes, dataset.tgt_sizes)
-        measures = {name: timer_measure(_token_epoch(loader), min_run_time=min_run_time,
-                                        label="translation loader", description=name)
-                    for name, loader in loaders.items()}
+        measures.update({name: timer_measure(_token_epoch(loader), min_run_time=min_run_time,
+                                             label="translation loader", description=name)
+                         for name, loader in loaders.items()})
         paired = paired_repeats(measures, baseline=f"workers={workers[0]}", repeats=repeats,
                                 progress=progress)
-    finally:
-        measures.clear()
-        loaders.clear()
-        gc.collect()
     return TokenLoaderThroughput(paired, batches, sentences, target, real, padded, efficiency, max_tokens)
 
 

@@ -30,10 +30,31 @@ from ..common.errors import UserError
 from ..common.run_summary import find_summaries, read_summary
 from .outputs import StudyOutputs, new_figure
 
-__all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of"]
+__all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of", "pick_metric", "higher_is_better",
+           "METRICS"]
 
 # the task's metric, by what the runs logged: classification, detection, translation
 METRICS = ("val/acc1", "val/map", "val/bleu", "val/acc")
+
+
+def higher_is_better(metric: str) -> bool:
+    """Accuracy, mAP, BLEU: higher; losses, perplexities, error rates: lower."""
+    last = metric.rsplit("/", 1)[-1]
+    return not any(word in last for word in ("loss", "ppl", "perplexity", "error", "err"))
+
+
+def pick_metric(runs: list[dict], metric: Optional[str], default: Optional[str] = None) -> str:
+    """``metric``, else the first of :data:`METRICS` some run logged, else ``default`` (None: a
+    one-line error)."""
+    if metric:
+        return metric
+    for name in METRICS:
+        if any(name in (r.get("best") or {}) or name in (r.get("final") or {}) for r in runs):
+            return name
+    if default is not None:
+        return default
+    raise UserError("the runs logged none of the known task metrics " + ", ".join(METRICS) +
+                    "; name one with --metric (e.g. --metric val/loss)")
 BASELINES = ("bn", "gn", "post_ln", "pre_ln")
 
 
@@ -72,16 +93,6 @@ def _metric_value(run: dict, metric: str, use: str) -> Optional[float]:
     return None if value is None else float(value)
 
 
-def _pick_metric(runs: list[dict], metric: Optional[str]) -> str:
-    if metric:
-        return metric
-    for name in METRICS:
-        if any(name in (r.get("best") or {}) or name in (r.get("final") or {}) for r in runs):
-            return name
-    raise UserError("the runs logged none of the known task metrics " + ", ".join(METRICS) +
-                    "; name one with --metric (e.g. --metric val/loss)")
-
-
 def _baseline(variants: dict[str, list[dict]], wanted: Optional[str]) -> Optional[str]:
     if wanted:
         return next((v for v in variants if v == wanted or v.split("[")[0] == wanted), None)
@@ -94,8 +105,8 @@ def _baseline(variants: dict[str, list[dict]], wanted: Optional[str]) -> Optiona
 def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optional[str] = None,
                  use: str = "best") -> tuple[list[dict], str]:
     """One row per (experiment, variant), baseline first; and the metric used."""
-    metric = _pick_metric(runs, metric)
-    higher = "loss" not in metric.rsplit("/", 1)[-1]  # val/loss, train/loss_epoch: lower is better
+    metric = pick_metric(runs, metric)
+    higher = higher_is_better(metric)
     groups: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
         groups[experiment_of(run)][variant_of(run)].append(run)

@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 from ..common.checkpointing import CheckpointError, peek_checkpoint
 from ..common.errors import UserError
-from .compare import METRICS, mean_std
+from .compare import METRICS, higher_is_better, mean_std, pick_metric
 from .grid import (LOG_FILE, Grid, GridPoint, StudyInterrupted, configured_logger, rescale_command, run_grid,
                    run_one, wandb_project, write_slurm, write_sweep)
 from .outputs import StudyOutputs, new_figure
@@ -111,20 +111,6 @@ def parse_lr_grid(text: str) -> list[float]:
 
 
 # --- reading the results --------------------------------------------------------------------------
-def _higher_is_better(metric: str) -> bool:
-    last = metric.rsplit("/", 1)[-1]
-    return not any(word in last for word in ("loss", "ppl", "perplexity", "error", "err"))
-
-
-def _pick_metric(summaries: list[dict], metric: Optional[str]) -> str:
-    if metric:
-        return metric
-    for name in METRICS:
-        if any(name in (s.get("final") or {}) or name in (s.get("best") or {}) for s in summaries):
-            return name
-    return "val/loss"
-
-
 def _finite(value: Any) -> Optional[float]:
     if value is None:
         return None
@@ -169,8 +155,8 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
     Validation values of a diverged run are left empty (a non-finite model was validated).
     """
     states = [(point, grid.state(point)) for point in grid.points]
-    metric = _pick_metric([s.summary for _, s in states if s.summary], metric)
-    higher = _higher_is_better(metric)
+    metric = pick_metric([s.summary for _, s in states if s.summary], metric, default="val/loss")
+    higher = higher_is_better(metric)
     rows = []
     for point, state in states:
         s = state.summary or {}
@@ -246,7 +232,7 @@ def depth_tables(rows: list[dict], metric: str) -> tuple[list[dict], list[dict]]
 
 def _depth_plot(outputs: StudyOutputs, rows: list[dict], metric: str) -> None:
     fig, (ax,) = new_figure(1, width=6.0, height=4.0)
-    higher = _higher_is_better(metric)
+    higher = higher_is_better(metric)
     key = f"final {metric}"
     values = [r[key] for r in rows if r[key] is not None and math.isfinite(r[key])]
     bottom = 0.0 if higher else (max(values) * 1.1 if values else 1.0)
@@ -282,7 +268,7 @@ def _depth_plot(outputs: StudyOutputs, rows: list[dict], metric: str) -> None:
 def batch_lr_tables(rows: list[dict], metric: str) -> list[dict]:
     """Per (scheme, batch size): the optimal learning rate (best final metric among the finished,
     learning runs) and the largest stable one (the largest that did not diverge)."""
-    higher = _higher_is_better(metric)
+    higher = higher_is_better(metric)
     key = f"final {metric}"
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
@@ -345,7 +331,7 @@ def _batch_lr_plots(outputs: StudyOutputs, rows: list[dict], summary: list[dict]
                 ax.plot(*zip(*pts), marker="o", color=color, label=f"batch {batch}")
             bad = [r["lr"] for r in mine if r["batch_size"] == batch and r["status"].startswith("diverged")]
             if bad:
-                ax.scatter(bad, [0.0 if _higher_is_better(metric) else ax.get_ylim()[1]] * len(bad),
+                ax.scatter(bad, [0.0 if higher_is_better(metric) else ax.get_ylim()[1]] * len(bad),
                            marker="x", color=color, clip_on=False)
         ax.set(xscale="log", xlabel="learning rate", ylabel=f"final {metric}", title=f"{scheme} (x: diverged)")
     outputs.figure("batch_lr_metric", fig)

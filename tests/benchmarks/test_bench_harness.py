@@ -7,7 +7,6 @@ a plain folder of the repository root, importable because ``python -m pytest`` r
 from __future__ import annotations
 
 import os
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -214,24 +213,6 @@ def test_command_line_quick_run(tmp_path):
 # --- translation (issue #12) ---------------------------------------------------------------------
 TINY_TRANSFORMER = {"d_model": 16, "nhead": 2, "num_encoder_layers": 1, "num_decoder_layers": 1,
                     "dim_feedforward": 32}
-
-
-def test_read_mo_reads_plain_pairs(tmp_path):
-    """The .mo reader copied into benchmarks/data.py: a little-endian catalogue written here."""
-    entries = [(b"", b"Content-Type: text/plain; charset=UTF-8\n"), (b"Open file", "Datei \u00f6ffnen".encode()),
-               (b"one\x00many", b"eins\x00viele"), (b"Same", b"Same"), (b"Two\nlines", b"Zwei\nZeilen")]
-    n, header = len(entries), 28
-    originals, translations = header, header + 8 * len(entries)
-    blob, offset, tables = b"", header + 16 * n, ([], [])
-    for i, pair in enumerate(entries):
-        for side, text in enumerate(pair):
-            tables[side].append((len(text), offset + len(blob)))
-            blob += text + b"\x00"
-    data = struct.pack("<7I", data_bench.MO_MAGIC, 0, n, originals, translations, 0, 0)
-    data += b"".join(struct.pack("<2I", *e) for e in tables[0] + tables[1]) + blob
-    (tmp_path / "x.mo").write_bytes(data)
-    assert data_bench.read_mo(tmp_path / "x.mo") == [("Open file", "Datei \u00f6ffnen")]
-    assert data_bench.catalogue_pairs(tmp_path) == (("Open file", "Datei \u00f6ffnen"),)
 
 
 def test_recomputed_greedy_decoding_matches_the_cached_search():

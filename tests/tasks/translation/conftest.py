@@ -1,73 +1,16 @@
-"""Real English-German parallel text for the translation tests, from the system's gettext catalogues.
-
-Debian installs compiled German message catalogues (``/usr/share/locale/de/LC_MESSAGES/*.mo``):
-English UI strings (msgid) with their human German translations (msgstr), tens of thousands of
-distinct pairs. :func:`read_mo` parses the GNU ``.mo`` format directly (magic, count, two tables
-of (length, offset) entries); plural entries (NUL inside), entries with a context (EOT inside),
-the header (empty msgid), untranslated or identical strings and anything spanning several lines
-or holding a tab are skipped. The extraction is cached for the session.
+"""Real English-German parallel text for the translation tests, from the system's gettext
+catalogues (:mod:`rescale_tasks.translation.catalogues`); the extraction is cached for the session.
 """
 from __future__ import annotations
 
-import functools
-import random
-import struct
 from pathlib import Path
 
 import pytest
 
-MO_DIR = Path("/usr/share/locale/de/LC_MESSAGES")
-MO_MAGIC = 0x950412DE
+from rescale_tasks.translation.catalogues import MO_DIR, catalogue_pairs
+from rescale_tasks.translation.catalogues import write_parallel_files as write_files
+
 SPLIT_SIZES = {"train": 2000, "valid": 200, "test": 200}
-
-
-def read_mo(path: Path) -> list[tuple[str, str]]:
-    """Plain single-line (msgid, msgstr) pairs of one compiled catalogue."""
-    data = path.read_bytes()
-    for order in "<>":
-        if len(data) >= 20 and struct.unpack(order + "I", data[:4])[0] == MO_MAGIC:
-            break
-    else:
-        return []
-    count, originals, translations = struct.unpack(order + "3I", data[8:20])
-    pairs = []
-    for i in range(count):
-        entries = [struct.unpack(order + "2I", data[table + 8 * i:table + 8 * i + 8])
-                   for table in (originals, translations)]
-        raw = [data[offset:offset + length] for length, offset in entries]
-        if not raw[0] or any(b"\x00" in r or b"\x04" in r for r in raw):
-            continue
-        try:
-            english, german = (r.decode("utf-8").strip() for r in raw)
-        except UnicodeDecodeError:
-            continue
-        if not german or english == german or any(c in english + german for c in "\n\r\t\x0b\x0c"):
-            continue
-        if any(c.isalpha() for c in english):
-            pairs.append((english, german))
-    return pairs
-
-
-@functools.lru_cache(maxsize=1)
-def catalogue_pairs() -> tuple[tuple[str, str], ...]:
-    """Distinct pairs of every catalogue (first translation of each English string), in a
-    fixed shuffled order."""
-    seen: dict[str, str] = {}
-    for path in sorted(MO_DIR.glob("*.mo")):
-        for english, german in read_mo(path):
-            seen.setdefault(english, german)
-    pairs = sorted(seen.items())
-    random.Random(0).shuffle(pairs)
-    return tuple(pairs)
-
-
-def write_files(root: Path, splits: dict[str, list[tuple[str, str]]], src: str = "en", tgt: str = "de") -> Path:
-    """``<split>.<src>`` / ``<split>.<tgt>`` line-aligned files under ``root``."""
-    root.mkdir(parents=True, exist_ok=True)
-    for split, pairs in splits.items():
-        (root / f"{split}.{src}").write_text("".join(f"{s}\n" for s, _ in pairs), encoding="utf-8")
-        (root / f"{split}.{tgt}").write_text("".join(f"{t}\n" for _, t in pairs), encoding="utf-8")
-    return root
 
 
 def write_tsv(root: Path, splits: dict[str, list[tuple[str, str]]]) -> Path:
