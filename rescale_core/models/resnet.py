@@ -142,10 +142,11 @@ class ResNet(nn.Module):
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._head(*self._features(x))
 
-    def _features(self, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    def _features(self, x: torch.Tensor, stages: list | None = None) -> tuple[torch.Tensor, float]:
         """Features in units of ``c`` (true features = ``c * x``). On the fast path RescaleNet's
         skip multipliers ``alpha_k`` are carried along instead of applied by every block
-        (:meth:`ResidualBlock._fused`): ``c`` is their product, applied once after pooling."""
+        (:meth:`ResidualBlock._fused`): ``c`` is their product, applied once after pooling.
+        ``stages``: a list that receives each stage's output in true units (:meth:`stage_outputs`)."""
         fast = self.fused and self._fast_ok
         if fast and not fp.has_hooks(self.conv1, self.bn1, self.relu):
             x = self.maxpool(self._stem_fused(x))
@@ -157,16 +158,25 @@ class ResNet(nn.Module):
             if not fast or fp.has_hooks_in(stage):
                 x, c = (x if c == 1.0 else x * c), 1.0
                 x = stage(x)
-                continue
-            for block in stage:
-                if (isinstance(block, ResidualBlock) and block.fused and block._fast_ok
-                        and block.merge.skip_scale > 0 and block.carries_scale()):
-                    c_out = c * block.merge.skip_scale
-                    x, c = block._fused(x, c, c_out), c_out
-                else:
-                    x, c = (x if c == 1.0 else x * c), 1.0
-                    x = block(x)
+            else:
+                for block in stage:
+                    if (isinstance(block, ResidualBlock) and block.fused and block._fast_ok
+                            and block.merge.skip_scale > 0 and block.carries_scale()):
+                        c_out = c * block.merge.skip_scale
+                        x, c = block._fused(x, c, c_out), c_out
+                    else:
+                        x, c = (x if c == 1.0 else x * c), 1.0
+                        x = block(x)
+            if stages is not None:
+                stages.append(x if c == 1.0 else x * c)
         return x, c
+
+    def stage_outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The output of every stage (``layer1``..), as ``forward`` computes them (fast or
+        reference path): what a detection backbone's FPN must see (``tasks/detection``)."""
+        stages: list[torch.Tensor] = []
+        fp.eager_while_measuring(self, self._features, x, stages)
+        return stages
 
     def _stem_fused(self, x: torch.Tensor) -> torch.Tensor:
         """``relu(bn1(conv1(x)))`` with a mean-shift / scalar ``bn1`` folded into the conv bias

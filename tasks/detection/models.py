@@ -1,0 +1,86 @@
+"""Detectors around an FPN backbone: torchvision's ``MaskRCNN``, ``FasterRCNN`` and ``RetinaNet``
+(``torchvision.models.detection``), the backbone passed unchanged.
+
+Heads: ``heads_norm=None`` gives torchvision's v1 heads (2-fc ``TwoMLPHead`` box head, 4-conv mask
+head, RetinaNet head) without normalization; ``heads_norm="gn"`` gives Detectron2's GN recipe
+(Wu & He 2018; Detectron2 ``mask_rcnn_R_50_FPN_*_gn``): a 4conv1fc box head
+(``FastRCNNConvFCHead(conv_layers=[C]*4, fc_layers=[fc_dim], norm_layer=GN)``), the 4-conv mask head
+with GN, and the RetinaNet head with GN (torchvision's v2 RetinaNet head). The RPN head has no
+normalization in either recipe.
+
+Deviations from torchvision's builders: anchors and RoI pooling follow the backbone's levels (the
+returned stages plus its extra blocks) instead of assuming P2-P6: anchor sizes 32, 64, ... per
+level from the finest (torchvision's defaults for 5 levels), RoIAlign over the stage levels only.
+``head_channels``/``fc_dim`` narrow the heads (256/1024 in the papers) for tiny test models.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torchvision.models.detection import FasterRCNN, MaskRCNN, RetinaNet
+from torchvision.models.detection.anchor_utils import AnchorGenerator
+from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, FastRCNNPredictor, TwoMLPHead
+from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
+from torchvision.models.detection.retinanet import RetinaNetHead
+from torchvision.ops import MultiScaleRoIAlign
+from torchvision.ops.feature_pyramid_network import LastLevelP6P7
+
+from rescale_tasks.common.errors import ConfigError
+
+from .backbones import GN
+
+__all__ = ["build_detector", "DETECTORS", "HEADS_NORMS"]
+
+DETECTORS = ("maskrcnn", "fasterrcnn", "retinanet")
+HEADS_NORMS = (None, "gn")
+
+
+def _levels(backbone: nn.Module) -> tuple[list[str], int]:
+    """The FPN's stage-level feature names and the number of extra levels (pool / p6, p7)."""
+    names = list(backbone.body.return_layers.values())
+    extra = backbone.fpn.extra_blocks
+    return names, (0 if extra is None else 2 if isinstance(extra, LastLevelP6P7) else 1)
+
+
+def build_detector(kind: str, backbone: nn.Module, num_classes: int, heads_norm: str | None = None,
+                   min_size: int | tuple[int, ...] = 800, max_size: int = 1333, head_channels: int = 256,
+                   fc_dim: int = 1024, **kwargs: Any) -> nn.Module:
+    """``kind`` (``maskrcnn``, ``fasterrcnn``, ``retinanet``) around ``backbone`` (a
+    ``BackboneWithFPN``, e.g. from :func:`~rescale_tasks.detection.backbones.resnet_fpn_backbone`).
+
+    ``num_classes`` counts the background for the R-CNNs (torchvision's convention: COCO is 91 with
+    the original ids, 81 contiguous), not for RetinaNet. ``kwargs`` go to the torchvision class
+    (``rpn_batch_size_per_image``, ``box_batch_size_per_image``, ``box_detections_per_img`` ...).
+    """
+    if kind not in DETECTORS:
+        raise ConfigError(f"detector must be one of {', '.join(DETECTORS)}, got {kind!r}")
+    if heads_norm not in HEADS_NORMS:
+        raise ConfigError(f"heads_norm must be one of {HEADS_NORMS}, got {heads_norm!r}")
+    norm = GN if heads_norm == "gn" else None
+    c = backbone.out_channels
+    names, extra = _levels(backbone)
+    n_levels = len(names) + extra
+    base = [32 * 2 ** i for i in range(n_levels)]
+    common = dict(min_size=min_size, max_size=max_size, **kwargs)
+
+    if kind == "retinanet":
+        sizes = tuple((x, int(x * 2 ** (1 / 3)), int(x * 2 ** (2 / 3))) for x in base)
+        anchors = AnchorGenerator(sizes, ((0.5, 1.0, 2.0),) * n_levels)
+        head = RetinaNetHead(c, anchors.num_anchors_per_location()[0], num_classes, norm_layer=norm)
+        return RetinaNet(backbone, num_classes, anchor_generator=anchors, head=head, **common)
+
+    anchors = AnchorGenerator(tuple((x,) for x in base), ((0.5, 1.0, 2.0),) * n_levels)
+    box_pool = MultiScaleRoIAlign(names, output_size=7, sampling_ratio=2)
+    if norm is None:
+        box_head = TwoMLPHead(c * 7 * 7, fc_dim)
+    else:
+        box_head = FastRCNNConvFCHead((c, 7, 7), [head_channels] * 4, [fc_dim], norm_layer=norm)
+    parts = dict(rpn_anchor_generator=anchors, box_roi_pool=box_pool, box_head=box_head,
+                 box_predictor=FastRCNNPredictor(fc_dim, num_classes))
+    if kind == "fasterrcnn":
+        return FasterRCNN(backbone, None, **parts, **common)
+    mask_pool = MultiScaleRoIAlign(names, output_size=14, sampling_ratio=2)
+    mask_head = MaskRCNNHeads(c, [head_channels] * 4, 1, norm_layer=norm)
+    return MaskRCNN(backbone, None, **parts, mask_roi_pool=mask_pool, mask_head=mask_head,
+                    mask_predictor=MaskRCNNPredictor(head_channels, head_channels, num_classes), **common)
