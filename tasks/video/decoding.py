@@ -1,0 +1,422 @@
+"""Video decoding behind one small interface, opened lazily in the process that reads.
+
+Three facts shape this module (see ``/work/shared/METHOD.md``, "Video"):
+
+* torchvision 0.29 has no video reader any more; PyAV (``av``) bundles FFmpeg and needs nothing
+  installed system-wide, so it is the default. torchcodec is optional: it loads only when the
+  system's FFmpeg shared libraries are present.
+* A decoder (an open FFmpeg context) created in the DataLoader's parent process breaks in forked
+  and spawned workers. So a decoder object holds only its path until first use, opens the file in
+  the process that calls it, remembers that process id, and re-opens after a fork. Pickling
+  (spawn) drops the open handle.
+* Headers lie: some files report more frames than they decode, some report 0. The frame count is
+  therefore never taken from the header (``stream.frames``): :class:`PyAVDecoder` builds its own
+  index of the file once (demuxing every video packet, which reads the bytes but decodes nothing)
+  and counts the frames there. Files whose packets carry no timestamps fall back to a full
+  decode-count.
+
+Exact seeking (:meth:`VideoDecoder.get_frames`): frame ``i`` is the ``i``-th frame in
+presentation order, identified by its presentation timestamp (pts) from the index. To fetch a set
+of indices the decoder seeks to the last keyframe at or before the earliest wanted frame, decodes
+forward and keeps the frames whose pts is wanted; it seeks again only when a later keyframe lies
+between the current position and the next wanted frame (so sparse-keyframe files stay exact, and
+dense ones are not decoded needlessly). This differs from SlowFast's ``decoder.pyav_decode``,
+which seeks by *time* with a margin and then keeps whatever frames fall in a time window (not
+guaranteed to be the frames asked for, and it decodes whole videos when the clip is long).
+
+Errors are one line, a :class:`VideoDataError` (a ``rescale_tasks.common.errors.DataError``) that
+names the file and a ``kind`` the dataset can count: ``"unreadable"``, ``"no video stream"``,
+``"empty"``.
+"""
+from __future__ import annotations
+
+import abc
+import bisect
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from rescale_tasks.common.errors import ConfigError, DataError
+
+__all__ = [
+    "BACKENDS", "BackendUnavailable", "PyAVDecoder", "TorchCodecDecoder", "VideoDataError", "VideoDecoder",
+    "make_decoder",
+]
+
+BACKENDS = ("pyav", "torchcodec")
+
+
+class VideoDataError(DataError):
+    """A video that cannot be used, as one line: ``<path>: <kind>: <detail>``.
+
+    ``kind`` is a short fixed string (``"unreadable"``, ``"no video stream"``, ``"empty"``, and
+    ``"short"`` from :mod:`~rescale_tasks.video.sampling`) so a dataset can count skipped videos by
+    kind and report them at epoch end.
+    """
+
+    def __init__(self, path: str | os.PathLike, kind: str, detail: str = "") -> None:
+        self.path = str(path)
+        self.kind = kind
+        self.detail = " ".join(str(detail).split())  # one line, whatever FFmpeg said
+        super().__init__(f"{self.path}: {kind}" + (f": {self.detail}" if self.detail else ""))
+
+
+class BackendUnavailable(ConfigError):
+    """A decoding backend that cannot be used on this machine (one line, suggests PyAV)."""
+
+
+class VideoDecoder(abc.ABC):
+    """One video file. Cheap to construct and to pickle: nothing is opened until first use.
+
+    Subclasses implement :meth:`_open`, :meth:`_count` and :meth:`_decode`; this base class keeps
+    the fork-safety (open lazily, per process id) and the argument checks in one place.
+    """
+
+    backend: str = ""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = str(path)
+        self._handle: Any = None
+        self._pid: int | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def open(self) -> None:
+        """Open the file in *this* process (re-opening after a fork; a no-op when already open)."""
+        pid = os.getpid()
+        if self._handle is not None and self._pid == pid:
+            return
+        # After a fork the inherited handle shares FFmpeg state with the parent: never reuse or
+        # close it here, just forget it and open our own.
+        self._handle = None
+        if not Path(self.path).is_file():
+            raise VideoDataError(self.path, "unreadable", "no such file")
+        self._handle = self._open()
+        self._pid = pid
+
+    def close(self) -> None:
+        """Close the handle if this process opened it."""
+        if self._handle is not None and self._pid == os.getpid():
+            self._close(self._handle)
+        self._handle = None
+        self._pid = None
+
+    def __getstate__(self) -> dict:
+        # Spawned workers receive a pickled copy: send the path and any cached index, no handle.
+        state = self.__dict__.copy()
+        state["_handle"] = None
+        state["_pid"] = None
+        return state
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!r})"
+
+    # --- public API ------------------------------------------------------------------------
+    @property
+    def num_frames(self) -> int:
+        """Frames in the file, counted from the file itself (never the header's claim)."""
+        self.open()
+        return self._count()
+
+    @property
+    def fps(self) -> float:
+        """Average frames per second (from the stream's average rate, else from the timestamps)."""
+        self.open()
+        return self._fps()
+
+    def get_frames(self, indices: Sequence[int]) -> torch.Tensor:
+        """The frames at ``indices`` (presentation order, 0-based; repeats and any order allowed)
+        as a ``uint8`` tensor ``[T, H, W, C]`` (RGB), in the order asked for."""
+        idx = [int(i) for i in indices]
+        if not idx:
+            raise ValueError("get_frames needs at least one index")
+        n = self.num_frames
+        bad = [i for i in idx if not 0 <= i < n]
+        if bad:
+            raise IndexError(f"{self.path}: frame index {bad[0]} outside [0, {n}) ({len(bad)} out of range)")
+        wanted = sorted(set(idx))
+        decoded = self._decode(wanted)  # {index: HxWxC uint8 array}
+        return torch.from_numpy(np.stack([decoded[i] for i in idx]))
+
+    # --- backend hooks ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def _open(self) -> Any: ...
+
+    def _close(self, handle: Any) -> None:
+        pass
+
+    @abc.abstractmethod
+    def _count(self) -> int: ...
+
+    @abc.abstractmethod
+    def _fps(self) -> float: ...
+
+    @abc.abstractmethod
+    def _decode(self, wanted: list[int]) -> dict[int, np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class _Index:
+    """What one demux pass learns: frame pts in presentation order, and the keyframes."""
+
+    pts: list[int]  # presentation timestamps, sorted; frame i has pts[i]
+    key_pts: list[int]  # pts of keyframes, sorted
+    key_dts: list[int]  # their decode timestamps (what the demuxer's seek index is keyed on)
+    by_pts: bool  # False: no usable timestamps, frames are addressed by decode count
+
+
+class PyAVDecoder(VideoDecoder):
+    """PyAV (FFmpeg bundled in the ``av`` wheel) decoder with exact, keyframe-aware seeking.
+
+    ``threads``: FFmpeg decoding threads per decoder. The default 1 suits DataLoader workers
+    (parallelism comes from the workers; extra threads would oversubscribe the cores).
+    """
+
+    backend = "pyav"
+
+    def __init__(self, path: str | os.PathLike, threads: int = 1) -> None:
+        super().__init__(path)
+        self.threads = int(threads)
+        self._index: _Index | None = None  # pure data, survives fork and pickling
+
+    def _open(self) -> Any:
+        import av
+
+        try:
+            container = av.open(self.path, mode="r")
+        except Exception as exc:  # av.error.InvalidDataError, OSError, ... : one line, one kind
+            raise VideoDataError(self.path, "unreadable", f"{type(exc).__name__}: {exc}") from None
+        if not container.streams.video:
+            container.close()
+            raise VideoDataError(self.path, "no video stream")
+        # Set before the codec opens (PyAV refuses to change it afterwards).
+        container.streams.video[0].thread_count = self.threads
+        return container
+
+    def _close(self, handle: Any) -> None:
+        handle.close()
+
+    def _stream(self) -> Any:
+        return self._handle.streams.video[0]
+
+    # The index: one demux pass (no decoding). Packets flagged "discard" (e.g. frames an MP4 edit
+    # list cuts) are left out because FFmpeg's decoder drops them too; packets without data are
+    # flush markers. If any packet lacks a pts the file is indexed by a full decode instead.
+    def _build_index(self) -> _Index:
+        container = self._handle
+        stream = self._stream()
+        pts: list[int] = []
+        keys: list[tuple[int, int]] = []
+        try:
+            container.seek(0, stream=stream, backward=True, any_frame=False)
+        except Exception:
+            pass  # a file that cannot seek is still read from the start
+        by_pts = True
+        try:
+            for packet in container.demux(stream):
+                if packet.size == 0 or packet.is_discard:
+                    continue
+                if packet.pts is None:
+                    by_pts = False
+                    break
+                pts.append(packet.pts)
+                if packet.is_keyframe:
+                    keys.append((packet.pts, packet.dts if packet.dts is not None else packet.pts))
+        except EOFError:
+            pass  # the container ended (an empty stream ends like this): counted below
+        except Exception as exc:
+            if not pts:
+                raise VideoDataError(self.path, "unreadable", f"{type(exc).__name__}: {exc}") from None
+            # A truncated tail: keep what was demuxed; frames past it do not exist.
+        if not by_pts:
+            return self._decode_count_index()
+        if not pts:
+            raise VideoDataError(self.path, "empty", "no video frames in the file")
+        if not keys:
+            raise VideoDataError(self.path, "unreadable", "no keyframe in the video stream")
+        pts.sort()
+        keys.sort()
+        return _Index(pts=pts, key_pts=[k for k, _ in keys], key_dts=[d for _, d in keys], by_pts=True)
+
+    def _decode_count_index(self) -> _Index:
+        """Fallback for files without packet timestamps: decode everything once and count."""
+        container = self._handle
+        stream = self._stream()
+        container.seek(0, stream=stream, backward=True, any_frame=False)
+        count = 0
+        try:
+            for _ in container.decode(stream):
+                count += 1
+        except Exception as exc:
+            if count == 0:
+                raise VideoDataError(self.path, "unreadable", f"{type(exc).__name__}: {exc}") from None
+        if count == 0:
+            raise VideoDataError(self.path, "empty", "no decodable video frames")
+        return _Index(pts=list(range(count)), key_pts=[0], key_dts=[0], by_pts=False)
+
+    def _ensure_index(self) -> _Index:
+        if self._index is None:
+            self._index = self._build_index()
+        return self._index
+
+    def _count(self) -> int:
+        return len(self._ensure_index().pts)
+
+    def _fps(self) -> float:
+        stream = self._stream()
+        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+        if rate:
+            return float(rate)
+        index = self._ensure_index()  # no rate in the header: estimate from the timestamps
+        if index.by_pts and len(index.pts) > 1 and stream.time_base:
+            return (len(index.pts) - 1) / float((index.pts[-1] - index.pts[0]) * stream.time_base)
+        return 0.0
+
+    def _decode(self, wanted: list[int]) -> dict[int, np.ndarray]:
+        index = self._ensure_index()
+        if not index.by_pts:
+            return self._decode_sequential(wanted)
+        stream = self._stream()
+        want_pts = {index.pts[i]: i for i in wanted}
+        todo = sorted(want_pts)  # pts still missing, ascending (frames come out in pts order)
+        out: dict[int, np.ndarray] = {}
+        frames = None
+        last: int | None = None  # pts of the last frame the decoder produced
+        back = 0  # extra keyframes stepped back for the current target (a seek that landed late)
+        while todo:
+            target = todo[0]
+            k = max(bisect.bisect_right(index.key_pts, target) - 1 - back, 0)
+            # Seek when not decoding yet, or when a keyframe lies between where the decoder is and
+            # the next wanted frame (decoding from it is never slower than going on).
+            if frames is None or last is None or index.key_pts[k] > last:
+                # Seek by the keyframe's dts: the MP4 seek index is keyed on decode time, and a
+                # seek by pts can land on a *later* keyframe when B-frames shift pts.
+                self._handle.seek(index.key_dts[k], stream=stream, backward=True, any_frame=False)
+                frames = self._frames(stream)
+                last = None
+            missed = False
+            for frame in frames:
+                fpts = frame.pts
+                if fpts is None:
+                    continue
+                last = fpts
+                if fpts < todo[0]:
+                    continue
+                if fpts > todo[0]:
+                    missed = True  # the decoder went past a wanted frame without producing it
+                    break
+                out[want_pts[fpts]] = frame.to_ndarray(format="rgb24")
+                todo.pop(0)
+                back = 0
+                if not todo:
+                    break
+                nk = bisect.bisect_right(index.key_pts, todo[0]) - 1
+                if index.key_pts[nk] > fpts:
+                    break  # a keyframe closer to the next wanted frame: seek there
+            else:
+                missed = bool(todo)  # the file ended first
+            if missed:
+                if k == 0:
+                    raise VideoDataError(
+                        self.path, "unreadable", f"frame {want_pts[todo[0]]} (pts {todo[0]}) could not be decoded"
+                    )
+                back += 1  # retry from an earlier keyframe
+                frames = None
+        return out
+
+    def _frames(self, stream: Any):
+        try:
+            yield from self._handle.decode(stream)
+        except Exception as exc:  # corrupt data mid-stream
+            raise VideoDataError(self.path, "unreadable", f"{type(exc).__name__}: {exc}") from None
+
+    def _decode_sequential(self, wanted: list[int]) -> dict[int, np.ndarray]:
+        """No timestamps: decode from the start and pick frames by their decode count."""
+        stream = self._stream()
+        self._handle.seek(0, stream=stream, backward=True, any_frame=False)
+        want = set(wanted)
+        out: dict[int, np.ndarray] = {}
+        for i, frame in enumerate(self._frames(stream)):
+            if i in want:
+                out[i] = frame.to_ndarray(format="rgb24")
+                if len(out) == len(want):
+                    break
+        if len(out) != len(want):
+            missing = min(want - set(out))
+            raise VideoDataError(self.path, "unreadable", f"frame {missing} could not be decoded")
+        return out
+
+
+class TorchCodecDecoder(VideoDecoder):
+    """torchcodec's ``VideoDecoder`` (``seek_mode="exact"``: it scans the file once for an exact
+    frame index, as :class:`PyAVDecoder` does). Optional: needs ``torchcodec`` and the system's
+    FFmpeg shared libraries. Constructing it checks both and raises :class:`BackendUnavailable`
+    (one line, suggesting PyAV) when either is missing."""
+
+    backend = "torchcodec"
+
+    def __init__(self, path: str | os.PathLike, threads: int = 1) -> None:
+        super().__init__(path)
+        self.threads = int(threads)
+        self._check_available()
+
+    @staticmethod
+    def _check_available() -> None:
+        try:
+            import torchcodec.decoders  # noqa: F401  (loading it loads libavcodec & co.)
+        except ModuleNotFoundError:
+            raise BackendUnavailable(
+                "video backend 'torchcodec' is not installed; use backend='pyav' (PyAV bundles FFmpeg)"
+            ) from None
+        except Exception as exc:  # OSError/RuntimeError: the FFmpeg shared libraries are missing
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise BackendUnavailable(
+                "video backend 'torchcodec' cannot load the system FFmpeg libraries "
+                f"({first[:160]}); install FFmpeg (e.g. Debian 'ffmpeg') or use backend='pyav'"
+            ) from None
+
+    def _open(self) -> Any:
+        from torchcodec.decoders import VideoDecoder as _TCDecoder
+
+        try:
+            dec = _TCDecoder(self.path, seek_mode="exact", dimension_order="NHWC", num_ffmpeg_threads=self.threads)
+        except Exception as exc:
+            msg = str(exc).lower()
+            kind = "no video stream" if "stream" in msg and "video" in msg else "unreadable"
+            raise VideoDataError(self.path, kind, f"{type(exc).__name__}: {exc}") from None
+        n = dec.metadata.num_frames
+        if not n:
+            raise VideoDataError(self.path, "empty", "no video frames in the file")
+        return dec
+
+    def _count(self) -> int:
+        return int(len(self._handle))
+
+    def _fps(self) -> float:
+        return float(self._handle.metadata.average_fps or 0.0)
+
+    def _decode(self, wanted: list[int]) -> dict[int, np.ndarray]:
+        try:
+            batch = self._handle.get_frames_at(indices=wanted)
+        except Exception as exc:
+            raise VideoDataError(self.path, "unreadable", f"{type(exc).__name__}: {exc}") from None
+        data = batch.data.numpy()
+        return {i: data[j] for j, i in enumerate(wanted)}
+
+
+def make_decoder(path: str | os.PathLike, backend: str = "pyav", **options: Any) -> VideoDecoder:
+    """A lazily opened decoder for ``path``: ``backend`` is ``"pyav"`` (default) or ``"torchcodec"``."""
+    if backend == "pyav":
+        return PyAVDecoder(path, **options)
+    if backend == "torchcodec":
+        return TorchCodecDecoder(path, **options)
+    raise ConfigError(f"unknown video backend {backend!r}; choose one of {', '.join(BACKENDS)}")

