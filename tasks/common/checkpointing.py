@@ -194,9 +194,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def _remove_stale_temps(target: Path) -> None:
-    """Delete ``<target>.tmp-<pid>`` files of writers that no longer run (a run killed with
-    SIGKILL in the middle of a save leaves one; the checkpoint itself was never touched)."""
-    for tmp in target.parent.glob(f"{target.name}.tmp-*"):
+    """Delete ``*.tmp-<pid>`` files of writers that no longer run in ``target``'s folder (a run
+    killed with SIGKILL in the middle of a save leaves one; the checkpoint itself was never
+    touched). Any file of the folder, not only ``target``'s: the killed save may have been of a
+    step checkpoint the resumed run never writes again."""
+    for tmp in target.parent.glob("*.ckpt.tmp-*"):
         pid = tmp.name.rsplit("-", 1)[-1]
         if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
             tmp.unlink(missing_ok=True)

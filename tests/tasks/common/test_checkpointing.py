@@ -33,8 +33,9 @@ def test_save_is_atomic_when_the_writer_crashes(tmp_path, monkeypatch):
 
 
 def test_next_save_removes_temps_of_killed_writers(tmp_path):
-    """A writer killed (SIGKILL) mid-save leaves ``last.ckpt.tmp-<pid>``; the next save deletes
-    it when that process is gone, and leaves a live writer's temp alone."""
+    """A writer killed (SIGKILL) mid-save leaves ``<file>.ckpt.tmp-<pid>``; the next save in the
+    folder deletes every such temp whose process is gone (also another file's: the resumed run may
+    never write a killed step checkpoint again), and leaves a live writer's temp alone."""
     import subprocess
     import sys
 
@@ -42,11 +43,11 @@ def test_next_save_removes_temps_of_killed_writers(tmp_path):
                           capture_output=True, text=True, check=True).stdout.strip()
     target = tmp_path / "last.ckpt"
     stale, live = target.with_name(f"last.ckpt.tmp-{dead}"), target.with_name("last.ckpt.tmp-1")
-    other = target.with_name(f"best.ckpt.tmp-{dead}")  # another file's temp: not ours to judge
+    other = target.with_name(f"step=014.ckpt.tmp-{dead}")  # a killed step checkpoint's temp
     for p in (stale, live, other):
         p.write_bytes(b"half a checkpoint")
     AtomicCheckpointIO().save_checkpoint({"step": torch.tensor(1)}, target)
-    assert not stale.exists() and live.exists() and other.exists()  # pid 1 always runs
+    assert not stale.exists() and not other.exists() and live.exists()  # pid 1 always runs
     assert int(safe_load(target)["step"]) == 1
 
 
