@@ -58,6 +58,7 @@ class ClassificationModule(RescaleTaskModule):
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.label_smoothing = label_smoothing
         self.mixup_alpha = mixup_alpha
+        self._may_skip_batches = True  # until setup knows the data module
         top5 = min(5, num_classes)
         self.train_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
@@ -68,6 +69,11 @@ class ClassificationModule(RescaleTaskModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(self.as_input(x))
 
+    def setup(self, stage: str) -> None:
+        # the same on every rank (one config): every rank votes in training_step, or none does
+        datamodule = getattr(self.trainer, "datamodule", None)
+        self._may_skip_batches = bool(getattr(datamodule, "skip_corrupt", datamodule is None))
+
     # --- steps ----------------------------------------------------------------------------
     def _mixup(self, x: torch.Tensor, y: torch.Tensor):
         lam = float(torch.distributions.Beta(self.mixup_alpha, self.mixup_alpha).sample())
@@ -76,8 +82,9 @@ class ClassificationModule(RescaleTaskModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         x, y = batch
-        # every file of a batch corrupt and skipped: all ranks skip it together (common.distributed)
-        if not every_rank_has_samples(y.numel()):
+        # every file of a batch corrupt and skipped: all ranks skip it together (common.distributed);
+        # the vote (a collective) only where the data can skip files
+        if (self._may_skip_batches or y.numel() == 0) and not every_rank_has_samples(y.numel()):
             return zero_loss(self) if world_size() > 1 else None
         if self.mixup_alpha > 0:
             x, ya, yb, lam = self._mixup(x, y)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from .errors import ConfigError
 
 __all__ = ["ARCHITECTURE_KEYS", "CONFIG_KEYS", "check_checkpoint_compatible", "check_config_against_checkpoint",
-           "hparam_differences", "state_dict_differences", "MISMATCH_FIX"]
+           "hparam_differences", "state_dict_differences", "MISMATCH_FIX", "load_into_module"]
 
 #: Hyper-parameters that fix a network's parameters (names, shapes) or its forward pass.
 ARCHITECTURE_KEYS = ("network", "scheme", "scheme_options", "network_options", "num_classes", "in_channels",
@@ -129,3 +129,19 @@ def check_config_against_checkpoint(model_config: Any, ckpt_path: Optional[str],
     current = {"_class_path": model_config.get("class_path"), **(model_config.get("init_args") or {})}
     check_checkpoint_compatible({"hyper_parameters": saved}, current, keys=CONFIG_KEYS,
                                 source=f"checkpoint {ckpt_path}", normalize=normalize)
+
+
+def load_into_module(module, checkpoint: Mapping[str, Any], source: str, fix: str = MISMATCH_FIX) -> int:
+    """Load a (safely read) checkpoint into a LightningModule outside a Trainer, as Lightning does:
+    the architecture check, the module's ``on_load_checkpoint`` hook, then its state dict. Returns
+    the checkpoint's global step."""
+    from .networks import resolved_architecture
+
+    if not isinstance(checkpoint.get("state_dict"), Mapping):
+        raise ConfigError(f"{source} holds no state_dict: not a Lightning checkpoint of this suite")
+    strict = getattr(module, "strict_loading", True)
+    check_checkpoint_compatible(checkpoint, getattr(module, "hparams", {}) or {}, module.state_dict(),
+                                source=source, strict=strict, normalize=resolved_architecture, fix=fix)
+    module.on_load_checkpoint(checkpoint)
+    module.load_state_dict(checkpoint["state_dict"], strict=strict)
+    return int(checkpoint.get("global_step") or 0)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["world_size", "every_rank_has_samples", "sum_over_ranks", "zero_loss"]
+__all__ = ["world_size", "every_rank_has_samples", "sum_over_ranks", "sum_tensor_over_ranks", "gather_objects",
+           "zero_loss"]
 
 _HOST_GROUPS: dict[int, object] = {}
 
@@ -52,14 +53,27 @@ def every_rank_has_samples(count: int) -> bool:
     return not bool(empty.item())
 
 
+def sum_tensor_over_ranks(values: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor summed over every rank, in place (statistics such as BLEU's n-gram counts);
+    a collective when the world size exceeds 1."""
+    if world_size() > 1:
+        dist.all_reduce(values, op=dist.ReduceOp.SUM, group=_host_group())
+    return values
+
+
 def sum_over_ranks(value: int) -> int:
     """A host integer summed over every rank (e.g. the target tokens of a step, by which the
     translation loss is normalised); a collective when the world size exceeds 1."""
+    return int(sum_tensor_over_ranks(torch.tensor([int(value)], dtype=torch.int64)).item())
+
+
+def gather_objects(items: list) -> list:
+    """Every rank's list of picklable items, concatenated in rank order (a collective)."""
     if world_size() == 1:
-        return int(value)
-    total = torch.tensor([int(value)], dtype=torch.int64)
-    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=_host_group())
-    return int(total.item())
+        return list(items)
+    parts: list = [None] * world_size()
+    dist.all_gather_object(parts, items, group=_host_group())
+    return [item for part in parts for item in part]
 
 
 def zero_loss(module: torch.nn.Module) -> torch.Tensor:

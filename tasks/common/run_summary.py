@@ -25,9 +25,15 @@ import torch
 from .callbacks import DivergenceMonitor
 from .config import run_directory
 
-__all__ = ["RunSummary", "SUMMARY_FILE", "read_summary", "find_summaries"]
+__all__ = ["RunSummary", "SUMMARY_FILE", "read_summary", "find_summaries", "higher_is_better"]
 
 SUMMARY_FILE = "run_summary.json"
+
+
+def higher_is_better(metric: str) -> bool:
+    """Accuracy, mAP, BLEU: higher; losses, perplexities, error rates: lower."""
+    last = metric.rsplit("/", 1)[-1]
+    return not any(word in last for word in ("loss", "ppl", "perplexity", "error", "err"))
 
 
 def _scalar(value: Any) -> Optional[float]:
@@ -81,14 +87,10 @@ class RunSummary(L.Callback):
 
     Args:
         path: the file to write (None: ``run_summary.json`` in the run's directory).
-        higher_is_better: validation metric names (suffixes) where larger is better, for the
-            best values (``acc1``, ``acc5``, ``map``, ``bleu`` ...); the others are minimised.
     """
 
-    def __init__(self, path: Optional[str] = None,
-                 higher_is_better: tuple[str, ...] = ("acc", "acc1", "acc5", "map", "ap", "bleu")) -> None:
+    def __init__(self, path: Optional[str] = None) -> None:
         self.path = path
-        self.higher_is_better = tuple(higher_is_better)
         self._reset()
 
     def _reset(self) -> None:
@@ -144,7 +146,7 @@ class RunSummary(L.Callback):
         values = [v for _, v in self.val_curve.get(key, []) if math.isfinite(v)]
         if not values:
             return None
-        return max(values) if key.rsplit("/", 1)[-1] in self.higher_is_better else min(values)
+        return max(values) if higher_is_better(key) else min(values)
 
     def summary(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str,
                 error: Optional[str] = None) -> dict:

@@ -27,7 +27,7 @@ from collections import defaultdict
 from typing import Iterable, Optional
 
 from ..common.errors import UserError
-from ..common.run_summary import find_summaries, read_summary
+from ..common.run_summary import find_summaries, higher_is_better, read_summary
 from .outputs import StudyOutputs, new_figure
 
 __all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of", "pick_metric", "higher_is_better",
@@ -35,12 +35,6 @@ __all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of", "p
 
 # the task's metric, by what the runs logged: classification, detection, translation
 METRICS = ("val/acc1", "val/map", "val/bleu", "val/acc")
-
-
-def higher_is_better(metric: str) -> bool:
-    """Accuracy, mAP, BLEU: higher; losses, perplexities, error rates: lower."""
-    last = metric.rsplit("/", 1)[-1]
-    return not any(word in last for word in ("loss", "ppl", "perplexity", "error", "err"))
 
 
 def pick_metric(runs: list[dict], metric: Optional[str], default: Optional[str] = None) -> str:

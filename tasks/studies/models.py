@@ -114,25 +114,14 @@ def load_subject(config: str, ckpt: Optional[str] = None, overrides: Sequence[st
 
 
 def load_weights(module, path: str) -> int:
-    """Load a checkpoint's weights into ``module`` as Lightning does (the module's
-    ``on_load_checkpoint`` hook, then its state dict); returns the checkpoint's global step."""
-    from ..common.checkpoint_compat import check_checkpoint_compatible
+    """Load a checkpoint's weights into ``module`` as Lightning does; returns its global step."""
+    from ..common.checkpoint_compat import load_into_module
     from ..common.checkpointing import checkpoint_exists, safe_load
-    from ..common.networks import resolved_architecture
 
     if not checkpoint_exists(path):
         raise UserError(f"checkpoint not found: {path} (--ckpt). Give a .ckpt file written by this suite, "
                         "e.g. runs/<project>/<run id>/checkpoints/last.ckpt")
-    checkpoint = safe_load(path)
-    if not isinstance(checkpoint.get("state_dict"), dict):
-        raise UserError(f"checkpoint {path} holds no state_dict: not a Lightning checkpoint of this suite (--ckpt)")
-    strict = getattr(module, "strict_loading", True)
-    check_checkpoint_compatible(checkpoint, getattr(module, "hparams", {}) or {}, module.state_dict(),
-                                source=f"checkpoint {path}", strict=strict, normalize=resolved_architecture,
-                                fix=CKPT_FIX)
-    module.on_load_checkpoint(checkpoint)
-    module.load_state_dict(checkpoint["state_dict"], strict=strict)
-    return int(checkpoint.get("global_step") or 0)
+    return load_into_module(module, safe_load(path), f"checkpoint {path}", fix=CKPT_FIX)
 
 
 def _stem(path: str) -> str:

@@ -85,11 +85,7 @@ def bleu_from_statistics(stats: Sequence[int], style: str = "sacrebleu") -> Bleu
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], style: str = "sacrebleu") -> BleuResult:
     """Corpus BLEU over all ranks: each rank passes its own sentences (every sentence on exactly
     one rank); statistics are summed with ``all_reduce`` when ``torch.distributed`` runs."""
-    import torch.distributed as dist
+    from ..common.distributed import sum_tensor_over_ranks
 
     stats = torch.tensor(bleu_statistics(hypotheses, references, style), dtype=torch.int64)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        from ..common.distributed import _host_group
-
-        dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=_host_group())
-    return bleu_from_statistics(stats.tolist(), style)
+    return bleu_from_statistics(sum_tensor_over_ranks(stats).tolist(), style)

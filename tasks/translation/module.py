@@ -36,7 +36,7 @@ from torchmetrics.aggregation import MeanMetric
 from rescale_core.generation import GenerationConfig, generate
 
 from ..common.config import run_directory
-from ..common.distributed import world_size
+from ..common.distributed import gather_objects, sum_tensor_over_ranks, world_size
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
 from .bleu import STYLES, bleu_statistics, bleu_from_statistics
 from .loss import label_smoothed_nll_loss, tokens_over_ranks
@@ -209,13 +209,8 @@ class TranslationModule(RescaleTaskModule):
 
     def _log_bleu(self, key: str):
         """Corpus BLEU from the statistics of every rank (a collective: every rank calls it)."""
-        import torch.distributed as dist
-
-        from ..common.distributed import _host_group
-
         stats = self._bleu_stats if self._bleu_stats is not None else torch.zeros(10, dtype=torch.int64)
-        if world_size() > 1:
-            dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=_host_group())
+        stats = sum_tensor_over_ranks(stats)
         if int(stats[8]) == 0:  # nothing decoded on any rank
             return None
         result = bleu_from_statistics(stats.tolist(), self.bleu_style)
@@ -235,7 +230,7 @@ class TranslationModule(RescaleTaskModule):
 
     def on_test_epoch_end(self) -> None:
         result = self._log_bleu("test/bleu")
-        hypotheses = self._gather_hypotheses()
+        hypotheses = gather_objects(self._hypotheses)
         if not self.trainer.is_global_zero or result is None:
             return
         folder = self._output_folder()
@@ -250,17 +245,6 @@ class TranslationModule(RescaleTaskModule):
                        "hypotheses": HYPOTHESES_FILE}, f, indent=1)
         print(f"test BLEU {result.score:.2f} ({result.signature}); hypotheses: "
               f"{os.path.join(folder, HYPOTHESES_FILE)}")
-
-    def _gather_hypotheses(self) -> list[tuple[int, str]]:
-        if world_size() == 1:
-            return list(self._hypotheses)
-        import torch.distributed as dist
-
-        from ..common.distributed import _host_group
-
-        parts: list = [None] * world_size()
-        dist.all_gather_object(parts, self._hypotheses, group=_host_group())
-        return [item for part in parts for item in part]
 
     def _output_folder(self) -> str:
         logger = self.trainer.logger

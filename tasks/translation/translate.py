@@ -20,6 +20,7 @@ import torch
 
 from rescale_core.generation import GenerationConfig, generate
 
+from ..common.checkpoint_compat import load_into_module
 from ..common.checkpointing import safe_load
 from ..common.errors import UserError
 from .batching import batch_by_size
@@ -37,8 +38,7 @@ def load_translator(path: str, device: str = "cpu") -> TranslationModule:
     accepted = inspect.signature(TranslationModule.__init__).parameters
     hparams = {k: v for k, v in checkpoint["hyper_parameters"].items() if k in accepted}
     module = TranslationModule(**hparams)
-    module.on_load_checkpoint(checkpoint)
-    module.load_state_dict(checkpoint["state_dict"])
+    load_into_module(module, checkpoint, f"checkpoint {path} (--ckpt_path)")
     return module.to(device).eval()
 
 
