@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["world_size", "every_rank_has_samples", "sum_over_ranks", "sum_tensor_over_ranks", "gather_objects",
-           "zero_loss"]
+           "gather_by_key", "zero_loss"]
 
 _HOST_GROUPS: dict[int, object] = {}
 
@@ -74,6 +74,19 @@ def gather_objects(items: list) -> list:
     parts: list = [None] * world_size()
     dist.all_gather_object(parts, items, group=_host_group())
     return [item for part in parts for item in part]
+
+
+def gather_by_key(items: dict) -> dict:
+    """Every rank's ``{key: value}`` merged, on every rank (a collective), in key order.
+
+    Evaluation keyed by sample (COCO image id, video and view): a padded ``DistributedSampler``
+    hands the last samples to two ranks, so a key met twice is kept once (the first rank's value;
+    both ranks computed it from the same input). The result equals a single-process evaluation.
+    """
+    merged: dict = {}
+    for key, value in gather_objects(list(items.items())):
+        merged.setdefault(key, value)
+    return dict(sorted(merged.items()))
 
 
 def zero_loss(module: torch.nn.Module) -> torch.Tensor:

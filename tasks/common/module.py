@@ -54,7 +54,7 @@ class RescaleTaskModule(L.LightningModule):
             kwargs["scheme"] = scheme
         if scheme_options:
             kwargs["scheme_options"] = dict(scheme_options)
-        self.net = create_network(network, **kwargs)
+        self.net = self.build_network(network, **kwargs)
         self.scheme_name = getattr(getattr(self.net, "scheme", None), "name", scheme or "unknown")
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
@@ -62,6 +62,11 @@ class RescaleTaskModule(L.LightningModule):
         self.memory_format = use_channels_last(self.net) if channels_last else None
         if compile:
             compile_in_place(self.net)
+
+    def build_network(self, network: str, **kwargs: Any) -> torch.nn.Module:
+        """The task's network: ``create_network(network, **kwargs)``; a task whose network wraps
+        the core model (a detector around a backbone) overrides this."""
+        return create_network(network, **kwargs)
 
     def as_input(self, x: torch.Tensor) -> torch.Tensor:
         """An input batch in the network's memory format (channels_last when asked for)."""
