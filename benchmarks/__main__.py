@@ -6,19 +6,24 @@ and with ``--markdown PATH`` the results section of that file is rewritten.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 
 import torch
 
 from . import report
+from .detection import DETECTION_SIZES
 from .sections import SECTIONS, SectionResult, Settings, run_section
+from .video_loader import VIDEO_LOADER_SIZES
 
 DEFAULT_REPEATS = {
     "cpu": {"train": 10, "eval": 10, "measuring": 6, "channels_last": 6, "compile": 5,
-            "resnet3d": 8, "transformer": 8, "data": 3, "translation": 4},
+            "resnet3d": 8, "transformer": 8, "data": 3, "translation": 4,
+            "detection": 3, "video_loader": 3},
     "cuda": {"train": 20, "eval": 20, "measuring": 12, "channels_last": 12, "compile": 12,
-             "resnet3d": 15, "transformer": 15, "data": 3, "translation": 15},
+             "resnet3d": 15, "transformer": 15, "data": 3, "translation": 15,
+             "detection": 10, "video_loader": 5},
 }
 
 # The translation section's sizes (the rest: sections.TRANSLATION_DEFAULTS). The GPU runs the
@@ -43,7 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "and torch.compile variants of normalization-free ResNets and Transformers "
                     "against their normalized baselines and no-normalization floors, DataLoader "
                     "throughput, and the translation task (loader tokens/s, padding efficiency, "
-                    "train tokens/s, cached vs recomputed decoding): medians of paired ratios over "
+                    "train tokens/s, cached vs recomputed decoding), Mask R-CNN R50-FPN with FrozenBN, "
+                    "GN and rescale50 backbones (train step, inference images/s) and the video "
+                    "loader's clips/s against the 3D train step: medians of paired ratios over "
                     "interleaved repeats, in one run.")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cuda when available, else cpu")
@@ -74,11 +81,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--translation-root", metavar="DIR",
                    help="folder of the translation section's corpus and caches (default: under the "
                         "temp directory, kept between runs)")
+    p.add_argument("--detection-batch", type=int, default=None,
+                   help="images per Mask R-CNN step in the detection section (default: cpu 2 at 320 px, "
+                        "cuda 4 at 800 px, quick 1)")
+    p.add_argument("--video-workers", type=int, default=None,
+                   help="the N of the video_loader section's 'N workers' DataLoader (default: cpu 2, cuda "
+                        "the usable cores up to 8)")
     p.add_argument("--markdown", metavar="PATH", help="write the results section of this markdown file")
     p.add_argument("--markdown-tag", metavar="TAG", default="",
                    help="write a results section of its own, <!-- bench:begin [DEVICE-]TAG -->, instead "
                         "of the device's main one (e.g. --only translation --markdown-tag translation: "
-                        "adds this run's tables without replacing the full run's figures)")
+                        "adds this run's tables without replacing the full run's figures; likewise "
+                        "--only detection --markdown-tag detection, --only video_loader --markdown-tag "
+                        "video_loader)")
     return p.parse_args(argv)
 
 
@@ -119,7 +134,24 @@ def build_settings(args: argparse.Namespace) -> Settings:
               "source_size": (160, 120) if q else (500, 375)},
         translation={**TRANSLATION_SIZES["quick" if q else device.type],
                      **({"root": args.translation_root} if args.translation_root else {})},
+        detection=_sizes(DETECTION_SIZES, q, device.type,
+                         {"batch": args.detection_batch} if args.detection_batch else {}),
+        video_loader=_sizes(VIDEO_LOADER_SIZES, q, device.type,
+                            {"workers": args.video_workers or (_video_workers() if gpu else 2)}),
     )
+
+
+def _sizes(sizes: dict, quick: bool, device: str, extra: dict) -> dict:
+    """A section's sizes: the device's, --quick's over them, then the command line's."""
+    return {**sizes[device], **(sizes["quick"] if quick else {}), **extra}
+
+
+def _video_workers() -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 2
+    return max(2, min(8, cores))
 
 
 def selected_sections(args: argparse.Namespace) -> list[str]:

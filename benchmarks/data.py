@@ -21,7 +21,8 @@ module trains its SentencePiece model and encodes the splits into its own conten
 there, so only the first run pays for them. Measured by the ``translation`` section
 (:func:`translation_throughput`: target tokens/s, and the batches' padding efficiency).
 
-Video joins through :data:`PIPELINES` once its task exists in ``rescale_tasks``.
+Video: measured by the ``video_loader`` section (:mod:`benchmarks.video_loader`), which
+:data:`PIPELINES` points to.
 """
 from __future__ import annotations
 
@@ -256,7 +257,7 @@ def translation_throughput(root: str | Path, vocab_size: int, workers: tuple[int
 # the section measuring it when it is not the data section).
 PIPELINES = {
     "classification (ImageFolder)": ("rescale_tasks.classification", "img", "data"),
-    "video": ("rescale_tasks.video", "clip", None),
+    "video": ("rescale_tasks.video", "clip", "video_loader"),
     "translation": ("rescale_tasks.translation", "tok", "translation"),
 }
 

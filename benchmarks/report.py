@@ -20,6 +20,11 @@ at ``max_tokens`` 4096 more than 0.90 real tokens per padded position (a higher-
 and greedy decoding with the key/value cache faster than full recomputation at every forced
 output length measured (20 tokens and longer; time ratio below 1).
 
+The detection section adds issue #10's: the rescale50 Mask R-CNN R50-FPN train step no slower
+than the FrozenBN one and faster than the GN one, its inference no slower than FrozenBN's. The
+video_loader section adds issue #11's: the video loader with N workers on GOP-16 clips delivers
+more clips/s than the 3D ResNet's train step consumes (a higher-is-better goal).
+
 A ratio to the baseline cannot beat the floor's own ratio: no scheme adds less than nothing. Where
 the floor itself misses a ratio-to-baseline threshold in the same run (a Transformer spends under
 1% of its step in LayerNorm; inductor fuses BatchNorm into neighbouring kernels), the mark says
@@ -80,6 +85,9 @@ THRESHOLDS = {
     "eval_vs_floor": (1.05, 1.05),
     "padding_efficiency": (0.90, 0.90),          # higher is better: real tokens / padded positions
     "decode_cached_vs_recomputed": (1.00, 1.00),  # time with the cache / time recomputing
+    "detection_vs_frozen_bn": (1.00, 1.00),      # rescale50 Mask R-CNN time / FrozenBN's
+    "detection_vs_gn": (1.00, 1.00),             # rescale50 Mask R-CNN time / GN's
+    "loader_keeps_up": (1.00, 1.00),             # higher is better: loader clips/s / train-step clips/s
 }
 
 # The forced output lengths the translation section decodes at by default (each gets a goal;
@@ -153,6 +161,28 @@ def translation_goals(metrics: dict | None = None) -> list[Goal]:
     return out
 
 
+def detection_goals() -> list[Goal]:
+    """Issue #10: the rescale50 Mask R-CNN no slower than FrozenBN's and faster than GN's."""
+    t = "rescale50"
+    return [Goal("Mask R-CNN", f"{t} train step / FrozenBN", f"detection.train.vs_baseline.{t}",
+                 "detection_vs_frozen_bn", "detection", issue=10),
+            Goal("Mask R-CNN", f"{t} train step / GN", f"detection.train.vs_gn.{t}", "detection_vs_gn",
+                 "detection", issue=10),
+            Goal("Mask R-CNN", f"{t} inference / FrozenBN", f"detection.eval.vs_baseline.{t}",
+                 "detection_vs_frozen_bn", "detection", issue=10)]
+
+
+def video_goals(metrics: dict | None = None) -> list[Goal]:
+    """Issue #11: the video loader with N workers keeps up with the 3D train step on GOP-16 clips
+    (what ``rescale prepare-video`` writes): PyAV always, every other backend measured."""
+    prefix, suffix = "video_loader.keeps_up.", ".gop16"
+    backends = ["pyav"] + sorted({k[len(prefix):-len(suffix)] for k in (metrics or {})
+                                  if k.startswith(prefix) and k.endswith(suffix)} - {"pyav"})
+    return [Goal("Video loader", f"{b} clips/s with N workers / 3D train step clips/s, GOP 16",
+                 f"{prefix}{b}{suffix}", "loader_keeps_up", "video_loader", higher=True, issue=11)
+            for b in backends]
+
+
 def goals(metrics: dict | None = None) -> list[Goal]:
     out = []
     # (suite, title, the --only section measuring each kind of goal)
@@ -185,7 +215,7 @@ def goals(metrics: dict | None = None) -> list[Goal]:
                  "memory_vs_baseline", section["train"]),
             Goal(title, f"{t} eval forward / {f}", f"{n}.eval.vs_floor.{t}", "eval_vs_floor", section["eval"]),
         ]
-    return out + translation_goals(metrics)
+    return out + translation_goals(metrics) + detection_goals() + video_goals(metrics)
 
 
 def evaluate_goals(metrics: dict, device: str | torch.device) -> list[GoalResult]:
@@ -299,6 +329,12 @@ def goals_table(results: list[GoalResult], device: str | torch.device, ran: set[
         notes.append("issue #12 (translation): padding efficiency above 0.90 at max_tokens 4096; greedy "
                      "decoding with the key/value cache faster than recomputing the decoder over the "
                      "prefix at every forced output length (time ratio below 1)")
+    if 10 in issues:
+        notes.append("issue #10 (detection): the rescale50 Mask R-CNN R50-FPN no slower than the FrozenBN "
+                     "one (train step and inference) and faster than the GN one (train step)")
+    if 11 in issues:
+        notes.append("issue #11 (video): the video loader with N workers delivers more clips/s than the 3D "
+                     "ResNet's train step consumes (GOP-16 clips, as prepare-video writes them)")
     issues = sorted(issues or {5})
     title = f"Goals (issue{'s' if len(issues) > 1 else ''} {', '.join(f'#{i}' for i in issues)})"
     return Table(title, ["model", "goal", "measured", "threshold", "status"], rows, notes)

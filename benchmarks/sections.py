@@ -23,6 +23,11 @@ reported as ``median [q1, q3]`` over the repeats.
   network's train step (label-smoothed loss, Adam) under post-LN, pre-LN and rescale on real
   batches; and greedy decoding with the key/value cache against full recomputation at fixed
   output lengths, beam search beside them (:mod:`benchmarks.decoding`).
+- ``detection``: Mask R-CNN R50-FPN (issue #10) train step and inference images/s with FrozenBN,
+  GN and rescale50 backbones, as ratios to FrozenBN (:mod:`benchmarks.detection`).
+- ``video_loader``: the video pipeline's clips/s (decode + transform; issue #11) per backend, GOP
+  and num_workers, against the clips/s of the 3D ResNet's train step on clips of the same shape
+  (:mod:`benchmarks.video_loader`).
 """
 from __future__ import annotations
 
@@ -83,6 +88,8 @@ class Settings:
     transformer: dict = field(default_factory=dict)   # arch, src_len, tgt_len, vocab_size, batch
     data: dict = field(default_factory=dict)          # num_images, batch, image_size, source_size
     translation: dict = field(default_factory=dict)   # see section_translation
+    detection: dict = field(default_factory=dict)     # see benchmarks.detection.DETECTION_DEFAULTS
+    video_loader: dict = field(default_factory=dict)  # see benchmarks.video_loader.VIDEO_LOADER_DEFAULTS
     base_width: int | None = None                     # shrink our models (tests only)
     verbose: bool = True
 
@@ -590,6 +597,16 @@ def section_translation(settings: Settings) -> SectionResult:
     return result
 
 
+def _elsewhere(module: str, function: str) -> Callable[[Settings], SectionResult]:
+    """A section defined in its own module (which imports this one), imported when it runs."""
+    def run(settings: Settings) -> SectionResult:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__package__}.{module}"), function)(settings)
+    run.__name__ = function
+    return run
+
+
 SECTIONS: dict[str, Callable[[Settings], SectionResult]] = {
     "train": section_train,
     "eval": section_eval,
@@ -600,6 +617,8 @@ SECTIONS: dict[str, Callable[[Settings], SectionResult]] = {
     "transformer": section_transformer,
     "data": section_data,
     "translation": section_translation,
+    "detection": _elsewhere("detection", "section_detection"),
+    "video_loader": _elsewhere("video_loader", "section_video_loader"),
 }
 
 

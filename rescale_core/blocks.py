@@ -29,11 +29,11 @@ from torch import nn
 
 from . import fastpath as fp
 from .init import init_branch, init_shortcut, rescale_conv_multiplier
-from .layers import (Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_shape, conv_nd,
-                     dropout_nd, make_norm)
+from .layers import (Gain, MeanShiftBias, ScalarBias, StridedAvgPool, _BlockMean, channel_shape,
+                     conv_nd, dropout_nd, make_norm)
 from .schemes import Scheme
 
-__all__ = ["ResidualMerge", "ResidualBlock", "ResidualSublayer", "pre_conv_bias"]
+__all__ = ["ResidualMerge", "ResidualBlock", "ResidualSublayer", "StridedAvgPoolNd", "pre_conv_bias"]
 
 
 class ResidualMerge(nn.Module):
@@ -107,6 +107,32 @@ class ResidualMerge(nn.Module):
         return f"k={self.k}, L={self.L}, skip_scale={self.skip_scale:.4f}, branch_scale={self.branch_scale:.4f}"
 
 
+def _strided(stride) -> bool:
+    """Whether a stride (an int, or one per spatial dim) downsamples at all."""
+    return any(s != 1 for s in stride) if isinstance(stride, (tuple, list)) else stride != 1
+
+
+class StridedAvgPoolNd(StridedAvgPool):
+    """:class:`~rescale_core.layers.StridedAvgPool` with one stride per spatial dim: RescaleNet's
+    ``avgpool(stride)`` shortcut for blocks that downsample space only (``(1, 2, 2)``, SlowOnly).
+    Output ``ceil(n / s)`` per dim, the size of the branch's strided conv (padding ``k // 2``)."""
+
+    def __init__(self, stride: tuple[int, ...], spatial_dims: int) -> None:
+        super().__init__(1, spatial_dims)
+        if len(stride) != spatial_dims:
+            raise ValueError(f"one stride per spatial dim expected, got {stride} for {spatial_dims} dims")
+        self.stride = tuple(int(s) for s in stride)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # as the base class, with a stride per dim (the base takes one int)
+        kernel = tuple(min(s, n) for s, n in zip(self.stride, x.shape[2:]))
+        if (x.device.type == "cpu" and x.is_contiguous() and x.dim() == self.spatial_dims + 2
+                and all(n % k == 0 for n, k in zip(x.shape[2:], kernel))
+                and not torch.compiler.is_compiling()):
+            return _BlockMean.apply(x, kernel)
+        return self._pool(x, kernel, self.stride, ceil_mode=True, count_include_pad=False)
+
+
 def pre_conv_bias(scheme: Scheme, channels: int, spatial_dims: int) -> nn.Module:
     """What a scheme puts in front of a convolution: mean-shift bias, Fixup scalar, or nothing."""
     if scheme.mean_shift:
@@ -137,6 +163,12 @@ class ResidualBlock(nn.Module):
         spatial_dims: 2 for images, 3 for video.
         groups, base_width: ResNeXt cardinality and width per group.
         conv_dropout: dropout after every branch conv (RescaleNet's Dropout2d/3d).
+        temporal_kernels: 3D only, one entry per branch conv (None entries, or None: the conv's
+            own size, 3 or 1): its kernel along time, padded by ``kt // 2`` (SlowOnly's
+            ``kt x 1 x 1`` first conv and ``1 x 3 x 3`` middle conv, Feichtenhofer et al. 2019).
+            ``stride`` may be a tuple per dim, e.g. ``(1, 2, 2)``: no temporal downsampling.
+            The fast path folds an input offset only into convs without padding, so a padded
+            ``3 x 1 x 1`` conv gets it added to its input, as the reference does.
     """
 
     expansions = {"basic": 1, "bottleneck": 4}
@@ -145,9 +177,10 @@ class ResidualBlock(nn.Module):
     # before the check, which ran the fast path.
     _fast_ok = True
 
-    def __init__(self, scheme: Scheme, in_channels: int, planes: int, stride: int = 1,
+    def __init__(self, scheme: Scheme, in_channels: int, planes: int, stride: "int | tuple[int, ...]" = 1,
                  kind: str = "basic", k: int = 1, L: int = 1, spatial_dims: int = 2,
-                 groups: int = 1, base_width: int = 64, conv_dropout: float = 0.0) -> None:
+                 groups: int = 1, base_width: int = 64, conv_dropout: float = 0.0,
+                 temporal_kernels: "tuple[int | None, ...] | None" = None) -> None:
         super().__init__()
         if kind not in self.expansions:
             raise ValueError(f"unknown block kind {kind!r}; expected basic or bottleneck")
@@ -165,10 +198,17 @@ class ResidualBlock(nn.Module):
             specs = [(in_channels, width, 1, 1, 1), (width, width, 3, stride, groups),
                      (width, out_channels, 1, 1, 1)]
         self.num_convs = m = len(specs)
+        if temporal_kernels is not None and (spatial_dims != 3 or len(temporal_kernels) != m):
+            raise ValueError(f"temporal_kernels needs spatial_dims=3 and one entry per conv ({m}), "
+                             f"got {temporal_kernels!r} with spatial_dims={spatial_dims}")
         convs, norms = [], []
         for i, (cin, cout, ks, s, g) in enumerate(specs, start=1):
             setattr(self, f"shift{i}", pre_conv_bias(scheme, cin, spatial_dims))
-            conv = conv_nd(spatial_dims, cin, cout, ks, stride=s, padding=ks // 2, groups=g,
+            kt = None if temporal_kernels is None else temporal_kernels[i - 1]
+            # an int kernel where the default applies: the very modules (and init) of before
+            ks = ks if kt is None else (kt, ks, ks)
+            padding = ks // 2 if isinstance(ks, int) else tuple(k // 2 for k in ks)
+            conv = conv_nd(spatial_dims, cin, cout, ks, stride=s, padding=padding, groups=g,
                            bias=scheme.conv_bias)
             setattr(self, f"conv{i}", conv)
             norm = _post_conv(scheme, cout, spatial_dims, last=i == m)
@@ -178,7 +218,7 @@ class ResidualBlock(nn.Module):
         self.drop = dropout_nd(conv_dropout, spatial_dims)
         self.relu = nn.ReLU(inplace=True)
         self.downsample = None
-        if stride != 1 or in_channels != out_channels:
+        if _strided(stride) or in_channels != out_channels:
             self.downsample = self._shortcut(scheme, in_channels, out_channels, stride, spatial_dims)
         self.merge = ResidualMerge(scheme, k, L, channel_shape(out_channels, spatial_dims))
         self.merge_norm = make_norm("bn", out_channels, spatial_dims) if scheme.merge_norm else nn.Identity()
@@ -187,9 +227,15 @@ class ResidualBlock(nn.Module):
         self.fused = self._fast_ok = fp.implements(scheme)
 
     @staticmethod
-    def _shortcut(scheme: Scheme, cin: int, cout: int, stride: int, spatial_dims: int) -> nn.Sequential:
+    def _shortcut(scheme: Scheme, cin: int, cout: int, stride: "int | tuple[int, ...]",
+                  spatial_dims: int) -> nn.Sequential:
         if scheme.mean_shift:  # RescaleNet: avgpool(stride) -> bias -> conv1x1
-            layers = [StridedAvgPool(stride, spatial_dims)] if stride > 1 else []
+            if not _strided(stride):
+                layers = []
+            elif isinstance(stride, int):
+                layers = [StridedAvgPool(stride, spatial_dims)]
+            else:
+                layers = [StridedAvgPoolNd(stride, spatial_dims)]
             layers += [MeanShiftBias(cin, spatial_dims, scheme.measure_batches),
                        conv_nd(spatial_dims, cin, cout, 1, bias=False)]
         else:

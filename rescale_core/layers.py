@@ -26,7 +26,10 @@ Deviations from the official RescaleNet code (hukkai/rescaling, ``models/layers.
   is a measuring one), so that the fast paths of :mod:`rescale_core.fastpath` can fold it into
   a convolution's bias instead of adding it to the activations. The measuring update is hidden
   from ``torch.compile`` (it changes Python state every step); compiled code only reads the
-  ``_measuring`` flag, which changes once.
+  ``_measuring`` flag, which changes once;
+- :attr:`MeanShiftBias.measure_mask` (None unless set): a validity mask of the input pixels,
+  so that a measuring call averages only over real pixels, not over the zero padding of a
+  detection batch of images of different sizes (``rescale_tasks.detection.measurement``).
 """
 from __future__ import annotations
 
@@ -56,6 +59,12 @@ class MeanShiftBias(nn.Module):
         measure_bias_scale: the learnable bias is multiplied by this while measuring (1e-2 in the
             official code), so the first updates cannot move it far before ``mu0`` is known.
     """
+
+    #: None, or an (N, 1, *spatial) bool/float mask of the valid input positions, read only by a
+    #: measuring call: ``mu0`` then averages ``x`` over the positions where the mask is non-zero.
+    #: At another resolution than ``x`` it is resized by nearest interpolation (a mask at the
+    #: image's resolution serves every layer). Set and cleared around a forward by its owner.
+    measure_mask: torch.Tensor | None = None
 
     def __init__(self, num_channels: int, spatial_dims: int = 2, measure_batches: int = 8,
                  measure_bias_scale: float = 1e-2) -> None:
@@ -116,7 +125,10 @@ class MeanShiftBias(nn.Module):
     @torch.compiler.disable
     @torch.no_grad()
     def _update(self, x: torch.Tensor) -> None:
-        mean = x.mean(dim=self._reduce_dims, keepdim=True, dtype=self.mu0.dtype)
+        if self.measure_mask is None:
+            mean = x.mean(dim=self._reduce_dims, keepdim=True, dtype=self.mu0.dtype)
+        else:
+            mean = self._masked_mean(x, self.measure_mask)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(mean, op=dist.ReduceOp.SUM)
             mean /= dist.get_world_size()
@@ -124,6 +136,19 @@ class MeanShiftBias(nn.Module):
         # Running mean over the measured batches: mu0 <- mu0 + (m - mu0) / n (one kernel each)
         self.mu0.lerp_(mean, 1.0 / self._count)
         self.count.fill_(self._count)
+
+    def _masked_mean(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Per-channel ``sum(x * m) / sum(m)`` with ``m`` the mask at ``x``'s resolution."""
+        if mask.dim() != x.dim() or mask.shape[0] != x.shape[0] or mask.shape[1] != 1:
+            raise ValueError(f"measure_mask of shape {tuple(mask.shape)} does not fit an input of shape "
+                             f"{tuple(x.shape)}; expected (N, 1, *spatial) with the input's N")
+        m = mask.to(device=x.device, dtype=self.mu0.dtype)
+        if m.shape[2:] != x.shape[2:]:
+            # nearest: position j of a map s times coarser reads input position floor(j * s), so an
+            # image of h valid rows keeps ceil(h / s) rows, as a convolution of stride s gives it
+            m = nn.functional.interpolate(m, size=x.shape[2:], mode="nearest")
+        total = (x.to(self.mu0.dtype) * m).sum(dim=self._reduce_dims, keepdim=True)
+        return total / m.sum().clamp_min(1.0)
 
     def finish_measuring(self) -> None:
         """Freeze ``mu0`` now (e.g. after measuring on a calibration set instead of batches)."""

@@ -252,6 +252,7 @@ SUITE_COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "average-checkpoints": lambda argv: _run_module("rescale_tasks.common.averaging", argv),
     "prepare-translation": lambda argv: _run_module("rescale_tasks.translation.prepare", argv),
     "translate": lambda argv: _run_module("rescale_tasks.translation.translate", argv),
+    "prepare-video": lambda argv: _run_module("rescale_tasks.video.prepare", argv),
     "demo": _cmd_demo,
     "models": _cmd_models,
     "schemes": _cmd_schemes,

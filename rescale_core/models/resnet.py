@@ -2,7 +2,9 @@
 and 3D ResNets, all built from :class:`rescale_core.blocks.ResidualBlock`.
 
 Papers: He et al. 2016 (ResNet, v1.5 stride on the 3x3 conv as torchvision); Xie et al. 2017
-(ResNeXt); Zagoruyko & Komodakis 2016 (Wide-ResNet); Hara et al. 2018 (3D ResNets); the schemes'
+(ResNeXt); Zagoruyko & Komodakis 2016 (Wide-ResNet); Hara et al. 2018 (3D ResNets); Tran et al.
+2018 (R3D) and Feichtenhofer et al. 2019 (SlowOnly, I3D of the SlowFast zoo) for the video
+networks (:data:`VIDEO_RESNETS`); the schemes'
 papers are cited in :mod:`rescale_core.schemes`. RescaleNet's network-level pieces (Shao et al.
 2020, official ``models/rescale.py``): mean-shift bias after the stem conv and before global
 pooling, He-gain-1 classifier, Dropout2d in stages 3-4 and dropout before the classifier.
@@ -35,7 +37,7 @@ from ..layers import MeanShiftBias, ScalarBias, conv_nd, make_norm, pool_nd
 from ..registry import register_model
 from ..schemes import Scheme, get_scheme
 
-__all__ = ["ResNetConfig", "ResNet", "resnet", "cifar_resnet", "wide_resnet"]
+__all__ = ["ResNetConfig", "ResNet", "resnet", "cifar_resnet", "wide_resnet", "VIDEO_RESNETS"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,46 @@ class ResNetConfig:
     groups: int = 1
     width_per_group: int = 64
     spatial_dims: int = 2
+    # --- video networks (the defaults build the networks above unchanged) ---------------------
+    stem_kernel: tuple[int, ...] | None = None  # "imagenet" stem conv (None: 7, 3D 3x7x7); padded k // 2
+    stem_stride: tuple[int, ...] | None = None  # None: 2, 3D (1, 2, 2)
+    stem_pool: str = "max"                      # "imagenet" stem: "max" 3/2 in every dim,
+    #                                             "max_spatial" 1x3x3/(1,2,2) (SlowFast), "none" (torchvision r3d)
+    temporal_stride: int = 2                    # 3D: time stride of the downsampling stages (1: space only)
+    conv1_temporal: tuple[tuple[int, ...], ...] | None = None  # 3D, per stage, cycled over its blocks:
+    #                                             time kernel of each block's first conv (None: its own)
+    conv2_temporal: int | None = None           # 3D: time kernel of each block's second conv (None: 3)
+    temporal_pool_stages: tuple[int, ...] = ()  # 3D: stages (1-based) whose input is max-pooled 2x1x1
+    #                                             over time first (SlowFast's I3D pool after res2)
+
+    def __post_init__(self) -> None:
+        if self.stem_pool not in ("max", "max_spatial", "none"):
+            raise ValueError(f"stem_pool={self.stem_pool!r}: expected max, max_spatial or none")
+        video = (self.conv1_temporal, self.conv2_temporal, self.temporal_pool_stages,
+                 self.stem_pool == "max_spatial", self.temporal_stride != 2)
+        if self.spatial_dims != 3 and any(video):
+            raise ValueError("temporal options (conv1_temporal, conv2_temporal, temporal_pool_stages, "
+                             "stem_pool='max_spatial', temporal_stride) need spatial_dims=3")
+        if self.conv1_temporal is not None and len(self.conv1_temporal) != len(self.layers):
+            raise ValueError(f"conv1_temporal needs one tuple per stage ({len(self.layers)}), "
+                             f"got {self.conv1_temporal!r}")
+
+    def block_temporal_kernels(self, stage: int, j: int) -> tuple[int | None, ...] | None:
+        """Time kernels of block ``j`` (0-based) of stage ``stage`` (1-based), one per conv, for
+        :class:`ResidualBlock` (None: every conv its own)."""
+        if self.conv1_temporal is None and self.conv2_temporal is None:
+            return None
+        cycle = None if self.conv1_temporal is None else self.conv1_temporal[stage - 1]
+        kt1 = None if cycle is None else cycle[j % len(cycle)]  # cycled, as SlowFast's [3, 1]
+        kernels = (kt1, self.conv2_temporal)
+        return kernels + (None,) if self.block == "bottleneck" else kernels
+
+    def stage_stride(self, stage: int) -> "int | tuple[int, ...]":
+        if stage == 1:
+            return 1
+        if self.spatial_dims == 3 and self.temporal_stride != 2:
+            return (self.temporal_stride, 2, 2)
+        return 2
 
 
 def _stem_post(scheme: Scheme, channels: int, spatial_dims: int) -> nn.Module:
@@ -90,13 +132,19 @@ class ResNet(nn.Module):
         expansion = ResidualBlock.expansions[config.block]
         self.stage_names, self.out_channels_per_stage = [], []
         for s, (planes, n) in enumerate(zip(config.widths, config.layers), start=1):
-            stride = 1 if s == 1 else 2
+            stride = config.stage_stride(s)
             drop = scheme.conv_dropout if s in scheme.conv_dropout_stages else 0.0
+            if s in config.temporal_pool_stages:
+                # SlowFast's I3D max-pools time between res2 and res3: a child of its own, registered
+                # before the stage (IntermediateLayerGetter runs the children in that order), so the
+                # blocks keep the 2D network's names (layer2.0 ...) for inflation
+                setattr(self, f"tpool{s}", pool_nd("max", d, (2, 1, 1), (2, 1, 1)))
             blocks = []
             for j in range(n):
                 blocks.append(ResidualBlock(scheme, inplanes, planes, stride if j == 0 else 1,
                                             config.block, k, L, d, config.groups,
-                                            config.width_per_group, drop))
+                                            config.width_per_group, drop,
+                                            config.block_temporal_kernels(s, j)))
                 inplanes, k = planes * expansion, k + 1
             setattr(self, f"layer{s}", nn.Sequential(*blocks))
             self.stage_names.append(f"layer{s}")
@@ -116,9 +164,9 @@ class ResNet(nn.Module):
     def _build_stem(self, config: ResNetConfig, scheme: Scheme, in_channels: int) -> None:
         d, w = config.spatial_dims, config.stem_width
         if config.stem == "imagenet":
-            kernel = (3, 7, 7) if d == 3 else 7
-            stride = (1, 2, 2) if d == 3 else 2
-            padding = (1, 3, 3) if d == 3 else 3
+            kernel = config.stem_kernel or ((3, 7, 7) if d == 3 else 7)
+            stride = config.stem_stride or ((1, 2, 2) if d == 3 else 2)
+            padding = kernel // 2 if isinstance(kernel, int) else tuple(k // 2 for k in kernel)
             self.conv1 = conv_nd(d, in_channels, w, kernel, stride=stride, padding=padding, bias=False)
         elif config.stem == "cifar":
             self.conv1 = conv_nd(d, in_channels, w, 3, stride=1, padding=1, bias=False)
@@ -126,7 +174,12 @@ class ResNet(nn.Module):
             raise ValueError(f"unknown stem {config.stem!r}; expected imagenet or cifar")
         self.bn1 = _stem_post(scheme, w, d)
         self.relu = nn.ReLU(inplace=True)
-        self.maxpool = pool_nd("max", d, 3, 2, 1) if config.stem == "imagenet" else nn.Identity()
+        if config.stem != "imagenet" or config.stem_pool == "none":
+            self.maxpool = nn.Identity()
+        elif config.stem_pool == "max_spatial":  # SlowFast: pool1 1x3x3, stride (1, 2, 2)
+            self.maxpool = pool_nd("max", d, (1, 3, 3), (1, 2, 2), (0, 1, 1))
+        else:
+            self.maxpool = pool_nd("max", d, 3, 2, 1)
         init_stem(scheme, self.conv1)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -155,6 +208,9 @@ class ResNet(nn.Module):
         c = 1.0
         for name in self.stage_names:
             stage = getattr(self, name)
+            tpool = self._modules.get("tpool" + name[len("layer"):])
+            if tpool is not None:  # max(c x) = c max(x): c > 0 stays carried
+                x = tpool(x)
             if not fast or fp.has_hooks_in(stage):
                 x, c = (x if c == 1.0 else x * c), 1.0
                 x = stage(x)
@@ -240,6 +296,30 @@ RESNETS_3D: dict[str, ResNetConfig] = {
     "resnet3d_101": ResNetConfig("bottleneck", (3, 4, 23, 3), spatial_dims=3),
 }
 
+# Video networks of the literature (family "video_resnet"; the ``resnet3d_*`` above are Hara et
+# al. 2018's 3D ResNets with a 3x7x7 stem and a 3x3x3/2 max-pool, kept as they are):
+# - r3d_18 / r3d_50: torchvision's ``video.r3d_18`` (Tran et al. 2018; stem 3x7x7/(1,2,2), no
+#   max-pool, stages 2-4 halve T, H and W) and the same stem and strides with bottleneck blocks;
+# - slow_r50: SlowOnly 8x8 R50 of the SlowFast model zoo (Feichtenhofer et al. 2019,
+#   configs/Kinetics/SLOW_8x8_R50.yaml): stem 1x7x7/(1,2,2) + max-pool 1x3x3/(1,2,2), first conv
+#   of every bottleneck 1x1x1 in res2/res3 and 3x1x1 in res4/res5, 1x3x3 middle conv, no
+#   temporal downsampling;
+# - i3d_r50: I3D 8x8 R50 of the same zoo (configs/Kinetics/I3D_8x8_R50.yaml): stem 5x7x7, first
+#   conv's time kernel cycling 3 / 3,1 / 3,1 / 1,3 over each stage's blocks, 1x3x3 middle conv,
+#   a 2x1x1 max-pool over time after res2 (SlowFast's ``_POOL1["i3d"]``).
+# Deviation from SlowFast (all schemes): the stride sits on the 3x3 conv (ResNet v1.5, as
+# SlowFast's default STRIDE_1X1: False) and the projection shortcut downsamples with a 1x1x1
+# conv of stride (1, 2, 2), as there; RescaleNet's shortcut pools (1, 2, 2) first, as in 2D.
+_SLOW = dict(spatial_dims=3, stem_kernel=(1, 7, 7), stem_pool="max_spatial", temporal_stride=1,
+             conv2_temporal=1)
+VIDEO_RESNETS: dict[str, ResNetConfig] = {
+    "r3d_18": ResNetConfig("basic", (2, 2, 2, 2), spatial_dims=3, stem_pool="none"),
+    "r3d_50": ResNetConfig("bottleneck", (3, 4, 6, 3), spatial_dims=3, stem_pool="none"),
+    "slow_r50": ResNetConfig("bottleneck", (3, 4, 6, 3), conv1_temporal=((1,), (1,), (3,), (3,)), **_SLOW),
+    "i3d_r50": ResNetConfig("bottleneck", (3, 4, 6, 3), **{**_SLOW, "stem_kernel": (5, 7, 7)},
+                            conv1_temporal=((3,), (3, 1), (3, 1), (1, 3)), temporal_pool_stages=(2,)),
+}
+
 # The papers' names: (model name, architecture, scheme)
 PAPER_MODELS = [
     ("rescale18", "resnet18", "rescale"), ("rescale34", "resnet34", "rescale"),
@@ -251,14 +331,19 @@ PAPER_MODELS = [
     ("skipinit50", "resnet50", "skipinit"), ("skipinit101", "resnet101", "skipinit"),
     ("rezero50", "resnet50", "rezero"),
     ("rescale3d_50", "resnet3d_50", "rescale"),
+    ("rescale_r3d_18", "r3d_18", "rescale"), ("rescale_r3d_50", "r3d_50", "rescale"),
+    ("rescale_slow_r50", "slow_r50", "rescale"), ("rescale_i3d_r50", "i3d_r50", "rescale"),
 ]
 
 
 def resnet(arch: str = "resnet50", scheme: "str | Scheme" = "bn", width: int = 1,
            base_width: int | None = None, **kwargs) -> ResNet:
-    """An ImageNet-style ResNet/ResNeXt or 3D ResNet by name. ``width`` multiplies every stage's
-    width; ``base_width`` rescales them so that stage 1 has ``base_width`` planes (tiny models)."""
-    cfg = {**IMAGENET_RESNETS, **RESNETS_3D}[arch]
+    """An ImageNet-style ResNet/ResNeXt, 3D ResNet or video ResNet by name. ``width`` multiplies
+    every stage's width; ``base_width`` rescales them so that stage 1 has ``base_width`` planes
+    (tiny models). SlowFast's dropout 0.5 before the classifier is a scheme field:
+    ``scheme_options={"classifier_dropout": 0.5}`` (in a run config:
+    ``model.init_args.scheme_options: {classifier_dropout: 0.5}``)."""
+    cfg = {**IMAGENET_RESNETS, **RESNETS_3D, **VIDEO_RESNETS}[arch]
     if base_width is not None:
         f = base_width / cfg.widths[0]
         cfg = replace(cfg, widths=tuple(max(1, int(w * f)) for w in cfg.widths), stem_width=base_width)
@@ -295,8 +380,10 @@ def _register() -> None:
         register_model(arch, resnet, "resnet", arch=arch)
     for arch in RESNETS_3D:
         register_model(arch, resnet, "resnet3d", arch=arch)
+    for arch in VIDEO_RESNETS:
+        register_model(arch, resnet, "video_resnet", arch=arch)
     for name, arch, scheme in PAPER_MODELS:
-        family = "resnet3d" if arch in RESNETS_3D else "resnet"
+        family = "resnet3d" if arch in RESNETS_3D else "video_resnet" if arch in VIDEO_RESNETS else "resnet"
         register_model(name, resnet, family, arch=arch, scheme=scheme)
     register_model("cifar_resnet", cifar_resnet, "cifar_resnet")
     register_model("wide_resnet", wide_resnet, "wide_resnet")

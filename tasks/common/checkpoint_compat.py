@@ -17,11 +17,12 @@ __all__ = ["ARCHITECTURE_KEYS", "CONFIG_KEYS", "check_checkpoint_compatible", "c
 
 #: Hyper-parameters that fix a network's parameters (names, shapes) or its forward pass.
 ARCHITECTURE_KEYS = ("network", "scheme", "scheme_options", "network_options", "num_classes", "in_channels",
-                     "vocab_size", "pad_index", "bos_index", "eos_index")
+                     "vocab_size", "pad_index", "bos_index", "eos_index", "detector", "heads_norm", "fpn_norm")
 #: What the CLI compares before anything is built: num_classes/in_channels (and a translation
 #: model's vocabulary and special ids) are only linked from the data module at instantiation, so
 #: those are checked against the built module instead.
-CONFIG_KEYS = ("_class_path", "network", "scheme", "scheme_options", "network_options")
+CONFIG_KEYS = ("_class_path", "network", "scheme", "scheme_options", "network_options", "detector",
+               "heads_norm", "fpn_norm")
 MISMATCH_FIX = ("Run with the config the checkpoint was trained with (its run folder keeps it as "
                 "rescale_config.yaml), or drop --ckpt_path to start from scratch.")
 _LABELS = {"_class_path": "module"}

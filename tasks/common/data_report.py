@@ -3,21 +3,40 @@
 Any DataModule exposing a ``skipped_corrupt`` count (files it dropped because they could not be
 decoded, with ``skip_corrupt`` on) gets the count logged as ``data/skipped_corrupt`` (summed over
 ranks) after every epoch and validation, and one warning line at the end of the run.
+
+A DataModule that also tells problems apart by kind -- ``data_problems() -> {kind: count}`` and
+``problem_files() -> [(path, kind)]``, as the video data does (unreadable, no video stream,
+empty, short; repaired short videos too) -- gets ``data/<kind>`` logged at the same moments and,
+at the end, the list of problem files written to ``<run dir>/data_problems.tsv`` (``path<TAB>kind``;
+the run dir as :func:`~rescale_tasks.common.config.run_directory` finds it) and one warning line
+with the counts by kind. Deviation from a plain sum over ranks: the files are gathered from every
+rank and counted once each, because two ranks can meet the same file (other epochs' shards, the
+DistributedSampler's padding of evaluation sets).
 """
 from __future__ import annotations
+
+import os
 
 import lightning.pytorch as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-__all__ = ["SkippedDataReport"]
+from rescale_tasks.common.config import run_directory
+from rescale_tasks.common.distributed import gather_objects
+
+__all__ = ["PROBLEMS_FILE", "SkippedDataReport"]
+
+PROBLEMS_FILE = "data_problems.tsv"
 
 
 class SkippedDataReport(L.Callback):
-    """Logs and reports the data module's ``skipped_corrupt`` count (no-op for other modules)."""
+    """Logs and reports the data module's ``skipped_corrupt`` count and, where it has them, its
+    problems by kind (no-op for other modules)."""
 
     def __init__(self) -> None:
         self.total = 0
+        self.problems: dict[str, int] = {}
+        self.files: list[tuple[str, str]] = []
 
     def _count(self, trainer: L.Trainer) -> int | None:
         count = getattr(trainer.datamodule, "skipped_corrupt", None)
@@ -27,13 +46,39 @@ class SkippedDataReport(L.Callback):
         self.total = int(total)
         return self.total
 
+    def _problems(self, trainer: L.Trainer) -> dict[str, int] | None:
+        """Problem counts by kind over all ranks, each file counted once (a collective)."""
+        datamodule = trainer.datamodule
+        if not callable(getattr(datamodule, "data_problems", None)):
+            return None
+        local = datamodule.data_problems()
+        files = datamodule.problem_files() if callable(getattr(datamodule, "problem_files", None)) else None
+        if files is None:  # counts only: sum them (every rank takes part with the same kinds)
+            kinds = sorted({kind for part in gather_objects([sorted(local)]) for kind in part})
+            values = torch.tensor([float(local.get(kind, 0)) for kind in kinds])
+            summed = trainer.strategy.reduce(values, reduce_op="sum") if kinds else values
+            self.problems = {kind: int(v) for kind, v in zip(kinds, summed.tolist())}
+            return self.problems
+        gathered = gather_objects([(sorted(local), [tuple(f) for f in files])])
+        unique = sorted({f for _, part in gathered for f in part})
+        counts = {kind: 0 for kinds, _ in gathered for kind in kinds}
+        for _, kind in unique:
+            counts[kind] = counts.get(kind, 0) + 1
+        self.problems, self.files = dict(sorted(counts.items())), unique
+        return self.problems
+
     def _log(self, trainer: L.Trainer) -> None:
         if trainer.sanity_checking:
             return
+        metrics = {}
         count = self._count(trainer)
         if count is not None:
+            metrics["data/skipped_corrupt"] = float(count)
+        for kind, n in (self._problems(trainer) or {}).items():
+            metrics[f"data/{kind.replace(' ', '_')}"] = float(n)
+        if metrics:
             for logger in trainer.loggers:
-                logger.log_metrics({"data/skipped_corrupt": float(count)}, step=trainer.global_step)
+                logger.log_metrics(metrics, step=trainer.global_step)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._log(trainer)
@@ -41,7 +86,28 @@ class SkippedDataReport(L.Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._log(trainer)
 
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log(trainer)
+
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self.total:
+        if self.problems and any(self.problems.values()):
+            self._report_problems(trainer)
+        elif self.total:
             rank_zero_warn(f"skipped {self.total} corrupt input file(s) (data.skip_corrupt is on); "
                            "each was named in a warning when first met")
+
+    def _report_problems(self, trainer: L.Trainer) -> None:
+        where = ""
+        if trainer.is_global_zero and self.files:
+            directories = [d for d in (run_directory(logger) for logger in trainer.loggers) if d]
+            directories = directories or ([trainer.default_root_dir] if trainer.default_root_dir else [])
+            for directory in directories:
+                os.makedirs(directory, exist_ok=True)
+                with open(os.path.join(directory, PROBLEMS_FILE), "w", encoding="utf-8") as f:
+                    f.write("path\tkind\n")
+                    f.writelines(f"{path}\t{kind}\n" for path, kind in self.files)
+            if directories:
+                where = f"; the files are listed in {os.path.join(directories[0], PROBLEMS_FILE)}"
+        counts = ", ".join(f"{kind} {n}" for kind, n in self.problems.items() if n)
+        rank_zero_warn(f"data problems: {sum(self.problems.values())} file(s) ({counts}); skipped unless "
+                       f"repaired (short_loop, short_repeat_last){where}")

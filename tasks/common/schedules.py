@@ -14,10 +14,21 @@ import math
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-__all__ = ["WarmupMultiStepLR", "WarmupCosineLR", "ConstantLR", "InverseSqrtLR"]
+__all__ = ["WarmupMultiStepLR", "WarmupCosineLR", "ConstantLR", "InverseSqrtLR", "IterationMultiStepLR"]
 
 
-class _EpochScheduleLR(LambdaLR):
+class _MethodLambdaLR(LambdaLR):
+    """A LambdaLR whose factor is a bound method: its state leaves the method out (it would pickle
+    the optimizer with it) and keeps every setting."""
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.__dict__.update(state_dict)
+
+
+class _EpochScheduleLR(_MethodLambdaLR):
     """LambdaLR over steps, whose factor is defined on (fractional) epochs."""
 
     def __init__(self, optimizer: Optimizer, warmup_epochs: float = 0.0, steps_per_epoch: int = 1,
@@ -36,11 +47,6 @@ class _EpochScheduleLR(LambdaLR):
     def decay(self, epoch: float) -> float:  # pragma: no cover - overridden
         return 1.0
 
-    def state_dict(self) -> dict:  # the lambda is a bound method: keep it out of the state
-        return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.__dict__.update(state_dict)
 
 
 class WarmupMultiStepLR(_EpochScheduleLR):
@@ -73,7 +79,7 @@ class ConstantLR(_EpochScheduleLR):
     """Warm-up (optional) then a constant learning rate."""
 
 
-class InverseSqrtLR(LambdaLR):
+class InverseSqrtLR(_MethodLambdaLR):
     """The Transformer schedule (Vaswani et al. 2017; fairseq's ``inverse_sqrt``), in updates:
     linear warm-up from ``warmup_init_factor * lr`` to ``lr`` over ``warmup_updates``, then
     ``lr * sqrt(warmup_updates / update)``. Update ``u`` (1-based) is the one being taken.
@@ -94,8 +100,33 @@ class InverseSqrtLR(LambdaLR):
             return self.warmup_init_factor + update * (1.0 - self.warmup_init_factor) / self.warmup_updates
         return math.sqrt(max(self.warmup_updates, 1) / update)
 
-    def state_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.__dict__.update(state_dict)
+class IterationMultiStepLR(_MethodLambdaLR):
+    """Detectron2's ``WarmupMultiStepLR``, in iterations (optimizer steps): linear warm-up over
+    ``warmup_iters`` from ``warmup_factor * lr`` to ``lr``, then x``gamma`` at each milestone.
+    The 1x COCO recipe: milestones (60000, 80000) of 90000, ``warmup_iters`` 1000, ``warmup_factor``
+    0.001. ``steps_per_epoch``/``max_epochs`` are accepted (the task module passes them) and unused:
+    the length of the run is ``trainer.max_steps``.
+
+    Linear scaling (Goyal et al. 2017): with a total batch of B images instead of 16, use
+    ``lr * B / 16`` and the milestones, warm-up and ``max_steps`` times ``16 / B``.
+    """
+
+    def __init__(self, optimizer: Optimizer, milestones: list[int] = (60000, 80000), gamma: float = 0.1,
+                 warmup_iters: int = 1000, warmup_factor: float = 0.001, steps_per_epoch: int = 1,
+                 max_epochs: int | None = None, last_epoch: int = -1) -> None:
+        if warmup_iters < 0 or not 0.0 <= warmup_factor <= 1.0:
+            raise ValueError(f"IterationMultiStepLR: warmup_iters ({warmup_iters}) must be >= 0 and "
+                             f"warmup_factor ({warmup_factor}) in [0, 1]")
+        self.milestones = sorted(int(m) for m in milestones)
+        self.gamma = float(gamma)
+        self.warmup_iters = int(warmup_iters)
+        self.warmup_factor = float(warmup_factor)
+        super().__init__(optimizer, self._factor, last_epoch=last_epoch)
+
+    def _factor(self, step: int) -> float:
+        factor = self.gamma ** bisect.bisect_right(self.milestones, step)
+        if step < self.warmup_iters:
+            alpha = step / self.warmup_iters
+            factor *= self.warmup_factor * (1 - alpha) + alpha
+        return factor

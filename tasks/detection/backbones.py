@@ -113,8 +113,10 @@ def resnet_fpn_backbone(network: str, scheme: str | None = None, scheme_options:
     return_layers = {f"layer{i}": str(k) for k, i in enumerate(returned_layers)}
     in_channels_list = [widths[i - 1] for i in returned_layers]
     extra = LastLevelMaxPool() if extra_blocks == "maxpool" else LastLevelP6P7(out_channels, out_channels)
-    return BackboneWithFPN(body, return_layers, in_channels_list, out_channels, extra_blocks=extra,
-                           norm_layer=GN if fpn_norm == "gn" else None)
+    backbone = BackboneWithFPN(body, return_layers, in_channels_list, out_channels, extra_blocks=extra,
+                               norm_layer=GN if fpn_norm == "gn" else None)
+    backbone.scheme = body.scheme  # IntermediateLayerGetter keeps the modules, not the attributes
+    return backbone
 
 
 def freeze_stages(model: nn.Module, trainable_layers: int) -> list[str]:

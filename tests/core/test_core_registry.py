@@ -10,7 +10,8 @@ from rescale_core import create_model, list_models, register_model
 from rescale_core.analysis import residual_blocks
 from rescale_core.registry import _REGISTRY, model_entry
 
-KNOWN_FAMILIES = {"resnet", "resnet3d", "cifar_resnet", "wide_resnet", "vgg", "transformer"}
+KNOWN_FAMILIES = {"resnet", "resnet3d", "cifar_resnet", "wide_resnet", "vgg", "transformer",
+                  "video_resnet"}  # video_resnet: its matrix is tests/core/test_video_resnets.py
 
 
 def test_every_family_is_covered_by_a_test_matrix():

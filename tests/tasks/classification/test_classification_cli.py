@@ -18,10 +18,11 @@ REPO = Path(__file__).resolve().parents[3]
 EXPERIMENTS = REPO / "experiments"
 # experiments/cluster/ holds overlays (trainer settings applied after a run config) that need
 # GPUs; test_classification_ddp.py runs them with CPU overrides. experiments/wmt/ is translation
-# (tests/tasks/translation/test_translation_configs.py).
+# (tests/tasks/translation/test_translation_configs.py), coco/ and kinetics/ have their own tests
+# (tests/tasks/detection/test_detection_cli.py, tests/tasks/video/test_video_cli.py).
 RUN_CONFIGS = sorted(p for p in EXPERIMENTS.rglob("*.yaml")
                      if not p.name.startswith("_")
-                     and p.relative_to(EXPERIMENTS).parts[0] not in ("cluster", "wmt"))
+                     and p.relative_to(EXPERIMENTS).parts[0] not in ("cluster", "wmt", "coco", "kinetics"))
 CPU = ["--trainer.accelerator", "cpu", "--trainer.devices", "1"]
 
 

@@ -48,10 +48,14 @@ def test_table_reports_divergence():
 
 @pytest.mark.slow
 def test_parity_at_demo_depth_and_equal_budget(tmp_path):
-    """RescaleNet's claim at the demo's depth (56 layers) and budget, one learning rate for all:
-    `rescale` within 2 points of `bn`; SkipInit and Fixup train stably with their recipes
-    (Fixup's scalars at lr/10 through the parameter groups); the plain net fails."""
-    results = {r.scheme: r for r in run_demo(DemoSettings(out=str(tmp_path / "demo"), progress=False))}
+    """RescaleNet's claim at the demo's depth (56 layers) and an equal budget, one learning rate for
+    all: `rescale` within 2 points of `bn`; SkipInit and Fixup train stably with their recipes
+    (Fixup's scalars at lr/10 through the parameter groups); the plain net fails. The budget is 10
+    of the demo's 26 epochs (~190 steps; the cosine schedule runs to the end either way), which
+    keeps the suite's slowest test short: measured bn 0.974, rescale 0.970, skipinit 0.952,
+    fixup 0.941, none diverged at step 2 (the full demo: 0.978, 0.978, 0.952, 0.970, see README)."""
+    settings = DemoSettings(out=str(tmp_path / "demo"), epochs=10, progress=False)
+    results = {r.scheme: r for r in run_demo(settings)}
     bn, rescale = results["bn"], results["rescale"]
     assert not bn.diverged and bn.test_acc > 0.9
     assert not rescale.diverged and rescale.test_acc >= bn.test_acc - 0.02

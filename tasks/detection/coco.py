@@ -1,0 +1,328 @@
+"""A COCO-format detection / instance-segmentation data set (any ``instances_*.json`` + image folder).
+
+The json is read once, checked (every problem a one-line
+:class:`~rescale_tasks.common.errors.DataError` naming the file and the fix) and indexed with
+pycocotools' ``COCO`` (kept as :attr:`CocoDetection.coco` for the evaluation). Conventions follow
+torchvision's detection models and references (``references/detection/coco_utils.py``) and
+Detectron2's COCO loader:
+
+- category ids (sorted) become contiguous labels ``1..K``; 0 is the background, so
+  ``num_classes = K + 1`` (:attr:`~CocoDetection.label_to_category` maps back for results);
+- boxes: ``bbox`` ``[x, y, w, h]`` -> ``[x1, y1, x2, y2]`` clipped to the image; boxes narrower or
+  lower than 1 px after clipping are dropped at construction and counted
+  (:attr:`~CocoDetection.dropped_degenerate`), the same rule ``SanitizeBoundingBoxes(min_size=1)``
+  applies after the transforms;
+- masks: polygons, compressed and uncompressed RLE decoded with ``pycocotools.mask`` to uint8
+  ``[N, H, W]`` at the image size, in ``__getitem__`` (never held for the whole set);
+- ``iscrowd`` annotations stay in the target flagged ``iscrowd=1`` (the detector's loss excludes
+  them; the COCO evaluation reads its own ground truth from :attr:`~CocoDetection.coco`);
+- ``area`` is the annotation's own field (what COCO evaluation buckets by), not recomputed, and is
+  not rescaled by the transforms.
+
+Images are decoded with PIL (``.convert("RGB")``). An unreadable file (missing, not an image, or
+not the size the json says) raises :class:`~rescale_tasks.classification.datasets.CorruptImageError`,
+or with ``skip_corrupt`` yields ``None`` (dropped by the collate function), is logged once and is
+counted in a shared-memory tensor visible across DataLoader workers.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from PIL import Image
+from pycocotools import mask as mask_utils
+from pycocotools.coco import COCO
+from torch.utils.data import Dataset
+from torchvision import tv_tensors
+from torchvision.transforms.v2 import functional as TF
+
+from rescale_tasks.classification.datasets import _DECODE_ERRORS, CorruptImageError
+from rescale_tasks.common.errors import DataError
+
+__all__ = ["CocoDetection", "decode_masks", "load_coco_json", "category_labels"]
+
+log = logging.getLogger(__name__)
+
+_ANN_KEYS = ("id", "image_id", "category_id", "bbox")
+_IMAGE_KEYS = ("id", "file_name", "width", "height")
+
+
+def load_coco_json(path: str | os.PathLike, key: str = "annotation_file") -> dict[str, Any]:
+    """The parsed json at ``path``, checked to be a dict with ``images``, ``annotations`` and
+    ``categories`` lists; ``key`` names the setting in the error messages."""
+    path = Path(os.path.expanduser(str(path)))
+    if not path.is_file():
+        raise DataError(f"COCO annotation file not found: {path} ({key}). Point {key} at an "
+                        "instances_*.json file in COCO format.")
+    try:
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise DataError(f"Cannot read COCO annotation file {path} ({key}) as JSON "
+                        f"({type(exc).__name__}: {exc}). Re-download or re-export it.") from None
+    if not isinstance(data, dict):
+        raise DataError(f"COCO annotation file {path} ({key}) holds a JSON {type(data).__name__}, not an "
+                        "object with 'images', 'annotations' and 'categories'. Point it at a COCO json.")
+    missing = [k for k in ("images", "annotations", "categories") if not isinstance(data.get(k), list)]
+    if missing:
+        raise DataError(f"COCO annotation file {path} ({key}) has no {' / '.join(repr(k) for k in missing)} "
+                        "list; a COCO detection json needs 'images', 'annotations' and 'categories' "
+                        "(an image-info-only json cannot be used for training or evaluation).")
+    return data
+
+
+def category_labels(categories: list[dict], where: str) -> tuple[dict[int, int], list[str]]:
+    """``category id -> contiguous label 1..K`` (ids sorted) and the names by label (``[0]`` is
+    ``"__background__"``)."""
+    try:
+        by_id = {int(c["id"]): str(c.get("name", c["id"])) for c in categories}
+    except (KeyError, TypeError, ValueError):
+        raise DataError(f"COCO annotation file {where}: every entry of 'categories' needs an integer "
+                        "'id' (and a 'name'). Fix the json.") from None
+    if len(by_id) != len(categories):
+        raise DataError(f"COCO annotation file {where}: duplicate category ids in 'categories'. Fix the json.")
+    ids = sorted(by_id)
+    return {cid: label for label, cid in enumerate(ids, start=1)}, ["__background__"] + [by_id[i] for i in ids]
+
+
+def decode_masks(segmentations: list, height: int, width: int) -> torch.Tensor:
+    """COCO ``segmentation`` entries (polygon lists, uncompressed RLE with ``counts`` a list,
+    compressed RLE with ``counts`` a string) -> uint8 ``[N, H, W]``."""
+    if not segmentations:
+        return torch.zeros((0, height, width), dtype=torch.uint8)
+    rles = []
+    for seg in segmentations:
+        if isinstance(seg, list):  # polygons of one object: rasterise each, then union
+            # fewer than 3 points is no polygon (pycocotools would read 4 numbers as a box)
+            polygons = [p for p in seg if len(p) >= 6 and len(p) % 2 == 0]
+            rles.append(mask_utils.merge(mask_utils.frPyObjects(polygons, height, width)) if polygons else
+                        mask_utils.encode(np.zeros((height, width), dtype=np.uint8, order="F")))
+        elif isinstance(seg.get("counts"), list):  # uncompressed RLE (crowd regions)
+            rles.append(mask_utils.frPyObjects(seg, height, width))
+        else:
+            rles.append(seg)  # compressed RLE, decoded as it is
+    masks = mask_utils.decode(rles)  # [H, W, N], Fortran order
+    return torch.from_numpy(np.ascontiguousarray(masks.transpose(2, 0, 1)))
+
+
+def _quiet_coco(data: dict) -> COCO:
+    """pycocotools' index over an already-parsed json (``COCO(path)`` would read it again and print)."""
+    coco = COCO()
+    coco.dataset = data
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco.createIndex()
+    return coco
+
+
+class CocoDetection(Dataset):
+    """Images of a COCO json with their boxes, labels and (optionally) masks.
+
+    Args:
+        annotation_file: the COCO json (``images``, ``annotations``, ``categories``).
+        image_folder: the folder the images' ``file_name`` are relative to.
+        transforms: ``transforms(image, target) -> (image, target)`` (:mod:`.transforms`).
+        keep_empty: keep images without non-crowd boxes (evaluation) or drop them (training,
+            as Detectron2 does).
+        skip_corrupt: yield ``None`` for unreadable images instead of raising.
+        masks: decode instance masks into the targets (Mask R-CNN); ``segmentation`` is then
+            required on every annotation.
+        keys: how the settings are called in error messages (``annotation_file``/``image_folder``
+            by default; the DataModule passes its ``data.*`` keys).
+
+    ``dataset[i]`` is ``(image, target)``: ``image`` a uint8 ``tv_tensors.Image`` before the
+    transforms; ``target`` a dict with ``boxes`` (``tv_tensors.BoundingBoxes`` XYXY),
+    ``labels`` int64, ``masks`` (``tv_tensors.Mask`` uint8 ``[N, H, W]``, with ``masks``),
+    ``iscrowd`` int64, ``area`` float32 and ``image_id`` (the json's id).
+    """
+
+    def __init__(self, annotation_file: str | os.PathLike, image_folder: str | os.PathLike,
+                 transforms: Callable | None = None, keep_empty: bool = True, skip_corrupt: bool = False,
+                 masks: bool = True, keys: tuple[str, str] = ("annotation_file", "image_folder")) -> None:
+        ann_key, folder_key = keys
+        self.annotation_file = Path(os.path.expanduser(str(annotation_file)))
+        data = load_coco_json(self.annotation_file, ann_key)
+        folder = Path(os.path.expanduser(str(image_folder)))
+        if not folder.is_dir():
+            raise DataError(f"COCO image folder not found: {folder} ({folder_key}). Point {folder_key} at "
+                            f"the folder holding the images of {self.annotation_file}.")
+        self.image_folder = folder
+        self.transforms, self.keep_empty, self.skip_corrupt, self.with_masks = (
+            transforms, keep_empty, skip_corrupt, masks)
+        where = f"{self.annotation_file} ({ann_key})"
+        self.category_to_label, self.class_names = category_labels(data["categories"], where)
+        self.label_to_category = {label: cid for cid, label in self.category_to_label.items()}
+        self.num_classes = len(self.class_names)
+
+        sizes = self._check_images(data["images"], where)
+        per_image = self._index_annotations(data["annotations"], sizes, where)
+        self.coco = _quiet_coco(data)
+        kept = [i for i in sizes if keep_empty or not per_image[i].all_crowd]
+        self.image_ids: list[int] = kept
+        self._objects = [per_image[i] for i in kept]
+        self.aspect_ratios = np.array([sizes[i][0] / sizes[i][1] for i in kept], dtype=np.float64)
+        self.corrupt = torch.zeros(len(kept), dtype=torch.bool).share_memory_()
+        self._check_files(folder_key)
+        if self.dropped_degenerate:
+            log.warning("%s: dropped %d degenerate box(es) (under 1 px wide or high after clipping to the "
+                        "image)", self.annotation_file, self.dropped_degenerate)
+
+    # --- construction -----------------------------------------------------------------------
+    @staticmethod
+    def _check_images(images: list, where: str) -> dict[int, tuple[int, int]]:
+        """``image id -> (width, height)`` in json order."""
+        sizes: dict[int, tuple[int, int]] = {}
+        for image in images:
+            if not isinstance(image, dict) or any(k not in image for k in _IMAGE_KEYS):
+                raise DataError(f"COCO annotation file {where}: an entry of 'images' lacks one of "
+                                f"{', '.join(_IMAGE_KEYS)} ({str(image)[:80]}). Fix the json.")
+            if not (image["width"] > 0 and image["height"] > 0):
+                raise DataError(f"COCO annotation file {where}: image id {image['id']} has size "
+                                f"{image['width']}x{image['height']}. Fix its width/height in the json.")
+            if image["id"] in sizes:
+                raise DataError(f"COCO annotation file {where}: image id {image['id']} appears twice in "
+                                "'images'. Fix the json.")
+            sizes[image["id"]] = (int(image["width"]), int(image["height"]))
+        return sizes
+
+    def _index_annotations(self, annotations: list, sizes: dict[int, tuple[int, int]],
+                           where: str) -> dict[int, _Objects]:
+        """Per image, its annotations with usable boxes; degenerate ones are counted in
+        :attr:`dropped_degenerate` and left out."""
+        rows: dict[int, list] = {i: [] for i in sizes}
+        self.dropped_degenerate = 0
+        for ann in annotations:
+            if not isinstance(ann, dict) or any(k not in ann for k in _ANN_KEYS):
+                raise DataError(f"COCO annotation file {where}: an annotation lacks one of "
+                                f"{', '.join(_ANN_KEYS)} ({str(ann)[:80]}). Fix the json.")
+            aid, image_id = ann["id"], ann["image_id"]
+            if image_id not in rows:
+                raise DataError(f"COCO annotation file {where}: annotation id {aid} refers to image id "
+                                f"{image_id}, which is not in 'images'. Fix or remove the annotation.")
+            if ann["category_id"] not in self.category_to_label:
+                raise DataError(f"COCO annotation file {where}: annotation id {aid} has category id "
+                                f"{ann['category_id']}, which is not in 'categories'. Fix or remove the "
+                                "annotation.")
+            if self.with_masks and "segmentation" not in ann:
+                raise DataError(f"COCO annotation file {where}: annotation id {aid} has no 'segmentation'. "
+                                "Add masks to the json or set --data.masks false (box-only detectors).")
+            bbox = ann["bbox"]
+            if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, (int, float)) for v in bbox)):
+                raise DataError(f"COCO annotation file {where}: annotation id {aid} has bbox {str(bbox)[:40]}, "
+                                "expected [x, y, width, height]. Fix the json.")
+            width, height = sizes[image_id]
+            x, y, w, h = bbox
+            box = (min(max(x, 0.0), width), min(max(y, 0.0), height),
+                   min(max(x + w, 0.0), width), min(max(y + h, 0.0), height))
+            if box[2] - box[0] < 1 or box[3] - box[1] < 1:  # SanitizeBoundingBoxes(min_size=1)'s rule
+                self.dropped_degenerate += 1
+                continue
+            area = float(ann.get("area", w * h))
+            rows[image_id].append((aid, box, self.category_to_label[ann["category_id"]],
+                                   int(bool(ann.get("iscrowd", 0))), area))
+        return {i: _Objects.of(r) for i, r in rows.items()}
+
+    def _check_files(self, folder_key: str) -> None:
+        """Every image file must exist (one ``stat`` each: ~1 s for COCO train); with
+        ``skip_corrupt`` the missing ones are only reported here and skipped when read."""
+        missing = [self.image_path(i) for i in range(len(self))]
+        missing = [p for p in missing if not os.path.isfile(p)]
+        if not missing:
+            return
+        if not self.skip_corrupt:
+            raise DataError(f"{len(missing)} image file(s) of {self.annotation_file} are missing from "
+                            f"{self.image_folder} ({folder_key}), e.g. {missing[0]}. Restore them, point "
+                            f"{folder_key} at the right folder, or set --data.skip_corrupt true to skip them.")
+        log.warning("%d image file(s) of %s are missing from %s (e.g. %s); they will be skipped",
+                    len(missing), self.annotation_file, self.image_folder, missing[0])
+
+    # --- access -----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    def image_info(self, index: int) -> dict[str, Any]:
+        """The json's ``images`` entry of sample ``index`` (``id``, ``file_name``, ``width``, ``height``)."""
+        return self.coco.imgs[self.image_ids[index]]
+
+    def image_path(self, index: int) -> str:
+        return os.path.join(self.image_folder, self.image_info(index)["file_name"])
+
+    @property
+    def skipped(self) -> int:
+        """Distinct unreadable images met so far (in any process)."""
+        return int(self.corrupt.sum())
+
+    def load_image(self, index: int) -> tv_tensors.Image | None:
+        """The decoded RGB image, or ``None`` (with ``skip_corrupt``) when it cannot be read."""
+        path, info = self.image_path(index), self.image_info(index)
+        try:
+            with Image.open(path) as im:
+                image = im.convert("RGB")
+            if image.size != (info["width"], info["height"]):
+                raise ValueError(f"{image.size[0]}x{image.size[1]} pixels but the json says "
+                                 f"{info['width']}x{info['height']}")
+        except _DECODE_ERRORS as exc:  # FileNotFoundError is an OSError
+            if not self.skip_corrupt:
+                raise CorruptImageError(
+                    f"Cannot decode image {path} ({type(exc).__name__}: {exc}). Replace or delete the "
+                    "file (and its json entry), or set --data.skip_corrupt true to skip unreadable images."
+                ) from None
+            if not bool(self.corrupt[index]):
+                self.corrupt[index] = True
+                log.warning("skipping unreadable image %s (%s: %s)", path, type(exc).__name__, exc)
+            return None
+        return tv_tensors.Image(TF.pil_to_tensor(image))
+
+    def target(self, index: int) -> dict[str, Any]:
+        """The annotations of sample ``index`` as a torchvision detection target (before transforms)."""
+        info, objects = self.image_info(index), self._objects[index]
+        height, width = info["height"], info["width"]
+        target = {
+            "boxes": tv_tensors.BoundingBoxes(torch.from_numpy(objects.boxes.copy()), format="XYXY",
+                                              canvas_size=(height, width)),
+            "labels": torch.from_numpy(objects.labels.copy()),
+        }
+        if self.with_masks:
+            segmentations = [self.coco.anns[a]["segmentation"] for a in objects.ann_ids]
+            target["masks"] = tv_tensors.Mask(decode_masks(segmentations, height, width))
+        target["iscrowd"] = torch.from_numpy(objects.iscrowd.copy())
+        target["area"] = torch.from_numpy(objects.area.copy())
+        target["image_id"] = int(info["id"])
+        return target
+
+    def __getitem__(self, index: int):
+        image = self.load_image(index)
+        if image is None:
+            return None
+        target = self.target(index)
+        if self.transforms is not None:
+            image, target = self.transforms(image, target)
+        return image, target
+
+
+class _Objects(NamedTuple):
+    """The kept annotations of one image, as compact arrays."""
+
+    ann_ids: list
+    boxes: np.ndarray  # float32 [N, 4] XYXY, clipped
+    labels: np.ndarray  # int64 [N]
+    iscrowd: np.ndarray  # int64 [N]
+    area: np.ndarray  # float32 [N]
+
+    @property
+    def all_crowd(self) -> bool:
+        """No box to train on (none at all, or only crowd regions)."""
+        return bool(self.iscrowd.all())  # True for N = 0
+
+    @classmethod
+    def of(cls, rows: list) -> "_Objects":
+        return cls([r[0] for r in rows], np.array([r[1] for r in rows], dtype=np.float32).reshape(-1, 4),
+                   np.array([r[2] for r in rows], dtype=np.int64), np.array([r[3] for r in rows], dtype=np.int64),
+                   np.array([r[4] for r in rows], dtype=np.float32))

@@ -1,0 +1,242 @@
+"""COCO detection and instance segmentation with torchvision's Mask R-CNN, Faster R-CNN and
+RetinaNet around a ``rescale_core`` ResNet under any residual scheme (RescaleNet's COCO
+comparison: the same detector with the backbone's normalization swapped for a residual scheme,
+next to the FrozenBN and GN baselines).
+
+- Network (:meth:`DetectionModule.build_network`): :func:`~.backbones.resnet_fpn_backbone`
+  (torchvision's ``BackboneWithFPN`` around the core network; FrozenBN and ``trainable_layers``
+  3 when starting from a ``rescale fit`` classification checkpoint, trainable BN from scratch —
+  ``trainer.sync_batchnorm: true`` makes it SyncBN under DDP) and :func:`~.models.build_detector`.
+  RescaleNet's mean-shift biases measure over the valid pixels of each padded batch
+  (:mod:`.measurement`).
+- Training: the sum of the detector's losses; crowd annotations (``iscrowd``) are left out of the
+  loss. Images arrive already resized by the data pipeline (multi-scale short side, flips with
+  their boxes and masks: :mod:`.transforms`), so the detector is built with torchvision's
+  ``_skip_resize`` (it still normalises and pads); at evaluation it resizes to ``min_size`` and maps
+  predictions back to the original image.
+- Evaluation: COCO box (and mask) AP of the real COCO evaluation (:class:`~.evaluation.CocoEvaluator`),
+  merged over ranks by image id, so 2 processes give what 1 gives; logged as ``val/bbox_AP`` ...
+  at every validation. ``test`` and ``predict`` also write ``coco_results.<split>.json`` (original
+  image and category ids, xywh boxes, RLE masks) to the run folder, the file that was scored;
+  ``predict`` optionally draws the first ``draw_predictions`` images.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Optional
+
+import torch
+
+from ..common.config import run_directory
+from ..common.distributed import every_rank_has_samples, gather_objects, world_size, zero_loss
+from ..common.errors import ConfigError
+from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
+from .backbones import resnet_fpn_backbone
+from .evaluation import CocoEvaluator
+from .measurement import install_padding_aware_measurement
+from .models import DETECTORS, build_detector
+from .results import coco_results, save_drawn, write_coco_results
+
+__all__ = ["DetectionModule", "RESULTS_FILE"]
+
+RESULTS_FILE = "coco_results.{split}.json"
+
+
+def _default_sgd(params: Iterable) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.02, momentum=0.9, weight_decay=1e-4)
+
+
+def _loss_targets(targets: list[dict]) -> list[dict]:
+    """The targets the detector learns from: crowd regions left out (COCO gives them no loss)."""
+    kept = []
+    for t in targets:
+        keep = t["iscrowd"] == 0 if "iscrowd" in t else slice(None)
+        kept.append({k: t[k][keep] for k in ("boxes", "labels", "masks") if k in t})
+    return kept
+
+
+class DetectionModule(RescaleTaskModule):
+    """Args:
+        network: a registered 2D ResNet/ResNeXt (``resnet50``, ``rescale50``, ``resnext50_32x4d`` ...).
+        scheme, scheme_options, network_options: the backbone's residual scheme and options.
+        detector: ``maskrcnn``, ``fasterrcnn`` or ``retinanet``.
+        num_classes: linked from the data module (categories + background).
+        heads_norm: None (torchvision's v1 heads) or ``gn`` (Detectron2's GN heads, 4conv1fc).
+        fpn_norm: None or ``gn``.
+        fpn_channels: the FPN's width (256 in the papers).
+        trainable_layers, frozen_bn: see :func:`~.backbones.resnet_fpn_backbone` (None: 3 and
+            FrozenBN with ``backbone_checkpoint``, 5 and trainable BN without).
+        backbone_checkpoint: a classification checkpoint written by ``rescale fit`` (same network,
+            scheme and options) the backbone starts from.
+        min_size, max_size: the test-time resize (short side, long side cap).
+        detector_options: more arguments of the torchvision detector (``rpn_batch_size_per_image``,
+            ``box_batch_size_per_image``, ``box_detections_per_img``, ``head_channels``, ``fc_dim`` ...).
+        draw_predictions: ``predict`` draws this many images with their detections (score above
+            ``draw_score_threshold``) into ``<run>/predictions/``.
+        optimizer, lr_scheduler, norm_weight_decay, channels_last, compile: see
+            :class:`~rescale_tasks.common.module.RescaleTaskModule`.
+    """
+
+    def __init__(self, network: str = "resnet50", scheme: Optional[str] = None,
+                 scheme_options: Optional[dict[str, Any]] = None,
+                 network_options: Optional[dict[str, Any]] = None, detector: str = "maskrcnn",
+                 num_classes: int = 81, heads_norm: Optional[str] = None, fpn_norm: Optional[str] = None,
+                 fpn_channels: int = 256, trainable_layers: Optional[int] = None, frozen_bn: Optional[bool] = None,
+                 backbone_checkpoint: Optional[str] = None, min_size: int = 800, max_size: int = 1333,
+                 detector_options: Optional[dict[str, Any]] = None,
+                 optimizer: OptimizerFactory = _default_sgd,
+                 lr_scheduler: Optional[SchedulerFactory] = None,
+                 norm_weight_decay: Optional[float] = 0.0, channels_last: bool = False,
+                 compile: bool = False, draw_predictions: int = 0, draw_score_threshold: float = 0.5) -> None:
+        if detector not in DETECTORS:
+            raise ConfigError(f"model.detector must be one of {', '.join(DETECTORS)}, got {detector!r}")
+        if backbone_checkpoint is not None and not os.path.isfile(backbone_checkpoint):
+            raise ConfigError(f"backbone checkpoint not found: {backbone_checkpoint} (model.backbone_checkpoint); "
+                              "pass a .ckpt written by `rescale fit` of the classification task")
+        detection = dict(detector=detector, num_classes=num_classes, heads_norm=heads_norm, fpn_norm=fpn_norm,
+                         fpn_channels=fpn_channels, trainable_layers=trainable_layers, frozen_bn=frozen_bn,
+                         checkpoint=backbone_checkpoint, min_size=min_size, max_size=max_size,
+                         options=dict(detector_options or {}))
+        super().__init__(network, scheme, scheme_options, network_options, optimizer, lr_scheduler,
+                         norm_weight_decay, channels_last, compile, network_kwargs={"detection": detection})
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.detector_kind = detector
+        self.iou_types = ("bbox", "segm") if detector == "maskrcnn" else ("bbox",)
+        self.draw_predictions, self.draw_score_threshold = draw_predictions, draw_score_threshold
+        self.evaluator: Optional[CocoEvaluator] = None
+        self._may_skip_batches = True
+        self._predicted: list[tuple[int, dict]] = []
+
+    def build_network(self, network: str, detection: dict, scheme: Optional[str] = None,
+                      scheme_options: Optional[dict] = None, **network_options: Any) -> torch.nn.Module:
+        kind = detection["detector"]
+        backbone = resnet_fpn_backbone(
+            network, scheme=scheme, scheme_options=scheme_options, network_options=network_options,
+            trainable_layers=detection["trainable_layers"], fpn_norm=detection["fpn_norm"],
+            out_channels=detection["fpn_channels"],
+            frozen_bn=detection["frozen_bn"], checkpoint=detection["checkpoint"],
+            # RetinaNet: P3-P5 from the stages, P6/P7 by strided convs (torchvision, Detectron2)
+            returned_layers=(2, 3, 4) if kind == "retinanet" else (1, 2, 3, 4),
+            extra_blocks="p6p7" if kind == "retinanet" else "maxpool")
+        try:
+            net = build_detector(kind, backbone, detection["num_classes"], heads_norm=detection["heads_norm"],
+                                 min_size=detection["min_size"], max_size=detection["max_size"],
+                                 _skip_resize=True, **detection["options"])
+        except TypeError as err:
+            raise ConfigError(f"model.detector_options: {err}") from None
+        net.scheme = backbone.scheme  # parameter groups and run names read the scheme here
+        install_padding_aware_measurement(net)
+        return net
+
+    def forward(self, images: list[torch.Tensor], targets: Optional[list[dict]] = None):
+        return self.net([self.as_input(x) for x in images], targets)
+
+    def as_input(self, x: torch.Tensor) -> torch.Tensor:
+        return x  # torchvision batches (pads) the images itself
+
+    def network_inputs(self, batch) -> tuple:
+        images, _ = batch
+        return (list(images),)
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        self._may_skip_batches = bool(getattr(datamodule, "skip_corrupt", datamodule is None))
+
+    def _label_to_category(self) -> Optional[dict]:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        return getattr(datamodule, "label_to_category", None)
+
+    # --- training -------------------------------------------------------------------------
+    def training_step(self, batch, batch_idx: int) -> Optional[torch.Tensor]:
+        images, targets = batch
+        if (self._may_skip_batches or not images) and not every_rank_has_samples(len(images)):
+            return zero_loss(self) if world_size() > 1 else None
+        losses = self(list(images), _loss_targets(targets))
+        loss = sum(losses.values())
+        n = len(images)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True, batch_size=n)
+        for name, value in losses.items():
+            self.log(f"train/{name}", value, on_step=True, on_epoch=False, sync_dist=True, batch_size=n)
+        return loss
+
+    # --- evaluation -----------------------------------------------------------------------
+    def _start_evaluation(self) -> None:
+        self.evaluator = CocoEvaluator(iou_types=self.iou_types, label_to_category=self._label_to_category())
+
+    def _evaluate(self, batch) -> None:
+        images, targets = batch
+        if not images:
+            return
+        predictions = self(list(images))
+        self.evaluator.update([{k: v.detach().cpu() for k, v in p.items()} for p in predictions],
+                              [{k: v.cpu() if torch.is_tensor(v) else v for k, v in t.items()} for t in targets])
+
+    def _finish_evaluation(self, prefix: str, write_results: bool) -> None:
+        records = self.evaluator.gather()  # a collective: every rank's images, merged by image id
+        metrics = self.evaluator.compute(records)
+        for name, value in metrics.items():
+            self.log(f"{prefix}/{name.replace('/', '_')}", float(value), sync_dist=False,
+                     prog_bar=name in ("bbox/AP", "segm/AP"))
+        if write_results and self.trainer.is_global_zero:
+            self._write_results(prefix, self.evaluator.results(records))
+
+    def on_validation_epoch_start(self) -> None:
+        self._start_evaluation()
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._evaluate(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        if not self.trainer.sanity_checking:
+            self._finish_evaluation("val", write_results=False)
+
+    def on_test_epoch_start(self) -> None:
+        self._start_evaluation()
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._evaluate(batch)
+
+    def on_test_epoch_end(self) -> None:
+        self._finish_evaluation("test", write_results=True)
+
+    # --- prediction -----------------------------------------------------------------------
+    def on_predict_epoch_start(self) -> None:
+        self._predicted = []
+
+    def predict_step(self, batch, batch_idx: int) -> list[dict]:
+        images, targets = batch
+        if not images:
+            return []
+        predictions = [{k: v.detach().cpu() for k, v in p.items()} for p in self(list(images))]
+        for image, target, prediction in zip(images, targets, predictions):
+            image_id = int(target["image_id"])
+            self._predicted.append((image_id, prediction))
+            if len(self._predicted) <= self.draw_predictions:
+                self._draw(image_id, image, prediction)
+        return predictions
+
+    def on_predict_epoch_end(self) -> None:
+        predicted = dict(gather_objects(self._predicted))  # an image met twice (padded sampler) once
+        if self.trainer.is_global_zero:
+            ids = sorted(predicted)
+            self._write_results("predict", coco_results([predicted[i] for i in ids], self._label_to_category(),
+                                                        image_ids=ids))
+
+    # --- outputs --------------------------------------------------------------------------
+    def _output_folder(self) -> str:
+        logger = self.trainer.logger
+        folder = run_directory(logger) if logger is not None else None
+        return folder or self.trainer.default_root_dir
+
+    def _write_results(self, split: str, results: list[dict]) -> None:
+        path = os.path.join(self._output_folder(), RESULTS_FILE.format(split=split))
+        write_coco_results(path, results)
+        print(f"{split}: {len(results)} detections written to {path} (COCO results format)")
+
+    def _draw(self, image_id: int, image: torch.Tensor, prediction: dict) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        names = getattr(datamodule, "class_names", None)
+        folder = os.path.join(self._output_folder(), "predictions")
+        os.makedirs(folder, exist_ok=True)
+        pixels = (image.detach().cpu().clamp(0, 1) * 255).to(torch.uint8)
+        save_drawn(os.path.join(folder, f"{image_id}.png"), pixels, prediction, names, self.draw_score_threshold)

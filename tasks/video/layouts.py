@@ -1,0 +1,322 @@
+"""The Kinetics layouts people have on disk, read into ``VideoSample(path, label_name)`` lists.
+
+Three layouts (``layout=`` in :class:`~rescale_tasks.video.data.KineticsDataModule`):
+
+* ``"folders"``: ``root/{train,val}/<class>/<clip>`` -- torchvision's ``Kinetics`` layout, and the
+  CVDF download (``cvdfoundation/kinetics-dataset``) after its ``k400_extractor``/arrange script.
+* ``"cvdf"``: the official annotation CSVs (header ``label,youtube_id,time_start,time_end,split``;
+  extra columns such as ``is_cc`` are ignored) next to one flat folder of
+  ``<youtube_id>_<start:06d>_<end:06d>.mp4`` files, as the CVDF tarballs unpack. Kinetics
+  downloads always miss some videos (taken off YouTube): rows whose file is absent are counted,
+  warned about once, and left out; only a split with no file at all is an error.
+* ``"list"``: mmaction2 / SlowFast list files, one ``<path> <label>`` per line (space or comma
+  separated, as SlowFast's ``path_to_video label``), the path relative to ``list_prefix`` (or
+  absolute), the label an integer or a class name. Every listed video must exist.
+
+The class list comes from the training split: sorted class names, except for list files whose
+labels are all integers, where ``num_classes = max label + 1`` and the names are ``"0", "1", ...``
+(so the integers keep their meaning). Validation may not name a class training lacks. Classes are
+taken from the annotations, not from which files happen to be present, so ``num_classes`` is the
+same whatever was downloaded.
+
+Every function here has a cheap ``*_classes`` twin used right after the DataModule's ``__init__``
+(folder names, CSV labels, list labels; no video is looked at) and a full scan for ``setup``.
+Every problem is one :class:`~rescale_tasks.common.errors.DataError` line: what, where, how to fix.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from lightning.pytorch.utilities import rank_zero_warn
+
+from rescale_tasks.common.errors import DataError
+
+__all__ = [
+    "CVDF_COLUMNS", "LAYOUTS", "VIDEO_EXTENSIONS", "VideoSample", "VideoSplits", "class_names_of",
+    "cvdf_file_name", "label_samples", "read_cvdf", "read_folders", "read_layout", "read_lists",
+]
+
+LAYOUTS = ("folders", "cvdf", "list")
+VIDEO_EXTENSIONS = (".mp4", ".avi", ".mkv", ".webm", ".mov", ".m4v", ".mpg", ".mpeg")
+CVDF_COLUMNS = ("label", "youtube_id", "time_start", "time_end", "split")
+SPLITS = ("train", "val")
+
+
+@dataclass(frozen=True)
+class VideoSample:
+    """One video file and the name of its class."""
+
+    path: str
+    label_name: str
+
+
+@dataclass(frozen=True)
+class VideoSplits:
+    """The training and validation samples and the class list (index = label)."""
+
+    train: list[VideoSample]
+    val: list[VideoSample]
+    class_names: list[str]
+
+
+def _names(items: Sequence[str], limit: int = 3) -> str:
+    shown = ", ".join(str(i) for i in items[:limit])
+    return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+def _path(value: str | os.PathLike | None, key: str, what: str) -> Path:
+    if value is None or str(value) == "":
+        raise DataError(f"data.{key} is not set; point it at {what}.")
+    return Path(os.path.expanduser(str(value)))
+
+
+def _check_subset(train_classes: Sequence[str], val_labels: Sequence[str], where: str, fix: str) -> None:
+    known = set(train_classes)
+    unknown = sorted({name for name in val_labels if name not in known})
+    if unknown:
+        raise DataError(f"{where} names {len(unknown)} class(es) the training split lacks: {_names(unknown)}. {fix}")
+
+
+# ----------------------------------------------------------------------------- class folders
+
+
+def _folder_split(root: Path, split: str) -> Path:
+    if not root.is_dir():
+        raise DataError(f"Kinetics folder not found: {root} (data.root). Point --data.root at a folder "
+                        "holding train/ and val/ class folders of videos.")
+    split_dir = root / split
+    if not split_dir.is_dir():
+        raise DataError(f"Kinetics folder {root} (data.root) has no {split}/ sub-folder: expected "
+                        f"{split_dir}/<class>/<video>. Point --data.root at a folder holding train/ and val/.")
+    return split_dir
+
+
+def _class_folders(split_dir: Path) -> list[str]:
+    with os.scandir(split_dir) as entries:
+        names = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+    if not names:
+        raise DataError(f"No class folders in {split_dir} (data.root). Expected one sub-folder per class, "
+                        f"e.g. {split_dir}/abseiling/<video>.mp4.")
+    return names
+
+
+def folder_classes(root: str | os.PathLike | None) -> list[str]:
+    """The class names of ``root/train`` (folder names only; cheap)."""
+    return _class_folders(_folder_split(_path(root, "root", "the Kinetics folder"), "train"))
+
+
+def read_folders(root: str | os.PathLike | None) -> VideoSplits:
+    """``root/{train,val}/<class>/<video>``; every training class folder must hold a video."""
+    root = _path(root, "root", "the Kinetics folder")
+    found: dict[str, dict[str, list[str]]] = {}
+    for split in SPLITS:
+        split_dir = _folder_split(root, split)
+        classes: dict[str, list[str]] = {}
+        for name in _class_folders(split_dir):
+            with os.scandir(split_dir / name) as entries:
+                classes[name] = sorted(e.path for e in entries if e.is_file() and not e.name.startswith(".")
+                                       and e.name.lower().endswith(VIDEO_EXTENSIONS))
+        empty = [name for name, files in classes.items() if not files]
+        if split == "train" and empty:
+            raise DataError(f"Class folders without videos in {split_dir}: {_names(empty)}. Add video files "
+                            f"({'/'.join(VIDEO_EXTENSIONS)}) or remove those folders.")
+        if not any(classes.values()):
+            raise DataError(f"No videos in {split_dir} (data.root): expected {split_dir}/<class>/<video>.mp4.")
+        found[split] = classes
+    names = list(found["train"])
+    _check_subset(names, list(found["val"]), f"{root / 'val'}",
+                  "Validation class folders must also exist in train/.")
+    samples = {split: [VideoSample(f, name) for name, files in found[split].items() for f in files]
+               for split in SPLITS}
+    return VideoSplits(samples["train"], samples["val"], names)
+
+
+# ----------------------------------------------------------------------------- official CVDF CSVs
+
+
+def cvdf_file_name(youtube_id: str, time_start: int, time_end: int) -> str:
+    """The CVDF tarballs' file name for one annotation row."""
+    return f"{youtube_id}_{time_start:06d}_{time_end:06d}.mp4"
+
+
+def _read_csv(path: Path, key: str) -> list[tuple[str, str]]:
+    """``(label, file name)`` per row of an official Kinetics CSV."""
+    if not path.is_file():
+        raise DataError(f"Kinetics annotation file not found: {path} (data.{key}). Point it at the CVDF "
+                        "CSV (e.g. kinetics400/annotations/train.csv).")
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = [h.strip() for h in next(reader, [])]
+        missing = [c for c in CVDF_COLUMNS if c not in header]
+        if missing:
+            raise DataError(f"{path} (data.{key}) lacks the column(s) {', '.join(missing)}: expected the header "
+                            f"line '{','.join(CVDF_COLUMNS)}' of the official Kinetics CSVs.")
+        at = {c: header.index(c) for c in CVDF_COLUMNS}
+        rows = []
+        for line, row in enumerate(reader, start=2):
+            if not row or not "".join(row).strip():
+                continue
+            try:
+                label = row[at["label"]].strip()
+                name = cvdf_file_name(row[at["youtube_id"]].strip(), int(float(row[at["time_start"]])),
+                                      int(float(row[at["time_end"]])))
+            except (IndexError, ValueError):
+                raise DataError(f"{path}:{line} (data.{key}) is not a '{','.join(CVDF_COLUMNS)}' row: "
+                                f"{','.join(row)[:80]!r}. Fix or delete that line.") from None
+            rows.append((label, name))
+    if not rows:
+        raise DataError(f"{path} (data.{key}) has a header but no rows; point it at a non-empty Kinetics CSV.")
+    return rows
+
+
+def csv_classes(train_csv: str | os.PathLike | None) -> list[str]:
+    """The sorted labels of the training CSV (no video is looked at)."""
+    path = _path(train_csv, "train_csv", "the official Kinetics train.csv")
+    return sorted({label for label, _ in _read_csv(path, "train_csv")})
+
+
+def read_cvdf(train_csv: str | os.PathLike | None, val_csv: str | os.PathLike | None,
+              video_dir: str | os.PathLike | None) -> VideoSplits:
+    """Official CSVs next to a flat folder of ``<youtube_id>_<start>_<end>.mp4``; absent files are
+    counted, warned about once per split, and left out."""
+    folder = _path(video_dir, "video_dir", "the flat folder of Kinetics .mp4 files")
+    if not folder.is_dir():
+        raise DataError(f"Kinetics video folder not found: {folder} (data.video_dir). Point it at the folder "
+                        "holding <youtube_id>_<start>_<end>.mp4 files.")
+    with os.scandir(folder) as entries:  # one listing instead of a stat per row (~240k rows)
+        present = {e.name for e in entries if e.is_file()}
+    out: dict[str, list[VideoSample]] = {}
+    rows_of: dict[str, list[tuple[str, str]]] = {}
+    for split, value in (("train", train_csv), ("val", val_csv)):
+        key = f"{split}_csv"
+        rows = _read_csv(_path(value, key, f"the official Kinetics {split}.csv"), key)
+        kept = [VideoSample(str(folder / name), label) for label, name in rows if name in present]
+        absent = len(rows) - len(kept)
+        if not kept:
+            raise DataError(f"None of the {len(rows)} videos of {value} (data.{key}) is in {folder} "
+                            f"(data.video_dir), e.g. {rows[0][1]}. Point data.video_dir at the unpacked videos.")
+        if absent:
+            rank_zero_warn(f"{absent} of {len(rows)} videos listed in {value} (data.{key}) are not in {folder} "
+                           "(Kinetics downloads always miss some); going on without them")
+        out[split], rows_of[split] = kept, rows
+    names = sorted({label for label, _ in rows_of["train"]})
+    _check_subset(names, [label for label, _ in rows_of["val"]], f"{val_csv} (data.val_csv)",
+                  "Use the train and validate CSVs of the same Kinetics version.")
+    return VideoSplits(out["train"], out["val"], names)
+
+
+# ----------------------------------------------------------------------------- list files
+
+_LIST_LINE = re.compile(r"^(?P<path>.*?)[\s,]+(?P<label>[^\s,]+)$")
+
+
+def _read_list(path: Path, key: str) -> list[tuple[str, str]]:
+    """``(relative path, label)`` per line of a ``path label`` list file."""
+    if not path.is_file():
+        raise DataError(f"Video list file not found: {path} (data.{key}). Point it at an mmaction2/SlowFast "
+                        "list file with one '<path> <label>' per line.")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line, text in enumerate(f, start=1):
+            text = text.strip()
+            if not text or text.startswith("#"):
+                continue
+            match = _LIST_LINE.match(text)
+            if not match or not match["path"]:
+                raise DataError(f"{path}:{line} (data.{key}) is not '<path> <label>': {text[:80]!r}. "
+                                "Write one video path and its label per line (space or comma separated).")
+            rows.append((match["path"], match["label"]))
+    if not rows:
+        raise DataError(f"{path} (data.{key}) lists no videos; write one '<path> <label>' per line.")
+    return rows
+
+
+def _list_class_names(rows: list[tuple[str, str]]) -> list[str]:
+    labels = [label for _, label in rows]
+    if all(label.isdigit() for label in labels):  # integer labels keep their meaning
+        return [str(i) for i in range(max(int(label) for label in labels) + 1)]
+    return sorted(set(labels))
+
+
+def _normal_label(label: str, integer: bool) -> str:
+    return str(int(label)) if integer and label.isdigit() else label
+
+
+def list_classes(train_list: str | os.PathLike | None) -> list[str]:
+    """The class names of a training list file (no video is looked at)."""
+    return _list_class_names(_read_list(_path(train_list, "train_list", "a training list file"), "train_list"))
+
+
+def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike | None,
+               list_prefix: str | os.PathLike | None = None) -> VideoSplits:
+    """mmaction2/SlowFast list files; every listed video must exist under ``list_prefix``."""
+    prefix = Path(os.path.expanduser(str(list_prefix))) if list_prefix else None
+    if prefix is not None and not prefix.is_dir():
+        raise DataError(f"Video folder not found: {prefix} (data.list_prefix). Point it at the folder the "
+                        "list files' paths are relative to.")
+    out: dict[str, list[VideoSample]] = {}
+    names: list[str] = []
+    integer = False
+    for split, value in (("train", train_list), ("val", val_list)):
+        key = f"{split}_list"
+        list_path = _path(value, key, f"a {split} list file")
+        rows = _read_list(list_path, key)
+        if split == "train":
+            names = _list_class_names(rows)
+            integer = all(label.isdigit() for _, label in rows)
+        if integer and not all(label.isdigit() for _, label in rows):
+            bad = [label for _, label in rows if not label.isdigit()]
+            raise DataError(f"{list_path} (data.{key}) has class names ({_names(bad)}) but the training list has "
+                            "integer labels; use the same kind of label in both files.")
+        base = prefix if prefix is not None else list_path.parent
+        samples = [VideoSample(str(base / rel), _normal_label(label, integer)) for rel, label in rows]
+        missing = [s.path for s in samples if not os.path.isfile(s.path)]
+        if missing:
+            raise DataError(f"{len(missing)} of {len(samples)} videos listed in {list_path} (data.{key}) do not "
+                            f"exist: {_names(missing)}. Fix data.list_prefix (the folder the paths are "
+                            "relative to) or the list.")
+        out[split] = samples
+    _check_subset(names, [s.label_name for s in out["val"]], f"{val_list} (data.val_list)",
+                  "Use labels of the training list in the validation list.")
+    return VideoSplits(out["train"], out["val"], names)
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+
+def _layout(layout: str) -> str:
+    if layout not in LAYOUTS:
+        raise DataError(f"unknown video data layout {layout!r} (data.layout); choose one of {', '.join(LAYOUTS)}.")
+    return layout
+
+
+def class_names_of(layout: str, *, root=None, train_csv=None, train_list=None, **_ignored) -> list[str]:
+    """The class list of a layout's training split, cheaply (no video file is looked at)."""
+    layout = _layout(layout)
+    if layout == "folders":
+        return folder_classes(root)
+    if layout == "cvdf":
+        return csv_classes(train_csv)
+    return list_classes(train_list)
+
+
+def read_layout(layout: str, *, root=None, train_csv=None, val_csv=None, video_dir=None, train_list=None,
+                val_list=None, list_prefix=None) -> VideoSplits:
+    """The full scan of one layout (see the module docstring)."""
+    layout = _layout(layout)
+    if layout == "folders":
+        return read_folders(root)
+    if layout == "cvdf":
+        return read_cvdf(train_csv, val_csv, video_dir)
+    return read_lists(train_list, val_list, list_prefix)
+
+
+def label_samples(samples: Sequence[VideoSample], class_names: Sequence[str]) -> list[tuple[str, int]]:
+    """``(path, label index)`` pairs for :class:`~rescale_tasks.video.dataset.VideoClipDataset`."""
+    index = {name: i for i, name in enumerate(class_names)}
+    return [(s.path, index[s.label_name]) for s in samples]

@@ -1,0 +1,177 @@
+"""Video classification (Kinetics) with the core's 3D ResNets (R3D-18/50, SlowOnly-R50) under any
+residual scheme, with the standard multi-view evaluation.
+
+- Training: cross entropy on one clip per video (random temporal position, random scale, crop and
+  flip: :mod:`.transforms`); SGD with the core's parameter groups and the shared schedules.
+  ``inflate_from`` starts the 3D network from a 2D ``rescale fit`` checkpoint (I3D inflation,
+  :mod:`.inflation`).
+- Evaluation: every item is one clip of a video with its spatial crops (``num_crops``); the softmax
+  of each view is summed per (video, clip) and the sums are merged over ranks by that key
+  (:func:`~rescale_tasks.common.distributed.gather_by_key`: the padding of a distributed sampler
+  repeats some items on two ranks, they count once), so 2 processes give what 1 gives.
+  Video-level top-1/top-5 (``acc1``/``acc5``): the softmax averaged over all views of the video
+  (10 clips x 3 crops at test, SlowFast's protocol). Clip-level (``clip_acc1``/``clip_acc5``): each
+  view on its own. Memory: one float per class per (video, clip) until the epoch ends (Kinetics-400
+  val, 10 clips: about 320 MB over all ranks).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..common.distributed import every_rank_has_samples, gather_by_key, world_size, zero_loss
+from ..common.errors import ConfigError
+from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
+
+__all__ = ["VideoClassificationModule", "multi_view_accuracy"]
+
+
+def _default_sgd(params: Iterable) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-4)
+
+
+def multi_view_accuracy(entries: dict[tuple[int, int], tuple], top: tuple[int, ...] = (1, 5)) -> dict[str, float]:
+    """Video- and clip-level accuracy from ``{(video, clip): (label, summed softmax over its crops,
+    crops, {k: crops right at top-k})}`` (each key once): the video's prediction is the mean of the
+    softmax of all its views."""
+    videos: dict[int, list] = {}
+    views = 0
+    right = {k: 0 for k in top}
+    for (video, _clip), (label, probs, crops, correct) in entries.items():
+        slot = videos.setdefault(video, [label, torch.zeros_like(probs), 0])
+        slot[1] += probs
+        slot[2] += crops
+        views += crops
+        for k in top:
+            right[k] += correct[k]
+    out: dict[str, float] = {}
+    for k in top:
+        hits = sum(int(label in (probs / count).topk(min(k, probs.numel())).indices.tolist())
+                   for label, probs, count in videos.values())
+        out[f"acc{k}"] = hits / max(len(videos), 1)
+        out[f"clip_acc{k}"] = right[k] / max(views, 1)
+    out["videos"], out["views"] = float(len(videos)), float(views)
+    return out
+
+
+class VideoClassificationModule(RescaleTaskModule):
+    """Args:
+        network: a 3D ResNet from ``rescale_core`` (``r3d_18``, ``r3d_50``, ``slow_r50`` ...).
+        scheme, scheme_options, network_options: as for every task (dropout before the classifier:
+            ``scheme_options: {classifier_dropout: 0.5}``, SlowFast's recipe).
+        num_classes, in_channels: linked from the data module (the training split's classes).
+        inflate_from: a 2D classification checkpoint of ``rescale fit`` (same depth and scheme)
+            inflated into the 3D network before training.
+        label_smoothing: of the cross entropy.
+        optimizer, lr_scheduler, norm_weight_decay, channels_last, compile: see
+            :class:`~rescale_tasks.common.module.RescaleTaskModule`.
+    """
+
+    def __init__(self, network: str = "slow_r50", scheme: Optional[str] = None,
+                 scheme_options: Optional[dict[str, Any]] = None,
+                 network_options: Optional[dict[str, Any]] = None, num_classes: int = 400,
+                 in_channels: int = 3, inflate_from: Optional[str] = None, label_smoothing: float = 0.0,
+                 optimizer: OptimizerFactory = _default_sgd, lr_scheduler: Optional[SchedulerFactory] = None,
+                 norm_weight_decay: Optional[float] = None, channels_last: bool = False,
+                 compile: bool = False) -> None:
+        if inflate_from is not None and not os.path.isfile(inflate_from):
+            raise ConfigError(f"2D checkpoint not found: {inflate_from} (model.inflate_from); pass a .ckpt "
+                              "written by `rescale fit` of the classification task")
+        super().__init__(network, scheme, scheme_options, network_options, optimizer, lr_scheduler,
+                         norm_weight_decay, channels_last, compile,
+                         network_kwargs={"num_classes": num_classes, "in_channels": in_channels})
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        if inflate_from is not None:
+            from .inflation import load_inflated
+
+            load_inflated(self.net, inflate_from)
+        self.label_smoothing = label_smoothing
+        self._may_skip_batches = True
+        self._views: dict[tuple[int, int], tuple] = {}
+        self._loss_sum, self._loss_count = 0.0, 0
+
+    def forward(self, clips: torch.Tensor) -> torch.Tensor:
+        return self.net(self.as_input(clips))
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        self._may_skip_batches = bool(getattr(datamodule, "skip_bad", datamodule is None))
+
+    def training_step(self, batch, batch_idx: int) -> Optional[torch.Tensor]:
+        clips, labels = batch[0], batch[1]
+        if (self._may_skip_batches or labels.numel() == 0) and not every_rank_has_samples(labels.numel()):
+            return zero_loss(self) if world_size() > 1 else None
+        logits = self(clips)
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
+        acc = (logits.detach().argmax(-1) == labels).float().mean()
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
+                 batch_size=labels.numel())
+        self.log("train/acc1", acc, on_step=False, on_epoch=True, sync_dist=True, batch_size=labels.numel())
+        return loss
+
+    # --- multi-view evaluation ------------------------------------------------------------
+    def _start(self) -> None:
+        self._views, self._loss_sum, self._loss_count = {}, 0.0, 0
+
+    def _eval_step(self, batch) -> None:
+        clips, labels, videos, clip_ids = batch
+        if labels.numel() == 0:
+            return
+        if clips.dim() == 5:  # one crop per item
+            clips = clips.unsqueeze(1)
+        n, crops = clips.shape[:2]
+        logits = self(clips.flatten(0, 1)).float()
+        view_labels = labels.repeat_interleave(crops)
+        self._loss_sum += float(F.cross_entropy(logits, view_labels, reduction="sum"))
+        self._loss_count += n * crops
+        probs = logits.softmax(-1).view(n, crops, -1).cpu()
+        top = min(5, probs.shape[-1])
+        ranks = probs.topk(top, dim=-1).indices  # (n, crops, top)
+        for i in range(n):
+            label = int(labels[i])
+            hit = ranks[i] == label
+            correct = {1: int(hit[:, 0].sum()), 5: int(hit.any(-1).sum())}
+            self._views[(int(videos[i]), int(clip_ids[i]))] = (label, probs[i].sum(0), crops, correct)
+
+    def _finish(self, prefix: str) -> dict[str, float]:
+        entries = gather_by_key(self._views)  # a collective: each (video, clip) once
+        losses = gather_by_key({self.global_rank: (self._loss_sum, self._loss_count)})
+        metrics = multi_view_accuracy(entries)
+        total, count = map(sum, zip(*losses.values())) if losses else (0.0, 0)
+        metrics["loss"] = total / max(count, 1)
+        for name, value in metrics.items():
+            self.log(f"{prefix}/{name}", value, sync_dist=False, prog_bar=name == "acc1")
+        return metrics
+
+    def on_validation_epoch_start(self) -> None:
+        self._start()
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        if not self.trainer.sanity_checking:
+            self._finish("val")
+
+    def on_test_epoch_start(self) -> None:
+        self._start()
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch)
+
+    def on_test_epoch_end(self) -> None:
+        metrics = self._finish("test")
+        if self.trainer.is_global_zero:
+            print(f"test: {int(metrics['videos'])} videos, {int(metrics['views'])} views: video top-1 "
+                  f"{metrics['acc1']:.4f}, top-5 {metrics['acc5']:.4f}; clip top-1 {metrics['clip_acc1']:.4f}")
+
+    def predict_step(self, batch, batch_idx: int) -> dict:
+        clips, labels, videos, clip_ids = batch
+        if clips.dim() == 5:
+            clips = clips.unsqueeze(1)
+        n, crops = clips.shape[:2]
+        probs = self(clips.flatten(0, 1)).float().softmax(-1).view(n, crops, -1).mean(1)
+        return {"video": videos, "clip": clip_ids, "probs": probs}

@@ -1,0 +1,219 @@
+"""The detection task through the `rescale` CLI on real COCO-format data (digits pasted on
+canvases, see conftest.py): fit / validate / test / predict with W&B offline runs, the results
+json scored again by pycocotools, a tiny Mask R-CNN that learns the canvases, 2-process DDP
+evaluation equal to 1-process, bad input, and every config of experiments/coco/."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+
+from rescale_tasks.cli import main, run_lightning
+from rescale_tasks.common.schedules import IterationMultiStepLR
+from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
+from rescale_tasks.detection.module import DetectionModule
+
+REPO = Path(__file__).resolve().parents[3]
+COCO_CONFIGS = sorted(p for p in (REPO / "experiments/coco").glob("*.yaml") if not p.name.startswith("_"))
+# narrow heads, few RoIs, images at their own size (48-64 px): a Mask R-CNN step in ~0.1 s
+TINY_DETECTOR = {"head_channels": 8, "fc_dim": 32, "rpn_batch_size_per_image": 64,
+                 "box_batch_size_per_image": 64, "box_detections_per_img": 20}
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+
+def tiny_config(path: Path, root: Path, **model) -> Path:
+    config = {
+        "model": {"class_path": "rescale_tasks.detection.module.DetectionModule", "init_args": {
+            "network": "resnet18", "scheme": "rescale", "network_options": {"base_width": 8},
+            "detector": "maskrcnn", "fpn_channels": 16, "min_size": 48, "max_size": 64,
+            "detector_options": TINY_DETECTOR, "draw_predictions": 2,
+            "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.005, "momentum": 0.9}},
+            **model}},
+        "data": {"class_path": "rescale_tasks.detection.data.CocoDataModule", "init_args": {
+            "root": str(root), "batch_size": 2, "num_workers": 0, "train_sizes": [48], "max_size": 64,
+            "pin_memory": False, "persistent_workers": False}},
+        "trainer": {"max_steps": 3, "max_epochs": -1, "accelerator": "cpu", "devices": 1,
+                    "enable_progress_bar": False, "num_sanity_val_steps": 0, "log_every_n_steps": 1,
+                    "logger": {"class_path": "rescale_tasks.common.wandb_logger.SuiteWandbLogger",
+                               "init_args": {"save_dir": "runs", "project": "coco-test"}}},
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _runs(folder: str = "runs") -> list:
+    return [read_offline_run(d) for d in find_offline_runs(folder)]
+
+
+def _score(gt_file: Path, results_file: Path, iou_type: str) -> float:
+    """COCO AP of a results file, by pycocotools alone (mask AP from the masks, as Detectron2)."""
+    results = json.loads(results_file.read_text())
+    if iou_type == "segm":
+        results = [{k: v for k, v in r.items() if k != "bbox"} for r in results]
+    gt = COCO(str(gt_file))
+    evaluation = COCOeval(gt, gt.loadRes(results), iou_type)
+    evaluation.evaluate()
+    evaluation.accumulate()
+    evaluation.summarize()
+    return float(evaluation.stats[0])
+
+
+def test_fit_validate_test_predict_through_the_cli(coco_canvases, tmp_path, capsys):
+    config = tiny_config(tmp_path / "tiny.yaml", coco_canvases.root)
+    assert main(["fit", "--config", str(config), "--trainer.val_check_interval", "3"]) == 0
+    [run] = _runs()
+    assert run.config["model"]["init_args"]["detector"] == "maskrcnn"
+    for key in ("val/bbox_AP", "val/bbox_AP50", "val/segm_AP", "val/segm_APs", "train/loss_mask"):
+        assert run.metric(key), key  # COCO metrics logged to W&B at validation
+    [ckpt] = sorted(Path("runs").rglob("last.ckpt"))
+
+    assert main(["validate", "--config", str(config), "--ckpt_path", str(ckpt)]) == 0
+    assert main(["test", "--config", str(config), "--ckpt_path", str(ckpt)]) == 0
+    printed = capsys.readouterr().out
+    [results] = sorted(Path("runs").rglob("coco_results.test.json"))
+    assert "COCO results format" in printed
+    test_run = read_offline_run(str(results.parents[1]))
+    gt = coco_canvases.root / "annotations" / "instances_val2017.json"
+    categories = {c["id"] for c in json.loads(gt.read_text())["categories"]}
+    detections = json.loads(results.read_text())
+    assert detections and {d["category_id"] for d in detections} <= categories
+    assert all(len(d["bbox"]) == 4 and isinstance(d["segmentation"]["counts"], str) for d in detections)
+    # the file scores, by pycocotools alone, what the run logged
+    for iou_type in ("bbox", "segm"):
+        logged = test_run.summary[f"test/{iou_type}_AP"]
+        assert _score(gt, results, iou_type) == pytest.approx(logged, abs=1e-6)
+
+    assert main(["predict", "--config", str(config), "--ckpt_path", str(ckpt)]) == 0
+    [predicted] = sorted(Path("runs").rglob("coco_results.predict.json"))
+    assert json.loads(predicted.read_text()) == detections  # the same model, the same images
+    drawn = sorted(predicted.parent.glob("predictions/*.png"))
+    assert len(drawn) == 2 and drawn[0].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_tiny_mask_rcnn_learns_the_canvases(coco_canvases):
+    """Trained and evaluated on the same 8 canvases: it learns them, not just runs."""
+    import lightning.pytorch as L
+
+    from rescale_tasks.detection.data import CocoDataModule
+
+    root = coco_canvases.root
+    train = (str(root / "annotations/instances_train2017.json"), str(root / "train2017"))
+    data = CocoDataModule(train_annotations=train[0], train_images=train[1], val_annotations=train[0],
+                          val_images=train[1], batch_size=4, num_workers=0, train_sizes=[48], max_size=64,
+                          pin_memory=False, persistent_workers=False)
+    module = DetectionModule("resnet18", "rescale", network_options={"base_width": 8}, detector="maskrcnn",
+                             num_classes=data.num_classes, fpn_channels=16, min_size=48, max_size=64,
+                             detector_options=TINY_DETECTOR,
+                             optimizer=lambda p: torch.optim.AdamW(p, lr=0.006, weight_decay=0.0))
+    L.seed_everything(0)
+    trainer = L.Trainer(max_steps=100, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                        accelerator="cpu", num_sanity_val_steps=0, check_val_every_n_epoch=1000)
+    trainer.fit(module, data)
+    scores = trainer.validate(module, data, verbose=False)[0]
+    assert scores["val/bbox_AP50"] > 0.85 and scores["val/segm_AP50"] > 0.85, scores
+    mean_shift = [m for m in module.net.backbone.modules() if type(m).__name__ == "MeanShiftBias"]
+    assert mean_shift and all(not m.measuring for m in mean_shift)  # measured on the first batches
+
+
+@pytest.mark.ddp
+def test_two_process_evaluation_equals_one_process(coco_canvases, tmp_path):
+    """`rescale test` with 2 CPU processes (gloo) writes the same detections and logs the same AP
+    as with one: images are merged by id, the sampler's padding counts once (5 val images)."""
+    config = tiny_config(tmp_path / "tiny.yaml", coco_canvases.root)
+    assert main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.logger", "false",
+                 "--trainer.default_root_dir", "one"]) == 0
+    [ckpt] = sorted(Path("one").rglob("last.ckpt"))
+    outputs = {}
+    for devices in (1, 2):
+        folder = tmp_path / f"test{devices}"
+        command = [sys.executable, "-m", "rescale_tasks.cli", "test", "--config", str(config),
+                   "--ckpt_path", str(ckpt), "--trainer.devices", str(devices), "--trainer.logger", "false",
+                   "--trainer.default_root_dir", str(folder)]
+        if devices == 2:
+            command += ["--trainer.strategy", "ddp"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs[devices] = json.loads((folder / "coco_results.test.json").read_text())
+    images = {d["image_id"] for d in outputs[1]}
+    assert len(images) >= 3 and outputs[2] == outputs[1]
+
+
+def test_a_missing_annotation_file_is_one_line_and_exit_2(coco_canvases, tmp_path, capsys):
+    config = tiny_config(tmp_path / "tiny.yaml", tmp_path / "nowhere")
+    assert main(["fit", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "nowhere" in err[0] and "data.root" in err[0]
+
+
+def test_a_missing_backbone_checkpoint_is_one_line(coco_canvases, tmp_path, capsys):
+    config = tiny_config(tmp_path / "tiny.yaml", coco_canvases.root, backbone_checkpoint="gone.ckpt")
+    assert main(["fit", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "gone.ckpt" in err[0] and "model.backbone_checkpoint" in err[0]
+
+
+def test_the_backbone_starts_from_a_classification_checkpoint(coco_canvases, tmp_path):
+    """A `rescale fit` checkpoint of the same network and scheme initialises the backbone (weights
+    and RescaleNet's finished mean-shift measurement), FrozenBN and 3 trainable stages by default."""
+    from rescale_core import create_model
+
+    net = create_model("resnet18", scheme="rescale", base_width=8, num_classes=10)
+    for m in net.modules():
+        if type(m).__name__ == "MeanShiftBias":
+            m.mu0.normal_()
+            m.finish_measuring()
+    torch.save({"state_dict": {f"net.{k}": v for k, v in net.state_dict().items()}}, tmp_path / "cls.ckpt")
+    module = DetectionModule("resnet18", "rescale", network_options={"base_width": 8}, num_classes=4,
+                             fpn_channels=16, detector_options=TINY_DETECTOR,
+                             backbone_checkpoint=str(tmp_path / "cls.ckpt"))
+    body = module.net.backbone.body
+    assert torch.equal(body.conv1.weight, net.conv1.weight) and torch.equal(body.bn1.mu0, net.bn1.mu0)
+    assert not body.bn1.measuring
+    assert not any(p.requires_grad for p in body.layer1.parameters())
+    assert all(p.requires_grad for p in body.layer2.parameters())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", COCO_CONFIGS, ids=lambda p: p.stem)
+def test_every_coco_config_builds_its_recipe(config, coco_canvases):
+    """Each config of experiments/coco/ builds its detector and the Detectron2 1x/3x recipe (the
+    ImageNet checkpoint it names is left out: there is none here)."""
+    cli = run_lightning(["fit", "--config", str(config), "--data.init_args.root", str(coco_canvases.root),
+                         "--model.init_args.backbone_checkpoint", "null"], run=False)
+    module, data = cli.model, cli.datamodule
+    stem = config.stem
+    detector, _, _, schedule, backbone = stem.split("_", 4)
+    assert module.hparams.detector == detector and module.hparams.num_classes == data.num_classes == 4
+    assert type(module.net).__name__ == {"maskrcnn": "MaskRCNN", "fasterrcnn": "FasterRCNN",
+                                         "retinanet": "RetinaNet"}[detector]
+    scheme = {"bn": "bn", "gn": "gn", "gn_scratch": "gn"}.get(backbone, backbone.rstrip("0123456789"))
+    assert module.scheme_name == scheme
+    assert module.hparams.heads_norm == ("gn" if scheme == "gn" else None)
+    named = yaml.safe_load(config.read_text())["model"]["init_args"].get("backbone_checkpoint")
+    assert (named is None) == (backbone == "gn_scratch")  # every 1x run starts from ImageNet
+    optimizer = module.optimizer_factory(module.net.parameters())
+    assert optimizer.defaults["lr"] == (0.01 if detector == "retinanet" else 0.02)
+    assert module.hparams.norm_weight_decay == 0.0 and optimizer.defaults["weight_decay"] == 1e-4
+    scheduler = module.scheduler_factory(optimizer, steps_per_epoch=1, max_epochs=None)
+    assert isinstance(scheduler, IterationMultiStepLR) and scheduler.warmup_iters == 1000
+    total = cli.trainer.max_steps
+    assert (total, scheduler.milestones) == ((270000, [210000, 250000]) if schedule == "3x"
+                                             else (90000, [60000, 80000]))
+    assert list(data.train_sizes) == [640, 672, 704, 736, 768, 800] and data.max_size == 1333
+    assert module.hparams.min_size == 800 and math.isclose(module.net.transform.max_size, 1333)

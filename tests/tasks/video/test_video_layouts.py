@@ -1,0 +1,112 @@
+"""The three Kinetics layouts on disk give the same samples and classes; problems are one line."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from rescale_tasks.common.errors import DataError
+from rescale_tasks.video.layouts import (VideoSample, class_names_of, label_samples, read_cvdf, read_folders,
+                                         read_layout, read_lists)
+
+
+def _layout_args(k, layout: str) -> dict:
+    return {"folders": dict(root=k.root),
+            "cvdf": dict(train_csv=k.train_csv, val_csv=k.val_csv, video_dir=k.video_dir),
+            "list": dict(train_list=k.train_list, val_list=k.val_list, list_prefix=k.list_prefix)}[layout]
+
+
+def _one_line(err) -> str:
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("layout", ["folders", "cvdf", "list"])
+def test_each_layout_gives_the_same_samples_and_classes(kinetics_clips, layout):
+    k = kinetics_clips
+    args = _layout_args(k, layout)
+    assert class_names_of(layout, **args) == k.classes  # the cheap scan agrees with the full one
+    splits = read_layout(layout, **args)
+    assert splits.class_names == k.classes
+    for split in ("train", "val"):
+        got = getattr(splits, split)
+        assert [(os.path.basename(s.path), s.label_name) for s in got] == getattr(k, split)
+        assert all(os.path.isfile(s.path) for s in got)
+    labelled = label_samples(splits.train, splits.class_names)
+    assert [label for _, label in labelled] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def test_cvdf_rows_without_a_file_are_counted_warned_once_and_left_out(kinetics_clips, tmp_path):
+    k = kinetics_clips
+    csv = tmp_path / "train.csv"
+    lines = k.train_csv.read_text().splitlines()
+    # two rows whose videos were never downloaded, one of them a class with no video at all
+    lines += ["bikes,gone1,5,15,train", "zebra,gone2,0,10,train"]
+    csv.write_text("\n".join(lines) + "\n")
+    with pytest.warns(UserWarning, match=r"^2 of 11 videos listed in .*train\.csv .*not in") as record:
+        splits = read_cvdf(csv, k.val_csv, k.video_dir)
+    assert len(record) == 1
+    assert len(splits.train) == 9
+    assert splits.class_names == k.classes + ["zebra"]  # classes come from the annotations
+    with pytest.raises(DataError) as err:  # no video of the split present: an error
+        read_cvdf(csv, k.val_csv, tmp_path)
+    assert "None of the 11 videos" in _one_line(err) and "data.video_dir" in str(err.value)
+
+
+def test_integer_label_lists_keep_their_numbers_and_accept_commas(kinetics_clips, tmp_path):
+    k = kinetics_clips
+    train = tmp_path / "train.csv"
+    train.write_text("# path,label\n" + "".join(f"train/{c}/{n},{k.classes.index(c) * 2}\n" for n, c in k.train))
+    val = tmp_path / "val.txt"
+    val.write_text("".join(f"val/{c}/{n} {k.classes.index(c) * 2}\n" for n, c in k.val))
+    splits = read_lists(train, val, k.list_prefix)
+    assert splits.class_names == [str(i) for i in range(5)]  # max label 4 + 1
+    assert [s.label_name for s in splits.val] == ["0", "2", "4"]
+    assert [label for _, label in label_samples(splits.val, splits.class_names)] == [0, 2, 4]
+    # a name in the validation list of integer-labelled training data
+    val.write_text(f"val/bikes/{k.val[0][0]} bikes\n")
+    with pytest.raises(DataError, match="integer labels"):
+        read_lists(train, val, k.list_prefix)
+
+
+def test_one_line_errors(kinetics_clips, tmp_path):
+    k = kinetics_clips
+    with pytest.raises(DataError) as err:
+        read_folders(tmp_path / "nowhere")
+    assert "nowhere" in _one_line(err) and "data.root" in str(err.value)
+    with pytest.raises(DataError) as err:
+        class_names_of("folders", root=None)
+    assert "data.root is not set" in _one_line(err)
+
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_text("label,video,start,end\nbikes,x,0,10\n")
+    with pytest.raises(DataError) as err:
+        read_cvdf(wrong, k.val_csv, k.video_dir)
+    message = _one_line(err)
+    assert "youtube_id" in message and "label,youtube_id,time_start,time_end,split" in message
+
+    listed = tmp_path / "train.txt"
+    names = [f"train/bikes/missing_{i}.mp4" for i in range(5)]
+    listed.write_text(k.train_list.read_text() + "".join(f"{n} bikes\n" for n in names))
+    with pytest.raises(DataError) as err:
+        read_lists(listed, k.val_list, k.list_prefix)
+    message = _one_line(err)
+    assert "5 of 14 videos" in message and "missing_0.mp4" in message and "(+2 more)" in message
+
+
+def test_validation_classes_must_be_known_from_training(kinetics_clips, tmp_path):
+    k = kinetics_clips
+    root = tmp_path / "folders"
+    shutil.copytree(k.root, root)
+    (root / "val" / "yak").mkdir()
+    shutil.copy(k.root / "val" / "bikes" / k.val[0][0], root / "val" / "yak" / "y.mp4")
+    with pytest.raises(DataError) as err:
+        read_folders(root)
+    assert "yak" in _one_line(err) and "train/" in str(err.value)
+    val = tmp_path / "val.txt"
+    val.write_text(f"val/bikes/{k.val[0][0]} yak\n")
+    with pytest.raises(DataError, match="yak"):
+        read_lists(k.train_list, val, k.list_prefix)
+    assert VideoSample("a.mp4", "x") == VideoSample("a.mp4", "x")

