@@ -189,6 +189,13 @@ def test_the_backbone_starts_from_a_classification_checkpoint(coco_canvases, tmp
     assert all(p.requires_grad for p in body.layer2.parameters())
 
 
+def test_the_comparison_grid_is_there():
+    names = {p.stem for p in COCO_CONFIGS}
+    backbones = ("bn", "gn", "rescale50", "fixup50", "skipinit50")
+    expected = {f"{d}_r50_fpn_1x_{b}" for d in ("maskrcnn", "fasterrcnn", "retinanet") for b in backbones}
+    assert names == expected | {"maskrcnn_r50_fpn_3x_gn_scratch"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("config", COCO_CONFIGS, ids=lambda p: p.stem)
 def test_every_coco_config_builds_its_recipe(config, coco_canvases):

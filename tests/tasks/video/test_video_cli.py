@@ -131,6 +131,12 @@ def test_a_2d_checkpoint_is_inflated_into_the_video_network(tmp_path):
     assert torch.equal(module.net.bn1.mu0.flatten(), net2d.bn1.mu0.flatten()) and not module.net.bn1.measuring
 
 
+def test_the_comparison_grid_is_there():
+    names = {str(p.relative_to(KINETICS).with_suffix("")) for p in CONFIGS}
+    schemes = ("bn", "gn", "rescale", "fixup", "skipinit")
+    assert names == {f"{n}_8x8_{s}" for n in ("slow_r50", "r3d_50") for s in schemes} | {"subset/r3d_18_rescale"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_every_kinetics_config_builds_its_recipe(config, kinetics_clips):

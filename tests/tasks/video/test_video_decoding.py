@@ -7,6 +7,7 @@ import importlib.util
 import multiprocessing
 import os
 import pickle
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +104,36 @@ def test_exact_seeking_with_sparse_keyframes(sparse):
     assert dec.num_frames == 250
     rng = np.random.default_rng(1)
     for idx in [[249, 0], [125, 124, 126, 126]] + [list(rng.integers(0, 250, 8)) for _ in range(4)]:
+        np.testing.assert_array_equal(dec.get_frames(idx).numpy(), frames[idx])
+
+
+def test_variable_frame_rate_is_indexed_by_frame_not_by_time(small, tmp_path):
+    """Frames spaced 1, 2, 3, 1, 2, 3 ... ticks apart (a variable frame rate): index i is the i-th
+    frame shown, whatever its timestamp, and seeking is exact."""
+    src, _ = small
+    path = tmp_path / "vfr.mp4"
+    with av.open(str(src)) as inp, av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=30, options={"g": "8", "preset": "ultrafast", "bf": "0"})
+        stream.width, stream.height, stream.pix_fmt = 176, 144, "yuv420p"
+        stream.codec_context.time_base = Fraction(1, 30)
+        pts = 0
+        for i, frame in enumerate(inp.decode(video=0)):
+            if i == 60:
+                break
+            frame = frame.reformat(format="yuv420p")
+            frame.pts, frame.time_base, frame.pict_type = pts, Fraction(1, 30), av.video.frame.PictureType.NONE
+            pts += 1 + i % 3
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    frames = sequential(path)
+    with av.open(str(path)) as container:
+        gaps = np.diff(sorted(p.pts for p in container.demux(video=0) if p.size))
+    assert len(frames) == 60 and len(set(gaps.tolist())) == 3  # really variable
+    dec = make_decoder(path)
+    assert dec.num_frames == 60
+    for idx in ([59, 0], [31, 30, 32], [7, 45, 13, 13]):
         np.testing.assert_array_equal(dec.get_frames(idx).numpy(), frames[idx])
 
 
