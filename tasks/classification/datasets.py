@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
-from rescale_tasks.common.errors import DataError
+from rescale_tasks.common.errors import DataError, WorkerDataError
 
 log = logging.getLogger(__name__)
 
@@ -107,20 +107,11 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int) -> tuple[
     return train_names, train, val
 
 
-class CorruptImageError(DataError):
+class CorruptImageError(WorkerDataError):
     """An image file that PIL cannot decode.
 
-    When raised inside a DataLoader worker, torch re-raises it in the main process as
-    ``CorruptImageError("Caught ... Original Traceback ...")``; the constructor recovers
-    the original single-line message so the user still sees one line.
+    Raised in a DataLoader worker, it still reaches the user as one line (:class:`WorkerDataError`).
     """
-
-    def __init__(self, message: str):
-        if message.startswith("Caught ") and "Original Traceback" in message:
-            last = message.rstrip().splitlines()[-1]
-            prefix = f"{type(self).__qualname__}: "
-            message = last.split(prefix, 1)[1] if prefix in last else last
-        super().__init__(message)
 
 
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, zlib.error, Image.DecompressionBombError)

@@ -18,3 +18,18 @@ class DataError(UserError):
 
 class ConfigError(UserError):
     """A config key or value that cannot be used."""
+
+
+class WorkerDataError(DataError):
+    """A data error that may be raised inside a DataLoader worker (a corrupt image, a bad video).
+
+    torch re-raises a worker's exception in the main process as ``cls("Caught ... Original
+    Traceback ...")``; the constructor keeps only the original line, so the user still sees one.
+    """
+
+    def __init__(self, message: str):
+        if message.startswith("Caught ") and "Original Traceback" in message:
+            last = message.rstrip().splitlines()[-1]
+            prefix = f"{type(self).__qualname__}: "
+            message = last.split(prefix, 1)[1] if prefix in last else last
+        super().__init__(message)

