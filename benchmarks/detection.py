@@ -16,7 +16,8 @@ The contenders (:func:`detection_contenders`), each ``rescale_tasks.detection.mo
 All three freeze the same stages (``trainable_layers``, 3 by default) so the ratios isolate what
 the normalization costs, and all start as from a checkpoint: RescaleNet's mean-shift biases have
 finished measuring (a trained checkpoint brings its measured ``mu0``), so no measuring step is
-timed. Weights are random (speed does not depend on them).
+timed. Weights are random: the arithmetic does not depend on them, but the RoI heads' workload
+does (next paragraph).
 
 Inputs are synthetic: ``batch`` images of ``image_size`` (h, w) with smooth random content and a
 few random boxes per image, each with a filled elliptical mask. ``min_size``/``max_size`` of the
@@ -26,6 +27,21 @@ detection (``box_score_thresh=0``, up to ``box_detections_per_img`` per image): 
 model's scores sit below the usual 0.05, which would leave the mask head with nothing to do,
 whereas a trained model on COCO fills most of its 100 detections.
 
+The same holds in training: the mask head trains on the positive RoIs only (IoU >= 0.5 with an
+object), and with torchvision's ``box_positive_fraction=0.25`` (up to 128 of 512 per image) their
+number is whatever a random-weight RPN happens to propose near the objects: at the CPU sizes 20 per
+step for FrozenBN and 57 for rescale50, which made the ratio measure the mask head's workload
+(rescale50's backbone forward + backward is as fast as FrozenBN's) and not the backbone. So the
+positive quota is set to the objects per image (:func:`detector_options`): every image's own
+objects are proposals too (torchvision adds the ground-truth boxes), so every contender trains its
+mask head on exactly ``batch * boxes`` RoIs and its box head on ``box_batch_size_per_image`` per
+image; 8 objects per image, about COCO's mean (7.3). Likewise the RPN's NMS: how many of its
+``rpn_post_nms_top_n_test`` proposals survive it (and reach the box head at inference) depends on
+the random weights (at the CPU sizes 1798 of 2000 for FrozenBN, 2000 for rescale50), so
+``rpn_nms_thresh`` is 1.0 (NMS suppresses nothing): the box head sees the full quota, as a trained
+RPN's proposals on COCO fill it. What still varies with the weights is the post-processing NMS
+over the box head's (score-thresholded at 0) detections.
+
 A train step: forward in train mode (RPN and RoI losses, mask loss), the sum of the losses,
 backward, SGD at learning rate 0 (the harness's step, :mod:`benchmarks.steps`). Inference:
 ``model.eval()`` under ``torch.inference_mode``, images/s. Paired, interleaved repeats as in
@@ -33,9 +49,11 @@ every section; ratios are medians of per-repeat ratios.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 
 import torch
+from torchvision.models.detection import FasterRCNN
 
 import rescale_core
 
@@ -43,19 +61,20 @@ from .models import Contender, Suite
 from .sections import SectionResult, Settings, Table, _prepare_all, _ratio, _release, _ms
 from .timing import paired_repeats, timer_measure
 
-__all__ = ["DETECTION_DEFAULTS", "DETECTION_SIZES", "detection_contenders", "detection_suite",
-           "synthetic_batch", "section_detection"]
+__all__ = ["DETECTION_DEFAULTS", "DETECTION_SIZES", "detection_contenders", "detector_options",
+           "detection_suite", "synthetic_batch", "section_detection"]
 
 DETECTION_DEFAULTS = {
     "batch": 2,
     "image_size": (320, 416),   # (height, width) of the synthetic images
     "min_size": 320, "max_size": 512,
-    "boxes": 4,                 # objects per image
+    "boxes": 8,                 # objects per image (COCO: 7.3 on average), = positive RoIs per image
     "num_classes": 81,          # COCO, contiguous ids + background
     "trainable_layers": 3,
     "out_channels": 256, "head_channels": 256, "fc_dim": 1024,  # the papers' widths
     "network_options": {},      # e.g. {"base_width": 16} (tests)
-    "detector_options": {},     # torchvision's MaskRCNN kwargs (RoIs per image, proposals ...)
+    "detector_options": {},     # torchvision's MaskRCNN kwargs (RoIs per image, proposals ...);
+    #                             defaults: box_positive_fraction boxes / box_batch_size_per_image, rpn_nms_thresh 1
     "warmup": 3,                # train steps before timing (at least 2)
     "eval_warmup": 1,
 }
@@ -73,6 +92,21 @@ DETECTION_SIZES = {
 }
 
 
+def detector_options(o: dict) -> dict:
+    """The MaskRCNN kwargs: ``o["detector_options"]``, with ``box_positive_fraction`` (unless given)
+    such that the RoI sampler keeps exactly ``o["boxes"]`` positives per image, the image's objects
+    (always positives: torchvision adds the ground-truth boxes to the proposals), and
+    ``rpn_nms_thresh=1.0`` (unless given: the RPN keeps its top ``rpn_post_nms_top_n_*``), so the
+    RoI heads' workload does not depend on what a random-weight RPN proposes (module docstring)."""
+    out = dict(o["detector_options"])
+    out.setdefault("rpn_nms_thresh", 1.0)
+    per_image = out.get("box_batch_size_per_image",
+                        inspect.signature(FasterRCNN).parameters["box_batch_size_per_image"].default)
+    # the sampler keeps int(per_image * fraction) positives: the half keeps float rounding off k - 1
+    out.setdefault("box_positive_fraction", min(1.0, (int(o["boxes"]) + 0.5) / per_image))
+    return out
+
+
 def detection_contenders(o: dict) -> tuple[Contender, ...]:
     """FrozenBN, GN and rescale50 Mask R-CNNs built from the options ``o`` (see the docstring)."""
     from rescale_tasks.detection.backbones import resnet_fpn_backbone
@@ -88,10 +122,11 @@ def detection_contenders(o: dict) -> tuple[Contender, ...]:
             return build_detector("maskrcnn", backbone, o["num_classes"], heads_norm=norm,
                                   min_size=o["min_size"], max_size=o["max_size"],
                                   head_channels=o["head_channels"], fc_dim=o["fc_dim"],
-                                  box_score_thresh=0.0, **o["detector_options"])
+                                  box_score_thresh=0.0, **options)
         return make
 
     t = o["trainable_layers"]
+    options = detector_options(o)
     return (
         Contender("FrozenBN", build("resnet50", "bn", True, None),
                   f"resnet50, FrozenBatchNorm2d, trainable_layers={t}, heads without norm"),
@@ -191,8 +226,10 @@ def section_detection(settings: Settings) -> SectionResult:
              "per-repeat ratios; params: all (trainable)",
              "RoI sampling is random per step (as in training); the targets are synthetic (random boxes, "
              "elliptical masks), weights random, RescaleNet's mean-shift biases already measured"]
-    if o["detector_options"]:
-        notes.append(f"MaskRCNN options: {o['detector_options']}")
+    if "box_positive_fraction" not in o["detector_options"]:
+        notes.append(f"the mask head trains on {batch * o['boxes']} positive RoIs per step in every contender "
+                     f"(box_positive_fraction: {o['boxes']} per image, the objects)")
+    notes.append(f"MaskRCNN options: {detector_options(o)} (rpn_nms_thresh 1: the RPN keeps its top proposals)")
     if bad:
         notes.append(f"non-finite parameters after timing: {bad}")
     result.tables.append(Table(f"{suite.title}: train step",

@@ -10,7 +10,7 @@ import torch
 
 from benchmarks import report
 from benchmarks.__main__ import build_settings, parse_args, selected_sections
-from benchmarks.detection import synthetic_batch
+from benchmarks.detection import DETECTION_DEFAULTS, detection_contenders, detector_options, synthetic_batch
 from benchmarks.sections import SECTIONS, Settings
 from benchmarks.timing import Summary
 
@@ -121,3 +121,22 @@ def test_command_line_sizes_and_markdown_tags(tmp_path):
     text = path.read_text()
     assert "<!-- bench:begin detection -->" in text and "<!-- bench:begin video_loader -->" in text
     assert text.count("<!-- bench:begin") == 3
+
+
+def test_detection_mask_head_workload_is_the_objects():
+    """The positive quota is the objects per image, so every contender's mask head trains on
+    ``batch * boxes`` RoIs whatever its random-weight RPN proposes (torchvision's default quota made
+    that count, and with it the train-step ratio, depend on the backbone's random weights)."""
+    o = {**DETECTION_DEFAULTS, "batch": 2, "image_size": (64, 80), "min_size": 64, "max_size": 80,
+         "boxes": 3, "num_classes": 3, "out_channels": 32, "head_channels": 32, "fc_dim": 32,
+         "network_options": {"base_width": 8},
+         "detector_options": {"rpn_post_nms_top_n_train": 40, "box_batch_size_per_image": 32}}
+    assert int(32 * detector_options(o)["box_positive_fraction"]) == 3
+    images, targets = synthetic_batch(o["batch"], o["image_size"], o["boxes"], o["num_classes"])
+    for contender in detection_contenders(o):
+        torch.manual_seed(0)
+        model = contender.build().train()
+        rois = []
+        model.roi_heads.mask_roi_pool.register_forward_hook(lambda m, args, out: rois.append(out.shape[0]))
+        model(images, targets)
+        assert rois == [o["batch"] * o["boxes"]], contender.name
