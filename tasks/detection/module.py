@@ -99,7 +99,9 @@ class DetectionModule(RescaleTaskModule):
                          options=dict(detector_options or {}))
         super().__init__(network, scheme, scheme_options, network_options, optimizer, lr_scheduler,
                          norm_weight_decay, channels_last, compile, network_kwargs={"detection": detection})
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        # what predict draws is not the model's: a checkpoint's hyper-parameters replace the
+        # command line's model arguments at `predict --ckpt_path`, so these stay out of them
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "draw_predictions", "draw_score_threshold"])
         self.detector_kind = detector
         self.iou_types = ("bbox", "segm") if detector == "maskrcnn" else ("bbox",)
         self.draw_predictions, self.draw_score_threshold = draw_predictions, draw_score_threshold

@@ -41,7 +41,7 @@ def tiny_config(path: Path, root: Path, **model) -> Path:
         "model": {"class_path": "rescale_tasks.detection.module.DetectionModule", "init_args": {
             "network": "resnet18", "scheme": "rescale", "network_options": {"base_width": 8},
             "detector": "maskrcnn", "fpn_channels": 16, "min_size": 48, "max_size": 64,
-            "detector_options": TINY_DETECTOR, "draw_predictions": 2,
+            "detector_options": TINY_DETECTOR,
             "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.005, "momentum": 0.9}},
             **model}},
         "data": {"class_path": "rescale_tasks.detection.data.CocoDataModule", "init_args": {
@@ -98,7 +98,9 @@ def test_fit_validate_test_predict_through_the_cli(coco_canvases, tmp_path, caps
         logged = test_run.summary[f"test/{iou_type}_AP"]
         assert _score(gt, results, iou_type) == pytest.approx(logged, abs=1e-6)
 
-    assert main(["predict", "--config", str(config), "--ckpt_path", str(ckpt)]) == 0
+    # drawing is asked for at predict time only (a checkpoint's hyper-parameters would override it)
+    assert main(["predict", "--config", str(config), "--ckpt_path", str(ckpt),
+                 "--model.init_args.draw_predictions", "2"]) == 0
     [predicted] = sorted(Path("runs").rglob("coco_results.predict.json"))
     assert json.loads(predicted.read_text()) == detections  # the same model, the same images
     drawn = sorted(predicted.parent.glob("predictions/*.png"))
