@@ -24,6 +24,7 @@ from rescale_core import (MeanShiftBias, ResidualBlock, ResidualSublayer, Scheme
 from rescale_core import fastpath as fp
 from rescale_core.models.resnet import ResNet
 from rescale_core.models.vgg import VGG
+from rescale_core.testing import randomise_
 
 F64 = dict(rtol=1e-9, atol=1e-11)
 F32 = dict(rtol=1e-4, atol=1e-5)
@@ -33,25 +34,7 @@ F32_SUMS = dict(rtol=1e-3, atol=1e-4)
 
 
 # --------------------------------------------------------------- helpers
-@torch.no_grad()
-def _randomise(model: nn.Module, seed: int = 0, gain: float = 0.5) -> None:
-    """Move every parameter and mean-shift statistic away from its (often zero) init, so that
-    no fold is tested against zeros: gains, scalar biases, mean-shift biases and mu0."""
-    g = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        noise = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
-        if name.endswith("gain.weight"):
-            p.copy_(gain * (1 + noise.abs()))
-        elif p.dim() <= 1 or name.endswith(".bias"):
-            p.add_(0.3 * noise)
-        else:
-            p.add_(0.2 * p.std().clamp_min(0.05) * noise)
-    for m in model.modules():
-        if isinstance(m, MeanShiftBias):
-            m.mu0.copy_(torch.randn(m.mu0.shape, generator=g, dtype=torch.float64).to(m.mu0.dtype))
-        if isinstance(m, nn.modules.batchnorm._NormBase) and m.running_mean is not None:
-            m.running_mean.normal_(generator=g)
-            m.running_var.uniform_(0.5, 2.0, generator=g)
+_randomise = randomise_  # rescale_core.testing
 
 
 def _pair(model: nn.Module) -> tuple[nn.Module, nn.Module]:

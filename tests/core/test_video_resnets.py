@@ -15,6 +15,7 @@ from torch.nn import functional as F
 import rescale_core
 from rescale_core import MeanShiftBias, ResidualBlock
 from rescale_core import fastpath as fp
+from rescale_core.testing import randomise_
 from rescale_core.blocks import StridedAvgPoolNd
 from rescale_core.models.resnet import VIDEO_RESNETS, ResNet, ResNetConfig
 
@@ -158,23 +159,6 @@ def test_spatial_only_strided_pool():
 
 
 # --------------------------------------------------------------- fast path == reference path
-@torch.no_grad()
-def _randomise(model: nn.Module, seed: int = 0) -> None:
-    """Gains, biases and mean-shift statistics away from their (often zero) init."""
-    g = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        noise = torch.randn(p.shape, generator=g, dtype=p.dtype)
-        if name.endswith("gain.weight"):
-            p.copy_(0.15 * (1 + noise.abs()))
-        elif p.dim() <= 1 or name.endswith(".bias"):
-            p.add_(0.3 * noise)
-        else:
-            p.add_(0.2 * p.std().clamp_min(0.05) * noise)
-    for m in model.modules():
-        if isinstance(m, MeanShiftBias):
-            m.mu0.copy_(torch.randn(m.mu0.shape, generator=g, dtype=m.mu0.dtype))
-
-
 def _run(model: nn.Module, x: torch.Tensor, seed: int):
     x = x.clone().requires_grad_(True)
     torch.manual_seed(seed)
@@ -194,7 +178,7 @@ def test_fast_path_equals_reference(name, scheme):
     """Two measuring training steps, one after measuring, then eval: same outputs, input and
     parameter gradients and mean-shift state on both paths (float64)."""
     fused = _build(name, scheme, torch.float64)
-    _randomise(fused)
+    randomise_(fused, gain=0.15)
     ref = copy.deepcopy(fused)
     for m in ref.modules():
         if isinstance(getattr(m, "fused", None), bool):
