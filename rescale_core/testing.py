@@ -1,6 +1,8 @@
 """Helpers for checking that two code paths compute the same function (the fast path against the
 reference path, a new scheme's fold against its layers): a model moved away from its init, where
-gains, biases and mean-shift statistics are often exactly zero or one and would hide a wrong fold."""
+gains, biases and mean-shift statistics are often exactly zero or one and would hide a wrong fold
+(SkipInit's zero gains, De & Smith 2020; Fixup's zero-initialised last layers, Zhang et al. 2019;
+RescaleNet's measured mean shift, Shao et al. 2020)."""
 from __future__ import annotations
 
 import torch
