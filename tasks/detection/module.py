@@ -27,7 +27,6 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-from ..common.config import run_directory
 from ..common.distributed import every_rank_has_samples, gather_objects, world_size, zero_loss
 from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
@@ -225,20 +224,15 @@ class DetectionModule(RescaleTaskModule):
                                                         image_ids=ids))
 
     # --- outputs --------------------------------------------------------------------------
-    def _output_folder(self) -> str:
-        logger = self.trainer.logger
-        folder = run_directory(logger) if logger is not None else None
-        return folder or self.trainer.default_root_dir
-
     def _write_results(self, split: str, results: list[dict]) -> None:
-        path = os.path.join(self._output_folder(), RESULTS_FILE.format(split=split))
+        path = os.path.join(self.output_folder(), RESULTS_FILE.format(split=split))
         write_coco_results(path, results)
         print(f"{split}: {len(results)} detections written to {path} (COCO results format)")
 
     def _draw(self, image_id: int, image: torch.Tensor, prediction: dict) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
         names = getattr(datamodule, "class_names", None)
-        folder = os.path.join(self._output_folder(), "predictions")
+        folder = os.path.join(self.output_folder(), "predictions")
         os.makedirs(folder, exist_ok=True)
         pixels = (image.detach().cpu().clamp(0, 1) * 255).to(torch.uint8)
         save_drawn(os.path.join(folder, f"{image_id}.png"), pixels, prediction, names, self.draw_score_threshold)

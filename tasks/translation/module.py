@@ -35,7 +35,6 @@ from torchmetrics.aggregation import MeanMetric
 
 from rescale_core.generation import GenerationConfig, generate
 
-from ..common.config import run_directory
 from ..common.distributed import gather_objects, sum_tensor_over_ranks, world_size
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
 from .bleu import STYLES, bleu_statistics, bleu_from_statistics
@@ -233,7 +232,7 @@ class TranslationModule(RescaleTaskModule):
         hypotheses = gather_objects(self._hypotheses)
         if not self.trainer.is_global_zero or result is None:
             return
-        folder = self._output_folder()
+        folder = self.output_folder()
         os.makedirs(folder, exist_ok=True)
         count = len(self.trainer.datamodule.references("test"))
         by_line = dict(hypotheses)
@@ -245,8 +244,3 @@ class TranslationModule(RescaleTaskModule):
                        "hypotheses": HYPOTHESES_FILE}, f, indent=1)
         print(f"test BLEU {result.score:.2f} ({result.signature}); hypotheses: "
               f"{os.path.join(folder, HYPOTHESES_FILE)}")
-
-    def _output_folder(self) -> str:
-        logger = self.trainer.logger
-        folder = run_directory(logger) if logger is not None else None
-        return folder or self.trainer.default_root_dir

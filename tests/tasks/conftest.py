@@ -95,3 +95,24 @@ def classification_checkpoint(tmp_path):
         return net, path
 
     return make
+
+
+@pytest.fixture
+def rescale_processes():
+    """``run(args, devices) -> CompletedProcess``: the ``rescale`` command in a fresh Python
+    process on ``devices`` CPU processes (``ddp`` over gloo when more than one; one thread each),
+    for tests comparing a multi-process run with a single-process one."""
+    import os
+    import subprocess
+    import sys
+
+    def run(args: list[str], devices: int = 1) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "rescale_tasks.cli", *args, "--trainer.devices", str(devices)]
+        if devices > 1:
+            command += ["--trainer.strategy", "ddp"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done
+
+    return run

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -133,7 +130,7 @@ def test_a_tiny_mask_rcnn_learns_the_canvases(coco_canvases):
 
 
 @pytest.mark.ddp
-def test_two_process_evaluation_equals_one_process(coco_canvases, tmp_path):
+def test_two_process_evaluation_equals_one_process(coco_canvases, tmp_path, rescale_processes):
     """`rescale test` with 2 CPU processes (gloo) writes the same detections and logs the same AP
     as with one: images are merged by id, the sampler's padding counts once (5 val images)."""
     config = tiny_config(tmp_path / "tiny.yaml", coco_canvases.root)
@@ -143,14 +140,8 @@ def test_two_process_evaluation_equals_one_process(coco_canvases, tmp_path):
     outputs = {}
     for devices in (1, 2):
         folder = tmp_path / f"test{devices}"
-        command = [sys.executable, "-m", "rescale_tasks.cli", "test", "--config", str(config),
-                   "--ckpt_path", str(ckpt), "--trainer.devices", str(devices), "--trainer.logger", "false",
-                   "--trainer.default_root_dir", str(folder)]
-        if devices == 2:
-            command += ["--trainer.strategy", "ddp"]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert done.returncode == 0, done.stderr[-2000:]
+        rescale_processes(["test", "--config", str(config), "--ckpt_path", str(ckpt), "--trainer.logger", "false",
+                           "--trainer.default_root_dir", str(folder)], devices)
         outputs[devices] = json.loads((folder / "coco_results.test.json").read_text())
     images = {d["image_id"] for d in outputs[1]}
     assert len(images) >= 3 and outputs[2] == outputs[1]

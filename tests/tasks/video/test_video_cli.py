@@ -4,9 +4,6 @@ metrics that aggregate the right views, bad files skipped and reported, 2-proces
 equal to 1-process, bad input, a 2D checkpoint inflated, and every config of experiments/kinetics/."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -109,7 +106,7 @@ def test_a_tiny_r3d_learns_the_clips(kinetics_clips):
 
 
 @pytest.mark.ddp
-def test_two_process_evaluation_equals_one_process(kinetics_clips, tmp_path):
+def test_two_process_evaluation_equals_one_process(kinetics_clips, tmp_path, rescale_processes):
     """`rescale test` with 2 CPU processes (gloo): every (video, clip) counted once although the
     sampler repeats some on both ranks: the same video- and clip-level metrics as 1 process."""
     config = tiny_config(tmp_path / "tiny.yaml", kinetics_clips, num_clips=2)
@@ -118,14 +115,8 @@ def test_two_process_evaluation_equals_one_process(kinetics_clips, tmp_path):
     [ckpt] = sorted(Path("one").rglob("last.ckpt"))
     printed = {}
     for devices in (1, 2):
-        command = [sys.executable, "-m", "rescale_tasks.cli", "test", "--config", str(config),
-                   "--ckpt_path", str(ckpt), "--trainer.devices", str(devices), "--trainer.logger", "false",
-                   "--trainer.default_root_dir", str(tmp_path / f"test{devices}")]
-        if devices == 2:
-            command += ["--trainer.strategy", "ddp"]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert done.returncode == 0, done.stderr[-2000:]
+        done = rescale_processes(["test", "--config", str(config), "--ckpt_path", str(ckpt), "--trainer.logger",
+                                  "false", "--trainer.default_root_dir", str(tmp_path / f"test{devices}")], devices)
         printed[devices] = [line for line in done.stdout.splitlines() if line.startswith("test: ")]
     videos = len(kinetics_clips.val)
     assert printed[1] and printed[1][0].startswith(f"test: {videos} videos, {videos * 2 * 3} views")
