@@ -27,7 +27,6 @@ Video: measured by the ``video_loader`` section (:mod:`benchmarks.video_loader`)
 from __future__ import annotations
 
 import gc
-import importlib.util
 import tempfile
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -253,8 +252,8 @@ def translation_throughput(root: str | Path, vocab_size: int, workers: tuple[int
     return TokenLoaderThroughput(paired, batches, sentences, target, real, padded, efficiency, max_tokens)
 
 
-# The pipelines of the suite's tasks: name -> (rescale_tasks module that must exist, unit,
-# the section measuring it when it is not the data section).
+# The pipelines of the suite's tasks: name -> (their rescale_tasks module, unit, the section
+# measuring them).
 PIPELINES = {
     "classification (ImageFolder)": ("rescale_tasks.classification", "img", "data"),
     "video": ("rescale_tasks.video", "clip", "video_loader"),
@@ -264,15 +263,5 @@ PIPELINES = {
 
 def pending_pipelines() -> list[tuple[str, str]]:
     """(pipeline, reason) for the pipelines the data section does not measure."""
-    out = []
-    for name, (module, _unit, section) in PIPELINES.items():
-        if section == "data":
-            continue
-        if section is not None:
-            out.append((name, f"measured by the {section} section (--only {section})"))
-            continue
-        present = importlib.util.find_spec(module.rsplit(".", 1)[0]) is not None and \
-            importlib.util.find_spec(module) is not None
-        out.append((name, f"{module} exists: add its loader to benchmarks/data.py" if present
-                    else f"task not in the suite yet ({module})"))
-    return out
+    return [(name, f"measured by the {section} section (--only {section})")
+            for name, (_module, _unit, section) in PIPELINES.items() if section != "data"]

@@ -194,11 +194,10 @@ def section_detection(settings: Settings) -> SectionResult:
     # torchvision's transform batches the images into a new contiguous tensor: no channels_last
     cfg = replace(settings.run_config, channels_last=False)
     result = SectionResult("detection")
-    names = ["FrozenBN", "GN", "rescale50"]
-    base, target = "FrozenBN", "rescale50"
 
     # train steps
     suite = detection_suite(o, train=True)
+    names, base = [c.name for c in suite.contenders], suite.baseline
     quiet = replace(settings, warmup=max(2, int(o["warmup"])))
     prepared = _prepare_all(suite, names, quiet, batch, configs=dict.fromkeys(names, cfg))
     measures = {n: timer_measure(p.train_step, min_run_time=settings.min_run_time, label="detection",

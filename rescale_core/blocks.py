@@ -29,11 +29,11 @@ from torch import nn
 
 from . import fastpath as fp
 from .init import init_branch, init_shortcut, rescale_conv_multiplier
-from .layers import (Gain, MeanShiftBias, ScalarBias, StridedAvgPool, _BlockMean, channel_shape,
-                     conv_nd, dropout_nd, make_norm)
+from .layers import (Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_shape, conv_nd,
+                     dropout_nd, make_norm)
 from .schemes import Scheme
 
-__all__ = ["ResidualMerge", "ResidualBlock", "ResidualSublayer", "StridedAvgPoolNd", "pre_conv_bias"]
+__all__ = ["ResidualMerge", "ResidualBlock", "ResidualSublayer", "pre_conv_bias"]
 
 
 class ResidualMerge(nn.Module):
@@ -110,27 +110,6 @@ class ResidualMerge(nn.Module):
 def _strided(stride) -> bool:
     """Whether a stride (an int, or one per spatial dim) downsamples at all."""
     return any(s != 1 for s in stride) if isinstance(stride, (tuple, list)) else stride != 1
-
-
-class StridedAvgPoolNd(StridedAvgPool):
-    """:class:`~rescale_core.layers.StridedAvgPool` with one stride per spatial dim: RescaleNet's
-    ``avgpool(stride)`` shortcut for blocks that downsample space only (``(1, 2, 2)``, SlowOnly).
-    Output ``ceil(n / s)`` per dim, the size of the branch's strided conv (padding ``k // 2``)."""
-
-    def __init__(self, stride: tuple[int, ...], spatial_dims: int) -> None:
-        super().__init__(1, spatial_dims)
-        if len(stride) != spatial_dims:
-            raise ValueError(f"one stride per spatial dim expected, got {stride} for {spatial_dims} dims")
-        self.stride = tuple(int(s) for s in stride)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # as the base class, with a stride per dim (the base takes one int)
-        kernel = tuple(min(s, n) for s, n in zip(self.stride, x.shape[2:]))
-        if (x.device.type == "cpu" and x.is_contiguous() and x.dim() == self.spatial_dims + 2
-                and all(n % k == 0 for n, k in zip(x.shape[2:], kernel))
-                and not torch.compiler.is_compiling()):
-            return _BlockMean.apply(x, kernel)
-        return self._pool(x, kernel, self.stride, ceil_mode=True, count_include_pad=False)
 
 
 def pre_conv_bias(scheme: Scheme, channels: int, spatial_dims: int) -> nn.Module:
@@ -230,12 +209,7 @@ class ResidualBlock(nn.Module):
     def _shortcut(scheme: Scheme, cin: int, cout: int, stride: "int | tuple[int, ...]",
                   spatial_dims: int) -> nn.Sequential:
         if scheme.mean_shift:  # RescaleNet: avgpool(stride) -> bias -> conv1x1
-            if not _strided(stride):
-                layers = []
-            elif isinstance(stride, int):
-                layers = [StridedAvgPool(stride, spatial_dims)]
-            else:
-                layers = [StridedAvgPoolNd(stride, spatial_dims)]
+            layers = [StridedAvgPool(stride, spatial_dims)] if _strided(stride) else []
             layers += [MeanShiftBias(cin, spatial_dims, scheme.measure_batches),
                        conv_nd(spatial_dims, cin, cout, 1, bias=False)]
         else:

@@ -253,21 +253,26 @@ class StridedAvgPool(nn.Module):
     the branch's strided 3x3 conv, ``ceil(n / stride)``: the official ``nn.AvgPool2d(stride)``
     fails on odd sizes (shape mismatch at the merge) and on size 1 (e.g. a 3D clip's time axis
     after a few strides). Same result as ``AvgPool(stride)`` on sizes divisible by the stride,
-    where contiguous inputs take a faster kernel (:class:`_BlockMean`)."""
+    where contiguous inputs take a faster kernel (:class:`_BlockMean`). ``stride``: an int, or
+    one per spatial dim (``(1, 2, 2)``: a video block that downsamples space only, SlowOnly)."""
 
-    def __init__(self, stride: int, spatial_dims: int) -> None:
+    def __init__(self, stride: "int | tuple[int, ...]", spatial_dims: int) -> None:
         super().__init__()
-        self.stride, self.spatial_dims = int(stride), spatial_dims
+        strides = (stride,) * spatial_dims if isinstance(stride, int) else tuple(int(s) for s in stride)
+        if len(strides) != spatial_dims:
+            raise ValueError(f"one stride per spatial dim expected, got {stride} for {spatial_dims} dims")
+        self.stride = int(stride) if isinstance(stride, int) else strides
+        self._strides, self.spatial_dims = strides, spatial_dims
         self._pool = {1: nn.functional.avg_pool1d, 2: nn.functional.avg_pool2d,
                       3: nn.functional.avg_pool3d}[spatial_dims]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kernel = tuple(min(self.stride, n) for n in x.shape[2:])
+        kernel = tuple(min(s, n) for s, n in zip(self._strides, x.shape[2:]))
         if (x.device.type == "cpu" and x.is_contiguous() and x.dim() == self.spatial_dims + 2
                 and all(n % k == 0 for n, k in zip(x.shape[2:], kernel))
                 and not torch.compiler.is_compiling()):
             return _BlockMean.apply(x, kernel)
-        return self._pool(x, kernel, self.stride, ceil_mode=True, count_include_pad=False)
+        return self._pool(x, kernel, self._strides, ceil_mode=True, count_include_pad=False)
 
     def extra_repr(self) -> str:
         return f"stride={self.stride}"

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["ARCHITECTURE_KEYS", "CONFIG_KEYS", "check_checkpoint_compatible", "check_config_against_checkpoint",
+__all__ = ["NETWORK_PREFIX", "network_weights", "ARCHITECTURE_KEYS", "CONFIG_KEYS", "check_checkpoint_compatible", "check_config_against_checkpoint",
            "hparam_differences", "state_dict_differences", "MISMATCH_FIX", "load_into_module"]
 
 #: Hyper-parameters that fix a network's parameters (names, shapes) or its forward pass.
@@ -146,3 +146,26 @@ def load_into_module(module, checkpoint: Mapping[str, Any], source: str, fix: st
     module.on_load_checkpoint(checkpoint)
     module.load_state_dict(checkpoint["state_dict"], strict=strict)
     return int(checkpoint.get("global_step") or 0)
+
+
+#: The task modules hold their network as ``self.net``: its keys in a Lightning checkpoint.
+NETWORK_PREFIX = "net."
+
+
+def network_weights(checkpoint: Mapping[str, Any], source: str, where: str,
+                    bare: bool = False) -> dict[str, Any]:
+    """The network's weights of a checkpoint written by ``rescale fit`` (``state_dict`` entries
+    ``net.*``, the prefix removed), for another task to start from (a detection backbone, an
+    inflated 3D network). ``bare``: a plain state dict (no ``state_dict`` key, no prefix) is
+    accepted too. Anything else is a one-line :class:`ConfigError` naming ``source`` and the
+    config key ``where``."""
+    fix = "To fix: pass a classification checkpoint written by `rescale fit`"
+    state = checkpoint.get("state_dict", checkpoint if bare else None) if isinstance(checkpoint, Mapping) else None
+    if not isinstance(state, Mapping):
+        raise ConfigError(f"{source} holds no state_dict ({where}). {fix}")
+    net = {k[len(NETWORK_PREFIX):]: v for k, v in state.items() if k.startswith(NETWORK_PREFIX)}
+    if net:
+        return net
+    if not bare or "state_dict" in checkpoint:
+        raise ConfigError(f"{source} holds no network weights (no '{NETWORK_PREFIX}*' entries) ({where}). {fix}")
+    return {k: v for k, v in state.items() if hasattr(v, "shape")}

@@ -5,6 +5,8 @@ printed as ``error: <message>`` on one line, and turned into a non-zero exit sta
 """
 from __future__ import annotations
 
+import argparse
+
 
 class UserError(Exception):
     """A problem with the user's input (paths, data layout, config), not a bug in the suite."""
@@ -33,3 +35,11 @@ class WorkerDataError(DataError):
             prefix = f"{type(self).__qualname__}: "
             message = last.split(prefix, 1)[1] if prefix in last else last
         super().__init__(message)
+
+
+class UserArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one :class:`UserError` line (the ``rescale`` command prints it),
+    not a usage dump."""
+
+    def error(self, message: str):
+        raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")

@@ -33,7 +33,7 @@ SUMMARY_FILE = "run_summary.json"
 def higher_is_better(metric: str) -> bool:
     """Accuracy, mAP, BLEU: higher; losses, perplexities, error rates: lower."""
     last = metric.rsplit("/", 1)[-1]
-    return not any(word in last for word in ("loss", "ppl", "perplexity", "error", "err"))
+    return not any(word in last for word in ("loss", "ppl", "perplexity", "err"))  # "err": error too
 
 
 def _scalar(value: Any) -> Optional[float]:

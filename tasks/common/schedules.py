@@ -48,7 +48,6 @@ class _EpochScheduleLR(_MethodLambdaLR):
         return 1.0
 
 
-
 class WarmupMultiStepLR(_EpochScheduleLR):
     def __init__(self, optimizer: Optimizer, milestones: list[float] = (30, 60, 90), gamma: float = 0.1,
                  warmup_epochs: float = 0.0, steps_per_epoch: int = 1, max_epochs: int | None = None,

@@ -1,5 +1,5 @@
 """FPN backbones from the suite's ResNets: torchvision's ``BackboneWithFPN`` around a
-``rescale_core.create_model`` network, under any scheme (bn, gn, rescale, fixup, skipinit, none).
+``rescale_core`` network (``create_network``), under any scheme (bn, gn, rescale, fixup, skipinit, none).
 
 References: torchvision ``models.detection.backbone_utils`` (``BackboneWithFPN``,
 ``_resnet_fpn_extractor``, ``trainable_layers``); Lin et al. 2017 (FPN); Detectron2's R50-FPN
@@ -32,10 +32,10 @@ from torchvision.models.detection.backbone_utils import BackboneWithFPN
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool, LastLevelP6P7
 from torchvision.ops.misc import FrozenBatchNorm2d
 
-from rescale_core import create_model
-from rescale_tasks.common.checkpoint_compat import state_dict_differences
+from rescale_tasks.common.checkpoint_compat import network_weights, state_dict_differences
 from rescale_tasks.common.checkpointing import safe_load
 from rescale_tasks.common.errors import ConfigError
+from rescale_tasks.common.networks import create_network
 
 __all__ = ["resnet_fpn_backbone", "freeze_stages", "convert_frozen_batchnorm", "load_backbone_checkpoint",
            "STEM_MODULES", "FPN_NORMS", "EXTRA_BLOCKS", "GN"]
@@ -56,12 +56,12 @@ def resnet_fpn_backbone(network: str, scheme: str | None = None, scheme_options:
                         returned_layers: Sequence[int] = (1, 2, 3, 4), frozen_bn: bool | None = None,
                         checkpoint: str | None = None, extra_blocks: str = "maxpool",
                         in_channels: int = 3) -> BackboneWithFPN:
-    """A ``BackboneWithFPN`` around ``create_model(network, scheme=...)`` without its classifier.
+    """A ``BackboneWithFPN`` around ``create_network(network, scheme=...)`` without its classifier.
 
     Args:
         network: a registered 2D ResNet/ResNeXt name (``resnet50``, ``rescale50``, ``resnext50_32x4d`` ...).
         scheme: the residual scheme (None: the network's own, ``bn`` for plain names).
-        scheme_options, network_options: as for ``create_model`` (e.g. ``{"base_width": 8}``).
+        scheme_options, network_options: as for ``rescale_core.create_model`` (e.g. ``{"base_width": 8}``).
         trainable_layers: torchvision's convention, 0..5 trainable from the top: ``layer4``,
             ``layer3``, ``layer2``, ``layer1``, then the stem. None: 3 from a ``checkpoint`` (Detectron2
             / torchvision from ImageNet weights), 5 from scratch (torchvision forces 5 without weights:
@@ -93,7 +93,7 @@ def resnet_fpn_backbone(network: str, scheme: str | None = None, scheme_options:
         kwargs["scheme"] = scheme
     if scheme_options:
         kwargs["scheme_options"] = scheme_options
-    body = create_model(network, num_classes=0, in_channels=in_channels, **kwargs)
+    body = create_network(network, num_classes=0, in_channels=in_channels, **kwargs)
     names = list(getattr(body, "stage_names", ()))
     config = getattr(body, "config", None)
     if len(names) != 4 or getattr(config, "spatial_dims", 2) != 2 or \
@@ -159,24 +159,14 @@ def convert_frozen_batchnorm(module: nn.Module) -> nn.Module:
     return module
 
 
-def _network_state(checkpoint: Mapping[str, Any], path: str) -> dict[str, torch.Tensor]:
-    state = checkpoint.get("state_dict") if isinstance(checkpoint, Mapping) else None
-    if not isinstance(state, Mapping):
-        raise ConfigError(f"checkpoint {path} has no state_dict; pass a .ckpt written by `rescale fit`")
-    net = {k[len("net."):]: v for k, v in state.items() if k.startswith("net.")}
-    if not net:
-        raise ConfigError(f"checkpoint {path} holds no network weights (no 'net.*' entries); "
-                          "pass a classification .ckpt written by `rescale fit`")
-    return net
-
-
 def load_backbone_checkpoint(model: nn.Module, path: str) -> nn.Module:
     """Load a classification checkpoint written by ``rescale fit`` (Lightning: ``state_dict`` with
     keys ``net.*``) into ``model`` (built with ``num_classes=0``), strictly except the classifier
     ``fc.*``. Buffers come along: RescaleNet's measured ``mu0``/``count`` (a finished measurement
     stays finished) and the learned gains and biases. A mismatch raises one-line ``ConfigError``."""
     path = str(path)
-    saved = {k: v for k, v in _network_state(safe_load(path), path).items() if not k.startswith("fc.")}
+    saved = network_weights(safe_load(path), f"checkpoint {path}", "model.backbone_checkpoint")
+    saved = {k: v for k, v in saved.items() if not k.startswith("fc.")}
     current = {k: v for k, v in model.state_dict().items() if not k.startswith("fc.")}
     problems = state_dict_differences(saved, current, strict=True, limit=2)
     if problems:

@@ -241,8 +241,8 @@ class CocoDataModule(L.LightningDataModule):
         return paths
 
     def _split_paths(self, split: str) -> tuple[tuple[Path, str], tuple[Path, str]]:
-        """The json and folder of ``split``, which must exist (DataError naming the expected path)."""
-        split = "val" if split == "test" or (split == "predict" and self.paths["predict"] is None) else split
+        """The json and folder of ``split`` (``train``, ``val``, ``predict``), which must exist
+        (DataError naming the expected path)."""
         given = self.paths[split]
         if given is None:
             raise ConfigError(f"no {split} data: set --data.root or --data.{split}_annotations and "

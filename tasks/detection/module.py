@@ -31,7 +31,7 @@ from ..common.distributed import every_rank_has_samples, gather_objects, world_s
 from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
 from .backbones import resnet_fpn_backbone
-from .evaluation import CocoEvaluator
+from .evaluation import CocoEvaluator, ImageRecord, image_record
 from .measurement import install_padding_aware_measurement
 from .models import DETECTORS, build_detector
 from .results import coco_results, save_drawn, write_coco_results
@@ -106,7 +106,7 @@ class DetectionModule(RescaleTaskModule):
         self.draw_predictions, self.draw_score_threshold = draw_predictions, draw_score_threshold
         self.evaluator: Optional[CocoEvaluator] = None
         self._may_skip_batches = True
-        self._predicted: list[tuple[int, dict]] = []
+        self._predicted: list[ImageRecord] = []
 
     def build_network(self, network: str, detection: dict, scheme: Optional[str] = None,
                       scheme_options: Optional[dict] = None, **network_options: Any) -> torch.nn.Module:
@@ -168,9 +168,8 @@ class DetectionModule(RescaleTaskModule):
         images, targets = batch
         if not images:
             return
-        predictions = self(list(images))
-        self.evaluator.update([{k: v.detach().cpu() for k, v in p.items()} for p in predictions],
-                              [{k: v.cpu() if torch.is_tensor(v) else v for k, v in t.items()} for t in targets])
+        # the records move to the CPU themselves, masks thresholded and RLE-encoded on the device first
+        self.evaluator.update(self(list(images)), targets)
 
     def _finish_evaluation(self, prefix: str, write_results: bool) -> None:
         records = self.evaluator.gather()  # a collective: every rank's images, merged by image id
@@ -210,18 +209,17 @@ class DetectionModule(RescaleTaskModule):
             return []
         predictions = [{k: v.detach().cpu() for k, v in p.items()} for p in self(list(images))]
         for image, target, prediction in zip(images, targets, predictions):
-            image_id = int(target["image_id"])
-            self._predicted.append((image_id, prediction))
+            # kept compact (RLE masks) until the epoch ends, as the evaluation keeps its records
+            self._predicted.append(image_record(prediction, image_id=int(target["image_id"])))
             if len(self._predicted) <= self.draw_predictions:
-                self._draw(image_id, image, prediction)
+                self._draw(self._predicted[-1].image_id, image, prediction)
         return predictions
 
     def on_predict_epoch_end(self) -> None:
-        predicted = dict(gather_objects(self._predicted))  # an image met twice (padded sampler) once
+        # by image id: an image met twice (padded sampler) counts once
+        records = {r.image_id: r for r in gather_objects(self._predicted)}
         if self.trainer.is_global_zero:
-            ids = sorted(predicted)
-            self._write_results("predict", coco_results([predicted[i] for i in ids], self._label_to_category(),
-                                                        image_ids=ids))
+            self._write_results("predict", coco_results(records, self._label_to_category()))
 
     # --- outputs --------------------------------------------------------------------------
     def _write_results(self, split: str, results: list[dict]) -> None:

@@ -32,7 +32,7 @@ import torch
 from rescale_core import finish_measuring, mean_shift_layers
 from rescale_core.analysis import dead_relu_fraction, residual_blocks, signal_propagation
 
-from ..common.errors import UserError
+from ..common.errors import UserArgumentParser as _Parser, UserError
 from .models import (Subject, load_subject, probe_inputs, resolve_device, run_names, subjects,
                      take_samples)
 from .outputs import StudyOutputs, new_figure
@@ -301,13 +301,6 @@ def _dead_relu(args, overrides: list[str]) -> int:
 
 
 # --- command line ------------------------------------------------------------------------------
-
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one ``UserError`` line (the ``rescale`` command prints it)."""
-
-    def error(self, message: str):
-        raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")
-
 
 def _shape(text: str) -> tuple[int, ...]:
     try:

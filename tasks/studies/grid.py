@@ -172,10 +172,7 @@ class Grid:
                         f"(configs, seed or overrides differ); give the study another --out folder, or "
                         f"delete {self.point_dir(point)} to run it again")
         os.makedirs(self.study_dir, exist_ok=True)
-        tmp = f"{self.path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(self.to_dict(), f, indent=1)
-        os.replace(tmp, self.path)
+        _write_json(self.path, self.to_dict())
         return self.path
 
     # --- one point --------------------------------------------------------------------------------
@@ -223,7 +220,7 @@ class Grid:
         found = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
         return max(found, key=os.path.getmtime) if found else None
 
-    def _logger_class(self, point: GridPoint) -> Optional[str]:
+    def logger_class(self, point: GridPoint) -> Optional[str]:
         """The logger's class path after configs and overrides (None: no logger), read from the
         YAML files without building anything."""
         return configured_logger(point.configs, [*self.overrides, *point.overrides])
@@ -239,16 +236,44 @@ class Grid:
                  "--trainer.default_root_dir", folder,
                  "--run_summary.path", os.path.join(folder, SUMMARY_FILE),
                  "--last_checkpoint.dirpath", os.path.join(folder, "checkpoints")]
-        logger = self._logger_class(point)
+        logger = self.logger_class(point)
         if logger:  # Lightning's loggers all take save_dir and name; group is W&B's
             argv += ["--trainer.logger.init_args.save_dir", folder, "--trainer.logger.init_args.name", point.name]
             if point.group and "wandb" in logger.lower():
                 argv += ["--trainer.logger.init_args.group", point.group]
         argv += point.overrides
-        checkpoint = self.last_checkpoint(point) if resume else None
-        if checkpoint and self.status(point) == "partial":
-            argv += ["--ckpt_path", checkpoint]
+        state = self.state(point) if resume else None
+        if state is not None and state.state == "partial":
+            argv += ["--ckpt_path", state.checkpoint]
         return argv
+
+
+def _config_layers(configs: list[str]):
+    """The YAML mappings the CLI applies in order: the ``_defaults.yaml`` files, then the configs;
+    a missing or broken file is skipped (the run itself reports it)."""
+    import yaml
+
+    from ..cli import defaults_for
+
+    for path in [*defaults_for(configs), *configs]:
+        try:
+            with open(path) as f:
+                data = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(data, dict):
+            yield data
+
+
+def _last_override(overrides: list[str], keys: tuple[str, ...]) -> Optional[str]:
+    """The value the last of ``--key value`` / ``--key=value`` gives one of ``keys`` (None: none does;
+    a key at the end without a value gives '')."""
+    found = None
+    for i, arg in enumerate(overrides):
+        key, sep, value = arg.partition("=")
+        if key in keys:
+            found = value if sep else (overrides[i + 1] if i + 1 < len(overrides) else "")
+    return found
 
 
 def configured_logger(configs: list[str], overrides: list[str]) -> Optional[str]:
@@ -256,26 +281,19 @@ def configured_logger(configs: list[str], overrides: list[str]) -> Optional[str]
     ``_defaults.yaml``, a config or an override sets another or none (``false``/``null``)."""
     import yaml
 
-    from ..cli import defaults_for, trainer_defaults
+    from ..cli import trainer_defaults
 
     logger: Any = trainer_defaults()["logger"]
-    for path in [*defaults_for(configs), *configs]:
-        try:
-            with open(path) as f:
-                data = yaml.safe_load(f) or {}
-        except (OSError, yaml.YAMLError):
-            continue  # the run itself reports a missing or broken file
-        trainer = data.get("trainer") if isinstance(data, dict) else None
+    for data in _config_layers(configs):
+        trainer = data.get("trainer")
         if isinstance(trainer, dict) and "logger" in trainer:
             value = trainer["logger"]
             if isinstance(value, dict) and isinstance(logger, dict) and "class_path" not in value:
                 value = {**logger, **value}  # init_args only: the class stays
             logger = value
-    for i, arg in enumerate(overrides):
-        key, _, value = arg.partition("=")
-        if key in ("--trainer.logger", "--trainer.logger.class_path"):
-            value = value if "=" in arg else (overrides[i + 1] if i + 1 < len(overrides) else "")
-            logger = yaml.safe_load(value) if value else None
+    value = _last_override(overrides, ("--trainer.logger", "--trainer.logger.class_path"))
+    if value is not None:
+        logger = yaml.safe_load(value) if value else None
     if isinstance(logger, dict):
         logger = logger.get("class_path")
     if isinstance(logger, list):  # several loggers: leave their folders alone
@@ -531,26 +549,14 @@ def write_sweep(grid: Grid, project: Optional[str] = None) -> str:
 
 def wandb_project(grid: Grid) -> Optional[str]:
     """The W&B project the points log to (from their configs), for the sweep."""
-    import yaml
-
-    from ..cli import defaults_for
-
     if not grid.points:
         return None
     point = grid.points[0]
     project = None
-    for path in [*defaults_for(point.configs), *point.configs]:
-        try:
-            with open(path) as f:
-                data = yaml.safe_load(f) or {}
-        except (OSError, yaml.YAMLError):
-            continue
-        init = (((data.get("trainer") or {}).get("logger") or {}) if isinstance(data, dict) else {})
+    for data in _config_layers(point.configs):
+        init = (data.get("trainer") or {}).get("logger") or {}
         init = init.get("init_args") if isinstance(init, dict) else None
         if isinstance(init, dict) and init.get("project"):
             project = init["project"]
-    overrides = [*grid.overrides, *point.overrides]
-    for i, arg in enumerate(overrides):
-        if arg.split("=", 1)[0] == "--trainer.logger.init_args.project":
-            project = arg.split("=", 1)[1] if "=" in arg else (overrides[i + 1] if i + 1 < len(overrides) else project)
-    return project or "rescale"
+    overridden = _last_override([*grid.overrides, *point.overrides], ("--trainer.logger.init_args.project",))
+    return overridden or project or "rescale"

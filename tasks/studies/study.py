@@ -35,10 +35,10 @@ from collections import defaultdict
 from typing import Any, Optional
 
 from ..common.checkpointing import CheckpointError, peek_checkpoint
-from ..common.errors import UserError
+from ..common.errors import UserArgumentParser as _Parser, UserError
 from .compare import METRICS, higher_is_better, mean_std, pick_metric
-from .grid import (LOG_FILE, Grid, GridPoint, StudyInterrupted, configured_logger, rescale_command, run_grid,
-                   run_one, wandb_project, write_slurm, write_sweep)
+from .grid import (LOG_FILE, Grid, GridPoint, StudyInterrupted, rescale_command, run_grid, run_one, wandb_project,
+                   write_slurm, write_sweep)
 from .outputs import StudyOutputs, new_figure
 
 __all__ = ["main", "depth_points", "batch_lr_points", "seed_points", "point_rows", "depth_tables",
@@ -55,13 +55,6 @@ DEFAULT_SEEDS = 6                                          # the rebuttal's 6 ru
 KEYS = {"depth": "model.init_args.network_options.depth", "scheme": "model.init_args.scheme",
         "batch": "data.init_args.batch_size", "lr": "model.init_args.optimizer.init_args.lr"}
 AGGREGATE_PREFIXES = ("val/", "train/", "test/")
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one ``error:`` line (the suite's style), not a usage dump."""
-
-    def error(self, message: str):  # noqa: D401
-        raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
 # --- grids ------------------------------------------------------------------------------------------
@@ -111,7 +104,8 @@ def parse_lr_grid(text: str) -> list[float]:
 
 
 # --- reading the results --------------------------------------------------------------------------
-def _finite(value: Any) -> Optional[float]:
+def _float(value: Any) -> Optional[float]:
+    """A logged value as a float (inf and nan kept: the callers tell them apart), else None."""
     if value is None:
         return None
     try:
@@ -125,9 +119,9 @@ def _train_loss(summary: dict) -> Optional[float]:
     final = summary.get("final") or {}
     for key in ("train/loss_epoch", "train/loss", "train/loss_step"):
         if key in final:
-            return _finite(final[key])
+            return _float(final[key])
     curve = (summary.get("curves") or {}).get("train/loss") or []
-    return _finite(curve[-1][1]) if curve else None
+    return _float(curve[-1][1]) if curve else None
 
 
 def _num_classes(grid: Grid, point: GridPoint, summary: dict) -> Optional[int]:
@@ -172,9 +166,9 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
                 row["status"] = f"diverged at step {s.get('diverged_step')}"
                 row["diverged_step"] = s.get("diverged_step")
             else:
-                row["val_loss"] = _finite(final.get("val/loss"))
-                row[f"final {metric}"] = _finite(final.get(metric))
-                row[f"best {metric}"] = _finite(best.get(metric))
+                row["val_loss"] = _float(final.get("val/loss"))
+                row[f"final {metric}"] = _float(final.get(metric))
+                row[f"best {metric}"] = _float(best.get(metric))
                 row["status"] = "trained" if _learned(grid, point, s, metric, higher, margin) else "failed to learn"
         elif state.state == "partial":
             row["status"] = "interrupted"
@@ -189,7 +183,7 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
 
 
 def _learned(grid: Grid, point: GridPoint, summary: dict, metric: str, higher: bool, margin: float) -> bool:
-    value = _finite((summary.get("final") or {}).get(metric))
+    value = _float((summary.get("final") or {}).get(metric))
     if value is not None and not math.isfinite(value):
         return False
     last = metric.rsplit("/", 1)[-1]
@@ -353,7 +347,7 @@ def seed_table(summaries: list[dict]) -> list[dict]:
                     keys[(use, k)] = None
     rows = []
     for use, k in sorted(keys, key=lambda x: (x[1], x[0] != "final")):
-        values = [_finite((s.get(use) or {}).get(k)) for s in summaries if s.get("status") != "diverged"]
+        values = [_float((s.get(use) or {}).get(k)) for s in summaries if s.get("status") != "diverged"]
         finite = [v for v in values if v is not None and math.isfinite(v)]
         mean, std, n = mean_std(finite)
         rows.append({"metric": k, "use": use, "n": n, "mean": mean, "std": std,
@@ -495,7 +489,7 @@ def _run_study(args, grid: Grid) -> int:
               f"results: rescale study aggregate {shlex.quote(grid.study_dir)}")
         return 0
     if args.engine == "wandb":
-        logger = configured_logger(grid.points[0].configs, [*grid.overrides, *grid.points[0].overrides])
+        logger = grid.logger_class(grid.points[0])
         if not logger or "wandb" not in logger.lower():
             print(f"warning: the points log with {logger or 'no logger'}, not W&B: the sweep's runs will "
                   f"report nothing to it (the results are still in {grid.study_dir})")
@@ -525,35 +519,36 @@ def _run_study(args, grid: Grid) -> int:
     return 0
 
 
-def _cmd_depth(args, overrides: list[str]) -> int:
-    configs = _configs(args, DEPTH_CONFIG)
-    study = os.path.basename(os.path.abspath(args.out))
-    points = depth_points(configs, args.depths, args.schemes, study, args.depth_key, args.scheme_key)
-    grid = Grid(args.out, points, "depth", {"depths": args.depths, "schemes": args.schemes, "metric": args.metric,
-                                            "learn_margin": args.learn_margin}, [*_budget(args), *overrides], args.seed)
+def _study(args, points: list[GridPoint], settings: dict, overrides: list[str]) -> int:
+    """The grid of ``args.command`` (the budget and fit overrides for every point) run by the engine."""
+    settings = {**settings, "metric": args.metric, "learn_margin": args.learn_margin}
+    grid = Grid(args.out, points, args.command, settings, [*_budget(args), *overrides], args.seed)
     return _run_study(args, grid)
+
+
+def _name(args) -> str:
+    """The study's name (the W&B groups of its points): its folder's."""
+    return os.path.basename(os.path.abspath(args.out))
+
+
+def _cmd_depth(args, overrides: list[str]) -> int:
+    points = depth_points(_configs(args, DEPTH_CONFIG), args.depths, args.schemes, _name(args), args.depth_key,
+                          args.scheme_key)
+    return _study(args, points, {"depths": args.depths, "schemes": args.schemes}, overrides)
 
 
 def _cmd_batch_lr(args, overrides: list[str]) -> int:
     configs = _configs(args, BATCH_LR_CONFIG)
     lrs = args.lrs or parse_lr_grid(args.lr_grid)
-    study = os.path.basename(os.path.abspath(args.out))
-    points = batch_lr_points(configs, args.batch_sizes, lrs, args.schemes, study, args.batch_key, args.lr_key,
+    points = batch_lr_points(configs, args.batch_sizes, lrs, args.schemes, _name(args), args.batch_key, args.lr_key,
                              args.scheme_key)
-    grid = Grid(args.out, points, "batch-lr", {"batch_sizes": args.batch_sizes, "lrs": lrs, "schemes": args.schemes,
-                                               "metric": args.metric, "learn_margin": args.learn_margin},
-                [*_budget(args), *overrides], args.seed)
-    return _run_study(args, grid)
+    return _study(args, points, {"batch_sizes": args.batch_sizes, "lrs": lrs, "schemes": args.schemes}, overrides)
 
 
 def _cmd_seeds(args, overrides: list[str]) -> int:
     configs = _configs(args, None)
     seeds = args.seed_list if args.seed_list else list(range(args.seed, args.seed + args.seeds))
-    study = os.path.basename(os.path.abspath(args.out))
-    grid = Grid(args.out, seed_points(configs, seeds, study), "seeds",
-                {"seeds": seeds, "metric": args.metric, "learn_margin": args.learn_margin},
-                [*_budget(args), *overrides], args.seed)
-    return _run_study(args, grid)
+    return _study(args, seed_points(configs, seeds, _name(args)), {"seeds": seeds}, overrides)
 
 
 def _cmd_aggregate(args, overrides: list[str]) -> int:

@@ -36,6 +36,7 @@ from torchmetrics.aggregation import MeanMetric
 from rescale_core.generation import GenerationConfig, generate
 
 from ..common.distributed import gather_objects, sum_tensor_over_ranks, world_size
+from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
 from .bleu import STYLES, bleu_statistics, bleu_from_statistics
 from .loss import label_smoothed_nll_loss, tokens_over_ranks
@@ -77,8 +78,6 @@ class TranslationModule(RescaleTaskModule):
                  length_penalty_style: str = "fairseq", max_len_a: float = 1.2, max_len_b: int = 10,
                  val_bleu_sentences: int = 1000, bleu_style: str = "sacrebleu",
                  norm_weight_decay: Optional[float] = None, compile: bool = False) -> None:
-        from ..common.errors import ConfigError
-
         if bleu_style not in STYLES:
             raise ConfigError(f"model.bleu_style must be one of {', '.join(STYLES)}, got {bleu_style!r}")
         if not 0.0 <= label_smoothing < 1.0:

@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import Dataset, default_collate
 from torchvision import tv_tensors
 
-from rescale_tasks.common.errors import ConfigError, DataError, WorkerDataError
+from rescale_tasks.common.errors import ConfigError, WorkerDataError
 
 from .decoding import VideoDataError, make_decoder
 from .sampling import SHORT_POLICIES, clip_indices
@@ -151,9 +151,9 @@ class VideoClipDataset(Dataset):
             else:
                 idx = clip_indices(n, self.frames, self.stride, "test", clip_idx=clip,
                                    num_clips=self.num_clips, short=self.short_policy)
-            if n < (self.frames - 1) * self.stride + 1:
-                self._record(video, f"short_{self.short_policy}",
-                             f"{n} frames, a clip spans {(self.frames - 1) * self.stride + 1}")
+            span = (self.frames - 1) * self.stride + 1
+            if n < span:  # repaired by the policy (a "skip" raised ShortVideo above)
+                self._record(video, f"short_{self.short_policy}", f"{n} frames, a clip spans {span}")
             return decoder.get_frames(idx)
         except VideoDataError as exc:
             if exc.path != path:  # clip_indices does not know the file

@@ -30,15 +30,14 @@ from typing import Any, Mapping, Optional, Union
 import torch
 from torch import nn
 
-from rescale_tasks.common.checkpoint_compat import state_dict_differences
+from rescale_tasks.common.checkpoint_compat import network_weights, state_dict_differences
 from rescale_tasks.common.checkpointing import safe_load
 from rescale_tasks.common.errors import ConfigError
 from rescale_tasks.common.networks import resolved_architecture
 
-__all__ = ["inflate_checkpoint", "load_inflated", "inflate_state_dict", "inflate_tensor", "Inflated",
-           "NETWORK_PREFIX", "CLASSIFIER_PREFIX"]
+__all__ = ["inflate_checkpoint", "inflate_state_dict", "inflate_tensor", "Inflated",
+           "CLASSIFIER_PREFIX"]
 
-NETWORK_PREFIX = "net."      # the task modules hold their network as ``self.net``
 CLASSIFIER_PREFIX = "fc."    # rescale_core ResNets' classifier
 _FIX = ("inflate a 2D checkpoint of the same depth, width, scheme and in_channels (resnet18 for "
         "r3d_18, resnet50 for r3d_50/slow_r50/i3d_r50), or drop inflate_from")
@@ -117,22 +116,6 @@ def inflate_state_dict(state_2d: Mapping[str, torch.Tensor], target: Mapping[str
     return out, report
 
 
-def _network_state(checkpoint: Mapping[str, Any], source: str) -> dict[str, torch.Tensor]:
-    """The network's entries of a Lightning checkpoint (``state_dict`` with ``net.*`` keys) or
-    of a bare state dict (with or without the ``net.`` prefix)."""
-    state = checkpoint.get("state_dict", checkpoint)
-    if not isinstance(state, Mapping):
-        raise ConfigError(f"{source} holds no state_dict (inflate_from). To fix: pass a 2D classification "
-                          "checkpoint written by `rescale fit`")
-    net = {k[len(NETWORK_PREFIX):]: v for k, v in state.items() if k.startswith(NETWORK_PREFIX)}
-    if net:
-        return net
-    if "state_dict" in checkpoint:
-        raise ConfigError(f"{source} holds no network weights ({NETWORK_PREFIX}* entries) (inflate_from). "
-                          "To fix: pass a 2D classification checkpoint written by `rescale fit`")
-    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
-
-
 def _check_scheme(checkpoint: Mapping[str, Any], model: nn.Module, source: str, network: str) -> None:
     """A Lightning checkpoint names its scheme: refuse another one than the network's (schemes
     with the same parameter names, e.g. ``skipinit`` and ``rezero``, differ in function)."""
@@ -169,14 +152,10 @@ def inflate_checkpoint(model_3d: nn.Module, checkpoint: Checkpoint, *, keep_clas
         source = "the checkpoint"
     name = network or type(model_3d).__name__
     _check_scheme(checkpoint, model_3d, source, name)
-    state_2d = _network_state(checkpoint, source)
+    state_2d = network_weights(checkpoint, source, "model.inflate_from", bare=True)
     target = model_3d.state_dict()
     inflated, report = inflate_state_dict(state_2d, target, keep_classifier=keep_classifier,
                                           source=source, network=name)
     # every entry: inflated, or the network's own (the re-initialised classifier)
     model_3d.load_state_dict({**target, **inflated}, strict=True)
     return report
-
-
-#: The name the task modules use (``inflate_from: <path>``).
-load_inflated = inflate_checkpoint

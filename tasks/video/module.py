@@ -85,13 +85,13 @@ class VideoClassificationModule(RescaleTaskModule):
                          network_kwargs={"num_classes": num_classes, "in_channels": in_channels})
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         if inflate_from is not None:
-            from .inflation import load_inflated
+            from .inflation import inflate_checkpoint
 
-            load_inflated(self.net, inflate_from)
+            inflate_checkpoint(self.net, inflate_from)
         self.label_smoothing = label_smoothing
         self._may_skip_batches = True
         self._views: dict[tuple[int, int], tuple] = {}
-        self._loss_sum, self._loss_count = 0.0, 0
+        self._losses: dict[tuple[int, int], float] = {}
 
     def forward(self, clips: torch.Tensor) -> torch.Tensor:
         return self.net(self.as_input(clips))
@@ -113,35 +113,40 @@ class VideoClassificationModule(RescaleTaskModule):
         return loss
 
     # --- multi-view evaluation ------------------------------------------------------------
+    def _view_logits(self, clips: torch.Tensor) -> torch.Tensor:
+        """Logits ``(n, crops, classes)`` of items ``(n, [crops,] C, T, H, W)`` (one crop: no crop dim)."""
+        if clips.dim() == 5:
+            clips = clips.unsqueeze(1)
+        n, crops = clips.shape[:2]
+        return self(clips.flatten(0, 1)).float().view(n, crops, -1)
+
     def _start(self) -> None:
-        self._views, self._loss_sum, self._loss_count = {}, 0.0, 0
+        self._views, self._losses = {}, {}
 
     def _eval_step(self, batch) -> None:
         clips, labels, videos, clip_ids = batch
         if labels.numel() == 0:
             return
-        if clips.dim() == 5:  # one crop per item
-            clips = clips.unsqueeze(1)
-        n, crops = clips.shape[:2]
-        logits = self(clips.flatten(0, 1)).float()
-        view_labels = labels.repeat_interleave(crops)
-        self._loss_sum += float(F.cross_entropy(logits, view_labels, reduction="sum"))
-        self._loss_count += n * crops
-        probs = logits.softmax(-1).view(n, crops, -1).cpu()
+        logits = self._view_logits(clips)
+        n, crops = logits.shape[:2]
+        # per item, so that the loss too counts each (video, clip) once over the ranks
+        losses = F.cross_entropy(logits.flatten(0, 1), labels.repeat_interleave(crops),
+                                 reduction="none").view(n, crops).sum(1).tolist()
+        probs = logits.softmax(-1).cpu()
         top = min(5, probs.shape[-1])
         ranks = probs.topk(top, dim=-1).indices  # (n, crops, top)
         for i in range(n):
-            label = int(labels[i])
+            label, key = int(labels[i]), (int(videos[i]), int(clip_ids[i]))
             hit = ranks[i] == label
             correct = {1: int(hit[:, 0].sum()), 5: int(hit.any(-1).sum())}
-            self._views[(int(videos[i]), int(clip_ids[i]))] = (label, probs[i].sum(0), crops, correct)
+            self._views[key] = (label, probs[i].sum(0), crops, correct)
+            self._losses[key] = losses[i]
 
     def _finish(self, prefix: str) -> dict[str, float]:
-        entries = gather_by_key(self._views)  # a collective: each (video, clip) once
-        losses = gather_by_key({self.global_rank: (self._loss_sum, self._loss_count)})
+        entries = gather_by_key(self._views)  # collectives: each (video, clip) once
+        losses = gather_by_key(self._losses)
         metrics = multi_view_accuracy(entries)
-        total, count = map(sum, zip(*losses.values())) if losses else (0.0, 0)
-        metrics["loss"] = total / max(count, 1)
+        metrics["loss"] = sum(losses.values()) / max(metrics["views"], 1)
         for name, value in metrics.items():
             self.log(f"{prefix}/{name}", value, sync_dist=False, prog_bar=name == "acc1")
         return metrics
@@ -170,8 +175,5 @@ class VideoClassificationModule(RescaleTaskModule):
 
     def predict_step(self, batch, batch_idx: int) -> dict:
         clips, labels, videos, clip_ids = batch
-        if clips.dim() == 5:
-            clips = clips.unsqueeze(1)
-        n, crops = clips.shape[:2]
-        probs = self(clips.flatten(0, 1)).float().softmax(-1).view(n, crops, -1).mean(1)
+        probs = self._view_logits(clips).softmax(-1).mean(1)
         return {"video": videos, "clip": clip_ids, "probs": probs}

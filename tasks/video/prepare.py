@@ -10,7 +10,7 @@ re-encoded with a GOP of 16 ~21). SlowFast and PyTorchVideo users prepare Kineti
 (``ffmpeg -vf scale=-2:256 -g 16``); this command does it with PyAV (its wheel bundles FFmpeg, so
 no system FFmpeg is needed), in parallel and resumably.
 
-What it does to every video under SRC (``.mp4 .avi .mkv .webm .mov``, any depth: the class-folder
+What it does to every video under SRC (the extensions the ``folders`` layout reads, any depth: the class-folder
 tree ``<split>/<class>/<id>.mp4`` as well as a flat folder; hidden files are ignored):
 
 * scales it so the short side is ``--short_side`` pixels (up or down), the long side in
@@ -55,11 +55,11 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from rescale_tasks.common.errors import ConfigError, DataError
+from rescale_tasks.video.layouts import VIDEO_EXTENSIONS  # the files training reads
 
 __all__ = ["VIDEO_EXTENSIONS", "CODECS", "Job", "Outcome", "find_videos", "output_path", "scaled_size",
            "pick_codec", "encode_video", "prepare_tree", "main"]
 
-VIDEO_EXTENSIONS = (".mp4", ".avi", ".mkv", ".webm", ".mov")
 CODECS = ("auto", "libx264", "mpeg4")
 FAILED_TSV = "failed.tsv"
 PARTIAL = ".partial"

@@ -34,9 +34,6 @@ F32_SUMS = dict(rtol=1e-3, atol=1e-4)
 
 
 # --------------------------------------------------------------- helpers
-_randomise = randomise_  # rescale_core.testing
-
-
 def _pair(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     """(fused, reference) copies of ``model``."""
     ref = copy.deepcopy(model)
@@ -93,7 +90,7 @@ def _block(scheme: str, kind: str, d: int, dropout: float, stride: int = 2, **op
     cin, planes = (16, 8) if kind == "bottleneck" else (16, 16)
     block = ResidualBlock(s, cin, planes, stride=stride, kind=kind, k=2, L=5, spatial_dims=d,
                           conv_dropout=dropout)
-    _randomise(block)
+    randomise_(block)
     return block
 
 
@@ -192,7 +189,7 @@ def _model(name: str, scheme: str, dtype=torch.float64, **options):
     opts = {"measure_batches": 2, **options}
     model = rescale_core.create_model(name, scheme=scheme, num_classes=5, scheme_options=opts,
                                       **kwargs.get(name, dict(base_width=8)))
-    _randomise(model, gain=0.15)
+    randomise_(model, gain=0.15)
     return model.to(dtype)
 
 
@@ -496,7 +493,7 @@ def test_bf16_autocast_fast_path_matches_reference(name, scheme, fmt):
         torch.manual_seed(0)
         model = rescale_core.create_model(name, scheme=scheme, src_vocab_size=40, dropout=0.0,
                                           scheme_options={"gain": "vector"})
-        _randomise(model)
+        randomise_(model)
         inputs = (_tokens(3, 7, 1), _tokens(3, 5, 2))
     else:
         model = _model(name, scheme, torch.float32)
@@ -542,7 +539,7 @@ def _transformer(scheme: str, **kw):
     torch.manual_seed(0)
     model = rescale_core.create_model("transformer_tiny", scheme=scheme, src_vocab_size=40,
                                       dropout=0.2, **kw).double()
-    _randomise(model)
+    randomise_(model)
     return model
 
 
@@ -683,7 +680,7 @@ def test_vgg_fused_equals_reference(scheme):
     torch.manual_seed(0)
     model = rescale_core.create_model("vgg11", scheme=scheme, base_width=8, hidden_dim=16,
                                       num_classes=5, scheme_options={"measure_batches": 2})
-    _randomise(model)
+    randomise_(model)
     fused, ref = _pair(model.double())
     x = _model_input("vgg11")
     for step in range(3):
@@ -804,7 +801,7 @@ def _vgg(scheme):
     torch.manual_seed(0)
     model = rescale_core.create_model("vgg11", scheme=scheme, base_width=4, hidden_dim=8,
                                       num_classes=5, scheme_options={"measure_batches": 1})
-    _randomise(model)
+    randomise_(model)
     return model.double()
 
 

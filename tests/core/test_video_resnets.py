@@ -13,11 +13,11 @@ from torch import nn
 from torch.nn import functional as F
 
 import rescale_core
-from rescale_core import MeanShiftBias, ResidualBlock
+from rescale_core import ResidualBlock
 from rescale_core import fastpath as fp
-from rescale_core.testing import randomise_
-from rescale_core.blocks import StridedAvgPoolNd
+from rescale_core.layers import StridedAvgPool
 from rescale_core.models.resnet import VIDEO_RESNETS, ResNet, ResNetConfig
+from rescale_core.testing import randomise_
 
 VIDEO = ["r3d_18", "r3d_50", "slow_r50", "i3d_r50"]
 CONV_SCHEMES = rescale_core.list_schemes("conv")
@@ -148,7 +148,7 @@ def test_spatial_only_strided_pool():
     """RescaleNet's shortcut pool with stride (1, 2, 2): AvgPool3d on even sizes, the strided
     conv's ceil(n / 2) on odd ones."""
     x = torch.randn(2, 3, 3, 6, 5, dtype=torch.float64, requires_grad=True)
-    pool = StridedAvgPoolNd((1, 2, 2), 3)
+    pool = StridedAvgPool((1, 2, 2), 3)
     even = x[..., :4]
     torch.testing.assert_close(pool(even), F.avg_pool3d(even, (1, 2, 2)))
     out = pool(x)

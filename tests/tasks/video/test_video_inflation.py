@@ -15,7 +15,7 @@ import rescale_core
 from rescale_core.models.resnet import VIDEO_RESNETS, ResNet
 from rescale_tasks.classification.module import ClassificationModule
 from rescale_tasks.common.errors import ConfigError
-from rescale_tasks.video.inflation import inflate_checkpoint, inflate_tensor, load_inflated
+from rescale_tasks.video.inflation import inflate_checkpoint, inflate_tensor
 
 OPTIONS = {"bn": None, "rescale": {"measure_batches": 2}, "fixup": None}
 
@@ -79,7 +79,7 @@ def test_weights_are_repeated_over_time_and_divided():
     net2d = _trained_2d("rescale")
     slow = rescale_core.create_model("slow_r50", scheme="rescale", base_width=8, num_classes=5,
                                      scheme_options={"measure_batches": 2})
-    load_inflated(slow, _lightning_style(net2d))
+    inflate_checkpoint(slow, _lightning_style(net2d))
     w2 = net2d.layer3[0].conv1.weight.detach()
     w3 = slow.layer3[0].conv1.weight.detach()
     assert w3.shape == w2.shape[:2] + (3,) + w2.shape[2:]
@@ -161,14 +161,14 @@ def test_rescale_fit_checkpoint_by_path(tmp_path):
     trainer.save_checkpoint(path)
     r3d = rescale_core.create_model("r3d_18", scheme="rescale", base_width=8, num_classes=4,
                                     scheme_options={"measure_batches": 2})
-    report = load_inflated(r3d, str(path))
+    report = inflate_checkpoint(r3d, str(path))
     assert report.reinitialised == [] and len(report.loaded) == len(r3d.state_dict())
     src = module.net
     torch.testing.assert_close(r3d.layer2[0].conv1.weight.sum(2), src.layer2[0].conv1.weight)
     assert all(not m.measuring and m._count == 2 for m in rescale_core.mean_shift_layers(r3d))
     torch.testing.assert_close(r3d.pool_shift.mu0.flatten(), src.pool_shift.mu0.flatten())
     with pytest.raises(ConfigError, match="scheme=rescale but this network uses scheme=bn"):
-        load_inflated(rescale_core.create_model("r3d_18", scheme="bn", base_width=8, num_classes=4), path)
+        inflate_checkpoint(rescale_core.create_model("r3d_18", scheme="bn", base_width=8, num_classes=4), path)
 
 
 @pytest.mark.parametrize("arch2d, arch3d", [("resnet50", "i3d_r50"), ("resnet50", "r3d_50"),
@@ -178,6 +178,6 @@ def test_every_video_resnet_has_its_2d_counterpart(arch2d, arch3d):
     member of ``layer2``): every entry inflates; the 5x7x7 / 3x7x7 stems sum back to the 2D stem."""
     net2d = _trained_2d("rescale", arch2d)
     net3d = rescale_core.create_model(arch3d, scheme="rescale", base_width=8, num_classes=5)
-    report = load_inflated(net3d, _lightning_style(net2d, network=arch2d, scheme="rescale"))
+    report = inflate_checkpoint(net3d, _lightning_style(net2d, network=arch2d, scheme="rescale"))
     assert len(report.loaded) == len(net3d.state_dict()) and not report.reinitialised
     torch.testing.assert_close(net3d.conv1.weight.sum(2), net2d.conv1.weight)
