@@ -116,3 +116,20 @@ def rescale_processes():
         return done
 
     return run
+
+
+@pytest.fixture
+def fit_then_validate():
+    """``run(module, data, steps) -> metrics``: ``steps`` training steps on the CPU (seed 0, no
+    logger, checkpoint or validation while training), then one validation; for the tests that
+    show a task's model learns its few samples."""
+    import lightning.pytorch as L
+
+    def run(module, data, steps: int) -> dict:
+        L.seed_everything(0)
+        trainer = L.Trainer(max_steps=steps, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                            accelerator="cpu", num_sanity_val_steps=0, check_val_every_n_epoch=1000)
+        trainer.fit(module, data)
+        return trainer.validate(module, data, verbose=False)[0]
+
+    return run

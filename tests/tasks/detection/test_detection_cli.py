@@ -104,10 +104,8 @@ def test_fit_validate_test_predict_through_the_cli(coco_canvases, tmp_path, caps
     assert len(drawn) == 2 and drawn[0].read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_tiny_mask_rcnn_learns_the_canvases(coco_canvases):
+def test_a_tiny_mask_rcnn_learns_the_canvases(coco_canvases, fit_then_validate):
     """Trained and evaluated on the same 8 canvases: it learns them, not just runs."""
-    import lightning.pytorch as L
-
     from rescale_tasks.detection.data import CocoDataModule
 
     root = coco_canvases.root
@@ -119,11 +117,7 @@ def test_a_tiny_mask_rcnn_learns_the_canvases(coco_canvases):
                              num_classes=data.num_classes, fpn_channels=16, min_size=48, max_size=64,
                              detector_options=TINY_DETECTOR,
                              optimizer=lambda p: torch.optim.AdamW(p, lr=0.006, weight_decay=0.0))
-    L.seed_everything(0)
-    trainer = L.Trainer(max_steps=100, logger=False, enable_progress_bar=False, enable_checkpointing=False,
-                        accelerator="cpu", num_sanity_val_steps=0, check_val_every_n_epoch=1000)
-    trainer.fit(module, data)
-    scores = trainer.validate(module, data, verbose=False)[0]
+    scores = fit_then_validate(module, data, steps=100)
     assert scores["val/bbox_AP50"] > 0.85 and scores["val/segm_AP50"] > 0.85, scores
     mean_shift = [m for m in module.net.backbone.modules() if type(m).__name__ == "MeanShiftBias"]
     assert mean_shift and all(not m.measuring for m in mean_shift)  # measured on the first batches

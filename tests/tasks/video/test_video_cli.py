@@ -81,11 +81,9 @@ def test_train_and_multi_view_test_through_the_cli_with_bad_files(kinetics_clips
     assert any(v.get("class_names") == kinetics_clips.classes for v in checkpoint.values() if isinstance(v, dict))
 
 
-def test_a_tiny_r3d_learns_the_clips(kinetics_clips):
+def test_a_tiny_r3d_learns_the_clips(kinetics_clips, fit_then_validate):
     """Trained and evaluated (2 clips per video) on the same 9 training clips of 3 classes: from
     chance (1/3 after one step) to (nearly) every video right; it learns, not just runs."""
-    import lightning.pytorch as L
-
     from rescale_tasks.video.data import KineticsDataModule
 
     tiny = dict(kinetics_clips.tiny)
@@ -96,11 +94,7 @@ def test_a_tiny_r3d_learns_the_clips(kinetics_clips):
     module = VideoClassificationModule("r3d_18", "rescale", network_options={"base_width": 8},
                                        num_classes=data.num_classes,
                                        optimizer=lambda p: torch.optim.AdamW(p, lr=0.003, weight_decay=0.0))
-    L.seed_everything(0)
-    trainer = L.Trainer(max_steps=40, logger=False, enable_progress_bar=False, enable_checkpointing=False,
-                        accelerator="cpu", num_sanity_val_steps=0, check_val_every_n_epoch=1000)
-    trainer.fit(module, data)
-    scores = trainer.validate(module, data, verbose=False)[0]
+    scores = fit_then_validate(module, data, steps=40)
     assert scores["val/videos"] == 9 and scores["val/views"] == 18
     assert scores["val/acc1"] >= 8 / 9 and scores["val/clip_acc1"] > 0.8, scores
 
