@@ -17,6 +17,7 @@ from .fastpath import reference_path
 from .generation import beam_search, greedy_search
 from .layers import Gain, MeanShiftBias, ScalarBias
 from .optim import param_groups
+from .plans import PLANS, plan_of, set_plan
 from .registry import create_model, list_models, register_model
 from .schemes import Scheme, get_scheme, list_schemes, register_scheme
 
@@ -24,7 +25,7 @@ __all__ = [
     "create_model", "list_models", "register_model", "list_schemes", "get_scheme", "register_scheme",
     "Scheme", "param_groups", "analysis", "ResidualBlock", "ResidualMerge", "ResidualSublayer",
     "MeanShiftBias", "ScalarBias", "Gain", "mean_shift_layers", "finish_measuring",
-    "reference_path", "generation", "greedy_search", "beam_search",
+    "reference_path", "generation", "greedy_search", "beam_search", "PLANS", "set_plan", "plan_of",
 ]
 
 

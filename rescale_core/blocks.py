@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from . import fastpath as fp
+from . import plans
 from .init import init_branch, init_shortcut, rescale_conv_multiplier
 from .layers import (Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_shape, conv_nd,
                      dropout_nd, make_norm)
@@ -151,6 +152,7 @@ class ResidualBlock(nn.Module):
     """
 
     expansions = {"basic": 1, "bottleneck": 4}
+    plan = "auto"  # the execution plan (rescale_core.plans): auto | lean | folded
     # Whether the fast path implements this module's scheme (fastpath.IMPLEMENTED_FIELDS), set at
     # construction; ``fused = True`` does not override it. The class default: modules pickled
     # before the check, which ran the fast path.
@@ -234,6 +236,8 @@ class ResidualBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused and self._fast_ok and not fp.has_hooks_below(self):
+            if plans.wants_lean(self, x) and self.leans():
+                return self._forward_lean(x, 1.0, 1.0, self.lean_terms(1.0, 1.0).values(plans.activation_dtype(x)))
             return self._forward_fused(x)
         return self._forward_reference(x)
 
@@ -250,6 +254,98 @@ class ResidualBlock(nn.Module):
         larger than ``f``). Measures the mean-shift statistics on the same tensors as the
         reference (an offset being measured is added, not folded)."""
         return self._fused(x, 1.0, 1.0)
+
+    # --- the lean plan (rescale_core.plans) ---------------------------------------------------
+    def leans(self) -> bool:
+        """Whether the lean plan applies now: no mean-shift layer of the block is measuring (a
+        measured offset exists only once the layer's input has been seen: the folded plan runs)."""
+        return not any(fp.is_updating(m) for m in self.modules())
+
+    def lean_entries(self, c_in: float, c_out: float) -> list[tuple[nn.Module, float]]:
+        """The (module, multiplier) pairs whose terms :meth:`_forward_lean` reads, for
+        activations taken in units of ``c_in`` and returned in units of ``c_out``."""
+        entries = []
+        if self.downsample is not None:
+            entries += [(m, 1.0 / c_in) for m in self.downsample if plans.is_term_module(m)]
+        for i in range(1, self.num_convs + 1):
+            shift, post = getattr(self, f"shift{i}"), getattr(self, f"bn{i}")
+            if plans.is_term_module(shift):
+                entries.append((shift, 1.0 / c_in))
+            if isinstance(post, ScalarBias):  # Fixup's pre-activation bias: the conv's bias slot
+                entries.append((post, 1.0 / c_in, getattr(self, f"conv{i}").out_channels))
+        if self.merge.gain is not None:
+            entries.append((self.merge.gain, self.merge.branch_scale * c_in / c_out))
+        if self.merge.bias is not None:
+            entries.append((self.merge.bias, 1.0 / c_out))
+        return entries
+
+    def lean_terms(self, c_in: float, c_out: float) -> "plans.LeanTerms":
+        """This block's own :class:`~rescale_core.plans.LeanTerms` (a block called on its own,
+        e.g. by a detection backbone's layer getter; a ResNet computes one for all its blocks)."""
+        key = (fp._module_tree_version, c_in, c_out)
+        cached = self.__dict__.get("_lean_cache")
+        if cached is None or cached[0] != key:
+            cached = (key, plans.LeanTerms(self.lean_entries(c_in, c_out)))
+            self.__dict__["_lean_cache"] = cached
+        return cached[1]
+
+    def _forward_lean(self, x: torch.Tensor, c_in: float, c_out: float, terms: dict) -> torch.Tensor:
+        """The reference function with the fewest ops (:mod:`rescale_core.plans`): each
+        pre-conv offset one add, Fixup's pre-activation bias in the conv's bias slot, the merge
+        one ``addcmul(skip, f, gain * branch_scale)`` (or an ``add`` with ``alpha``), the ReLUs
+        in place. ``terms``: the :meth:`lean_entries` values for the same ``c_in``, ``c_out``
+        (:meth:`carries_scale` blocks only where they differ from 1)."""
+        skip = x if self.downsample is None else self._shortcut_lean(x, c_in, terms)
+        drop_active = self.training and not isinstance(self.drop, nn.Identity)
+        h = x
+        m = self.num_convs
+        for i in range(1, m + 1):
+            shift, conv, post = getattr(self, f"shift{i}"), getattr(self, f"conv{i}"), getattr(self, f"bn{i}")
+            if plans.is_term_module(shift):
+                h = h + terms[shift]
+            elif not isinstance(shift, nn.Identity):
+                h = shift(h)
+            bias = fp.scaled(conv.bias, c_in)
+            fold_post = isinstance(post, ScalarBias) and not drop_active
+            if fold_post:  # conv(h) + b: the conv's bias slot (b comes as out_channels values)
+                b = terms[post]
+                bias = b if bias is None else bias.to(b.dtype) + b
+            h = self.drop(conv._conv_forward(h, conv.weight, bias))
+            if isinstance(post, ScalarBias):
+                if not fold_post:
+                    h = h + terms[post][:1]
+            elif not isinstance(post, nn.Identity):
+                h = post(h)
+            if i < m:
+                h = torch.relu_(h)
+        merge = self.merge
+        alpha = merge.skip_scale * c_in / c_out
+        if merge.gain is not None:
+            s = terms[merge.gain]
+            out = plans.gain_merge(skip, h, s, alpha)
+        else:
+            scale = merge.branch_scale * c_in / c_out
+            if scale == 1.0:
+                out = merge.fused_add(h, skip, alpha)
+            elif alpha == 1.0:
+                out = torch.add(skip, h, alpha=scale)
+            else:
+                out = merge.scaled_add(h, scale, skip, alpha)
+        if merge.bias is not None:
+            out = out + terms[merge.bias]
+        return torch.relu_(self.merge_norm(out))
+
+    def _shortcut_lean(self, x: torch.Tensor, c_in: float, terms: dict) -> torch.Tensor:
+        for mod in self.downsample:
+            if plans.is_term_module(mod):
+                x = x + terms[mod]
+            elif isinstance(mod, StridedAvgPool):
+                x = mod.pool(x)
+            elif c_in != 1.0 and isinstance(mod, nn.modules.conv._ConvNd) and mod.bias is not None:
+                x = mod._conv_forward(x, mod.weight, mod.bias / c_in)
+            else:
+                x = mod(x)
+        return x
 
     def carries_scale(self) -> bool:
         """Whether :meth:`_fused` may take and return activations in scaled units (``c_in``,
@@ -357,6 +453,7 @@ class ResidualSublayer(nn.Module):
     # construction; ``fused = True`` does not override it. The class default: modules pickled
     # before the check, which ran the fast path.
     _fast_ok = True
+    plan = "auto"  # the execution plan (rescale_core.plans): auto | lean | folded
 
     def __init__(self, scheme: Scheme, d_model: int, fn: nn.Module, k: int, L: int,
                  dropout: float = 0.0, scaled_layers: list[nn.Module] | None = None) -> None:
@@ -378,10 +475,24 @@ class ResidualSublayer(nn.Module):
         self.fused = self._fast_ok = fp.implements(scheme)
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if (self.fused and self._fast_ok and getattr(self.fn, "supports_out_scale", False)
-                and self.merge.bias is None and not fp.has_hooks_below(self)):
-            return self._forward_fused(x, *args, **kwargs)
+        if self.fused and self._fast_ok and not fp.has_hooks_below(self):
+            if plans.wants_lean(self, x):
+                return self._forward_lean(x, *args, **kwargs)
+            if getattr(self.fn, "supports_out_scale", False) and self.merge.bias is None:
+                return self._forward_fused(x, *args, **kwargs)
         return self._forward_reference(x, *args, **kwargs)
+
+    def _forward_lean(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        """The lean plan (:mod:`rescale_core.plans`): the branch as it is, then one
+        ``addcmul(alpha * x, f, gain * branch_scale)`` (:func:`~rescale_core.plans.gain_merge`)."""
+        out = self.dropout(self.fn(self.pre_norm(x), *args, **kwargs))
+        merge = self.merge
+        if merge.gain is not None:
+            s = (merge.gain.weight * merge.branch_scale).to(out.dtype)
+            out = plans.gain_merge(x, out, s, merge.skip_scale)
+        else:
+            out = merge(x, out)
+        return self.post_norm(out)
 
     def _forward_reference(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         out = self.dropout(self.fn(self.pre_norm(x), *args, **kwargs))

@@ -272,6 +272,12 @@ class StridedAvgPool(nn.Module):
                 and all(n % k == 0 for n, k in zip(x.shape[2:], kernel))
                 and not torch.compiler.is_compiling()):
             return _BlockMean.apply(x, kernel)
+        return self.pool(x)
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` as one pooling op: the lean plan's choice (the fewest ops, where
+        :class:`_BlockMean` is several faster ones on a CPU)."""
+        kernel = tuple(min(s, n) for s, n in zip(self._strides, x.shape[2:]))
         return self._pool(x, kernel, self._strides, ceil_mode=True, count_include_pad=False)
 
     def extra_repr(self) -> str:

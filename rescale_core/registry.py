@@ -49,8 +49,13 @@ def create_model(name: str, **kwargs) -> nn.Module:
     family arguments such as ``depth``/``width``. A registered name fixes what it names: its
     architecture (``arch``: ``resnet50`` is a ResNet-50) and, for paper names (``rescale50``,
     ``fixup50`` ...), its scheme; passing a different value is an error, never a silent rebuild
-    of another network.
+    of another network. ``plan``: the execution plan (:mod:`rescale_core.plans`: ``"auto"``,
+    the default, is lean on accelerators and folded on the CPU; ``"lean"``, ``"folded"``,
+    ``"reference"``), the same function and state dict under each.
     """
+    from .plans import check_plan, set_plan
+
+    plan = check_plan(kwargs.pop("plan", "auto"))
     entry = model_entry(name)
     for key, value in entry.defaults.items():
         if key in kwargs and kwargs[key] != value:
@@ -60,7 +65,8 @@ def create_model(name: str, **kwargs) -> nn.Module:
             raise ValueError(f"model {name!r} is defined with {key}={value!r}, got {key}={kwargs[key]!r}; "
                              f"create the model by that name instead (e.g. create_model({kwargs[key]!r}))")
         kwargs.setdefault(key, value)
-    return entry.builder(**kwargs)
+    model = entry.builder(**kwargs)
+    return model if plan == "auto" else set_plan(model, plan)
 
 
 def list_models(pattern: str = "*", family: str | None = None) -> list[str]:

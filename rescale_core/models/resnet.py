@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from .. import fastpath as fp
+from .. import plans
 from ..blocks import ResidualBlock
 from ..init import init_classifier, init_stem
 from ..layers import MeanShiftBias, ScalarBias, conv_nd, make_norm, pool_nd
@@ -116,6 +117,7 @@ class ResNet(nn.Module):
     # construction; ``fused = True`` does not override it. The class default: modules pickled
     # before the check, which ran the fast path.
     _fast_ok = True
+    plan = "auto"  # the execution plan (rescale_core.plans): auto | lean | folded
 
     def __init__(self, config: ResNetConfig, scheme: "str | Scheme" = "bn",
                  scheme_options: dict | None = None, num_classes: int = 1000,
@@ -183,23 +185,101 @@ class ResNet(nn.Module):
         init_stem(scheme, self.conv1)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x, c = self._features(x)
+        x, c = self._features(x, terms=self._lean_values(x))
         return x if c == 1.0 else x * c
 
     def forward_head(self, x: torch.Tensor) -> torch.Tensor:
-        return self._head(x, 1.0)
+        return self._head(x, 1.0, self._lean_values(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fp.eager_while_measuring(self, self._forward, x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._head(*self._features(x))
+        terms = self._lean_values(x)
+        return self._head(*self._features(x, terms=terms), terms)
 
-    def _features(self, x: torch.Tensor, stages: list | None = None) -> tuple[torch.Tensor, float]:
-        """Features in units of ``c`` (true features = ``c * x``). On the fast path RescaleNet's
+    # --- the lean plan (rescale_core.plans) ---------------------------------------------------
+    def _lean_values(self, x: torch.Tensor) -> dict | None:
+        """The lean plan's terms for this call (:class:`~rescale_core.plans.LeanTerms`), or None
+        when another path runs: another plan, a hook anywhere, a measuring step."""
+        if not (self.fused and self._fast_ok) or fp.has_hooks_in(self) or not plans.wants_lean(self, x):
+            return None
+        if fp.measuring_step(self):
+            return None
+        return self._lean_schedule()[0].values(plans.activation_dtype(x))
+
+    def _lean_blocks(self) -> list:
+        """(block, c_in, c_out) for every residual block in order: the scales the lean plan
+        carries, as :meth:`_features` does on the folded plan ((1, 1) for a block that cannot
+        carry them, (None, None) for a block on its reference path)."""
+        out, c = [], 1.0
+        for name in self.stage_names:
+            for block in getattr(self, name):
+                if not (isinstance(block, ResidualBlock) and block.fused and block._fast_ok):
+                    out.append((block, None, None))
+                    c = 1.0
+                elif block.merge.skip_scale > 0 and block.carries_scale():
+                    out.append((block, c, c * block.merge.skip_scale))
+                    c = c * block.merge.skip_scale
+                else:
+                    out.append((block, 1.0, 1.0))
+                    c = 1.0
+        return out
+
+    def _lean_schedule(self):
+        """(LeanTerms of the whole network, {block: (c_in, c_out)}), cached until a module is
+        registered anywhere or a flag a schedule depends on changes."""
+        key = (fp._module_tree_version,
+               tuple(getattr(m, "fused", None) for m in self.modules()))
+        cached = self.__dict__.get("_lean_cache")
+        if cached is None or cached[0] != key:
+            blocks = self._lean_blocks()
+            entries = [(self.bn1, 1.0)] if plans.is_term_module(self.bn1) else []
+            for block, c_in, c_out in blocks:
+                if c_in is not None:
+                    entries += block.lean_entries(c_in, c_out)
+            entries += [(m, 1.0) for m in (self.pool_shift, self.fc_bias) if plans.is_term_module(m)]
+            scales = {block: (c_in, c_out) for block, c_in, c_out in blocks}
+            cached = (key, (plans.LeanTerms(entries), scales))
+            self.__dict__["_lean_cache"] = cached
+        return cached[1]
+
+    def _features_lean(self, x: torch.Tensor, terms: dict, stages: list | None) -> tuple[torch.Tensor, float]:
+        conv, post = self.conv1, self.bn1
+        if plans.is_term_module(post):  # the stem's offset in the conv's bias slot
+            e = terms[post].reshape(-1).expand(conv.out_channels)
+            bias = e if conv.bias is None else conv.bias.to(e.dtype) + e
+            z = conv._conv_forward(x, conv.weight, bias)
+        else:
+            z = post(conv(x))
+        x = self.maxpool(torch.relu_(z))
+        scales = self._lean_schedule()[1]
+        c = 1.0
+        for name in self.stage_names:
+            tpool = self._modules.get("tpool" + name[len("layer"):])
+            if tpool is not None:  # max(c x) = c max(x): c > 0 stays carried
+                x = tpool(x)
+            for block in getattr(self, name):
+                c_in, c_out = scales[block]
+                if c_in is None:
+                    x, c = block(x if c == 1.0 else x * c), 1.0
+                else:
+                    if c != c_in:  # a block that does not carry the scale takes true units
+                        x, c = x * c, 1.0
+                    x, c = block._forward_lean(x, c_in, c_out, terms), c_out
+            if stages is not None:
+                stages.append(x if c == 1.0 else x * c)
+        return x, c
+
+    def _features(self, x: torch.Tensor, stages: list | None = None,
+                  terms: dict | None = None) -> tuple[torch.Tensor, float]:
+        """Features in units of ``c`` (true features = ``c * x``). On the fast paths RescaleNet's
         skip multipliers ``alpha_k`` are carried along instead of applied by every block
         (:meth:`ResidualBlock._fused`): ``c`` is their product, applied once after pooling.
-        ``stages``: a list that receives each stage's output in true units (:meth:`stage_outputs`)."""
+        ``stages``: a list that receives each stage's output in true units (:meth:`stage_outputs`).
+        ``terms``: the lean plan's terms (:meth:`_lean_values`; None: the folded or reference path)."""
+        if terms is not None:
+            return self._features_lean(x, terms, stages)
         fast = self.fused and self._fast_ok
         if fast and not fp.has_hooks(self.conv1, self.bn1, self.relu):
             x = self.maxpool(self._stem_fused(x))
@@ -231,8 +311,11 @@ class ResNet(nn.Module):
         """The output of every stage (``layer1``..), as ``forward`` computes them (fast or
         reference path): what a detection backbone's FPN must see (``tasks/detection``)."""
         stages: list[torch.Tensor] = []
-        fp.eager_while_measuring(self, self._features, x, stages)
+        fp.eager_while_measuring(self, self._stages_into, x, stages)
         return stages
+
+    def _stages_into(self, x: torch.Tensor, stages: list) -> None:
+        self._features(x, stages, self._lean_values(x))
 
     def _stem_fused(self, x: torch.Tensor) -> torch.Tensor:
         """``relu(bn1(conv1(x)))`` with a mean-shift / scalar ``bn1`` folded into the conv bias
@@ -249,9 +332,19 @@ class ResNet(nn.Module):
             z = post(conv(x))
         return torch.relu_(z)
 
-    def _head(self, x: torch.Tensor, c: float) -> torch.Tensor:
+    def _head(self, x: torch.Tensor, c: float, terms: dict | None = None) -> torch.Tensor:
         """The head on features in units of ``c``; ``avgpool(c x + e) = c avgpool(x) + e``."""
         shift = self.pool_shift
+        if terms is not None:  # lean: e + c * avgpool(x) in one op
+            x = torch.flatten(self.avgpool(x), 1)
+            if plans.is_term_module(shift):
+                x = torch.add(terms[shift].reshape(1, -1), x, alpha=c)
+            elif c != 1.0:
+                x = x * c
+            x = self.dropout(self.head_norm(x))
+            if plans.is_term_module(self.fc_bias):
+                x = x + terms[self.fc_bias]
+            return self.fc(x)
         if (self.fused and self._fast_ok and isinstance(shift, (MeanShiftBias, nn.Identity))
                 and not fp.has_hooks(shift, self.avgpool)):
             if c != 1.0 and fp.is_updating(shift):

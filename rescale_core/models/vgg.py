@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .. import fastpath as fp
+from .. import plans
 from ..init import he_normal_
 from ..layers import MeanShiftBias
 from ..registry import register_model
@@ -39,6 +40,7 @@ class VGG(nn.Module):
     # construction; ``fused = True`` does not override it. The class default: modules pickled
     # before the check, which ran the fast path.
     _fast_ok = True
+    plan = "auto"  # the execution plan (rescale_core.plans): auto | lean | folded
 
     def __init__(self, arch: str = "vgg16", scheme: "str | Scheme" = "bn",
                  scheme_options: dict | None = None, num_classes: int = 1000,
@@ -94,11 +96,32 @@ class VGG(nn.Module):
         return fp.eager_while_measuring(self, self._forward, x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (self.fused and self._fast_ok and not fp.has_hooks_in(self) and plans.wants_lean(self, x)
+                and not fp.measuring_step(self)):
+            return self._forward_lean(x)
         if self.fused and self._fast_ok and not fp.has_hooks_in(self.features):
             x = self._features_fused(x)
         else:
             x = self.features(x)
         return self.classifier(torch.flatten(self.avgpool(x), 1))
+
+    def _forward_lean(self, x: torch.Tensor) -> torch.Tensor:
+        """The lean plan (:mod:`rescale_core.plans`): every mean-shift offset of the network
+        computed in one pass, each then one add in front of its conv or linear layer."""
+        key = fp._module_tree_version
+        cached = self.__dict__.get("_lean_cache")
+        if cached is None or cached[0] != key:
+            entries = [(m, 1.0) for m in self.modules() if isinstance(m, MeanShiftBias)]
+            cached = (key, plans.LeanTerms(entries))
+            self.__dict__["_lean_cache"] = cached
+        terms = cached[1].values(plans.activation_dtype(x))
+        for seq in (self.features, None, self.classifier):
+            if seq is None:
+                x = torch.flatten(self.avgpool(x), 1)
+                continue
+            for m in seq:
+                x = x + terms[m] if isinstance(m, MeanShiftBias) else m(x)
+        return x
 
     def _features_fused(self, x: torch.Tensor) -> torch.Tensor:
         mods = list(self.features)

@@ -34,13 +34,17 @@ F32_SUMS = dict(rtol=1e-3, atol=1e-4)
 
 
 # --------------------------------------------------------------- helpers
-def _pair(model: nn.Module) -> tuple[nn.Module, nn.Module]:
-    """(fused, reference) copies of ``model``."""
+# the execution plans (rescale_core.plans) that compute the reference function another way
+FAST_PLANS = ["folded", "lean"]
+
+
+def _pair(model: nn.Module, plan: str = "folded") -> tuple[nn.Module, nn.Module]:
+    """(fast, reference) copies of ``model``, the fast one on ``plan``."""
     ref = copy.deepcopy(model)
     for m in ref.modules():
         if isinstance(getattr(m, "fused", None), bool):
             m.fused = False
-    return model, ref
+    return rescale_core.set_plan(model, plan), ref
 
 
 def _step(model: nn.Module, x: torch.Tensor, seed: int, backward: bool = True):
@@ -110,13 +114,14 @@ BLOCK_SCHEMES = ["rescale", "fixup", "skipinit", "rezero", "bn", "none"]
 @pytest.mark.parametrize("d", [2, 3], ids=["2d", "3d"])
 @pytest.mark.parametrize("kind", ["basic", "bottleneck"])
 @pytest.mark.parametrize("scheme", BLOCK_SCHEMES)
-def test_block_fused_equals_reference(scheme, kind, d, dropout):
+@pytest.mark.parametrize("plan", FAST_PLANS)
+def test_block_fused_equals_reference(scheme, kind, d, dropout, plan):
     """float64, 4 steps: train while measuring (2 batches), train after, eval, train no_grad;
     both input sizes (offsets folded into 1x1 convs or added); outputs, input and parameter
     gradients, and the state (mu0, counts) after every step."""
     for size in ("wide", "tiny"):
         block = _block(scheme, kind, d, dropout).double()
-        fused, ref = _pair(block)
+        fused, ref = _pair(block, plan)
         x = _block_input(d, size)
         x_before = x.clone()
         for step, (train, grad) in enumerate([(True, True), (True, True), (True, True),
@@ -139,10 +144,11 @@ def test_block_fused_equals_reference(scheme, kind, d, dropout):
     ("fixup", {"gain": "vector"}), ("rezero", {"conv_bias": True}),
 ])
 @pytest.mark.parametrize("kind", ["basic", "bottleneck"])
-def test_block_variants_fused_equals_reference(scheme, options, kind):
+@pytest.mark.parametrize("plan", FAST_PLANS)
+def test_block_variants_fused_equals_reference(scheme, options, kind, plan):
     for dropout, size, stride in itertools.product((0.0, 0.25), ("wide", "tiny"), (1, 2)):
         block = _block(scheme, kind, 2, dropout, stride=stride, **options).double()
-        fused, ref = _pair(block)
+        fused, ref = _pair(block, plan)
         x = _block_input(2, size)
         for step in range(3):
             got, want = _step(fused, x * (step + 1), step), _step(ref, x * (step + 1), step)
@@ -151,10 +157,11 @@ def test_block_variants_fused_equals_reference(scheme, options, kind):
 
 
 @pytest.mark.parametrize("scheme", BLOCK_SCHEMES)
-def test_block_float32(scheme):
+@pytest.mark.parametrize("plan", FAST_PLANS)
+def test_block_float32(scheme, plan):
     for kind, d, dropout in itertools.product(("basic", "bottleneck"), (2, 3), (0.0, 0.25)):
         block = _block(scheme, kind, d, dropout)
-        fused, ref = _pair(block)
+        fused, ref = _pair(block, plan)
         x = _block_input(d, "wide", torch.float32)
         for step in range(3):
             _assert_same(_step(fused, x, step), _step(ref, x, step), F32, f"{scheme}/{kind}/{d}d")
@@ -199,9 +206,10 @@ def _model_input(name: str, batch: int = 3, dtype=torch.float64) -> torch.Tensor
 
 
 @pytest.mark.parametrize("name, scheme", MODEL_CASES, ids=[f"{n}-{s}" for n, s in MODEL_CASES])
-def test_model_training_trajectory(name, scheme):
+@pytest.mark.parametrize("plan", FAST_PLANS)
+def test_model_training_trajectory(name, scheme, plan):
     """4 SGD steps (2 measuring), then eval: same outputs, gradients, parameters and state."""
-    fused, ref = _pair(_model(name, scheme))
+    fused, ref = _pair(_model(name, scheme), plan)
     x = _model_input(name)
     opts = [torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for m in (fused, ref)]
     for step in range(4):
@@ -222,9 +230,10 @@ def test_model_training_trajectory(name, scheme):
 
 
 @pytest.mark.parametrize("scheme", ["rescale", "fixup", "skipinit"])
-def test_model_float32_and_dropout(scheme):
+@pytest.mark.parametrize("plan", FAST_PLANS)
+def test_model_float32_and_dropout(scheme, plan):
     model = _model("resnet50", scheme, torch.float32, conv_dropout=0.1, classifier_dropout=0.2)
-    fused, ref = _pair(model)
+    fused, ref = _pair(model, plan)
     x = _model_input("resnet50", dtype=torch.float32)
     for step in range(3):
         _assert_same(_step(fused, x, step), _step(ref, x, step), F32, f"{scheme} step {step}")
@@ -478,7 +487,8 @@ BF16_CASES = [("resnet50", "rescale", torch.channels_last), ("resnet50", "fixup"
 
 
 @pytest.mark.parametrize("name, scheme, fmt", BF16_CASES, ids=[f"{n}-{s}" for n, s, _ in BF16_CASES])
-def test_bf16_autocast_fast_path_matches_reference(name, scheme, fmt):
+@pytest.mark.parametrize("plan", FAST_PLANS)
+def test_bf16_autocast_fast_path_matches_reference(name, scheme, fmt, plan):
     """The fast path under bf16 autocast (and channels_last), across the measuring boundary:
     the skip path in the reference's dtype, the same
     measuring state, and outputs and float32 gradients of every parameter about as close to a
@@ -501,7 +511,7 @@ def test_bf16_autocast_fast_path_matches_reference(name, scheme, fmt):
         if fmt is not None:
             model, x = model.to(memory_format=fmt), x.contiguous(memory_format=fmt)
         inputs = (x,)
-    fused, ref = _pair(model)
+    fused, ref = _pair(model, plan)
     exact = copy.deepcopy(ref)
     features = (lambda m: m.encode(inputs[0])[0]) if name.startswith("transformer") else (
         lambda m: m.forward_features(inputs[0]))
@@ -550,10 +560,11 @@ def _tokens(b, t, seed):
 
 
 @pytest.mark.parametrize("scheme", TF_SCHEMES)
-def test_transformer_fused_equals_reference(scheme):
+@pytest.mark.parametrize("plan", FAST_PLANS)
+def test_transformer_fused_equals_reference(scheme, plan):
     options = {"gain": "vector"} if scheme == "rescale" else None
     for opts in (None, options):
-        fused, ref = _pair(_transformer(scheme, scheme_options=opts))
+        fused, ref = _pair(_transformer(scheme, scheme_options=opts), plan)
         src, tgt = _tokens(3, 7, 1), _tokens(3, 5, 2)
         for train in (True, False):
             fused.train(train), ref.train(train)
@@ -676,12 +687,13 @@ def test_compiled_training_matches_eager_and_recompiles_once():
 
 # --------------------------------------------------------------- VGG
 @pytest.mark.parametrize("scheme", ["rescale", "none", "bn"])
-def test_vgg_fused_equals_reference(scheme):
+@pytest.mark.parametrize("plan", FAST_PLANS)
+def test_vgg_fused_equals_reference(scheme, plan):
     torch.manual_seed(0)
     model = rescale_core.create_model("vgg11", scheme=scheme, base_width=8, hidden_dim=16,
                                       num_classes=5, scheme_options={"measure_batches": 2})
     randomise_(model)
-    fused, ref = _pair(model.double())
+    fused, ref = _pair(model.double(), plan)
     x = _model_input("vgg11")
     for step in range(3):
         _assert_same(_step(fused, x, step), _step(ref, x, step), F64, f"vgg/{scheme} step {step}")

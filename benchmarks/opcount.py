@@ -1,0 +1,284 @@
+"""``python -m benchmarks.opcount``: ops launched per eager train step, per family, scheme and plan.
+
+An eager GPU step is host-bound: every op it launches costs ~9 us of host time on an H100 node
+whatever its size (METHOD.md), so what an eager step costs there is about
+``max(kernel time, ops x 9 us)``. The ops a step launches do not depend on the device, so they
+are counted here on the CPU, exactly and repeatably, the way a GPU step would launch them:
+
+- one train step (forward, backward, optimizer) under bf16 autocast, channels_last for the
+  conv families, batch 2, after the mean-shift measuring steps (and one measuring step for
+  RescaleNet, counted apart); SGD with momentum and weight decay in its multi-tensor
+  (``foreach``) form, which is what ``torch.optim.SGD`` picks on CUDA (on the CPU it picks the
+  per-parameter loop, which would charge every added gain and bias four more ops);
+- counted by a :class:`~torch.utils._python_dispatch.TorchDispatchMode` around the step:
+  **launches** are the aten ops that are not views (a view launches no kernel), not bare
+  allocations (``empty``: the caching allocator launches nothing) and that return a tensor
+  (``promote_types`` and profiler markers launch nothing); **dispatches** are every call,
+  views included (each still costs host time, much less);
+- the counts depend on the network's structure, not on its widths or the input size, so the
+  models are narrow and the inputs small (a second per contender).
+
+Families: ResNet-50 (bottleneck), ResNeXt-50 32x4d (grouped bottleneck), ResNet-18 (basic),
+Wide-ResNet 16-4, the R3D-18 video ResNet, VGG-11 and the Transformer (``transformer_tiny``),
+each with its normalized baseline (BN; post-LN) and its no-normalization floor (scheme ``none``,
+or the Transformer without LayerNorm and without gains), all built by
+:func:`rescale_core.create_model`; every normalization-free scheme under the ``folded`` and
+``lean`` plans (:mod:`rescale_core.plans`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import rescale_core
+
+__all__ = ["OpCounter", "Family", "FAMILIES", "StepCount", "count_step", "count_contender",
+           "op_counts", "op_table", "section_ops", "main"]
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched inside it: ``launches`` (not views or allocations,
+    returning a tensor) and ``dispatches`` (every call); ``by_op`` the launches per op name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.launches = 0
+        self.dispatches = 0
+        self.by_op: Counter = Counter()
+
+    # allocations: the caching allocator hands out memory without a kernel
+    ALLOCATIONS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
+
+    @staticmethod
+    def launches_kernel(func) -> bool:
+        if func.namespace != "aten" or func.is_view or func._schema.name.split("::")[-1] in OpCounter.ALLOCATIONS:
+            return False
+        return any(isinstance(r.type, torch.TensorType) or "Tensor" in str(r.type)
+                   for r in func._schema.returns)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.dispatches += 1
+        if self.launches_kernel(func):
+            self.launches += 1
+            self.by_op[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family: how to build it under a scheme, a batch for it and its loss."""
+
+    name: str
+    build: Callable[..., nn.Module]         # build(scheme, scheme_options) -> model
+    make_batch: Callable[[], tuple[tuple[torch.Tensor, ...], torch.Tensor]]
+    baseline: str                           # scheme of the normalized baseline
+    floor: tuple[str, dict | None]          # scheme (and options) of the no-normalization floor
+    schemes: tuple[str, ...]                # the normalization-free schemes
+    conv: bool = True                       # channels_last applies
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
+
+
+def _images(size: int, classes: int = 5, frames: int | None = None):
+    def make():
+        g = torch.Generator().manual_seed(0)
+        shape = (2, 3, size, size) if frames is None else (2, 3, frames, size, size)
+        return (torch.randn(shape, generator=g) + 0.3,), torch.arange(2) % classes
+    return make
+
+
+def _tokens():
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, 100, (2, 8), generator=g)
+    tgt = torch.randint(4, 100, (2, 9), generator=g)
+    return (src, tgt[:, :-1]), tgt[:, 1:]
+
+
+def _seq_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+
+
+def _conv(arch: str, **kwargs):
+    def build(scheme: str, options: dict | None = None) -> nn.Module:
+        return rescale_core.create_model(arch, scheme=scheme, scheme_options=options, num_classes=5, **kwargs)
+    return build
+
+
+def _transformer(scheme: str, options: dict | None = None) -> nn.Module:
+    return rescale_core.create_model("transformer_tiny", scheme=scheme, scheme_options=options,
+                                     src_vocab_size=100)
+
+
+_CONV_SCHEMES = ("rescale", "skipinit", "fixup", "rezero")
+FAMILIES: dict[str, Family] = {f.name: f for f in [
+    Family("ResNet-50", _conv("resnet50", base_width=8), _images(64), "bn", ("none", None), _CONV_SCHEMES),
+    Family("ResNeXt-50 32x4d", _conv("resnext50_32x4d", base_width=16), _images(64), "bn", ("none", None),
+           _CONV_SCHEMES),
+    Family("ResNet-18", _conv("resnet18", base_width=8), _images(64), "bn", ("none", None), _CONV_SCHEMES),
+    Family("Wide-ResNet 16-4", _conv("wide_resnet", depth=16, width=4, base_width=4), _images(32), "bn",
+           ("none", None), _CONV_SCHEMES),
+    Family("R3D-18 (3D)", _conv("r3d_18", base_width=8), _images(32, frames=4), "bn", ("none", None),
+           _CONV_SCHEMES),
+    Family("VGG-11", _conv("vgg11", base_width=8, hidden_dim=32), _images(32), "bn", ("none", None),
+           ("rescale",)),
+    Family("Transformer", _transformer, _tokens, "post_ln", ("skipinit", {"gain": None}),
+           ("rescale", "rezero", "skipinit"), conv=False, loss=_seq_loss),
+]}
+
+
+@dataclass
+class StepCount:
+    launches: int
+    dispatches: int
+    by_op: Counter = field(default_factory=Counter)
+
+
+def count_step(model: nn.Module, inputs: tuple, targets: torch.Tensor, loss: Callable,
+               optimizer: torch.optim.Optimizer, autocast: bool = True, train: bool = True) -> StepCount:
+    """The ops of one train step (zero_grad, forward, loss, backward, optimizer step), or of one
+    eval forward (``train=False``, under ``torch.inference_mode``)."""
+    counter = OpCounter()
+    with counter:
+        if train:
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                value = loss(model(*inputs), targets)
+            value.backward()
+            optimizer.step()
+        else:
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                model(*inputs)
+    return StepCount(counter.launches, counter.dispatches, counter.by_op)
+
+
+@dataclass
+class ContenderCount:
+    family: str
+    name: str          # scheme label
+    role: str          # "baseline" | "floor" | "scheme"
+    plan: str
+    train: StepCount
+    eval: StepCount
+    measuring: StepCount | None = None
+
+
+def _sgd(model: nn.Module) -> torch.optim.Optimizer:
+    # lr 0: the floors would diverge on real updates; the update is still computed in full
+    return torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.9, weight_decay=1e-4, foreach=True)
+
+
+def count_contender(family: Family, scheme: str, options: dict | None = None, plan: str = "auto",
+                    role: str = "scheme", label: str | None = None) -> ContenderCount:
+    torch.manual_seed(0)
+    model = family.build(scheme, options)
+    rescale_core.set_plan(model, plan)
+    inputs, targets = family.make_batch()
+    if family.conv:
+        fmt = torch.channels_last_3d if inputs[0].dim() == 5 else torch.channels_last
+        model = model.to(memory_format=fmt)
+        inputs = tuple(x.contiguous(memory_format=fmt) for x in inputs)
+    model.train()
+    opt = _sgd(model)
+    measuring = None
+    if rescale_core.mean_shift_layers(model):  # step 1 creates the momentum buffers; step 2 counts
+        count_step(model, inputs, targets, family.loss, opt)
+        measuring = count_step(model, inputs, targets, family.loss, opt)
+        assert any(m.measuring for m in rescale_core.mean_shift_layers(model))
+        rescale_core.finish_measuring(model)
+    for _ in range(2):
+        count_step(model, inputs, targets, family.loss, opt)
+    train = count_step(model, inputs, targets, family.loss, opt)
+    model.eval()
+    evaluation = count_step(model, inputs, targets, family.loss, opt, train=False)
+    return ContenderCount(family.name, label or scheme, role, plan, train, evaluation, measuring)
+
+
+def op_counts(families: list[str] | None = None, plans: tuple[str, ...] = ("folded", "lean"),
+              schemes: list[str] | None = None) -> list[ContenderCount]:
+    """Baseline, floor and every normalization-free scheme under each plan, per family."""
+    out = []
+    for name in families or list(FAMILIES):
+        fam = FAMILIES[name]
+        out.append(count_contender(fam, fam.baseline, None, "auto", "baseline"))
+        floor_scheme, floor_options = fam.floor
+        out.append(count_contender(fam, floor_scheme, floor_options, "auto", "floor", "floor"))
+        for scheme in fam.schemes:
+            if schemes is not None and scheme not in schemes:
+                continue
+            for plan in plans:
+                out.append(count_contender(fam, scheme, None, plan))
+    return out
+
+
+def op_table(counts: list[ContenderCount]) -> tuple[list[str], list[list[str]]]:
+    """Columns and rows: launches per train step, its ratio to the family's floor and baseline,
+    eval-forward launches against the floor's, a measuring step's launches (RescaleNet) and all
+    dispatches."""
+    columns = ["family", "contender", "plan", "train launches", "x floor", "x baseline",
+               "eval launches", "eval x floor", "measuring step", "dispatches"]
+    rows = []
+    for c in counts:
+        floor = next(o for o in counts if o.family == c.family and o.role == "floor")
+        base = next(o for o in counts if o.family == c.family and o.role == "baseline")
+        plan = "-" if c.role != "scheme" else c.plan
+        label = {"baseline": f"{c.name} (baseline)", "floor": "floor (no norm)"}.get(c.role, c.name)
+        rows.append([c.family, label, plan, str(c.train.launches),
+                     f"{c.train.launches / floor.train.launches:.2f}",
+                     f"{c.train.launches / base.train.launches:.2f}",
+                     str(c.eval.launches), f"{c.eval.launches / floor.eval.launches:.2f}",
+                     "-" if c.measuring is None else
+                     f"{c.measuring.launches} ({c.measuring.launches / c.train.launches:.2f}x)",
+                     str(c.train.dispatches)])
+    return columns, rows
+
+
+def section_ops(settings) -> "SectionResult":
+    """``make bench``'s op-count section (device independent: counted on the CPU)."""
+    from .sections import SectionResult, Table
+
+    counts = op_counts()
+    columns, rows = op_table(counts)
+    result = SectionResult("ops")
+    result.tables.append(Table(
+        "Ops launched per eager train step (CPU count of what a GPU step launches; bf16 autocast, "
+        "channels_last, batch 2, foreach SGD)", columns, rows,
+        notes=["launches: aten ops that are not views and return a tensor; an eager H100 step costs "
+               "about max(kernel time, launches x 9 us)",
+               "x floor / x baseline: against the family's network without normalization (scheme none; "
+               "the Transformer without LayerNorm or gains) and its BN / post-LN baseline",
+               "plans (rescale_core.plans): folded is the CPU default (auto), lean the accelerator default"]))
+    for c in counts:
+        if c.role == "scheme":
+            floor = next(o for o in counts if o.family == c.family and o.role == "floor")
+            result.metrics[f"ops {c.family} {c.name} {c.plan} x floor"] = c.train.launches / floor.train.launches
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.opcount", description=__doc__.split("\n\n")[0])
+    p.add_argument("--families", nargs="+", choices=list(FAMILIES), default=None)
+    p.add_argument("--plans", nargs="+", choices=["folded", "lean", "reference"], default=["folded", "lean"])
+    p.add_argument("--top", type=int, default=0, help="also list the N most launched ops per contender")
+    args = p.parse_args(argv)
+    counts = op_counts(args.families, tuple(args.plans))
+    columns, rows = op_table(counts)
+    widths = [max(len(r[i]) for r in rows + [columns]) for i in range(len(columns))]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for r in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths)))
+    if args.top:
+        for c in counts:
+            print(f"\n{c.family} {c.name} {c.plan}: " +
+                  ", ".join(f"{op} {n}" for op, n in c.train.by_op.most_common(args.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

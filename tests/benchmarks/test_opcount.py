@@ -1,0 +1,98 @@
+"""Ops launched per eager train step (``benchmarks.opcount``): what the lean execution plan
+(``rescale_core.plans``) is for. The counts are deterministic (the same ops for the same
+network structure), so they are asserted: against the family's no-normalization floor, its
+normalized baseline and the folded plan, and per added residual block."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import opcount
+from benchmarks.opcount import FAMILIES, count_contender
+
+
+@pytest.fixture(scope="module")
+def counts():
+    """{(family, scheme, plan): train launches} for the families and schemes asserted below."""
+    out, evals = {}, {}
+    for family in ("ResNet-50", "ResNet-18", "R3D-18 (3D)", "VGG-11", "Transformer"):
+        for c in opcount.op_counts([family], plans=("folded", "lean"), schemes=["rescale", "skipinit", "fixup"]):
+            key = (family, c.name if c.role == "scheme" else c.role, c.plan if c.role == "scheme" else "-")
+            out[key], evals[key] = c.train.launches, c.eval.launches
+    return out, evals
+
+
+# (family, scheme): the most launches the lean plan may take per train step, as a multiple of
+# the floor's (measured: rescale50 1.42, skipinit50 1.10, fixup50 1.49; ResNet-18 1.46 / 1.13 /
+# 1.52; R3D-18 1.56 (CPU autocast pools 3D in float32, four casts a shortcut) / 1.13 / 1.52;
+# VGG-11 1.11; Transformer rescale 1.17, skipinit 1.13)
+LEAN_BOUNDS = {
+    ("ResNet-50", "rescale"): 1.43, ("ResNet-50", "skipinit"): 1.11, ("ResNet-50", "fixup"): 1.50,
+    ("ResNet-18", "rescale"): 1.47, ("ResNet-18", "skipinit"): 1.14, ("ResNet-18", "fixup"): 1.53,
+    ("R3D-18 (3D)", "rescale"): 1.57, ("R3D-18 (3D)", "skipinit"): 1.14, ("R3D-18 (3D)", "fixup"): 1.53,
+    ("VGG-11", "rescale"): 1.12,
+    ("Transformer", "rescale"): 1.18, ("Transformer", "skipinit"): 1.14,
+}
+
+
+@pytest.mark.parametrize("family, scheme", list(LEAN_BOUNDS), ids=[f"{f}-{s}" for f, s in LEAN_BOUNDS])
+def test_lean_plan_launches_fewer_ops(counts, family, scheme):
+    train, evals = counts
+    lean, folded = train[(family, scheme, "lean")], train[(family, scheme, "folded")]
+    floor, base = train[(family, "floor", "-")], train[(family, "baseline", "-")]
+    assert lean < folded, (family, scheme, lean, folded)
+    assert lean <= LEAN_BOUNDS[(family, scheme)] * floor, (family, scheme, lean, floor)
+    assert evals[(family, scheme, "lean")] <= evals[(family, scheme, "folded")]
+    if family == "Transformer":
+        # a learnable gain per sublayer needs two backward ops (df, ds), LayerNorm two in all
+        assert lean <= 1.13 * base, (family, scheme, lean, base)
+    elif scheme == "skipinit" or (family, scheme) == ("ResNet-50", "rescale"):
+        assert lean < base, (family, scheme, lean, base)  # below BatchNorm
+
+
+def test_lean_terms_cost_the_same_whatever_the_depth():
+    """Every offset and gain of the network comes from one pass (LeanTerms): an added
+    bottleneck block costs its convolutions and ReLUs (as in the floor) plus a fixed number of
+    activation-sized ops (3 offset adds and their 3 gradient sums, the merge's 2 backward ops),
+    with no per-layer subtraction, multiplication or cast of parameters."""
+    fam = FAMILIES["ResNet-50"]
+
+    def launches(arch: str, scheme: str) -> int:
+        deep = opcount.Family(fam.name, opcount._conv(arch, base_width=8), fam.make_batch, "bn",
+                              ("none", None), ())
+        return count_contender(deep, scheme, None, "lean").train.launches
+
+    extra_blocks = 23 - 6  # resnet101 has 17 more bottleneck blocks than resnet50 (stage 3)
+    floor_per_block = (launches("resnet101", "none") - launches("resnet50", "none")) / extra_blocks
+    rescale_per_block = (launches("resnet101", "rescale") - launches("resnet50", "rescale")) / extra_blocks
+    assert floor_per_block == int(floor_per_block)
+    assert rescale_per_block == floor_per_block + 8
+
+
+def test_auto_plan_is_folded_on_the_cpu_and_counts_views_apart():
+    fam = FAMILIES["ResNet-18"]
+    auto = count_contender(fam, "rescale", None, "auto")
+    folded = count_contender(fam, "rescale", None, "folded")
+    assert auto.train.launches == folded.train.launches
+    assert auto.train.dispatches > auto.train.launches  # views and allocations are counted apart
+    counter = opcount.OpCounter()
+    with counter:
+        x = torch.ones(4)
+        x.view(2, 2)
+        torch.empty(3)
+        x + 1
+    assert (counter.launches, counter.by_op["aten.add.Tensor"]) == (2, 1)  # ones, add
+
+
+def test_opcount_command_prints_the_table(capsys):
+    assert opcount.main(["--families", "VGG-11", "--plans", "lean"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["family", "contender", "plan"]
+    rows = [line for line in lines[1:] if line.startswith("VGG-11")]
+    assert len(rows) == 3 and any("lean" in r for r in rows)
+
+
+def test_measuring_step_is_counted_for_rescale():
+    c = count_contender(FAMILIES["VGG-11"], "rescale", None, "lean")
+    assert c.measuring is not None and c.measuring.launches > c.train.launches
+    assert count_contender(FAMILIES["VGG-11"], "none", None, "lean").measuring is None
