@@ -9,7 +9,8 @@ A DataModule that also tells problems apart by kind -- ``data_problems() -> {kin
 empty, short; repaired short videos too) -- gets ``data/<kind>`` logged at the same moments and,
 at the end, the list of problem files written to ``<run dir>/data_problems.tsv`` (``path<TAB>kind``;
 the run dir as :func:`~rescale_tasks.common.config.run_directory` finds it) and one warning line
-with the counts by kind. Deviation from a plain sum over ranks: the files are gathered from every
+with the counts of the kinds that occurred (:func:`problems_line`; a ``kept_problem_kinds`` attribute
+names the kinds the module repairs and keeps instead of skipping). Deviation from a plain sum over ranks: the files are gathered from every
 rank and counted once each, because two ranks can meet the same file (other epochs' shards, the
 DistributedSampler's padding of evaluation sets).
 """
@@ -24,9 +25,22 @@ from lightning.pytorch.utilities import rank_zero_warn
 from rescale_tasks.common.config import run_directory
 from rescale_tasks.common.distributed import gather_objects
 
-__all__ = ["PROBLEMS_FILE", "SkippedDataReport"]
+__all__ = ["PROBLEMS_FILE", "SkippedDataReport", "problems_line"]
 
 PROBLEMS_FILE = "data_problems.tsv"
+
+
+def problems_line(problems: dict[str, int], kept_kinds=()) -> str:
+    """The end-of-run warning: only the kinds that occurred, with their counts, and what became of
+    the files (``kept_kinds``: kinds the data module repairs and keeps, e.g. looped short videos;
+    every other kind was skipped), e.g. ``data problems: 3 file(s) (short_loop 1, unreadable 2):
+    2 skipped, 1 repaired and kept``."""
+    counts = {kind: n for kind, n in sorted(problems.items()) if n}
+    kept = sum(n for kind, n in counts.items() if kind in kept_kinds)
+    skipped = sum(counts.values()) - kept
+    fate = [text for n, text in ((skipped, f"{skipped} skipped"), (kept, f"{kept} repaired and kept")) if n]
+    listed = ", ".join(f"{kind} {n}" for kind, n in counts.items())
+    return f"data problems: {sum(counts.values())} file(s) ({listed}): {', '.join(fate)}"
 
 
 class SkippedDataReport(L.Callback):
@@ -108,6 +122,4 @@ class SkippedDataReport(L.Callback):
                     f.writelines(f"{path}\t{kind}\n" for path, kind in self.files)
             if directories:
                 where = f"; the files are listed in {os.path.join(directories[0], PROBLEMS_FILE)}"
-        counts = ", ".join(f"{kind} {n}" for kind, n in self.problems.items() if n)
-        rank_zero_warn(f"data problems: {sum(self.problems.values())} file(s) ({counts}); skipped unless "
-                       f"repaired (short_loop, short_repeat_last){where}")
+        rank_zero_warn(problems_line(self.problems, getattr(trainer.datamodule, "kept_problem_kinds", ())) + where)

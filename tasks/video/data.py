@@ -34,7 +34,7 @@ from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.sampling import (PerSampleSeed, ResumableDataLoader, ResumableSampler,
                                            sigterm_safe_worker_init)
 
-from .dataset import VideoClipDataset, collate_drop_none
+from .dataset import DROPPED_KINDS, KINDS, VideoClipDataset, collate_drop_none
 from .layouts import class_names_of, label_samples, read_layout
 from .sampling import preset as sampling_preset
 from .transforms import eval_transform, train_transform
@@ -61,6 +61,9 @@ class KineticsDataModule(L.LightningDataModule):
             its crops) per process.
         seed: training order and augmentation seeds (the same on every rank).
     """
+
+    #: problem kinds whose videos are repaired and kept (short videos looped or padded), for the report
+    kept_problem_kinds = tuple(kind for kind in KINDS if kind not in DROPPED_KINDS)
 
     def __init__(self, layout: Literal["folders", "cvdf", "list"] = "folders", root: str | None = None,
                  train_csv: str | None = None, val_csv: str | None = None, video_dir: str | None = None,

@@ -262,7 +262,8 @@ def test_problems_are_logged_by_kind_and_listed_in_the_run_dir(kinetics_clips, t
     trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=CSVLogger(tmp_path), num_sanity_val_steps=0,
                         callbacks=[SkippedDataReport()], enable_progress_bar=False, enable_model_summary=False,
                         enable_checkpointing=False)
-    with pytest.warns(UserWarning, match=r"data problems: 4 file\(s\) \(short_loop 2, unreadable 2\)"):
+    with pytest.warns(UserWarning, match=r"data problems: 4 file\(s\) \(short_loop 2, unreadable 2\): 2 skipped, "
+                                         r"2 repaired and kept; the files are listed in "):
         trainer.fit(_TinyVideoNet(dm.num_classes), datamodule=dm)
     assert dm.data_problems() == {"unreadable": 2, "short_loop": 2} and dm.skipped_corrupt == 2
     listed = (tmp_path / "lightning_logs" / "version_0" / PROBLEMS_FILE).read_text().splitlines()
