@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
-from ..common.distributed import every_rank_has_samples, world_size, zero_loss
+from ..common.empty_batches import data_may_skip_files, must_skip, skipped_step
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
 
 __all__ = ["ClassificationModule"]
@@ -71,8 +71,7 @@ class ClassificationModule(RescaleTaskModule):
 
     def setup(self, stage: str) -> None:
         # the same on every rank (one config): every rank votes in training_step, or none does
-        datamodule = getattr(self.trainer, "datamodule", None)
-        self._may_skip_batches = bool(getattr(datamodule, "skip_corrupt", datamodule is None))
+        self._may_skip_batches = data_may_skip_files(getattr(self.trainer, "datamodule", None))
 
     # --- steps ----------------------------------------------------------------------------
     def _mixup(self, x: torch.Tensor, y: torch.Tensor):
@@ -82,10 +81,9 @@ class ClassificationModule(RescaleTaskModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         x, y = batch
-        # every file of a batch corrupt and skipped: all ranks skip it together (common.distributed);
-        # the vote (a collective) only where the data can skip files
-        if (self._may_skip_batches or y.numel() == 0) and not every_rank_has_samples(y.numel()):
-            return zero_loss(self) if world_size() > 1 else None
+        # every file of a batch corrupt and skipped: no step, on all ranks (common.empty_batches)
+        if must_skip(y.numel(), self._may_skip_batches):
+            return skipped_step(self)
         if self.mixup_alpha > 0:
             x, ya, yb, lam = self._mixup(x, y)
             logits = self(x)

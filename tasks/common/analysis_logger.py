@@ -15,6 +15,7 @@ from lightning.pytorch.loggers import WandbLogger
 
 from rescale_core.analysis import signal_propagation
 
+from .empty_batches import is_skipped
 from .errors import ConfigError
 
 __all__ = ["AnalysisPlotsLogger"]
@@ -49,16 +50,23 @@ class AnalysisPlotsLogger(L.Callback):
         self.train = train
         self.seconds: list[float] = []  # time of every call (what the probe costs the run)
         self._last_step: int | None = None
+        self._pending = False  # a probe due at a skipped batch waits for the next one
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         # the first step, then every n; once per step with gradient accumulation
-        if (step - 1) % self.every_n_steps or step == self._last_step:
+        due = not (step - 1) % self.every_n_steps and step != self._last_step
+        if not (due or self._pending):
             return
         loggers = [logger for logger in trainer.loggers if isinstance(logger, WandbLogger)]
         if not loggers:
             return
         self._last_step = step
+        # a batch of bad files has no sample to probe (common.empty_batches): the next one is used;
+        # the same on every rank (all ranks skip such a batch together)
+        self._pending = is_skipped(outputs)
+        if self._pending:
+            return
         start = time.perf_counter()
         from ..studies.analyze import gain_rows, scalars_figure, signal_figure, signal_rows
         from ..studies.models import network_inputs, take_samples

@@ -1,6 +1,7 @@
 """Callbacks every task uses: divergence detection and learned-scalar logging."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Optional
 
 import lightning.pytorch as L
@@ -8,6 +9,7 @@ import torch
 
 from rescale_core.analysis import learned_scalars
 
+from .empty_batches import is_skipped
 from .errors import ConfigError
 
 __all__ = ["DivergenceMonitor", "LearnedScalarsLogger", "TrainingDiverged"]
@@ -83,9 +85,10 @@ class DivergenceMonitor(L.Callback):
             self._record(~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum()), self._GRAD)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        if isinstance(loss, torch.Tensor):
-            self._record(~torch.isfinite(loss.detach()), self._LOSS)
+        if not is_skipped(outputs):  # a batch of bad files has no loss (common.empty_batches)
+            loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+            if isinstance(loss, torch.Tensor):
+                self._record(~torch.isfinite(loss.detach()), self._LOSS)
         self._batches += 1
         if self._batches % self._every == 0:
             self._check(trainer, pl_module)

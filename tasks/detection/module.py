@@ -27,7 +27,8 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-from ..common.distributed import every_rank_has_samples, gather_objects, world_size, zero_loss
+from ..common.distributed import gather_objects
+from ..common.empty_batches import data_may_skip_files, must_skip, skipped_step
 from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
 from .backbones import resnet_fpn_backbone
@@ -140,8 +141,7 @@ class DetectionModule(RescaleTaskModule):
         return (list(images),)
 
     def setup(self, stage: str) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None)
-        self._may_skip_batches = bool(getattr(datamodule, "skip_corrupt", datamodule is None))
+        self._may_skip_batches = data_may_skip_files(getattr(self.trainer, "datamodule", None))
 
     def _label_to_category(self) -> Optional[dict]:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -150,8 +150,8 @@ class DetectionModule(RescaleTaskModule):
     # --- training -------------------------------------------------------------------------
     def training_step(self, batch, batch_idx: int) -> Optional[torch.Tensor]:
         images, targets = batch
-        if (self._may_skip_batches or not images) and not every_rank_has_samples(len(images)):
-            return zero_loss(self) if world_size() > 1 else None
+        if must_skip(len(images), self._may_skip_batches):  # every image unreadable (common.empty_batches)
+            return skipped_step(self)
         losses = self(list(images), _loss_targets(targets))
         loss = sum(losses.values())
         n = len(images)

@@ -22,7 +22,8 @@ from typing import Any, Iterable, Optional
 import torch
 import torch.nn.functional as F
 
-from ..common.distributed import every_rank_has_samples, gather_by_key, world_size, zero_loss
+from ..common.distributed import gather_by_key
+from ..common.empty_batches import data_may_skip_files, must_skip, skipped_step
 from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
 
@@ -97,13 +98,12 @@ class VideoClassificationModule(RescaleTaskModule):
         return self.net(self.as_input(clips))
 
     def setup(self, stage: str) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None)
-        self._may_skip_batches = bool(getattr(datamodule, "skip_bad", datamodule is None))
+        self._may_skip_batches = data_may_skip_files(getattr(self.trainer, "datamodule", None))
 
     def training_step(self, batch, batch_idx: int) -> Optional[torch.Tensor]:
         clips, labels = batch[0], batch[1]
-        if (self._may_skip_batches or labels.numel() == 0) and not every_rank_has_samples(labels.numel()):
-            return zero_loss(self) if world_size() > 1 else None
+        if must_skip(labels.numel(), self._may_skip_batches):  # every video bad (common.empty_batches)
+            return skipped_step(self)
         logits = self(clips)
         loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
         acc = (logits.detach().argmax(-1) == labels).float().mean()
