@@ -282,12 +282,8 @@ class ResidualBlock(nn.Module):
     def lean_terms(self, c_in: float, c_out: float) -> "plans.LeanTerms":
         """This block's own :class:`~rescale_core.plans.LeanTerms` (a block called on its own,
         e.g. by a detection backbone's layer getter; a ResNet computes one for all its blocks)."""
-        key = (fp._module_tree_version, c_in, c_out)
-        cached = self.__dict__.get("_lean_cache")
-        if cached is None or cached[0] != key:
-            cached = (key, plans.LeanTerms(self.lean_entries(c_in, c_out)))
-            self.__dict__["_lean_cache"] = cached
-        return cached[1]
+        return plans.cached_on(self, lambda: (fp._module_tree_version, c_in, c_out),
+                               lambda: plans.LeanTerms(self.lean_entries(c_in, c_out)))
 
     def _forward_lean(self, x: torch.Tensor, c_in: float, c_out: float, terms: dict) -> torch.Tensor:
         """The reference function with the fewest ops (:mod:`rescale_core.plans`): each

@@ -212,7 +212,9 @@ def measuring_step(model: nn.Module) -> bool:
     if not (model.training and torch.is_grad_enabled()):
         return False
     cached = model.__dict__.get("_mean_shift_layers")
-    if cached is None or cached[0] != _module_tree_version:
+    # under torch.compile the cached list is reused as it is: compiling registers fx modules,
+    # which moves the version, and a guard on it would recompile every step
+    if cached is None or (cached[0] != _module_tree_version and not torch.compiler.is_compiling()):
         cached = (_module_tree_version, tuple(m for m in model.modules() if isinstance(m, MeanShiftBias)))
         model.__dict__["_mean_shift_layers"] = cached
     return any(m._measuring for m in cached[1])

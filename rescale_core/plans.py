@@ -37,7 +37,7 @@ from torch import nn
 from .layers import Gain, MeanShiftBias, ScalarBias
 
 __all__ = ["PLANS", "check_plan", "set_plan", "plan_of", "wants_lean", "LeanTerms",
-           "activation_dtype", "is_term_module", "gain_merge"]
+           "activation_dtype", "is_term_module", "gain_merge", "cached_on"]
 
 PLANS = ("auto", "lean", "folded", "reference")
 
@@ -87,6 +87,21 @@ def activation_dtype(x: torch.Tensor) -> torch.dtype:
     if torch.is_autocast_enabled(device):
         return torch.get_autocast_dtype(device)
     return x.dtype if x.is_floating_point() else torch.get_default_dtype()
+
+
+def cached_on(module: nn.Module, key, build):
+    """``build()``, cached in ``module.__dict__`` until ``key()`` changes. Under
+    ``torch.compile`` a cached value is reused without evaluating the key: compiling registers
+    modules of its own (fx graph modules), which moves the module-tree version the keys contain,
+    so checking it there would recompile every step."""
+    cached = module.__dict__.get("_lean_cache")
+    if cached is not None and torch.compiler.is_compiling():
+        return cached[1]
+    k = key()
+    if cached is None or cached[0] != k:
+        cached = (k, build())
+        module.__dict__["_lean_cache"] = cached
+    return cached[1]
 
 
 def _term_parameter(mod: nn.Module) -> torch.Tensor:

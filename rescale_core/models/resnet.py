@@ -229,20 +229,17 @@ class ResNet(nn.Module):
     def _lean_schedule(self):
         """(LeanTerms of the whole network, {block: (c_in, c_out)}), cached until a module is
         registered anywhere or a flag a schedule depends on changes."""
-        key = (fp._module_tree_version,
-               tuple(getattr(m, "fused", None) for m in self.modules()))
-        cached = self.__dict__.get("_lean_cache")
-        if cached is None or cached[0] != key:
+        def build():
             blocks = self._lean_blocks()
             entries = [(self.bn1, 1.0)] if plans.is_term_module(self.bn1) else []
             for block, c_in, c_out in blocks:
                 if c_in is not None:
                     entries += block.lean_entries(c_in, c_out)
             entries += [(m, 1.0) for m in (self.pool_shift, self.fc_bias) if plans.is_term_module(m)]
-            scales = {block: (c_in, c_out) for block, c_in, c_out in blocks}
-            cached = (key, (plans.LeanTerms(entries), scales))
-            self.__dict__["_lean_cache"] = cached
-        return cached[1]
+            return plans.LeanTerms(entries), {block: (c_in, c_out) for block, c_in, c_out in blocks}
+
+        return plans.cached_on(self, lambda: (fp._module_tree_version,
+                                              tuple(getattr(m, "fused", None) for m in self.modules())), build)
 
     def _features_lean(self, x: torch.Tensor, terms: dict, stages: list | None) -> tuple[torch.Tensor, float]:
         conv, post = self.conv1, self.bn1

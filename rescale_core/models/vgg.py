@@ -108,13 +108,9 @@ class VGG(nn.Module):
     def _forward_lean(self, x: torch.Tensor) -> torch.Tensor:
         """The lean plan (:mod:`rescale_core.plans`): every mean-shift offset of the network
         computed in one pass, each then one add in front of its conv or linear layer."""
-        key = fp._module_tree_version
-        cached = self.__dict__.get("_lean_cache")
-        if cached is None or cached[0] != key:
-            entries = [(m, 1.0) for m in self.modules() if isinstance(m, MeanShiftBias)]
-            cached = (key, plans.LeanTerms(entries))
-            self.__dict__["_lean_cache"] = cached
-        terms = cached[1].values(plans.activation_dtype(x))
+        table = plans.cached_on(self, lambda: fp._module_tree_version, lambda: plans.LeanTerms(
+            [(m, 1.0) for m in self.modules() if isinstance(m, MeanShiftBias)]))
+        terms = table.values(plans.activation_dtype(x))
         for seq in (self.features, None, self.classifier):
             if seq is None:
                 x = torch.flatten(self.avgpool(x), 1)
