@@ -8,8 +8,11 @@ agent), so they need neither W&B's servers nor its file format.
 
 Contents: the run's identity (project, group, name, network, scheme, seed, lr, global batch),
 ``status`` (``finished``, ``diverged``, ``interrupted``), the final value of every logged scalar,
-the best validation values, curves (``train/loss`` at the logged steps, validation metrics per
-epoch), steps, epochs, training seconds and samples per second.
+the best validation values, curves (``[step, value]`` pairs: ``train/loss`` at the logged steps,
+every validation metric once per validation with the value the loggers received, also mid-epoch
+with ``val_check_interval`` and across resumes), steps, epochs, training seconds and samples per
+second. A step is the number of optimizer steps done (``trainer.global_step``); Lightning's
+loggers record the same points counting from 0 (W&B's ``trainer/global_step`` is one less).
 """
 from __future__ import annotations
 
@@ -101,6 +104,7 @@ class RunSummary(L.Callback):
         self.seconds = 0.0
         self._start: Optional[float] = None
         self._written = False
+        self._before: dict[str, Any] = {}  # trainer.logged_metrics as the current validation began
 
     # the curves and counters travel in the checkpoint: a resumed run's summary covers all of it
     def state_dict(self) -> dict:
@@ -127,13 +131,31 @@ class RunSummary(L.Callback):
             if value is not None:
                 self.train_curve.append([trainer.global_step, value])
 
-    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking:
+    # A validation's metrics are read at its very end, once Lightning has handed them to the
+    # loggers: at ``on_validation_epoch_end`` a callback runs before the module's own hook (where
+    # the COCO, multi-view and BLEU evaluations log) and before the epoch's values are reduced, so
+    # it saw the previous validation's values (issue #23).
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._before = dict(trainer.logged_metrics)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        for key, value in trainer.callback_metrics.items():
+        before = self._before
+        for key, value in trainer.logged_metrics.items():
+            # logged_metrics keeps every key ever logged: one this validation did not log still
+            # holds its old value, the very same object
+            if not key.startswith("val/") or before.get(key) is value:
+                continue
             value = _scalar(value)
-            if key.startswith("val/") and value is not None:
-                self.val_curve.setdefault(key, []).append([trainer.current_epoch, value])
+            if value is None:
+                continue
+            curve = self.val_curve.setdefault(key, [])
+            point = [trainer.global_step, value]
+            if curve and curve[-1][0] == trainer.global_step:  # a resumed run validating its step again
+                curve[-1] = point
+            else:
+                curve.append(point)
 
     # --- writing ------------------------------------------------------------------------------
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

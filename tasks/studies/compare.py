@@ -155,7 +155,7 @@ def _plots(outputs: StudyOutputs, runs: list[dict], rows: list[dict], metric: st
             if points:
                 ax_metric.plot(*zip(*points), color=color, marker="o", alpha=0.8, label=label)
         ax_loss.set(xlabel="step", ylabel="train loss", yscale="log", title=f"{experiment}: training loss")
-        ax_metric.set(xlabel="epoch", ylabel=metric, title=f"{experiment}: {metric}")
+        ax_metric.set(xlabel="step", ylabel=metric, title=f"{experiment}: {metric}")
         outputs.figure(f"{_slug(experiment)}_curves", fig)
 
         mine = [r for r in rows if r["experiment"] == experiment]

@@ -367,7 +367,7 @@ def _seed_plot(outputs: StudyOutputs, summaries: list[tuple[str, dict]], metric:
         if pts:
             ax_metric.plot(*zip(*pts), color=f"C{i % 10}", marker="o", alpha=0.8, label=name)
     ax_loss.set(xlabel="step", ylabel="train loss", yscale="log", title="training loss per seed")
-    ax_metric.set(xlabel="epoch", ylabel=metric, title=f"{metric} per seed")
+    ax_metric.set(xlabel="step", ylabel=metric, title=f"{metric} per seed")
     outputs.figure("seeds", fig)
 
 

@@ -133,3 +133,78 @@ def fit_then_validate():
         return trainer.validate(module, data, verbose=False)[0]
 
     return run
+
+
+@pytest.fixture
+def summary_matches_wandb():
+    """``check(run_folder_root="runs") -> summary``: the one W&B offline run and the one
+    ``run_summary.json`` under the folder hold the same validations: every ``val/`` key the run
+    logged appears in the summary's curve once per validation, at its step (W&B's
+    ``trainer/global_step`` counts from 0, the summary's steps from 1), with the logged value."""
+    import math
+
+    from rescale_tasks.common.run_summary import find_summaries, read_summary
+    from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
+
+    def check(root: str = "runs") -> dict:
+        (folder,) = find_offline_runs(root)
+        (path,) = find_summaries(root)
+        run, summary = read_offline_run(folder), read_summary(path)
+        keys = {k for row in run.history for k in row if k.startswith("val/")}
+        assert keys and keys <= set(summary["curves"]), (keys, sorted(summary["curves"]))
+        for key in keys:
+            logged = [(row["trainer/global_step"] + 1, row[key]) for row in run.history if key in row]
+            curve = [tuple(point) for point in summary["curves"][key]]
+            assert [s for s, _ in curve] == [s for s, _ in logged], (key, curve, logged)
+            for (_, mine), (_, theirs) in zip(curve, logged):
+                assert mine == pytest.approx(theirs, rel=1e-6) or (math.isnan(mine) and math.isnan(theirs)), key
+        return summary
+
+    return check
+
+
+def _same_curve(a: list, b: list) -> bool:
+    """The same steps and, to float32's precision (loggers receive tensors), the same values."""
+    return [s for s, _ in a] == [s for s, _ in b] and [v for _, v in a] == pytest.approx([v for _, v in b], rel=1e-6)
+
+
+@pytest.fixture(scope="session")
+def same_curve():
+    """``same_curve(a, b)``: two ``[[step, value], ...]`` curves agree (steps exactly, values to 1e-6)."""
+    return _same_curve
+
+
+@pytest.fixture
+def fit_with_summary():
+    """``run(folder, module, train, val=None, max_epochs=1, ckpt_path=None, **trainer_args) -> dict``:
+    the real Lightning loop on the CPU (seed 0) with the suite's :class:`RunSummary` and Lightning's
+    CSVLogger; returns ``summary`` (the written ``run_summary.json``), ``logged`` (what the logger
+    received, ``{val/ key: [[step, value], ...]}``, the step as the summary counts it: optimizer steps
+    done, Lightning's loggers count from 0) and ``trainer``. ``train`` is a DataLoader or a data module."""
+    import csv
+
+    import lightning.pytorch as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    from rescale_tasks.common.run_summary import RunSummary, read_summary
+
+    def run(folder, module, train, val=None, max_epochs: int = 1, ckpt_path=None, **trainer_args) -> dict:
+        L.seed_everything(0)
+        summary = Path(folder) / "run_summary.json"
+        options = dict(accelerator="cpu", devices=1, enable_progress_bar=False, enable_model_summary=False,
+                       log_every_n_steps=1, default_root_dir=folder)
+        trainer = L.Trainer(max_epochs=max_epochs, logger=CSVLogger(folder, name="csv", version=0),
+                            callbacks=[RunSummary(str(summary))], **{**options, **trainer_args})
+        if isinstance(train, L.LightningDataModule):
+            trainer.fit(module, datamodule=train, ckpt_path=ckpt_path)
+        else:
+            trainer.fit(module, train, val, ckpt_path=ckpt_path)
+        logged: dict[str, list] = {}
+        with open(Path(folder) / "csv" / "version_0" / "metrics.csv", newline="") as f:
+            for row in csv.DictReader(f):
+                for key, value in row.items():
+                    if key.startswith("val/") and value != "":
+                        logged.setdefault(key, []).append([int(row["step"]) + 1, float(value)])
+        return {"summary": read_summary(str(summary)), "logged": logged, "trainer": trainer}
+
+    return run
