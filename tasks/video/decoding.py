@@ -23,6 +23,10 @@ between the current position and the next wanted frame (so sparse-keyframe files
 dense ones are not decoded needlessly). This differs from SlowFast's ``decoder.pyav_decode``,
 which seeks by *time* with a margin and then keeps whatever frames fall in a time window (not
 guaranteed to be the frames asked for, and it decodes whole videos when the clip is long).
+Timestamps are checked as frames come (consecutive indices after a seek): files whose decoded
+frames carry out-of-order stamps (B-frames in AVI, METHOD.md) are indexed by one full decode
+instead (:class:`PyAVDecoder`), and what that decode meets is audited as ``prepare-video`` audits
+every source (:class:`DecodeAudit`): one definition of a damaged stream.
 
 Errors are one line, a :class:`VideoDataError` (a ``rescale_tasks.common.errors.DataError``) that
 names the file and a ``kind`` the dataset can count: ``"unreadable"``, ``"no video stream"``,
@@ -32,10 +36,13 @@ from __future__ import annotations
 
 import abc
 import bisect
+import collections
+import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -43,7 +50,7 @@ import torch
 from rescale_tasks.common.errors import ConfigError, DataError
 
 __all__ = [
-    "BACKENDS", "BackendUnavailable", "PyAVDecoder", "TorchCodecDecoder", "VideoDataError", "VideoDecoder",
+    "BACKENDS", "BackendUnavailable", "DecodeAudit", "PyAVDecoder", "TorchCodecDecoder", "VideoDataError", "VideoDecoder",
     "make_decoder",
 ]
 
@@ -164,18 +171,158 @@ class VideoDecoder(abc.ABC):
     def _decode(self, wanted: list[int]) -> dict[int, np.ndarray]: ...
 
 
+#: frames a decoder may hold back and emit in another order (the B-frame depth; H.264 allows 16)
+REORDER_WINDOW = 16
+
+
+class _OutOfOrder(Exception):
+    """Decoded frames carry timestamps that are not in presentation order, or a decoding error cut
+    the check short (see :class:`PyAVDecoder`): only a full decode can tell where the frames are."""
+
+
 @dataclass(frozen=True)
 class _Index:
-    """What one demux pass learns: frame pts in presentation order, and the keyframes."""
+    """Where every frame is: frame ``i`` (presentation order) carries the timestamp ``stamps[i]``.
 
-    pts: list[int]  # presentation timestamps, sorted; frame i has pts[i]
-    key_pts: list[int]  # pts of keyframes, sorted
+    From one demux pass the stamps are the packets' pts, sorted. When the decoder turns out to emit
+    frames whose stamps are not in that order (``decoded``), they are the stamps read off one full
+    decode, in the order the frames came out.
+    """
+
+    stamps: list[int]
+    key_pos: list[int]  # frame index of each keyframe to seek to, ascending
     key_dts: list[int]  # their decode timestamps (what the demuxer's seek index is keyed on)
     by_pts: bool  # False: no usable timestamps, frames are addressed by decode count
+    decoded: bool = False
+
+    @functools.cached_property
+    def position(self) -> dict[int, int]:
+        """Frame index by stamp."""
+        return {stamp: i for i, stamp in enumerate(self.stamps)}
+
+
+class _Lookahead:
+    """An iterator over decoded frames that can peek ahead without losing what it peeked at.
+
+    A decoding error met while peeking is raised when the iteration reaches it, not earlier."""
+
+    def __init__(self, frames: Iterator) -> None:
+        self._frames, self._buffer, self._error = frames, collections.deque(), None
+
+    def __iter__(self) -> "_Lookahead":
+        return self
+
+    def __next__(self):
+        if self._buffer:
+            return self._buffer.popleft()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return next(self._frames)
+
+    @property
+    def failed(self) -> bool:
+        """Whether peeking met a decoding error (raised once the iteration reaches it)."""
+        return self._error is not None
+
+    def peek(self, count: int) -> list:
+        while len(self._buffer) < count and self._error is None:
+            try:
+                self._buffer.append(next(self._frames))
+            except StopIteration:
+                break
+            except VideoDataError as exc:
+                self._error = exc
+        return list(self._buffer)[:count]
+
+
+class DecodeAudit:
+    """What a decode of a whole stream from its start meets: the frames it gives, the errors FFmpeg
+    reports on the way (damage it conceals logs an error and still gives a frame; lost data gives
+    no frame at all) and an exception that ends it early.
+
+    The one definition of a damaged stream, shared by training (the index of a file whose frames
+    come out of order is such a decode, see :class:`PyAVDecoder`) and by ``rescale prepare-video``
+    (which decodes every source from its start): :meth:`problem` is the same one-line detail for
+    both, under the kind ``"unreadable"``. ``expected``: the frames the file holds (the decoder's
+    index: its video packets; None: not checked).
+
+        audit = DecodeAudit(expected)
+        for frame in audit.count(container.decode(stream)): ...
+        audit.problem()  # None, or "damaged stream: ..."
+
+    FFmpeg's error messages reach Python only while PyAV's log level admits them: while the
+    decoder works on the next frame (only then, so an encoder fed in between is not heard) the
+    level is at least ``ERROR`` and the messages of every thread are captured (frame threads log
+    from their own); the previous settings are restored in between.
+    """
+
+    def __init__(self, expected: int | None = None) -> None:
+        self.expected = expected
+        self.frames = 0
+        self.errors: list[str] = []  # "component: message", one per error FFmpeg reported
+        self.failure: str | None = None  # the exception that ended the decode early
+
+    @contextlib.contextmanager
+    def _listening(self) -> Iterator[None]:
+        import av.logging
+
+        level, skip_repeated = av.logging.get_level(), av.logging.get_skip_repeated()
+        if level is None or level < av.logging.ERROR:
+            av.logging.set_level(av.logging.ERROR)
+        av.logging.set_skip_repeated(False)  # PyAV folds a repeat into the next message, maybe another decode's
+        try:
+            with av.logging.Capture(local=False) as logs:
+                yield
+        finally:
+            av.logging.set_skip_repeated(skip_repeated)
+            if av.logging.get_level() != level:
+                av.logging.set_level(level)
+            self.errors += [f"{name}: {message.strip()}" if name else message.strip()
+                            for lib_level, name, message in logs if lib_level <= av.logging.ERROR]
+
+    def count(self, frames: Iterable) -> Iterator:
+        """``frames``, counted; an exception ends them and is recorded, not raised."""
+        iterator = iter(frames)
+        while True:
+            with self._listening():
+                try:
+                    frame = next(iterator)
+                except StopIteration:
+                    return
+                except Exception as exc:  # av.error.InvalidDataError ... : the stream ends here
+                    self.failure = " ".join(f"{type(exc).__name__}: {exc}".split())
+                    return
+            self.frames += 1
+            yield frame
+
+    def problem(self) -> str | None:
+        """One line saying how the stream is damaged, or None when it decoded cleanly."""
+        parts = []
+        if self.expected is not None and self.frames < self.expected:
+            parts.append(f"{self.expected - self.frames} of its {self.expected} frames could not be decoded")
+        if self.failure is not None:
+            parts.append(f"decoding stopped after frame {self.frames} ({self.failure})")
+        if self.errors:
+            parts.append(f"{len(self.errors)} decoding error(s), the first: {self.errors[0]}")
+        return "damaged stream: " + "; ".join(parts) if parts else None
 
 
 class PyAVDecoder(VideoDecoder):
     """PyAV (FFmpeg bundled in the ``av`` wheel) decoder with exact, keyframe-aware seeking.
+
+    Frame ``i`` is the ``i``-th frame the decoder gives from the start of the stream (presentation
+    order). It is found by the timestamp it carries: the demux index sorts the packets' pts, which
+    is right wherever the pts are presentation times (MP4, MKV, most AVIs). Some files carry other
+    stamps: AVI stores no pts, and H.264 or packed MPEG-4 Part 2 B-frames in AVI come out of the
+    decoder in presentation order with stamps such as 1, 3, 4, 2, 6, 7, 5 ... (METHOD.md). Every
+    decode checks that the frames after a seek carry consecutive indices; when a later frame holds
+    a stamp the sequence skipped (within :data:`REORDER_WINDOW` frames), the stamps are not
+    presentation times, and the index is rebuilt from one full decode (the stamps in the order the
+    frames came out, :class:`DecodeAudit`: a damaged stream is unreadable, as in
+    ``prepare-video``); so is it when a decoding error cuts that look ahead short. A frame whose
+    stamp never comes is missing: ``frame X (pts Y) could not be decoded`` names its index and the
+    stamp it should carry.
 
     ``threads``: FFmpeg decoding threads per decoder. The default 1 suits DataLoader workers
     (parallelism comes from the workers; extra threads would oversubscribe the cores).
@@ -208,6 +355,12 @@ class PyAVDecoder(VideoDecoder):
     def _stream(self) -> Any:
         return self._handle.streams.video[0]
 
+    def _rewind(self) -> None:
+        try:
+            self._handle.seek(0, stream=self._stream(), backward=True, any_frame=False)
+        except Exception:
+            pass  # a file that cannot seek is still read from the start
+
     # The index: one demux pass (no decoding). Packets flagged "discard" (e.g. frames an MP4 edit
     # list cuts) are left out because FFmpeg's decoder drops them too; packets without data are
     # flush markers. If any packet lacks a pts the file is indexed by a full decode instead.
@@ -216,10 +369,7 @@ class PyAVDecoder(VideoDecoder):
         stream = self._stream()
         pts: list[int] = []
         keys: list[tuple[int, int]] = []
-        try:
-            container.seek(0, stream=stream, backward=True, any_frame=False)
-        except Exception:
-            pass  # a file that cannot seek is still read from the start
+        self._rewind()
         by_pts = True
         try:
             for packet in container.demux(stream):
@@ -245,23 +395,40 @@ class PyAVDecoder(VideoDecoder):
             raise VideoDataError(self.path, "unreadable", "no keyframe in the video stream")
         pts.sort()
         keys.sort()
-        return _Index(pts=pts, key_pts=[k for k, _ in keys], key_dts=[d for _, d in keys], by_pts=True)
+        return _Index(stamps=pts, key_pos=[bisect.bisect_left(pts, k) for k, _ in keys],
+                      key_dts=[d for _, d in keys], by_pts=True)
 
     def _decode_count_index(self) -> _Index:
         """Fallback for files without packet timestamps: decode everything once and count."""
-        container = self._handle
-        stream = self._stream()
-        container.seek(0, stream=stream, backward=True, any_frame=False)
+        self._rewind()
         count = 0
         try:
-            for _ in container.decode(stream):
+            for _ in self._handle.decode(self._stream()):
                 count += 1
         except Exception as exc:
             if count == 0:
                 raise VideoDataError(self.path, "unreadable", f"{type(exc).__name__}: {exc}") from None
         if count == 0:
             raise VideoDataError(self.path, "empty", "no decodable video frames")
-        return _Index(pts=list(range(count)), key_pts=[0], key_dts=[0], by_pts=False)
+        return _Index(stamps=list(range(count)), key_pos=[0], key_dts=[0], by_pts=False)
+
+    def _decoded_index(self, index: _Index) -> _Index:
+        """The index of a file whose frames come out of order: their stamps in the order one full
+        decode gives them; the file's frame count stays the demux index's (frames it cannot give
+        make it a damaged stream, ``unreadable``)."""
+        audit = DecodeAudit(len(index.stamps))
+        self._rewind()
+        stamps = [frame.pts for frame in audit.count(self._handle.decode(self._stream()))]
+        problem = audit.problem()
+        if problem:
+            raise VideoDataError(self.path, "unreadable", problem)
+        key_dts = {index.stamps[p]: d for p, d in zip(index.key_pos, index.key_dts)}
+        if None in stamps or len(set(stamps)) != len(stamps) or stamps[0] not in key_dts:
+            # stamps that cannot name a frame: address frames by decode count from the start
+            return _Index(stamps=list(range(len(stamps))), key_pos=[0], key_dts=[0], by_pts=False)
+        keys = sorted((i, key_dts[s]) for i, s in enumerate(stamps) if s in key_dts)
+        return _Index(stamps=stamps, key_pos=[i for i, _ in keys], key_dts=[d for _, d in keys], by_pts=True,
+                      decoded=True)
 
     def _ensure_index(self) -> _Index:
         if self._index is None:
@@ -269,7 +436,7 @@ class PyAVDecoder(VideoDecoder):
         return self._index
 
     def _count(self) -> int:
-        return len(self._ensure_index().pts)
+        return len(self._ensure_index().stamps)
 
     def _fps(self) -> float:
         stream = self._stream()
@@ -277,58 +444,76 @@ class PyAVDecoder(VideoDecoder):
         if rate:
             return float(rate)
         index = self._ensure_index()  # no rate in the header: estimate from the timestamps
-        if index.by_pts and len(index.pts) > 1 and stream.time_base:
-            return (len(index.pts) - 1) / float((index.pts[-1] - index.pts[0]) * stream.time_base)
+        if index.by_pts and len(index.stamps) > 1 and stream.time_base:
+            span = max(index.stamps) - min(index.stamps)
+            return (len(index.stamps) - 1) / float(span * stream.time_base) if span else 0.0
         return 0.0
 
     def _decode(self, wanted: list[int]) -> dict[int, np.ndarray]:
         index = self._ensure_index()
         if not index.by_pts:
             return self._decode_sequential(wanted)
+        try:
+            return self._decode_by_stamp(index, wanted)
+        except _OutOfOrder:
+            if index.decoded:  # the decoder gave another order this time: count from the start
+                self._index = _Index(stamps=list(range(len(index.stamps))), key_pos=[0], key_dts=[0], by_pts=False)
+            else:
+                self._index = self._decoded_index(index)
+            return self._decode(wanted)
+
+    def _decode_by_stamp(self, index: _Index, wanted: list[int]) -> dict[int, np.ndarray]:
+        """Seek to the keyframe before the first wanted frame, decode forward, keep the wanted ones;
+        seek again only when a keyframe lies between the decoder and the next wanted frame (so
+        sparse-keyframe files stay exact and dense ones are not decoded needlessly). Raises
+        :class:`_OutOfOrder` when the frames' stamps are not in presentation order."""
         stream = self._stream()
-        want_pts = {index.pts[i]: i for i in wanted}
-        todo = sorted(want_pts)  # pts still missing, ascending (frames come out in pts order)
+        position = index.position
+        todo = list(wanted)  # ascending, still missing
         out: dict[int, np.ndarray] = {}
-        frames = None
-        last: int | None = None  # pts of the last frame the decoder produced
+        frames: _Lookahead | None = None
+        last: int | None = None  # index of the last frame the decoder gave since the seek
         back = 0  # extra keyframes stepped back for the current target (a seek that landed late)
         while todo:
-            target = todo[0]
-            k = max(bisect.bisect_right(index.key_pts, target) - 1 - back, 0)
+            k = max(bisect.bisect_right(index.key_pos, todo[0]) - 1 - back, 0)
             # Seek when not decoding yet, or when a keyframe lies between where the decoder is and
             # the next wanted frame (decoding from it is never slower than going on).
-            if frames is None or last is None or index.key_pts[k] > last:
+            if frames is None or last is None or index.key_pos[k] > last:
                 # Seek by the keyframe's dts: the MP4 seek index is keyed on decode time, and a
                 # seek by pts can land on a *later* keyframe when B-frames shift pts.
                 self._handle.seek(index.key_dts[k], stream=stream, backward=True, any_frame=False)
-                frames = self._frames(stream)
+                frames = _Lookahead(self._frames(stream))
                 last = None
             missed = False
             for frame in frames:
-                fpts = frame.pts
-                if fpts is None:
+                at = position.get(frame.pts)
+                if at is None:
                     continue
-                last = fpts
-                if fpts < todo[0]:
+                if last is not None:
+                    if at <= last:
+                        raise _OutOfOrder  # presentation order went backwards
+                    if at > last + 1 and (any(position.get(f.pts, at) < at for f in frames.peek(REORDER_WINDOW))
+                                          or frames.failed):
+                        raise _OutOfOrder  # a frame the sequence skipped comes later, or may have
+                last = at
+                if at < todo[0]:
                     continue
-                if fpts > todo[0]:
-                    missed = True  # the decoder went past a wanted frame without producing it
+                if at > todo[0]:
+                    missed = True  # the decoder went past a wanted frame without giving it
                     break
-                out[want_pts[fpts]] = frame.to_ndarray(format="rgb24")
+                out[at] = frame.to_ndarray(format="rgb24")
                 todo.pop(0)
                 back = 0
                 if not todo:
                     break
-                nk = bisect.bisect_right(index.key_pts, todo[0]) - 1
-                if index.key_pts[nk] > fpts:
+                if index.key_pos[bisect.bisect_right(index.key_pos, todo[0]) - 1] > at:
                     break  # a keyframe closer to the next wanted frame: seek there
             else:
                 missed = bool(todo)  # the file ended first
             if missed:
                 if k == 0:
-                    raise VideoDataError(
-                        self.path, "unreadable", f"frame {want_pts[todo[0]]} (pts {todo[0]}) could not be decoded"
-                    )
+                    raise VideoDataError(self.path, "unreadable",
+                                         f"frame {todo[0]} (pts {index.stamps[todo[0]]}) could not be decoded")
                 back += 1  # retry from an earlier keyframe
                 frames = None
         return out
@@ -340,12 +525,11 @@ class PyAVDecoder(VideoDecoder):
             raise VideoDataError(self.path, "unreadable", f"{type(exc).__name__}: {exc}") from None
 
     def _decode_sequential(self, wanted: list[int]) -> dict[int, np.ndarray]:
-        """No timestamps: decode from the start and pick frames by their decode count."""
-        stream = self._stream()
-        self._handle.seek(0, stream=stream, backward=True, any_frame=False)
+        """No usable timestamps: decode from the start and pick frames by their decode count."""
+        self._rewind()
         want = set(wanted)
         out: dict[int, np.ndarray] = {}
-        for i, frame in enumerate(self._frames(stream)):
+        for i, frame in enumerate(self._frames(self._stream())):
             if i in want:
                 out[i] = frame.to_ndarray(format="rgb24")
                 if len(out) == len(want):

@@ -31,10 +31,14 @@ continues where it stopped. Each output is written to a hidden temporary name in
 is complete; an interrupted file (Ctrl-C, SIGTERM) deletes its temporary file, and one left by
 SIGKILL is never taken for a finished output and is overwritten by the next run.
 
-Failures (unreadable, corrupt or empty files; errors mid-stream) do not stop the run: the last
-line printed counts the videos done, skipped and failed, and ``DST/failed.tsv`` lists each failed
-one (path relative to SRC, tab, the reason on one line); the file is removed by a run without
-failures. Exit status: 0 when nothing failed, 1 when some video failed, 2 for unusable arguments
+Every source is checked as training reads it (:func:`encode_video`): unreadable, corrupt or empty
+files, and damaged streams (fewer frames than training's decoder counts in the file, decoding
+errors FFmpeg conceals, errors mid-stream) fail, with the kind and detail training would report
+(``unreadable: damaged stream: 1 of its 270 frames could not be decoded; 5 decoding error(s), the
+first: mpeg4: ...``), instead of passing as clean-looking mp4s. Failures do not stop the run: the
+last line printed counts the videos done, skipped and failed (failures by kind), and
+``DST/failed.tsv`` lists each failed one (path relative to SRC, tab, the reason on one line); the
+file is removed by a run without failures. Exit status: 0 when nothing failed, 1 when some video failed, 2 for unusable arguments
 (a missing source folder, no videos in it, DST inside SRC, ...: one line ``error: ...``), 130
 when interrupted.
 
@@ -55,6 +59,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from rescale_tasks.common.errors import ConfigError, DataError
+from rescale_tasks.video.decoding import DecodeAudit, PyAVDecoder, VideoDataError
 from rescale_tasks.video.layouts import VIDEO_EXTENSIONS  # the files training reads
 
 __all__ = ["VIDEO_EXTENSIONS", "CODECS", "Job", "Outcome", "find_videos", "output_path", "scaled_size",
@@ -128,6 +133,7 @@ class Outcome:
     ok: bool
     reason: str = ""
     frames: int = 0
+    kind: str = ""  # of a failure: the training decoder's kind ("unreadable", ...) or "error"
 
 
 def _rate(stream) -> Fraction:
@@ -169,15 +175,32 @@ def _frames(job: Job, container, stream) -> Iterator:
             return
 
 
+def indexed_frames(path: str) -> int:
+    """The frames training's decoder counts in ``path`` (its demux index: one per video packet);
+    a file it cannot index raises the same :class:`VideoDataError` as at training time."""
+    decoder = PyAVDecoder(path)
+    try:
+        return decoder.num_frames
+    finally:
+        decoder.close()
+
+
 def encode_video(job: Job) -> int:
     """Convert ``job.src`` into ``job.dst`` (atomically, via a temporary file next to it);
-    returns the frames written. Raises on any problem (the temporary file is removed)."""
+    returns the frames written. Raises on any problem (the temporary file is removed).
+
+    The source is checked as training reads it: its frames are counted by training's decoder
+    index, and the decode is audited (:class:`~rescale_tasks.video.decoding.DecodeAudit`): a
+    stream that gives fewer frames, reports decoding errors or stops early is damaged and fails
+    with the training decoder's kind (``unreadable: damaged stream: ...``), instead of becoming
+    a clean-looking mp4 that hides the loss (not checked with ``max_frames``/``loop_to``)."""
     import av
 
     dst = Path(job.dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}{PARTIAL}")
     count = 0
+    audit = DecodeAudit(indexed_frames(job.src)) if job.max_frames is None and job.loop_to is None else None
     try:
         with av.open(job.src, "r") as inp:
             if not inp.streams.video:
@@ -187,7 +210,8 @@ def encode_video(job: Job) -> int:
             rate = _rate(vin)
             with av.open(str(tmp), "w", format="mp4") as out:
                 vout = None
-                for frame in _frames(job, inp, vin):
+                frames = _frames(job, inp, vin)
+                for frame in (audit.count(frames) if audit is not None else frames):
                     if vout is None:  # sized from the first decoded frame (headers can lie)
                         w, h = job.size or scaled_size(frame.width, frame.height, job.short_side)
                         vout = _open_encoder(out, job, w, h, rate)
@@ -199,6 +223,9 @@ def encode_video(job: Job) -> int:
                     count += 1
                     if job.max_frames is not None and count >= job.max_frames:
                         break
+                problem = audit.problem() if audit is not None else None
+                if problem:
+                    raise VideoDataError(job.src, "unreadable", problem)
                 if vout is None:
                     raise DataError("no video frames decoded")
                 out.mux(vout.encode())
@@ -210,6 +237,8 @@ def encode_video(job: Job) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, VideoDataError):  # the file is the row's path already
+        return f"{exc.kind}: {exc.detail}" if exc.detail else exc.kind
     text = " ".join(str(exc).split())
     name = type(exc).__name__
     return name if not text else text if isinstance(exc, DataError) else f"{name}: {text}"
@@ -224,7 +253,7 @@ def _convert(job: Job) -> Outcome:
     try:
         return Outcome(job.src, True, frames=encode_video(job))
     except Exception as exc:  # any failure of one file is reported, never fatal to the run
-        return Outcome(job.src, False, _one_line(exc))
+        return Outcome(job.src, False, _one_line(exc), kind=exc.kind if isinstance(exc, VideoDataError) else "error")
     finally:
         _BUSY = False
 
@@ -262,12 +291,19 @@ class Summary:
     skipped: int = 0
     failed: list = None  # (relative path, reason)
     interrupted: bool = False
+    kinds: dict = None  # failures by kind (the training decoder's kinds, as in data_problems.tsv)
 
     def __post_init__(self) -> None:
         self.failed = [] if self.failed is None else self.failed
+        self.kinds = {} if self.kinds is None else self.kinds
+
+    def fail(self, path: str, reason: str, kind: str) -> None:
+        self.failed.append((path, reason))
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
 
     def line(self) -> str:
-        return f"done {self.done}, skipped {self.skipped}, failed {len(self.failed)}"
+        kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(self.kinds.items()))
+        return f"done {self.done}, skipped {self.skipped}, failed {len(self.failed)}" + (f" ({kinds})" if kinds else "")
 
 
 def _check_roots(src: Path, dst: Path) -> None:
@@ -305,7 +341,7 @@ def prepare_tree(src: str | Path, dst: str | Path, *, short_side: int = 256, gop
         out = output_path(src, dst, video)
         rel = str(video.relative_to(src))
         if out in claimed:
-            summary.failed.append((rel, f"same output {out.relative_to(dst)} as {claimed[out]}; rename one"))
+            summary.fail(rel, f"same output {out.relative_to(dst)} as {claimed[out]}; rename one", "same output")
             continue
         claimed[out] = rel
         if out.exists():
@@ -322,7 +358,7 @@ def prepare_tree(src: str | Path, dst: str | Path, *, short_side: int = 256, gop
         if outcome.ok:
             summary.done += 1
         else:
-            summary.failed.append((str(Path(outcome.src).relative_to(src)), outcome.reason))
+            summary.fail(str(Path(outcome.src).relative_to(src)), outcome.reason, outcome.kind or "error")
         now = time.monotonic()
         finished = summary.done + len(summary.failed)
         if now - last >= progress_every and finished < len(jobs):

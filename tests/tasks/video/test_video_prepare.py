@@ -139,3 +139,34 @@ def test_killed_run_leaves_no_partial_file_and_resumes(tmp_path):
     assert not partials(dst) and not (dst / "big.mp4").exists()
     assert main([str(src), str(dst), "--short_side", "64", "--preset", "ultrafast", "--workers", "1"]) == 0
     assert frame_count(dst / "big.mp4") == frame_count(src / "big.mp4")
+
+
+def test_b_frame_avis_convert_and_damaged_streams_are_reported_as_in_training(tmp_path, b_frame_clips, capsys):
+    """A tree of AVIs with B-frames (H.264 ones carry out-of-order stamps) and two damaged files:
+    the intact ones keep every frame; a copy with zeroed bytes (FFmpeg conceals the damage and
+    logs errors) and a clip whose frames cannot all be decoded fail, counted by kind, each with the
+    reason training's decoder gives (before, both passed as clean-looking mp4s)."""
+    from rescale_tasks.video.decoding import VideoDataError, make_decoder
+
+    write, damage = b_frame_clips
+    src = tmp_path / "src"
+    (src / "walk").mkdir(parents=True)
+    (src / "ride").mkdir()
+    write(src / "walk/h264.avi", "libx264")
+    write(src / "walk/part2.avi", "mpeg4")
+    damage(src / "walk/h264.avi", src / "ride/damaged.avi")
+    write(src / "ride/broken.mp4", "mpeg4", broken_packet=5)
+    with pytest.raises(VideoDataError) as at_training:
+        damaged = make_decoder(src / "ride/damaged.avi")
+        damaged.get_frames(list(range(damaged.num_frames)))  # the demuxer lost packets: fewer than 36
+    with av.open(str(src / "ride/broken.mp4")) as c:
+        lost = sum(1 for p in c.demux(video=0) if p.size) - frame_count(src / "ride/broken.mp4")
+
+    dst = tmp_path / "dst"
+    assert main([str(src), str(dst), "--short_side", "32", "--workers", "1"]) == 1
+    assert "done 2, skipped 0, failed 2 (unreadable 2)" in capsys.readouterr().out
+    assert [frame_count(dst / f"walk/{name}.mp4") for name in ("h264", "part2")] == [36, 36]
+    reasons = dict(row.split("\t") for row in (dst / "failed.tsv").read_text().splitlines()[1:])
+    assert reasons["ride/damaged.avi"] == f"unreadable: {at_training.value.detail}"
+    assert reasons["ride/broken.mp4"] == f"unreadable: damaged stream: {lost} of its 36 frames could not be decoded"
+    assert not (dst / "ride").exists() or not list((dst / "ride").iterdir())
