@@ -27,6 +27,7 @@ import torch
 
 from .callbacks import DivergenceMonitor
 from .config import run_directory
+from .wandb_logger import started
 
 __all__ = ["RunSummary", "SUMMARY_FILE", "read_summary", "find_summaries", "higher_is_better"]
 
@@ -239,7 +240,12 @@ def _text(value: Any) -> Optional[str]:
 
 
 def _default_path(trainer: L.Trainer) -> Optional[str]:
-    directory = run_directory(trainer.logger) if trainer.logger is not None else None
+    if trainer.logger is not None:
+        directory = run_directory(trainer.logger, start=False)
+        if directory is None and not started(trainer.logger):
+            return None  # the command failed its checks before its W&B run began: no run, no summary
+    else:
+        directory = None
     directory = directory or trainer.default_root_dir
     return os.path.join(directory, SUMMARY_FILE) if directory else None
 

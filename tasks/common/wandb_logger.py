@@ -4,17 +4,26 @@
 ``WANDB_MODE`` when the user sets it, online when an API key is configured (``WANDB_API_KEY``
 or ``wandb login``), offline otherwise. Offline runs land in ``<save_dir>/wandb/offline-run-*``
 and can be uploaded later with ``wandb sync``.
+
+The W&B run starts at its first real use (the first logged value or hyper-parameter, the run
+folder asked for), never while Lightning sets up: a command whose data paths, module or
+checkpoint fail their checks leaves no empty run behind (issue #23). Its id is chosen at
+construction, so the checkpoint folder (``<save_dir>/<project>/<run id>/checkpoints``) is known
+before the run exists.
 """
 from __future__ import annotations
 
 import logging
 import os
+import secrets
+import string
 import time
 from typing import Any, Optional
 
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
 
-__all__ = ["SuiteWandbLogger", "wandb_mode"]
+__all__ = ["SuiteWandbLogger", "wandb_mode", "started"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +62,8 @@ class SuiteWandbLogger(WandbLogger):
         save_dir = os.path.abspath(save_dir)
         os.makedirs(save_dir, exist_ok=True)
         mode = wandb_mode()
+        if id is None and kwargs.get("version") is None and rank_zero_only.rank == 0:
+            id = _new_run_id()
         if kwargs.get("settings") is None:
             kwargs["settings"] = _settings()
         super().__init__(name=name, save_dir=save_dir, project=project, group=group, tags=tags,
@@ -64,7 +75,20 @@ class SuiteWandbLogger(WandbLogger):
             self._wandb_init.pop("anonymous", None)
 
     @property
+    def started(self) -> bool:
+        """Whether the W&B run exists yet (see the module docstring)."""
+        return self._experiment is not None
+
+    @property
     def experiment(self):
+        """The W&B run, started now if it was not; before that, on rank 0, a stand-in that starts
+        it at its first real use (Lightning touches ``experiment`` while it sets up, before the
+        data and checkpoint checks, only to create it early)."""
+        if self._experiment is None and rank_zero_only.rank == 0:
+            return _PendingRun(self)
+        return self._start()
+
+    def _start(self):
         """The W&B run; when resuming right after the previous process was killed, waits (up to
         ``RUN_ID_RELEASE_S``) for that process's W&B service to let go of the run id."""
         deadline = time.monotonic() + self.RUN_ID_RELEASE_S
@@ -78,6 +102,28 @@ class SuiteWandbLogger(WandbLogger):
                 time.sleep(1.0)
 
     RUN_ID_RELEASE_S = 120.0
+
+
+class _PendingRun:
+    """A W&B run not started yet: any attribute starts it (``log``, ``config``, ``dir`` ...)."""
+
+    __slots__ = ("_logger",)
+
+    def __init__(self, logger: SuiteWandbLogger) -> None:
+        self._logger = logger
+
+    def __getattr__(self, name: str):
+        return getattr(self._logger._start(), name)
+
+
+def started(logger) -> bool:
+    """False for a suite W&B logger whose run has not started; True for any other logger."""
+    return bool(getattr(logger, "started", True))
+
+
+def _new_run_id() -> str:
+    """A fresh run id as wandb.init draws one (8 base-36 characters)."""
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
 def _settings():
