@@ -323,9 +323,7 @@ class ResidualBlock(nn.Module):
             scale = merge.branch_scale * c_in / c_out
             if scale == 1.0:
                 out = merge.fused_add(h, skip, alpha)
-            elif alpha == 1.0:
-                out = torch.add(skip, h, alpha=scale)
-            else:
+            else:  # in the branch's layout, as fused_add
                 out = merge.scaled_add(h, scale, skip, alpha)
         if merge.bias is not None:
             out = out + terms[merge.bias]

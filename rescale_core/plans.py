@@ -202,7 +202,7 @@ class _GainMerge(torch.autograd.Function):
     def forward(ctx, skip, f, s, alpha):
         ctx.save_for_backward(f, s)
         ctx.alpha = alpha
-        return torch.addcmul(skip if alpha == 1.0 else skip * alpha, f, s)
+        return _addcmul(skip, f, s, alpha)
 
     @staticmethod
     def backward(ctx, g):
@@ -241,8 +241,15 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a * b).sum()
 
 
+def _addcmul(skip: torch.Tensor, f: torch.Tensor, s: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``alpha * skip + s * f`` laid out as the branch ``f`` (channels_last stays channels_last
+    where a shortcut's pooling returned another layout), in the promoted dtype."""
+    out = torch.empty_like(f, dtype=torch.promote_types(skip.dtype, f.dtype))
+    return torch.addcmul(skip if alpha == 1.0 else skip * alpha, f, s, out=out)
+
+
 def gain_merge(skip: torch.Tensor, f: torch.Tensor, s: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     """``alpha * skip + s * f`` with the fewest ops in forward and backward (:class:`_GainMerge`)."""
     if torch.is_grad_enabled() and (f.requires_grad or s.requires_grad or skip.requires_grad):
         return _GainMerge.apply(skip, f, s, float(alpha))
-    return torch.addcmul(skip if alpha == 1.0 else skip * alpha, f, s)
+    return _addcmul(skip, f, s, alpha)

@@ -51,10 +51,12 @@ class ClassificationModule(RescaleTaskModule):
                  lr_scheduler: Optional[SchedulerFactory] = None,
                  label_smoothing: float = 0.0, mixup_alpha: float = 0.0,
                  norm_weight_decay: Optional[float] = None, channels_last: bool = False,
-                 compile: bool = False) -> None:
+                 compile: bool = False, compile_mode: Optional[str] = None,
+                 plan: str = "auto", compile_options: Optional[dict[str, Any]] = None) -> None:
         super().__init__(network, scheme, scheme_options, network_options, optimizer, lr_scheduler,
                          norm_weight_decay, channels_last, compile,
-                         network_kwargs={"num_classes": num_classes, "in_channels": in_channels})
+                         network_kwargs={"num_classes": num_classes, "in_channels": in_channels},
+                         compile_mode=compile_mode, plan=plan, compile_options=compile_options)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.label_smoothing = label_smoothing
         self.mixup_alpha = mixup_alpha

@@ -12,6 +12,8 @@ from typing import Any, Callable, Iterable, Optional
 import lightning.pytorch as L
 import torch
 
+import rescale_core
+
 from .acceleration import as_memory_format, compile_in_place, use_channels_last
 from .checkpoint_compat import check_checkpoint_compatible
 from .config import run_directory
@@ -39,7 +41,16 @@ class RescaleTaskModule(L.LightningModule):
             schedulers step every epoch.
         norm_weight_decay: weight decay of norm-layer weights (None: the optimizer's).
         channels_last: weights and input batches in channels_last memory format (conv networks).
-        compile: ``torch.compile`` the network (in place: checkpoints keep their keys).
+        compile: ``torch.compile`` the network (in place: checkpoints keep their keys, and load
+            into an eager module and back). RescaleNet's measuring steps run eagerly; then one
+            graph for training and one for evaluation, with no graph break.
+        compile_mode: ``torch.compile``'s mode: None (default), ``reduce-overhead`` (CUDA graphs:
+            no per-op launch cost in the steady state, on a GPU), ``max-autotune`` ...
+        plan: the execution plan of the normalization-free blocks (:mod:`rescale_core.plans`):
+            ``auto`` (lean on a GPU, folded on the CPU), ``lean`` (fewest ops per step, for an
+            eager GPU step and for compiling), ``folded`` (fewest passes over the activations, for
+            CPUs) or ``reference``; the same function and checkpoint under each.
+        compile_options: further ``torch.compile`` arguments (``backend``, ``dynamic`` ...).
     """
 
     def __init__(self, network: str, scheme: Optional[str] = None,
@@ -48,8 +59,13 @@ class RescaleTaskModule(L.LightningModule):
                  optimizer: Optional[OptimizerFactory] = None,
                  lr_scheduler: Optional[SchedulerFactory] = None,
                  norm_weight_decay: Optional[float] = None, channels_last: bool = False,
-                 compile: bool = False, network_kwargs: Optional[dict[str, Any]] = None) -> None:
+                 compile: bool = False, network_kwargs: Optional[dict[str, Any]] = None,
+                 compile_mode: Optional[str] = None, plan: str = "auto",
+                 compile_options: Optional[dict[str, Any]] = None) -> None:
         super().__init__()
+        if plan not in rescale_core.PLANS:
+            raise ConfigError(f"model.init_args.plan={plan!r} is not an execution plan; use one of "
+                              f"{', '.join(rescale_core.PLANS)} (auto: lean on a GPU, folded on the CPU)")
         kwargs = dict(network_options or {}, **(network_kwargs or {}))
         if scheme is not None:
             kwargs["scheme"] = scheme
@@ -60,9 +76,11 @@ class RescaleTaskModule(L.LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
         self.norm_weight_decay = norm_weight_decay
+        rescale_core.set_plan(self.net, plan)
         self.memory_format = use_channels_last(self.net) if channels_last else None
         if compile:
-            compile_in_place(self.net)
+            compile_in_place(self.net, **{**({"mode": compile_mode} if compile_mode else {}),
+                                          **(compile_options or {})})
 
     def build_network(self, network: str, **kwargs: Any) -> torch.nn.Module:
         """The task's network: ``create_network(network, **kwargs)``; a task whose network wraps

@@ -72,9 +72,9 @@ class DetectionModule(RescaleTaskModule):
         detector_options: more arguments of the torchvision detector (``rpn_batch_size_per_image``,
             ``box_batch_size_per_image``, ``box_detections_per_img``, ``head_channels``, ``fc_dim`` ...).
         draw_predictions: ``predict`` draws this many images with their detections (score above
-            ``draw_score_threshold``) into ``<run>/predictions/``.
-        optimizer, lr_scheduler, norm_weight_decay, channels_last, compile: see
-            :class:`~rescale_tasks.common.module.RescaleTaskModule`.
+            ``draw_score_threshold``) into ``predictions/`` of the results folder.
+        optimizer, lr_scheduler, norm_weight_decay, channels_last, compile, compile_mode, plan,
+            compile_options: see :class:`~rescale_tasks.common.module.RescaleTaskModule`.
     """
 
     def __init__(self, network: str = "resnet50", scheme: Optional[str] = None,
@@ -87,7 +87,9 @@ class DetectionModule(RescaleTaskModule):
                  optimizer: OptimizerFactory = _default_sgd,
                  lr_scheduler: Optional[SchedulerFactory] = None,
                  norm_weight_decay: Optional[float] = 0.0, channels_last: bool = False,
-                 compile: bool = False, draw_predictions: int = 0, draw_score_threshold: float = 0.5) -> None:
+                 compile: bool = False, compile_mode: Optional[str] = None,
+                 plan: str = "auto", compile_options: Optional[dict[str, Any]] = None,
+                 draw_predictions: int = 0, draw_score_threshold: float = 0.5) -> None:
         if detector not in DETECTORS:
             raise ConfigError(f"model.detector must be one of {', '.join(DETECTORS)}, got {detector!r}")
         if backbone_checkpoint is not None and not os.path.isfile(backbone_checkpoint):
@@ -98,7 +100,8 @@ class DetectionModule(RescaleTaskModule):
                          checkpoint=backbone_checkpoint, min_size=min_size, max_size=max_size,
                          options=dict(detector_options or {}))
         super().__init__(network, scheme, scheme_options, network_options, optimizer, lr_scheduler,
-                         norm_weight_decay, channels_last, compile, network_kwargs={"detection": detection})
+                         norm_weight_decay, channels_last, compile, network_kwargs={"detection": detection},
+                         compile_mode=compile_mode, plan=plan, compile_options=compile_options)
         # what predict draws is not the model's: a checkpoint's hyper-parameters replace the
         # command line's model arguments at `predict --ckpt_path`, so these stay out of them
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "draw_predictions", "draw_score_threshold"])

@@ -64,7 +64,7 @@ class TranslationModule(RescaleTaskModule):
             (:mod:`rescale_core.generation`; ``gnmt`` with 0.6 is Vaswani et al.'s penalty).
         val_bleu_sentences: BLEU during validation on the first N validation lines (0: off).
         bleu_style: ``sacrebleu`` or ``compound_split`` (the WMT14 En-De papers' convention).
-        optimizer, lr_scheduler, norm_weight_decay, compile: see
+        optimizer, lr_scheduler, norm_weight_decay, compile, compile_mode, plan, compile_options: see
             :class:`~rescale_tasks.common.module.RescaleTaskModule`.
     """
 
@@ -77,7 +77,9 @@ class TranslationModule(RescaleTaskModule):
                  label_smoothing: float = 0.1, beam: int = 4, len_penalty: float = 1.0,
                  length_penalty_style: str = "fairseq", max_len_a: float = 1.2, max_len_b: int = 10,
                  val_bleu_sentences: int = 1000, bleu_style: str = "sacrebleu",
-                 norm_weight_decay: Optional[float] = None, compile: bool = False) -> None:
+                 norm_weight_decay: Optional[float] = None, compile: bool = False,
+                 compile_mode: Optional[str] = None, plan: str = "auto",
+                 compile_options: Optional[dict[str, Any]] = None) -> None:
         if bleu_style not in STYLES:
             raise ConfigError(f"model.bleu_style must be one of {', '.join(STYLES)}, got {bleu_style!r}")
         if not 0.0 <= label_smoothing < 1.0:
@@ -91,7 +93,8 @@ class TranslationModule(RescaleTaskModule):
         options.setdefault("share_embeddings", True)  # one joint SentencePiece vocabulary
         super().__init__(network, scheme, scheme_options, options, optimizer, lr_scheduler,
                          norm_weight_decay, False, compile,
-                         network_kwargs={"src_vocab_size": vocab_size, "pad_index": pad_index})
+                         network_kwargs={"src_vocab_size": vocab_size, "pad_index": pad_index},
+                         compile_mode=compile_mode, plan=plan, compile_options=compile_options)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.label_smoothing = label_smoothing
         self.pad_index, self.bos_index, self.eos_index = pad_index, bos_index, eos_index

@@ -67,7 +67,7 @@ class VideoClassificationModule(RescaleTaskModule):
         inflate_from: a 2D classification checkpoint of ``rescale fit`` (same depth and scheme)
             inflated into the 3D network before training.
         label_smoothing: of the cross entropy.
-        optimizer, lr_scheduler, norm_weight_decay, channels_last, compile: see
+        optimizer, lr_scheduler, norm_weight_decay, channels_last, compile, compile_mode, plan, compile_options: see
             :class:`~rescale_tasks.common.module.RescaleTaskModule`.
     """
 
@@ -77,13 +77,15 @@ class VideoClassificationModule(RescaleTaskModule):
                  in_channels: int = 3, inflate_from: Optional[str] = None, label_smoothing: float = 0.0,
                  optimizer: OptimizerFactory = _default_sgd, lr_scheduler: Optional[SchedulerFactory] = None,
                  norm_weight_decay: Optional[float] = None, channels_last: bool = False,
-                 compile: bool = False) -> None:
+                 compile: bool = False, compile_mode: Optional[str] = None,
+                 plan: str = "auto", compile_options: Optional[dict[str, Any]] = None) -> None:
         if inflate_from is not None and not os.path.isfile(inflate_from):
             raise ConfigError(f"2D checkpoint not found: {inflate_from} (model.inflate_from); pass a .ckpt "
                               "written by `rescale fit` of the classification task")
         super().__init__(network, scheme, scheme_options, network_options, optimizer, lr_scheduler,
                          norm_weight_decay, channels_last, compile,
-                         network_kwargs={"num_classes": num_classes, "in_channels": in_channels})
+                         network_kwargs={"num_classes": num_classes, "in_channels": in_channels},
+                         compile_mode=compile_mode, plan=plan, compile_options=compile_options)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         if inflate_from is not None:
             from .inflation import inflate_checkpoint

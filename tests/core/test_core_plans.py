@@ -1,0 +1,181 @@
+"""Execution plans (``rescale_core.plans``): choosing one, the lean plan's special cases (a block
+called on its own, evaluation before any measuring, channels_last) and compiled training: one
+graph for training and one for evaluation with no graph break (``fullgraph=True``) for every
+family and scheme, one recompile when RescaleNet's measuring ends, the same numbers as eager.
+The plans' equivalence with the reference path over every block variant is in
+``test_core_fastpath.py`` (its tests run once per fast plan)."""
+from __future__ import annotations
+
+import copy
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import rescale_core
+from rescale_core import plans
+from rescale_core.testing import randomise_
+
+F64 = dict(rtol=1e-9, atol=1e-11)
+
+
+def _planned(model):
+    return [m for m in model.modules() if isinstance(getattr(m, "fused", None), bool)]
+
+
+def test_create_model_takes_a_plan_and_set_plan_changes_it():
+    model = rescale_core.create_model("resnet18", scheme="rescale", base_width=8, num_classes=3, plan="lean")
+    assert {m.plan for m in _planned(model)} == {"lean"} and rescale_core.plan_of(model) == "lean"
+    rescale_core.set_plan(model, "reference")
+    assert not any(m.fused for m in _planned(model)) and rescale_core.plan_of(model) == "reference"
+    rescale_core.set_plan(model, "folded")
+    assert all(m.fused for m in _planned(model)) and rescale_core.plan_of(model) == "folded"
+    assert rescale_core.plan_of(rescale_core.create_model("resnet18", base_width=8)) == "auto"
+    with pytest.raises(ValueError, match="unknown execution plan 'fast'; expected one of auto, lean"):
+        rescale_core.create_model("resnet18", plan="fast")
+
+
+def test_auto_is_lean_on_accelerators_and_folded_on_the_cpu():
+    block = rescale_core.create_model("resnet18", scheme="rescale", base_width=8).layer1[0]
+    on = types.SimpleNamespace  # wants_lean reads only the input's device
+    assert plans.wants_lean(block, on(device=torch.device("cuda", 0)))
+    assert not plans.wants_lean(block, on(device=torch.device("cpu")))
+    block.plan = "lean"
+    assert plans.wants_lean(block, on(device=torch.device("cpu")))
+    block.plan = "folded"
+    assert not plans.wants_lean(block, on(device=torch.device("cuda", 0)))
+
+
+def _lean_and_reference(name: str, scheme: str, **kwargs):
+    torch.manual_seed(0)
+    model = rescale_core.create_model(name, scheme=scheme, num_classes=4, **kwargs).double()
+    randomise_(model)
+    ref = rescale_core.set_plan(copy.deepcopy(model), "reference")
+    return rescale_core.set_plan(model, "lean"), ref
+
+
+def test_lean_evaluation_before_measuring_matches_the_reference():
+    """A RescaleNet evaluated before it trained (its mean-shift layers still measuring) uses
+    ``bias * measure_bias_scale - mu0``: the lean plan's one-pass terms do too."""
+    lean, ref = _lean_and_reference("resnet18", "rescale", base_width=8)
+    lean.eval(), ref.eval()
+    assert all(m.measuring for m in rescale_core.mean_shift_layers(lean))
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64) + 0.5
+    with torch.no_grad():
+        torch.testing.assert_close(lean(x), ref(x), **F64)
+
+
+@pytest.mark.parametrize("scheme", ["rescale", "fixup", "skipinit"])
+def test_blocks_called_one_by_one_match_the_reference(scheme):
+    """A detection backbone's layer getter calls the stem and the blocks itself: each block then
+    computes its own lean terms; outputs and gradients are the network's."""
+    lean, ref = _lean_and_reference("resnet50", scheme, base_width=8)
+    rescale_core.finish_measuring(lean), rescale_core.finish_measuring(ref)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64) + 0.5
+    outs = []
+    for model in (lean, ref):
+        h = model.maxpool(model.relu(model.bn1(model.conv1(x))))
+        for _, block in rescale_core.analysis.residual_blocks(model):
+            h = block(h)
+        h.square().sum().backward()
+        outs.append((h.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    torch.testing.assert_close(outs[0][0], outs[1][0], **F64)
+    assert outs[0][1].keys() == outs[1][1].keys()
+    for name, grad in outs[1][1].items():
+        torch.testing.assert_close(outs[0][1][name], grad, **F64, msg=name)
+
+
+@pytest.mark.parametrize("name, fmt", [("resnet50", torch.channels_last), ("r3d_18", torch.channels_last_3d)])
+def test_lean_plan_keeps_channels_last(name, fmt):
+    lean, ref = _lean_and_reference(name, "rescale", base_width=8)
+    rescale_core.finish_measuring(lean), rescale_core.finish_measuring(ref)
+    lean = lean.float().to(memory_format=fmt)
+    shape = (2, 3, 4, 32, 32) if fmt is torch.channels_last_3d else (2, 3, 32, 32)
+    x = torch.randn(shape) + 0.5
+    stages = lean.stage_outputs(x.contiguous(memory_format=fmt))
+    # (a map with a size-1 dim has ambiguous strides: checked where every dim is larger)
+    assert all(s.is_contiguous(memory_format=fmt) for s in stages if min(s.shape[2:]) > 1)
+    torch.testing.assert_close(lean(x.contiguous(memory_format=fmt)), ref.float()(x), rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------- compiled
+def _case(name: str, scheme: str):
+    torch.manual_seed(0)
+    if name == "transformer_tiny":
+        model = rescale_core.create_model(name, scheme=scheme, src_vocab_size=50)
+        src, tgt = torch.randint(4, 50, (2, 6)), torch.randint(4, 50, (2, 5))
+        return model, (src, tgt), lambda out: out.float().square().mean()
+    kwargs = {"wide_resnet": dict(depth=10, width=2, base_width=4), "vgg11": dict(base_width=8, hidden_dim=16),
+              "resnext50_32x4d": dict(base_width=16)}.get(name, dict(base_width=8))
+    options = {"measure_batches": 1} if scheme == "rescale" else None
+    model = rescale_core.create_model(name, scheme=scheme, num_classes=3, scheme_options=options, **kwargs)
+    x = torch.randn((2, 3, 4, 16, 16) if name == "r3d_18" else (2, 3, 32, 32))
+    return model, (x,), lambda out: F.cross_entropy(out, torch.arange(2))
+
+
+COMPILE_CASES = [("resnet18", s, "lean") for s in ("rescale", "fixup", "skipinit", "rezero", "bn", "none")] + [
+    ("resnext50_32x4d", "fixup", "lean"), ("r3d_18", "rescale", "lean"), ("wide_resnet", "skipinit", "lean"),
+    ("vgg11", "rescale", "lean"), ("transformer_tiny", "rescale", "lean"), ("transformer_tiny", "rezero", "lean"),
+    ("transformer_tiny", "post_ln", "lean"), ("resnet18", "rescale", "folded"), ("resnet18", "skipinit", "folded"),
+    ("transformer_tiny", "rescale", "folded")]
+
+
+@pytest.mark.parametrize("name, scheme, plan", COMPILE_CASES, ids=["-".join(c) for c in COMPILE_CASES])
+def test_whole_network_compiles_without_graph_break(name, scheme, plan):
+    """``torch.compile(fullgraph=True)`` (dynamo; the eager backend keeps the test quick): after
+    the measuring steps (eager), one graph for training and one for evaluation, never another."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    model, inputs, loss = _case(name, scheme)
+    rescale_core.set_plan(model, plan)
+    model.train()
+    loss(model(*inputs)).backward()  # RescaleNet measures (measure_batches=1), eagerly
+    counter = CompileCounterWithBackend("eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    graphs = []
+    for _ in range(3):
+        before = counter.frame_count
+        loss(compiled(*inputs)).backward()
+        graphs.append(counter.frame_count - before)
+    model.eval()
+    with torch.no_grad():
+        compiled(*inputs), compiled(*inputs)
+    assert graphs == [1, 0, 0] and counter.frame_count == 2, (graphs, counter.frame_count)
+    torch._dynamo.reset()
+
+
+def test_lean_compiled_training_matches_eager_across_the_measuring_steps():
+    """A RescaleNet trained compiled (AOT autograd: forward and backward traced) and eager, lean
+    plan, over the end of measuring (measure_batches=2): same losses, parameters and state; the
+    measuring steps run eagerly, then the network compiles once."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = rescale_core.create_model("resnet18", scheme="rescale", base_width=8, num_classes=5, plan="lean",
+                                      scheme_options={"measure_batches": 2})
+    randomise_(eager, gain=0.15)
+    model = copy.deepcopy(eager)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, eager)]
+    new_graphs = []
+    for step in range(5):
+        x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(step)) + 0.3
+        y = torch.arange(4) % 5
+        before = counter.frame_count
+        losses = []
+        for net, opt in ((compiled, opts[0]), (eager, opts[1])):
+            opt.zero_grad()
+            loss = F.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        new_graphs.append(counter.frame_count - before)
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+        for (n, a), b in zip(model.state_dict().items(), eager.state_dict().values()):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"step {step} {n}")
+    assert new_graphs == [0, 0, 1, 0, 0], new_graphs
+    torch._dynamo.reset()

@@ -1,0 +1,106 @@
+"""``model.init_args.plan``, ``compile``, ``compile_mode`` and ``compile_options`` of every task
+module (issue #22): the plan reaches the network, a bad plan is one line, a checkpoint saved by a
+compiled module loads into an eager one and back, and a compiled lean run under 2-process DDP
+(gloo) trains as one process does."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import rescale_core
+from rescale_tasks.classification.module import ClassificationModule
+from rescale_tasks.cli import main
+from rescale_tasks.detection.module import DetectionModule
+from rescale_tasks.translation.module import TranslationModule
+from rescale_tasks.video.module import VideoClassificationModule
+
+
+@pytest.mark.parametrize("make", [
+    lambda plan: ClassificationModule("resnet18", "rescale", network_options={"base_width": 4}, num_classes=3, plan=plan),
+    lambda plan: VideoClassificationModule("r3d_18", "rescale", network_options={"base_width": 4}, num_classes=3,
+                                           plan=plan),
+    lambda plan: TranslationModule("transformer_tiny", "rescale", vocab_size=40, plan=plan),
+    lambda plan: DetectionModule("resnet18", "rescale", network_options={"base_width": 8}, num_classes=3,
+                                 backbone_checkpoint=None, plan=plan),
+], ids=["classification", "video", "translation", "detection"])
+def test_every_task_takes_a_plan(make):
+    module = make("lean")
+    planned = [m for m in module.net.modules() if isinstance(getattr(m, "fused", None), bool)]
+    assert planned and {m.plan for m in planned} == {"lean"}
+    assert rescale_core.plan_of(make("reference").net) == "reference"
+
+
+def test_an_unknown_plan_is_one_line(tmp_path, run_config, error_line):
+    config = run_config(tmp_path / "bad.yaml", model={"init_args": {"plan": "fast"}})
+    assert main(["fit", "--config", config]) == 2
+    message = error_line()
+    assert "plan='fast'" in message and "auto, lean, folded, reference" in message
+
+
+def _module(**kw) -> ClassificationModule:
+    torch.manual_seed(0)
+    return ClassificationModule("cifar_resnet", scheme="rescale", num_classes=10, in_channels=1,
+                                network_options={"depth": 8, "base_width": 8},
+                                scheme_options={"measure_batches": 1}, **kw)
+
+
+def test_a_compiled_checkpoint_loads_eager_and_back(tmp_path):
+    """Train compiled (lean plan, AOT autograd), save; an eager module on another plan loads the
+    state and computes the same; the compiled module loads the eager one's state back."""
+    import lightning.pytorch as L
+
+    from rescale_tasks.classification.data import DigitsDataModule
+
+    torch._dynamo.reset()
+    compiled = _module(compile=True, plan="lean", compile_options={"backend": "aot_eager"},
+                       optimizer=lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0,
+                        enable_model_summary=False)
+    trainer.fit(compiled, DigitsDataModule(batch_size=32))
+    assert compiled.net._compiled_call_impl is not None
+    trainer.save_checkpoint(tmp_path / "compiled.ckpt")
+    state = torch.load(tmp_path / "compiled.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    eager = _module(plan="folded")
+    assert set(state) == set(eager.state_dict())
+    eager.load_state_dict(state)
+    assert not any(m.measuring for m in rescale_core.mean_shift_layers(eager))
+    x = torch.randn(4, 1, 8, 8)
+    compiled.eval(), eager.eval()
+    with torch.no_grad():
+        want = eager(x)
+        torch.testing.assert_close(compiled(x), want, rtol=1e-5, atol=1e-6)
+        for p in compiled.parameters():
+            p.add_(1.0)  # moved away, then loaded back from the eager module
+        compiled.load_state_dict(eager.state_dict())
+        torch.testing.assert_close(compiled(x), want, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_compiled_lean_training_under_two_process_ddp(tmp_path, run_config, rescale_processes):
+    """``rescale fit`` compiled on the lean plan with 2 processes (gloo) trains past the
+    measuring step (mean-shift statistics averaged over the ranks, eagerly) and ends with the
+    weights of the same 2-process run in eager mode on the folded plan."""
+    trained = {}
+    for label, extra in (("compiled", {"plan": "lean", "compile": True,
+                                       "compile_options": {"backend": "aot_eager"}}),
+                         ("eager", {"plan": "folded"})):
+        root = tmp_path / label
+        config = run_config(tmp_path / f"{label}.yaml",
+                            model={"init_args": {**extra, "scheme_options": {"measure_batches": 1},
+                                                 "optimizer": {"class_path": "torch.optim.SGD",
+                                                               "init_args": {"lr": 0.05}}}},
+                            trainer={"max_steps": 3, "limit_train_batches": 3, "limit_val_batches": 0,
+                                     "default_root_dir": str(root)})
+        rescale_processes(["fit", "--config", config], 2)
+        [ckpt] = sorted(Path(root).rglob("last.ckpt"))
+        trained[label] = torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert trained["compiled"]["global_step"] == trained["eager"]["global_step"] == 3
+    compiled, eager = trained["compiled"]["state_dict"], trained["eager"]["state_dict"]
+    assert compiled.keys() == eager.keys()
+    for name, value in eager.items():
+        if value.is_floating_point():
+            torch.testing.assert_close(compiled[name], value, rtol=1e-4, atol=1e-5, msg=name)
