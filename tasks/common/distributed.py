@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["world_size", "every_rank_has_samples", "sum_over_ranks", "sum_tensor_over_ranks", "gather_objects",
+__all__ = ["world_size", "rank", "every_rank_has_samples", "sum_over_ranks", "sum_tensor_over_ranks",
+           "max_over_ranks", "reduce_tensor_to_rank_zero", "broadcast_from_rank_zero", "gather_objects",
            "gather_by_key", "zero_loss"]
 
 _HOST_GROUPS: dict[int, object] = {}
@@ -28,6 +29,10 @@ _HOST_GROUPS: dict[int, object] = {}
 
 def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _host_group():
@@ -65,6 +70,35 @@ def sum_over_ranks(value: int) -> int:
     """A host integer summed over every rank (e.g. the target tokens of a step, by which the
     translation loss is normalised); a collective when the world size exceeds 1."""
     return int(sum_tensor_over_ranks(torch.tensor([int(value)], dtype=torch.int64)).item())
+
+
+def max_over_ranks(value: int) -> int:
+    """The largest of every rank's host integer (e.g. a size every rank must agree on); a
+    collective when the world size exceeds 1."""
+    if world_size() == 1:
+        return int(value)
+    values = torch.tensor([int(value)], dtype=torch.int64)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX, group=_host_group())
+    return int(values.item())
+
+
+def reduce_tensor_to_rank_zero(values: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """A CPU tensor reduced (``op``: ``"sum"`` or ``"max"``) over every rank onto rank 0, in place
+    (a collective when the world size exceeds 1). Only rank 0's result is meaningful: statistics
+    that only rank 0 needs (per-video evaluation sums) travel once, instead of being gathered on
+    every rank."""
+    if world_size() > 1:
+        reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+        dist.reduce(values, dst=0, op=reduce_op, group=_host_group())
+    return values
+
+
+def broadcast_from_rank_zero(values: torch.Tensor) -> torch.Tensor:
+    """Rank 0's CPU tensor on every rank, in place (a collective when the world size exceeds 1):
+    the few numbers rank 0 computed from what :func:`reduce_tensor_to_rank_zero` brought it."""
+    if world_size() > 1:
+        dist.broadcast(values, src=0, group=_host_group())
+    return values
 
 
 def gather_objects(items: list) -> list:

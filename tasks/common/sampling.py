@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-__all__ = ["ResumableSampler", "ResumableDataLoader", "PerSampleSeed", "sample_seed", "worker_init", "sigterm_safe_worker_init"]
+__all__ = ["ResumableSampler", "ResumableDataLoader", "UnrepeatedSampler", "PerSampleSeed", "sample_seed", "worker_init",
+           "sigterm_safe_worker_init"]
 
 _MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, epoch, index) over seeds
 
@@ -77,6 +78,40 @@ class ResumableSampler(DistributedSampler):
         start, self._resume = self.pending_start(), None
         for index in self.indices()[start:]:
             yield (index, sample_seed(self.seed, self.epoch, index)) if self.with_seeds else index
+
+
+class UnrepeatedSampler(DistributedSampler):
+    """Evaluation order sharded over ranks without repeating any item: rank ``r`` of ``R`` takes
+    the ``r``-th of ``R`` contiguous, nearly equal chunks (sizes differ by one at most), in order.
+
+    Lightning's default (a ``DistributedSampler``) pads the list to a multiple of ``R`` by repeating
+    its first items; an evaluation that sums per-sample results (per-video view sums) would count
+    those twice, and removing them needs every sample's result gathered by key. Without repeats the
+    sums can simply be reduced. Contiguous chunks keep neighbouring items (a video's clips) in one
+    process, where their decoder is reused. Fit only for evaluation (ranks may run one batch more
+    than others; an evaluation step holds no collective) with at least ``R`` items (DDP syncs
+    buffers at every rank's first forward).
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int | None = None, rank: int | None = None) -> None:
+        distributed = dist.is_available() and dist.is_initialized()
+        num_replicas = num_replicas if num_replicas is not None else (dist.get_world_size() if distributed else 1)
+        rank = rank if rank is not None else (dist.get_rank() if distributed else 0)
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
+        n = len(dataset)
+        if 0 < n < num_replicas:
+            from .errors import ConfigError
+
+            raise ConfigError(f"the evaluation set has {n} item(s) for {num_replicas} processes; evaluate with "
+                              f"at most {n} (--trainer.devices) or on more data")
+        self.start, self.stop = n * rank // num_replicas, n * (rank + 1) // num_replicas
+        self.num_samples, self.total_size = self.stop - self.start, n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.stop))
+
+    def __len__(self) -> int:
+        return self.num_samples
 
 
 class ResumableDataLoader(DataLoader):

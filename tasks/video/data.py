@@ -10,9 +10,10 @@ folder of videos, mmaction2/SlowFast list files) and serves clips (:mod:`.datase
   ``(clips [B, C, T, H, W], labels [B], video_index [B], clip_index [B])``.
 * validate: ``val_clips`` x ``val_crops`` views per video (default one centre view, as SlowFast
   validates during training); test and predict: ``num_clips`` x ``num_crops`` (the standard
-  10 x 3): batches ``(clips [B, crops, C, T, H, W], labels, video_index, clip_index)``, in order
-  (a plain DataLoader; under DDP Lightning's DistributedSampler pads by repeating items, so the
-  module merges views by ``(video_index, clip_index)`` and counts each once).
+  10 x 3): batches ``(clips [B, crops, C, T, H, W], labels, video_index, clip_index)``, in order,
+  each item to one process under DDP (:class:`~rescale_tasks.common.sampling.UnrepeatedSampler`:
+  contiguous chunks, no padding repeats, so the module sums the views of each video and reduces
+  the sums over ranks).
 
 ``num_classes`` and ``class_names`` are known right after ``__init__`` (a cheap read of the
 training split's class list: folder names, CSV labels or list labels) so a CLI can link
@@ -32,7 +33,7 @@ from torch.utils.data import DataLoader
 
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.sampling import (PerSampleSeed, ResumableDataLoader, ResumableSampler,
-                                           sigterm_safe_worker_init)
+                                           UnrepeatedSampler, sigterm_safe_worker_init)
 
 from .dataset import DROPPED_KINDS, KINDS, VideoClipDataset, collate_drop_none
 from .layouts import class_names_of, label_samples, read_layout
@@ -159,8 +160,8 @@ class KineticsDataModule(L.LightningDataModule):
                       worker_init_fn=sigterm_safe_worker_init() if workers > 0 else None,
                       # a private generator: making an iterator never draws from the global RNG
                       generator=torch.Generator().manual_seed(self.seed))
-        if not train:
-            return DataLoader(dataset, shuffle=False, **kwargs)
+        if not train:  # each item to one process (Lightning keeps a DistributedSampler it is given)
+            return DataLoader(dataset, sampler=UnrepeatedSampler(dataset), **kwargs)
         sampler = ResumableSampler(dataset, shuffle=True, seed=self.seed, with_seeds=True)
         return ResumableDataLoader(PerSampleSeed(dataset), sampler, drop_last=len(sampler) > self.batch_size,
                                    **kwargs)

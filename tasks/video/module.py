@@ -5,14 +5,13 @@ residual scheme, with the standard multi-view evaluation.
   flip: :mod:`.transforms`); SGD with the core's parameter groups and the shared schedules.
   ``inflate_from`` starts the 3D network from a 2D ``rescale fit`` checkpoint (I3D inflation,
   :mod:`.inflation`).
-- Evaluation: every item is one clip of a video with its spatial crops (``num_crops``); the softmax
-  of each view is summed per (video, clip) and the sums are merged over ranks by that key
-  (:func:`~rescale_tasks.common.distributed.gather_by_key`: the padding of a distributed sampler
-  repeats some items on two ranks, they count once), so 2 processes give what 1 gives.
+- Evaluation: every item is one clip of a video with its spatial crops (``num_crops``).
   Video-level top-1/top-5 (``acc1``/``acc5``): the softmax averaged over all views of the video
   (10 clips x 3 crops at test, SlowFast's protocol). Clip-level (``clip_acc1``/``clip_acc5``): each
-  view on its own. Memory: one float per class per (video, clip) until the epoch ends (Kinetics-400
-  val, 10 clips: about 320 MB over all ranks).
+  view on its own. :class:`~.evaluation.MultiViewAccuracy` keeps one softmax sum per video (20k
+  Kinetics test videos x 400 classes: ~32 MB) and reduces the sums onto rank 0 under DDP (no gather
+  of every view onto every rank); the data module hands each item to one process, so 2 processes
+  give what 1 gives.
 """
 from __future__ import annotations
 
@@ -22,40 +21,16 @@ from typing import Any, Iterable, Optional
 import torch
 import torch.nn.functional as F
 
-from ..common.distributed import gather_by_key
 from ..common.empty_batches import data_may_skip_files, must_skip, skipped_step
 from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
+from .evaluation import MultiViewAccuracy
 
-__all__ = ["VideoClassificationModule", "multi_view_accuracy"]
+__all__ = ["VideoClassificationModule"]
 
 
 def _default_sgd(params: Iterable) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-4)
-
-
-def multi_view_accuracy(entries: dict[tuple[int, int], tuple], top: tuple[int, ...] = (1, 5)) -> dict[str, float]:
-    """Video- and clip-level accuracy from ``{(video, clip): (label, summed softmax over its crops,
-    crops, {k: crops right at top-k})}`` (each key once): the video's prediction is the mean of the
-    softmax of all its views."""
-    videos: dict[int, list] = {}
-    views = 0
-    right = {k: 0 for k in top}
-    for (video, _clip), (label, probs, crops, correct) in entries.items():
-        slot = videos.setdefault(video, [label, torch.zeros_like(probs), 0])
-        slot[1] += probs
-        slot[2] += crops
-        views += crops
-        for k in top:
-            right[k] += correct[k]
-    out: dict[str, float] = {}
-    for k in top:
-        hits = sum(int(label in (probs / count).topk(min(k, probs.numel())).indices.tolist())
-                   for label, probs, count in videos.values())
-        out[f"acc{k}"] = hits / max(len(videos), 1)
-        out[f"clip_acc{k}"] = right[k] / max(views, 1)
-    out["videos"], out["views"] = float(len(videos)), float(views)
-    return out
 
 
 class VideoClassificationModule(RescaleTaskModule):
@@ -93,8 +68,7 @@ class VideoClassificationModule(RescaleTaskModule):
             inflate_checkpoint(self.net, inflate_from)
         self.label_smoothing = label_smoothing
         self._may_skip_batches = True
-        self._views: dict[tuple[int, int], tuple] = {}
-        self._losses: dict[tuple[int, int], float] = {}
+        self.evaluation = MultiViewAccuracy()
 
     def forward(self, clips: torch.Tensor) -> torch.Tensor:
         return self.net(self.as_input(clips))
@@ -123,7 +97,7 @@ class VideoClassificationModule(RescaleTaskModule):
         return self(clips.flatten(0, 1)).float().view(n, crops, -1)
 
     def _start(self) -> None:
-        self._views, self._losses = {}, {}
+        self.evaluation.reset()
 
     def _eval_step(self, batch) -> None:
         clips, labels, videos, clip_ids = batch
@@ -131,24 +105,12 @@ class VideoClassificationModule(RescaleTaskModule):
             return
         logits = self._view_logits(clips)
         n, crops = logits.shape[:2]
-        # per item, so that the loss too counts each (video, clip) once over the ranks
         losses = F.cross_entropy(logits.flatten(0, 1), labels.repeat_interleave(crops),
-                                 reduction="none").view(n, crops).sum(1).tolist()
-        probs = logits.softmax(-1).cpu()
-        top = min(5, probs.shape[-1])
-        ranks = probs.topk(top, dim=-1).indices  # (n, crops, top)
-        for i in range(n):
-            label, key = int(labels[i]), (int(videos[i]), int(clip_ids[i]))
-            hit = ranks[i] == label
-            correct = {1: int(hit[:, 0].sum()), 5: int(hit.any(-1).sum())}
-            self._views[key] = (label, probs[i].sum(0), crops, correct)
-            self._losses[key] = losses[i]
+                                 reduction="none").view(n, crops).sum(1)
+        self.evaluation.update(logits.softmax(-1), labels, videos, clip_ids, losses)
 
     def _finish(self, prefix: str) -> dict[str, float]:
-        entries = gather_by_key(self._views)  # collectives: each (video, clip) once
-        losses = gather_by_key(self._losses)
-        metrics = multi_view_accuracy(entries)
-        metrics["loss"] = sum(losses.values()) / max(metrics["views"], 1)
+        metrics = self.evaluation.compute()  # a collective: the sums of all ranks, reduced onto rank 0
         for name, value in metrics.items():
             self.log(f"{prefix}/{name}", value, sync_dist=False, prog_bar=name == "acc1")
         return metrics

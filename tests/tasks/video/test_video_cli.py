@@ -13,7 +13,7 @@ import yaml
 from rescale_tasks.cli import main, run_lightning
 from rescale_tasks.common.schedules import WarmupCosineLR
 from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
-from rescale_tasks.video.module import VideoClassificationModule, multi_view_accuracy
+from rescale_tasks.video.module import VideoClassificationModule
 
 REPO = Path(__file__).resolve().parents[3]
 KINETICS = REPO / "experiments/kinetics"
@@ -46,17 +46,6 @@ def tiny_config(path: Path, clips, root: Path | None = None, **data) -> Path:
     }
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def test_multi_view_accuracy_averages_the_views_of_each_video():
-    """Video 0: its 2 clips disagree per view, their mean picks class 1 (right); video 1: wrong."""
-    def entry(label, probs, crops, top1):
-        return (label, torch.tensor(probs) * crops, crops, {1: top1, 5: crops})
-    entries = {(0, 0): entry(1, [0.6, 0.4, 0.0], 3, 0), (0, 1): entry(1, [0.0, 0.9, 0.1], 3, 3),
-               (1, 0): entry(2, [0.5, 0.3, 0.2], 3, 0)}
-    metrics = multi_view_accuracy(entries)
-    assert metrics["acc1"] == 0.5 and metrics["acc5"] == 1.0
-    assert metrics["clip_acc1"] == pytest.approx(3 / 9) and (metrics["videos"], metrics["views"]) == (2, 9)
 
 
 def test_train_and_multi_view_test_through_the_cli_with_bad_files(kinetics_clips, tmp_path, capsys):

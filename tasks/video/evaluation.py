@@ -1,0 +1,133 @@
+"""Multi-view video evaluation at Kinetics scale: what it keeps, and how ranks combine it.
+
+The standard protocol (SlowFast's 10 clips x 3 crops) averages the softmax of all views of a video
+and reports video-level top-1/top-5, next to clip-level (each view on its own) accuracy and the
+loss per view. Only the first needs anything per video: the sum of the softmax over its views.
+:class:`MultiViewAccuracy` keeps exactly that, densely (``[videos, classes]`` float32, with the
+view count and label per video and one byte per (video, clip) to count each item once), plus a
+few running totals for the clip-level numbers. Kinetics-400's 20k test videos x 10 x 3 views take
+~32 MB (``tests/tasks/video/test_video_evaluation.py`` measures it), where a record per view or
+per (video, clip) took several hundred.
+
+Under DDP every rank holds the sums of the items it saw; :meth:`MultiViewAccuracy.compute` reduces
+them onto rank 0 (one sum, not a gather of every record onto every rank), which computes the
+metrics and broadcasts the few numbers, so all ranks log the same values. Sums can only be reduced
+if no item was seen twice: the data module shards evaluation without repeats
+(:class:`~rescale_tasks.common.sampling.UnrepeatedSampler`); an item met by two ranks (a padding
+sampler) is one clear error, never a silently double-counted view.
+"""
+from __future__ import annotations
+
+import torch
+
+from rescale_tasks.common.distributed import (broadcast_from_rank_zero, max_over_ranks, rank,
+                                              reduce_tensor_to_rank_zero)
+from rescale_tasks.common.errors import DataError
+
+__all__ = ["MultiViewAccuracy"]
+
+
+class MultiViewAccuracy:
+    """Video- and clip-level top-k accuracy and the mean loss per view of a multi-view evaluation.
+
+    ``update`` once per batch of items (a clip of a video with all its crops); ``compute`` at the
+    end (a collective under DDP); ``reset`` before the next evaluation.
+    """
+
+    GROWTH = 1.25  # rows are added in steps of a quarter (amortised copies, little slack)
+
+    def __init__(self, top: tuple[int, ...] = (1, 5)) -> None:
+        self.top = tuple(top)
+        self.reset()
+
+    def reset(self) -> None:
+        self.probs = torch.zeros(0, 0)  # [videos, classes]: softmax summed over the video's views
+        self.views = torch.zeros(0, dtype=torch.int64)  # [videos]
+        self.labels = torch.full((0,), -1, dtype=torch.int64)  # [videos], -1: not seen
+        self.seen = torch.zeros(0, 0, dtype=torch.uint8)  # [videos, clips]: items counted here
+        self.totals = torch.zeros(2 + len(self.top), dtype=torch.float64)  # views, loss, clip hits at each k
+
+    def nbytes(self) -> int:
+        """Bytes held (every tensor of the state)."""
+        return sum(t.element_size() * t.nelement() for t in (self.probs, self.views, self.labels, self.seen,
+                                                              self.totals))
+
+    def _grow(self, videos: int, clips: int, classes: int) -> None:
+        rows, cols = self.seen.shape
+        if videos <= rows and clips <= cols and classes == self.probs.shape[1]:
+            return
+        if classes != self.probs.shape[1] and rows:
+            raise ValueError(f"class count changed from {self.probs.shape[1]} to {classes} within one evaluation")
+        new_rows = max(videos, int(rows * self.GROWTH) + 1) if videos > rows else rows
+        probs = torch.zeros(new_rows, classes)
+        if rows:
+            probs[:rows] = self.probs
+        views, labels = torch.zeros(new_rows, dtype=torch.int64), torch.full((new_rows,), -1, dtype=torch.int64)
+        views[:rows], labels[:rows] = self.views, self.labels
+        seen = torch.zeros(new_rows, max(clips, cols), dtype=torch.uint8)
+        seen[:rows, :cols] = self.seen
+        self.probs, self.views, self.labels, self.seen = probs, views, labels, seen
+
+    def update(self, probs: torch.Tensor, labels: torch.Tensor, videos: torch.Tensor, clips: torch.Tensor,
+               losses: torch.Tensor) -> None:
+        """``probs`` ``(n, crops, classes)``: the softmax of every view of ``n`` items; ``labels``,
+        ``videos``, ``clips``, ``losses`` (the loss summed over the item's crops) ``(n,)``. An item
+        (video, clip) already counted on this rank is left out."""
+        if not len(videos):
+            return
+        probs = probs.detach().float().cpu()
+        labels, videos, clips = (t.detach().cpu().long() for t in (labels, videos, clips))
+        losses = losses.detach().double().cpu()
+        self._grow(int(videos.max()) + 1, int(clips.max()) + 1, probs.shape[-1])
+        keep = self.seen[videos, clips] == 0
+        key = videos * self.seen.shape[1] + clips  # and each key once within the batch
+        _, inverse = torch.unique(key, return_inverse=True)
+        first = torch.full((int(inverse.max()) + 1,), len(key)).scatter_reduce(0, inverse, torch.arange(len(key)),
+                                                                               "amin")
+        keep &= torch.zeros(len(key), dtype=torch.bool).index_fill_(0, first, True)
+        if not keep.all():
+            probs, labels, videos, clips, losses = (t[keep] for t in (probs, labels, videos, clips, losses))
+        n, crops = probs.shape[:2]
+        self.seen[videos, clips] = 1
+        self.probs.index_add_(0, videos, probs.sum(1))
+        self.views.index_add_(0, videos, torch.full((n,), crops, dtype=torch.int64))
+        self.labels[videos] = labels
+        ranked = probs.topk(min(max(self.top), probs.shape[-1]), dim=-1).indices == labels.view(n, 1, 1)
+        hits = [float(ranked[..., :k].any(-1).sum()) for k in self.top]
+        self.totals += torch.tensor([n * crops, float(losses.sum()), *hits], dtype=torch.float64)
+
+    def compute(self) -> dict[str, float]:
+        """``acc<k>`` (video level), ``clip_acc<k>``, ``loss`` (per view), ``videos``, ``views``
+        over every rank: a collective under DDP (sizes agreed, sums reduced onto rank 0 in place,
+        which computes and broadcasts the numbers). The state is spent: it is reset afterwards."""
+        videos = max_over_ranks(self.seen.shape[0])
+        clips, classes = max_over_ranks(self.seen.shape[1]), max_over_ranks(self.probs.shape[1])
+        self._grow(videos, clips, classes if not self.seen.shape[0] else self.probs.shape[1])
+        n = videos  # rows beyond the agreed size are zero slack of the growth
+        probs = reduce_tensor_to_rank_zero(self.probs[:n].contiguous())
+        views = reduce_tensor_to_rank_zero(self.views[:n].clone())
+        labels = reduce_tensor_to_rank_zero(self.labels[:n].clone(), op="max")
+        counted = reduce_tensor_to_rank_zero(self.seen[:n].to(torch.int32))
+        totals = reduce_tensor_to_rank_zero(self.totals.clone())
+        names = [f"acc{k}" for k in self.top] + [f"clip_acc{k}" for k in self.top] + ["loss", "videos", "views",
+                                                                                        "repeated"]
+        numbers = torch.zeros(len(names), dtype=torch.float64)
+        if rank() == 0:
+            present = views > 0
+            total_views = float(totals[0])
+            for i, k in enumerate(self.top):
+                if probs.shape[1] and present.any():  # the mean over views ranks classes as the sum does
+                    top = probs[present].topk(min(k, probs.shape[1]), dim=-1).indices
+                    numbers[i] = float((top == labels[present].unsqueeze(1)).any(1).sum()) / float(present.sum())
+                numbers[len(self.top) + i] = float(totals[2 + i]) / max(total_views, 1.0)
+            numbers[-4:] = torch.tensor([float(totals[1]) / max(total_views, 1.0), float(present.sum()), total_views,
+                                         float((counted > 1).sum())], dtype=torch.float64)
+        numbers = broadcast_from_rank_zero(numbers)
+        self.reset()
+        metrics = dict(zip(names, numbers.tolist()))
+        repeated = int(metrics.pop("repeated"))
+        if repeated:
+            raise DataError(f"{repeated} evaluation item(s) (video, clip) reached more than one process, so their "
+                            "views would count twice; shard evaluation without repeats (rescale_tasks.common."
+                            "sampling.UnrepeatedSampler, as KineticsDataModule does)")
+        return metrics
