@@ -91,7 +91,13 @@ def test_a_batch_of_bad_files_is_no_step(tmp_path, monkeypatch, position, accumu
     trainer = L.Trainer(max_epochs=1, accumulate_grad_batches=accumulate, accelerator="cpu", devices=1,
                         logger=logger, callbacks=callbacks, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1)
-    trainer.fit(module, loader)
+    try:
+        trainer.fit(module, loader)
+    finally:
+        if logger:
+            import wandb
+
+            wandb.finish()  # the next test's run must not land in this one
 
     assert data.skipped == 1 and [n for n, _, _ in probe.rows] == [int(i != bad) for i in range(BATCHES)]
     assert [skipped for _, skipped, _ in probe.rows] == [i == bad for i in range(BATCHES)]
