@@ -30,7 +30,7 @@ from .common.callbacks import DivergenceMonitor, LearnedScalarsLogger, TrainingD
 from .common.checkpointing import LastCheckpoint, ResumeState, peek_checkpoint, preempted_message  # noqa: E402
 from .common.checkpoint_compat import check_config_against_checkpoint  # noqa: E402
 from .common.cli_errors import config_errors, trainer_config_errors  # noqa: E402
-from .common.config import SaveConfigToRun  # noqa: E402
+from .common.config import ResultsFolder, SaveConfigToRun  # noqa: E402
 from .common.data_report import SkippedDataReport  # noqa: E402
 from .common.run_summary import RunSummary  # noqa: E402
 from .common.errors import UserError  # noqa: E402
@@ -70,7 +70,9 @@ class RescaleCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs):
         with trainer_config_errors():
-            return super().instantiate_trainer(**kwargs)
+            trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks.append(ResultsFolder(self._get(self.config_init, "output_dir")))
+        return trainer
 
     def add_arguments_to_parser(self, parser) -> None:
         for key in ("num_classes", "in_channels", "vocab_size", "pad_index", "bos_index", "eos_index"):
@@ -81,6 +83,9 @@ class RescaleCLI(LightningCLI):
         parser.add_lightning_class_args(DivergenceMonitor, "divergence")
         parser.add_lightning_class_args(LearnedScalarsLogger, "learned_scalars")
         parser.add_lightning_class_args(RunSummary, "run_summary")  # run_summary.json for compare/studies
+        parser.add_argument("--output_dir", type=Optional[str], default=None,
+                            help="where test/predict write their result files (default: results/<checkpoint "
+                                 "name>/ in the folder of the run that wrote --ckpt_path; see results_folder)")
 
     def before_instantiate_classes(self) -> None:
         """Check network and scheme names before anything is built, so a typo is one clear line

@@ -1,11 +1,14 @@
-"""Saving the full resolved config with every run (run directory and W&B run config)."""
+"""Where a run's files go: its own folder (the resolved config, the run summary) and the folder
+``test`` and ``predict`` write their result files to (:func:`results_folder`)."""
 from __future__ import annotations
 
 import os
+from typing import Optional
 
+import lightning.pytorch as L
 from lightning.pytorch.cli import SaveConfigCallback
 
-__all__ = ["SaveConfigToRun", "run_directory"]
+__all__ = ["SaveConfigToRun", "run_directory", "results_folder", "ResultsFolder"]
 
 
 def run_directory(logger, start: bool = True) -> str | None:
@@ -21,6 +24,39 @@ def run_directory(logger, start: bool = True) -> str | None:
     if not isinstance(directory, str):  # fast_dev_run's DummyLogger answers every name with a no-op
         directory = getattr(logger, "log_dir", None)
     return directory if isinstance(directory, str) else None
+
+
+class ResultsFolder(L.Callback):
+    """Holds ``--output_dir`` of ``rescale test|predict`` for :func:`results_folder`."""
+
+    def __init__(self, output_dir: Optional[str] = None) -> None:
+        self.output_dir = output_dir
+
+
+def results_folder(trainer: L.Trainer) -> str:
+    """The one place ``test`` and ``predict`` write their result files (hypotheses, BLEU, COCO
+    results, drawings), the same whichever logger the command has:
+
+    - ``--output_dir`` when given;
+    - with ``--ckpt_path``: ``results/<checkpoint name>/`` in the folder of the run that wrote the
+      checkpoint (the folder holding its ``checkpoints/``; for a checkpoint elsewhere, e.g. an
+      averaged one, its own folder): ``runs/<project>/<run id>/results/last/`` for
+      ``runs/<project>/<run id>/checkpoints/last.ckpt``, never the folder of the new W&B run the
+      command opens, so the results of every checkpoint of a run sit together beside it;
+    - otherwise (no checkpoint, or a remote one) this run's own folder (:func:`run_directory`).
+    """
+    given = next((c.output_dir for c in trainer.callbacks if isinstance(c, ResultsFolder) and c.output_dir), None)
+    if given:
+        return os.path.abspath(os.path.expanduser(given))
+    checkpoint = trainer.ckpt_path
+    if checkpoint and os.path.isfile(str(checkpoint)):
+        folder = os.path.dirname(os.path.abspath(str(checkpoint)))
+        if os.path.basename(folder) == "checkpoints":
+            folder = os.path.dirname(folder)
+        name = os.path.splitext(os.path.basename(str(checkpoint)))[0]
+        return os.path.join(folder, "results", name)
+    folder = run_directory(trainer.logger) if trainer.logger is not None else None
+    return folder or trainer.default_root_dir
 
 
 class SaveConfigToRun(SaveConfigCallback):

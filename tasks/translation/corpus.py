@@ -18,11 +18,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import BinaryIO, Iterator, Literal
 
 from rescale_tasks.common.errors import ConfigError, DataError
 
-__all__ = ["SPLITS", "LAYOUTS", "SplitSource", "find_splits", "count_lines"]
+__all__ = ["SPLITS", "LAYOUTS", "SplitSource", "find_splits", "count_lines", "read_lines"]
 
 SPLITS = ("train", "valid", "test")
 LAYOUTS = ("auto", "files", "tsv")
@@ -39,20 +39,31 @@ def count_lines(path: Path) -> int:
     return count + (last != b"\n")
 
 
-def _decode(raw: bytes, path: Path, number: int) -> str:
+def _decode(raw: bytes, path: "Path | str", number: int) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise DataError(f"{path} line {number} is not UTF-8 ({err.reason} at byte {err.start}); "
-                        "convert the file to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8).") from None
+                        "convert the text to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8).") from None
+
+
+def _split_lines(stream: BinaryIO) -> Iterator[bytes]:
+    for raw in stream:  # binary iteration splits on b"\n" only
+        if raw.endswith(b"\n"):
+            raw = raw[:-1]
+        yield raw[:-1] if raw.endswith(b"\r") else raw
 
 
 def _raw_lines(path: Path) -> Iterator[bytes]:
-    with open(path, "rb") as f:  # binary iteration splits on b"\n" only
-        for raw in f:
-            if raw.endswith(b"\n"):
-                raw = raw[:-1]
-            yield raw[:-1] if raw.endswith(b"\r") else raw
+    with open(path, "rb") as f:
+        yield from _split_lines(f)
+
+
+def read_lines(stream: BinaryIO, where: str) -> list[str]:
+    """The lines of a binary stream (a file opened ``rb``, ``sys.stdin.buffer``) split and decoded
+    as the corpora are: on ``\\n`` only, UTF-8, a line that is not UTF-8 one :class:`DataError`
+    naming ``where`` and its line number."""
+    return [_decode(raw, where, number) for number, raw in enumerate(_split_lines(stream), 1)]
 
 
 @dataclass(frozen=True)

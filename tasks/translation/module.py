@@ -35,6 +35,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from rescale_core.generation import GenerationConfig, generate
 
+from ..common.config import results_folder
 from ..common.distributed import gather_objects, sum_tensor_over_ranks, world_size
 from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
@@ -234,7 +235,7 @@ class TranslationModule(RescaleTaskModule):
         hypotheses = gather_objects(self._hypotheses)
         if not self.trainer.is_global_zero or result is None:
             return
-        folder = self.output_folder()
+        folder = results_folder(self.trainer)
         os.makedirs(folder, exist_ok=True)
         count = len(self.trainer.datamodule.references("test"))
         by_line = dict(hypotheses)
@@ -244,5 +245,5 @@ class TranslationModule(RescaleTaskModule):
             json.dump({"bleu": result.score, "signature": result.signature, "style": self.bleu_style,
                        "statistics": result.statistics, "sentences": count,
                        "hypotheses": HYPOTHESES_FILE}, f, indent=1)
-        print(f"test BLEU {result.score:.2f} ({result.signature}); hypotheses: "
-              f"{os.path.join(folder, HYPOTHESES_FILE)}")
+        print(f"test BLEU {result.score:.2f} ({result.signature}); written to {folder}: "
+              f"{HYPOTHESES_FILE}, {BLEU_FILE}")

@@ -3,7 +3,7 @@
     rescale translate --ckpt_path runs/rescale-wmt/<id>/checkpoints/last.ckpt < news.en > news.de
     rescale translate --ckpt_path avg.ckpt --input news.en --output news.de --beam 5
 
-Reads one source sentence per line (a file or stdin), encodes it with the SentencePiece model
+Reads one source sentence per line (a file or stdin, UTF-8), encodes it with the SentencePiece model
 stored in the checkpoint, translates in token-budget batches of length-sorted sentences (beam
 search, or greedy with ``--beam 1``; settings default to the checkpoint's), and writes one
 detokenized translation per line in input order. An empty input line gives an empty line.
@@ -24,6 +24,7 @@ from ..common.checkpoint_compat import load_into_module
 from ..common.checkpointing import safe_load
 from ..common.errors import UserError
 from .batching import batch_by_size
+from .corpus import read_lines
 from .module import TranslationModule
 
 __all__ = ["load_translator", "translate_lines", "main"]
@@ -69,8 +70,17 @@ def translate_lines(module: TranslationModule, lines: list[str], config: Generat
     return out
 
 
-def _read(stream: TextIO) -> list[str]:
-    return [line.rstrip("\n").rstrip("\r") for line in stream]
+def _read_input(path: str) -> list[str]:
+    """The source lines of ``--input`` (``-``: stdin), read as bytes and decoded strictly: text that
+    is not UTF-8 is one line naming the line, never a tokenizer's traceback (stdin's text layer
+    would pass undecodable bytes on as surrogates, which SentencePiece cannot take)."""
+    if path == "-":
+        return read_lines(sys.stdin.buffer, "standard input")
+    try:
+        with open(path, "rb") as f:
+            return read_lines(f, f"{path} (--input)")
+    except OSError as err:
+        raise UserError(f"cannot read --input {path}: {err.strerror}") from None
 
 
 def _write(lines: Iterable[str], stream: TextIO) -> None:
@@ -103,14 +113,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             max_len_b=args.max_len_b if args.max_len_b is not None else defaults.max_len_b)
     except ValueError as err:
         raise UserError(f"rescale translate: {err}") from None
-    if args.input == "-":
-        lines = _read(sys.stdin)
-    else:
-        try:
-            with open(args.input, encoding="utf-8") as f:
-                lines = _read(f)
-        except OSError as err:
-            raise UserError(f"cannot read --input {args.input}: {err.strerror}") from None
+    lines = _read_input(args.input)
     translations = translate_lines(module, lines, config, args.max_tokens)
     if args.output == "-":
         _write(translations, sys.stdout)

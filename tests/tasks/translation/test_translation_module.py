@@ -46,8 +46,9 @@ def trained(tmp_path_factory, few_hundred_root) -> dict:
     return {"folder": folder, "summary": read_summary(summary), "root": few_hundred_root}
 
 
-def test_a_small_normalization_free_transformer_overfits_200_pairs(trained):
+def test_a_small_normalization_free_transformer_overfits_200_pairs(trained, summary_matches_wandb):
     s = trained["summary"]
+    summary_matches_wandb(str(trained["folder"] / "runs"))  # val/bleu and val/loss as W&B received them
     assert s["scheme"] == "rescale" and s["status"] == "finished" and s["steps"] == 300
     losses = [v for _, v in s["curves"]["train/loss"]]
     assert losses[-1] < 0.05 * losses[0]
@@ -60,8 +61,13 @@ def test_test_writes_hypotheses_that_rescore_to_the_same_bleu(trained, monkeypat
     assert "sentencepiece" in safe_load(ckpt)  # the subword model travels in the checkpoint
     assert main(["test", "--config", str(REPO / "experiments/wmt/rescale6.yaml"), *TINY,
                  "--data.init_args.root", str(trained["root"]), "--ckpt_path", ckpt]) == 0
-    assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a" in capsys.readouterr().out
-    (score_file,) = trained["folder"].glob(f"runs/wandb/offline-run-*/files/{BLEU_FILE}")
+    printed = capsys.readouterr().out
+    assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a" in printed
+    # beside the run that wrote the checkpoint (runs/<project>/<run id>/results/last/), said where
+    folder = Path(ckpt).parent.parent / "results" / "last"
+    assert f"written to {folder}: {HYPOTHESES_FILE}, {BLEU_FILE}" in printed
+    (score_file,) = trained["folder"].rglob(BLEU_FILE)
+    assert score_file == folder / BLEU_FILE
     score = json.loads(score_file.read_text())
     hypotheses = (score_file.parent / HYPOTHESES_FILE).read_text(encoding="utf-8").splitlines()
     references = (trained["root"] / "test.de").read_text(encoding="utf-8").splitlines()
@@ -82,6 +88,28 @@ def test_translate_writes_one_line_per_input_line_in_order(trained, tmp_path):
                  "--output", str(out), "--max_tokens", "64"]) == 0
     lines = out.read_text(encoding="utf-8").splitlines()
     assert lines[5] == "" and lines[:5] + lines[6:] == trained["hypotheses"]  # beam 4 as in test
+
+
+def test_translate_names_the_line_that_is_not_utf8(trained, tmp_path, monkeypatch, capsys):
+    """Issue #23: Latin-1 text ended in a traceback (stdin: pybind11's 'Unable to cast Python
+    instance of type str'; --input: UnicodeDecodeError). One line now, as prepare-translation says it."""
+    import io
+
+    sources = (trained["root"] / "test.en").read_text(encoding="utf-8").splitlines()[:3]
+    latin1 = ("\n".join(sources[:2] + ["Caf\u00e9 and na\u00efve r\u00e9sum\u00e9", sources[2]]) + "\n").encode("latin-1")
+    (tmp_path / "latin1.en").write_bytes(latin1)
+    ckpt = trained["summary"]["checkpoint"]
+    assert main(["translate", "--ckpt_path", ckpt, "--input", str(tmp_path / "latin1.en"),
+                 "--output", str(tmp_path / "out.de")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {tmp_path / 'latin1.en'} (--input) line 3 is not UTF-8")
+    assert "iconv -f LATIN1 -t UTF-8" in err[0] and not (tmp_path / "out.de").exists()
+    # stdin as a POSIX locale gives it: undecodable bytes passed on as surrogates
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(latin1), encoding="utf-8", errors="surrogateescape"))
+    assert main(["translate", "--ckpt_path", ckpt]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == err.strip().splitlines()[0]
+    assert err.startswith("error: standard input line 3 is not UTF-8") and "Traceback" not in err
 
 
 def test_translate_refuses_other_checkpoints_in_one_line(tmp_path, capsys):
