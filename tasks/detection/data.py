@@ -201,6 +201,7 @@ class CocoDataModule(L.LightningDataModule):
         self.paths = self._resolve(root, train_annotations, train_images, val_annotations, val_images,
                                    predict_annotations, predict_images)
         self.datasets: dict[str, CocoDetection] = {}
+        self._ground_truths: dict[Path, Any] = {}  # COCO per annotation file, for the evaluation
         self._read_categories()
 
     # --- paths and categories ---------------------------------------------------------------
@@ -294,6 +295,17 @@ class CocoDataModule(L.LightningDataModule):
     @property
     def train_set(self) -> CocoDetection | None:
         return self.datasets.get("train")
+
+    def ground_truth(self, split: str):
+        """``COCO(annotation_file)`` of the ``split`` set's own json, read once: what its COCO AP is
+        scored against (:class:`~.evaluation.CocoEvaluator`). A copy of its own, not the data set's
+        index: ``COCOeval`` writes into the ground truth it scores (polygons become RLEs)."""
+        from .evaluation import load_ground_truth
+
+        dataset = self.dataset(split)
+        if dataset.annotation_file not in self._ground_truths:
+            self._ground_truths[dataset.annotation_file] = load_ground_truth(dataset.annotation_file)
+        return self._ground_truths[dataset.annotation_file]
 
     @property
     def val_set(self) -> CocoDetection | None:

@@ -1,56 +1,63 @@
 """COCO box and mask AP of a detector's predictions (issue #10), by the official COCO evaluation.
 
 The scores are pycocotools' ``COCOeval`` (Lin et al. 2014; the protocol Detectron2 and torchvision
-report), run through torchmetrics' ``MeanAveragePrecision(iou_type=..., backend="pycocotools")``.
+report) run exactly as on a results file: ``COCOeval(gt, gt.loadRes(results), iou_type)`` with
+``gt`` the data set's own annotation json (pycocotools' ``COCO`` index of it, as the data set
+loaded it) and ``results`` the records turned into the COCO results format (:mod:`.results`), so
+the logged numbers are those any COCO tool gives for the written ``coco_results.*.json`` against
+that json (issue #23: ground truth rebuilt from the training targets, as torchmetrics'
+``MeanAveragePrecision`` needs it, differed in the fourth decimal: degenerate boxes the data set
+drops, boxes clipped to the image, crowd regions and areas re-encoded). Mask AP scores the
+results without their boxes, as Detectron2 does (with a ``bbox``, ``loadRes`` takes the box area
+for the mask's). The evaluation covers the images that were evaluated (``params.imgIds``: all of
+them after a full pass; a ``limit_val_batches`` pass scores its images only).
+
 What this class adds around it:
 
 * Compact per-image records (:class:`ImageRecord`): boxes, scores, labels on the CPU, and masks
   thresholded at 0.5 (torchvision's and Detectron2's rule for Mask R-CNN's probabilities) and
-  RLE-encoded at once, so 5000 validation images never hold dense masks. The targets' masks are
-  kept as RLE as well; ``iscrowd`` and ``area`` go to COCOeval (crowd regions are ignored: a
-  detection on one is neither a true nor a false positive; the area decides small/medium/large).
-* DDP: a padded ``DistributedSampler`` sends a few images to two ranks, and torchmetrics' own
-  state sync aborts when the ranks hold different image counts (METHOD.md). :meth:`CocoEvaluator.compute`
-  merges the records by image id over the ranks instead (``gather_by_key``: a duplicate counts
-  once), then every rank feeds a fresh metric in image-id order, with its sync turned off. The
-  result equals a one-process evaluation, on every rank.
+  RLE-encoded at once, so 5000 validation images never hold dense masks. The ground truth stays
+  in the json.
+* DDP: a padded ``DistributedSampler`` sends a few images to two ranks. :meth:`CocoEvaluator.compute`
+  merges the records by image id over the ranks (``gather_by_key``: a duplicate counts once), then
+  every rank scores them in image-id order. The result equals a one-process evaluation, on every rank.
 * The same records make the results JSON (:mod:`.results`), so a written file holds exactly what
   was scored.
 
 Returned keys (floats, COCO's fractions, not percent): ``{iou}/AP`` (mean over IoU 0.50:0.95),
 ``{iou}/AP50``, ``{iou}/AP75``, ``{iou}/APs``, ``{iou}/APm``, ``{iou}/APl``, ``{iou}/AR1``,
 ``{iou}/AR10``, ``{iou}/AR100``, ``{iou}/ARs``, ``{iou}/ARm``, ``{iou}/ARl`` for ``iou`` in
-``bbox``, ``segm``. COCO's -1 ("no ground truth in that area range", e.g. no small objects)
-becomes NaN, so it is never averaged or plotted as a score.
+``bbox``, ``segm``: ``COCOeval.stats`` in its order. COCO's -1 ("no ground truth in that area
+range", e.g. no small objects) becomes NaN, so it is never averaged or plotted as a score.
 
-Deviations from Detectron2's ``COCOEvaluator``: categories are the model's contiguous labels (the
-mapping to COCO ids only matters for the results JSON; AP is the same), and an evaluation on
-several ranks is computed by every rank instead of rank 0 alone.
+Deviation from Detectron2's ``COCOEvaluator``: an evaluation on several ranks is computed by every
+rank instead of rank 0 alone.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 from pycocotools import mask as mask_utils
-from torchmetrics.detection import MeanAveragePrecision
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
 
 from rescale_tasks.common.distributed import gather_by_key
 from rescale_tasks.common.errors import ConfigError, DataError
 
-__all__ = ["CocoEvaluator", "ImageRecord", "image_record", "encode_masks", "decode_masks", "IOU_TYPES",
-           "STAT_NAMES", "MASK_THRESHOLD"]
+__all__ = ["CocoEvaluator", "ImageRecord", "image_record", "encode_masks", "IOU_TYPES",
+           "STAT_NAMES", "MASK_THRESHOLD", "coco_eval", "load_ground_truth"]
 
 IOU_TYPES = ("bbox", "segm")
-#: torchmetrics' names of COCOeval's 12 summary numbers -> this module's names
-STAT_NAMES = {"map": "AP", "map_50": "AP50", "map_75": "AP75", "map_small": "APs", "map_medium": "APm",
-              "map_large": "APl", "mar_1": "AR1", "mar_10": "AR10", "mar_100": "AR100", "mar_small": "ARs",
-              "mar_medium": "ARm", "mar_large": "ARl"}
+#: COCOeval's 12 summary numbers (``stats``, in order): the names this module gives them
+STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 #: a predicted mask probability above this is foreground (torchvision's and Detectron2's rule)
 MASK_THRESHOLD = 0.5
 
@@ -67,28 +74,19 @@ def encode_masks(masks: torch.Tensor, threshold: float | None = None) -> list[di
     return mask_utils.encode(array)
 
 
-def decode_masks(rles: Sequence[dict], size: tuple[int, int]) -> torch.Tensor:
-    """(N, H, W) bool masks from COCO RLEs (``size``: (H, W), used when there are none)."""
-    if not rles:
-        return torch.zeros((0, *size), dtype=torch.bool)
-    return torch.from_numpy(mask_utils.decode(list(rles))).permute(2, 0, 1).to(torch.bool)
-
-
 @dataclass
 class ImageRecord:
-    """One image's predictions and ground truth, compact and on the CPU (picklable across ranks).
+    """One image's predictions, compact and on the CPU (picklable across ranks); its ground truth
+    is the annotation json's.
 
     ``boxes`` (N, 4) float32 xyxy in the original image's pixels, ``scores`` (N,), ``labels`` (N,)
     int64 (the model's contiguous labels); ``masks``: one RLE per detection or None (a box-only
-    detector). ``gt``: ``boxes``, ``labels``, ``iscrowd``, ``area`` tensors and ``masks`` (RLEs or
-    None), or None for an image without annotations at hand (a results file only).
-    ``size``: (height, width) when known (from a mask), for decoding an empty set of masks."""
+    detector). ``size``: (height, width) when known (from the masks)."""
     image_id: int
     boxes: torch.Tensor
     scores: torch.Tensor
     labels: torch.Tensor
     masks: list[dict] | None = None
-    gt: dict[str, Any] | None = None
     size: tuple[int, int] | None = None
 
 
@@ -103,8 +101,8 @@ def _image_id(target: Mapping[str, Any]) -> int:
 def image_record(prediction: Mapping[str, torch.Tensor], target: Mapping[str, Any] | None = None,
                  image_id: int | None = None) -> ImageRecord:
     """The :class:`ImageRecord` of one torchvision prediction (``boxes``, ``scores``, ``labels``,
-    optional ``masks`` (N, 1, H, W) probabilities) and its dataset target (``boxes``, ``labels``,
-    optional ``masks`` (N, H, W), ``iscrowd``, ``area``, and ``image_id``)."""
+    optional ``masks`` (N, 1, H, W) probabilities) of the image ``image_id`` (else the dataset
+    target's ``image_id``)."""
     if image_id is None:
         if target is None:
             raise ValueError("image_record needs a target or an image_id")
@@ -113,40 +111,72 @@ def image_record(prediction: Mapping[str, torch.Tensor], target: Mapping[str, An
     masks = None
     if prediction.get("masks") is not None:
         masks = encode_masks(prediction["masks"].detach(), MASK_THRESHOLD)
-        size = tuple(prediction["masks"].shape[-2:])
-    gt = None
-    if target is not None and "boxes" in target:
-        labels = torch.as_tensor(target["labels"]).detach().to("cpu", torch.int64)
-        zeros = torch.zeros_like(labels)
-        gt = {"boxes": torch.as_tensor(target["boxes"]).detach().to("cpu", torch.float32).reshape(-1, 4),
-              "labels": labels,
-              "iscrowd": torch.as_tensor(target.get("iscrowd", zeros)).detach().to("cpu", torch.int64),
-              "area": torch.as_tensor(target.get("area", zeros)).detach().to("cpu", torch.float32),
-              "masks": None}
-        if target.get("masks") is not None:
-            gt["masks"] = encode_masks(torch.as_tensor(target["masks"]).detach())
-            size = size or tuple(target["masks"].shape[-2:])
+        size = tuple(int(s) for s in prediction["masks"].shape[-2:])
     return ImageRecord(image_id=int(image_id),
                        boxes=prediction["boxes"].detach().to("cpu", torch.float32).reshape(-1, 4),
                        scores=prediction["scores"].detach().to("cpu", torch.float32),
                        labels=prediction["labels"].detach().to("cpu", torch.int64),
-                       masks=masks, gt=gt, size=tuple(int(s) for s in size) if size else None)
+                       masks=masks, size=size)
+
+
+def load_ground_truth(annotations: "COCO | str | os.PathLike") -> COCO:
+    """pycocotools' index of an annotation json (a path), or the given ``COCO`` as it is."""
+    if isinstance(annotations, COCO):
+        return annotations
+    path = os.fspath(annotations)
+    if not os.path.isfile(path):
+        raise DataError(f"COCO annotation file not found: {path}; the evaluation scores against the data "
+                        "set's own json")
+    with contextlib.redirect_stdout(io.StringIO()):  # COCO() prints its progress
+        return COCO(path)
+
+
+def coco_eval(ground_truth: COCO, results: list[dict], iou_type: str,
+              image_ids: Sequence[int] | None = None) -> list[float]:
+    """``COCOeval(gt, gt.loadRes(results), iou_type).stats`` over ``image_ids`` (None: every image of
+    the json), -1 as NaN. ``segm`` scores the results without their boxes (Detectron2's rule).
+    ``loadRes`` refuses an empty list; no detections score as an empty results set does."""
+    results = [{k: v for k, v in r.items() if not (iou_type == "segm" and k == "bbox")} for r in results]
+    with contextlib.redirect_stdout(io.StringIO()):  # loadRes and summarize print
+        if results:
+            detections = ground_truth.loadRes(copy.deepcopy(results))  # loadRes writes into its input
+        else:
+            detections = COCO()
+            detections.dataset = {"images": list(ground_truth.dataset["images"]), "annotations": [],
+                                  "categories": copy.deepcopy(ground_truth.dataset["categories"])}
+            detections.createIndex()
+        evaluation = COCOeval(ground_truth, detections, iouType=iou_type)
+        if image_ids is not None:
+            evaluation.params.imgIds = sorted(int(i) for i in image_ids)
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    return [math.nan if value == -1 else float(value) for value in evaluation.stats]
 
 
 class CocoEvaluator:
     """COCO AP of a detector over an evaluation set, per image id (see the module docstring).
 
     Args:
+        ground_truth: the evaluation set's annotation json (a path) or its pycocotools ``COCO``
+            (:attr:`~.coco.CocoDetection.coco`): the ground truth every score is computed against.
         iou_types: ``("bbox", "segm")`` for Mask R-CNN, ``("bbox",)`` for box-only detectors.
         label_to_category: the model's contiguous label -> the dataset's category id (a mapping or a
-            sequence indexed by label), kept for the results JSON (:meth:`results`); None: identity.
+            sequence indexed by label); None: identity.
     """
 
-    def __init__(self, iou_types: Sequence[str] = IOU_TYPES,
+    def __init__(self, ground_truth: "COCO | str | os.PathLike", iou_types: Sequence[str] = IOU_TYPES,
                  label_to_category: Mapping[int, int] | Sequence[int] | None = None) -> None:
         iou_types = tuple(iou_types)
         if not iou_types or any(t not in IOU_TYPES for t in iou_types) or len(set(iou_types)) != len(iou_types):
             raise ConfigError(f"iou_types must be 'bbox' and/or 'segm', got {list(iou_types)}")
+        self.ground_truth = load_ground_truth(ground_truth)
+        if "segm" in iou_types:
+            bare = next((a["id"] for a in self.ground_truth.dataset.get("annotations", [])
+                         if "segmentation" not in a), None)
+            if bare is not None:
+                raise DataError(f"annotation id {bare} of the evaluation json has no 'segmentation': mask AP "
+                                "needs masks in the ground truth; evaluate with iou_types=['bbox']")
         self.iou_types = iou_types
         self.label_to_category = label_to_category
         self._records: dict[int, ImageRecord] = {}
@@ -165,7 +195,7 @@ class CocoEvaluator:
     def update(self, predictions: Sequence[Mapping[str, torch.Tensor]],
                targets: Sequence[Mapping[str, Any]]) -> None:
         """Record a batch: torchvision detector outputs at the original image size and the dataset
-        targets (with ``image_id``) of the same images, in the same order."""
+        targets (their ``image_id``) of the same images, in the same order."""
         if len(predictions) != len(targets):
             raise ValueError(f"{len(predictions)} predictions for {len(targets)} targets")
         for prediction, target in zip(predictions, targets):
@@ -173,6 +203,9 @@ class CocoEvaluator:
                 raise ConfigError("iou_types includes 'segm' but the detector predicts no masks; "
                                   "evaluate Faster R-CNN / RetinaNet with iou_types=['bbox']")
             record = image_record(prediction, target)
+            if record.image_id not in self.ground_truth.imgs:
+                raise DataError(f"image id {record.image_id} is not in the evaluation's annotation json; "
+                                "evaluate a data set against its own json")
             self._records[record.image_id] = record
 
     def gather(self) -> dict[int, ImageRecord]:
@@ -189,37 +222,10 @@ class CocoEvaluator:
         collective under DDP), as ``{"bbox/AP": ..., "segm/AP": ...}``; NaN where COCO says -1."""
         records = self.gather() if records is None else dict(sorted(records.items()))
         if not records:
-            return {f"{t}/{name}": math.nan for t in self.iou_types for name in STAT_NAMES.values()}
-        metric = MeanAveragePrecision(box_format="xyxy", iou_type=self.iou_types, backend="pycocotools",
-                                      sync_on_compute=False)  # already merged: a sync would double-count
-        metric.warn_on_many_detections = False
-        for record in records.values():
-            prediction, target = self._metric_inputs(record)
-            metric.update([prediction], [target])
-        with contextlib.redirect_stdout(io.StringIO()):  # COCOeval prints its summary
-            values = metric.compute()
+            return {f"{t}/{name}": math.nan for t in self.iou_types for name in STAT_NAMES}
+        results = self.results(records)
         out = {}
         for iou_type in self.iou_types:
-            prefix = f"{iou_type}_" if len(self.iou_types) > 1 else ""
-            for key, name in STAT_NAMES.items():
-                value = float(values[prefix + key])
-                out[f"{iou_type}/{name}"] = math.nan if value == -1.0 else value
+            stats = coco_eval(self.ground_truth, results, iou_type, image_ids=list(records))
+            out.update({f"{iou_type}/{name}": value for name, value in zip(STAT_NAMES, stats)})
         return out
-
-    def _metric_inputs(self, record: ImageRecord) -> tuple[dict, dict]:
-        """torchmetrics' inputs for one record, masks decoded to bool only now."""
-        gt = record.gt
-        if gt is None:
-            raise DataError(f"image {record.image_id} has no ground truth; COCO AP needs annotated "
-                            "images (a results file can still be written from its predictions)")
-        prediction = {"boxes": record.boxes, "scores": record.scores, "labels": record.labels}
-        target = {"boxes": gt["boxes"], "labels": gt["labels"], "iscrowd": gt["iscrowd"], "area": gt["area"]}
-        if "segm" in self.iou_types:
-            if record.masks is None or gt["masks"] is None:
-                raise DataError(f"image {record.image_id} has no {'predicted' if record.masks is None else 'ground-truth'} "
-                                "masks for 'segm' AP; use iou_types=['bbox'] or a dataset with masks")
-            size = record.size or (0, 0)
-            prediction["masks"] = decode_masks(record.masks, size)
-            target["masks"] = decode_masks(gt["masks"], size)
-        return prediction, target
-

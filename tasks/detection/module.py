@@ -17,8 +17,9 @@ next to the FrozenBN and GN baselines).
 - Evaluation: COCO box (and mask) AP of the real COCO evaluation (:class:`~.evaluation.CocoEvaluator`),
   merged over ranks by image id, so 2 processes give what 1 gives; logged as ``val/bbox_AP`` ...
   at every validation. ``test`` and ``predict`` also write ``coco_results.<split>.json`` (original
-  image and category ids, xywh boxes, RLE masks) to the run folder, the file that was scored;
-  ``predict`` optionally draws the first ``draw_predictions`` images.
+  image and category ids, xywh boxes, RLE masks), the file that was scored, to the results folder
+  (:func:`~rescale_tasks.common.config.results_folder`: beside the run of ``--ckpt_path``, or
+  ``--output_dir``); ``predict`` optionally draws the first ``draw_predictions`` images there.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from ..common.config import results_folder
 from ..common.distributed import gather_objects
 from ..common.empty_batches import data_may_skip_files, must_skip, skipped_step
 from ..common.errors import ConfigError
@@ -164,8 +166,16 @@ class DetectionModule(RescaleTaskModule):
         return loss
 
     # --- evaluation -----------------------------------------------------------------------
-    def _start_evaluation(self) -> None:
-        self.evaluator = CocoEvaluator(iou_types=self.iou_types, label_to_category=self._label_to_category())
+    def _start_evaluation(self, split: str) -> None:
+        """A fresh evaluator scoring against the ``split`` set's own annotation json."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        ground_truth = getattr(datamodule, "ground_truth", None)
+        if ground_truth is None:
+            raise ConfigError(f"COCO AP is scored against the {split} set's annotation json: use "
+                              "rescale_tasks.detection.data.CocoDataModule (or a data module whose "
+                              "ground_truth(split) returns its pycocotools COCO)")
+        self.evaluator = CocoEvaluator(ground_truth(split), iou_types=self.iou_types,
+                                       label_to_category=self._label_to_category())
 
     def _evaluate(self, batch) -> None:
         images, targets = batch
@@ -184,7 +194,7 @@ class DetectionModule(RescaleTaskModule):
             self._write_results(prefix, self.evaluator.results(records))
 
     def on_validation_epoch_start(self) -> None:
-        self._start_evaluation()
+        self._start_evaluation("val")
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._evaluate(batch)
@@ -194,7 +204,7 @@ class DetectionModule(RescaleTaskModule):
             self._finish_evaluation("val", write_results=False)
 
     def on_test_epoch_start(self) -> None:
-        self._start_evaluation()
+        self._start_evaluation("test")
 
     def test_step(self, batch, batch_idx: int) -> None:
         self._evaluate(batch)
@@ -226,14 +236,14 @@ class DetectionModule(RescaleTaskModule):
 
     # --- outputs --------------------------------------------------------------------------
     def _write_results(self, split: str, results: list[dict]) -> None:
-        path = os.path.join(self.output_folder(), RESULTS_FILE.format(split=split))
+        path = os.path.join(results_folder(self.trainer), RESULTS_FILE.format(split=split))
         write_coco_results(path, results)
         print(f"{split}: {len(results)} detections written to {path} (COCO results format)")
 
     def _draw(self, image_id: int, image: torch.Tensor, prediction: dict) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
         names = getattr(datamodule, "class_names", None)
-        folder = os.path.join(self.output_folder(), "predictions")
+        folder = os.path.join(results_folder(self.trainer), "predictions")
         os.makedirs(folder, exist_ok=True)
         pixels = (image.detach().cpu().clamp(0, 1) * 255).to(torch.uint8)
         save_drawn(os.path.join(folder, f"{image_id}.png"), pixels, prediction, names, self.draw_score_threshold)

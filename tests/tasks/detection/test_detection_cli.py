@@ -4,6 +4,7 @@ json scored again by pycocotools, a tiny Mask R-CNN that learns the canvases, 2-
 evaluation equal to 1-process, bad input, and every config of experiments/coco/."""
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
@@ -17,6 +18,7 @@ from pycocotools.cocoeval import COCOeval
 from rescale_tasks.cli import main, run_lightning
 from rescale_tasks.common.schedules import IterationMultiStepLR
 from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
+from rescale_tasks.detection.evaluation import STAT_NAMES
 from rescale_tasks.detection.module import DetectionModule
 
 REPO = Path(__file__).resolve().parents[3]
@@ -57,8 +59,9 @@ def _runs(folder: str = "runs") -> list:
     return [read_offline_run(d) for d in find_offline_runs(folder)]
 
 
-def _score(gt_file: Path, results_file: Path, iou_type: str) -> float:
-    """COCO AP of a results file, by pycocotools alone (mask AP from the masks, as Detectron2)."""
+def _stats(gt_file: Path, results_file: Path, iou_type: str) -> dict[str, float]:
+    """COCOeval's 12 numbers for a results file, by pycocotools alone (mask AP from the masks, as
+    Detectron2), -1 as NaN."""
     results = json.loads(results_file.read_text())
     if iou_type == "segm":
         results = [{k: v for k, v in r.items() if k != "bbox"} for r in results]
@@ -67,24 +70,33 @@ def _score(gt_file: Path, results_file: Path, iou_type: str) -> float:
     evaluation.evaluate()
     evaluation.accumulate()
     evaluation.summarize()
-    return float(evaluation.stats[0])
+    return {name: math.nan if v == -1 else float(v) for name, v in zip(STAT_NAMES, evaluation.stats)}
 
 
-def test_fit_validate_test_predict_through_the_cli(coco_canvases, tmp_path, capsys):
+def _score(gt_file: Path, results_file: Path, iou_type: str) -> float:
+    return _stats(gt_file, results_file, iou_type)["AP"]
+
+
+def test_fit_validate_test_predict_through_the_cli(coco_canvases, tmp_path, capsys, summary_matches_wandb):
     config = tiny_config(tmp_path / "tiny.yaml", coco_canvases.root)
     assert main(["fit", "--config", str(config), "--trainer.val_check_interval", "3"]) == 0
     [run] = _runs()
     assert run.config["model"]["init_args"]["detector"] == "maskrcnn"
     for key in ("val/bbox_AP", "val/bbox_AP50", "val/segm_AP", "val/segm_APs", "train/loss_mask"):
         assert run.metric(key), key  # COCO metrics logged to W&B at validation
+    summary_matches_wandb("runs")  # the run summary holds the validation W&B received (issue #23)
     [ckpt] = sorted(Path("runs").rglob("last.ckpt"))
 
     assert main(["validate", "--config", str(config), "--ckpt_path", str(ckpt)]) == 0
+    capsys.readouterr()
     assert main(["test", "--config", str(config), "--ckpt_path", str(ckpt)]) == 0
     printed = capsys.readouterr().out
-    [results] = sorted(Path("runs").rglob("coco_results.test.json"))
-    assert "COCO results format" in printed
-    test_run = read_offline_run(str(results.parents[1]))
+    # the results land beside the run that wrote the checkpoint, not in the test command's new run
+    folder = ckpt.parent.parent / "results" / "last"
+    results = folder / "coco_results.test.json"
+    assert f"written to {results.resolve()} (COCO results format)" in printed
+    assert [p.name for p in Path("runs").rglob("coco_results.test.json")] == [results.name]
+    [test_run] = [r for r in _runs() if "test/bbox_AP" in r.summary]
     gt = coco_canvases.root / "annotations" / "instances_val2017.json"
     categories = {c["id"] for c in json.loads(gt.read_text())["categories"]}
     detections = json.loads(results.read_text())
@@ -95,10 +107,11 @@ def test_fit_validate_test_predict_through_the_cli(coco_canvases, tmp_path, caps
         logged = test_run.summary[f"test/{iou_type}_AP"]
         assert _score(gt, results, iou_type) == pytest.approx(logged, abs=1e-6)
 
-    # drawing is asked for at predict time only (a checkpoint's hyper-parameters would override it)
-    assert main(["predict", "--config", str(config), "--ckpt_path", str(ckpt),
+    # drawing is asked for at predict time only (a checkpoint's hyper-parameters would override it);
+    # --output_dir puts the results where it says
+    assert main(["predict", "--config", str(config), "--ckpt_path", str(ckpt), "--output_dir", "predicted",
                  "--model.init_args.draw_predictions", "2"]) == 0
-    [predicted] = sorted(Path("runs").rglob("coco_results.predict.json"))
+    predicted = Path("predicted/coco_results.predict.json")
     assert json.loads(predicted.read_text()) == detections  # the same model, the same images
     drawn = sorted(predicted.parent.glob("predictions/*.png"))
     assert len(drawn) == 2 and drawn[0].read_bytes()[:4] == b"\x89PNG"
@@ -123,20 +136,43 @@ def test_a_tiny_mask_rcnn_learns_the_canvases(coco_canvases, fit_then_validate):
     assert mean_shift and all(not m.measuring for m in mean_shift)  # measured on the first batches
 
 
+def _logged(folder: Path) -> dict[str, float]:
+    """The last row's values of a CSVLogger's metrics.csv under ``folder``."""
+    [path] = sorted(folder.rglob("metrics.csv"))
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {k: float(v) for row in rows for k, v in row.items() if v != ""}
+
+
 @pytest.mark.ddp
-def test_two_process_evaluation_equals_one_process(coco_canvases, tmp_path, rescale_processes):
+def test_two_process_evaluation_equals_one_process_and_cocoeval(coco_canvases, tmp_path, rescale_processes):
     """`rescale test` with 2 CPU processes (gloo) writes the same detections and logs the same AP
-    as with one: images are merged by id, the sampler's padding counts once (5 val images)."""
+    as with one: images are merged by id, the sampler's padding counts once. The evaluation set is
+    the canvases' train split (crowd regions, RLE and polygon masks, an empty image, a degenerate
+    box, non-contiguous ids); every logged number is COCOeval's on the written file against the
+    json (issue #23)."""
     config = tiny_config(tmp_path / "tiny.yaml", coco_canvases.root)
     assert main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.logger", "false",
                  "--trainer.default_root_dir", "one"]) == 0
     [ckpt] = sorted(Path("one").rglob("last.ckpt"))
+    root = coco_canvases.root
+    annotation_file = root / "annotations" / "instances_train2017.json"
+    evaluation_set = ["--data.init_args.val_annotations", str(annotation_file),
+                      "--data.init_args.val_images", str(root / "train2017")]
     outputs = {}
     for devices in (1, 2):
         folder = tmp_path / f"test{devices}"
-        rescale_processes(["test", "--config", str(config), "--ckpt_path", str(ckpt), "--trainer.logger", "false",
-                           "--trainer.default_root_dir", str(folder)], devices)
+        rescale_processes(["test", "--config", str(config), "--ckpt_path", str(ckpt), *evaluation_set,
+                           "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+                           "--trainer.logger.init_args.save_dir", str(folder), "--output_dir", str(folder)], devices)
         outputs[devices] = json.loads((folder / "coco_results.test.json").read_text())
+        logged = _logged(folder)
+        for iou_type in ("bbox", "segm"):
+            official = _stats(annotation_file, folder / "coco_results.test.json", iou_type)
+            for name, value in official.items():
+                mine = logged.get(f"test/{iou_type}_{name}", math.nan)
+                assert (math.isnan(value) and math.isnan(mine)) or abs(mine - value) <= 1e-6, \
+                    (devices, iou_type, name, mine, value)
     images = {d["image_id"] for d in outputs[1]}
     assert len(images) >= 3 and outputs[2] == outputs[1]
 
