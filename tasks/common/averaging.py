@@ -6,7 +6,13 @@ their WMT results).
     rescale test --config <run config> --ckpt_path avg.ckpt
 
 "Last" is by the global step stored in each checkpoint, not by file time; of several files at
-one step (``last.ckpt`` beside the newest epoch checkpoint) one is used. Floating-point
+one step (``last.ckpt`` beside the newest epoch checkpoint) one is used. From a folder only the
+checkpoints on the run's save schedule are taken: ``last.ckpt`` (the resume point, written at epoch
+ends, every N steps or minutes and on SIGTERM) never, and, when the run saved every k steps (a
+ModelCheckpoint with ``every_n_train_steps``, recorded in every checkpoint), no file at a step that
+is not a multiple of k (an epoch-end checkpoint): a SIGTERM save at step 586 among 120/240/360/480
+would otherwise be "the newest" (issue #23). Files named one by one are always taken. The command
+says in one line which steps it averaged and which files it left out. Floating-point
 parameters and buffers (mean-shift ``mu0``, BN running statistics) are averaged in float64 and
 stored in their own dtype; integer buffers (counters) are taken from the newest checkpoint. The
 output keeps the newest checkpoint's hyper-parameters (so ``validate``/``test`` rebuild the
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import re
 from typing import Optional
 
 import torch
@@ -28,28 +35,68 @@ __all__ = ["average_checkpoints", "main"]
 _TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks", "MixedPrecision")
 
 
-def _candidates(inputs: list[str]) -> list[str]:
-    files: list[str] = []
+def _candidates(inputs: list[str]) -> list[tuple[str, bool]]:
+    """``(path, named)``: the .ckpt files of the folders (``named`` False) and the files given."""
+    files: list[tuple[str, bool]] = []
     for item in inputs:
         if os.path.isdir(item):
-            files += sorted(glob.glob(os.path.join(item, "*.ckpt")))
+            files += [(f, False) for f in sorted(glob.glob(os.path.join(item, "*.ckpt")))]
         elif os.path.isfile(item):
-            files.append(item)
+            files.append((item, True))
         else:
             raise CheckpointError(f"no checkpoint or folder {item}: give .ckpt files or the run's checkpoints folder")
-    return list(dict.fromkeys(os.path.abspath(f) for f in files))
+    out: dict[str, bool] = {}
+    for path, named in files:
+        path = os.path.abspath(path)
+        out[path] = out.get(path, False) or named
+    return list(out.items())
 
 
-def average_checkpoints(paths: list[str], num: Optional[int] = None) -> dict:
-    """The averaged checkpoint of the ``num`` newest (by global step) of ``paths`` (all if None)."""
+def _step_schedules(checkpoint: dict) -> set[int]:
+    """The ``every_n_train_steps`` of the run's ModelCheckpoints (in their state keys)."""
+    keys = (checkpoint.get("callbacks") or {}).keys()
+    return {int(n) for key in keys for n in re.findall(r"'every_n_train_steps': (\d+)", str(key)) if int(n) > 0}
+
+
+def _off_schedule(checkpoint: dict, path: str, schedules: set[int]) -> Optional[str]:
+    """Why a checkpoint found in a folder is not one of the run's scheduled saves (None: it is)."""
+    if re.fullmatch(r"last(-v\d+)?\.ckpt", os.path.basename(path)):
+        return "the resume point"
+    step = checkpoint.get("global_step", -1)
+    if schedules and not any(step % k == 0 for k in schedules):
+        every = " or ".join(str(k) for k in sorted(schedules))
+        return f"off the every-{every}-steps schedule"
+    return None
+
+
+def average_checkpoints(paths: list[str], num: Optional[int] = None, named: Optional[set[str]] = None) -> dict:
+    """The averaged checkpoint of the ``num`` newest (by global step) of ``paths`` (all if None).
+
+    ``named``: the paths the user named one by one; the others (found in folders) are taken only
+    when on the run's save schedule (module docstring); None: every path is taken."""
     loaded = [(safe_load(p), p) for p in paths]
+    left_out = []
+    if named is not None:
+        schedules = set().union(*(_step_schedules(c) for c, _ in loaded))
+        kept = []
+        for checkpoint, path in loaded:
+            why = None if path in named else _off_schedule(checkpoint, path, schedules)
+            if why:
+                left_out.append({"path": path, "global_step": checkpoint.get("global_step"), "why": why})
+            else:
+                kept.append((checkpoint, path))
+        loaded = kept
+    if not loaded:
+        raise CheckpointError(f"no checkpoint on the run's save schedule among {len(left_out)} file(s) (left out: "
+                              f"{_left_out_text(left_out)}); name the files to average one by one")
     # one checkpoint per step: last.ckpt repeats the newest epoch checkpoint's state
     loaded.sort(key=lambda item: (item[0].get("global_step", -1), os.path.basename(item[1]) != "last.ckpt"))
     loaded = list({c.get("global_step", -1): (c, p) for c, p in loaded}.values())
     if num is not None:
         if num < 1 or num > len(loaded):
-            raise CheckpointError(f"--num {num}: {len(loaded)} checkpoint(s) at distinct steps found; "
-                                  f"choose 1..{len(loaded)}")
+            raise CheckpointError(f"--num {num}: {len(loaded)} checkpoint(s) at distinct steps found"
+                                  + (f" on the save schedule (left out: {_left_out_text(left_out)})" if left_out
+                                     else "") + f"; choose 1..{len(loaded)}")
         loaded = loaded[-num:]
     newest, newest_path = loaded[-1]
     reference = newest["state_dict"]
@@ -70,7 +117,12 @@ def average_checkpoints(paths: list[str], num: Optional[int] = None) -> dict:
     out = {k: v for k, v in newest.items() if k not in _TRAINING_STATE}
     out["state_dict"] = averaged
     out["averaged_from"] = [{"path": p, "global_step": c.get("global_step")} for c, p in loaded]
+    out["left_out"] = left_out
     return out
+
+
+def _left_out_text(left_out: list[dict]) -> str:
+    return ", ".join(f"{os.path.basename(x['path'])} at step {x['global_step']} ({x['why']})" for x in left_out)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -79,11 +131,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--num", type=int, help="average the last NUM checkpoints by global step (default: all)")
     p.add_argument("--output", required=True, help="the averaged checkpoint to write")
     args = p.parse_args(argv)
-    paths = [f for f in _candidates(args.inputs) if os.path.abspath(f) != os.path.abspath(args.output)]
-    if not paths:
+    candidates = [(f, named) for f, named in _candidates(args.inputs)
+                  if os.path.abspath(f) != os.path.abspath(args.output)]
+    if not candidates:
         raise CheckpointError(f"no .ckpt files in {', '.join(args.inputs)}")
-    checkpoint = average_checkpoints(paths, args.num)
+    checkpoint = average_checkpoints([f for f, _ in candidates], args.num, {f for f, named in candidates if named})
     AtomicCheckpointIO().save_checkpoint(checkpoint, args.output)
     steps = ", ".join(str(item["global_step"]) for item in checkpoint["averaged_from"])
-    print(f"averaged {len(checkpoint['averaged_from'])} checkpoints (global steps {steps}) -> {args.output}")
+    skipped = f"; left out {_left_out_text(checkpoint['left_out'])}" if checkpoint["left_out"] else ""
+    print(f"averaged {len(checkpoint['averaged_from'])} checkpoints (global steps {steps}{skipped}) -> {args.output}")
     return 0

@@ -12,46 +12,56 @@ from rescale_tasks.common.checkpointing import safe_load
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, run_config) -> Path:
-    """Three epoch checkpoints (steps 2, 4, 6) and last.ckpt of a tiny digits run."""
+    """The checkpoints folder of a tiny digits run of 3 epochs x 3 steps saving every 2 steps, as
+    the WMT recipe saves every 5000: s002, s004, s006, s008, and beside them the suite's epoch
+    checkpoint and last.ckpt, both at step 9 (off that schedule, as a SIGTERM save would be)."""
     import os
 
     folder = tmp_path_factory.mktemp("avg")
     config = run_config(folder / "run.yaml", trainer={
-        "max_epochs": 3, "default_root_dir": str(folder / "root"), "logger": None,
+        "max_epochs": 3, "limit_train_batches": 3, "default_root_dir": str(folder / "root"), "logger": False,
         "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                       "init_args": {"dirpath": str(folder / "ckpts"), "save_top_k": -1,
-                                     "filename": "e{epoch}", "every_n_train_steps": 2}}]})  # own state key
+                       "init_args": {"save_top_k": -1, "filename": "s{step:03d}", "auto_insert_metric_name": False,
+                                     "every_n_train_steps": 2}}]})
     old = os.getcwd()
     os.chdir(folder)
     try:
         assert main(["fit", "--config", str(config)]) == 0
     finally:
         os.chdir(old)
-    return folder / "ckpts"
+    return folder / "root" / "checkpoints"
 
 
-def test_the_last_n_are_averaged_by_global_step(checkpoints, tmp_path, capsys):
-    files = sorted(checkpoints.glob("e*.ckpt"))
+def test_the_last_n_scheduled_are_averaged_by_global_step(checkpoints, tmp_path, capsys):
+    files = sorted(checkpoints.glob("*.ckpt"))
     steps = {f.name: safe_load(f)["global_step"] for f in files}
-    assert sorted(steps.values()) == [2, 4, 6]
+    assert steps == {"s002.ckpt": 2, "s004.ckpt": 4, "s006.ckpt": 6, "s008.ckpt": 8, "epoch002.ckpt": 9,
+                     "last.ckpt": 9}
     out = tmp_path / "avg.ckpt"
     assert main(["average-checkpoints", str(checkpoints), "--num", "2", "--output", str(out)]) == 0
-    assert "global steps 4, 6" in capsys.readouterr().out
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 1 and "global steps 6, 8;" in printed[0], printed  # not step 9
+    assert "epoch002.ckpt at step 9 (off the every-2-steps schedule)" in printed[0]
+    assert "last.ckpt at step 9 (the resume point)" in printed[0]
     averaged = safe_load(out)
-    newest = [safe_load(f) for f in files if steps[f.name] in (4, 6)]
+    newest = [safe_load(checkpoints / name) for name in ("s006.ckpt", "s008.ckpt")]
     for key, value in averaged["state_dict"].items():
         a, b = (c["state_dict"][key] for c in newest)
         if value.is_floating_point():
             torch.testing.assert_close(value, ((a.double() + b.double()) / 2).to(a.dtype))
         else:  # counters: the newest checkpoint's
-            assert torch.equal(value, max(newest, key=lambda c: c["global_step"])["state_dict"][key])
+            assert torch.equal(value, newest[1]["state_dict"][key])
     assert "optimizer_states" not in averaged and averaged["hyper_parameters"]["network"] == "cifar_resnet"
+    # files named one by one are taken as they are
+    assert main(["average-checkpoints", str(checkpoints / "s008.ckpt"), str(checkpoints / "last.ckpt"),
+                 "--output", str(tmp_path / "named.ckpt")]) == 0
+    assert "global steps 8, 9)" in capsys.readouterr().out
 
 
 def test_averaging_refuses_what_cannot_be_averaged(checkpoints, tmp_path, capsys):
     assert main(["average-checkpoints", str(checkpoints), "--num", "9", "--output", str(tmp_path / "a.ckpt")]) == 2
-    assert "--num 9: 3 checkpoint(s) at distinct steps found" in capsys.readouterr().err
-    other = safe_load(next(checkpoints.glob("e*.ckpt")))
+    assert "--num 9: 4 checkpoint(s) at distinct steps found on the save schedule" in capsys.readouterr().err
+    other = safe_load(next(checkpoints.glob("s*.ckpt")))
     other["state_dict"] = {k + "_x": v for k, v in other["state_dict"].items()}
     torch.save(other, tmp_path / "other.ckpt")
     assert main(["average-checkpoints", str(checkpoints), str(tmp_path / "other.ckpt"),
