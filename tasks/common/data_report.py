@@ -9,10 +9,10 @@ A DataModule that also tells problems apart by kind -- ``data_problems() -> {kin
 empty, short; repaired short videos too) -- gets ``data/<kind>`` logged at the same moments and,
 at the end, the list of problem files written to ``<run dir>/data_problems.tsv`` (``path<TAB>kind``;
 the run dir as :func:`~rescale_tasks.common.config.run_directory` finds it) and one warning line
-with the counts of the kinds that occurred (:func:`problems_line`; a ``kept_problem_kinds`` attribute
-names the kinds the module repairs and keeps instead of skipping). Deviation from a plain sum over ranks: the files are gathered from every
-rank and counted once each, because two ranks can meet the same file (other epochs' shards, the
-DistributedSampler's padding of evaluation sets).
+with the counts of the kinds that occurred (:func:`problems_line`; a ``kept_problem_kinds``
+attribute names the kinds the module repairs and keeps instead of skipping). Deviation from a plain
+sum over ranks: the files are gathered from every rank and counted once each, because two ranks can
+meet the same file (other epochs' shards, a DistributedSampler's padding of evaluation sets).
 """
 from __future__ import annotations
 

@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-__all__ = ["ResumableSampler", "ResumableDataLoader", "UnrepeatedSampler", "PerSampleSeed", "sample_seed", "worker_init",
-           "sigterm_safe_worker_init"]
+__all__ = ["ResumableSampler", "ResumableDataLoader", "UnrepeatedSampler", "PerSampleSeed", "sample_seed",
+           "worker_init", "sigterm_safe_worker_init"]
 
 _MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, epoch, index) over seeds
 

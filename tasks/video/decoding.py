@@ -50,7 +50,8 @@ import torch
 from rescale_tasks.common.errors import ConfigError, DataError
 
 __all__ = [
-    "BACKENDS", "BackendUnavailable", "DecodeAudit", "PyAVDecoder", "TorchCodecDecoder", "VideoDataError", "VideoDecoder",
+    "BACKENDS", "BackendUnavailable", "DecodeAudit", "PyAVDecoder", "TorchCodecDecoder", "VideoDataError",
+    "VideoDecoder",
     "make_decoder",
 ]
 
@@ -173,6 +174,10 @@ class VideoDecoder(abc.ABC):
 
 #: frames a decoder may hold back and emit in another order (the B-frame depth; H.264 allows 16)
 REORDER_WINDOW = 16
+#: indices learned by a full decode, kept per process for the files' next decoders (a data set
+#: opens a decoder per item), by (path, size, mtime); a few hundred small lists of ints
+DECODED_INDEX_CACHE = 512
+_decoded_indices: "collections.OrderedDict[tuple, _Index]" = collections.OrderedDict()
 
 
 class _OutOfOrder(Exception):
@@ -320,7 +325,8 @@ class PyAVDecoder(VideoDecoder):
     a stamp the sequence skipped (within :data:`REORDER_WINDOW` frames), the stamps are not
     presentation times, and the index is rebuilt from one full decode (the stamps in the order the
     frames came out, :class:`DecodeAudit`: a damaged stream is unreadable, as in
-    ``prepare-video``); so is it when a decoding error cuts that look ahead short. A frame whose
+    ``prepare-video``; kept for the file's next decoders in this process); so is it when a decoding
+    error cuts that look ahead short. A frame whose
     stamp never comes is missing: ``frame X (pts Y) could not be decoded`` names its index and the
     stamp it should carry.
 
@@ -430,9 +436,18 @@ class PyAVDecoder(VideoDecoder):
         return _Index(stamps=stamps, key_pos=[i for i, _ in keys], key_dts=[d for _, d in keys], by_pts=True,
                       decoded=True)
 
+    def _file_key(self) -> tuple:
+        stat = os.stat(self.path)
+        return self.path, stat.st_size, stat.st_mtime_ns
+
     def _ensure_index(self) -> _Index:
         if self._index is None:
-            self._index = self._build_index()
+            key = self._file_key()
+            if key in _decoded_indices:  # learned by an earlier decoder of this file
+                _decoded_indices.move_to_end(key)
+                self._index = _decoded_indices[key]
+            else:
+                self._index = self._build_index()
         return self._index
 
     def _count(self) -> int:
@@ -459,7 +474,9 @@ class PyAVDecoder(VideoDecoder):
             if index.decoded:  # the decoder gave another order this time: count from the start
                 self._index = _Index(stamps=list(range(len(index.stamps))), key_pos=[0], key_dts=[0], by_pts=False)
             else:
-                self._index = self._decoded_index(index)
+                self._index = _decoded_indices[self._file_key()] = self._decoded_index(index)
+                while len(_decoded_indices) > DECODED_INDEX_CACHE:
+                    _decoded_indices.popitem(last=False)
             return self._decode(wanted)
 
     def _decode_by_stamp(self, index: _Index, wanted: list[int]) -> dict[int, np.ndarray]:

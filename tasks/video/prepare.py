@@ -38,9 +38,9 @@ errors FFmpeg conceals, errors mid-stream) fail, with the kind and detail traini
 first: mpeg4: ...``), instead of passing as clean-looking mp4s. Failures do not stop the run: the
 last line printed counts the videos done, skipped and failed (failures by kind), and
 ``DST/failed.tsv`` lists each failed one (path relative to SRC, tab, the reason on one line); the
-file is removed by a run without failures. Exit status: 0 when nothing failed, 1 when some video failed, 2 for unusable arguments
-(a missing source folder, no videos in it, DST inside SRC, ...: one line ``error: ...``), 130
-when interrupted.
+file is removed by a run without failures. Exit status: 0 when nothing failed, 1 when some video
+failed, 2 for unusable arguments (a missing source folder, no videos in it, DST inside SRC, ...:
+one line ``error: ...``), 130 when interrupted.
 
 Parallelism: ``--workers`` processes (default: the usable CPU cores), each encoding one file at a
 time with ``--threads`` FFmpeg threads (default 1: the processes already fill the cores).

@@ -57,7 +57,8 @@ def seed_for(n: int, bad: list[int], world: int, batch: int = 2) -> int:
     batch_of = []  # for each drawing seed: which batch holds the pair on one rank (-1: none)
     for s in range(candidates + EPOCHS):
         order = torch.randperm(n, generator=torch.Generator().manual_seed(s)).tolist()
-        found = [b for b in range(n // step) for r in range(world) if set(order[b * step + r:(b + 1) * step:world]) == pair]
+        found = [b for b in range(n // step) for r in range(world)
+                 if set(order[b * step + r:(b + 1) * step:world]) == pair]
         batch_of.append(found[0] if found else -1)
     seed = next(s for s in range(candidates) if all(batch_of[s + e] == e for e in range(EPOCHS)))
     for epoch in range(EPOCHS):  # the sampler the run uses agrees
@@ -80,7 +81,8 @@ def test_a_batch_of_bad_videos_is_no_step_in_one_process(kinetics_clips, tmp_pat
     n = 4 + len(BAD)  # three batches of two per epoch
     seed = seed_for(n, bad, world=1)
     config = tiny_config(tmp_path / "tiny.yaml", kinetics_clips, root=root)
-    with pytest.warns(UserWarning, match=r"data problems: 2 file\(s\) \(unreadable 2\): 2 skipped; the files") as warned:
+    with pytest.warns(UserWarning, match=r"data problems: 2 file\(s\) \(unreadable 2\): 2 skipped; the files") \
+            as warned:
         assert main(_fit_args(config, seed)) == 0
     assert not [w for w in warned if "short" in str(w.message)]  # no kind that did not occur
     [run] = [read_offline_run(d) for d in find_offline_runs("runs")]
