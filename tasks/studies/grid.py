@@ -47,6 +47,7 @@ from typing import Any, Callable, Optional, TextIO
 
 from ..common.errors import UserError
 from ..common.run_summary import SUMMARY_FILE, read_summary
+from .lock import FolderBusy, folder_lock
 
 __all__ = ["GridPoint", "Grid", "PointState", "GRID_FILE", "rescale_command", "run_grid", "run_one",
            "write_slurm", "write_sweep", "StudyInterrupted"]
@@ -330,9 +331,15 @@ def _error_line(text: str) -> Optional[str]:
 # --- running points ---------------------------------------------------------------------------------
 def run_one(grid: Grid, point: GridPoint, in_process: bool = False, echo: bool = False) -> int:
     """Run (or resume) one point, its output appended to its ``log.txt``; returns the exit status
-    and writes ``outcome.json``. Never raises for a failing run."""
+    and writes ``outcome.json``. Never raises for a failing run; :class:`~.lock.FolderBusy` when
+    another process is running the point."""
+    with folder_lock(grid.point_dir(point), f"grid point {point.name} at",
+                     "the point is running there; wait until it ends"):
+        return _run_one(grid, point, in_process, echo)
+
+
+def _run_one(grid: Grid, point: GridPoint, in_process: bool, echo: bool) -> int:
     folder = grid.point_dir(point)
-    os.makedirs(folder, exist_ok=True)
     argv = grid.point_argv(point)
     resumed = argv[argv.index("--ckpt_path") + 1] if "--ckpt_path" in argv else None
     command = [*rescale_command(), *argv]
@@ -444,9 +451,9 @@ def _run_subprocess(command: list[str], log: TextIO, cwd: Optional[str], echo: b
 def run_grid(grid: Grid, in_process: bool = False, dry_run: bool = False, echo: bool = False,
              say: Callable[[str], None] = print) -> dict[str, int]:
     """The local engine: every point not done, one after another; returns counts per outcome
-    (``skipped``, ``ran``, ``resumed``, ``failed``). Raises :class:`StudyInterrupted` when a signal
+    (``skipped``, ``ran``, ``resumed``, ``failed``, ``busy``: run by another process meanwhile). Raises :class:`StudyInterrupted` when a signal
     stopped the running point (the study resumes when run again)."""
-    counts = {"skipped": 0, "ran": 0, "resumed": 0, "failed": 0}
+    counts = {"skipped": 0, "ran": 0, "resumed": 0, "failed": 0, "busy": 0}
     n = len(grid.points)
     for i, point in enumerate(grid.points):
         state = grid.state(point)
@@ -462,7 +469,12 @@ def run_grid(grid: Grid, in_process: bool = False, dry_run: bool = False, echo: 
         say(f"{tag}: {'resuming from ' + str(state.checkpoint) if resuming else 'running'} "
             f"(log: {os.path.join(grid.point_dir(point), LOG_FILE)})")
         start = time.time()
-        code = run_one(grid, point, in_process=in_process, echo=echo)  # StudyInterrupted: stop here
+        try:
+            code = run_one(grid, point, in_process=in_process, echo=echo)  # StudyInterrupted: stop here
+        except FolderBusy as busy:  # a SLURM task or another study runs it: leave it to them
+            counts["busy"] += 1
+            say(f"{tag}: running in another process ({busy.holder}), skipped")
+            continue
         after = grid.state(point)
         if code == 0 and after.state == "done":
             counts["resumed" if resuming else "ran"] += 1

@@ -23,6 +23,8 @@ subprocess; running the command again skips finished points and resumes interrup
 their ``last.ckpt``), then writes the tables; ``slurm`` writes ``STUDY_DIR/slurm.sbatch`` (a job
 array, one task per point) and ``wandb`` writes ``STUDY_DIR/sweep.yaml`` (for ``wandb agent``),
 and print how to submit them; ``rescale study aggregate STUDY_DIR`` then reads the results.
+One study command at a time works in a folder (a second is refused in one line naming the first,
+:mod:`.lock`); the points of a SLURM array share it, each point locking its own folder.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from ..common.errors import UserArgumentParser as _Parser, UserError
 from .compare import METRICS, higher_is_better, mean_std, pick_metric
 from .grid import (LOG_FILE, Grid, GridPoint, StudyInterrupted, rescale_command, run_grid, run_one, wandb_project,
                    write_slurm, write_sweep)
+from .lock import folder_lock
 from .outputs import StudyOutputs, new_figure
 
 __all__ = ["main", "depth_points", "batch_lr_points", "seed_points", "point_rows", "depth_tables",
@@ -480,6 +483,11 @@ def _run_study(args, grid: Grid) -> int:
         print(f"study {grid.study_dir}: {len(grid.points)} points (dry run: nothing run or written)")
         run_grid(grid, dry_run=True)
         return 0
+    with folder_lock(grid.study_dir):  # one study process per folder (lock.py)
+        return _run_locked(args, grid)
+
+
+def _run_locked(args, grid: Grid) -> int:
     grid.save()
     n = len(grid.points)
     if args.engine == "slurm":
@@ -509,8 +517,9 @@ def _run_study(args, grid: Grid) -> int:
         print(f"error: study interrupted while running {stop.point} (its last.ckpt is kept); run the same "
               f"command again to resume it")
         return stop.returncode or 128 + signal.SIGTERM
+    busy = f", {counts['busy']} running elsewhere" if counts["busy"] else ""
     print(f"points: {counts['ran']} run, {counts['resumed']} resumed, {counts['skipped']} already done, "
-          f"{counts['failed']} failed", flush=True)
+          f"{counts['failed']} failed{busy}", flush=True)
     aggregate(grid, metric=args.metric, wandb_run=args.wandb_run, wandb_project_name=args.wandb_project)
     if counts["failed"]:
         print(f"error: {counts['failed']} of {n} points failed (the table says which and why; their "
@@ -555,7 +564,8 @@ def _cmd_aggregate(args, overrides: list[str]) -> int:
     if overrides:
         raise UserError("rescale study aggregate takes no fit overrides (after --)")
     grid = Grid.load(args.study_dir)
-    aggregate(grid, args.out, args.metric, args.wandb_run, args.wandb_project)
+    with folder_lock(grid.study_dir):
+        aggregate(grid, args.out, args.metric, args.wandb_run, args.wandb_project)
     return 0
 
 

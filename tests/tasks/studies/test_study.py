@@ -247,3 +247,52 @@ def test_bad_input_is_one_line(tmp_path, run_config, error_line):
     assert main(["study", "seeds", "--config", config, "--seeds", "2", "--out", "s", "--engine", "slurm"]) == 2
     assert "already holds point seed0 run with other settings" in error_line()
     assert parse_lr_grid("0.0125:0.1:2") == [0.0125, 0.025, 0.05, 0.1]
+
+
+def test_a_second_study_on_the_same_folder_is_refused_naming_the_first(tmp_path, run_config, error_line):
+    """Issue #23: two `rescale study` processes on one --out ran the same points at once. The
+    second is refused in one line naming the first (its pid); the folder stays the first's alone."""
+    import subprocess
+    import sys
+    import time
+
+    config = tiny(run_config, tmp_path / "seeds.yaml")
+    study = ["study", "seeds", "--config", config, "--seeds", "2", "--out", "seeds", "--in_process"]
+    first = subprocess.Popen([sys.executable, "-m", "rescale_tasks.cli", *study], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lock, deadline = tmp_path / "seeds" / ".lock", time.monotonic() + 120
+        while not (lock.is_file() and f"pid {first.pid} " in lock.read_text()):
+            assert first.poll() is None and time.monotonic() < deadline, "the first study never took its folder"
+            time.sleep(0.05)
+        assert main(study) == 2
+        message = error_line()
+        assert message.startswith(f"study folder {tmp_path / 'seeds'} is in use by pid {first.pid} on "), message
+        assert "rescale_tasks.cli study seeds" in message or "cli.py study seeds" in message, message
+    finally:
+        output = first.communicate(timeout=300)[0]
+    assert first.returncode == 0, output
+    for seed in ("seed0", "seed1"):  # each point ran once, by the first study
+        log = (tmp_path / "seeds" / "points" / seed / "log.txt").read_text()
+        assert log.count("=== ") == 2 and read_summary(f"seeds/points/{seed}")["status"] == "finished"
+
+
+def test_a_point_running_elsewhere_is_neither_run_again_nor_waited_for(tmp_path, run_config, capsys, error_line):
+    """The points of a SLURM array share the study folder; each locks its own point folder, and a
+    point whose lock is held (here by this process, as another run-point would hold it) is refused
+    by run-point and skipped by a local study, which runs the others."""
+    from rescale_tasks.studies.lock import folder_lock
+
+    config = tiny(run_config, tmp_path / "seeds.yaml")
+    study = ["study", "seeds", "--config", config, "--seeds", "2", "--out", "seeds"]
+    assert main([*study, "--engine", "slurm"]) == 0
+    grid = Grid.load("seeds")
+    capsys.readouterr()
+    with folder_lock(grid.point_dir(grid.point(0))):
+        assert main(["study", "run-point", "seeds", "0", "--in_process"]) == 2
+        assert f"grid point seed0 at {grid.point_dir(grid.point(0))} is in use by pid {os.getpid()} " in error_line()
+        assert main([*study, "--in_process"]) == 0
+        out = capsys.readouterr().out
+        assert f"[1/2] seed0: running in another process (pid {os.getpid()} " in out
+        assert "points: 1 run, 0 resumed, 0 already done, 0 failed, 1 running elsewhere" in out
+    assert [grid.status(p) for p in grid.points] == ["todo", "done"]
