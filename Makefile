@@ -6,12 +6,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast bench install clean help
+.PHONY: demo test test-fast bench bench-gpu install clean help
 
 help:
 	@echo "make demo   - train five residual schemes on the embedded digits and compare them"
 	@echo "make test   - run the whole test suite (slow tests included)"
 	@echo "make bench  - benchmark harness (issue #5) -> benchmarks/RESULTS.md; BENCH_ARGS=\"--quick\" or \"--no-compile\""
+	@echo "make bench-gpu - the GPU tables and CUDA-only tests in one run (~8 min), with the machine's own python and torch"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,12 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks --markdown benchmarks/RESULTS.md $(BENCH_ARGS)
+
+# No virtual environment and no install: a GPU machine lent for a short run has its own torch and
+# no package registry. GPU_PYTHON: the interpreter whose torch sees the GPU.
+GPU_PYTHON ?= python3
+bench-gpu:
+	$(GPU_PYTHON) -m benchmarks.gpu $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) runs demo_output .pytest_cache

@@ -13,9 +13,13 @@ import traceback
 import torch
 
 from . import report
-from .detection import DETECTION_SIZES
 from .sections import SECTIONS, SectionResult, Settings, run_section
 from .video_loader import VIDEO_LOADER_SIZES
+
+try:
+    from .detection import DETECTION_SIZES
+except ImportError:  # no torchvision (a GPU machine with only its own torch): no detection section
+    DETECTION_SIZES = {"quick": {}, "cpu": {}, "cuda": {}}
 
 DEFAULT_REPEATS = {
     "cpu": {"train": 10, "eval": 10, "measuring": 6, "channels_last": 6, "compile": 5,

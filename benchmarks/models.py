@@ -3,8 +3,10 @@ its no-normalization floor and the model the goals are about.
 
 - ``resnet50``: torchvision's BN ResNet-50 (the baseline); the floor, torchvision's ResNet-50 with
   every norm layer replaced by ``nn.Identity`` (the cheapest a normalization-free ResNet-50 can
-  be: no scheme adds less than nothing); timm's ``nf_resnet50`` (NF-ResNet, Brock et al. 2021);
-  this suite's ``rescale50``, ``skipinit50`` and ``fixup50`` from :func:`rescale_core.create_model`.
+  be: no scheme adds less than nothing); timm's ``nf_resnet50`` (NF-ResNet, Brock et al. 2021;
+  left out where timm is not installed); this suite's ``rescale50`` (on the device's default
+  plan, and on each plan by name: ``rescale50 lean``, ``rescale50 folded``), ``skipinit50`` and
+  ``fixup50`` from :func:`rescale_core.create_model`.
 - ``resnet3d``: this suite's 3D ResNet (``resnet3d_50`` by default, Hara et al. 2018) under ``bn``
   (the baseline), ``rescale``, ``skipinit`` and ``none`` (the floor: ``x + F(x)``, no norm, no
   gain, no bias).
@@ -83,14 +85,27 @@ class Suite:
 
 
 # --- ResNet-50 ----------------------------------------------------------------------------------
+def _have(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
 def torchvision_resnet50(num_classes: int = 1000, **kwargs) -> nn.Module:
+    """torchvision's ResNet-50; where torchvision is not installed (a GPU machine with only its
+    own torch), the suite's ``resnet50`` under ``bn`` (the same layers, ops and parameters)."""
+    if not _have("torchvision"):
+        if kwargs:
+            return rescale_core.create_model("resnet50", scheme="none", num_classes=num_classes)
+        return rescale_core.create_model("resnet50", scheme="bn", num_classes=num_classes)
     import torchvision
 
     return torchvision.models.resnet50(num_classes=num_classes, **kwargs)
 
 
 def resnet50_floor(num_classes: int = 1000) -> nn.Module:
-    """torchvision's ResNet-50 with every BatchNorm replaced by ``nn.Identity``."""
+    """torchvision's ResNet-50 with every BatchNorm replaced by ``nn.Identity`` (without
+    torchvision: the suite's ``resnet50`` under ``none``, the same network)."""
     return torchvision_resnet50(num_classes, norm_layer=lambda channels: nn.Identity())
 
 
@@ -98,6 +113,10 @@ def _timm(name: str, num_classes: int) -> nn.Module:
     import timm
 
     return timm.create_model(name, num_classes=num_classes)
+
+
+def _ours(name: str, num_classes: int, plan: str = "auto", **kwargs):
+    return lambda: rescale_core.create_model(name, num_classes=num_classes, plan=plan, **kwargs)
 
 
 def _image_batch(image_size: int, num_classes: int, frames: int | None = None):
@@ -118,10 +137,13 @@ def resnet50_suite(image_size: int = 224, num_classes: int = 1000,
     contenders = (
         Contender("resnet50 BN", lambda: torchvision_resnet50(num_classes), "torchvision, the baseline"),
         Contender("floor (no norm)", lambda: resnet50_floor(num_classes), "torchvision, BN -> Identity"),
-        Contender("nf_resnet50", lambda: _timm("nf_resnet50", num_classes), "timm NF-ResNet"),
-        Contender("rescale50", lambda: rescale_core.create_model("rescale50", num_classes=num_classes, **ours)),
-        Contender("skipinit50", lambda: rescale_core.create_model("skipinit50", num_classes=num_classes, **ours)),
-        Contender("fixup50", lambda: rescale_core.create_model("fixup50", num_classes=num_classes, **ours)),
+        *((Contender("nf_resnet50", lambda: _timm("nf_resnet50", num_classes), "timm NF-ResNet"),)
+          if _have("timm") else ()),
+        Contender("rescale50", _ours("rescale50", num_classes, **ours), "plan auto: lean on GPU, folded on CPU"),
+        Contender("rescale50 lean", _ours("rescale50", num_classes, "lean", **ours), "plan lean"),
+        Contender("rescale50 folded", _ours("rescale50", num_classes, "folded", **ours), "plan folded"),
+        Contender("skipinit50", _ours("skipinit50", num_classes, **ours)),
+        Contender("fixup50", _ours("fixup50", num_classes, **ours)),
     )
     return Suite("resnet50", "ResNet-50", contenders, baseline="resnet50 BN", floor="floor (no norm)",
                  target="rescale50", make_batch=_image_batch(image_size, num_classes),

@@ -41,7 +41,6 @@ import torch
 
 import rescale_core
 
-from . import data as data_bench
 from . import decoding
 from .memory import MemoryResult, peak_step_memory
 from .models import TRANSLATION_SCHEMES, Suite, resnet3d_suite, resnet50_suite, transformer_suite, translation_suite
@@ -296,6 +295,7 @@ def variant_suite(suite: Suite, settings: Settings, section: str,
                   variant: Callable[[RunConfig], RunConfig], variant_tag: str,
                   reference: Callable[[RunConfig], RunConfig] | None = None,
                   reference_tag: str = "", reference_model: str | None = None,
+                  extra: tuple[str, ...] = (),
                   ) -> tuple[SectionResult, dict[str, Prepared], PairedTimes]:
     """Baseline, floor and target of ``suite`` in the variant config (and ``reference_model``,
     by default the baseline, in the reference config when given), paired; ratios to the
@@ -304,6 +304,8 @@ def variant_suite(suite: Suite, settings: Settings, section: str,
     var_cfg = variant(base)
     labels = {suite.baseline: f"{suite.baseline} {variant_tag}", suite.floor: f"{suite.floor} {variant_tag}",
               suite.target: f"{suite.target} {variant_tag}"}
+    labels.update({name: f"{name} {variant_tag}" for name in extra
+                   if name in {c.name for c in suite.contenders}})
     prepared: dict[str, Prepared] = {}
     ref_name = None
     if reference is not None:
@@ -312,7 +314,7 @@ def variant_suite(suite: Suite, settings: Settings, section: str,
         prepared.update(_prepare_all(suite, [ref_model], settings, settings.batch,
                                      configs={ref_model: reference(base)},
                                      labels={ref_model: ref_name}))
-    prepared.update(_prepare_all(suite, [suite.baseline, suite.floor, suite.target], settings,
+    prepared.update(_prepare_all(suite, list(labels), settings,
                                  settings.batch, configs=dict.fromkeys(labels, var_cfg), labels=labels))
     baseline = labels[suite.baseline]
     paired = _time(prepared, baseline, settings.repeats[section], settings, section)
@@ -348,16 +350,17 @@ def section_channels_last(settings: Settings) -> SectionResult:
 
 
 def section_compile(settings: Settings) -> SectionResult:
-    return compile_suite(_resnet50(settings), settings, "compile")
+    return compile_suite(_resnet50(settings), settings, "compile", extra=("rescale50 lean",))
 
 
-def compile_suite(suite: Suite, settings: Settings, section: str) -> SectionResult:
-    """Baseline, floor and target under torch.compile, and the target eager, paired, with
-    compile time and graph count: compiled against compiled, and the target against itself."""
+def compile_suite(suite: Suite, settings: Settings, section: str, extra: tuple[str, ...] = ()) -> SectionResult:
+    """Baseline, floor and target under torch.compile (and the ``extra`` contenders, e.g. the
+    target on the lean plan), and the target eager, paired, with compile time and graph count:
+    compiled against compiled, and the target against itself."""
     result, prepared, paired = variant_suite(
         suite, settings, section, lambda c: replace(c, compile=True), "(compiled)",
         reference=lambda c: replace(c, compile=False), reference_tag="(eager)",
-        reference_model=suite.target)
+        reference_model=suite.target, extra=extra)
     table = result.tables[0]
     table.columns += ["compile s", "graphs"]
     for row in table.rows:
@@ -406,6 +409,8 @@ def section_transformer(settings: Settings) -> SectionResult:
 
 
 def section_data(settings: Settings) -> SectionResult:
+    from . import data as data_bench  # the project's data code: not needed by the model sections
+
     o = settings.data
     res = data_bench.classification_throughput(
         (0, 2), num_images=o["num_images"], batch_size=o["batch"], image_size=o["image_size"],
@@ -456,6 +461,8 @@ def _spread(batches: list, widths: list[int], k: int) -> list:
 
 
 def _translation_loader(o: dict, root, settings: Settings, result: SectionResult, repeats: int) -> None:
+    from . import data as data_bench  # the project's data code: not needed by the model sections
+
     res = data_bench.translation_throughput(root, o["vocab_size"], tuple(o["workers"]), max_tokens=o["max_tokens"],
                                             repeats=repeats, min_run_time=settings.min_run_time,
                                             progress=settings.progress("translation"))
@@ -480,6 +487,8 @@ def _translation_loader(o: dict, root, settings: Settings, result: SectionResult
 
 
 def _translation_train(o: dict, root, settings: Settings, result: SectionResult, repeats: int) -> None:
+    from . import data as data_bench  # the project's data code: not needed by the model sections
+
     from rescale_tasks.translation.dataset import BatchKey
 
     dm = data_bench.translation_datamodule(root, o["vocab_size"], o["train_max_tokens"], 0)
@@ -521,6 +530,8 @@ def _translation_train(o: dict, root, settings: Settings, result: SectionResult,
 
 
 def _translation_decode(o: dict, root, settings: Settings, result: SectionResult, repeats: int) -> None:
+    from . import data as data_bench  # the project's data code: not needed by the model sections
+
     from rescale_tasks.translation.vocab import BOS, EOS, PAD
 
     dm = data_bench.translation_datamodule(root, o["vocab_size"], o["max_tokens"], 0)
@@ -587,6 +598,8 @@ def _translation_decode(o: dict, root, settings: Settings, result: SectionResult
 
 
 def section_translation(settings: Settings) -> SectionResult:
+    from . import data as data_bench  # the project's data code: not needed by the model sections
+
     o = {**TRANSLATION_DEFAULTS, **settings.translation}
     r = settings.repeats["translation"]
     root = data_bench.translation_corpus(o["root"], o["num_pairs"], o["valid"], o["test"])
@@ -608,6 +621,7 @@ def _elsewhere(module: str, function: str) -> Callable[[Settings], SectionResult
 
 
 SECTIONS: dict[str, Callable[[Settings], SectionResult]] = {
+    "ops": _elsewhere("opcount", "section_ops"),
     "train": section_train,
     "eval": section_eval,
     "measuring": section_measuring,

@@ -202,9 +202,10 @@ class ResNet(nn.Module):
     def _lean_values(self, x: torch.Tensor) -> dict | None:
         """The lean plan's terms for this call (:class:`~rescale_core.plans.LeanTerms`), or None
         when another path runs: another plan, a hook anywhere, a measuring step."""
-        if not (self.fused and self._fast_ok) or fp.has_hooks_in(self) or not plans.wants_lean(self, x):
+        # global hooks (and fx tracing, whose proxies have no device) first: they are cheap to ask
+        if not (self.fused and self._fast_ok) or fp._global_hooks() or not plans.wants_lean(self, x):
             return None
-        if fp.measuring_step(self):
+        if fp.measuring_step(self) or fp.has_hooks_in(self):
             return None
         return self._lean_schedule()[0].values(plans.activation_dtype(x))
 

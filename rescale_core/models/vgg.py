@@ -96,8 +96,8 @@ class VGG(nn.Module):
         return fp.eager_while_measuring(self, self._forward, x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.fused and self._fast_ok and not fp.has_hooks_in(self) and plans.wants_lean(self, x)
-                and not fp.measuring_step(self)):
+        if (self.fused and self._fast_ok and not fp._global_hooks() and plans.wants_lean(self, x)
+                and not fp.measuring_step(self) and not fp.has_hooks_in(self)):
             return self._forward_lean(x)
         if self.fused and self._fast_ok and not fp.has_hooks_in(self.features):
             x = self._features_fused(x)

@@ -183,6 +183,7 @@ def test_no_host_sync_in_forward_once_measured(monkeypatch, count_host_syncs):
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_no_device_sync_in_forward_once_measured_cuda():
     torch.manual_seed(0)

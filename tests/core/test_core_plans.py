@@ -179,3 +179,44 @@ def test_lean_compiled_training_matches_eager_across_the_measuring_steps():
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"step {step} {n}")
     assert new_graphs == [0, 0, 1, 0, 0], new_graphs
     torch._dynamo.reset()
+
+
+# --------------------------------------------------------------- on a GPU (make bench-gpu)
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_auto_runs_lean_and_reduce_overhead_compiles():
+    """On CUDA the default plan is lean: bf16 channels_last training equals the reference path;
+    after the measuring steps ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) trains
+    with the eager model's losses."""
+    torch.manual_seed(0)
+    fmt = torch.channels_last
+    model = rescale_core.create_model("resnet18", scheme="rescale", base_width=16, num_classes=5,
+                                      scheme_options={"measure_batches": 2}).cuda().to(memory_format=fmt)
+    ref = rescale_core.set_plan(copy.deepcopy(model), "reference")
+    x = (torch.randn(8, 3, 64, 64, device="cuda") + 0.3).contiguous(memory_format=fmt)
+    y = torch.arange(8, device="cuda") % 5
+
+    def loss_of(net):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return F.cross_entropy(net(x), y)
+
+    for _ in range(3):
+        losses = [loss_of(net) for net in (model, ref)]
+        for loss in losses:
+            loss.backward()
+        torch.testing.assert_close(losses[0].float(), losses[1].float(), rtol=2e-2, atol=2e-2)
+    assert model._lean_values(x) is not None  # auto chose lean for CUDA tensors
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, mode="reduce-overhead")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for m in (model, eager)]
+    for _ in range(6):
+        losses = []
+        for net, opt in ((compiled, opts[0]), (eager, opts[1])):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_of(net)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach().float())
+        assert torch.isfinite(losses[0])
+        torch.testing.assert_close(losses[0], losses[1], rtol=5e-2, atol=5e-2)
+    torch._dynamo.reset()
