@@ -7,6 +7,7 @@ The plans' equivalence with the reference path over every block variant is in
 from __future__ import annotations
 
 import copy
+import shutil
 import types
 
 import pytest
@@ -146,19 +147,28 @@ def test_whole_network_compiles_without_graph_break(name, scheme, plan):
     torch._dynamo.reset()
 
 
-def test_lean_compiled_training_matches_eager_across_the_measuring_steps():
-    """A RescaleNet trained compiled (AOT autograd: forward and backward traced) and eager, lean
-    plan, over the end of measuring (measure_batches=2): same losses, parameters and state; the
-    measuring steps run eagerly, then the network compiles once."""
+def _have_compiler() -> bool:
+    return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+
+
+@pytest.mark.parametrize("backend, plan", [
+    pytest.param("inductor", "folded", marks=[pytest.mark.slow, pytest.mark.skipif(
+        not _have_compiler(), reason="inductor on CPU needs a C++ compiler")]),
+    ("aot_eager", "lean")])
+def test_compiled_training_matches_eager_and_recompiles_once(backend, plan):
+    """A tiny RescaleNet trained compiled (inductor; or AOT autograd, forward and backward
+    traced) and eager over the end of measuring (measure_batches=2): same losses, parameters
+    and mean-shift state. The measuring steps run eagerly (their counters never reach compiled
+    code); when measuring ends the whole forward is compiled once, as one graph, never again."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     torch._dynamo.reset()
     torch.manual_seed(0)
-    eager = rescale_core.create_model("resnet18", scheme="rescale", base_width=8, num_classes=5, plan="lean",
+    eager = rescale_core.create_model("resnet18", scheme="rescale", base_width=8, num_classes=5, plan=plan,
                                       scheme_options={"measure_batches": 2})
     randomise_(eager, gain=0.15)
     model = copy.deepcopy(eager)
-    counter = CompileCounterWithBackend("aot_eager")
+    counter = CompileCounterWithBackend(backend)
     compiled = torch.compile(model, backend=counter)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, eager)]
     new_graphs = []
@@ -174,9 +184,11 @@ def test_lean_compiled_training_matches_eager_across_the_measuring_steps():
             opt.step()
             losses.append(loss.detach())
         new_graphs.append(counter.frame_count - before)
-        torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-4, atol=1e-5)
         for (n, a), b in zip(model.state_dict().items(), eager.state_dict().values()):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"step {step} {n}")
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, msg=f"step {step} {n}")
+        assert [m._count for m in rescale_core.mean_shift_layers(model)] == \
+            [m._count for m in rescale_core.mean_shift_layers(eager)]
     assert new_graphs == [0, 0, 1, 0, 0], new_graphs
     torch._dynamo.reset()
 
