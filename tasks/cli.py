@@ -3,6 +3,7 @@
     rescale fit|validate|test|predict --config experiments/<task>/<run>.yaml [--key value ...]
     rescale demo [--epochs N] [--out DIR]
     rescale models [PATTERN] | rescale schemes
+    rescale --help                                  (every command, one line each)
 
 A run config holds only what differs from the ``_defaults.yaml`` files of its folder and the
 folders above it up to ``experiments/`` (applied first, nearest last), so the shared recipe
@@ -220,7 +221,12 @@ def _check_yaml(path: str) -> None:
 def _cmd_models(argv: list[str]) -> int:
     import rescale_core
 
-    for name in rescale_core.list_models(argv[0] if argv else "*"):
+    from .common.errors import UserArgumentParser
+
+    p = UserArgumentParser(prog="rescale models", description=COMMAND_HELP["models"])
+    p.add_argument("pattern", nargs="?", default="*",
+                   help="a shell-style pattern, e.g. 'rescale*' (default: all)")
+    for name in rescale_core.list_models(p.parse_args(argv).pattern):
         print(name)
     return 0
 
@@ -228,6 +234,9 @@ def _cmd_models(argv: list[str]) -> int:
 def _cmd_schemes(argv: list[str]) -> int:
     import rescale_core
 
+    from .common.errors import UserArgumentParser
+
+    UserArgumentParser(prog="rescale schemes", description=COMMAND_HELP["schemes"]).parse_args(argv)
     for name in rescale_core.list_schemes():
         print(name)
     return 0
@@ -264,9 +273,40 @@ SUITE_COMMANDS: dict[str, Callable[[list[str]], int]] = {
 }
 
 
+# ``rescale --help``: one line per command, every command of the suite (tested)
+COMMAND_HELP: dict[str, str] = {
+    "fit": "train a model: --config experiments/<task>/<run>.yaml [--key value ...]",
+    "validate": "one evaluation pass over the validation set (--config ... --ckpt_path FILE)",
+    "test": "one evaluation pass over the test set (--config ... --ckpt_path FILE)",
+    "predict": "a checkpoint's predictions on the test split (--config ... --ckpt_path FILE)",
+    "demo": "train one deep ResNet under bn/rescale/skipinit/fixup/none on embedded digits",
+    "models": "list the registered networks [PATTERN]",
+    "schemes": "list the registered residual schemes",
+    "prepare-translation": "SentencePiece model and encoded corpus of a parallel text folder, once",
+    "prepare-video": "re-encode a video data set (short side, keyframes) for clip decoding, once",
+    "translate": "translate text with a translation checkpoint (beam search)",
+    "average-checkpoints": "average the weights of a run's last N checkpoints",
+    "analyze": "probes of runs: signal propagation, learned scalars, dead ReLUs",
+    "study": "the papers' studies as grids of fit runs: depth, batch-lr, seeds",
+    "compare": "each normalization-free run against its normalized baseline: table, plots",
+}
+
+
+def print_help() -> None:
+    width = max(map(len, COMMAND_HELP))
+    lines = ["usage: rescale <command> [options]    (rescale <command> --help: its options)", "",
+             "commands:"]
+    lines += [f"  {name.ljust(width)}  {text}" for name, text in COMMAND_HELP.items()]
+    lines += ["", "New here? `rescale demo`, then the commands it prints; the README's quick start."]
+    print("\n".join(lines))
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print_help()
+        return 0
     try:
         if argv and argv[0] in SUITE_COMMANDS:
             return SUITE_COMMANDS[argv[0]](argv[1:]) or 0

@@ -1,0 +1,53 @@
+"""``rescale --help`` lists every command of the suite, one line each, and ``rescale <command>
+--help`` works for each (issue #24)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rescale_tasks.cli import SUITE_COMMANDS, TRAINER_SUBCOMMANDS, main
+
+COMMANDS = ("fit", "validate", "test", "predict", "demo", "models", "schemes", "prepare-translation",
+            "prepare-video", "translate", "average-checkpoints", "analyze", "study", "compare")
+
+
+def _listed(text: str) -> list[str]:
+    return [line.split()[0] for line in text.splitlines() if line.startswith("  ") and line.split()]
+
+
+def test_rescale_help_lists_every_command_one_line_each():
+    """The installed ``rescale`` entry point, as a user runs it."""
+    rescale = Path(sys.executable).with_name("rescale")
+    done = subprocess.run([str(rescale), "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert _listed(done.stdout) == list(COMMANDS)
+    # and no command of the CLI is missing from the list
+    assert set(COMMANDS) == set(TRAINER_SUBCOMMANDS) | set(SUITE_COMMANDS)
+
+
+def test_no_arguments_prints_the_same_list(capsys):
+    assert main([]) == 0
+    assert _listed(capsys.readouterr().out) == list(COMMANDS)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_its_own_help(command, capsys):
+    try:
+        code = main([command, "--help"])
+    except SystemExit as exit_:  # argparse's and jsonargparse's help
+        code = exit_.code
+    assert code in (0, None)
+    out = capsys.readouterr().out
+    assert out.startswith("usage:") and command in out.splitlines()[0]
+    assert "options" in out
+
+
+def test_models_and_schemes_refuse_unknown_arguments_in_one_line(capsys):
+    assert main(["schemes", "--verbose"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: rescale schemes: unrecognized arguments: --verbose (see rescale schemes --help)"
+    assert main(["models", "rescale5*"]) == 0
+    assert capsys.readouterr().out.split() == ["rescale50"]
