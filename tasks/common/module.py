@@ -16,7 +16,6 @@ import rescale_core
 
 from .acceleration import as_memory_format, compile_in_place, use_channels_last
 from .checkpoint_compat import check_checkpoint_compatible
-from .config import run_directory
 from .errors import ConfigError
 from .networks import create_network, resolved_architecture
 from .optim import build_optimizer
@@ -96,13 +95,6 @@ class RescaleTaskModule(L.LightningModule):
         run the network on them); by default the batch's first element."""
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return (self.as_input(x),)
-
-    def output_folder(self) -> str:
-        """Where this run writes its result files (test hypotheses, COCO results, drawings): the
-        run's own folder (W&B ``files``, a CSV logger's version folder), else the Trainer's root."""
-        logger = self.trainer.logger
-        folder = run_directory(logger) if logger is not None else None
-        return folder or self.trainer.default_root_dir
 
     # --- checkpoints ----------------------------------------------------------------------
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ import lightning.pytorch as L
 import torch
 
 from .callbacks import DivergenceMonitor
+from .empty_batches import is_skipped
 from .config import run_directory
 from .wandb_logger import started
 
@@ -125,6 +126,8 @@ class RunSummary(L.Callback):
         self._written = False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if is_skipped(outputs):  # a batch of bad files only: no step, and its zero loss no point
+            return
         self.samples += _batch_size(batch) * trainer.world_size
         if trainer.global_step % max(trainer.log_every_n_steps, 1) == 0 or trainer.global_step == 1:
             loss = outputs.get("loss") if isinstance(outputs, dict) else outputs

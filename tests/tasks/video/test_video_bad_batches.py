@@ -100,9 +100,13 @@ def test_a_batch_of_bad_videos_on_one_rank_is_no_step_on_either(kinetics_clips, 
     n = 10 + len(BAD)
     seed = seed_for(n, bad, world=2)
     config = tiny_config(tmp_path / "tiny.yaml", kinetics_clips, root=root)
-    done = rescale_processes(_fit_args(config, seed) + ["--trainer.logger", "false",
+    done = rescale_processes(_fit_args(config, seed) + ["--trainer.logger", "false", "--trainer.log_every_n_steps", "1",
                                                         "--trainer.default_root_dir", str(tmp_path / "ddp")], 2)
     assert "Traceback" not in done.stderr and "data problems: 2 file(s) (unreadable 2): 2 skipped;" in done.stderr
     [ckpt] = sorted((tmp_path / "ddp").rglob("last.ckpt"))
     state = torch.load(ckpt, map_location="cpu", weights_only=False)
     assert state["epoch"] == EPOCHS - 1 and state["global_step"] == EPOCHS * 2  # 3 batches, windows of 2
+    # the skipped batch's zero loss (what the ranks step on together) is no point of the loss curve
+    [summary] = [json.loads(p.read_text()) for p in (tmp_path / "ddp").rglob("run_summary.json")]
+    curve = summary["curves"]["train/loss"]
+    assert curve and all(loss > 0 for _, loss in curve), curve
