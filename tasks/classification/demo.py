@@ -6,6 +6,11 @@ with an equal budget and each scheme's own recipe (Fixup's scalars at lr/10 come
 parameter groups), then prints a comparison table, writes a PNG of the learning curves and logs
 every run to W&B (offline unless logged in). At this depth the plain network without
 normalisation (``none``) cannot be trained: its forward signal grows ~2x per block at init.
+
+Each run also writes the suite's ``run_summary.json`` (``<out>/<scheme>/``, written by the same
+:class:`~rescale_tasks.common.run_summary.RunSummary` callback as every ``rescale fit``), so
+``rescale compare <out>`` reads the demo like any other runs; the closing lines print the next
+commands to try.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import lightning.pytorch as L
 import torch
 
 from ..common.callbacks import DivergenceMonitor
+from ..common.run_summary import SUMMARY_FILE, RunSummary
 from ..common.schedules import WarmupCosineLR
 from ..common.wandb_logger import SuiteWandbLogger
 from .data import DigitsDataModule
@@ -93,11 +99,13 @@ def _train_one(settings: DemoSettings, scheme: str, data: DigitsDataModule) -> D
         lr_scheduler=lambda opt, **kw: WarmupCosineLR(opt, warmup_epochs=settings.warmup_epochs, **kw),
     )
     monitor, recorder = DivergenceMonitor(raise_error=False), _CurveRecorder()
+    # what `rescale compare` reads, as every `rescale fit` writes it
+    summary = RunSummary(path=os.path.join(settings.out, scheme, SUMMARY_FILE))
     logger = SuiteWandbLogger(name=f"demo-{scheme}", save_dir=os.path.join(settings.out, "runs"),
                               project="rescale-demo", group=f"digits-cifar_resnet{settings.depth}",
                               tags=[scheme, f"depth{settings.depth}", "demo"])
     logger.log_hyperparams({"demo": asdict(settings), "scheme": scheme})
-    trainer = L.Trainer(max_epochs=settings.epochs, logger=logger, callbacks=[monitor, recorder],
+    trainer = L.Trainer(max_epochs=settings.epochs, logger=logger, callbacks=[monitor, recorder, summary],
                         enable_checkpointing=False, enable_progress_bar=settings.progress,
                         enable_model_summary=False, limit_train_batches=settings.limit_train_batches,
                         log_every_n_steps=5, deterministic=True, accelerator="cpu", devices=1)
@@ -171,7 +179,25 @@ def run_demo(settings: DemoSettings) -> list[DemoResult]:
     print(table)
     print(f"\nlearning curves: {png}\nW&B runs: {os.path.join(settings.out, 'runs', 'wandb')} "
           f"(upload with `wandb sync`)")
+    print("\n" + next_commands(settings))
     return results
+
+
+def next_commands(settings: DemoSettings) -> str:
+    """The demo's closing lines: what to run next, in the order a new user runs it."""
+    out = settings.out if " " not in settings.out else f"'{settings.out}'"
+    digits = "experiments/digits"
+    return "\n".join([
+        "Next:",
+        f"  rescale compare {out}",
+        "      # these runs against the bn baseline: table, compare/*_curves.png and *_metric.png",
+        f"  rescale analyze signal --config {digits}/resnet56_bn.yaml --config {digits}/rescale56.yaml "
+        "--input gaussian --samples 64",
+        "      # why: the forward signal per block at initialisation (analysis/signal/)",
+        f"  rescale study depth --config {digits}/resnet56_bn.yaml --depths 20 56 110 --budget_epochs 4",
+        "      # a study: every scheme at three depths, 24 runs (studies/depth/; minutes on a CPU)",
+        "  rescale --help                                      # every command",
+    ])
 
 
 def main(argv: list[str] | None = None) -> int:

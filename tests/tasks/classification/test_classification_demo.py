@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from rescale_tasks.classification.demo import DemoSettings, format_table, run_demo
+from rescale_tasks.cli import main
+from rescale_tasks.common.run_summary import find_summaries, read_summary
 from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
 
 
@@ -37,6 +39,27 @@ def test_demo_end_to_end_on_a_reduced_budget(tmp_path, capsys):
         assert "diverged" in run.summary
     bn = next(r for r in runs if r.name == "demo-bn")
     assert bn.metric("val/acc1") and math.isfinite(bn.summary["test/acc1"])
+
+    # the demo feeds the comparison tools: one run_summary.json per run, as `rescale fit` writes it
+    summaries = [read_summary(p) for p in find_summaries(str(out))]
+    assert sorted(s["scheme"] for s in summaries) == ["bn", "none", "rescale"]
+    for summary in summaries:
+        assert summary["group"] == "digits-cifar_resnet20" and summary["network"] == "cifar_resnet"
+        assert summary["steps"] == 8 and summary["curves"]["val/acc1"]
+    # ... and its closing lines say what to run next, in order
+    tail = printed[printed.index("Next:"):]
+    commands = [line.split()[:2] for line in tail.splitlines() if line.startswith("  rescale ")]
+    assert commands[:3] == [["rescale", "compare"], ["rescale", "analyze"], ["rescale", "study"]]
+    assert f"rescale compare {out}" in tail
+
+    # `rescale compare <demo output>` prints the comparison table and writes its plots
+    assert main(["compare", str(out), "--out", str(tmp_path / "compare")]) == 0
+    table = capsys.readouterr().out
+    rows = {line.split("|")[2].strip(): line
+            for line in table.splitlines() if line.startswith("| digits-cifar_resnet20 |")}
+    assert set(rows) == {"bn", "rescale", "none"} and "baseline" in rows["bn"] and "val/acc1" in rows["bn"]
+    for plot in ("digits-cifar_resnet20_curves.png", "digits-cifar_resnet20_metric.png"):
+        assert (tmp_path / "compare" / plot).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_table_reports_divergence():
