@@ -22,7 +22,7 @@ from torchvision.transforms import v2
 
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.sampling import (PerSampleSeed, ResumableDataLoader, ResumableSampler,
-                                           sigterm_safe_worker_init)
+                                           loader_workers, sigterm_safe_worker_init)
 
 from .datasets import (
     ImageFileDataset, TensorImageDataset, collate_drop_none, find_file, read_cifar_batch,
@@ -81,7 +81,7 @@ class ClassificationDataModule(L.LightningDataModule):
         if getattr(self, split) is None:
             self.setup(stage)
         dataset = getattr(self, split)
-        workers = self.num_workers
+        workers = loader_workers(self.num_workers)  # at most the usable cores
         kwargs = dict(batch_size=self.batch_size, num_workers=workers,
                       pin_memory=self.pin_memory and torch.accelerator.is_available(),
                       persistent_workers=self.persistent_workers and workers > 0,

@@ -35,7 +35,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from rescale_tasks.common.batch_sampling import BatchListLoader, BatchListSampler
 from rescale_tasks.common.errors import ConfigError, DataError
-from rescale_tasks.common.sampling import PerSampleSeed, sample_seed, sigterm_safe_worker_init
+from rescale_tasks.common.sampling import (PerSampleSeed, loader_workers, sample_seed,
+                                            sigterm_safe_worker_init)
 
 from .coco import CocoDetection, category_labels, load_coco_json
 from .transforms import MAX_SIZE, TRAIN_SIZES, eval_transforms, train_transforms
@@ -318,7 +319,7 @@ class CocoDataModule(L.LightningDataModule):
 
     # --- loaders ----------------------------------------------------------------------------
     def _loader_options(self) -> dict[str, Any]:
-        workers = self.num_workers
+        workers = loader_workers(self.num_workers)  # at most the usable cores
         return dict(num_workers=workers, collate_fn=collate_detection,
                     pin_memory=self.pin_memory and torch.accelerator.is_available(),
                     persistent_workers=self.persistent_workers and workers > 0,

@@ -27,7 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from rescale_tasks.common.errors import ConfigError, DataError
-from rescale_tasks.common.sampling import sigterm_safe_worker_init
+from rescale_tasks.common.sampling import loader_workers, sigterm_safe_worker_init
 
 from .cleaning import CleanOptions, CleanReport, count_truncated, select_train
 from .dataset import PairDataset
@@ -145,7 +145,7 @@ class TranslationDataModule(L.LightningDataModule):
         train = split == "train"
         sampler = TokenBatchSampler(dataset, self.train_indices if train else None, self.max_tokens,
                                     shuffle=train, seed=self.seed, num_replicas=num_replicas, rank=rank)
-        workers = self.num_workers
+        workers = loader_workers(self.num_workers)  # at most the usable cores
         kwargs = dict(num_workers=workers, pin_memory=self.pin_memory and torch.accelerator.is_available(),
                       persistent_workers=self.persistent_workers and workers > 0,
                       worker_init_fn=sigterm_safe_worker_init() if workers > 0 else None,

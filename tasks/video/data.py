@@ -33,7 +33,8 @@ from torch.utils.data import DataLoader
 
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.sampling import (PerSampleSeed, ResumableDataLoader, ResumableSampler,
-                                           UnrepeatedSampler, sigterm_safe_worker_init)
+                                           UnrepeatedSampler, loader_workers,
+                                           sigterm_safe_worker_init)
 
 from .dataset import DROPPED_KINDS, KINDS, VideoClipDataset, collate_drop_none
 from .layouts import class_names_of, label_samples, read_layout
@@ -150,7 +151,7 @@ class KineticsDataModule(L.LightningDataModule):
         if getattr(self, split) is None:
             self.setup()
         dataset = getattr(self, split)
-        workers = self.num_workers
+        workers = loader_workers(self.num_workers)  # at most the usable cores
         train = split == "train_set"
         kwargs = dict(batch_size=self.batch_size if train else self.eval_batch_size, num_workers=workers,
                       pin_memory=self.pin_memory and torch.accelerator.is_available(),
