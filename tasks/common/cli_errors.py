@@ -38,6 +38,8 @@ _BAD_IMPORT = re.compile(r"^Expected a dot import path string: (\S+)")
 _SUBTYPES = re.compile(r"^\s*Subtypes: \[(.*)\]\s*$", re.M)
 _GIVEN = re.compile(r"^\s*Given value: (.*)$", re.M)
 _NO_HELP = {"help", "config", "print_config"}
+_LIST_INDEX = re.compile(r"^--\d+\.\S")
+_FLOW_MAPPING_NO_SPACE = re.compile(r"^\{.*[\w\]\"']:[^\s/].*\}$")
 
 
 def flatten(text: str) -> str:
@@ -157,6 +159,36 @@ def _unknown_key_message(key: str, parser, what: str = "config key", dashes: str
     return f"unknown {what} {dashes}{key}{_suggest(key.split('.')[0], top, dashes)}"
 
 
+def _flow_mapping_hint(value: Optional[str]) -> str:
+    """``{base_width:8}`` is a YAML string, not a mapping: YAML needs a space after each colon."""
+    if value is None or not _FLOW_MAPPING_NO_SPACE.search(value.strip()):
+        return ""
+    fixed = re.sub(r"([\w\]\"'])\s*:(?=[^\s/])", r"\1: ", value.strip())
+    return f"; a YAML mapping needs a space after each colon: '{fixed}'"
+
+
+def _list_index_message(list_key: str, option: str, parser) -> str:
+    """``--trainer.callbacks.0.init_args.every_n_train_steps 30``: jsonargparse has no way to set
+    an entry of a list by its index, and reports only ``--0.init_args...``."""
+    rest, _, value = option.lstrip("-").partition("=")
+    index, _, name = rest.partition(".")
+    name = name[len("init_args."):] if name.startswith("init_args.") else name
+    value = value or "VALUE"
+    typed = f"--{list_key}.{index}.{rest.partition('.')[2]}"
+    example = "ClassName"
+    if list_key == "trainer.callbacks":
+        example = next((c for c in ("ModelCheckpoint", "EarlyStopping", "LearningRateMonitor")
+                        if name in _class_parameters(f"lightning.pytorch.callbacks.{c}")), "ClassName")
+    message = (f"unknown option {typed}: an entry of {list_key} cannot be set by its index on the command "
+               f"line; set {name} in the config file's {list_key} list (- class_path: {example}, init_args: "
+               f"{{{name}: {value}}}) or append an entry with its arguments (--{list_key}+={example} "
+               f"--{list_key}.{name} {value})")
+    suite = [k for k in _parser_keys(parser) if k.endswith("." + name) and k.count(".") == 1]
+    if suite:  # the suite's always-on callbacks have their own sections
+        message += f"; the suite's always-on {suite[0].split('.')[0]} callback takes --{suite[0]} {value}"
+    return message
+
+
 def describe_argument_error(err: BaseException, parser=None) -> str:
     """One line for a jsonargparse parse error: the full key, what is wrong, how to fix it."""
     path: list[str] = []
@@ -199,6 +231,8 @@ def describe_argument_error(err: BaseException, parser=None) -> str:
         return (f"unknown config key {full}: {owner} has no parameter {name!r}"
                 f"{_suggest(name, _class_parameters(class_path) if class_path else [], key + '.' if key else '')}")
     match = _UNRECOGNIZED.match(leaf) or _INVALID_CHOICE.search(leaf)
+    if match and path and _LIST_INDEX.match(match.group(1)):  # --trainer.callbacks.0.init_args.x
+        return _list_index_message(path[0], match.group(1).split()[0], parser)
     if match:
         words = match.group(1).split()
         commands = _subcommands(parser)
@@ -218,7 +252,7 @@ def describe_argument_error(err: BaseException, parser=None) -> str:
         expected = _expected_types(subtypes) if subtypes else _pretty_type(match.group(1))
         value = given if given is not None else match.group(2)
         got = f", got {value!r}" if value is not None else ""
-        return f"bad value for {key}: expected {expected}{got}{hint}"
+        return f"bad value for {key}: expected {expected}{got}{_flow_mapping_hint(value)}{hint}"
     return f"{key + ': ' if key else ''}{flatten(leaf)}"
 
 

@@ -19,8 +19,13 @@ __all__ = ["create_network", "check_network", "default_scheme", "resolved_archit
 _WHERE = "model.init_args.network / scheme / scheme_options / network_options"
 
 
-def _config_error(network: str, err: Exception) -> ConfigError:
+def _config_error(network: str, err: Exception, options: Optional[dict[str, Any]] = None) -> ConfigError:
     message = err.args[0] if err.args else str(err)
+    # `{base_width: 8, depth:3}` reads as {base_width: 8, 'depth:3': null}: YAML needs `key: value`
+    glued = [k for k, v in (options or {}).items() if isinstance(k, str) and ":" in k and v is None]
+    if glued:
+        key, _, value = glued[0].partition(":")
+        message += f"; a YAML mapping needs a space after each colon: '{key}: {value}', not '{glued[0]}'"
     return ConfigError(f"cannot build network {network!r} ({_WHERE}): {message}")
 
 
@@ -33,7 +38,7 @@ def check_network(network: str, scheme: Optional[str] = None,
         if name is not None:
             rescale_core.get_scheme(name, **dict(scheme_options or {}))
     except (KeyError, ValueError) as err:
-        raise _config_error(network, err) from None
+        raise _config_error(network, err, scheme_options) from None
 
 
 def create_network(network: str, **kwargs: Any) -> nn.Module:
@@ -41,7 +46,9 @@ def create_network(network: str, **kwargs: Any) -> nn.Module:
     try:
         return rescale_core.create_model(network, **kwargs)
     except (KeyError, ValueError, TypeError) as err:
-        raise _config_error(network, err) from None
+        options = {**kwargs, **{k: v for o in ("network_options", "scheme_options")
+                                if isinstance(kwargs.get(o), dict) for k, v in kwargs[o].items()}}
+        raise _config_error(network, err, options) from None
 
 
 def default_scheme(network: str) -> Optional[str]:

@@ -186,3 +186,53 @@ def test_a_yaml_syntax_error_in_a_defaults_file_names_that_file(tmp_path, error_
     (folder / "run.yaml").write_text("trainer:\n  max_epochs: 1\n")
     assert main(["fit", "--config", str(folder / "run.yaml")]) == 2
     assert error_line().startswith(f"YAML syntax error in {folder / '_defaults.yaml'}:2:1:")
+
+
+def test_a_callback_argument_by_list_index_names_what_was_typed_and_how_to_set_it(error_line):
+    """jsonargparse cannot set a list entry by its index and reported only `--0.init_args...`."""
+    code = main(["fit", "--config", RESCALE50, "--trainer.callbacks.0.init_args.every_n_train_steps", "30", *CPU])
+    line = error_line()
+    assert code == 2
+    assert line.startswith("unknown option --trainer.callbacks.0.init_args.every_n_train_steps: ")
+    assert "config file's trainer.callbacks list (- class_path: ModelCheckpoint, init_args: " \
+           "{every_n_train_steps: 30})" in line
+    assert "--trainer.callbacks+=ModelCheckpoint --trainer.callbacks.every_n_train_steps 30" in line
+    assert "--last_checkpoint.every_n_train_steps 30" in line
+
+
+def test_the_form_the_callback_message_suggests_is_accepted(capsys):
+    with pytest.raises(SystemExit) as done:  # --print_config prints and exits
+        main(["fit", "--config", RESCALE50, "--trainer.callbacks+=ModelCheckpoint",
+              "--trainer.callbacks.every_n_train_steps", "30", "--print_config"])
+    printed = capsys.readouterr().out
+    assert done.value.code == 0 and "class_path: lightning.pytorch.callbacks.ModelCheckpoint" in printed
+    assert "every_n_train_steps: 30" in printed
+
+
+@pytest.mark.parametrize("key,value,hint", [
+    ("network_options", "{base_width:8}", "'{base_width: 8}'"),
+    ("scheme_options", "{conv_dropout:0.1}", "'{conv_dropout: 0.1}'"),
+])
+def test_a_flow_mapping_without_a_space_after_the_colon_says_so(key, value, hint, error_line):
+    code = main(["fit", "--config", RESCALE50, f"--model.init_args.{key}", value, *CPU])
+    line = error_line()
+    assert code == 2 and line.startswith(f"bad value for model.init_args.{key}: expected dict[str, Any] or null")
+    assert f"a YAML mapping needs a space after each colon: {hint}" in line
+
+
+@pytest.mark.parametrize("key,value,glued", [
+    ("network_options", "{depth: 8, base_width:8}", "base_width:8"),
+    ("scheme_options", "{conv_bias: false, classifier_dropout:0.3}", "classifier_dropout:0.3"),
+])
+def test_a_glued_key_inside_a_flow_mapping_says_so(tmp_path, run_config, key, value, glued, error_line):
+    """`{depth: 8, base_width:8}` parses, as {depth: 8, 'base_width:8': null}."""
+    code = main(["fit", "--config", run_config(tmp_path / "digits.yaml"), f"--model.init_args.{key}", value])
+    line = error_line()
+    assert code == 2 and line.startswith("cannot build network 'cifar_resnet'")
+    fixed = glued.replace(":", ": ")
+    assert f"a YAML mapping needs a space after each colon: '{fixed}', not '{glued}'" in line
+
+
+def test_a_mapping_written_right_gets_no_colon_hint(error_line):
+    code = main(["fit", "--config", RESCALE50, "--model.init_args.network_options", "[1, 2]", *CPU])
+    assert code == 2 and "colon" not in error_line()
