@@ -109,9 +109,36 @@ def _check_lang(name: str, value: str) -> None:
         raise ConfigError(f"data.{name} must be a language code such as 'en', got {value!r}.")
 
 
+def languages_in(folder: Path) -> list[str]:
+    """The ``<lang>`` of every ``<split>.<lang>`` file in ``folder`` (``train.en`` -> ``en``)."""
+    found = {p.suffix[1:] for p in folder.iterdir() if p.is_file() and p.stem in SPLITS and len(p.suffix) > 1}
+    return sorted(found - {"tsv"})
+
+
+def _language_hint(folder: Path, src_lang: str, tgt_lang: str, missing_side: str | None, flags: str) -> str:
+    """``; the folder holds en, es: pass --tgt_lang es`` (empty when the folder names no other language)."""
+    langs = languages_in(folder)
+    if missing_side is not None:
+        kept = tgt_lang if missing_side == "src" else src_lang
+        others = [lang for lang in langs if lang not in (src_lang, tgt_lang, kept)]
+        if not others:
+            return ""
+        choice = others[0] if len(others) == 1 else f"one of {', '.join(others)}"
+        wanted = src_lang if missing_side == "src" else tgt_lang
+        return (f"; {flags}{missing_side}_lang is {wanted} but the folder holds languages {', '.join(langs)}: "
+                f"pass {flags}{missing_side}_lang {choice}")
+    if len(langs) < 2:
+        return ""
+    return (f"; the folder holds languages {', '.join(langs)}: pass {flags}src_lang and {flags}tgt_lang "
+            f"(e.g. {flags}src_lang {langs[0]} {flags}tgt_lang {langs[1]})")
+
+
 def find_splits(root: str | os.PathLike, src_lang: str, tgt_lang: str,
-                layout: Layout = "auto") -> dict[str, SplitSource]:
-    """The splits present under ``root`` (at least ``train``, or ``valid``/``test`` alone)."""
+                layout: Layout = "auto", flags: str = "--data.") -> dict[str, SplitSource]:
+    """The splits present under ``root`` (at least ``train``, or ``valid``/``test`` alone).
+
+    ``flags``: how the command at hand spells the options in its messages (``--data.`` for
+    ``rescale fit``, ``--`` for ``rescale prepare-translation``)."""
     _check_lang("src_lang", src_lang)
     _check_lang("tgt_lang", tgt_lang)
     if src_lang == tgt_lang:
@@ -136,11 +163,15 @@ def find_splits(root: str | os.PathLike, src_lang: str, tgt_lang: str,
             found[split] = SplitSource(split, layout, paths)
         elif any(present):  # one side without the other
             missing = paths[present.index(False)]
+            hint = _language_hint(folder, src_lang, tgt_lang, "src" if missing == paths[0] else "tgt", flags)
             raise DataError(f"{missing.name} is missing in {folder} (data.root) although "
-                            f"{paths[present.index(True)].name} is there; add it or remove the other side.")
+                            f"{paths[present.index(True)].name} is there"
+                            + (hint or "; add it or remove the other side."))
     if not found:
         wanted = "train.tsv" if layout == "tsv" else f"train.{src_lang} and train.{tgt_lang}"
         listing = ", ".join(sorted(p.name for p in folder.iterdir())[:8]) or "nothing"
+        hint = _language_hint(folder, src_lang, tgt_lang, None, flags) if layout == "files" else ""
         raise DataError(f"no parallel text in {folder} (data.root): expected {wanted} (layout {layout}), "
-                        f"found {listing}; check data.root, data.src_lang/tgt_lang and data.layout.")
+                        f"found {listing}"
+                        + (hint or "; check data.root, data.src_lang/tgt_lang and data.layout."))
     return found

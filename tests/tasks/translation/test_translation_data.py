@@ -362,6 +362,32 @@ def test_missing_folder_and_files(tmp_path, gettext_splits, writers):
     assert "train.en and train.de" in one_line(err)
 
 
+def _english_spanish(folder):
+    folder.mkdir()
+    (folder / "train.en").write_text("Hello.\nThe house is red.\n", encoding="utf-8")
+    (folder / "train.es").write_text("Hola.\nLa casa es roja.\n", encoding="utf-8")
+    return folder
+
+
+def test_another_language_pair_names_the_languages_and_the_flag(tmp_path, error_line):
+    """An English-Spanish folder under the default en-de: the line names the folder's languages
+    and the option to set, as the command at hand spells it."""
+    from rescale_tasks.cli import main
+
+    root = _english_spanish(tmp_path / "sword_en_es")
+    assert main(["prepare-translation", str(root)]) == 2
+    assert error_line() == (f"train.de is missing in {root} (data.root) although train.en is there; --tgt_lang "
+                            "is de but the folder holds languages en, es: pass --tgt_lang es")
+    with pytest.raises(DataError) as err:  # rescale fit: the data module's own option
+        make_dm(root).setup("fit")
+    assert one_line(err).endswith("--data.tgt_lang is de but the folder holds languages en, es: "
+                                  "pass --data.tgt_lang es")
+    (root / "train.en").rename(root / "train.fr")  # neither side of en-de: both options named
+    assert main(["prepare-translation", str(root)]) == 2
+    assert error_line().endswith("the folder holds languages es, fr: pass --src_lang and --tgt_lang "
+                                 "(e.g. --src_lang es --tgt_lang fr)")
+
+
 def test_missing_validation_split(tmp_path, gettext_splits, writers, dm):
     root = writers.files(tmp_path / "no_valid", {"train": gettext_splits["train"][:100]})
     with pytest.raises(DataError) as err:
