@@ -30,7 +30,7 @@ import sentencepiece as spm
 
 from .cache import DIGEST_CHARS, digest_of, file_digest, write_atomic
 from .corpus import SplitSource
-from .vocab import available_threads
+from ..common.sampling import usable_cores
 
 __all__ = ["TokenArray", "EncodedSplit", "encode_split", "CHUNK_LINES"]
 
@@ -113,7 +113,7 @@ def _encode_side(source: SplitSource, side: int, processor: spm.SentencePiecePro
     try:
         with os.fdopen(fd, "wb") as out:
             for chunk in _chunks(source.lines(side), CHUNK_LINES):
-                ids = processor.encode(chunk, out_type=int, num_threads=available_threads())
+                ids = processor.encode(chunk, out_type=int, num_threads=usable_cores())
                 sizes = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
                 flat = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(sizes.sum()))
                 out.write(flat.tobytes())

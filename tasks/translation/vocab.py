@@ -26,24 +26,18 @@ from typing import Literal
 import sentencepiece as spm
 
 from rescale_tasks.common.errors import ConfigError, DataError
+from rescale_tasks.common.sampling import usable_cores
 
 from .cache import DIGEST_CHARS, digest_of, file_digest, write_atomic
 from .corpus import SplitSource
 
 __all__ = ["BOS", "PAD", "EOS", "UNK", "SPECIAL_IDS", "MODEL_TYPES", "SpmOptions", "train_spm",
-           "load_spm", "available_threads"]
+           "load_spm"]
 
 BOS, PAD, EOS, UNK = 0, 1, 2, 3
 SPECIAL_IDS = {"bos": BOS, "pad": PAD, "eos": EOS, "unk": UNK}
 MODEL_TYPES = ("bpe", "unigram")
 _RECIPE = 1  # bump when the training call changes in a way that changes the model
-
-
-def available_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -96,7 +90,7 @@ def train_spm(train: SplitSource, options: SpmOptions, cache_dir: Path) -> Path:
             input_sentence_size=options.input_sentence_size, shuffle_input_sentence=True,
             bos_id=BOS, pad_id=PAD, eos_id=EOS, unk_id=UNK,
             bos_piece="<s>", pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>",
-            num_threads=available_threads(), minloglevel=2)
+            num_threads=usable_cores(), minloglevel=2)
     except RuntimeError as err:
         if failures:
             raise failures[0] from None
