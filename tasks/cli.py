@@ -95,8 +95,22 @@ class RescaleCLI(LightningCLI):
         init = config.get("model", {}).get("init_args", {}) or {}
         if "network" in init:
             check_network(init.get("network"), init.get("scheme"), init.get("scheme_options"))
+        model_class = _class_of(config.get("model", {}).get("class_path"))
+        if hasattr(model_class, "check_arguments"):  # e.g. a missing checkpoint file, before any data work
+            model_class.check_arguments(init)
         if self.subcommand == "fit":
             resume_wandb_run(config)
+
+
+def _class_of(class_path) -> Optional[type]:
+    """The class a ``class_path`` names (None when it names none)."""
+    import importlib
+
+    module, _, name = str(class_path or "").rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name, None) if module else None
+    except ImportError:
+        return None
 
 
 def resume_wandb_run(config) -> None:

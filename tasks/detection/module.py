@@ -94,9 +94,7 @@ class DetectionModule(RescaleTaskModule):
                  draw_predictions: int = 0, draw_score_threshold: float = 0.5) -> None:
         if detector not in DETECTORS:
             raise ConfigError(f"model.detector must be one of {', '.join(DETECTORS)}, got {detector!r}")
-        if backbone_checkpoint is not None and not os.path.isfile(backbone_checkpoint):
-            raise ConfigError(f"backbone checkpoint not found: {backbone_checkpoint} (model.backbone_checkpoint); "
-                              "pass a .ckpt written by `rescale fit` of the classification task")
+        self.check_arguments({"backbone_checkpoint": backbone_checkpoint})
         detection = dict(detector=detector, num_classes=num_classes, heads_norm=heads_norm, fpn_norm=fpn_norm,
                          fpn_channels=fpn_channels, trainable_layers=trainable_layers, frozen_bn=frozen_bn,
                          checkpoint=backbone_checkpoint, min_size=min_size, max_size=max_size,
@@ -113,6 +111,18 @@ class DetectionModule(RescaleTaskModule):
         self.evaluator: Optional[CocoEvaluator] = None
         self._may_skip_batches = True
         self._predicted: list[ImageRecord] = []
+
+    @staticmethod
+    def check_arguments(init_args) -> None:
+        """The checks of ``init_args`` that the ``rescale`` CLI runs before it builds anything (the
+        data module reads the annotations first): a missing backbone checkpoint stops at once."""
+        path = init_args.get("backbone_checkpoint")
+        if path is not None and not os.path.isfile(path):
+            where = "" if os.path.isabs(path) else f", relative to {os.getcwd()}"
+            raise ConfigError(f"backbone checkpoint not found: {path} (model.init_args.backbone_checkpoint{where}); "
+                              "pass a .ckpt written by `rescale fit` of the classification task, or set "
+                              "backbone_checkpoint: null (--model.init_args.backbone_checkpoint null) to train "
+                              "the backbone from scratch")
 
     def build_network(self, network: str, detection: dict, scheme: Optional[str] = None,
                       scheme_options: Optional[dict] = None, **network_options: Any) -> torch.nn.Module:

@@ -188,7 +188,31 @@ def test_a_missing_backbone_checkpoint_is_one_line(coco_canvases, tmp_path, caps
     config = tiny_config(tmp_path / "tiny.yaml", coco_canvases.root, backbone_checkpoint="gone.ckpt")
     assert main(["fit", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "gone.ckpt" in err[0] and "model.backbone_checkpoint" in err[0]
+    assert len(err) == 1 and "gone.ckpt" in err[0] and "model.init_args.backbone_checkpoint" in err[0]
+
+
+def test_a_missing_backbone_checkpoint_stops_before_any_data_work(tmp_path, error_line):
+    """The annotation files are not JSON: had the data module read them, their error would come
+    first. The line names the path and how to train the backbone from scratch instead."""
+    root = tmp_path / "coco"
+    for split in ("train2017", "val2017"):
+        (root / split).mkdir(parents=True)
+    (root / "annotations").mkdir()
+    for name in ("instances_train2017.json", "instances_val2017.json"):
+        (root / "annotations" / name).write_text("not json: the data module must not read this")
+    config = tiny_config(tmp_path / "tiny.yaml", root, backbone_checkpoint="checkpoints/imagenet/rescale50.ckpt")
+    assert main(["fit", "--config", str(config)]) == 2
+    assert error_line() == (
+        "backbone checkpoint not found: checkpoints/imagenet/rescale50.ckpt (model.init_args.backbone_checkpoint, "
+        f"relative to {tmp_path}); pass a .ckpt written by `rescale fit` of the classification task, or set "
+        "backbone_checkpoint: null (--model.init_args.backbone_checkpoint null) to train the backbone from scratch")
+
+
+def test_backbone_checkpoint_null_trains_from_scratch(coco_canvases, tmp_path):
+    """What the line above suggests: the same config with --model.init_args.backbone_checkpoint null."""
+    config = tiny_config(tmp_path / "tiny.yaml", coco_canvases.root, backbone_checkpoint="gone.ckpt")
+    cli = run_lightning(["--config", str(config), "--model.init_args.backbone_checkpoint", "null"], run=False)
+    assert cli.model.hparams.backbone_checkpoint is None
 
 
 def test_the_backbone_starts_from_a_classification_checkpoint(classification_checkpoint):
