@@ -54,9 +54,7 @@ class VideoClassificationModule(RescaleTaskModule):
                  norm_weight_decay: Optional[float] = None, channels_last: bool = False,
                  compile: bool = False, compile_mode: Optional[str] = None,
                  plan: str = "auto", compile_options: Optional[dict[str, Any]] = None) -> None:
-        if inflate_from is not None and not os.path.isfile(inflate_from):
-            raise ConfigError(f"2D checkpoint not found: {inflate_from} (model.inflate_from); pass a .ckpt "
-                              "written by `rescale fit` of the classification task")
+        self.check_arguments({"inflate_from": inflate_from})
         super().__init__(network, scheme, scheme_options, network_options, optimizer, lr_scheduler,
                          norm_weight_decay, channels_last, compile,
                          network_kwargs={"num_classes": num_classes, "in_channels": in_channels},
@@ -69,6 +67,17 @@ class VideoClassificationModule(RescaleTaskModule):
         self.label_smoothing = label_smoothing
         self._may_skip_batches = True
         self.evaluation = MultiViewAccuracy()
+
+    @staticmethod
+    def check_arguments(init_args) -> None:
+        """The checks of ``init_args`` that the ``rescale`` CLI runs before it builds anything (the
+        data module first): a missing 2D checkpoint stops at once."""
+        path = init_args.get("inflate_from")
+        if path is not None and not os.path.isfile(path):
+            where = "" if os.path.isabs(path) else f", relative to {os.getcwd()}"
+            raise ConfigError(f"2D checkpoint not found: {path} (model.init_args.inflate_from{where}); pass a "
+                              ".ckpt written by `rescale fit` of the classification task, or set inflate_from: "
+                              "null (--model.init_args.inflate_from null) to train the 3D network from scratch")
 
     def forward(self, clips: torch.Tensor) -> torch.Tensor:
         return self.net(self.as_input(clips))

@@ -113,6 +113,18 @@ def test_a_missing_root_is_one_line_and_exit_2(kinetics_clips, tmp_path, capsys)
     assert len(err) == 1 and err[0].startswith("error: ") and "nowhere" in err[0]
 
 
+def test_a_missing_2d_checkpoint_stops_before_the_data_module(tmp_path, error_line):
+    """The config's data root (data/kinetics400) is not there either: the checkpoint's line comes
+    first, naming the path and how to train from scratch."""
+    code = main(["fit", "--config", str(KINETICS / "r3d_50_8x8_rescale.yaml"),
+                 "--model.init_args.inflate_from", "checkpoints/imagenet/rescale50.ckpt"])
+    assert code == 2
+    assert error_line() == (
+        "2D checkpoint not found: checkpoints/imagenet/rescale50.ckpt (model.init_args.inflate_from, relative "
+        f"to {tmp_path}); pass a .ckpt written by `rescale fit` of the classification task, or set inflate_from: "
+        "null (--model.init_args.inflate_from null) to train the 3D network from scratch")
+
+
 def test_a_2d_checkpoint_is_inflated_into_the_video_network(classification_checkpoint):
     net2d, path = classification_checkpoint("resnet18", scheme="rescale", base_width=4, num_classes=3)
     module = VideoClassificationModule("r3d_18", "rescale", network_options={"base_width": 4}, num_classes=3,
