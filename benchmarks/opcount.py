@@ -249,8 +249,8 @@ def section_ops(settings) -> "SectionResult":
     result.tables.append(Table(
         "Ops launched per eager train step (CPU count of what a GPU step launches; bf16 autocast, "
         "channels_last, batch 2, foreach SGD)", columns, rows,
-        notes=["launches: aten ops that are not views and return a tensor; an eager H100 step costs "
-               "about max(kernel time, launches x 9 us)",
+        notes=["launches: aten ops that are not views or bare allocations and return a tensor; an eager H100 "
+               "step costs about max(kernel time, launches x 9 us); dispatches: every aten call, views included",
                "x floor / x baseline: against the family's network without normalization (scheme none; "
                "the Transformer without LayerNorm or gains) and its BN / post-LN baseline",
                "plans (rescale_core.plans): folded is the CPU default (auto), lean the accelerator default"]))
