@@ -43,6 +43,8 @@ class ClassificationModule(RescaleTaskModule):
         compile: ``torch.compile`` the network (in place: checkpoints keep their keys).
     """
 
+    throughput_unit = "images"  # training throughput in images/s (common.throughput)
+
     def __init__(self, network: str = "resnet50", scheme: Optional[str] = None,
                  scheme_options: Optional[dict[str, Any]] = None,
                  network_options: Optional[dict[str, Any]] = None,

@@ -10,8 +10,12 @@ Contents: the run's identity (project, group, name, network, scheme, seed, lr, g
 ``status`` (``finished``, ``diverged``, ``interrupted``), the final value of every logged scalar,
 the best validation values, curves (``[step, value]`` pairs: ``train/loss`` at the logged steps,
 every validation metric once per validation with the value the loggers received, also mid-epoch
-with ``val_check_interval`` and across resumes), steps, epochs, training seconds and samples per
-second. A step is the number of optimizer steps done (``trainer.global_step``); Lightning's
+with ``val_check_interval`` and across resumes), steps, epochs, training seconds and the
+throughput: ``samples`` and ``samples_per_second`` counted in the task's unit, named by ``throughput_unit``
+(images, clips, target tokens; :mod:`.throughput`). The loggers (W&B) receive the same rate as
+``throughput/<unit>_per_s``: over the last ``log_every_n_steps`` steps while training, then the
+whole run's (the summary's value) when training ends. A step is the number of optimizer steps
+done (``trainer.global_step``); Lightning's
 loggers record the same points counting from 0 (W&B's ``trainer/global_step`` is one less).
 """
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 from .callbacks import DivergenceMonitor
 from .empty_batches import is_skipped
 from .config import run_directory
+from .throughput import items_in, metric_key, unit_of
 from .wandb_logger import started
 
 __all__ = ["RunSummary", "SUMMARY_FILE", "read_summary", "find_summaries", "higher_is_better"]
@@ -49,20 +54,6 @@ def _scalar(value: Any) -> Optional[float]:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     return None
-
-
-def _batch_size(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        for item in batch:
-            n = _batch_size(item)
-            if n:
-                return n
-    return 0
 
 
 def _json_safe(value: Any) -> Any:
@@ -101,7 +92,9 @@ class RunSummary(L.Callback):
     def _reset(self) -> None:
         self.train_curve: list[list[float]] = []
         self.val_curve: dict[str, list[list[float]]] = {}
-        self.samples = 0
+        self.samples = 0  # in the task's unit (images, clips, target tokens)
+        self.rate: Optional[float] = None  # the whole run's, fixed when training ends
+        self._window = (0.0, 0)  # (time, samples) at the last logged rate
         self.seconds_before = 0.0  # training time of the run before it was resumed
         self.seconds = 0.0
         self._start: Optional[float] = None
@@ -123,17 +116,32 @@ class RunSummary(L.Callback):
     # --- collecting ---------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = time.perf_counter()
+        self._window = (self._start, self.samples)
+        self.rate = None
         self._written = False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if is_skipped(outputs):  # a batch of bad files only: no step, and its zero loss no point
             return
-        self.samples += _batch_size(batch) * trainer.world_size
+        self.samples += items_in(pl_module, batch) * trainer.world_size
         if trainer.global_step % max(trainer.log_every_n_steps, 1) == 0 or trainer.global_step == 1:
             loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
             value = _scalar(loss)  # one read per logged step, as Lightning's own logging does
             if value is not None:
                 self.train_curve.append([trainer.global_step, value])
+            now, (then, before) = time.perf_counter(), self._window
+            if now > then and self.samples > before:
+                pl_module.log(metric_key(pl_module), (self.samples - before) / (now - then), on_step=True,
+                              on_epoch=False, prog_bar=True, rank_zero_only=True)
+            self._window = (now, self.samples)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The whole run's throughput, to the loggers (the W&B summary holds it) and the summary."""
+        seconds = self.seconds_before + (time.perf_counter() - self._start if self._start is not None else 0.0)
+        self.rate = self.samples / seconds if seconds > 0 and self.samples else None
+        if self.rate is not None and trainer.global_rank == 0:
+            for logger in trainer.loggers:
+                logger.log_metrics({metric_key(pl_module): self.rate}, step=max(trainer.global_step - 1, 0))
 
     # A validation's metrics are read at its very end, once Lightning has handed them to the
     # loggers: at ``on_validation_epoch_end`` a callback runs before the module's own hook (where
@@ -192,6 +200,9 @@ class RunSummary(L.Callback):
         logger = trainer.logger
         experiment = getattr(logger, "_experiment", None)  # never start a W&B run here
         final = {k: v for k, v in ((k, _scalar(v)) for k, v in trainer.callback_metrics.items()) if v is not None}
+        rate = self.rate if self.rate is not None else (self.samples / self.seconds if self.seconds > 0 else None)
+        if rate is not None:
+            final[metric_key(pl_module)] = rate  # the whole run's, as the loggers last received it
         return {
             "name": _text(getattr(experiment, "name", None)) or _text(getattr(logger, "name", None)),
             "project": _text(getattr(experiment, "project", None)) or _text(getattr(logger, "_project", None)),
@@ -214,7 +225,9 @@ class RunSummary(L.Callback):
             "steps": trainer.global_step,
             "epochs": trainer.current_epoch,  # completed epochs (Lightning counts on at the end)
             "train_seconds": self.seconds,
-            "samples_per_second": self.samples / self.seconds if self.seconds > 0 else None,
+            "samples": self.samples,  # trained on, in the task's unit, every process together
+            "samples_per_second": rate,
+            "throughput_unit": unit_of(pl_module),
             "final": final,
             "best": {k: self._best(k) for k in self.val_curve},
             "curves": {"train/loss": self.train_curve, **self.val_curve},

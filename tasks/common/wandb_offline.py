@@ -27,6 +27,7 @@ class OfflineRun:
     history: list[dict] = field(default_factory=list)
     summary: dict = field(default_factory=dict)
     run_id: str | None = None
+    project: str | None = None
     name: str | None = None
     group: str | None = None
     tags: list[str] = field(default_factory=list)
@@ -112,6 +113,7 @@ def _read(run_dir_or_file: str) -> OfflineRun:
             run.finished = True
         if kind == "run":
             run.run_id, run.name, run.group = rec.run.run_id, rec.run.display_name, rec.run.run_group
+            run.project = rec.run.project or None
             run.tags = list(rec.run.tags)
             for item in rec.run.config.update:
                 _set_nested(run.config, item)

@@ -79,6 +79,13 @@ class DetectionModule(RescaleTaskModule):
             compile_options: see :class:`~rescale_tasks.common.module.RescaleTaskModule`.
     """
 
+    throughput_unit = "images"  # training throughput in images/s (common.throughput)
+
+    @staticmethod
+    def throughput_items(batch) -> int:
+        """The images of a batch (a list of images of several sizes, and their targets)."""
+        return len(batch[0])
+
     def __init__(self, network: str = "resnet50", scheme: Optional[str] = None,
                  scheme_options: Optional[dict[str, Any]] = None,
                  network_options: Optional[dict[str, Any]] = None, detector: str = "maskrcnn",

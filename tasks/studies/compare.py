@@ -1,10 +1,11 @@
 """``rescale compare``: each normalization-free run against its normalized baseline.
 
     rescale compare runs/ studies/depth/ [--metric val/acc1] [--baseline bn] [--out compare]
-    rescale compare --wandb_project <entity>/<project>        (online: the project's runs)
+    rescale compare --wandb_project <entity>/<project> [--wandb_dir runs]   (a W&B project's runs)
 
 Runs are read from the ``run_summary.json`` every ``rescale fit`` writes (found under the given
-folders, wherever the runs ran), or from a W&B project through its API. They are grouped by
+folders, wherever the runs ran), or from a W&B project: through its API when logged in, else
+its offline runs (``<--wandb_dir>/wandb/offline-run-*``, the suite logger's ``save_dir``). They are grouped by
 experiment (the W&B group, e.g. ``imagenet-resnet50``; else the network) and, inside one, by
 variant (scheme plus its options); several runs of a variant are seeds, shown as mean +- std
 (sample std, n-1). Each variant is set against the experiment's baseline: the normalized scheme
@@ -170,36 +171,86 @@ def _plots(outputs: StudyOutputs, runs: list[dict], rows: list[dict], metric: st
         outputs.figure(f"{_slug(experiment)}_metric", fig)
 
 
-def _wandb_runs(project: str) -> list[dict]:
-    """The finished runs of an online W&B project as run summaries (group, scheme, metrics)."""
-    import wandb
+def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name=None, group=None, run_id=None,
+                   project=None, state=None) -> dict:
+    """A W&B run (its config, summary and history rows, online or offline) as a run summary:
+    network and scheme from the config the suite pushed (:class:`~..common.config.SaveConfigToRun`),
+    the curves and best validation values from the history (``trainer/global_step`` + 1: the
+    summary's steps), the final values and the throughput (``throughput/<unit>_per_s``) from the
+    W&B summary."""
+    init = ((config.get("model") or {}).get("init_args") or {})
+    final = {k: float(v) for k, v in summary.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")}
+    curves: dict[str, list[list[float]]] = defaultdict(list)
+    for row in history:
+        step = row.get("trainer/global_step")
+        if not isinstance(step, (int, float)):
+            continue
+        for key, value in row.items():
+            if (key == "train/loss_step" or key.startswith("val/")) and isinstance(value, (int, float)):
+                curves["train/loss" if key == "train/loss_step" else key].append([int(step) + 1, float(value)])
+    best = {}
+    for key, points in curves.items():
+        values = [v for _, v in points if math.isfinite(v)]
+        if key.startswith("val/") and values:
+            best[key] = max(values) if higher_is_better(key) else min(values)
+    throughput = next((v for k, v in final.items() if k.startswith("throughput/") and k.endswith("_per_s")), None)
+    diverged = summary.get("diverged") is True or final.get("diverged") == 1.0
+    return {
+        "name": name, "group": group, "run_id": run_id, "project": project, "network": init.get("network"),
+        "scheme": init.get("scheme"), "scheme_options": init.get("scheme_options") or {},
+        "status": "diverged" if diverged else (state or "finished"),
+        "final": final, "best": best, "samples_per_second": throughput, "curves": dict(curves),
+    }
 
+
+def _offline_wandb_runs(project: str, wandb_dir: str) -> list[dict]:
+    """The offline W&B runs of ``project`` (``entity/project`` or ``project``) under
+    ``wandb_dir`` (the suite logger's ``save_dir``: ``<wandb_dir>/wandb/offline-run-*``)."""
+    from ..common.wandb_offline import find_offline_runs, read_offline_run
+
+    name = project.rsplit("/", 1)[-1]
+    out = []
+    for folder in find_offline_runs(wandb_dir):
+        try:
+            run = read_offline_run(folder, wait_s=0)
+        except (FileNotFoundError, ValueError):  # a folder without its run file, or not one
+            continue
+        if run.project != name:
+            continue
+        out.append(run_from_wandb(config=run.config, summary=run.summary, history=run.history, name=run.name,
+                                  group=run.group or None, run_id=run.run_id, project=run.project,
+                                  state="finished" if run.finished else "running"))
+    return out
+
+
+def _wandb_runs(project: str, wandb_dir: str) -> list[dict]:
+    """The runs of a W&B project: from W&B's servers when logged in, else the offline runs
+    under ``wandb_dir``."""
     from ..common.wandb_logger import wandb_mode
 
     if wandb_mode() != "online":
-        raise UserError(f"--wandb_project {project} reads runs from W&B's servers: log in (wandb login) "
-                        "or compare the run folders instead (rescale compare runs/)")
-    out = []
-    for run in wandb.Api().runs(project):
-        config = run.config or {}
-        init = ((config.get("model") or {}).get("init_args") or {})
-        summary = {k: v for k, v in dict(run.summary).items() if isinstance(v, (int, float))}
-        history = run.history(keys=["train/loss_step"], pandas=False)
-        out.append({
-            "name": run.name, "group": run.group, "run_id": run.id, "network": init.get("network"),
-            "scheme": init.get("scheme"), "scheme_options": init.get("scheme_options") or {},
-            "status": "diverged" if summary.get("diverged") else run.state,
-            "final": summary, "best": {}, "samples_per_second": None,
-            "curves": {"train/loss": [[row.get("_step"), row["train/loss_step"]] for row in history
-                                      if "train/loss_step" in row]},
-        })
-    return out
+        runs = _offline_wandb_runs(project, wandb_dir)
+        if not runs:
+            raise UserError(f"--wandb_project {project}: no offline W&B run of project "
+                            f"{project.rsplit('/', 1)[-1]} under {os.path.join(wandb_dir, 'wandb')} (point "
+                            "--wandb_dir at the logger's save_dir); reading the project from W&B's servers "
+                            "needs a login (wandb login)")
+        return runs
+    import wandb
+
+    return [run_from_wandb(config=dict(run.config or {}), summary=dict(run.summary), history=run.scan_history(),
+                           name=run.name, group=run.group, run_id=run.id, project=project, state=run.state)
+            for run in wandb.Api().runs(project)]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="rescale compare", description=__doc__.split("\n\n")[0])
     p.add_argument("folders", nargs="*", help="folders holding run_summary.json files (searched recursively)")
-    p.add_argument("--wandb_project", help="entity/project: compare its runs through the W&B API (online)")
+    p.add_argument("--wandb_project", help="entity/project: compare its runs, through the W&B API when logged in, "
+                                           "else its offline runs under --wandb_dir")
+    p.add_argument("--wandb_dir", default="runs", help="where the offline W&B runs are: the logger's save_dir "
+                                                       "(default: runs, holding wandb/offline-run-*)")
     p.add_argument("--metric", help=f"the metric to compare (default: the first logged of {', '.join(METRICS)})")
     p.add_argument("--use", choices=("best", "final"), default="best", help="best or final validation value")
     p.add_argument("--baseline", help="the baseline variant (default: bn, gn, post_ln or pre_ln)")
@@ -213,7 +264,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         raise UserError(f"rescale compare: no such folder {missing[0]}")
     runs = [read_summary(path) for path in find_summaries(*args.folders)]
     if args.wandb_project:
-        runs += _wandb_runs(args.wandb_project)
+        runs += _wandb_runs(args.wandb_project, args.wandb_dir)
     if not runs:
         raise UserError(f"no run_summary.json under {', '.join(args.folders)}: every `rescale fit` "
                         "writes one beside its config; point at the runs' folders")

@@ -69,6 +69,13 @@ class TranslationModule(RescaleTaskModule):
             :class:`~rescale_tasks.common.module.RescaleTaskModule`.
     """
 
+    throughput_unit = "target tokens"  # training throughput in target tokens/s (common.throughput)
+
+    @staticmethod
+    def throughput_items(batch: dict) -> int:
+        """The target tokens of a batch, padding left out."""
+        return int(batch["ntokens"])
+
     def __init__(self, network: str = "transformer_base", scheme: Optional[str] = None,
                  scheme_options: Optional[dict[str, Any]] = None,
                  network_options: Optional[dict[str, Any]] = None,

@@ -46,6 +46,8 @@ class VideoClassificationModule(RescaleTaskModule):
             :class:`~rescale_tasks.common.module.RescaleTaskModule`.
     """
 
+    throughput_unit = "clips"  # training throughput in clips/s (common.throughput)
+
     def __init__(self, network: str = "slow_r50", scheme: Optional[str] = None,
                  scheme_options: Optional[dict[str, Any]] = None,
                  network_options: Optional[dict[str, Any]] = None, num_classes: int = 400,

@@ -140,7 +140,8 @@ def summary_matches_wandb():
     """``check(run_folder_root="runs") -> summary``: the one W&B offline run and the one
     ``run_summary.json`` under the folder hold the same validations: every ``val/`` key the run
     logged appears in the summary's curve once per validation, at its step (W&B's
-    ``trainer/global_step`` counts from 0, the summary's steps from 1), with the logged value."""
+    ``trainer/global_step`` counts from 0, the summary's steps from 1), with the logged value;
+    and the same throughput (``throughput/<unit>_per_s``, the whole run's)."""
     import math
 
     from rescale_tasks.common.run_summary import find_summaries, read_summary
@@ -158,6 +159,11 @@ def summary_matches_wandb():
             assert [s for s, _ in curve] == [s for s, _ in logged], (key, curve, logged)
             for (_, mine), (_, theirs) in zip(curve, logged):
                 assert mine == pytest.approx(theirs, rel=1e-6) or (math.isnan(mine) and math.isnan(theirs)), key
+        # the throughput in the task's unit: the whole run's, in the W&B summary and the run summary
+        key = "throughput/" + summary["throughput_unit"].replace(" ", "_") + "_per_s"
+        assert summary["samples_per_second"] > 0 and run.summary[key] == pytest.approx(summary["samples_per_second"])
+        assert summary["final"][key] == pytest.approx(summary["samples_per_second"])
+        assert sum(key in row for row in run.history) >= 2  # while training, and the whole run's at its end
         return summary
 
     return check

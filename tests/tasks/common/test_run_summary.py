@@ -35,7 +35,8 @@ def test_fit_writes_its_summary_next_to_its_config(tmp_path, run_config, suite_w
     assert s["best"]["val/acc1"] == max(v for _, v in s["curves"]["val/acc1"])
     assert s["final"]["val/acc1"] == s["curves"]["val/acc1"][-1][1]
     assert s["samples_per_second"] > 0 and s["checkpoint"].endswith("last.ckpt")
-    summary_matches_wandb("runs")  # the values W&B received
+    assert (s["throughput_unit"], s["samples"]) == ("images", 6 * 64)  # 2 epochs of 3 batches of 64 digits
+    summary_matches_wandb("runs")  # the values W&B received, the throughput in images/s too
 
 
 def test_a_diverged_run_says_so(tmp_path, run_config):

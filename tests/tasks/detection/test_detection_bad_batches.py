@@ -65,3 +65,6 @@ def test_a_truncated_jpeg_alone_in_its_batch_is_no_step(coco_canvases_copy, tmp_
     assert run.summary["data/skipped_corrupt"] == 1
     [summary] = [json.loads(p.read_text()) for p in Path("runs").rglob("run_summary.json")]
     assert summary["status"] == "finished" and summary["steps"] == EPOCHS * ((n + 1) // 2)
+    # throughput in images, the skipped batch left out, to W&B and the summary
+    assert (summary["throughput_unit"], summary["samples"]) == ("images", EPOCHS * (n - 1))
+    assert run.summary["throughput/images_per_s"] == pytest.approx(summary["samples_per_second"])

@@ -1,0 +1,78 @@
+"""`rescale compare --wandb_project` on the offline W&B runs of real `rescale fit` runs: the same
+table as from their run folders' run_summary.json files."""
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from rescale_tasks.cli import main
+from rescale_tasks.common.run_summary import find_summaries, read_summary
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+
+@pytest.fixture(scope="module")
+def wandb_runs(tmp_path_factory, run_config, suite_wandb_logger):
+    """Two tiny fits (bn, rescale) of one group in project rescale-test, one of another project,
+    all with the suite's W&B logger (offline) under runs/."""
+    import os
+
+    folder = tmp_path_factory.mktemp("wandb_runs")
+    old, mode = os.getcwd(), os.environ.get("WANDB_MODE")
+    os.chdir(folder)
+    os.environ["WANDB_MODE"] = "offline"
+    try:
+        for project, scheme in (("rescale-test", "bn"), ("rescale-test", "rescale"), ("other", "skipinit")):
+            config = run_config(folder / f"{project}-{scheme}.yaml", model={"init_args": {"scheme": scheme}},
+                                trainer={"log_every_n_steps": 1, "limit_train_batches": 3,
+                                         "logger": suite_wandb_logger(project, scheme, group="digits-tiny")})
+            assert main(["fit", "--config", config]) == 0
+    finally:
+        os.chdir(old)
+        if mode is None:
+            os.environ.pop("WANDB_MODE", None)
+        else:
+            os.environ["WANDB_MODE"] = mode
+    return folder
+
+
+def _table(path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_compare_reads_the_offline_wandb_runs_of_a_project(wandb_runs, capsys):
+    runs = str(wandb_runs / "runs")
+    assert main(["compare", "--wandb_project", "rescale-test", "--wandb_dir", runs, "--out", "from_wandb"]) == 0
+    assert main(["compare", "--wandb_project", "me/rescale-test", "--wandb_dir", runs, "--out", "entity"]) == 0
+    # the run folders of the same project, for reference
+    folders = [p for p in find_summaries(runs) if read_summary(p)["project"] == "rescale-test"]
+    assert len(folders) == 2, folders
+    assert main(["compare", *folders, "--out", "from_folders"]) == 0
+
+    wandb, entity, summaries = _table("from_wandb/compare.csv"), _table("entity/compare.csv"), \
+        _table("from_folders/compare.csv")
+    assert wandb == entity
+    assert [(r["experiment"], r["variant"], r["role"], r["runs"], r["metric"]) for r in wandb] == [
+        ("digits-tiny", "bn", "baseline", "1", "val/acc1"), ("digits-tiny", "rescale", "", "1", "val/acc1")]
+    for mine, theirs in zip(wandb, summaries):  # what W&B received is what the summaries hold
+        for key in ("experiment", "variant", "role", "runs", "metric", "diverged"):
+            assert mine[key] == theirs[key], key
+        for key in ("mean", "vs_baseline", "train_loss", "samples_per_s"):
+            assert float(mine[key]) == pytest.approx(float(theirs[key]), rel=1e-5), key
+    assert float(wandb[0]["samples_per_s"]) > 0
+    out = capsys.readouterr().out
+    assert "| digits-tiny | rescale |" in out
+
+
+def test_compare_a_project_with_no_offline_runs_is_one_line(wandb_runs, capsys):
+    assert main(["compare", "--wandb_project", "me/nothing", "--wandb_dir", str(wandb_runs / "runs")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert "no offline W&B run of project nothing under" in err[0] and "wandb login" in err[0], err[0]
