@@ -33,6 +33,7 @@ from .common.checkpoint_compat import check_config_against_checkpoint  # noqa: E
 from .common.cli_errors import config_errors, trainer_config_errors  # noqa: E402
 from .common.config import ResultsFolder, SaveConfigToRun  # noqa: E402
 from .common.data_report import SkippedDataReport  # noqa: E402
+from .common.progress import use_line_progress  # noqa: E402
 from .common.run_summary import RunSummary  # noqa: E402
 from .common.errors import UserError  # noqa: E402
 from .common.networks import check_network, resolved_architecture  # noqa: E402
@@ -73,7 +74,7 @@ class RescaleCLI(LightningCLI):
         with trainer_config_errors():
             trainer = super().instantiate_trainer(**kwargs)
         trainer.callbacks.append(ResultsFolder(self._get(self.config_init, "output_dir")))
-        return trainer
+        return use_line_progress(trainer)  # a line every N steps where the output is a file
 
     def add_arguments_to_parser(self, parser) -> None:
         for key in ("num_classes", "in_channels", "vocab_size", "pad_index", "bos_index", "eos_index"):

@@ -25,6 +25,7 @@ import lightning.pytorch as L
 import torch
 
 from ..common.callbacks import DivergenceMonitor
+from ..common.progress import use_line_progress
 from ..common.run_summary import SUMMARY_FILE, RunSummary
 from ..common.schedules import WarmupCosineLR
 from ..common.wandb_logger import SuiteWandbLogger
@@ -109,6 +110,7 @@ def _train_one(settings: DemoSettings, scheme: str, data: DigitsDataModule) -> D
                         enable_checkpointing=False, enable_progress_bar=settings.progress,
                         enable_model_summary=False, limit_train_batches=settings.limit_train_batches,
                         log_every_n_steps=5, deterministic=True, accelerator="cpu", devices=1)
+    use_line_progress(trainer)  # in a log file: a line every 5 steps, not a redrawn bar
     start = time.perf_counter()
     trainer.fit(module, datamodule=data)
     seconds = time.perf_counter() - start

@@ -22,9 +22,15 @@ def _offline(monkeypatch, tmp_path):
 def test_demo_end_to_end_on_a_reduced_budget(tmp_path, capsys):
     out = tmp_path / "demo"
     results = run_demo(DemoSettings(schemes=("bn", "rescale", "none"), depth=20, epochs=2,
-                                    limit_train_batches=4, out=str(out), progress=False))
-    printed = capsys.readouterr().out
+                                    limit_train_batches=4, out=str(out)))
+    printed, err = capsys.readouterr()
     assert [r.scheme for r in results] == ["bn", "rescale", "none"]
+    # its log in a file: a progress line every 5 steps and at each epoch's end, no redrawn bar
+    assert "\r" not in printed and "\r" not in err
+    steps = [line.split("  ")[:2] for line in printed.splitlines() if line.startswith("epoch ")]
+    assert steps[:3] == [["epoch 1/2", "step 4/8"], ["epoch 2/2", "step 5/8"], ["epoch 2/2", "step 8/8"]], printed
+    assert all(" images/s  elapsed " in line and "  ETA " in line for line in printed.splitlines()
+               if line.startswith("epoch "))
     assert "scheme" in printed and "rescale" in printed and "learning curves" in printed
     png = out / "learning_curves.png"
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
