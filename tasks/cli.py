@@ -12,6 +12,7 @@ lives in one place. Networks, optimizers, schedulers, data modules and loggers a
 """
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import sys
@@ -29,7 +30,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E40
 
 from .common.callbacks import DivergenceMonitor, LearnedScalarsLogger, TrainingDiverged  # noqa: E402
 from .common.checkpointing import LastCheckpoint, ResumeState, peek_checkpoint, preempted_message  # noqa: E402
-from .common.checkpoint_compat import check_config_against_checkpoint  # noqa: E402
+from .common.checkpoint_compat import (check_config_against_checkpoint, run_arguments_over_checkpoint,  # noqa: E402
+                                       typed_model_arguments)
 from .common.cli_errors import config_errors, trainer_config_errors  # noqa: E402
 from .common.config import ResultsFolder, SaveConfigToRun  # noqa: E402
 from .common.data_report import SkippedDataReport  # noqa: E402
@@ -50,6 +52,7 @@ class RescaleCLI(LightningCLI):
     # --- one-line errors (parsers are built with exit_on_error=False, see run_lightning) ---
     def parse_arguments(self, parser, args) -> None:
         argv = sys.argv[1:] if args is None else args
+        self._typed_model_arguments = typed_model_arguments(argv if isinstance(argv, (list, tuple)) else ())
         parsers = getattr(self, "_subcommand_parsers", {})
         sub = next((parsers[a] for a in argv if isinstance(a, str) and a in parsers), parser) \
             if isinstance(argv, (list, tuple)) else parser
@@ -58,13 +61,23 @@ class RescaleCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         """Refuse a checkpoint of another architecture before Lightning replaces the configured
-        model with the checkpoint's hyper-parameters (which would hide the mismatch)."""
-        if self.config.get("subcommand"):
-            section = self.config[self.config.subcommand]
+        model with the checkpoint's hyper-parameters (which would hide the mismatch); then put
+        back the model arguments the user set, which win over the checkpoint's
+        (:func:`~rescale_tasks.common.checkpoint_compat.run_arguments_over_checkpoint`)."""
+        sub = self.config.get("subcommand")
+        before = None
+        if sub:
+            section = self.config[sub]
             check_config_against_checkpoint(section.get("model"), section.get("ckpt_path"),
                                             normalize=resolved_architecture)
+            before = copy.deepcopy(section.get("model"))
         with config_errors(self.parser):
             super()._parse_ckpt_path()
+        if sub and before is not None and self.config[sub].get("ckpt_path"):
+            restored = run_arguments_over_checkpoint(before, self.config[sub].get("model"), self.config[sub].ckpt_path,
+                                                     typed=getattr(self, "_typed_model_arguments", ()))
+            for key, value in restored.items():
+                self.config[sub].model.init_args[key] = value
 
     def instantiate_classes(self) -> None:
         with config_errors():  # a UserError raised in a constructor, unwrapped from jsonargparse's report

@@ -13,7 +13,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from .errors import ConfigError
 
 __all__ = ["NETWORK_PREFIX", "network_weights", "ARCHITECTURE_KEYS", "CONFIG_KEYS", "check_checkpoint_compatible", "check_config_against_checkpoint",
-           "hparam_differences", "state_dict_differences", "MISMATCH_FIX", "load_into_module"]
+           "hparam_differences", "state_dict_differences", "MISMATCH_FIX", "load_into_module",
+           "typed_model_arguments", "run_arguments_over_checkpoint"]
 
 #: Hyper-parameters that fix a network's parameters (names, shapes) or its forward pass.
 ARCHITECTURE_KEYS = ("network", "scheme", "scheme_options", "network_options", "num_classes", "in_channels",
@@ -103,7 +104,9 @@ def check_checkpoint_compatible(checkpoint: Mapping[str, Any], hparams: Mapping[
     ours = ", ".join(_show(k, current[k]) for k in shown if k in current) or "network"
     if differing:
         labels = ", ".join(_LABELS.get(k, k) for k in differing)
-        reason = f"{source} was saved from {theirs} but this run builds {ours} (they differ in {labels})"
+        reason = (f"{source} was saved from {theirs} but this run builds {ours} (they differ in {labels}); "
+                  f"{labels} define{'s' if len(differing) == 1 else ''} the network the weights belong to, "
+                  "so cannot change with a checkpoint")
     else:
         reason = f"{source} does not fit this run's {ours}: {'; '.join(problems)}"
     raise ConfigError(f"{reason}. {fix}")
@@ -130,6 +133,82 @@ def check_config_against_checkpoint(model_config: Any, ckpt_path: Optional[str],
     current = {"_class_path": model_config.get("class_path"), **(model_config.get("init_args") or {})}
     check_checkpoint_compatible({"hyper_parameters": saved}, current, keys=CONFIG_KEYS,
                                 source=f"checkpoint {ckpt_path}", normalize=normalize)
+
+
+def typed_model_arguments(argv: Sequence[Any]) -> set[str]:
+    """The model arguments a command line names: ``--model.init_args.beam 1``, ``--model.beam=1``,
+    ``--model.init_args.network_options.depth 14`` (``network_options``)."""
+    typed = set()
+    for arg in argv or ():
+        if not isinstance(arg, str) or not arg.startswith("--model."):
+            continue
+        parts = arg[2:].split("=", 1)[0].split(".")[1:]
+        if parts and parts[0] == "init_args":
+            parts = parts[1:]
+        if parts and parts[0] not in ("class_path", "dict_kwargs", "help"):
+            typed.add(parts[0])
+    return typed
+
+
+def _as_dict(section: Any) -> dict:
+    if hasattr(section, "as_dict"):
+        section = section.as_dict()
+    return dict(section or {}) if isinstance(section, Mapping) else {}
+
+
+def _model_class(class_path: Optional[str]) -> Optional[type]:
+    import importlib
+
+    module, _, name = str(class_path or "").rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name, None) if module else None
+    except ImportError:
+        return None
+
+
+def _signature_defaults(cls: Optional[type]) -> dict[str, Any]:
+    import inspect
+
+    try:
+        params = inspect.signature(cls).parameters.values() if cls is not None else ()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
+def run_arguments_over_checkpoint(before: Any, after: Any, ckpt_path: Any, typed: Sequence[str] = ()) -> dict[str, Any]:
+    """A run's own model arguments win over the hyper-parameters of its ``--ckpt_path``.
+
+    LightningCLI replaces the run's ``model`` arguments with the checkpoint's saved
+    hyper-parameters (``before``: the section as the run configured it; ``after``: as Lightning
+    left it). The arguments the user set (named on the command line in ``typed``, or given a value
+    other than the class's default by a config file) are returned, to be put back: decoding and
+    evaluation settings (``beam``, ``len_penalty``, ``draw_predictions``, ``plan``, ``compile`` ...)
+    are the run's. Those that define the network the weights belong to (:data:`ARCHITECTURE_KEYS`
+    and the module class's ``architecture_arguments``) cannot change: a one-line
+    :class:`ConfigError` names the argument (the pre-parse check of :data:`CONFIG_KEYS`,
+    :func:`check_config_against_checkpoint`, has compared those already). Arguments the user left
+    at their defaults keep the checkpoint's values."""
+    before, after = _as_dict(before), _as_dict(after)
+    mine, theirs = _as_dict(before.get("init_args")), _as_dict(after.get("init_args"))
+    cls = _model_class(before.get("class_path"))
+    defaults = _signature_defaults(cls)
+    fixed = (*ARCHITECTURE_KEYS, *getattr(cls, "architecture_arguments", ()))
+    restored = {}
+    for key, value in mine.items():
+        if key not in theirs or key in CONFIG_KEYS or _normal(theirs[key]) == _normal(value):
+            continue
+        set_by_user = key in typed or (key in defaults and _normal(defaults[key]) != _normal(value))
+        if not set_by_user:
+            continue  # left at its default: the checkpoint's value stands
+        if key in fixed:
+            given = f"--model.init_args.{key} {value}" if key in typed else f"model.init_args.{key}={value!r} (config)"
+            raise ConfigError(f"{given} cannot change with --ckpt_path {ckpt_path}: {key} defines the network "
+                              f"the checkpoint's weights belong to, and it was saved with {key}={theirs[key]!r}. "
+                              f"Drop the argument (the checkpoint's value is used), or drop --ckpt_path to "
+                              "start from scratch")
+        restored[key] = value
+    return restored
 
 
 def load_into_module(module, checkpoint: Mapping[str, Any], source: str, fix: str = MISMATCH_FIX) -> int:

@@ -86,6 +86,10 @@ class DetectionModule(RescaleTaskModule):
         """The images of a batch (a list of images of several sizes, and their targets)."""
         return len(batch[0])
 
+    #: besides the common ones (network, scheme, num_classes ...): what a checkpoint's weights
+    #: are shaped by, refused with --ckpt_path (rescale_tasks.common.checkpoint_compat)
+    architecture_arguments = ("fpn_channels",)
+
     def __init__(self, network: str = "resnet50", scheme: Optional[str] = None,
                  scheme_options: Optional[dict[str, Any]] = None,
                  network_options: Optional[dict[str, Any]] = None, detector: str = "maskrcnn",
@@ -109,9 +113,7 @@ class DetectionModule(RescaleTaskModule):
         super().__init__(network, scheme, scheme_options, network_options, optimizer, lr_scheduler,
                          norm_weight_decay, channels_last, compile, network_kwargs={"detection": detection},
                          compile_mode=compile_mode, plan=plan, compile_options=compile_options)
-        # what predict draws is not the model's: a checkpoint's hyper-parameters replace the
-        # command line's model arguments at `predict --ckpt_path`, so these stay out of them
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "draw_predictions", "draw_score_threshold"])
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.detector_kind = detector
         self.iou_types = ("bbox", "segm") if detector == "maskrcnn" else ("bbox",)
         self.draw_predictions, self.draw_score_threshold = draw_predictions, draw_score_threshold

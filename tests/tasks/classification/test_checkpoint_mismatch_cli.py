@@ -76,3 +76,44 @@ def test_checkpoint_of_another_class_count_fails_when_loading(trained, tmp_path,
     assert code == 2
     assert "num_classes=10, in_channels=1" in line and "num_classes=100, in_channels=3" in line
     assert "differ in num_classes, in_channels" in line
+
+
+def _module_hparams(folder: Path) -> dict:
+    """The hyper-parameters the run's module was built with, as Lightning logged them
+    (the CSV logger's hparams.yaml of the one run under ``folder``)."""
+    import yaml
+
+    (hparams,) = sorted(folder.rglob("hparams.yaml"))
+    return yaml.load(hparams.read_text(), Loader=yaml.UnsafeLoader)  # it holds the config's Path objects
+
+
+@pytest.mark.parametrize("command", ["validate", "test", "predict"])
+def test_a_command_line_argument_wins_over_the_checkpoint(trained, tmp_path, command):
+    """Lightning's CLI replaces the command line's model arguments with the checkpoint's saved
+    hyper-parameters; the suite puts back what the user typed (issue #24)."""
+    folder, ckpt = trained
+    assert main([command, "--config", str(folder / "rescale.yaml"), "--ckpt_path", ckpt,
+                 "--trainer.logger.init_args.save_dir", str(tmp_path / "logs"),
+                 "--model.init_args.plan", "reference", "--model.init_args.label_smoothing=0.3"]) == 0
+    hparams = _module_hparams(tmp_path / "logs")
+    assert hparams["plan"] == "reference" and hparams["label_smoothing"] == 0.3
+    assert hparams["network_options"] == {"base_width": 8, "depth": 8}  # the rest from the run
+
+
+def test_a_config_value_wins_and_a_default_keeps_the_checkpoints(trained, tmp_path, run_config):
+    """A run config that sets an evaluation argument wins too; one left at its default keeps the
+    value the checkpoint was trained with."""
+    folder, ckpt = trained
+    config = write_config(run_config, tmp_path, "reference", plan="reference")
+    assert main(["validate", "--config", config, "--ckpt_path", ckpt,
+                 "--trainer.logger.init_args.save_dir", str(tmp_path / "logs")]) == 0
+    assert _module_hparams(tmp_path / "logs")["plan"] == "reference"
+
+
+def test_an_architecture_argument_cannot_change_with_a_checkpoint(trained, error_line):
+    folder, ckpt = trained
+    assert main(["validate", "--config", str(folder / "rescale.yaml"), "--ckpt_path", ckpt,
+                 "--model.init_args.scheme", "bn", "--model.init_args.scheme_options", "null"]) == 2
+    line = error_line()
+    assert "differ in scheme" in line and "scheme_options" in line
+    assert "the network the weights belong to, so cannot change with a checkpoint" in line

@@ -107,7 +107,7 @@ def test_fit_validate_test_predict_through_the_cli(coco_canvases, tmp_path, caps
         logged = test_run.summary[f"test/{iou_type}_AP"]
         assert _score(gt, results, iou_type) == pytest.approx(logged, abs=1e-6)
 
-    # drawing is asked for at predict time only (a checkpoint's hyper-parameters would override it);
+    # drawing is asked for at predict time (the command line wins over the checkpoint's hyper-parameters);
     # --output_dir puts the results where it says
     assert main(["predict", "--config", str(config), "--ckpt_path", str(ckpt), "--output_dir", "predicted",
                  "--model.init_args.draw_predictions", "2"]) == 0
