@@ -118,6 +118,12 @@ class LineProgress(ProgressBar):
                     .replace("    ", "  "))
 
     # --- validation ---------------------------------------------------------------------------
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # the training line of the step validated comes first (the epoch's end runs validation
+        # before on_train_epoch_end)
+        if not trainer.sanity_checking and trainer.state.fn == "fit" and trainer.global_step != self._printed:
+            self._line(trainer, pl_module)
+
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return

@@ -37,6 +37,10 @@ def test_fit_into_a_file_prints_a_line_every_n_steps(tmp_path, run_config, capfd
     validations = [line for line in out.splitlines() if line.startswith("validation at step ")]
     assert [v.split(":")[0] for v in validations] == ["validation at step 3", "validation at step 6"], out
     assert all("val/acc1 " in v and "val/loss " in v for v in validations)
+    ordered = [line.split("  ")[1] if line.startswith("epoch ") else line.split(":")[0]
+               for line in out.splitlines() if line.startswith(("epoch ", "validation "))]
+    assert ordered == ["step 2/6", "step 3/6", "validation at step 3", "step 4/6", "step 6/6",
+                       "validation at step 6"], out
 
 
 def _trainer() -> L.Trainer:
