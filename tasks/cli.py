@@ -37,6 +37,7 @@ from .common.config import ResultsFolder, SaveConfigToRun  # noqa: E402
 from .common.data_report import SkippedDataReport  # noqa: E402
 from .common.progress import use_line_progress  # noqa: E402
 from .common.run_summary import RunSummary  # noqa: E402
+from .common.wandb_logger import label_runs  # noqa: E402
 from .common.errors import UserError  # noqa: E402
 from .common.networks import check_network, resolved_architecture  # noqa: E402
 
@@ -82,6 +83,7 @@ class RescaleCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         with config_errors():  # a UserError raised in a constructor, unwrapped from jsonargparse's report
             super().instantiate_classes()
+        label_runs(self.trainer.loggers, self.datamodule)  # run name/group {labels} from the data
 
     def instantiate_trainer(self, **kwargs):
         with trainer_config_errors():

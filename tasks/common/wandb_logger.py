@@ -23,7 +23,7 @@ from typing import Any, Optional
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-__all__ = ["SuiteWandbLogger", "wandb_mode", "started"]
+__all__ = ["SuiteWandbLogger", "wandb_mode", "started", "label_runs"]
 
 log = logging.getLogger(__name__)
 
@@ -131,3 +131,29 @@ def _settings():
 
     # no console capture thread, and a bounded wait when online
     return wandb.Settings(console="off", init_timeout=60, silent=True)
+
+
+def label_runs(loggers, data) -> None:
+    """Fill the ``{label}`` placeholders of a suite W&B logger's run name and group with what the
+    data module says of its data (``run_labels()``: a translation corpus gives ``src_lang``,
+    ``tgt_lang`` and ``pair``, e.g. ``group: "{pair}-6L"`` is ``en-fr-6L`` on English-French
+    text), before the run starts; an unknown label is a one-line error."""
+    from .errors import ConfigError
+
+    labels = dict(data.run_labels()) if hasattr(data, "run_labels") else {}
+    for logger in loggers or ():
+        init = getattr(logger, "_wandb_init", None)
+        if not isinstance(logger, SuiteWandbLogger) or logger.started or init is None:
+            continue
+        for key in ("name", "group"):
+            value = init.get(key)
+            if not isinstance(value, str) or "{" not in value:
+                continue
+            try:
+                init[key] = value.format_map(labels)
+            except (KeyError, ValueError, IndexError) as err:
+                known = ", ".join("{%s}" % k for k in labels) or "none"
+                raise ConfigError(f"trainer.logger.init_args.{key} {value!r} names a label the data module does not "
+                                  f"give ({err}); labels of {type(data).__name__}: {known}: use one of them, or a "
+                                  "name without braces") from None
+        logger._name = init.get("name")

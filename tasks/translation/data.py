@@ -32,10 +32,13 @@ from rescale_tasks.common.sampling import loader_workers, sigterm_safe_worker_in
 from .cleaning import CleanOptions, CleanReport, count_truncated, select_train
 from .dataset import PairDataset
 from .pipeline import CorpusSettings, PreparedCorpus, prepare_corpus
+from .prepared import find_prepared
 from .sampler import TokenBatchLoader, TokenBatchSampler
 from .vocab import BOS, EOS, PAD, UNK, SpmOptions, load_spm
 
 __all__ = ["TranslationDataModule"]
+
+DEFAULT_SRC_LANG, DEFAULT_TGT_LANG, DEFAULT_VOCAB_SIZE = "en", "de", 32000
 
 _STAGE_SPLITS = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}
 
@@ -45,11 +48,13 @@ class TranslationDataModule(L.LightningDataModule):
 
     Args:
         root: folder with the ``train``/``valid``/``test`` splits.
-        src_lang, tgt_lang: language codes (file suffixes in the ``files`` layout).
+        src_lang, tgt_lang: language codes (file suffixes in the ``files`` layout); None: those
+            ``rescale prepare-translation`` recorded for ``root`` (:mod:`.prepared`), else en, de.
         layout: ``auto``, ``files`` or ``tsv``.
         spm_model: a SentencePiece ``.model`` with ids bos 0, pad 1, eos 2, unk 3; None trains
             (or finds the cached) joint model on the training text.
-        vocab_size, model_type: of the model trained when ``spm_model`` is None.
+        vocab_size, model_type: of the model trained when ``spm_model`` is None (vocab_size None:
+            the recorded model of ``prepare-translation`` and its size, else 32000).
         max_tokens: padded positions per batch tensor (fairseq ``--max-tokens``), per rank.
         max_source_positions, max_target_positions: longest sequences with eos (the model's limits).
         clean: training-pair cleaning (:class:`~.cleaning.CleanOptions`; a dict works too).
@@ -61,13 +66,21 @@ class TranslationDataModule(L.LightningDataModule):
 
     pad_index, bos_index, eos_index, unk_index = PAD, BOS, EOS, UNK
 
-    def __init__(self, root: str, src_lang: str = "en", tgt_lang: str = "de",
+    def __init__(self, root: str, src_lang: str | None = None, tgt_lang: str | None = None,
                  layout: Literal["auto", "files", "tsv"] = "auto", spm_model: str | None = None,
-                 vocab_size: int = 32000, model_type: Literal["bpe", "unigram"] = "bpe",
+                 vocab_size: int | None = None, model_type: Literal["bpe", "unigram"] = "bpe",
                  max_tokens: int = 4096, max_source_positions: int = 1024, max_target_positions: int = 1024,
                  clean: CleanOptions | None = None, cache_dir: str | None = None, num_workers: int = 2,
                  pin_memory: bool = True, persistent_workers: bool = True, seed: int = 0):
         super().__init__()
+        # what `rescale prepare-translation` recorded fills in what is not set (languages, vocabulary)
+        prepared = find_prepared(root, cache_dir, src_lang, tgt_lang)
+        src_lang = src_lang or (prepared.src_lang if prepared else DEFAULT_SRC_LANG)
+        tgt_lang = tgt_lang or (prepared.tgt_lang if prepared else DEFAULT_TGT_LANG)
+        if prepared and spm_model is None and vocab_size in (None, prepared.vocab_size) \
+                and Path(prepared.spm_model).is_file():
+            spm_model = prepared.spm_model
+        vocab_size = vocab_size or (prepared.vocab_size if prepared else DEFAULT_VOCAB_SIZE)
         self.save_hyperparameters()
         for key, value, least in (("max_tokens", max_tokens, 2), ("max_source_positions", max_source_positions, 2),
                                   ("max_target_positions", max_target_positions, 2)):
@@ -88,11 +101,20 @@ class TranslationDataModule(L.LightningDataModule):
         if spm_model and Path(os.path.expanduser(spm_model)).is_file():
             self.processor = load_spm(spm_model)  # its size is the vocabulary the model must have
             self.vocab_size = self.processor.piece_size()
+        # the values used, not the config's None (LightningCLI saves the config's values)
+        used = {"src_lang": src_lang, "tgt_lang": tgt_lang, "spm_model": spm_model, "vocab_size": self.vocab_size}
+        self.hparams.update(used)
+        self._hparams_initial.update(used)
         self.prepared: PreparedCorpus | None = None
         self.datasets: dict[str, PairDataset] = {}
         self.train_indices: np.ndarray | None = None
         self.reports: dict[str, CleanReport] = {}
         self._references: dict[str, list[str]] = {}
+
+    def run_labels(self) -> dict[str, str]:
+        """What a run's W&B name and group may name (``{pair}-6L``): the languages of the data."""
+        src, tgt = self.settings.src_lang, self.settings.tgt_lang
+        return {"src_lang": src, "tgt_lang": tgt, "pair": f"{src}-{tgt}"}
 
     # --- preparing --------------------------------------------------------------------------
     def prepare_data(self) -> None:

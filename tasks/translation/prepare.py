@@ -4,7 +4,8 @@
 
 Does what ``TranslationDataModule.prepare_data`` does (the same caches, so a later run starts
 at once) and prints the model, each split's size and what the cleaning options would drop from
-``train``, plus the ``--data.*`` flags to use. Cleaning is applied when the data are loaded, so
+``train``, plus the ``--data.*`` flags to use. The languages, the model and its vocabulary size are
+recorded beside the caches (:mod:`.prepared`), where ``rescale fit`` reads them. Cleaning is applied when the data are loaded, so
 other cleaning options later need no new preparation. Options are the DataModule's names.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -21,6 +23,7 @@ from .batching import batch_by_size, length_order, padding_efficiency
 from .cleaning import CleanOptions, count_truncated, select_train
 from .corpus import LAYOUTS, find_splits
 from .pipeline import CorpusSettings, prepare_corpus
+from .prepared import Prepared, record_prepared
 from .vocab import MODEL_TYPES, SpmOptions
 
 __all__ = ["main"]
@@ -81,8 +84,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"padding efficiency {padding_efficiency(batches, s, t):.3f}")
         elif truncated := count_truncated(src, tgt, *limits):
             print(f"  {truncated} pairs longer than the position limits (truncated when loaded)")
-    flags = f"--data.root {args.root} --data.src_lang {args.src_lang} --data.tgt_lang {args.tgt_lang}"
-    print(f"done in {time.perf_counter() - start:.1f} s; train with {flags} --data.spm_model {prepared.spm_model}"
+    record = record_prepared(args.root, prepared.cache_dir,
+                             Prepared(args.src_lang, args.tgt_lang, prepared.processor.piece_size(),
+                                      str(Path(prepared.spm_model).resolve())))
+    print(f"recorded in {record}: {args.src_lang}-{args.tgt_lang}, vocabulary {prepared.processor.piece_size()} "
+          "(`rescale fit` reads them: no --data.src_lang/--data.tgt_lang/--data.vocab_size to repeat)")
+    print(f"done in {time.perf_counter() - start:.1f} s; train with --data.root {args.root}"
           + (f" --data.cache_dir {args.cache_dir}" if args.cache_dir else ""))
     return 0
 

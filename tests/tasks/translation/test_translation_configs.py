@@ -38,7 +38,7 @@ def test_every_wmt_config_builds_its_recipe(config, tmp_path, monkeypatch):
     scheduler = module.scheduler_factory(adam, steps_per_epoch=10, max_epochs=None)
     assert isinstance(adam, torch.optim.Adam) and adam.defaults["betas"] == (0.9, 0.98)
     assert isinstance(scheduler, InverseSqrtLR) and scheduler.warmup_updates == 4000
-    assert cli.config.trainer.logger.init_args.group == f"wmt14-en-de-{depth}L"
+    assert cli.trainer.logger._wandb_init["group"] == f"en-de-{depth}L"  # the languages of the data
     kept = [c for c in cli.trainer.checkpoint_callbacks if c._every_n_train_steps == 5000]
     assert len(kept) == 1 and kept[0].save_top_k == -1  # the checkpoints average-checkpoints averages
 

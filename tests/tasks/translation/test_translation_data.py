@@ -331,7 +331,8 @@ def test_prepare_command_builds_what_training_loads(parallel_root, tmp_path, mon
     out = capsys.readouterr().out
     assert "train: 2000 pairs" in out and "valid: 200 pairs" in out and "padding efficiency" in out
     model = next(cache.glob("spm-bpe400-*.model"))
-    assert f"--data.spm_model {model}" in out
+    assert f"recorded in {cache / 'prepared.json'}: en-de, vocabulary 400" in out
+    assert f"train with --data.root {parallel_root} --data.cache_dir {cache}" in out
 
     def forbidden(*args, **kwargs):
         raise AssertionError("prepared data were built again")
@@ -343,6 +344,9 @@ def test_prepare_command_builds_what_training_loads(parallel_root, tmp_path, mon
     by_model = TranslationDataModule(str(parallel_root), spm_model=str(model), cache_dir=str(cache), num_workers=0)
     assert by_model.vocab_size == 400  # read from the model in __init__, ready for linking
     by_model.setup("fit")
+    by_record = TranslationDataModule(str(parallel_root), cache_dir=str(cache), num_workers=0)  # nothing repeated
+    assert (by_record.vocab_size, by_record.settings.spm_model) == (400, str(model.resolve()))
+    by_record.setup("fit")
 
 
 # --- one-line errors ----------------------------------------------------------------------------

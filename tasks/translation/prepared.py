@@ -1,0 +1,81 @@
+"""What ``rescale prepare-translation`` recorded about a corpus, where ``rescale fit`` reads it.
+
+``prepared.json`` in the corpus's cache folder (``<root>/rescale_cache/``, the user's cache
+folder for a read-only root, or ``--cache_dir``) holds, per corpus folder, the language pairs
+prepared there (newest last) with their SentencePiece model and its vocabulary size. A
+:class:`~.data.TranslationDataModule` whose ``src_lang``, ``tgt_lang`` or ``vocab_size`` are not
+set takes them from the newest entry that agrees with those set, so the values given to
+``prepare-translation`` are not repeated on every run.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+from .cache import write_atomic
+
+__all__ = ["Prepared", "RECORD", "record_prepared", "find_prepared", "record_folders"]
+
+RECORD = "prepared.json"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    src_lang: str
+    tgt_lang: str
+    vocab_size: int
+    spm_model: str
+
+
+def _root_key(root: str | os.PathLike) -> str:
+    return str(Path(os.path.expanduser(str(root))).resolve())
+
+
+def record_folders(root: str | os.PathLike, cache_dir: Optional[str] = None) -> list[Path]:
+    """Where a record of ``root`` may be, in the order :func:`~.cache.resolve_cache_dir` picks
+    the cache folder (nothing is created)."""
+    if cache_dir is not None:
+        return [Path(os.path.expanduser(str(cache_dir)))]
+    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rescale" / "translation"
+    return [Path(os.path.expanduser(str(root))) / "rescale_cache", user]
+
+
+def _read(folder: Path) -> dict:
+    try:
+        data = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def record_prepared(root: str | os.PathLike, cache_dir: Path, prepared: Prepared) -> Path:
+    """Add ``prepared`` as the newest entry of ``root`` in ``cache_dir/prepared.json``."""
+    data = _read(cache_dir)
+    entries = [e for e in data.get(_root_key(root), []) if isinstance(e, dict)
+               and (e.get("src_lang"), e.get("tgt_lang")) != (prepared.src_lang, prepared.tgt_lang)]
+    data[_root_key(root)] = [*entries, asdict(prepared)]
+    path = cache_dir / RECORD
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True).encode())
+    return path
+
+
+def find_prepared(root: str | os.PathLike, cache_dir: Optional[str] = None, src_lang: Optional[str] = None,
+                  tgt_lang: Optional[str] = None) -> Optional[Prepared]:
+    """The newest entry recorded for ``root`` that agrees with the languages given (None: any)."""
+    for folder in record_folders(root, cache_dir):
+        entries = _read(folder).get(_root_key(root))
+        if not entries:
+            continue
+        for entry in reversed(entries):
+            try:
+                found = Prepared(str(entry["src_lang"]), str(entry["tgt_lang"]), int(entry["vocab_size"]),
+                                 str(entry["spm_model"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+            if src_lang in (None, found.src_lang) and tgt_lang in (None, found.tgt_lang):
+                return found
+        return None
+    return None
