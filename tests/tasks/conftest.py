@@ -97,6 +97,30 @@ def classification_checkpoint(tmp_path):
     return make
 
 
+def fit_in_folder(folder: Path, args: list[str]) -> Path:
+    """``rescale fit *args`` run from ``folder`` (W&B offline), then its ``last.ckpt``: the
+    checkpoint that the tests of what a command does with ``--ckpt_path`` start from."""
+    import os
+
+    from rescale_tasks.cli import main
+
+    old = os.getcwd()
+    os.chdir(folder)
+    os.environ.setdefault("WANDB_MODE", "offline")
+    try:
+        assert main(["fit", *args]) == 0
+    finally:
+        os.chdir(old)
+    [ckpt] = sorted(Path(folder).rglob("last.ckpt"))
+    return ckpt
+
+
+@pytest.fixture(scope="session")
+def fit_checkpoint():
+    """``fit_checkpoint(folder, args) -> Path``: see :func:`fit_in_folder`."""
+    return fit_in_folder
+
+
 @pytest.fixture
 def rescale_processes():
     """``run(args, devices) -> CompletedProcess``: the ``rescale`` command in a fresh Python

@@ -4,7 +4,6 @@ Lightning's CLI would replace with the checkpoint's saved hyper-parameters; the 
 which shapes the weights, is refused in one line."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -15,18 +14,12 @@ from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_r
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, coco_canvases) -> tuple[Path, Path, Path]:
+def trained(tmp_path_factory, coco_canvases, fit_checkpoint) -> tuple[Path, Path, Path]:
     """(folder, config, checkpoint) of a 1-step tiny Mask R-CNN run."""
     folder = tmp_path_factory.mktemp("detection_ckpt")
     config = tiny_config(folder / "tiny.yaml", coco_canvases.root)
-    old = os.getcwd()
-    os.chdir(folder)
-    try:
-        assert main(["fit", "--config", str(config), "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
-                     "--trainer.logger.init_args.save_dir", str(folder / "runs")]) == 0
-    finally:
-        os.chdir(old)
-    [ckpt] = sorted(folder.rglob("last.ckpt"))
+    ckpt = fit_checkpoint(folder, ["--config", str(config), "--trainer.max_steps", "1", "--trainer.limit_val_batches",
+                                  "0", "--trainer.logger.init_args.save_dir", str(folder / "runs")])
     return folder, config, ckpt
 
 

@@ -3,7 +3,6 @@ task runs with the decoding settings typed (issue #24), not with the checkpoint'
 hyper-parameters, which Lightning's CLI would put in their place; the network is refused."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -25,18 +24,10 @@ def tiny(root: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, handful_root) -> Path:
+def trained(tmp_path_factory, handful_root, fit_checkpoint) -> Path:
     """The checkpoint of a 1-step tiny Transformer run (beam 4, the config's)."""
     folder = tmp_path_factory.mktemp("translation_ckpt")
-    old = os.getcwd()
-    os.chdir(folder)
-    os.environ.setdefault("WANDB_MODE", "offline")
-    try:
-        assert main(["fit", *tiny(handful_root), "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0"]) == 0
-    finally:
-        os.chdir(old)
-    [ckpt] = sorted(folder.rglob("last.ckpt"))
-    return ckpt
+    return fit_checkpoint(folder, [*tiny(handful_root), "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0"])
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,6 @@ with what was typed (issue #24), not with the checkpoint's saved hyper-parameter
 Lightning's CLI would put in its place."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -14,18 +13,12 @@ from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_r
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, kinetics_clips) -> tuple[Path, Path]:
+def trained(tmp_path_factory, kinetics_clips, fit_checkpoint) -> tuple[Path, Path]:
     """(config, checkpoint) of a 1-step tiny R3D-18 run."""
     folder = tmp_path_factory.mktemp("video_ckpt")
     config = tiny_config(folder / "tiny.yaml", kinetics_clips)
-    old = os.getcwd()
-    os.chdir(folder)
-    try:
-        assert main(["fit", "--config", str(config), "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
-                     "--trainer.logger.init_args.save_dir", str(folder / "runs")]) == 0
-    finally:
-        os.chdir(old)
-    [ckpt] = sorted(folder.rglob("last.ckpt"))
+    ckpt = fit_checkpoint(folder, ["--config", str(config), "--trainer.max_steps", "1", "--trainer.limit_val_batches",
+                                  "0", "--trainer.logger.init_args.save_dir", str(folder / "runs")])
     return config, ckpt
 
 
