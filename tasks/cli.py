@@ -83,7 +83,8 @@ class RescaleCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         with config_errors():  # a UserError raised in a constructor, unwrapped from jsonargparse's report
             super().instantiate_classes()
-        label_runs(self.trainer.loggers, self.datamodule)  # run name/group {labels} from the data
+        if self.trainer is not None:  # (None: a caller that builds everything but the Trainer)
+            label_runs(self.trainer.loggers, self.datamodule)  # run name/group {labels} from the data
 
     def instantiate_trainer(self, **kwargs):
         with trainer_config_errors():
