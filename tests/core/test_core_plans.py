@@ -7,7 +7,6 @@ The plans' equivalence with the reference path over every block variant is in
 from __future__ import annotations
 
 import copy
-import shutil
 import types
 
 import pytest
@@ -122,10 +121,10 @@ def _case(name: str, scheme: str):
 
 
 # every scheme of the conv families (rezero's blocks are skipinit's), each family, both plans
-COMPILE_CASES = [("resnet18", s, "lean") for s in ("rescale", "fixup", "skipinit", "bn", "none")] + [
-    ("resnext_tiny", "fixup", "lean"), ("resnext_tiny", "rescale", "lean"), ("r3d_18", "rescale", "lean"), ("wide_resnet", "rezero", "lean"),
-    ("vgg11", "rescale", "lean"), ("transformer_tiny", "rescale", "lean"), ("transformer_tiny", "post_ln", "lean"),
-    ("resnet18", "rescale", "folded"), ("transformer_tiny", "rezero", "folded")]
+COMPILE_CASES = [("resnet18", s, "lean") for s in ("rescale", "skipinit", "bn")] + [
+    ("resnext_tiny", "fixup", "lean"), ("r3d_18", "rescale", "lean"), ("wide_resnet", "rezero", "lean"),
+    ("vgg11", "rescale", "lean"), ("transformer_tiny", "rescale", "lean"),
+    ("resnet18", "fixup", "folded"), ("transformer_tiny", "rezero", "folded")]
 
 
 @pytest.mark.parametrize("name, scheme, plan", COMPILE_CASES, ids=["-".join(c) for c in COMPILE_CASES])
@@ -153,18 +152,12 @@ def test_whole_network_compiles_without_graph_break(name, scheme, plan):
     torch._dynamo.reset()
 
 
-def _have_compiler() -> bool:
-    return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
-
-
-@pytest.mark.parametrize("backend, plan", [
-    pytest.param("inductor", "folded", marks=[pytest.mark.slow, pytest.mark.skipif(
-        not _have_compiler(), reason="inductor on CPU needs a C++ compiler")]),
-    ("aot_eager", "lean")])
+@pytest.mark.parametrize("backend, plan", [("aot_eager", "lean"), ("aot_eager", "folded")])
 def test_compiled_training_matches_eager_and_recompiles_once(backend, plan):
-    """A tiny RescaleNet trained compiled (inductor; or AOT autograd, forward and backward
-    traced) and eager over the end of measuring (measure_batches=2): same losses, parameters
-    and mean-shift state. The measuring steps run eagerly (their counters never reach compiled
+    """A tiny RescaleNet trained compiled (AOT autograd: forward and backward traced as inductor
+    gets them; inductor itself trains through the CLI in test_classification_acceleration.py)
+    and eager over the end of measuring (measure_batches=2): same losses, parameters and
+    mean-shift state. The measuring steps run eagerly (their counters never reach compiled
     code); when measuring ends the whole forward is compiled once, as one graph, never again."""
     from torch._dynamo.testing import CompileCounterWithBackend
 

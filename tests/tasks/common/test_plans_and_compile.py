@@ -81,26 +81,23 @@ def test_a_compiled_checkpoint_loads_eager_and_back(tmp_path):
 
 @pytest.mark.slow
 def test_compiled_lean_training_under_two_process_ddp(tmp_path, run_config, rescale_processes):
-    """``rescale fit`` compiled on the lean plan with 2 processes (gloo) trains past the
-    measuring step (mean-shift statistics averaged over the ranks, eagerly) and ends with the
-    weights of the same 2-process run in eager mode on the folded plan."""
-    trained = {}
-    for label, extra in (("compiled", {"plan": "lean", "compile": True,
-                                       "compile_options": {"backend": "aot_eager"}}),
-                         ("eager", {"plan": "folded"})):
-        root = tmp_path / label
-        config = run_config(tmp_path / f"{label}.yaml",
-                            model={"init_args": {**extra, "scheme_options": {"measure_batches": 1},
-                                                 "optimizer": {"class_path": "torch.optim.SGD",
-                                                               "init_args": {"lr": 0.05}}}},
-                            trainer={"max_steps": 3, "limit_train_batches": 3, "limit_val_batches": 0,
-                                     "default_root_dir": str(root)})
-        rescale_processes(["fit", "--config", config], 2)
-        [ckpt] = sorted(Path(root).rglob("last.ckpt"))
-        trained[label] = torch.load(ckpt, map_location="cpu", weights_only=True)
-    assert trained["compiled"]["global_step"] == trained["eager"]["global_step"] == 3
-    compiled, eager = trained["compiled"]["state_dict"], trained["eager"]["state_dict"]
-    assert compiled.keys() == eager.keys()
-    for name, value in eager.items():
-        if value.is_floating_point():
-            torch.testing.assert_close(compiled[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    """``rescale fit`` compiled on the lean plan with 2 processes (gloo): both ranks measure
+    eagerly (the statistics averaged over the ranks), then train compiled; the checkpoint has the
+    plain module's keys, finished measuring and finite weights. (Compiled equals eager in one
+    process: test_core_plans.py; 2 processes equal 1: test_classification_ddp.py.)"""
+    config = run_config(tmp_path / "compiled.yaml",
+                        model={"init_args": {"plan": "lean", "compile": True,
+                                             "compile_options": {"backend": "aot_eager"},
+                                             "scheme_options": {"measure_batches": 1},
+                                             "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.05}}}},
+                        trainer={"max_steps": 3, "limit_train_batches": 3, "limit_val_batches": 0,
+                                 "default_root_dir": str(tmp_path / "ddp")})
+    done = rescale_processes(["fit", "--config", config], 2)
+    assert "recompile" not in done.stderr.lower()
+    [ckpt] = sorted((tmp_path / "ddp").rglob("last.ckpt"))
+    trained = torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert trained["global_step"] == 3
+    plain = _module(plan="folded")
+    plain.load_state_dict(trained["state_dict"])
+    assert not any(m.measuring for m in rescale_core.mean_shift_layers(plain.net))
+    assert all(torch.isfinite(p).all() for p in plain.parameters())
