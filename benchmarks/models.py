@@ -95,8 +95,6 @@ def torchvision_resnet50(num_classes: int = 1000, **kwargs) -> nn.Module:
     """torchvision's ResNet-50; where torchvision is not installed (a GPU machine with only its
     own torch), the suite's ``resnet50`` under ``bn`` (the same layers, ops and parameters)."""
     if not _have("torchvision"):
-        if kwargs:
-            return rescale_core.create_model("resnet50", scheme="none", num_classes=num_classes)
         return rescale_core.create_model("resnet50", scheme="bn", num_classes=num_classes)
     import torchvision
 
@@ -106,6 +104,8 @@ def torchvision_resnet50(num_classes: int = 1000, **kwargs) -> nn.Module:
 def resnet50_floor(num_classes: int = 1000) -> nn.Module:
     """torchvision's ResNet-50 with every BatchNorm replaced by ``nn.Identity`` (without
     torchvision: the suite's ``resnet50`` under ``none``, the same network)."""
+    if not _have("torchvision"):
+        return rescale_core.create_model("resnet50", scheme="none", num_classes=num_classes)
     return torchvision_resnet50(num_classes, norm_layer=lambda channels: nn.Identity())
 
 

@@ -52,6 +52,7 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torch.nn.modules import module as _module_mod
 
 from .layers import MeanShiftBias, ScalarBias
+from .plans import drop_cached
 from .schemes import Scheme
 
 __all__ = ["IMPLEMENTED_FIELDS", "implements", "unimplemented",
@@ -150,6 +151,7 @@ def reference_path(model: nn.Module, enabled: bool = True):
     finally:
         for m, flag in saved:
             m.fused = flag
+        drop_cached(model)  # the lean plan's cached schedules follow the flags
 
 
 def _global_hooks() -> bool:

@@ -272,7 +272,7 @@ class StridedAvgPool(nn.Module):
                 and all(n % k == 0 for n, k in zip(x.shape[2:], kernel))
                 and not torch.compiler.is_compiling()):
             return _BlockMean.apply(x, kernel)
-        return self.pool(x)
+        return self._pool(x, kernel, self._strides, ceil_mode=True, count_include_pad=False)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` as one pooling op: the lean plan's choice (the fewest ops, where

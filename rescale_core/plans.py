@@ -62,7 +62,15 @@ def set_plan(model: nn.Module, plan: str) -> nn.Module:
     for m in _planned(model):
         m.fused = plan != "reference"
         m.plan = "auto" if plan == "reference" else plan
+    drop_cached(model)
     return model
+
+
+def drop_cached(model: nn.Module) -> None:
+    """Forget the lean schedules cached in ``model``'s modules (:func:`cached_on`): they depend
+    on the ``fused`` flags, which :func:`set_plan` and ``reference_path`` change."""
+    for m in model.modules():
+        m.__dict__.pop("_lean_cache", None)
 
 
 def plan_of(model: nn.Module) -> str:

@@ -229,7 +229,8 @@ class ResNet(nn.Module):
 
     def _lean_schedule(self):
         """(LeanTerms of the whole network, {block: (c_in, c_out)}), cached until a module is
-        registered anywhere or a flag a schedule depends on changes."""
+        registered anywhere (``set_plan`` and ``reference_path`` drop it: the blocks' ``fused``
+        flags shape it; no walk over the modules per forward)."""
         def build():
             blocks = self._lean_blocks()
             entries = [(self.bn1, 1.0)] if plans.is_term_module(self.bn1) else []
@@ -239,8 +240,7 @@ class ResNet(nn.Module):
             entries += [(m, 1.0) for m in (self.pool_shift, self.fc_bias) if plans.is_term_module(m)]
             return plans.LeanTerms(entries), {block: (c_in, c_out) for block, c_in, c_out in blocks}
 
-        return plans.cached_on(self, lambda: (fp._module_tree_version,
-                                              tuple(getattr(m, "fused", None) for m in self.modules())), build)
+        return plans.cached_on(self, lambda: fp._module_tree_version, build)
 
     def _features_lean(self, x: torch.Tensor, terms: dict, stages: list | None) -> tuple[torch.Tensor, float]:
         conv, post = self.conv1, self.bn1
