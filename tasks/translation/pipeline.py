@@ -49,18 +49,19 @@ class PreparedCorpus:
     encoded: dict[str, EncodedSplit]
 
 
-def prepare_corpus(settings: CorpusSettings) -> PreparedCorpus:
-    """Steps 1-3 for every split present; one-line :class:`DataError` on bad input."""
-    sources = find_splits(settings.root, settings.src_lang, settings.tgt_lang, settings.layout)
+def prepare_corpus(settings: CorpusSettings, flags: str = "--data.") -> PreparedCorpus:
+    """Steps 1-3 for every split present; one-line :class:`DataError` on bad input. ``flags``: how
+    the command at hand spells the options in its messages (``--`` for ``prepare-translation``)."""
+    sources = find_splits(settings.root, settings.src_lang, settings.tgt_lang, settings.layout, flags=flags)
     root = Path(os.path.expanduser(str(settings.root)))
     cache_dir = resolve_cache_dir(root, settings.cache_dir)
     if settings.spm_model:
         model_path = Path(os.path.expanduser(str(settings.spm_model)))
     elif "train" in sources:
-        model_path = train_spm(sources["train"], settings.spm, cache_dir)
+        model_path = train_spm(sources["train"], settings.spm, cache_dir, flags=flags)
     else:
         raise DataError(f"no training text in {root} (data.root) to train the SentencePiece model on; "
-                        "add the train split, or pass --data.spm_model PATH.")
+                        f"add the train split, or pass {flags}spm_model PATH.")
     processor = load_spm(model_path)
     encoded = {name: encode_split(source, processor, model_path, cache_dir) for name, source in sources.items()}
     return PreparedCorpus(sources, cache_dir, model_path, processor, encoded)

@@ -21,7 +21,7 @@ from rescale_tasks.common.errors import UserError
 
 from .batching import batch_by_size, length_order, padding_efficiency
 from .cleaning import CleanOptions, count_truncated, select_train
-from .corpus import LAYOUTS, find_splits
+from .corpus import LAYOUTS
 from .pipeline import CorpusSettings, prepare_corpus
 from .prepared import Prepared, record_prepared
 from .vocab import MODEL_TYPES, SpmOptions
@@ -65,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     clean = CleanOptions(drop_empty=not args.keep_empty, max_len=args.max_len or None,
                          len_ratio=args.len_ratio or None)
     start = time.perf_counter()
-    find_splits(args.root, args.src_lang, args.tgt_lang, args.layout, flags="--")  # errors in this command's flags
-    prepared = prepare_corpus(settings)
+    prepared = prepare_corpus(settings, flags="--")  # errors in this command's flags
     limits = (args.max_source_positions, args.max_target_positions)
     print(f"SentencePiece model: {prepared.spm_model} ({prepared.processor.piece_size()} pieces)")
     print(f"cache: {prepared.cache_dir}")

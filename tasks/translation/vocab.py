@@ -67,8 +67,9 @@ def _model_path(train: SplitSource, options: SpmOptions, cache_dir: Path) -> Pat
     return cache_dir / f"spm-{options.model_type}{options.vocab_size}-{key[:DIGEST_CHARS]}.model"
 
 
-def train_spm(train: SplitSource, options: SpmOptions, cache_dir: Path) -> Path:
-    """The cached model for ``train`` and ``options``, trained now if there is none yet."""
+def train_spm(train: SplitSource, options: SpmOptions, cache_dir: Path, flags: str = "--data.") -> Path:
+    """The cached model for ``train`` and ``options``, trained now if there is none yet; ``flags``:
+    how the command at hand spells the options in its messages."""
     path = _model_path(train, options, cache_dir)
     if path.is_file():
         return path
@@ -94,21 +95,21 @@ def train_spm(train: SplitSource, options: SpmOptions, cache_dir: Path) -> Path:
     except RuntimeError as err:
         if failures:
             raise failures[0] from None
-        raise _training_error(err, train, options) from None
+        raise _training_error(err, train, options, flags) from None
     if failures:
         raise failures[0]
     write_atomic(path, model.getvalue())
     return path
 
 
-def _training_error(err: RuntimeError, train: SplitSource, options: SpmOptions) -> Exception:
+def _training_error(err: RuntimeError, train: SplitSource, options: SpmOptions, flags: str = "--data.") -> Exception:
     message = " ".join(str(err).split())
     where = " and ".join(p.name for p in train.paths)
     limit = re.search(r"value <= (\d+)", message)
     if limit:
         return DataError(f"vocab_size={options.vocab_size} is too large for the text of {where} in "
                          f"{train.paths[0].parent}: SentencePiece can make at most {limit.group(1)} "
-                         f"pieces from it; use --data.vocab_size {limit.group(1)} or less (or more text).")
+                         f"pieces from it; use {flags}vocab_size {limit.group(1)} or less (or more text).")
     if "empty" in message.lower() or "no sentence" in message.lower():
         return DataError(f"no text to train SentencePiece on in {where} ({train.paths[0].parent}): "
                          "every line is empty; check the files.")

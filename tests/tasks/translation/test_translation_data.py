@@ -465,12 +465,20 @@ def test_bad_tsv_lines_and_text(tmp_path, gettext_splits, writers):
     assert "train.de line 51 is not UTF-8" in one_line(err)
 
 
-def test_vocabulary_too_large_for_the_text(tmp_path, gettext_splits, writers):
+def test_vocabulary_too_large_for_the_text(tmp_path, gettext_splits, writers, error_line):
+    """The limit and the option to lower, as the command at hand spells it."""
+    from rescale_tasks.cli import main
+
     root = writers.files(tmp_path / "small", {"train": gettext_splits["train"][:40]})
     with pytest.raises(DataError) as err:
         make_dm(root, vocab_size=32000).setup("fit")
     message = one_line(err)
     assert "vocab_size=32000 is too large" in message and "--data.vocab_size" in message
+    limit = message.split("use --data.vocab_size ")[1].split()[0]
+    assert main(["prepare-translation", str(root)]) == 2  # its option is --vocab_size
+    line = error_line()
+    assert "vocab_size=32000 is too large" in line and f"use --vocab_size {limit} or less" in line
+    assert "--data." not in line
 
 
 def test_bad_options_are_config_errors(tmp_path):
