@@ -256,8 +256,16 @@ def _cmd_models(argv: list[str]) -> int:
 
     p = UserArgumentParser(prog="rescale models", description=COMMAND_HELP["models"])
     p.add_argument("pattern", nargs="?", default="*",
-                   help="a shell-style pattern, e.g. 'rescale*' (default: all)")
-    for name in rescale_core.list_models(p.parse_args(argv).pattern):
+                   help="a shell-style pattern, e.g. 'rescale*', or a part of the name, e.g. resnet5 "
+                        "(default: all)")
+    pattern = p.parse_args(argv).pattern
+    if not any(c in pattern for c in "*?["):
+        pattern = f"*{pattern}*"  # no wildcard: a part of the name
+    names = rescale_core.list_models(pattern)
+    if not names:
+        print(f"error: no registered network matches {pattern!r} (rescale models: all of them)", file=sys.stderr)
+        return 1
+    for name in names:
         print(name)
     return 0
 

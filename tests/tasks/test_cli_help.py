@@ -51,3 +51,14 @@ def test_models_and_schemes_refuse_unknown_arguments_in_one_line(capsys):
     assert err == "error: rescale schemes: unrecognized arguments: --verbose (see rescale schemes --help)"
     assert main(["models", "rescale5*"]) == 0
     assert capsys.readouterr().out.split() == ["rescale50"]
+
+
+def test_models_matches_a_part_of_the_name_and_says_when_nothing_matches(capsys):
+    """`rescale models resnet5` (no wildcard) lists the names holding it; it printed nothing."""
+    assert main(["models", "resnet5"]) == 0
+    names = capsys.readouterr().out.split()
+    assert "resnet50" in names and all("resnet5" in n for n in names)
+    assert main(["models", "nosuchnet"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.strip() == (
+        "error: no registered network matches '*nosuchnet*' (rescale models: all of them)")
