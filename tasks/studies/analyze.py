@@ -54,6 +54,24 @@ def signal_rows(records: Sequence[dict], run: str) -> list[dict]:
              "gain": r["gain"]} for r in records]
 
 
+def signal_stage_rows(rows: Sequence[dict]) -> list[dict]:
+    """Per run and stage, the papers' claims in one line: the block output variance at the first and
+    last block of the stage and their ratio (RescaleNet: flat, ~1; BN: growing about linearly with
+    the number of blocks, SkipInit Sec. 2; no normalisation: exponentially), and the largest and
+    mean ``eta_k`` (RescaleNet rebuttal Eq. 1: small when the merge keeps the skip and branch apart)."""
+    out = []
+    for run, mine in _runs(rows).items():
+        for stage in dict.fromkeys(r["stage"] for r in mine):
+            blocks = [r for r in mine if r["stage"] == stage]
+            first, last = blocks[0]["var_out"], blocks[-1]["var_out"]
+            etas = [r["eta"] for r in blocks if r["eta"] is not None and math.isfinite(r["eta"])]
+            out.append({"run": run, "stage": stage, "blocks": len(blocks), "var_out_first": first,
+                        "var_out_last": last, "growth": last / first if first else None,
+                        "eta_max": max(etas) if etas else None,
+                        "eta_mean": sum(etas) / len(etas) if etas else None})
+    return out
+
+
 def gain_rows(net: torch.nn.Module, run: str = "", step: int = 0) -> list[dict]:
     """The learned branch multiplier of every residual block that has one: its mean, and for a
     vector (per-channel) gain its min, max and std (empty for a scalar gain)."""
@@ -252,8 +270,10 @@ def _signal(args, overrides: list[str]) -> int:
     mode = "train" if args.train else "eval"
     title = f"signal propagation ({args.samples} {args.input} samples, {mode} mode)"
     out.table("signal", rows, SIGNAL_COLUMNS, title=title)
+    out.table("signal_stages", signal_stage_rows(rows),
+              title=f"per stage: block output variance, first and last block, growth = last / first; eta_k ({title})")
     out.figure("signal", signal_figure(rows, title))
-    out.finish(args.wandb_run, args.wandb_project, echo=["signal"])
+    out.finish(args.wandb_run, args.wandb_project, echo=["signal", "signal_stages"])
     return 0
 
 

@@ -35,7 +35,7 @@ __all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of", "p
            "METRICS"]
 
 # the task's metric, by what the runs logged: classification, detection, translation
-METRICS = ("val/acc1", "val/map", "val/bleu", "val/acc")
+METRICS = ("val/acc1", "val/bbox_AP", "val/map", "val/bleu", "val/acc")
 
 
 def pick_metric(runs: list[dict], metric: Optional[str], default: Optional[str] = None) -> str:
@@ -99,29 +99,31 @@ def _baseline(variants: dict[str, list[dict]], wanted: Optional[str]) -> Optiona
 
 def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optional[str] = None,
                  use: str = "best") -> tuple[list[dict], str]:
-    """One row per (experiment, variant), baseline first; and the metric used."""
-    metric = pick_metric(runs, metric)
-    higher = higher_is_better(metric)
+    """One row per (experiment, variant), baseline first; and the metric used (without ``metric``,
+    each experiment's own task metric: accuracy, box AP, BLEU; the first of them overall is returned)."""
+    requested, first = metric, pick_metric(runs, metric)
     groups: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
         groups[experiment_of(run)][variant_of(run)].append(run)
     rows = []
     for experiment in sorted(groups):
         variants = groups[experiment]
+        mine = pick_metric([r for group in variants.values() for r in group], requested, default=first)
+        higher = higher_is_better(mine)
         base = _baseline(variants, baseline)
-        base_mean = mean_std(_metric_value(r, metric, use) for r in variants[base])[0] if base else None
+        base_mean = mean_std(_metric_value(r, mine, use) for r in variants[base])[0] if base else None
         base_speed = mean_std(r.get("samples_per_second") for r in variants[base])[0] if base else None
         order = ([base] if base else []) + sorted(v for v in variants if v != base)
         for variant in order:
             group = variants[variant]
-            mean, std, _ = mean_std(_metric_value(r, metric, use) for r in group)
+            mean, std, _ = mean_std(_metric_value(r, mine, use) for r in group)
             loss = mean_std((r.get("final") or {}).get("train/loss_epoch") for r in group)[0]
             speed = mean_std(r.get("samples_per_second") for r in group)[0]
             diverged = sum(r.get("status") == "diverged" for r in group)
             rows.append({
                 "experiment": experiment, "variant": variant,
                 "role": "baseline" if variant == base else "",
-                "runs": len(group), "metric": metric, "mean": mean, "std": std,
+                "runs": len(group), "metric": mine, "mean": mean, "std": std,
                 "vs_baseline": (mean - base_mean) if mean is not None and base_mean is not None else None,
                 "better": (None if mean is None or base_mean is None or variant == base
                            else (mean >= base_mean) == higher),
@@ -129,7 +131,7 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
                 "speed_vs_baseline": speed / base_speed if speed and base_speed else None,
                 "diverged": f"{diverged}/{len(group)}",
             })
-    return rows, metric
+    return rows, first
 
 
 def _slug(text: str) -> str:
@@ -140,7 +142,9 @@ def _plots(outputs: StudyOutputs, runs: list[dict], rows: list[dict], metric: st
     by_experiment: dict[str, list[dict]] = defaultdict(list)
     for run in runs:
         by_experiment[experiment_of(run)].append(run)
+    metric_of = {r["experiment"]: r["metric"] for r in rows}
     for experiment, group in sorted(by_experiment.items()):
+        metric = metric_of.get(experiment, metric)
         fig, (ax_loss, ax_metric) = new_figure(2)
         colors: dict[str, str] = {}
         for run in sorted(group, key=variant_of):
@@ -270,8 +274,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                         "writes one beside its config; point at the runs' folders")
     rows, metric = compare_rows(runs, args.metric, args.baseline, args.use)
     outputs = StudyOutputs(args.out)
-    outputs.table("compare", rows, title=f"{metric} ({args.use}), each variant against its baseline; "
-                  "std: sample std over seeds (n-1)")
+    metrics = ", ".join(dict.fromkeys(r["metric"] for r in rows)) or metric
+    outputs.table("compare", rows, title=f"{metrics} ({args.use}; each experiment its task's metric, see the "
+                  "metric column), each variant against its baseline; std: sample std over seeds (n-1)")
     _plots(outputs, runs, rows, metric)
     outputs.finish(args.wandb_run, echo=["compare"])
     return 0

@@ -43,6 +43,7 @@ from .grid import (LOG_FILE, Grid, GridPoint, StudyInterrupted, rescale_command,
                    write_slurm, write_sweep)
 from .lock import folder_lock
 from .outputs import StudyOutputs, new_figure
+from .seeded import collapse_seeds, format_mean_std, mean_curve, seed_suffix, steps_to_fraction
 
 __all__ = ["main", "depth_points", "batch_lr_points", "seed_points", "point_rows", "depth_tables",
            "batch_lr_tables", "seed_table", "parse_lr_grid", "aggregate"]
@@ -65,24 +66,69 @@ def _fmt(value: float) -> str:
     return f"{value:g}"
 
 
+def _seeded(seeds: Optional[list[int]]) -> list[Optional[int]]:
+    return list(seeds) if seeds else [None]
+
+
+def _seed_args(seed: Optional[int]) -> list[str]:
+    return [] if seed is None else ["--seed_everything", str(seed)]
+
+
+def _recipe(configs: list[str], template: Optional[str], scheme: str) -> tuple[list[str], str]:
+    """The point's configs: the base ones, then the scheme's recipe (``template`` with ``{scheme}``
+    filled in) where that file exists; and the recipe's name for the tables (``base`` otherwise)."""
+    if not template:
+        return configs, "base"
+    path = template.format(scheme=scheme)
+    if not os.path.isfile(path):
+        return configs, "base"
+    return [*configs, os.path.abspath(path)], os.path.splitext(os.path.basename(path))[0]
+
+
 def depth_points(configs: list[str], depths: list[int], schemes: list[str], study: str,
-                 depth_key: str = KEYS["depth"], scheme_key: str = KEYS["scheme"]) -> list[GridPoint]:
-    """One point per (scheme, depth); W&B group ``<study>-d<depth>`` (the schemes of one depth)."""
-    return [GridPoint(f"d{depth}-{scheme}", configs,
-                      [f"--{scheme_key}", scheme, f"--{depth_key}", str(depth)],
-                      {"depth": depth, "scheme": scheme}, group=f"{study}-d{depth}")
-            for scheme in schemes for depth in depths]
+                 depth_key: str = KEYS["depth"], scheme_key: str = KEYS["scheme"],
+                 seeds: Optional[list[int]] = None, recipe: Optional[str] = None) -> list[GridPoint]:
+    """One point per (scheme, depth[, seed]); W&B group ``<study>-d<depth>`` (the schemes of one
+    depth). ``recipe``: a per-scheme config template (``experiments/digits/recipes/{scheme}.yaml``)
+    applied after the base configs where it exists."""
+    points = []
+    for scheme in schemes:
+        mine, recipe_name = _recipe(configs, recipe, scheme)
+        for depth in depths:
+            for seed in _seeded(seeds):
+                params = {"depth": depth, "scheme": scheme}
+                if recipe:
+                    params["recipe"] = recipe_name
+                if seed is not None:
+                    params["seed"] = seed
+                points.append(GridPoint(f"d{depth}-{scheme}{seed_suffix(seed)}", mine,
+                                        [f"--{scheme_key}", scheme, f"--{depth_key}", str(depth), *_seed_args(seed)],
+                                        params, group=f"{study}-d{depth}"))
+    return points
 
 
 def batch_lr_points(configs: list[str], batch_sizes: list[int], lrs: list[float], schemes: list[str],
                     study: str, batch_key: str = KEYS["batch"], lr_key: str = KEYS["lr"],
-                    scheme_key: str = KEYS["scheme"]) -> list[GridPoint]:
-    """One point per (scheme, batch size, learning rate); W&B group ``<study>-b<batch>-lr<lr>``."""
-    return [GridPoint(f"{scheme}-b{batch}-lr{_fmt(lr)}", configs,
-                      [f"--{scheme_key}", scheme, f"--{batch_key}", str(batch), f"--{lr_key}", repr(float(lr))],
-                      {"scheme": scheme, "batch_size": batch, "lr": float(lr)},
-                      group=f"{study}-b{batch}-lr{_fmt(lr)}")
-            for scheme in schemes for batch in batch_sizes for lr in lrs]
+                    scheme_key: str = KEYS["scheme"], seeds: Optional[list[int]] = None,
+                    recipe: Optional[str] = None) -> list[GridPoint]:
+    """One point per (scheme, batch size, learning rate[, seed]); W&B group ``<study>-b<batch>-lr<lr>``."""
+    points = []
+    for scheme in schemes:
+        mine, recipe_name = _recipe(configs, recipe, scheme)
+        for batch in batch_sizes:
+            for lr in lrs:
+                for seed in _seeded(seeds):
+                    params = {"scheme": scheme, "batch_size": batch, "lr": float(lr)}
+                    if recipe:
+                        params["recipe"] = recipe_name
+                    if seed is not None:
+                        params["seed"] = seed
+                    points.append(GridPoint(
+                        f"{scheme}-b{batch}-lr{_fmt(lr)}{seed_suffix(seed)}", mine,
+                        [f"--{scheme_key}", scheme, f"--{batch_key}", str(batch), f"--{lr_key}", repr(float(lr)),
+                         *_seed_args(seed)],
+                        params, group=f"{study}-b{batch}-lr{_fmt(lr)}"))
+    return points
 
 
 def seed_points(configs: list[str], seeds: list[int], study: str) -> list[GridPoint]:
@@ -160,7 +206,7 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
         final, best = s.get("final") or {}, s.get("best") or {}
         row: dict[str, Any] = dict(point.params)
         row.update({"status": None, "diverged_step": None, "steps": s.get("steps"), "train_loss": None,
-                    "val_loss": None, f"final {metric}": None, f"best {metric}": None,
+                    "val_loss": None, f"final {metric}": None, f"best {metric}": None, "steps_to_90": None,
                     "train_seconds": s.get("train_seconds"), "error": None, "point": point.name})
         if state.state == "done":
             diverged = s.get("status") == "diverged"
@@ -172,6 +218,8 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
                 row["val_loss"] = _float(final.get("val/loss"))
                 row[f"final {metric}"] = _float(final.get(metric))
                 row[f"best {metric}"] = _float(best.get(metric))
+                row["steps_to_90"] = steps_to_fraction((s.get("curves") or {}).get(metric) or [],
+                                                       row[f"final {metric}"], 0.9, higher)
                 row["status"] = "trained" if _learned(grid, point, s, metric, higher, margin) else "failed to learn"
         elif state.state == "partial":
             row["status"] = "interrupted"
@@ -219,12 +267,84 @@ def depth_tables(rows: list[dict], metric: str) -> tuple[list[dict], list[dict]]
     scheme, one column per depth (the final metric, ``diverged@s``, ``failed to learn`` ...)."""
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
     depths = sorted({r["depth"] for r in rows})
-    ordered = sorted(rows, key=lambda r: (schemes.index(r["scheme"]), r["depth"]))
+    ordered = sorted(rows, key=lambda r: (schemes.index(r["scheme"]), r["depth"], r.get("seed") or 0))
     wide = []
     for scheme in schemes:
         cells = {r["depth"]: _status_cell(r, metric) for r in rows if r["scheme"] == scheme}
         wide.append({"scheme": scheme, **{f"depth {d}": cells.get(d, "") for d in depths}})
     return ordered, wide
+
+
+def _seeded_cell(row: dict, metric: str) -> str:
+    """A (scheme, depth) cell over seeds: mean ± std of the final metric over the runs that did not
+    diverge, how many diverged (and where), the mean steps to 90% of the final metric."""
+    key = f"final {metric}"
+    n, runs = row[f"{key} n"], row["seeds"]
+    if row["status"] == "not run":
+        return "not run"
+    if row["status"] == "diverged":
+        return f"diverged {row['diverged']}/{runs} (@{row['diverged_steps'].replace(' ', ',')})"
+    cell = format_mean_std(row[key], row[f"{key} std"])
+    notes = []
+    if row["diverged"]:
+        notes.append(f"{row['diverged']}/{runs} diverged")
+    if row["failed_to_learn"]:
+        notes.append(f"{row['failed_to_learn']}/{runs} failed to learn")
+    if n < runs and not row["diverged"] and not row["failed_to_learn"]:
+        notes.append(f"n={n}")
+    if row["steps_to_90"] is not None:
+        notes.append(f"90% at {row['steps_to_90']:.0f}")
+    return cell + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def depth_seed_tables(rows: list[dict], metric: str) -> tuple[list[dict], list[dict]]:
+    """With seeds: one row per (scheme, depth) (mean, std, n, diverged, steps to 90% ...) and the wide
+    table of ``_seeded_cell`` s, one row per scheme."""
+    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
+    depths = sorted({r["depth"] for r in rows})
+    keys = ["scheme", "depth"] + (["recipe"] if any("recipe" in r for r in rows) else [])
+    collapsed = sorted(collapse_seeds(rows, keys, metric), key=lambda r: (schemes.index(r["scheme"]), r["depth"]))
+    wide = []
+    for scheme in schemes:
+        cells = {r["depth"]: _seeded_cell(r, metric) for r in collapsed if r["scheme"] == scheme}
+        recipe = next((r["recipe"] for r in collapsed if r["scheme"] == scheme and "recipe" in r), None)
+        wide.append({"scheme": scheme, **({"recipe": recipe} if recipe else {}),
+                     **{f"depth {d}": cells.get(d, "") for d in depths}})
+    return collapsed, wide
+
+
+def _curves_plot(outputs: StudyOutputs, grid: Grid, rows: list[dict], metric: str, panel_key: str,
+                 name: str) -> None:
+    """Learning curves: one panel per ``panel_key`` value (a depth), per scheme the mean over seeds
+    of ``metric`` against the step (band: min to max), diverged runs left out."""
+    by_name = {p.name: p for p in grid.points}
+    panels = sorted({r[panel_key] for r in rows})
+    if not panels:
+        return
+    fig, axes = new_figure(len(panels), width=4.2, height=3.4)
+    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
+    for ax, panel in zip(axes, panels):
+        for i, scheme in enumerate(schemes):
+            mine = [r for r in rows if r[panel_key] == panel and r["scheme"] == scheme and r["status"] != "not run"]
+            curves = []
+            for r in mine:
+                if r["status"].startswith("diverged") or r["point"] not in by_name:
+                    continue
+                summary = grid.state(by_name[r["point"]]).summary or {}
+                curve = (summary.get("curves") or {}).get(metric)
+                if curve:
+                    curves.append(curve)
+            pts = mean_curve(curves)
+            color = f"C{i % 10}"
+            if pts:
+                steps, mean, low, high = zip(*pts)
+                ax.plot(steps, mean, color=color, marker=".", label=f"{scheme} (n={len(curves)})")
+                if len(curves) > 1:
+                    ax.fill_between(steps, low, high, color=color, alpha=0.2)
+            elif mine:
+                ax.plot([], [], color=color, label=f"{scheme} (diverged)")
+        ax.set(xlabel="step", ylabel=metric, title=f"{panel_key} {panel}")
+    outputs.figure(name, fig)
 
 
 def _depth_plot(outputs: StudyOutputs, rows: list[dict], metric: str) -> None:
@@ -386,7 +506,22 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
     rows, metric = point_rows(grid, metric, margin)
     not_done = [r for r in rows if r["status"] in ("not run", "interrupted", "failed")]
     note = f"; {len(not_done)} of {len(rows)} points not done" if not_done else ""
-    if grid.kind == "depth":
+    seeded = any("seed" in r for r in rows)
+    if grid.kind == "depth" and seeded:
+        collapsed, wide = depth_seed_tables(rows, metric)
+        outputs.table("depth_runs", depth_tables(rows, metric)[0],
+                      title=f"Depth study: one row per run (final values; steps_to_90: first step at 90% of "
+                      f"the run's final {metric}){note}")
+        outputs.table("depth", collapsed, title=f"Depth study over seeds: mean, std (n-1) and n of the runs that "
+                      f"did not diverge, per scheme and depth{note}")
+        outputs.table("depth_grid", wide, title=f"Depth study: final {metric}, mean ± std over seeds (diverged "
+                      f"runs counted apart; 90% at s: mean first step at 90% of the final {metric}){note}")
+        _depth_plot(outputs, [{**r, "status": "trained" if r[f"final {metric}"] is not None else
+                               ("diverged" if r["status"] == "diverged" else r["status"]),
+                               "diverged_step": None} for r in collapsed], metric)
+        _curves_plot(outputs, grid, rows, metric, "depth", "depth_curves")
+        echo = ["depth_grid"]
+    elif grid.kind == "depth":
         ordered, wide = depth_tables(rows, metric)
         outputs.table("depth", ordered, title=f"Depth study: one row per run (final values; failed to learn: "
                       f"final {metric} not above chance + {margin:g}){note}")
@@ -395,6 +530,12 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
         _depth_plot(outputs, ordered, metric)
         echo = ["depth_grid"]
     elif grid.kind == "batch-lr":
+        if seeded:  # a setting is stable when none of its seeds diverged; optimal: the best mean
+            outputs.table("batch_lr_runs", sorted(rows, key=lambda r: (r["scheme"], r["batch_size"], r["lr"],
+                                                                       r["seed"])),
+                          title=f"Batch size x learning rate: one row per run{note}")
+            rows = [{**r, "status": "diverged" if r["diverged"] else r["status"], "diverged_step": None}
+                    for r in collapse_seeds(rows, ["scheme", "batch_size", "lr"], metric)]
         summary = batch_lr_tables(rows, metric)
         outputs.table("batch_lr", summary, title=f"Optimal (best final {metric}) and largest stable (did not "
                       f"diverge) learning rate per scheme and batch size{note}")
@@ -540,18 +681,42 @@ def _name(args) -> str:
     return os.path.basename(os.path.abspath(args.out))
 
 
+def _repeats(args) -> Optional[list[int]]:
+    """The seeds of a depth or batch-lr study run over several (None: one run per point, --seed)."""
+    if args.seed_list:
+        return list(dict.fromkeys(args.seed_list))
+    if args.seeds:
+        if args.seeds < 1:
+            raise UserError(f"--seeds {args.seeds}: give at least 1")
+        return list(range(args.seed, args.seed + args.seeds))
+    return None
+
+
+def _recipe_template(args) -> Optional[str]:
+    if not args.recipe:
+        return None
+    if "{scheme}" not in args.recipe:
+        raise UserError(f"--recipe {args.recipe}: expected a path with {{scheme}} in it, "
+                        "e.g. experiments/digits/recipes/{scheme}.yaml")
+    return args.recipe
+
+
 def _cmd_depth(args, overrides: list[str]) -> int:
+    seeds, recipe = _repeats(args), _recipe_template(args)
     points = depth_points(_configs(args, DEPTH_CONFIG), args.depths, args.schemes, _name(args), args.depth_key,
-                          args.scheme_key)
-    return _study(args, points, {"depths": args.depths, "schemes": args.schemes}, overrides)
+                          args.scheme_key, seeds, recipe)
+    return _study(args, points, {"depths": args.depths, "schemes": args.schemes, "seeds": seeds,
+                                 "recipe": recipe}, overrides)
 
 
 def _cmd_batch_lr(args, overrides: list[str]) -> int:
     configs = _configs(args, BATCH_LR_CONFIG)
     lrs = args.lrs or parse_lr_grid(args.lr_grid)
+    seeds, recipe = _repeats(args), _recipe_template(args)
     points = batch_lr_points(configs, args.batch_sizes, lrs, args.schemes, _name(args), args.batch_key, args.lr_key,
-                             args.scheme_key)
-    return _study(args, points, {"batch_sizes": args.batch_sizes, "lrs": lrs, "schemes": args.schemes}, overrides)
+                             args.scheme_key, seeds, recipe)
+    return _study(args, points, {"batch_sizes": args.batch_sizes, "lrs": lrs, "schemes": args.schemes,
+                                 "seeds": seeds, "recipe": recipe}, overrides)
 
 
 def _cmd_seeds(args, overrides: list[str]) -> int:
@@ -567,6 +732,14 @@ def _cmd_aggregate(args, overrides: list[str]) -> int:
     with folder_lock(grid.study_dir):
         aggregate(grid, args.out, args.metric, args.wandb_run, args.wandb_project)
     return 0
+
+
+def _cmd_tables(args, overrides: list[str]) -> int:
+    from .readme_tables import main as tables_main
+
+    if overrides:
+        raise UserError("rescale study tables takes no fit overrides (after --)")
+    return tables_main([args.document, *(["--check"] if args.check else [])])
 
 
 def _cmd_run_point(args, overrides: list[str]) -> int:
@@ -595,10 +768,19 @@ def _cmd_run_point(args, overrides: list[str]) -> int:
     return code
 
 
+def _add_repeats(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seeds", type=int, help="run every point over N seeds (from --seed on): tables of "
+                   "mean ± std, learning curves averaged (default: one run per point)")
+    p.add_argument("--seed_list", type=int, nargs="+", help="these seeds instead")
+    p.add_argument("--recipe", metavar="TEMPLATE",
+                   help="per-scheme recipe config applied after --config where it exists, "
+                   "e.g. experiments/digits/recipes/{scheme}.yaml (each scheme trained as its paper trains it)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="rescale study", description="The papers' studies as grids of ordinary rescale fit runs.",
                 epilog="rescale fit overrides for every point go after --, e.g. -- --data.root /data/cifar10")
-    sub = p.add_subparsers(dest="command", metavar="{depth,batch-lr,seeds,aggregate}", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", metavar="{depth,batch-lr,seeds,aggregate,tables}", parser_class=_Parser)
 
     d = sub.add_parser("depth", help="SkipInit's depth study: schemes x depths, same budget")
     d.add_argument("--depths", type=int, nargs="+", default=list(DEPTH_DEPTHS),
@@ -606,6 +788,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--schemes", nargs="+", default=list(DEPTH_SCHEMES), help="default: %(default)s")
     d.add_argument("--depth_key", default=KEYS["depth"], help="config key of the depth (default: %(default)s)")
     d.add_argument("--scheme_key", default=KEYS["scheme"], help="config key of the scheme (default: %(default)s)")
+    _add_repeats(d)
     _add_common(d, "depth")
     d.set_defaults(func=_cmd_depth)
 
@@ -617,6 +800,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch_key", default=KEYS["batch"], help="config key of the batch size (default: %(default)s)")
     b.add_argument("--lr_key", default=KEYS["lr"], help="config key of the learning rate (default: %(default)s)")
     b.add_argument("--scheme_key", default=KEYS["scheme"], help="config key of the scheme (default: %(default)s)")
+    _add_repeats(b)
     _add_common(b, "batch-lr")
     b.set_defaults(func=_cmd_batch_lr)
 
@@ -634,6 +818,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--wandb_run", help="log the tables and plots to this W&B run (folder or id)")
     a.add_argument("--wandb_project", help="the W&B project of --wandb_run given as an id")
     a.set_defaults(func=_cmd_aggregate)
+
+    t = sub.add_parser("tables", help="copy the study tables a document names into it (README.md)")
+    t.add_argument("document", nargs="?", default="README.md", help="default: %(default)s")
+    t.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table differs from its file")
+    t.set_defaults(func=_cmd_tables)
 
     r = sub.add_parser("run-point")  # internal: the SLURM array task and the sweep agent run this
     r.add_argument("study_dir")

@@ -85,3 +85,18 @@ def test_compare_bad_input_is_one_line(args, expected, tmp_path, capsys):
     assert main(["compare", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0]
+
+
+def test_compare_scores_each_experiment_by_its_own_task_metric():
+    from rescale_tasks.studies.compare import compare_rows
+
+    def run(group, scheme, final):
+        return {"group": group, "scheme": scheme, "status": "finished", "final": final, "best": final}
+    runs = [run("wmt", "post_ln", {"val/bleu": 20.0}), run("wmt", "rescale", {"val/bleu": 21.0}),
+            run("coco", "bn", {"val/bbox_AP": 0.30}), run("coco", "rescale", {"val/bbox_AP": 0.31}),
+            run("digits", "bn", {"val/acc1": 0.97}), run("digits", "rescale", {"val/acc1": 0.975})]
+    rows, _ = compare_rows(runs)
+    metric = {(r["experiment"], r["variant"]): (r["metric"], r["mean"]) for r in rows}
+    assert metric[("wmt", "rescale")] == ("val/bleu", 21.0)
+    assert metric[("coco", "rescale")] == ("val/bbox_AP", 0.31)
+    assert metric[("digits", "rescale")] == ("val/acc1", 0.975)

@@ -1,0 +1,133 @@
+"""Studies over seeds and per-scheme recipes, and the README's study tables copied from their files.
+
+- a depth or batch-lr study with ``--seeds`` has one point per seed (its own ``--seed_everything``,
+  after the study's) and ``--recipe`` adds each scheme's recipe config where it exists;
+- steps to 90% of the final metric are read from a run's learning curve (a slow start is a large
+  number, not a failure), and the seeds of a setting collapse into mean, sample std and n, with the
+  diverged runs counted apart (a setting is stable only when no seed diverged);
+- the README's study tables equal the files the study commands wrote (no hand-typed figures).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+from pathlib import Path
+
+import pytest
+
+from rescale_tasks.common.errors import UserError
+from rescale_tasks.studies.readme_tables import fill_tables, main as tables_main
+from rescale_tasks.studies.seeded import collapse_seeds, mean_curve, steps_to_fraction
+from rescale_tasks.studies.study import batch_lr_points, batch_lr_tables, depth_points, depth_seed_tables
+
+REPO = Path(__file__).resolve().parents[3]
+M = "val/acc1"
+
+
+def test_seeded_points_carry_their_seed_and_the_schemes_recipe(tmp_path):
+    (tmp_path / "rescale.yaml").write_text("model: {}\n")
+    template = str(tmp_path / "{scheme}.yaml")
+    points = depth_points(["base.yaml"], [20, 56], ["bn", "rescale"], "s", seeds=[0, 1], recipe=template)
+    assert [p.name for p in points][:4] == ["d20-bn-s0", "d20-bn-s1", "d56-bn-s0", "d56-bn-s1"]
+    by = {p.name: p for p in points}
+    assert by["d56-rescale-s1"].configs == ["base.yaml", str(tmp_path / "rescale.yaml")]
+    assert by["d56-rescale-s1"].params == {"depth": 56, "scheme": "rescale", "recipe": "rescale", "seed": 1}
+    assert by["d20-bn-s0"].configs == ["base.yaml"] and by["d20-bn-s0"].params["recipe"] == "base"
+    assert by["d56-rescale-s1"].overrides[-2:] == ["--seed_everything", "1"]
+    # without seeds: the names and arguments of before
+    (plain,) = depth_points(["base.yaml"], [20], ["bn"], "s")
+    assert plain.name == "d20-bn" and "--seed_everything" not in plain.overrides and "seed" not in plain.params
+    lr_points = batch_lr_points(["base.yaml"], [64], [0.1], ["bn"], "s", seeds=[3])
+    assert [p.name for p in lr_points] == ["bn-b64-lr0.1-s3"]
+
+
+def test_steps_to_ninety_percent_of_the_final_value():
+    slow = [[10, 0.1], [20, 0.3], [30, 0.85], [40, 0.95]]
+    assert steps_to_fraction(slow, 0.95) == 40  # 90% of 0.95 is 0.855: 0.85 at step 30 is not there yet
+    fast = [[10, 0.9], [20, 0.95]]
+    assert steps_to_fraction(fast, 0.95) == 10
+    assert steps_to_fraction([[5, 2.0], [10, 1.1], [15, 1.0]], 1.0, higher=False) == 10  # a loss: <= final / 0.9
+    assert steps_to_fraction([], 0.9) is None and steps_to_fraction(slow, None) is None
+
+
+def _row(scheme, depth, seed, status="trained", final=None, steps=None, diverged_step=None):
+    return {"scheme": scheme, "depth": depth, "seed": seed, "status": status, f"final {M}": final,
+            f"best {M}": final, "train_loss": 0.01, "steps_to_90": steps, "diverged_step": diverged_step,
+            "point": f"d{depth}-{scheme}-s{seed}"}
+
+
+def test_seeds_collapse_into_mean_std_with_diverged_runs_apart():
+    rows = [_row("bn", 20, 0, final=0.90, steps=100), _row("bn", 20, 1, final=0.94, steps=120),
+            _row("bn", 20, 2, final=0.92, steps=140),
+            _row("none", 20, 0, "diverged at step 3", diverged_step=3), _row("none", 20, 1, final=0.5, steps=400),
+            _row("none", 20, 2, "diverged at step 5", diverged_step=5),
+            _row("fixup", 20, 0, "diverged at step 2", diverged_step=2),
+            _row("fixup", 20, 1, "diverged at step 4", diverged_step=4)]
+    collapsed, wide = depth_seed_tables(rows, M)
+    bn, none, fixup = collapsed
+    assert bn[f"final {M}"] == pytest.approx(0.92) and bn[f"final {M} std"] == pytest.approx(statistics.stdev([.9, .94, .92]))
+    assert bn[f"final {M} n"] == 3 and bn["steps_to_90"] == pytest.approx(120) and bn["status"] == "trained"
+    assert none["status"] == "partly diverged" and none["diverged"] == 2 and none[f"final {M} n"] == 1
+    assert none["diverged_steps"] == "3 5" and fixup["status"] == "diverged"
+    cells = {r["scheme"]: r["depth 20"] for r in wide}
+    assert cells["bn"] == "0.920 ± 0.020 (90% at 120)"
+    assert cells["none"] == "0.500 (2/3 diverged; 90% at 400)"
+    assert cells["fixup"] == "diverged 2/2 (@2,4)"
+
+
+def test_a_learning_rate_is_stable_only_when_no_seed_diverged():
+    rows = []
+    for lr, statuses in ((0.1, ["trained", "trained"]), (0.2, ["trained", "diverged at step 9"]),
+                         (0.4, ["diverged at step 2", "diverged at step 3"])):
+        for seed, status in enumerate(statuses):
+            rows.append({"scheme": "rescale", "batch_size": 64, "lr": lr, "seed": seed, "status": status,
+                         f"final {M}": None if status.startswith("d") else 0.9 + lr / 10, f"best {M}": None,
+                         "train_loss": None, "steps_to_90": None, "diverged_step": None})
+    collapsed = [{**r, "status": "diverged" if r["diverged"] else r["status"]}
+                 for r in collapse_seeds(rows, ["scheme", "batch_size", "lr"], M)]
+    (summary,) = batch_lr_tables(collapsed, M)
+    assert summary["largest_stable_lr"] == 0.1 and summary["optimal_lr"] == 0.1 and summary["diverged"] == 2
+
+
+def test_mean_curve_at_the_shared_steps():
+    assert mean_curve([[[10, 0.2], [20, 0.4]], [[10, 0.4], [20, 0.8], [30, 0.9]]]) == [
+        (10, pytest.approx(0.3), 0.2, 0.4), (20, pytest.approx(0.6), 0.4, 0.8)]
+
+
+def test_tables_are_copied_into_the_document_and_checked(tmp_path, capsys):
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t/grid.md").write_text("| a |\n|---|\n| 1 |\n")
+    doc = tmp_path / "README.md"
+    doc.write_text("x\n<!-- study-table: t/grid.md -->\nold, typed by hand\n<!-- /study-table -->\ny\n")
+    assert tables_main([str(doc), "--check"]) == 1
+    assert "t/grid.md differs" in capsys.readouterr().out
+    assert tables_main([str(doc)]) == 0
+    assert doc.read_text() == "x\n<!-- study-table: t/grid.md -->\n| a |\n|---|\n| 1 |\n<!-- /study-table -->\ny\n"
+    assert tables_main([str(doc), "--check"]) == 0
+    with pytest.raises(UserError, match="gone.md .*not found"):
+        fill_tables("<!-- study-table: gone.md -->\n<!-- /study-table -->", str(tmp_path))
+
+
+def test_the_readmes_study_tables_are_the_files_the_studies_wrote():
+    text = (REPO / "README.md").read_text()
+    new, changed, seen = fill_tables(text, str(REPO))
+    assert seen, "the README publishes its study tables from files"
+    assert not changed, f"README tables differ from their files: {changed} (run: rescale study tables README.md)"
+
+
+
+def test_cifar_rescale_configs_and_the_recipe_carry_rescalenets_lr_scaling_and_warm_up():
+    import yaml
+
+    cifar = REPO / "experiments/cifar"
+    batch = yaml.safe_load((cifar / "_defaults.yaml").read_text())["data"]["init_args"]["batch_size"]
+    files = sorted(cifar.glob("wrn*_rescale.yaml")) + [cifar / "recipes/rescale.yaml"]
+    assert len(files) >= 5
+    for path in files:
+        init = yaml.safe_load(path.read_text())["model"]["init_args"]
+        assert init["optimizer"]["init_args"]["lr"] == pytest.approx(0.1 * batch / 256), path.name
+        assert init["lr_scheduler"]["init_args"]["warmup_epochs"] == 5, path.name
+    # the depth study's points pick the recipe up for rescale only
+    points = depth_points(["base.yaml"], [16], ["bn", "rescale"], "s",
+                          recipe=str(cifar / "recipes/{scheme}.yaml"))
+    assert [p.params["recipe"] for p in points] == ["base", "rescale"]
