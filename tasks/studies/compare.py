@@ -69,7 +69,21 @@ def variant_of(run: dict) -> str:
     """``rescale`` or ``rescale[c=10,gain=vector]``: the scheme and the options that change it."""
     options = run.get("scheme_options") or {}
     extra = ",".join(f"{k}={options[k]}" for k in sorted(options))
-    return f"{run.get('scheme') or 'unknown'}" + (f"[{extra}]" if extra else "")
+    return f"{run.get('scheme') or _registered_scheme(run.get('network')) or 'unknown'}" + (f"[{extra}]" if extra else "")
+
+
+def _registered_scheme(network: Optional[str]) -> Optional[str]:
+    """The scheme a paper model's name fixes (``rescale50`` -> ``rescale``): a W&B run of such a
+    network records ``scheme: null``."""
+    if not network:
+        return None
+    from rescale_core.registry import model_entry
+
+    try:
+        scheme = model_entry(str(network)).defaults.get("scheme")
+    except KeyError:
+        return None
+    return scheme if isinstance(scheme, str) else getattr(scheme, "name", None)
 
 
 def _is_normalized(scheme: str) -> bool:

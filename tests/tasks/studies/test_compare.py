@@ -100,3 +100,11 @@ def test_compare_scores_each_experiment_by_its_own_task_metric():
     assert metric[("wmt", "rescale")] == ("val/bleu", 21.0)
     assert metric[("coco", "rescale")] == ("val/bbox_AP", 0.31)
     assert metric[("digits", "rescale")] == ("val/acc1", 0.975)
+
+
+def test_a_paper_models_runs_are_named_by_the_scheme_its_name_fixes():
+    from rescale_tasks.studies.compare import variant_of
+
+    assert variant_of({"network": "rescale50", "scheme": None}) == "rescale"  # W&B records scheme: null
+    assert variant_of({"network": "fixup50"}) == "fixup"
+    assert variant_of({"network": "no_such_net"}) == "unknown"
