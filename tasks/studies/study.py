@@ -400,11 +400,14 @@ def batch_lr_tables(rows: list[dict], metric: str) -> list[dict]:
         ran = [r for r in group if r["status"] in ("trained", "failed to learn") or r["status"].startswith("diverged")]
         stable = [r for r in ran if not r["status"].startswith("diverged")]
         largest = max(stable, key=lambda r: r["lr"]) if stable else None
+        # a run that stayed finite but collapsed to chance did not diverge, yet did not train either
+        learned = [r for r in stable if r["status"] == "trained"]
         out.append({
             "scheme": scheme, "batch_size": batch,
             "optimal_lr": best["lr"] if best else None, f"optimal {metric}": best[key] if best else None,
             "largest_stable_lr": largest["lr"] if largest else None,
             "stable_at_grid_max": (largest["lr"] == max(r["lr"] for r in group)) if largest else None,
+            "largest_learning_lr": max(r["lr"] for r in learned) if learned else None,
             "lrs": len(group), "diverged": sum(r["status"].startswith("diverged") for r in group),
             "not_done": sum(r["status"] in ("failed", "interrupted", "not run") for r in group),
         })
@@ -537,8 +540,9 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
             rows = [{**r, "status": "diverged" if r["diverged"] else r["status"], "diverged_step": None}
                     for r in collapse_seeds(rows, ["scheme", "batch_size", "lr"], metric)]
         summary = batch_lr_tables(rows, metric)
-        outputs.table("batch_lr", summary, title=f"Optimal (best final {metric}) and largest stable (did not "
-                      f"diverge) learning rate per scheme and batch size{note}")
+        outputs.table("batch_lr", summary, title=f"Optimal (best final {metric}), largest stable (did not "
+                      f"diverge) and largest learning (trained, not collapsed to chance) learning rate per scheme "
+                      f"and batch size{note}")
         outputs.table("batch_lr_points", sorted(rows, key=lambda r: (r["scheme"], r["batch_size"], r["lr"])),
                       title=f"Batch size x learning rate: one row per run{note}")
         _batch_lr_plots(outputs, rows, summary, metric)

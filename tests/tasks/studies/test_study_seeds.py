@@ -87,6 +87,10 @@ def test_a_learning_rate_is_stable_only_when_no_seed_diverged():
                  for r in collapse_seeds(rows, ["scheme", "batch_size", "lr"], M)]
     (summary,) = batch_lr_tables(collapsed, M)
     assert summary["largest_stable_lr"] == 0.1 and summary["optimal_lr"] == 0.1 and summary["diverged"] == 2
+    assert summary["largest_learning_lr"] == 0.1
+    collapsed[0]["status"] = "failed to learn"  # finite but at chance: stable, not learning
+    (summary,) = batch_lr_tables(collapsed, M)
+    assert summary["largest_stable_lr"] == 0.1 and summary["largest_learning_lr"] is None
 
 
 def test_mean_curve_at_the_shared_steps():
