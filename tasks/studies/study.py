@@ -89,7 +89,7 @@ def depth_points(configs: list[str], depths: list[int], schemes: list[str], stud
                  depth_key: str = KEYS["depth"], scheme_key: str = KEYS["scheme"],
                  seeds: Optional[list[int]] = None, recipe: Optional[str] = None) -> list[GridPoint]:
     """One point per (scheme, depth[, seed]); W&B group ``<study>-d<depth>`` (the schemes of one
-    depth). ``recipe``: a per-scheme config template (``experiments/digits/recipes/{scheme}.yaml``)
+    depth). ``recipe``: a per-scheme config template (``experiments/cifar/recipes/{scheme}.yaml``)
     applied after the base configs where it exists."""
     points = []
     for scheme in schemes:
@@ -701,7 +701,10 @@ def _recipe_template(args) -> Optional[str]:
         return None
     if "{scheme}" not in args.recipe:
         raise UserError(f"--recipe {args.recipe}: expected a path with {{scheme}} in it, "
-                        "e.g. experiments/digits/recipes/{scheme}.yaml")
+                        "e.g. experiments/cifar/recipes/{scheme}.yaml")
+    if not any(os.path.isfile(args.recipe.format(scheme=scheme)) for scheme in args.schemes):
+        raise UserError(f"--recipe {args.recipe}: no recipe file for any of the schemes "
+                        f"{' '.join(args.schemes)} (a scheme without one trains on the base config)")
     return args.recipe
 
 
@@ -778,7 +781,7 @@ def _add_repeats(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed_list", type=int, nargs="+", help="these seeds instead")
     p.add_argument("--recipe", metavar="TEMPLATE",
                    help="per-scheme recipe config applied after --config where it exists, "
-                   "e.g. experiments/digits/recipes/{scheme}.yaml (each scheme trained as its paper trains it)")
+                   "e.g. experiments/cifar/recipes/{scheme}.yaml (each scheme trained as its paper trains it)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -135,3 +135,15 @@ def test_cifar_rescale_configs_and_the_recipe_carry_rescalenets_lr_scaling_and_w
     points = depth_points(["base.yaml"], [16], ["bn", "rescale"], "s",
                           recipe=str(cifar / "recipes/{scheme}.yaml"))
     assert [p.params["recipe"] for p in points] == ["base", "rescale"]
+
+
+def test_a_recipe_template_that_names_no_file_is_one_line(tmp_path, monkeypatch, capsys):
+    from rescale_tasks.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "base.yaml").write_text("model: {}\n")
+    assert main(["study", "depth", "--config", "base.yaml", "--depths", "20", "--schemes", "bn", "rescale",
+                 "--recipe", "recipes/{scheme}.yml", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --recipe recipes/{scheme}.yml: no recipe file for any of the schemes bn rescale "
+                   "(a scheme without one trains on the base config)"]
