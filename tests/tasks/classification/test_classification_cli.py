@@ -22,7 +22,8 @@ EXPERIMENTS = REPO / "experiments"
 # (tests/tasks/detection/test_detection_cli.py, tests/tasks/video/test_video_cli.py).
 RUN_CONFIGS = sorted(p for p in EXPERIMENTS.rglob("*.yaml")
                      if not p.name.startswith("_")
-                     and p.relative_to(EXPERIMENTS).parts[0] not in ("cluster", "wmt", "coco", "kinetics"))
+                     and p.relative_to(EXPERIMENTS).parts[0] not in ("cluster", "wmt", "coco", "kinetics")
+                     and "recipes" not in p.parts)  # recipes/: overlays given after a run config
 CPU = ["--trainer.accelerator", "cpu", "--trainer.devices", "1"]
 
 
