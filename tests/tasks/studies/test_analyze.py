@@ -88,7 +88,15 @@ def test_signal_on_training_samples_equals_the_probe(tmp_path, run_config, capsy
             assert float(row[key]) == pytest.approx(record[key], rel=1e-6), key
         assert float(row["gain"]) == 1.0
     assert "| run | block | stage | k | var_skip |" in printed and "| rescale8 | layer1.0 | layer1 | 1 |" in printed
-    assert "wrote sig/signal.csv, sig/signal.md, sig/signal.png" in printed
+    assert "wrote sig/signal.csv, sig/signal.md, sig/signal_stages.csv, sig/signal_stages.md, sig/signal.png" in printed
+    # the per-stage summary: one block per stage here, so growth 1 and eta_max = that block's eta
+    stages = list(csv.DictReader(open("sig/signal_stages.csv")))
+    assert [s["stage"] for s in stages] == ["layer1", "layer2", "layer3"]
+    for stage, record in zip(stages, records):
+        assert float(stage["var_out_first"]) == pytest.approx(record["var_out"], rel=1e-6)
+        assert float(stage["growth"]) == pytest.approx(1.0) and int(stage["blocks"]) == 1
+        assert float(stage["eta_max"]) == pytest.approx(record["eta"], rel=1e-6)
+    assert "| run | stage | blocks | var_out_first |" in printed
 
 
 def test_signal_skipinit_view_bn_skip_variance_grows_with_depth(tmp_path, run_config):
