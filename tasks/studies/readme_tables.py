@@ -14,14 +14,12 @@ block differs from its file (what a test or CI runs, so that a figure edited by 
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
-from typing import Optional
 
-from ..common.errors import UserArgumentParser, UserError
+from ..common.errors import UserError
 
-__all__ = ["fill_tables", "main"]
+__all__ = ["fill_tables", "update_document"]
 
 _BLOCK = re.compile(r"(<!-- study-table: (?P<path>[^>]+?) -->\n)(?P<body>.*?)(<!-- /study-table -->)", re.S)
 
@@ -48,25 +46,23 @@ def fill_tables(text: str, root: str) -> tuple[str, list[str], list[str]]:
     return _BLOCK.sub(replace, text), changed, seen
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    p = UserArgumentParser(prog="rescale study tables",
-                           description="Copy the study tables a document names into it "
-                                       "(<!-- study-table: PATH --> ... <!-- /study-table --> blocks).")
-    p.add_argument("document", nargs="?", default="README.md", help="default: %(default)s")
-    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block differs from its file")
-    args = p.parse_args(argv)
-    if not os.path.isfile(args.document):
-        raise UserError(f"document not found: {args.document}")
-    with open(args.document, encoding="utf-8") as f:
+def update_document(document: str, check: bool = False) -> int:
+    """Fill (or, with ``check``, compare) the study tables of ``document``; the exit status: 1 when
+    ``check`` finds a table that differs from its file, else 0."""
+    if not os.path.isfile(document):
+        raise UserError(f"document not found: {document}")
+    with open(document, encoding="utf-8") as f:
         text = f.read()
-    new, changed, seen = fill_tables(text, os.path.dirname(os.path.abspath(args.document)))
-    if args.check:
+    new, changed, seen = fill_tables(text, os.path.dirname(os.path.abspath(document)))
+    if check:
         for rel in changed:
-            print(f"{args.document}: the table from {rel} differs from the file (run rescale study tables)")
+            print(f"{document}: the table from {rel} differs from the file (run rescale study tables)")
+        if not changed:
+            print(f"{document}: {len(seen)} study tables, all equal to their files")
         return 1 if changed else 0
     if changed:
-        with open(args.document, "w", encoding="utf-8") as f:
+        with open(document, "w", encoding="utf-8") as f:
             f.write(new)
-    print(f"{args.document}: {len(seen)} study tables, {len(changed)} updated"
+    print(f"{document}: {len(seen)} study tables, {len(changed)} updated"
           + (f" ({', '.join(changed)})" if changed else ""))
     return 0

@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
+
+from .compare import mean_std
 
 __all__ = ["steps_to_fraction", "collapse_seeds", "mean_curve", "format_mean_std", "seed_suffix"]
 
@@ -34,17 +36,6 @@ def steps_to_fraction(curve: Sequence[Sequence[float]], final: Optional[float], 
         if (value >= target) if higher else (value <= target):
             return int(step)
     return None
-
-
-def _finite(values: Iterable[Any]) -> list[float]:
-    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
-
-
-def _stats(values: Iterable[Any]) -> tuple[Optional[float], Optional[float], int]:
-    finite = _finite(values)
-    if not finite:
-        return None, None, 0
-    return statistics.fmean(finite), (statistics.stdev(finite) if len(finite) > 1 else None), len(finite)
 
 
 def format_mean_std(mean: Optional[float], std: Optional[float], digits: int = 3) -> str:
@@ -74,7 +65,7 @@ def collapse_seeds(rows: Sequence[dict], keys: Sequence[str], metric: str) -> li
         row: dict[str, Any] = dict(zip(keys, setting))
         for name, field in ((f"final {metric}", f"final {metric}"), (f"best {metric}", f"best {metric}"),
                             ("train_loss", "train_loss"), ("steps_to_90", "steps_to_90")):
-            mean, std, n = _stats(r.get(field) for r in finished)
+            mean, std, n = mean_std(r.get(field) for r in finished)
             row[name], row[f"{name} std"], row[f"{name} n"] = mean, std, n
         if not ran:
             status = "not run"

@@ -74,6 +74,13 @@ def _seed_args(seed: Optional[int]) -> list[str]:
     return [] if seed is None else ["--seed_everything", str(seed)]
 
 
+def _params(coordinates: dict, recipe_name: Optional[str], seed: Optional[int]) -> dict:
+    """A point's coordinates in the tables, with its recipe (when the study has ``--recipe``) and
+    its seed (when it runs over seeds)."""
+    return {**coordinates, **({"recipe": recipe_name} if recipe_name else {}),
+            **({"seed": seed} if seed is not None else {})}
+
+
 def _recipe(configs: list[str], template: Optional[str], scheme: str) -> tuple[list[str], str]:
     """The point's configs: the base ones, then the scheme's recipe (``template`` with ``{scheme}``
     filled in) where that file exists; and the recipe's name for the tables (``base`` otherwise)."""
@@ -96,11 +103,7 @@ def depth_points(configs: list[str], depths: list[int], schemes: list[str], stud
         mine, recipe_name = _recipe(configs, recipe, scheme)
         for depth in depths:
             for seed in _seeded(seeds):
-                params = {"depth": depth, "scheme": scheme}
-                if recipe:
-                    params["recipe"] = recipe_name
-                if seed is not None:
-                    params["seed"] = seed
+                params = _params({"depth": depth, "scheme": scheme}, recipe and recipe_name, seed)
                 points.append(GridPoint(f"d{depth}-{scheme}{seed_suffix(seed)}", mine,
                                         [f"--{scheme_key}", scheme, f"--{depth_key}", str(depth), *_seed_args(seed)],
                                         params, group=f"{study}-d{depth}"))
@@ -118,11 +121,8 @@ def batch_lr_points(configs: list[str], batch_sizes: list[int], lrs: list[float]
         for batch in batch_sizes:
             for lr in lrs:
                 for seed in _seeded(seeds):
-                    params = {"scheme": scheme, "batch_size": batch, "lr": float(lr)}
-                    if recipe:
-                        params["recipe"] = recipe_name
-                    if seed is not None:
-                        params["seed"] = seed
+                    params = _params({"scheme": scheme, "batch_size": batch, "lr": float(lr)},
+                                     recipe and recipe_name, seed)
                     points.append(GridPoint(
                         f"{scheme}-b{batch}-lr{_fmt(lr)}{seed_suffix(seed)}", mine,
                         [f"--{scheme_key}", scheme, f"--{batch_key}", str(batch), f"--{lr_key}", repr(float(lr)),
@@ -519,9 +519,11 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
                       f"did not diverge, per scheme and depth{note}")
         outputs.table("depth_grid", wide, title=f"Depth study: final {metric}, mean ± std over seeds (diverged "
                       f"runs counted apart; 90% at s: mean first step at 90% of the final {metric}){note}")
-        _depth_plot(outputs, [{**r, "status": "trained" if r[f"final {metric}"] is not None else
-                               ("diverged" if r["status"] == "diverged" else r["status"]),
-                               "diverged_step": None} for r in collapsed], metric)
+        # the plot's marks: a mean where some seed trained (some others may have diverged), hollow
+        # where none learned, a cross where every seed diverged
+        _depth_plot(outputs, [{**r, "diverged_step": None,
+                               "status": "trained" if r["status"] == "partly diverged" else r["status"]}
+                              for r in collapsed], metric)
         _curves_plot(outputs, grid, rows, metric, "depth", "depth_curves")
         echo = ["depth_grid"]
     elif grid.kind == "depth":
@@ -742,11 +744,11 @@ def _cmd_aggregate(args, overrides: list[str]) -> int:
 
 
 def _cmd_tables(args, overrides: list[str]) -> int:
-    from .readme_tables import main as tables_main
+    from .readme_tables import update_document
 
     if overrides:
         raise UserError("rescale study tables takes no fit overrides (after --)")
-    return tables_main([args.document, *(["--check"] if args.check else [])])
+    return update_document(args.document, args.check)
 
 
 def _cmd_run_point(args, overrides: list[str]) -> int:

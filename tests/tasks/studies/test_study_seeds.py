@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rescale_tasks.common.errors import UserError
-from rescale_tasks.studies.readme_tables import fill_tables, main as tables_main
+from rescale_tasks.studies.readme_tables import fill_tables, update_document
 from rescale_tasks.studies.seeded import collapse_seeds, mean_curve, steps_to_fraction
 from rescale_tasks.studies.study import batch_lr_points, batch_lr_tables, depth_points, depth_seed_tables
 
@@ -103,11 +103,11 @@ def test_tables_are_copied_into_the_document_and_checked(tmp_path, capsys):
     (tmp_path / "t/grid.md").write_text("| a |\n|---|\n| 1 |\n")
     doc = tmp_path / "README.md"
     doc.write_text("x\n<!-- study-table: t/grid.md -->\nold, typed by hand\n<!-- /study-table -->\ny\n")
-    assert tables_main([str(doc), "--check"]) == 1
+    assert update_document(str(doc), check=True) == 1
     assert "t/grid.md differs" in capsys.readouterr().out
-    assert tables_main([str(doc)]) == 0
+    assert update_document(str(doc)) == 0
     assert doc.read_text() == "x\n<!-- study-table: t/grid.md -->\n| a |\n|---|\n| 1 |\n<!-- /study-table -->\ny\n"
-    assert tables_main([str(doc), "--check"]) == 0
+    assert update_document(str(doc), check=True) == 0
     with pytest.raises(UserError, match="gone.md .*not found"):
         fill_tables("<!-- study-table: gone.md -->\n<!-- /study-table -->", str(tmp_path))
 
