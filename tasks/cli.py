@@ -30,8 +30,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E40
 
 from .common.callbacks import DivergenceMonitor, LearnedScalarsLogger, TrainingDiverged  # noqa: E402
 from .common.checkpointing import LastCheckpoint, ResumeState, peek_checkpoint, preempted_message  # noqa: E402
-from .common.checkpoint_compat import (check_config_against_checkpoint, run_arguments_over_checkpoint,  # noqa: E402
-                                       typed_model_arguments)
+from .common.checkpoint_compat import (check_config_against_checkpoint, class_of,  # noqa: E402
+                                       run_arguments_over_checkpoint, typed_model_arguments)
 from .common.cli_errors import config_errors, trainer_config_errors  # noqa: E402
 from .common.config import ResultsFolder, SaveConfigToRun  # noqa: E402
 from .common.data_report import SkippedDataReport  # noqa: E402
@@ -112,22 +112,11 @@ class RescaleCLI(LightningCLI):
         init = config.get("model", {}).get("init_args", {}) or {}
         if "network" in init:
             check_network(init.get("network"), init.get("scheme"), init.get("scheme_options"))
-        model_class = _class_of(config.get("model", {}).get("class_path"))
+        model_class = class_of(config.get("model", {}).get("class_path"))
         if hasattr(model_class, "check_arguments"):  # e.g. a missing checkpoint file, before any data work
             model_class.check_arguments(init)
         if self.subcommand == "fit":
             resume_wandb_run(config)
-
-
-def _class_of(class_path) -> Optional[type]:
-    """The class a ``class_path`` names (None when it names none)."""
-    import importlib
-
-    module, _, name = str(class_path or "").rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name, None) if module else None
-    except ImportError:
-        return None
 
 
 def resume_wandb_run(config) -> None:

@@ -14,7 +14,7 @@ from .errors import ConfigError
 
 __all__ = ["NETWORK_PREFIX", "network_weights", "ARCHITECTURE_KEYS", "CONFIG_KEYS", "check_checkpoint_compatible", "check_config_against_checkpoint",
            "hparam_differences", "state_dict_differences", "MISMATCH_FIX", "load_into_module",
-           "typed_model_arguments", "run_arguments_over_checkpoint"]
+           "typed_model_arguments", "run_arguments_over_checkpoint", "class_of"]
 
 #: Hyper-parameters that fix a network's parameters (names, shapes) or its forward pass.
 ARCHITECTURE_KEYS = ("network", "scheme", "scheme_options", "network_options", "num_classes", "in_channels",
@@ -156,7 +156,8 @@ def _as_dict(section: Any) -> dict:
     return dict(section or {}) if isinstance(section, Mapping) else {}
 
 
-def _model_class(class_path: Optional[str]) -> Optional[type]:
+def class_of(class_path: Optional[str]) -> Optional[type]:
+    """The class a ``class_path`` names (None when it names none or cannot be imported)."""
     import importlib
 
     module, _, name = str(class_path or "").rpartition(".")
@@ -191,7 +192,7 @@ def run_arguments_over_checkpoint(before: Any, after: Any, ckpt_path: Any, typed
     at their defaults keep the checkpoint's values."""
     before, after = _as_dict(before), _as_dict(after)
     mine, theirs = _as_dict(before.get("init_args")), _as_dict(after.get("init_args"))
-    cls = _model_class(before.get("class_path"))
+    cls = class_of(before.get("class_path"))
     defaults = _signature_defaults(cls)
     fixed = (*ARCHITECTURE_KEYS, *getattr(cls, "architecture_arguments", ()))
     restored = {}
