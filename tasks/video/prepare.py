@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from rescale_tasks.common.errors import ConfigError, DataError
+from rescale_tasks.common.sampling import usable_cores
 from rescale_tasks.video.decoding import DecodeAudit, PyAVDecoder, VideoDataError
 from rescale_tasks.video.layouts import VIDEO_EXTENSIONS  # the files training reads
 
@@ -415,10 +416,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("dst", help="output folder (same relative paths, .mp4); may exist (resumes)")
     p.add_argument("--short_side", type=int, default=256, help="short side in pixels, even (256)")
     p.add_argument("--gop", type=int, default=16, help="frames from one keyframe to the next (16)")
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
+    cores = usable_cores()
     p.add_argument("--workers", type=int, default=cores, help=f"processes (default: {cores}, the usable cores)")
     p.add_argument("--threads", type=int, default=1, help="FFmpeg threads per process (1)")
     p.add_argument("--codec", choices=CODECS, default="auto", help="auto: libx264 if available, else mpeg4")
