@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rescale_tasks.common.errors import DataError
 
-__all__ = ["resolve_cache_dir", "file_digest", "digest_of", "write_atomic", "DIGEST_CHARS"]
+__all__ = ["resolve_cache_dir", "user_cache_dir", "file_digest", "digest_of", "write_atomic", "DIGEST_CHARS"]
 
 DIGEST_CHARS = 16  # hex characters of a digest used in file names (64 bits)
 _MEMO = "digests.json"
@@ -33,6 +33,11 @@ def _writable(folder: Path) -> bool:
     except OSError:
         return False
     return os.access(folder, os.W_OK | os.X_OK)
+
+
+def user_cache_dir() -> Path:
+    """The user's cache folder for corpora whose root is read-only (``$XDG_CACHE_HOME/rescale/translation``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rescale" / "translation"
 
 
 def resolve_cache_dir(root: Path, cache_dir: str | os.PathLike | None) -> Path:
@@ -47,7 +52,7 @@ def resolve_cache_dir(root: Path, cache_dir: str | os.PathLike | None) -> Path:
     folder = root / "rescale_cache"
     if _writable(folder):
         return folder
-    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rescale" / "translation"
+    user = user_cache_dir()
     if not _writable(user):
         raise DataError(f"no writable cache folder: neither {folder} nor {user}; pass "
                         "--data.cache_dir DIR (a folder you can write to).")

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from .cache import write_atomic
+from .cache import user_cache_dir, write_atomic
 
 __all__ = ["Prepared", "RECORD", "record_prepared", "find_prepared", "record_folders"]
 
@@ -39,8 +39,7 @@ def record_folders(root: str | os.PathLike, cache_dir: Optional[str] = None) -> 
     the cache folder (nothing is created)."""
     if cache_dir is not None:
         return [Path(os.path.expanduser(str(cache_dir)))]
-    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rescale" / "translation"
-    return [Path(os.path.expanduser(str(root))) / "rescale_cache", user]
+    return [Path(os.path.expanduser(str(root))) / "rescale_cache", user_cache_dir()]
 
 
 def _read(folder: Path) -> dict:
