@@ -102,10 +102,13 @@ class RunSummary(L.Callback):
         self._before: dict[str, Any] = {}  # trainer.logged_metrics as the current validation began
 
     # the curves and counters travel in the checkpoint: a resumed run's summary covers all of it
+    def _elapsed(self) -> float:
+        """Training seconds so far, the resumed-from run's included."""
+        return self.seconds_before + (time.perf_counter() - self._start if self._start is not None else 0.0)
+
     def state_dict(self) -> dict:
-        elapsed = time.perf_counter() - self._start if self._start is not None else 0.0
         return {"train_curve": self.train_curve, "val_curve": self.val_curve, "samples": self.samples,
-                "seconds": self.seconds_before + elapsed}
+                "seconds": self._elapsed()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.train_curve = [list(p) for p in state_dict.get("train_curve", [])]
@@ -137,7 +140,7 @@ class RunSummary(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The whole run's throughput, to the loggers (the W&B summary holds it) and the summary."""
-        seconds = self.seconds_before + (time.perf_counter() - self._start if self._start is not None else 0.0)
+        seconds = self._elapsed()
         self.rate = self.samples / seconds if seconds > 0 and self.samples else None
         if self.rate is not None and trainer.global_rank == 0:
             for logger in trainer.loggers:
@@ -188,7 +191,7 @@ class RunSummary(L.Callback):
         diverged_at = getattr(monitor, "diverged_at", None)
         if diverged_at is not None:
             status = "diverged"
-        self.seconds = self.seconds_before + (time.perf_counter() - self._start if self._start is not None else 0.0)
+        self.seconds = self._elapsed()
         hparams = dict(getattr(pl_module, "hparams", {}) or {})
         data_hparams = dict(getattr(trainer.datamodule, "hparams", {}) or {}) if trainer.datamodule else {}
         batch = data_hparams.get("batch_size")
