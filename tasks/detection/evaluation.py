@@ -136,10 +136,11 @@ def coco_eval(ground_truth: COCO, results: list[dict], iou_type: str,
     """``COCOeval(gt, gt.loadRes(results), iou_type).stats`` over ``image_ids`` (None: every image of
     the json), -1 as NaN. ``segm`` scores the results without their boxes (Detectron2's rule).
     ``loadRes`` refuses an empty list; no detections score as an empty results set does."""
+    # fresh dicts: loadRes and COCOeval add keys (area, id, bbox) to each result, never change a value in place
     results = [{k: v for k, v in r.items() if not (iou_type == "segm" and k == "bbox")} for r in results]
     with contextlib.redirect_stdout(io.StringIO()):  # loadRes and summarize print
         if results:
-            detections = ground_truth.loadRes(copy.deepcopy(results))  # loadRes writes into its input
+            detections = ground_truth.loadRes(results)
         else:
             detections = COCO()
             detections.dataset = {"images": list(ground_truth.dataset["images"]), "annotations": [],
@@ -217,13 +218,15 @@ class CocoEvaluator:
         from .results import coco_results
         return coco_results(self.gather() if records is None else records, self.label_to_category)
 
-    def compute(self, records: Mapping[int, ImageRecord] | None = None) -> dict[str, float]:
+    def compute(self, records: Mapping[int, ImageRecord] | None = None,
+                results: list[dict] | None = None) -> dict[str, float]:
         """COCO AP/AR of all records (gathered over the ranks unless ``records`` is given: a
-        collective under DDP), as ``{"bbox/AP": ..., "segm/AP": ...}``; NaN where COCO says -1."""
+        collective under DDP), as ``{"bbox/AP": ..., "segm/AP": ...}``; NaN where COCO says -1.
+        ``results``: :meth:`results` of those records when the caller has it already."""
         records = self.gather() if records is None else dict(sorted(records.items()))
         if not records:
             return {f"{t}/{name}": math.nan for t in self.iou_types for name in STAT_NAMES}
-        results = self.results(records)
+        results = self.results(records) if results is None else results
         out = {}
         for iou_type in self.iou_types:
             stats = coco_eval(self.ground_truth, results, iou_type, image_ids=list(records))

@@ -205,12 +205,13 @@ class DetectionModule(RescaleTaskModule):
 
     def _finish_evaluation(self, prefix: str, write_results: bool) -> None:
         records = self.evaluator.gather()  # a collective: every rank's images, merged by image id
-        metrics = self.evaluator.compute(records)
+        results = self.evaluator.results(records)  # built once: what is scored is what is written
+        metrics = self.evaluator.compute(records, results)
         for name, value in metrics.items():
             self.log(f"{prefix}/{name.replace('/', '_')}", float(value), sync_dist=False,
                      prog_bar=name in ("bbox/AP", "segm/AP"))
         if write_results and self.trainer.is_global_zero:
-            self._write_results(prefix, self.evaluator.results(records))
+            self._write_results(prefix, results)
 
     def on_validation_epoch_start(self) -> None:
         self._start_evaluation("val")
