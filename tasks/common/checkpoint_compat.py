@@ -8,13 +8,15 @@ dict's keys and shapes with :func:`check_checkpoint_compatible`.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .errors import ConfigError
 
 __all__ = ["NETWORK_PREFIX", "network_weights", "ARCHITECTURE_KEYS", "CONFIG_KEYS", "check_checkpoint_compatible", "check_config_against_checkpoint",
            "hparam_differences", "state_dict_differences", "MISMATCH_FIX", "load_into_module",
-           "typed_model_arguments", "run_arguments_over_checkpoint", "class_of"]
+           "typed_model_arguments", "run_arguments_over_checkpoint", "class_of",
+           "require_classification_checkpoint"]
 
 #: Hyper-parameters that fix a network's parameters (names, shapes) or its forward pass.
 ARCHITECTURE_KEYS = ("network", "scheme", "scheme_options", "network_options", "num_classes", "in_channels",
@@ -230,6 +232,17 @@ def load_into_module(module, checkpoint: Mapping[str, Any], source: str, fix: st
 
 #: The task modules hold their network as ``self.net``: its keys in a Lightning checkpoint.
 NETWORK_PREFIX = "net."
+
+
+def require_classification_checkpoint(path: Optional[str], key: str, what: str, trained: str) -> None:
+    """A model argument naming a classification checkpoint to start from (``backbone_checkpoint``,
+    ``inflate_from``): a missing file is one :class:`ConfigError` naming the argument, the folder a
+    relative path is read from, and how to train ``trained`` from scratch instead."""
+    if path is not None and not os.path.isfile(path):
+        where = "" if os.path.isabs(path) else f", relative to {os.getcwd()}"
+        raise ConfigError(f"{what} not found: {path} (model.init_args.{key}{where}); pass a .ckpt written by "
+                          f"`rescale fit` of the classification task, or set {key}: null "
+                          f"(--model.init_args.{key} null) to train {trained} from scratch")
 
 
 def network_weights(checkpoint: Mapping[str, Any], source: str, where: str,

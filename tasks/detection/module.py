@@ -28,6 +28,7 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from ..common.checkpoint_compat import require_classification_checkpoint
 from ..common.config import results_folder
 from ..common.distributed import gather_objects
 from ..common.empty_batches import data_may_skip_files, must_skip, skipped_step
@@ -125,13 +126,8 @@ class DetectionModule(RescaleTaskModule):
     def check_arguments(init_args) -> None:
         """The checks of ``init_args`` that the ``rescale`` CLI runs before it builds anything (the
         data module reads the annotations first): a missing backbone checkpoint stops at once."""
-        path = init_args.get("backbone_checkpoint")
-        if path is not None and not os.path.isfile(path):
-            where = "" if os.path.isabs(path) else f", relative to {os.getcwd()}"
-            raise ConfigError(f"backbone checkpoint not found: {path} (model.init_args.backbone_checkpoint{where}); "
-                              "pass a .ckpt written by `rescale fit` of the classification task, or set "
-                              "backbone_checkpoint: null (--model.init_args.backbone_checkpoint null) to train "
-                              "the backbone from scratch")
+        require_classification_checkpoint(init_args.get("backbone_checkpoint"), "backbone_checkpoint",
+                                          "backbone checkpoint", "the backbone")
 
     def build_network(self, network: str, detection: dict, scheme: Optional[str] = None,
                       scheme_options: Optional[dict] = None, **network_options: Any) -> torch.nn.Module:

@@ -15,14 +15,13 @@ residual scheme, with the standard multi-view evaluation.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Iterable, Optional
 
 import torch
 import torch.nn.functional as F
 
+from ..common.checkpoint_compat import require_classification_checkpoint
 from ..common.empty_batches import data_may_skip_files, must_skip, skipped_step
-from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
 from .evaluation import MultiViewAccuracy
 
@@ -74,12 +73,8 @@ class VideoClassificationModule(RescaleTaskModule):
     def check_arguments(init_args) -> None:
         """The checks of ``init_args`` that the ``rescale`` CLI runs before it builds anything (the
         data module first): a missing 2D checkpoint stops at once."""
-        path = init_args.get("inflate_from")
-        if path is not None and not os.path.isfile(path):
-            where = "" if os.path.isabs(path) else f", relative to {os.getcwd()}"
-            raise ConfigError(f"2D checkpoint not found: {path} (model.init_args.inflate_from{where}); pass a "
-                              ".ckpt written by `rescale fit` of the classification task, or set inflate_from: "
-                              "null (--model.init_args.inflate_from null) to train the 3D network from scratch")
+        require_classification_checkpoint(init_args.get("inflate_from"), "inflate_from", "2D checkpoint",
+                                          "the 3D network")
 
     def forward(self, clips: torch.Tensor) -> torch.Tensor:
         return self.net(self.as_input(clips))
