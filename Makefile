@@ -23,15 +23,23 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e ".[test,bench]"
 	@touch $(STAMP)
 
+# Test data shipped in registry packages, fetched here because the tests run offline (tests/no_network.py)
+# and read it from the environment's test-data folder: the imgaug wheel's annotated photo (detection).
+TEST_DATA := $(VENV)/test-data
+IMGAUG_WHEEL := $(TEST_DATA)/imgaug-0.4.0-py2.py3-none-any.whl
+
+$(IMGAUG_WHEEL): | $(PY)
+	$(PY) -m pip download --quiet --no-deps --disable-pip-version-check imgaug==0.4.0 -d $(TEST_DATA)
+
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/rescale demo
 
-test: $(STAMP)
+test: $(STAMP) $(IMGAUG_WHEEL)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(IMGAUG_WHEEL)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)

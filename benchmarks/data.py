@@ -15,7 +15,8 @@ Translation: :class:`rescale_tasks.translation.data.TranslationDataModule`'s tra
 (token-budget batches, collation of padded source/target tensors) over real English-German
 pairs: the German gettext catalogues Debian installs (``/usr/share/locale/de/LC_MESSAGES/*.mo``,
 English UI strings with their human translations; read by
-:mod:`rescale_tasks.translation.catalogues`, as the translation tests read them). :func:`translation_corpus` writes them
+:mod:`rescale_tasks.translation.catalogues`), or the pairs given (the harness test gives the
+suite's own, ``tests/data/translation``). :func:`translation_corpus` writes them
 once as ``train/valid/test.{en,de}`` into a folder under the system's temp directory; the data
 module trains its SentencePiece model and encodes the splits into its own content-keyed cache
 there, so only the first run pays for them. Measured by the ``translation`` section
@@ -145,15 +146,17 @@ def classification_throughput(workers: tuple[int, ...] = (0, 2), *, num_images: 
 
 
 def translation_corpus(root: str | Path | None = None, num_pairs: int | None = None,
-                       valid: int = 500, test: int = 500, mo_dir: str | Path = MO_DIR) -> Path:
-    """``train``/``valid``/``test`` ``.en``/``.de`` files of the catalogue pairs under ``root``
+                       valid: int = 500, test: int = 500, mo_dir: str | Path = MO_DIR,
+                       pairs: tuple[tuple[str, str], ...] | None = None) -> Path:
+    """``train``/``valid``/``test`` ``.en``/``.de`` files of ``pairs`` (None: the catalogue pairs
+    of ``mo_dir``) under ``root``
     (default: ``<tmp>/rescale_bench_translation/gettext_en_de_<n>``); the first ``valid`` +
     ``test`` pairs are held out, up to ``num_pairs`` pairs in all (None: every pair). A file is
     rewritten only when its text differs, so the data module's caches (SentencePiece model,
     encoded arrays, under ``root/rescale_cache``) stay valid from run to run. Without the
     catalogues, a ``root`` that already holds the six files is used as it is (a corpus copied
     from a machine that has them)."""
-    pairs = catalogue_pairs(mo_dir)
+    pairs = catalogue_pairs(mo_dir) if pairs is None else pairs
     n = len(pairs) if num_pairs is None else min(int(num_pairs), len(pairs))
     if n < valid + test + 200:
         files = [Path(root) / f"{split}.{lang}" for split in ("train", "valid", "test") for lang in ("en", "de")] \

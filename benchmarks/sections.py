@@ -438,6 +438,7 @@ def section_data(settings: Settings) -> SectionResult:
 TRANSLATION_DEFAULTS = {
     "root": None,            # corpus folder (None: under the temp directory, kept between runs)
     "num_pairs": None,       # catalogue pairs used (None: all)
+    "pairs": None,           # the English-German pairs (None: the system's gettext catalogues)
     "valid": 500, "test": 500,
     "vocab_size": 8000,      # joint SentencePiece vocabulary
     "max_tokens": 4096,      # the loader and padding-efficiency budget
@@ -602,7 +603,7 @@ def section_translation(settings: Settings) -> SectionResult:
 
     o = {**TRANSLATION_DEFAULTS, **settings.translation}
     r = settings.repeats["translation"]
-    root = data_bench.translation_corpus(o["root"], o["num_pairs"], o["valid"], o["test"])
+    root = data_bench.translation_corpus(o["root"], o["num_pairs"], o["valid"], o["test"], pairs=o["pairs"])
     result = SectionResult("translation")
     _translation_loader(o, root, settings, result, r)
     _translation_train(o, root, settings, result, r)

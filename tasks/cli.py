@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import os
-import signal
 import sys
 import traceback
 from pathlib import Path
@@ -24,22 +23,29 @@ from typing import Callable, Optional
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import lightning.pytorch as L  # noqa: E402
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint  # noqa: E402
+from lightning.pytorch.callbacks import LearningRateMonitor  # noqa: E402
 from lightning.pytorch.cli import LightningCLI  # noqa: E402
 from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
 
 from .common.callbacks import DivergenceMonitor, LearnedScalarsLogger, TrainingDiverged  # noqa: E402
-from .common.checkpointing import LastCheckpoint, ResumeState, peek_checkpoint, preempted_message  # noqa: E402
+from .common.checkpointing import (EpochCheckpoint, LastCheckpoint, ResumeState, peek_checkpoint,  # noqa: E402
+                                   preempted_message, stop_signal)
 from .common.checkpoint_compat import (check_config_against_checkpoint, class_of,  # noqa: E402
                                        run_arguments_over_checkpoint, typed_model_arguments)
 from .common.cli_errors import config_errors, trainer_config_errors  # noqa: E402
 from .common.config import ResultsFolder, SaveConfigToRun  # noqa: E402
+from .common.config_files import check_config_file  # noqa: E402
 from .common.data_report import SkippedDataReport  # noqa: E402
 from .common.progress import use_line_progress  # noqa: E402
+from .common.quiet import quiet_evaluation, quiet_libraries  # noqa: E402
+from .common.run_folder import check_run_outputs, claim_run_folder, resume_point  # noqa: E402
+from .common.run_report import evaluation_report, fit_report  # noqa: E402
 from .common.run_summary import RunSummary  # noqa: E402
 from .common.wandb_logger import label_runs  # noqa: E402
 from .common.errors import UserError  # noqa: E402
+from .common.writable import require_writable  # noqa: E402
 from .common.networks import check_network, resolved_architecture  # noqa: E402
+from .common.optim_check import check_optimization  # noqa: E402
 
 __all__ = ["RescaleCLI", "main", "defaults_for"]
 
@@ -53,6 +59,7 @@ class RescaleCLI(LightningCLI):
     # --- one-line errors (parsers are built with exit_on_error=False, see run_lightning) ---
     def parse_arguments(self, parser, args) -> None:
         argv = sys.argv[1:] if args is None else args
+        self._argv = [str(a) for a in argv] if isinstance(argv, (list, tuple)) else []  # for the closing line
         self._typed_model_arguments = typed_model_arguments(argv if isinstance(argv, (list, tuple)) else ())
         parsers = getattr(self, "_subcommand_parsers", {})
         sub = next((parsers[a] for a in argv if isinstance(a, str) and a in parsers), parser) \
@@ -115,8 +122,57 @@ class RescaleCLI(LightningCLI):
         model_class = class_of(config.get("model", {}).get("class_path"))
         if hasattr(model_class, "check_arguments"):  # e.g. a missing checkpoint file, before any data work
             model_class.check_arguments(init)
+        if self.subcommand in (None, "fit") and _is_task_module(model_class):  # torch's own value checks
+            check_optimization(init, config.get("trainer"))
         if self.subcommand == "fit":
             resume_wandb_run(config)
+
+    # --- the subcommands: their output folders checked before any data work, one closing line ---
+    def fit(self, **kwargs) -> None:
+        config = self.config["fit"]
+        check_run_outputs(self.trainer, config.get("run_summary", {}).get("path"))
+        kwargs["ckpt_path"] = resume_point(self.trainer, kwargs.get("ckpt_path"), _run_id_given(config))
+        with claim_run_folder(self.trainer):
+            self.trainer.fit(**kwargs)
+        self._closing_line(fit_report(self.trainer, self._argv))
+
+    def validate(self, **kwargs) -> None:
+        self._evaluate("validate", **kwargs)
+
+    def test(self, **kwargs) -> None:
+        self._evaluate("test", **kwargs)
+
+    def predict(self, **kwargs) -> None:
+        self._evaluate("predict", **kwargs)
+
+    def _evaluate(self, command: str, **kwargs) -> None:
+        output_dir = self._get(self.config_init, "output_dir")
+        if output_dir:
+            require_writable(output_dir, "--output_dir", "give --output_dir a folder you can write")
+        with quiet_evaluation():
+            getattr(self.trainer, command)(**kwargs)
+        self._closing_line(evaluation_report(command, self.trainer, self._argv, kwargs.get("ckpt_path")))
+
+    def _closing_line(self, line: str) -> None:
+        if self.trainer.is_global_zero:
+            print(line, flush=True)
+
+
+def _run_id_given(config) -> bool:
+    """Whether the run's id is fixed by the user, so that each start of the same command is the
+    same run (a run without a logger, or with Lightning's default one, has a fixed folder too)."""
+    logger = config.get("trainer", {}).get("logger")
+    if not hasattr(logger, "get"):
+        return True
+    init = logger.get("init_args") or {}
+    return bool(init.get("id")) or init.get("version") is not None
+
+
+def _is_task_module(model_class) -> bool:
+    """Whether a model class builds its optimizer and schedule as the suite's task modules do."""
+    from .common.module import RescaleTaskModule
+
+    return isinstance(model_class, type) and issubclass(model_class, RescaleTaskModule)
 
 
 def resume_wandb_run(config) -> None:
@@ -158,7 +214,7 @@ def trainer_defaults() -> dict:
         # persistent callbacks: always present, whatever the config says
         # (and LastCheckpoint, DivergenceMonitor, LearnedScalarsLogger: see add_arguments_to_parser)
         "callbacks": [ResumeState(), SkippedDataReport(),
-                      ModelCheckpoint(filename="epoch{epoch:03d}", auto_insert_metric_name=False),
+                      EpochCheckpoint(),  # epoch<NNN>.ckpt, completed epochs only
                       LoggedLearningRate(logging_interval="step")],
         # atomic saves; loading never runs code from the file
         "plugins": [{"class_path": "rescale_tasks.common.checkpointing.AtomicCheckpointIO"}],
@@ -198,13 +254,12 @@ def _config_args(argv: list[str]) -> list[str]:
 
 def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = False) -> RescaleCLI:
     configs = _config_args(argv)
-    missing = [c for c in configs if not os.path.isfile(c)]
-    if missing:
-        raise UserError(f"config file not found: {missing[0]} (--config). Run configs live in "
-                        f"experiments/<task>/, e.g. experiments/imagenet/rescale50.yaml")
+    for path in configs:
+        check_config_file(path, "--config")
     defaults = defaults_for(configs)
-    for path in [*defaults, *configs]:
-        _check_yaml(path)
+    for path in defaults:
+        check_config_file(path, f"the {DEFAULTS_NAME} applied to the run configs below its folder")
+    quiet_libraries()  # before the Trainer is built: it prints an advert
     if any(a == "--print_config" or a.startswith("--print_config=") for a in argv):
         # stderr: the printed YAML on stdout stays a config that can be saved and reused
         print("# defaults applied (outermost first): " + (", ".join(defaults) or "none"), file=sys.stderr)
@@ -218,24 +273,6 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
                       subclass_mode_data=True, save_config_callback=SaveConfigToRun,
                       seed_everything_default=0, trainer_defaults=trainer_defaults(),
                       parser_kwargs=parser_kwargs, args=None if from_command_line else argv, run=run)
-
-
-def _check_yaml(path: str) -> None:
-    """A YAML syntax error as one line naming the file, line and column (jsonargparse reports only
-    the parser's words, e.g. ``while parsing a flow mapping``)."""
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            yaml.safe_load(f)
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
-        what = " ".join(str(x) for x in (err.context, err.problem) if x)
-        raise UserError(f"YAML syntax error in {where}: {what}; fix the file (the line shown, or "
-                        "the one above it)") from None
-    except yaml.YAMLError as err:
-        raise UserError(f"YAML error in {path}: {' '.join(str(err).split())}") from None
 
 
 def _cmd_models(argv: list[str]) -> int:
@@ -345,9 +382,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             traceback.print_exception(getattr(err, "original", None) or err, file=sys.stderr)
         print(f"error: {err}", file=sys.stderr)
         return getattr(err, "exit_code", 1)
-    except SIGTERMException as err:
+    except SIGTERMException as err:  # SIGTERM, or Ctrl-C while training (common.checkpointing)
         print(f"error: {preempted_message(err)}", file=sys.stderr)
-        return 128 + signal.SIGTERM
+        return 128 + stop_signal(err)
     finally:
         _finish_wandb()
 

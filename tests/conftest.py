@@ -5,6 +5,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+# only tests that need a CUDA device may skip; no test reaches the network; real parallel text
+# comes with the suite (see each module)
+pytest_plugins = ["skip_policy", "no_network", "parallel_text"]
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread():

@@ -3,7 +3,9 @@
 Every DataModule yields ``(images float32 [B, C, H, W], labels int64 [B])`` batches and knows
 ``num_classes``, ``in_channels`` and ``image_size`` right after ``__init__`` without touching
 disk (so a CLI can link ``data.num_classes`` to ``model.num_classes`` and configs instantiate
-with no data present). Files are read in :meth:`setup`; bad input raises one-line
+with no data present), and what its labels mean (:meth:`ClassificationDataModule.labels`: the
+class names every checkpoint carries, matched by name when a checkpoint meets this data). Files
+are read in :meth:`setup`; bad input raises one-line
 :class:`~rescale_tasks.common.errors.DataError` / ``ConfigError`` messages.
 """
 from __future__ import annotations
@@ -21,12 +23,13 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
 from rescale_tasks.common.errors import ConfigError, DataError
+from rescale_tasks.common.labels import Labels
 from rescale_tasks.common.sampling import (PerSampleSeed, ResumableDataLoader, ResumableSampler,
                                            loader_workers, sigterm_safe_worker_init)
 
 from .datasets import (
-    ImageFileDataset, TensorImageDataset, collate_drop_none, find_file, read_cifar_batch,
-    read_idx_split, scan_image_folder,
+    IMAGE_EXTENSIONS, ImageFileDataset, TensorImageDataset, collate_drop_none, find_file,
+    read_cifar_batch, read_idx_split, scan_image_folder,
 )
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -35,6 +38,14 @@ CIFAR_STATS = {
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
 MNIST_STATS = {"mnist": ((0.1307,), (0.3081,)), "fashion_mnist": ((0.2860,), (0.3530,))}
+DIGITS = [str(d) for d in range(10)]
+#: the class names of the fixed-format sets, by label (the data sets' documentation)
+CLASS_NAMES = {
+    "cifar10": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"],
+    "mnist": DIGITS,
+    "fashion_mnist": ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                      "Ankle boot"],
+}
 
 
 def _check_positive(**values: int) -> None:
@@ -59,6 +70,10 @@ class ClassificationDataModule(L.LightningDataModule):
     num_classes: int
     in_channels: int
     image_size: int
+    #: the name of every label index (None: the data set does not say)
+    class_names: list[str] | None = None
+    #: what the names are read from, and the config key pointing there (for messages)
+    labels_source: tuple[str, str] = ("the data", "data")
 
     def __init__(self, batch_size: int, num_workers: int, pin_memory: bool,
                  persistent_workers: bool, seed: int = 0):
@@ -98,6 +113,14 @@ class ClassificationDataModule(L.LightningDataModule):
         return ResumableDataLoader(PerSampleSeed(dataset), sampler,
                                    drop_last=len(sampler) > self.batch_size, **kwargs)
 
+    def labels(self) -> Labels | None:
+        """What the labels mean (:mod:`rescale_tasks.common.labels`); None when the data set does
+        not say (or, for image folders, before :meth:`setup` has read the class folders)."""
+        if self.class_names is None:
+            return None
+        source, key = self.labels_source
+        return Labels(self.class_names, source=source, key=key)
+
     def train_dataloader(self) -> DataLoader:
         return self._loader("train_set", "fit", train=True)
 
@@ -119,6 +142,8 @@ class ImageFolderDataModule(ClassificationDataModule):
     dropped from their batch and counted in :attr:`skipped_corrupt` (across workers).
     """
 
+    read_extensions = IMAGE_EXTENSIONS  # what the class folders are read for (data report)
+
     def __init__(self, root: str, num_classes: int = 1000, image_size: int = 224,
                  eval_resize: int = 256, batch_size: int = 256, num_workers: int = 8,
                  pin_memory: bool = True, persistent_workers: bool = True,
@@ -134,6 +159,8 @@ class ImageFolderDataModule(ClassificationDataModule):
         self.num_classes, self.in_channels, self.image_size = num_classes, 3, image_size
         self.eval_resize, self.skip_corrupt = eval_resize, skip_corrupt
         self.class_names: list[str] | None = None
+        self.unread_files: list[str] = []  # what the class folders hold besides images
+        self.labels_source = (f"the class folders of {Path(os.path.expanduser(root)) / 'train'}", "data.root")
         self.collate_fn = functools.partial(collate_drop_none, image_shape=(3, image_size, image_size))
 
     def train_transform(self) -> v2.Compose:
@@ -151,10 +178,11 @@ class ImageFolderDataModule(ClassificationDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.class_names is not None:
             return
-        names, train, val = scan_image_folder(self.root, self.num_classes)
-        self.train_set = ImageFileDataset(train, self.train_transform(), self.skip_corrupt)
-        self.val_set = self.test_set = ImageFileDataset(val, self.eval_transform(), self.skip_corrupt)
-        self.class_names = names
+        folder = scan_image_folder(self.root, self.num_classes)
+        self.train_set = ImageFileDataset(folder.train, self.train_transform(), self.skip_corrupt)
+        self.val_set = self.test_set = ImageFileDataset(folder.val, self.eval_transform(), self.skip_corrupt)
+        self.unread_files = folder.unread  # reported by common.data_report
+        self.class_names = folder.class_names
 
     @property
     def skipped_corrupt(self) -> int:
@@ -189,6 +217,8 @@ class CIFARDataModule(ClassificationDataModule):
             raise ConfigError(f"data.val_split must be 0 or more, got {val_split}.")
         self.root, self.variant, self.val_split, self.augment = root, variant, val_split, augment
         self.num_classes, self.in_channels, self.image_size = self._LAYOUT[variant][4], 3, 32
+        self.class_names = CLASS_NAMES.get(variant)  # CIFAR-100's 100 names: not recorded
+        self.labels_source = (f"{variant}'s classes", "data.variant")
 
     def data_dir(self) -> Path:
         """The folder holding the batch files: ``root/<standard folder>`` or ``root`` itself."""
@@ -258,6 +288,8 @@ class MNISTDataModule(ClassificationDataModule):
             raise ConfigError(f"data.variant must be 'mnist' or 'fashion_mnist', got {variant!r}.")
         self.root, self.variant = root, variant
         self.num_classes, self.in_channels, self.image_size = 10, 1, 28
+        self.class_names = CLASS_NAMES[variant]
+        self.labels_source = (f"{variant}'s classes", "data.variant")
 
     def search_dirs(self) -> list[Path]:
         root = Path(os.path.expanduser(self.root))
@@ -306,6 +338,7 @@ class DigitsDataModule(ClassificationDataModule):
             )
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.num_classes, self.in_channels, self.image_size = 10, 1, image_size
+        self.class_names, self.labels_source = DIGITS, ("scikit-learn's digits", "data")
         self.split_indices: dict[str, torch.Tensor] | None = None
 
     def setup(self, stage: str | None = None) -> None:

@@ -13,6 +13,7 @@ import pickle
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
 from rescale_tasks.common.errors import DataError, WorkerDataError
+from rescale_tasks.common.images import open_rgb
 
 log = logging.getLogger(__name__)
 
@@ -33,30 +35,39 @@ def _names(items: Sequence[str], limit: int = 3) -> str:
     return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
-def _scan_split(split_dir: Path) -> dict[str, list[str]]:
-    """Map each class folder (sorted) of ``split_dir`` to its sorted image files."""
+def _scan_split(split_dir: Path, unread: list[str]) -> dict[str, list[str]]:
+    """Map each class folder (sorted) of ``split_dir`` to its sorted image files; every other entry
+    of a class folder (other extensions, hidden files, sub-folders) is appended to ``unread``."""
     classes: dict[str, list[str]] = {}
     with os.scandir(split_dir) as entries:
         folders = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
     for name in folders:
+        files = []
         with os.scandir(split_dir / name) as entries:
-            files = sorted(
-                e.path for e in entries
-                if e.is_file() and not e.name.startswith(".")
-                and e.name.lower().endswith(IMAGE_EXTENSIONS)
-            )
-        classes[name] = files
+            for e in entries:
+                readable = (e.is_file() and not e.name.startswith(".")
+                            and e.name.lower().endswith(IMAGE_EXTENSIONS))
+                (files if readable else unread).append(e.path)
+        classes[name] = sorted(files)
     return classes
 
 
-def scan_image_folder(root: str | os.PathLike, num_classes: int) -> tuple[
-    list[str], list[tuple[str, int]], list[tuple[str, int]]
-]:
+class ImageFolder(NamedTuple):
+    """What :func:`scan_image_folder` found."""
+
+    class_names: list[str]
+    train: list[tuple[str, int]]  # (path, label)
+    val: list[tuple[str, int]]
+    unread: list[str]  # what the class folders hold besides images: other extensions, hidden, folders
+
+
+def scan_image_folder(root: str | os.PathLike, num_classes: int) -> ImageFolder:
     """Index an ImageNet-style folder ``root/{train,val}/<class>/<image>``.
 
-    Returns ``(class_names, train_samples, val_samples)`` with samples as ``(path, label)``.
-    Unlike torchvision's ImageFolder, val/ must hold exactly the class folders of train/,
-    and the class count must equal ``num_classes``.
+    Samples are ``(path, label)``. Unlike torchvision's ImageFolder, val/ must hold exactly the
+    class folders of train/, the class count must equal ``num_classes``, and what the class folders
+    hold besides images is listed (:attr:`ImageFolder.unread`) for the data report instead of
+    vanishing.
     """
     root = Path(os.path.expanduser(str(root)))
     if not root.is_dir():
@@ -65,6 +76,7 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int) -> tuple[
             "Point --data.root at a folder holding train/ and val/ class folders."
         )
     splits: dict[str, dict[str, list[str]]] = {}
+    unread: list[str] = []
     for split in ("train", "val"):
         split_dir = root / split
         if not split_dir.is_dir():
@@ -72,7 +84,7 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int) -> tuple[
                 f"ImageNet folder {root} (data.root) has no {split}/ sub-folder: expected "
                 f"{split_dir}/<class>/<image>. Point --data.root at a folder holding train/ and val/."
             )
-        classes = _scan_split(split_dir)
+        classes = _scan_split(split_dir, unread)
         if not classes:
             raise DataError(
                 f"No class folders in {split_dir} (data.root). Expected one sub-folder per class, "
@@ -104,7 +116,7 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int) -> tuple[
         )
     train = [(f, label) for label, name in enumerate(train_names) for f in splits["train"][name]]
     val = [(f, label) for label, name in enumerate(val_names) for f in splits["val"][name]]
-    return train_names, train, val
+    return ImageFolder(train_names, train, val, sorted(unread))
 
 
 class CorruptImageError(WorkerDataError):
@@ -118,7 +130,8 @@ _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, zlib.error, Image.
 
 
 class ImageFileDataset(Dataset):
-    """``(path, label)`` samples decoded with PIL (``.convert("RGB")``) then ``transform``.
+    """``(path, label)`` samples decoded to 8-bit RGB whatever their mode
+    (:func:`~rescale_tasks.common.images.open_rgb`) then ``transform``.
 
     With ``skip_corrupt`` an undecodable file yields ``None`` (drop it with
     :func:`collate_drop_none`), is logged once and is flagged in the shared-memory
@@ -143,8 +156,7 @@ class ImageFileDataset(Dataset):
     def __getitem__(self, index: int):
         path, label = self.samples[index]
         try:
-            with Image.open(path) as im:
-                image = im.convert("RGB")
+            image = open_rgb(path)
         except _DECODE_ERRORS as exc:
             if not self.skip_corrupt:
                 raise CorruptImageError(
@@ -302,7 +314,7 @@ def read_idx_split(images_path: Path, labels_path: Path, size: int = 28) -> tupl
 
 
 __all__ = [
-    "IMAGE_EXTENSIONS", "CorruptImageError", "ImageFileDataset", "TensorImageDataset",
+    "IMAGE_EXTENSIONS", "CorruptImageError", "ImageFileDataset", "ImageFolder", "TensorImageDataset",
     "collate_drop_none", "find_file", "read_cifar_batch", "read_idx", "read_idx_split",
     "scan_image_folder",
 ]

@@ -3,8 +3,10 @@
 SGD with momentum through :func:`rescale_core.param_groups` (no decay on scalars and biases,
 per-scheme lr factors), per-step warm-up + multi-step/cosine schedules, label smoothing, mixup
 (Zhang et al. 2018), top-1/top-5 accuracy (torchmetrics), learned branch scalars logged as they
-train (RescaleNet rebuttal [R2]). Network, optimizer, schedule, speed switches and checkpoint
-checks are the shared ones of :class:`~rescale_tasks.common.module.RescaleTaskModule`.
+train (RescaleNet rebuttal [R2]). Network, optimizer, schedule, speed switches, checkpoint
+checks and the class names every checkpoint carries (matched to the data's by name: targets of
+data listing them in another order are mapped to the network's) are the shared ones of
+:class:`~rescale_tasks.common.module.RescaleTaskModule`.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
-from ..common.empty_batches import data_may_skip_files, must_skip, skipped_step
+from ..common.empty_batches import (data_may_skip_files, must_skip, nothing_to_evaluate,
+                                    skipped_prediction, skipped_step)
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
 
 __all__ = ["ClassificationModule"]
@@ -88,6 +91,7 @@ class ClassificationModule(RescaleTaskModule):
         # every file of a batch corrupt and skipped: no step, on all ranks (common.empty_batches)
         if must_skip(y.numel(), self._may_skip_batches):
             return skipped_step(self)
+        y = self.network_labels(y)
         if self.mixup_alpha > 0:
             x, ya, yb, lam = self._mixup(x, y)
             logits = self(x)
@@ -101,8 +105,11 @@ class ClassificationModule(RescaleTaskModule):
         self.log("train/acc1", self.train_acc, on_step=False, on_epoch=True)
         return loss
 
-    def _eval_step(self, batch, prefix: str, acc1, acc5) -> torch.Tensor:
+    def _eval_step(self, batch, prefix: str, acc1, acc5) -> torch.Tensor | None:
+        if nothing_to_evaluate(batch):  # every file of it corrupt and skipped (common.empty_batches)
+            return None
         x, y = batch
+        y = self.network_labels(y)
         logits = self(x)
         loss = F.cross_entropy(logits, y)
         acc1(logits, y)
@@ -112,12 +119,14 @@ class ClassificationModule(RescaleTaskModule):
         self.log(f"{prefix}/acc5", acc5, on_epoch=True)
         return loss
 
-    def validation_step(self, batch, batch_idx: int) -> torch.Tensor:
+    def validation_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         return self._eval_step(batch, "val", self.val_acc1, self.val_acc5)
 
-    def test_step(self, batch, batch_idx: int) -> torch.Tensor:
+    def test_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         return self._eval_step(batch, "test", self.test_acc1, self.test_acc5)
 
-    def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
+    def predict_step(self, batch, batch_idx: int) -> torch.Tensor | None:
+        if nothing_to_evaluate(batch):
+            return skipped_prediction()
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self(x).softmax(dim=-1)

@@ -6,12 +6,13 @@ their WMT results).
     rescale test --config <run config> --ckpt_path avg.ckpt
 
 "Last" is by the global step stored in each checkpoint, not by file time; of several files at
-one step (``last.ckpt`` beside the newest epoch checkpoint) one is used. From a folder only the
+one step (``last.ckpt`` beside the newest epoch checkpoint) one is used and the others are named
+as left out. From a folder only the
 checkpoints on the run's save schedule are taken: ``last.ckpt`` (the resume point, written at epoch
 ends, every N steps or minutes and on SIGTERM) never, and, when the run saved every k steps (a
 ModelCheckpoint with ``every_n_train_steps``, recorded in every checkpoint), no file at a step that
 is not a multiple of k (an epoch-end checkpoint): a SIGTERM save at step 586 among 120/240/360/480
-would otherwise be "the newest" (issue #23). Files named one by one are always taken. The command
+would otherwise be "the newest". Files named one by one are always taken. The command
 says in one line which steps it averaged and which files it left out. Floating-point
 parameters and buffers (mean-shift ``mu0``, BN running statistics) are averaged in float64 and
 stored in their own dtype; integer buffers (counters) are taken from the newest checkpoint. The
@@ -69,6 +70,19 @@ def _off_schedule(checkpoint: dict, path: str, schedules: set[int]) -> Optional[
     return None
 
 
+def _one_per_step(loaded: list[tuple[dict, str]]) -> tuple[list[tuple[dict, str]], list[dict]]:
+    """One checkpoint per global step, oldest first, and the files left out: two files at one step
+    hold one state (last.ckpt beside the epoch checkpoint it repeats), which averaging would count
+    twice. The file kept is the one not named last.ckpt, else the last one given."""
+    kept: dict[int, tuple[dict, str]] = {}
+    for checkpoint, path in sorted(loaded, key=lambda item: os.path.basename(item[1]) != "last.ckpt"):
+        kept[checkpoint.get("global_step", -1)] = (checkpoint, path)
+    left_out = [{"path": path, "global_step": checkpoint.get("global_step"),
+                 "why": f"the same step as {os.path.basename(kept[checkpoint.get('global_step', -1)][1])}"}
+                for checkpoint, path in loaded if kept[checkpoint.get("global_step", -1)][1] != path]
+    return [kept[step] for step in sorted(kept)], left_out
+
+
 def average_checkpoints(paths: list[str], num: Optional[int] = None, named: Optional[set[str]] = None) -> dict:
     """The averaged checkpoint of the ``num`` newest (by global step) of ``paths`` (all if None).
 
@@ -89,9 +103,8 @@ def average_checkpoints(paths: list[str], num: Optional[int] = None, named: Opti
     if not loaded:
         raise CheckpointError(f"no checkpoint on the run's save schedule among {len(left_out)} file(s) (left out: "
                               f"{_left_out_text(left_out)}); name the files to average one by one")
-    # one checkpoint per step: last.ckpt repeats the newest epoch checkpoint's state
-    loaded.sort(key=lambda item: (item[0].get("global_step", -1), os.path.basename(item[1]) != "last.ckpt"))
-    loaded = list({c.get("global_step", -1): (c, p) for c, p in loaded}.values())
+    loaded, same_step = _one_per_step(loaded)
+    left_out += same_step
     if num is not None:
         if num < 1 or num > len(loaded):
             raise CheckpointError(f"--num {num}: {len(loaded)} checkpoint(s) at distinct steps found"

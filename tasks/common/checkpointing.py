@@ -10,9 +10,10 @@
   the checkpoint and restores the streams when training restarts, so a resumed run draws the
   same dropout masks and mixup coefficients as an uninterrupted one.
 - :class:`LastCheckpoint`: the one writer of ``last.ckpt``: at epoch ends, every n steps or
-  minutes, and on SIGTERM (cluster preemption, ``scancel``, ``kill``), where Lightning finishes
-  the current step and raises. Together with the resumable training loader
+  minutes, and on SIGTERM (cluster preemption, ``scancel``, ``kill``) or Ctrl-C (SIGINT), where
+  Lightning finishes the current step and raises. Together with the resumable training loader
   (:mod:`rescale_tasks.common.sampling`) the run resumes at the next batch of the same epoch.
+- :class:`EpochCheckpoint`: ``epoch<NNN>.ckpt`` for every completed epoch, never for one cut short.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import io
 import os
 import pickle
 import random
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,15 +35,18 @@ import torch
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol, get_filesystem
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .callbacks import DivergenceMonitor
 from .errors import UserError
 
-__all__ = ["AtomicCheckpointIO", "ResumeState", "LastCheckpoint", "safe_load", "SAFE_GLOBALS",
+__all__ = ["AtomicCheckpointIO", "ResumeState", "LastCheckpoint", "EpochCheckpoint", "safe_load", "SAFE_GLOBALS",
            "CheckpointError", "CheckpointInfo", "peek_checkpoint", "preempted_message", "is_remote",
-           "checkpoint_exists"]
+           "checkpoint_exists", "checkpoint_folder", "logger_folder", "LAST_NAME"]
+
+LAST_NAME = ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION  # last.ckpt
 
 
 class CheckpointError(UserError):
@@ -348,19 +354,22 @@ def _load_train_loader_state(trainer: L.Trainer) -> None:
 class LastCheckpoint(L.Callback):
     """The one writer of ``last.ckpt``: at every epoch end, every ``every_n_train_steps`` steps
     and every ``every_minutes`` minutes of training (mid-epoch resume points for long epochs),
-    and when the run is preempted.
+    and when the run is preempted or stopped with Ctrl-C.
 
     Lightning turns SIGTERM into ``SIGTERMException`` at the end of the current training step;
     this callback saves then, so nothing already trained is lost, and ``--ckpt_path <file>`` (or
-    ``--ckpt_path last`` with a fixed run id) resumes at the next batch. Other exceptions are left
-    alone: a diverged or crashed run must not overwrite its last good checkpoint.
+    ``--ckpt_path last`` with a fixed run id) resumes at the next batch. While training, the first
+    Ctrl-C (SIGINT) is handed to Lightning's SIGTERM handler, so it stops the run the same way
+    (Lightning's own reaction, a ``KeyboardInterrupt`` wherever the step happens to be, saves
+    nothing); a second Ctrl-C stops at once. Other exceptions are left alone: a diverged or
+    crashed run must not overwrite its last good checkpoint.
     The file goes beside the run's other checkpoints (the ModelCheckpoint folder), where
     Lightning's ``ckpt_path="last"`` looks for it.
 
     Args:
         every_n_train_steps: also save every n optimizer steps (0: off).
         every_minutes: also save after this many minutes of training since the last save (0: off).
-        on_preemption: save on SIGTERM.
+        on_preemption: save on SIGTERM and the first Ctrl-C.
         dirpath: where the run's checkpoints go (``last.ckpt`` and the epoch checkpoints of the
             suite's ModelCheckpoint): a local folder or an fsspec URL (``s3://bucket/ckpts``), in a
             subfolder named by the run id (the logger's version) so runs never share one.
@@ -377,25 +386,29 @@ class LastCheckpoint(L.Callback):
         self.every_minutes = every_minutes
         self.on_preemption = on_preemption
         self.saved_path: Optional[str] = None
+        self.stopped_by: Optional[signal.Signals] = None  # SIGINT when Ctrl-C stopped the run
         self._last_save = time.monotonic()
+
+    def folder(self, trainer: L.Trainer) -> Optional[str]:
+        """``dirpath/<run id>`` (None without a ``dirpath``)."""
+        if not self.dirpath:
+            return None
+        version = getattr(trainer.logger, "version", None) if trainer.logger is not None else None
+        return self.dirpath.rstrip("/") + (f"/{version}" if version else "")
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Point the ModelCheckpoints without a folder of their own at ``dirpath`` (before their
         own setup: Lightning runs checkpoint callbacks last)."""
-        if not self.dirpath:
+        folder = self.folder(trainer)
+        if folder is None:
             return
-        version = getattr(trainer.logger, "version", None) if trainer.logger is not None else None
-        folder = self.dirpath.rstrip("/") + (f"/{version}" if version else "")
         for checkpoint in trainer.checkpoint_callbacks:
             if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath is None:
                 checkpoint.dirpath = folder
                 checkpoint._fs = get_filesystem(folder)  # chosen in its __init__ from its dirpath then
 
     def path(self, trainer: L.Trainer) -> str:
-        checkpoint = trainer.checkpoint_callback
-        folder = checkpoint.dirpath if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath \
-            else os.path.join(trainer.default_root_dir, "checkpoints")
-        return os.path.join(folder, ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION)
+        return os.path.join(checkpoint_folder(trainer), LAST_NAME)
 
     def save(self, trainer: L.Trainer) -> None:
         # never overwrite the last good checkpoint with a diverged model (divergence monitors
@@ -409,6 +422,32 @@ class LastCheckpoint(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_save = time.monotonic()
+        self.stopped_by = None
+        if self.on_preemption:
+            self._stop_on_ctrl_c(say=trainer.is_global_zero)
+
+    def _stop_on_ctrl_c(self, say: bool) -> None:
+        """Make the first SIGINT do what SIGTERM does: Lightning registered its SIGTERM handler
+        (which finishes the step, then raises ``SIGTERMException``) just before training, and
+        puts every handler back as it found it when the run ends. A SIGINT handler of the
+        user's own, or SIGINT ignored (a background job), is left alone."""
+        sigterm = signal.getsignal(signal.SIGTERM)
+        if threading.current_thread() is not threading.main_thread() or not callable(sigterm) \
+                or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return
+        pid = os.getpid()
+
+        def stop_after_this_step(signum, frame) -> None:
+            if os.getpid() != pid:  # a data worker forked with this handler: the main process stops
+                return
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once
+            self.stopped_by = signal.SIGINT
+            if say:  # os.write: a print could re-enter a write the signal interrupted
+                os.write(2, b"\nCtrl-C: stopping after this step and saving last.ckpt (Ctrl-C again: stop now, "
+                            b"without saving)\n")
+            sigterm(signum, frame)
+
+        signal.signal(signal.SIGINT, stop_after_this_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.sanity_checking or trainer.fit_loop.epoch_loop._should_accumulate():
@@ -428,13 +467,84 @@ class LastCheckpoint(L.Callback):
         if not self.on_preemption or not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
             return
         self.save(trainer)
-        exception.checkpoint_path, exception.step = self.saved_path, trainer.global_step  # for the exit line
+        # for the exit line and status
+        exception.checkpoint_path, exception.step = self.saved_path, trainer.global_step
+        exception.signal = self.stopped_by or signal.SIGTERM
+
+
+def stop_signal(exception: BaseException) -> signal.Signals:
+    """The signal that stopped a run (``SIGTERMException``): SIGINT for Ctrl-C, else SIGTERM."""
+    return getattr(exception, "signal", signal.SIGTERM)
 
 
 def preempted_message(exception: BaseException) -> str:
-    """The one line a preempted run ends with: where it stopped and how to resume it."""
+    """The one line a preempted (or Ctrl-C'd) run ends with: where it stopped and how to resume it."""
+    by = "Ctrl-C (SIGINT)" if stop_signal(exception) == signal.SIGINT else "SIGTERM"
     path = getattr(exception, "checkpoint_path", None)
     if path is None:
-        return "stopped by SIGTERM before a checkpoint could be written; resume from the last checkpoint"
-    return (f"stopped by SIGTERM at step {exception.step}; saved {path}. Resume with the same command "
+        return f"stopped by {by} before a checkpoint could be written; resume from the last checkpoint"
+    return (f"stopped by {by} at step {exception.step}; saved {path}. Resume with the same command "
             f"plus --ckpt_path {path}")
+
+
+def checkpoint_folder(trainer: L.Trainer) -> str:
+    """The folder of the run's checkpoints (``last.ckpt``, the epoch checkpoints), known before
+    the run starts: the first ModelCheckpoint's ``dirpath`` once set, ``last_checkpoint.dirpath/<run
+    id>``, or where that ModelCheckpoint will put them, as Lightning resolves it:
+    ``<save_dir>/<logger name>/<version>/checkpoints`` (W&B: ``runs/<project>/<run id>/checkpoints``)."""
+    checkpoint = trainer.checkpoint_callback
+    if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath:
+        return checkpoint.dirpath
+    last = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)
+    if last is not None and last.folder(trainer):
+        return last.folder(trainer)
+    folder = logger_folder(trainer)
+    if isinstance(checkpoint, ModelCheckpoint) and folder is not None:
+        return os.path.join(folder, "checkpoints")
+    return os.path.join(trainer.default_root_dir, "checkpoints")
+
+
+def logger_folder(trainer: L.Trainer) -> Optional[str]:
+    """``<save_dir>/<logger name>/<version>`` of the first logger, the folder Lightning gives a
+    run's checkpoints (W&B: ``runs/<project>/<run id>``); None without a logger (or with
+    ``fast_dev_run``'s stand-in, which has no folder)."""
+    logger = trainer.loggers[0] if trainer.loggers else None
+    if logger is None or isinstance(logger, DummyLogger) or logger.version in (None, ""):
+        return None
+    version = logger.version
+    return os.path.join(logger.save_dir or trainer.default_root_dir, str(logger.name),
+                        version if isinstance(version, str) else f"version_{version}")
+
+
+class EpochCheckpoint(ModelCheckpoint):
+    """``epoch<NNN>.ckpt`` (Lightning's ModelCheckpoint, keeping the newest) at the end of every
+    epoch the run completed. An epoch cut short (``max_steps`` reached mid-epoch, a mid-epoch
+    validation) writes none: the file would carry the name of an epoch it does not hold;
+    ``last.ckpt`` is the resume point there."""
+
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("filename", "epoch{epoch:03d}")
+        kwargs.setdefault("auto_insert_metric_name", False)
+        super().__init__(**kwargs)
+
+    @property
+    def state_key(self) -> str:
+        # ModelCheckpoint's key, so checkpoints written before this class existed resume into it
+        return ModelCheckpoint.__qualname__ + super().state_key[len(type(self).__qualname__):]
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if _epoch_complete(trainer):
+            super().on_train_epoch_end(trainer, pl_module)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if _epoch_complete(trainer):
+            super().on_validation_end(trainer, pl_module)
+
+
+def _epoch_complete(trainer: L.Trainer) -> bool:
+    """Whether every batch of the current training epoch has run (as Lightning's epoch loop
+    decides it: the loader is exhausted, or the epoch's batch count reached)."""
+    if trainer.state.fn != "fit" or trainer.sanity_checking:
+        return False
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    return progress.is_last_batch or progress.current.ready >= trainer.num_training_batches

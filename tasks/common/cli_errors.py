@@ -32,6 +32,7 @@ _GIVEN_CLASS = re.compile(r"class_path='([^']+)'")
 _UNKNOWN_OPTION = re.compile(r"^Option '([^']+)' is not accepted")
 _UNKNOWN_KEY = re.compile(r"^Subcommand '([^']+)' does not accept option '([^']+)'")
 _UNRECOGNIZED = re.compile(r"^unrecognized arguments: (.*)")
+_NO_VALUE = re.compile(r"^argument (--\S+): expected one argument$")
 _INVALID_CHOICE = re.compile(r"^argument subcommand: invalid choice: '([^']+)'")
 _EXPECTED = re.compile(r"^Expected an? (.+?)(?:\. Got value: (.*))?$")
 _BAD_IMPORT = re.compile(r"^Expected a dot import path string: (\S+)")
@@ -220,6 +221,10 @@ def describe_argument_error(err: BaseException, parser=None) -> str:
     key = ".".join(path)
     hint = f" (--{key} or the {key.split('.')[0]}: section of the config)" if key else ""
 
+    match = _NO_VALUE.match(leaf)
+    if match:  # argparse reads a value such as -1e-4 as an option, and names only the option's section
+        return (f"option {match.group(1)} or a key under it got no value: write --key VALUE, or --key=VALUE when "
+                "the value starts with '-' (a value such as -1e-4 is otherwise read as an option)")
     match = _UNKNOWN_KEY.match(leaf)
     if match:
         return _unknown_key_message(match.group(2), parser)

@@ -2,7 +2,7 @@
 
 Any DataModule exposing a ``skipped_corrupt`` count (files it dropped because they could not be
 decoded, with ``skip_corrupt`` on) gets the count logged as ``data/skipped_corrupt`` (summed over
-ranks) after every epoch and validation, and one warning line at the end of the run.
+ranks) after every epoch, validation, test and prediction, and one warning line at the end of the run.
 
 A DataModule that also tells problems apart by kind -- ``data_problems() -> {kind: count}`` and
 ``problem_files() -> [(path, kind)]``, as the video data does (unreadable, no video stream,
@@ -13,10 +13,17 @@ with the counts of the kinds that occurred (:func:`problems_line`; a ``kept_prob
 attribute names the kinds the module repairs and keeps instead of skipping). Deviation from a plain
 sum over ranks: the files are gathered from every rank and counted once each, because two ranks can
 meet the same file (other epochs' shards, a DistributedSampler's padding of evaluation sets).
+
+A DataModule listing what its data folders hold but it does not read -- ``unread_files`` (paths:
+files of other extensions, hidden files, sub-folders of an image class folder), with the extensions
+it does read in ``read_extensions`` -- gets one warning line when its data is set up
+(:func:`unread_line`) and the count logged as ``data/unread_files``.
 """
 from __future__ import annotations
 
 import os
+from collections import Counter
+from collections.abc import Sequence
 
 import lightning.pytorch as L
 import torch
@@ -25,7 +32,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from rescale_tasks.common.config import run_directory
 from rescale_tasks.common.distributed import gather_objects
 
-__all__ = ["PROBLEMS_FILE", "SkippedDataReport", "problems_line"]
+__all__ = ["PROBLEMS_FILE", "SkippedDataReport", "problems_line", "unread_line"]
 
 PROBLEMS_FILE = "data_problems.tsv"
 
@@ -43,14 +50,47 @@ def problems_line(problems: dict[str, int], kept_kinds=()) -> str:
     return f"data problems: {sum(counts.values())} file(s) ({listed}): {', '.join(fate)}"
 
 
+def _unread_kind(path: str) -> str:
+    """``folder``, ``hidden``, the lower-case extension, or ``no extension``."""
+    if os.path.isdir(path):
+        return "folder"
+    name = os.path.basename(path)
+    if name.startswith("."):
+        return "hidden"
+    return os.path.splitext(name)[1].lower() or "no extension"
+
+
+def unread_line(files: list[str], read_extensions: Sequence[str] = ()) -> str:
+    """The warning for entries of the data folders that are not read, with their kinds, where they
+    are and what to do, e.g. ``data: 3 file(s) under /data/train were found but not read (.heic 1,
+    .txt 1, hidden 1), e.g. /data/train/cat/a.heic; only .jpg/.png files are read: convert them or
+    move them out of the data folder``."""
+    counts = Counter(_unread_kind(f) for f in files)
+    kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()))
+    where = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
+    reads = f"only {'/'.join(read_extensions)} files are read" if read_extensions else "they are not data"
+    return (f"data: {len(files)} file(s) under {where} were found but not read ({kinds}), e.g. {files[0]}; "
+            f"{reads}: convert them or move them out of the data folder")
+
+
 class SkippedDataReport(L.Callback):
     """Logs and reports the data module's ``skipped_corrupt`` count and, where it has them, its
-    problems by kind (no-op for other modules)."""
+    problems by kind and the files it does not read (no-op for other modules)."""
 
     def __init__(self) -> None:
         self.total = 0
         self.problems: dict[str, int] = {}
         self.files: list[tuple[str, str]] = []
+        self.unread: list[str] | None = None  # None until reported
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # the data module has scanned its folders by now (Lightning sets it up before the callbacks)
+        unread = getattr(trainer.datamodule, "unread_files", None)
+        if unread is None or self.unread is not None:
+            return
+        self.unread = list(unread)
+        if self.unread:
+            rank_zero_warn(unread_line(self.unread, getattr(trainer.datamodule, "read_extensions", ())))
 
     def _count(self, trainer: L.Trainer) -> int | None:
         count = getattr(trainer.datamodule, "skipped_corrupt", None)
@@ -88,6 +128,8 @@ class SkippedDataReport(L.Callback):
         count = self._count(trainer)
         if count is not None:
             metrics["data/skipped_corrupt"] = float(count)
+        if self.unread is not None:
+            metrics["data/unread_files"] = float(len(self.unread))
         for kind, n in (self._problems(trainer) or {}).items():
             metrics[f"data/{kind.replace(' ', '_')}"] = float(n)
         if metrics:
@@ -101,6 +143,9 @@ class SkippedDataReport(L.Callback):
         self._log(trainer)
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log(trainer)
+
+    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._log(trainer)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -1,4 +1,5 @@
-"""A training batch left empty by bad files is no step: one mechanism for every task and callback.
+"""A batch left empty by bad files is no step and no score: one mechanism for every task, stage
+and callback.
 
 The data modules that can drop files (``data.skip_corrupt`` for images, ``data.skip_bad`` for
 videos) hand the training step a batch without samples when every file of it was bad (a batch
@@ -22,6 +23,16 @@ Such a batch trains nothing, wherever it falls in the epoch and whatever the pro
 
 A task module calls :func:`data_may_skip_files` in ``setup`` and, first thing in
 ``training_step``, ``if must_skip(samples, may_skip): return skipped_step(self)``.
+
+Evaluation (validate, test, predict) meets the same batches: a validation set with a run of
+corrupt files, a batch of one bad video. First thing in ``validation_step`` and ``test_step``,
+``if nothing_to_evaluate(batch): return None``, and in ``predict_step`` ``return
+skipped_prediction()`` (which also silences Lightning's warning about a None prediction): the
+batch adds nothing to the metrics (they cover the samples that were read, not a batch of zero
+samples, which torchmetrics and the multi-view evaluation cannot take) and no prediction. No vote
+is needed: evaluation steps exchange nothing between ranks, each rank skips its own empty batches.
+The skipped files are counted by the data module and reported by
+:class:`~.data_report.SkippedDataReport` after every stage.
 """
 from __future__ import annotations
 
@@ -32,8 +43,10 @@ from typing import Any, Optional
 import torch
 
 from .distributed import every_rank_has_samples, world_size, zero_loss
+from .throughput import batch_size
 
-__all__ = ["SKIPPED", "data_may_skip_files", "is_skipped", "must_skip", "skipped_step"]
+__all__ = ["SKIPPED", "data_may_skip_files", "is_skipped", "must_skip", "nothing_to_evaluate",
+           "skipped_prediction", "skipped_step"]
 
 #: the key marking a skipped batch in ``training_step``'s output under DDP
 SKIPPED = "skipped"
@@ -76,3 +89,16 @@ def is_skipped(outputs: Any) -> bool:
     if isinstance(outputs, Mapping):
         return not outputs or outputs.get("loss") is None or bool(outputs.get(SKIPPED, False))
     return False
+
+
+def nothing_to_evaluate(batch: Any) -> bool:
+    """Whether a validation, test or predict ``batch`` holds no sample (every file of it was bad and
+    skipped): its step then returns None at once. This rank's batch only, never a collective."""
+    return batch_size(batch) == 0
+
+
+def skipped_prediction() -> None:
+    """What ``predict_step`` returns for a batch without samples: no prediction (None)."""
+    # Lightning warns about a None it cannot tell from a forgotten return; here it is the plan
+    warnings.filterwarnings("ignore", message=r"predict returned None")
+    return None

@@ -2,11 +2,12 @@
 name, scheme and options; the speed switches (channels_last, ``torch.compile``); the optimizer
 over the core's parameter groups and a per-step or per-epoch schedule; and refusing, in one line,
 a checkpoint of another architecture. A task module subclasses :class:`RescaleTaskModule` and
-adds only its steps, losses and metrics.
+adds only its steps, losses and metrics. What its labels mean travels in every checkpoint and is
+matched to the data's by name when a checkpoint meets data (:mod:`.labels`).
 """
 from __future__ import annotations
 
-import inspect
+import math
 from typing import Any, Callable, Iterable, Optional
 
 import lightning.pytorch as L
@@ -17,8 +18,9 @@ import rescale_core
 from .acceleration import as_memory_format, compile_in_place, use_channels_last
 from .checkpoint_compat import check_checkpoint_compatible
 from .errors import ConfigError
+from .labels import LABELS_KEY, Labels, checkpoint_labels, data_labels, match_labels
 from .networks import create_network, resolved_architecture
-from .optim import build_optimizer
+from .optim import accepts, build_optimizer, build_scheduler
 
 __all__ = ["RescaleTaskModule", "OptimizerFactory", "SchedulerFactory", "accepts"]
 
@@ -77,6 +79,11 @@ class RescaleTaskModule(L.LightningModule):
         self.norm_weight_decay = norm_weight_decay
         rescale_core.set_plan(self.net, plan)
         self.memory_format = use_channels_last(self.net) if channels_last else None
+        #: what the network's outputs mean (the checkpoint's labels, else the data's it trains on)
+        self.trained_labels: Optional[Labels] = None
+        self._label_order: Optional[torch.Tensor] = None  # data label -> network label; None: the same
+        self._unlabelled_checkpoint: Optional[str] = None
+        self._label_notes: set[str] = set()
         if compile:
             compile_in_place(self.net, **{**({"mode": compile_mode} if compile_mode else {}),
                                           **(compile_options or {})})
@@ -99,12 +106,69 @@ class RescaleTaskModule(L.LightningModule):
     # --- checkpoints ----------------------------------------------------------------------
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse, in one line, a checkpoint of another network, scheme or task size (runs
-        before the weights are loaded, which would fail with a page of key/shape mismatches)."""
+        before the weights are loaded, which would fail with a page of key/shape mismatches),
+        then match the labels it was trained on to the data's (:mod:`.labels`)."""
         trainer = self._trainer
         path = getattr(trainer, "ckpt_path", None) if trainer is not None else None
-        check_checkpoint_compatible(checkpoint, self.hparams, self.state_dict(),
-                                    source=f"checkpoint {path}" if path else "the checkpoint",
+        source = f"checkpoint {path}" if path else "the checkpoint"
+        check_checkpoint_compatible(checkpoint, self.hparams, self.state_dict(), source=source,
                                     strict=self.strict_loading, normalize=resolved_architecture)
+        self.trained_labels = checkpoint_labels(checkpoint, source, self._datamodule())
+        self._unlabelled_checkpoint = source if self.trained_labels is None else None
+        self._match_data_labels()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        labels = self.trained_labels or data_labels(self._datamodule())
+        if labels is not None:
+            checkpoint[LABELS_KEY] = labels.to_checkpoint()
+
+    # --- what the labels mean -------------------------------------------------------------
+    def _datamodule(self) -> Any:
+        return getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+
+    def _match_data_labels(self) -> None:
+        """Match the network's labels to the data module's (every stage starts here, after any
+        checkpoint is loaded): the order that maps the data's onto the network's, or one line
+        refusing data with other label names. A network without labels yet learns the data's."""
+        data = data_labels(self._datamodule())
+        if data is None:
+            self._label_order = None
+            return
+        if self.trained_labels is None:
+            if self._unlabelled_checkpoint:
+                self._say(f"labels: {self._unlabelled_checkpoint} records no label names (written before "
+                          f"checkpoints carried them); its outputs are taken to follow {data.source}")
+            self.trained_labels, self._label_order = data, None
+            return
+        order, note = match_labels(self.trained_labels, data)
+        self._label_order = None if order is None else torch.tensor(order, dtype=torch.long)
+        if note:
+            self._say(note)
+
+    def _say(self, line: str) -> None:
+        """Print ``line`` once per run, on the first process."""
+        if line not in self._label_notes and (self._trainer is None or self._trainer.is_global_zero):
+            print(line)
+        self._label_notes.add(line)
+
+    def on_fit_start(self) -> None:
+        self._match_data_labels()
+
+    def on_validation_start(self) -> None:
+        self._match_data_labels()
+
+    def on_test_start(self) -> None:
+        self._match_data_labels()
+
+    def on_predict_start(self) -> None:
+        self._match_data_labels()
+
+    def network_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """The data's label indices as the network's (the checkpoint's order, :mod:`.labels`);
+        unchanged when the two agree."""
+        if self._label_order is None:
+            return labels
+        return self._label_order.to(labels.device)[labels]
 
     # --- optimisation ---------------------------------------------------------------------
     def configure_optimizers(self):
@@ -116,22 +180,17 @@ class RescaleTaskModule(L.LightningModule):
         if factory is None:
             return optimizer
         max_epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else None
-        total = self.trainer.estimated_stepping_batches
-        steps_per_epoch = max(int(total // max_epochs), 1) if max_epochs and total != float("inf") else 1
-        if accepts(factory, "steps_per_epoch"):
-            scheduler = factory(optimizer, steps_per_epoch=steps_per_epoch, max_epochs=max_epochs)
-            interval = "step"
-        else:  # a plain torch scheduler: stepped per epoch
-            scheduler, interval = factory(optimizer), "epoch"
+        steps_per_epoch = self._steps_per_epoch()
+        scheduler, interval = build_scheduler(factory, optimizer, steps_per_epoch, max_epochs)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
 
-
-def accepts(factory: Callable, name: str) -> bool:
-    """Whether ``factory`` (a class, function or jsonargparse partial) takes argument ``name``."""
-    target = getattr(factory, "func", factory)  # functools.partial from jsonargparse
-    try:
-        target = target.__init__ if inspect.isclass(target) else target
-        params = inspect.signature(target).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    def _steps_per_epoch(self) -> int:
+        """Optimizer steps in one epoch of the training data (1 where it has no length). Counted from
+        the loader, not from ``estimated_stepping_batches / max_epochs``: a ``max_steps`` that ends the
+        run early must not squeeze the epochs of the schedule (warm-up, milestones, the cosine)."""
+        trainer = self.trainer
+        trainer.estimated_stepping_batches  # builds the training loader when it is not built yet
+        batches = trainer.num_training_batches
+        if not batches or batches == float("inf"):
+            return 1
+        return max(math.ceil(batches / trainer.accumulate_grad_batches), 1)

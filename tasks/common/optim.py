@@ -1,4 +1,5 @@
-"""Optimizer construction from an injected ``OptimizerCallable`` plus the core's parameter groups.
+"""Optimizer construction from an injected ``OptimizerCallable`` plus the core's parameter groups,
+and the learning-rate schedule over it.
 
 The callable (from the config's ``optimizer: class_path/init_args``) fixes the base ``lr`` and
 ``weight_decay``; :func:`rescale_core.param_groups` decides, per group, whether weight decay
@@ -6,14 +7,15 @@ applies and which learning-rate factor the scheme asks for (Fixup's scalars at l
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+import inspect
+from typing import Callable, Iterable, Optional
 
 import torch
 from torch import nn
 
 from rescale_core import param_groups
 
-__all__ = ["build_optimizer"]
+__all__ = ["build_optimizer", "build_scheduler", "accepts"]
 
 
 def build_optimizer(model: nn.Module, optimizer: Callable[[Iterable], torch.optim.Optimizer],
@@ -32,3 +34,24 @@ def build_optimizer(model: nn.Module, optimizer: Callable[[Iterable], torch.opti
             wd = norm_weight_decay
         pg["weight_decay"] = wd * g["weight_decay"]
     return opt
+
+
+def accepts(factory: Callable, name: str) -> bool:
+    """Whether ``factory`` (a class, function or jsonargparse partial) takes argument ``name``."""
+    target = getattr(factory, "func", factory)  # functools.partial from jsonargparse
+    try:
+        target = target.__init__ if inspect.isclass(target) else target
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def build_scheduler(factory: Callable, optimizer: torch.optim.Optimizer, steps_per_epoch: int,
+                    max_epochs: Optional[int]) -> tuple[torch.optim.lr_scheduler.LRScheduler, str]:
+    """The schedule and its Lightning ``interval``: the schedules of :mod:`.schedules` (any factory
+    taking ``steps_per_epoch``) get the run's length and step every optimizer step; a plain torch
+    scheduler steps every epoch."""
+    if accepts(factory, "steps_per_epoch"):
+        return factory(optimizer, steps_per_epoch=steps_per_epoch, max_epochs=max_epochs), "step"
+    return factory(optimizer), "epoch"

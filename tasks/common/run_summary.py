@@ -31,11 +31,12 @@ import torch
 
 from .callbacks import DivergenceMonitor
 from .empty_batches import is_skipped
+from .errors import DataError
 from .config import run_directory
 from .throughput import items_in, metric_key, unit_of
 from .wandb_logger import started
 
-__all__ = ["RunSummary", "SUMMARY_FILE", "read_summary", "find_summaries", "higher_is_better"]
+__all__ = ["RunSummary", "SUMMARY_FILE", "MalformedSummary", "read_summary", "find_summaries", "higher_is_better"]
 
 SUMMARY_FILE = "run_summary.json"
 
@@ -149,7 +150,7 @@ class RunSummary(L.Callback):
     # A validation's metrics are read at its very end, once Lightning has handed them to the
     # loggers: at ``on_validation_epoch_end`` a callback runs before the module's own hook (where
     # the COCO, multi-view and BLEU evaluations log) and before the epoch's values are reduced, so
-    # it saw the previous validation's values (issue #23).
+    # it saw the previous validation's values.
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._before = dict(trainer.logged_metrics)
 
@@ -177,7 +178,14 @@ class RunSummary(L.Callback):
         self.write(trainer, pl_module, "finished")
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self.write(trainer, pl_module, "interrupted", error=f"{type(exception).__name__}: {exception}")
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        from .checkpointing import preempted_message
+
+        # a signal: which one, and where it saved (LastCheckpoint's on_exception ran first)
+        error = preempted_message(exception) if isinstance(exception, SIGTERMException) \
+            else f"{type(exception).__name__}: {exception}"
+        self.write(trainer, pl_module, "interrupted", error=error)
 
     def _best(self, key: str) -> Optional[float]:
         values = [v for _, v in self.val_curve.get(key, []) if math.isfinite(v)]
@@ -276,12 +284,69 @@ def _last_checkpoint(trainer: L.Trainer) -> Optional[str]:
     return callback.path(trainer) if callback is not None else None
 
 
+class MalformedSummary(DataError, ValueError):
+    """A file that is not a run summary: truncated or not JSON, not an object, or a field of
+    another type than :class:`RunSummary` writes. The message names the file."""
+
+
+# the fields readers use, by the type RunSummary writes them (each may also be null or absent)
+_TEXT = ("name", "project", "group", "run_id", "task", "network", "scheme", "status", "error", "throughput_unit",
+         "checkpoint")
+_NUMBER = ("num_classes", "seed", "lr", "batch_size", "global_batch", "world_size", "diverged_step", "steps",
+           "epochs", "train_seconds", "samples", "samples_per_second")
+_MAPPING = ("scheme_options", "network_options")
+_METRICS = ("final", "best")  # metric name -> number
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), "a number")
+
+
+def _field_problem(summary: dict) -> Optional[str]:
+    """What is wrong with the first malformed field (None: nothing)."""
+    for key, value in summary.items():
+        if value is None:
+            continue
+        wanted = ("a string" if key in _TEXT and not isinstance(value, str)
+                  else "a number" if key in _NUMBER and not _is_number(value)
+                  else "an object" if key in _MAPPING + _METRICS + ("curves",) and not isinstance(value, dict)
+                  else None)
+        if wanted:
+            return f"{key!r} is {_kind(value)} ({json.dumps(value)[:40]}), not {wanted}"
+    for key in _METRICS:
+        bad = next((k for k, v in (summary.get(key) or {}).items() if v is not None and not _is_number(v)), None)
+        if bad is not None:
+            return f"{key}[{bad!r}] is {_kind(summary[key][bad])}, not a number"
+    for key, points in (summary.get("curves") or {}).items():
+        if not isinstance(points, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(map(_is_number, p)) for p in points):
+            return f"curves[{key!r}] is not a list of [step, value] pairs"
+    return None
+
+
 def read_summary(path: str) -> dict:
-    """A ``run_summary.json`` (or the folder holding one), NaN restored; ``path`` added."""
+    """A ``run_summary.json`` (or the folder holding one), NaN restored; ``path`` added.
+    Raises :class:`MalformedSummary` (one line naming the file) for a file that is not one."""
     if os.path.isdir(path):
         path = os.path.join(path, SUMMARY_FILE)
-    with open(path) as f:
-        summary = _from_json(json.load(f))
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        summary = _from_json(json.loads(data.decode("utf-8")))
+    except UnicodeDecodeError:
+        raise MalformedSummary(f"{path} is not a run summary: not UTF-8 text") from None
+    except json.JSONDecodeError as err:
+        raise MalformedSummary(f"{path} is not a run summary: invalid JSON ({err.msg}: line {err.lineno} column "
+                               f"{err.colno}); a truncated file?") from None
+    if not isinstance(summary, dict):
+        raise MalformedSummary(f"{path} is not a run summary: it holds {_kind(summary)}, not an object")
+    problem = _field_problem(summary)
+    if problem:
+        raise MalformedSummary(f"{path} is not a run summary: {problem}")
     summary["path"] = path
     return summary
 

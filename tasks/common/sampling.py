@@ -212,15 +212,17 @@ def loader_workers(num_workers: int) -> int:
 
 
 def worker_init(worker_id: int) -> None:
-    """DataLoader workers leave SIGTERM to the main process.
+    """DataLoader workers leave SIGTERM and SIGINT to the main process.
 
-    A cluster's preemption signal reaches every process of the job; a worker dying of it would
-    crash the run ("DataLoader worker ... killed by signal") before the main process finishes its
+    A cluster's preemption signal reaches every process of the job, and a terminal's Ctrl-C every
+    process of its group; a worker dying of it would crash the run ("DataLoader worker ... killed
+    by signal", or exited after its ``KeyboardInterrupt``) before the main process finishes its
     step and writes ``last.ckpt``. The main process stops its workers itself when it exits (and
     workers exit when it dies). Also seeds the worker as Lightning's ``seed_everything(workers=True)``
     would (augmentation itself is seeded per sample by :class:`PerSampleSeed`).
     """
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from lightning.fabric.utilities.seed import pl_worker_init_function
 
     pl_worker_init_function(worker_id)

@@ -17,6 +17,23 @@ from torch.optim.lr_scheduler import LambdaLR
 __all__ = ["WarmupMultiStepLR", "WarmupCosineLR", "ConstantLR", "InverseSqrtLR", "IterationMultiStepLR"]
 
 
+def _positive(schedule: object, name: str, value: float) -> float:
+    if not value > 0:
+        raise ValueError(f"{type(schedule).__name__}: {name} ({float(value)}) must be > 0")
+    return float(value)
+
+
+def _milestones(schedule: object, milestones: list) -> list:
+    """The milestones as given: increasing and >= 0 (a list out of order is most likely a typo,
+    e.g. 30, 6, 90 for 30, 60, 90, which sorting would hide)."""
+    name = type(schedule).__name__
+    if any(m < 0 for m in milestones):
+        raise ValueError(f"{name}: milestones {milestones} must be >= 0")
+    if any(a >= b for a, b in zip(milestones, milestones[1:])):
+        raise ValueError(f"{name}: milestones {milestones} must increase (each later than the one before)")
+    return milestones
+
+
 class _MethodLambdaLR(LambdaLR):
     """A LambdaLR whose factor is a bound method: its state leaves the method out (it would pickle
     the optimizer with it) and keeps every setting."""
@@ -33,6 +50,8 @@ class _EpochScheduleLR(_MethodLambdaLR):
 
     def __init__(self, optimizer: Optimizer, warmup_epochs: float = 0.0, steps_per_epoch: int = 1,
                  max_epochs: int | None = None, last_epoch: int = -1) -> None:
+        if warmup_epochs < 0:
+            raise ValueError(f"{type(self).__name__}: warmup_epochs ({float(warmup_epochs)}) must be >= 0")
         self.warmup_epochs = float(warmup_epochs)
         self.steps_per_epoch = max(int(steps_per_epoch), 1)
         self.max_epochs = max_epochs
@@ -41,7 +60,8 @@ class _EpochScheduleLR(_MethodLambdaLR):
     def _factor(self, step: int) -> float:
         epoch = step / self.steps_per_epoch
         if self.warmup_epochs > 0 and epoch < self.warmup_epochs:
-            return (step + 1) / (self.warmup_epochs * self.steps_per_epoch)
+            # capped: a warm-up of a fractional number of steps would end above the base rate
+            return min((step + 1) / (self.warmup_epochs * self.steps_per_epoch), 1.0)
         return self.decay(epoch)
 
     def decay(self, epoch: float) -> float:  # pragma: no cover - overridden
@@ -52,8 +72,8 @@ class WarmupMultiStepLR(_EpochScheduleLR):
     def __init__(self, optimizer: Optimizer, milestones: list[float] = (30, 60, 90), gamma: float = 0.1,
                  warmup_epochs: float = 0.0, steps_per_epoch: int = 1, max_epochs: int | None = None,
                  last_epoch: int = -1) -> None:
-        self.milestones = sorted(float(m) for m in milestones)
-        self.gamma = gamma
+        self.milestones = _milestones(self, [float(m) for m in milestones])
+        self.gamma = _positive(self, "gamma", gamma)
         super().__init__(optimizer, warmup_epochs, steps_per_epoch, max_epochs, last_epoch)
 
     def decay(self, epoch: float) -> float:
@@ -65,6 +85,9 @@ class WarmupCosineLR(_EpochScheduleLR):
                  steps_per_epoch: int = 1, max_epochs: int | None = None, last_epoch: int = -1) -> None:
         if not max_epochs:
             raise ValueError("WarmupCosineLR needs max_epochs (the length of the cosine); set trainer.max_epochs")
+        if not 0.0 <= min_factor <= 1.0:
+            raise ValueError(f"WarmupCosineLR: min_factor ({float(min_factor)}) must be in [0, 1] (the floor of "
+                             "the cosine, a fraction of the base learning rate)")
         self.min_factor = min_factor
         super().__init__(optimizer, warmup_epochs, steps_per_epoch, max_epochs, last_epoch)
 
@@ -117,8 +140,8 @@ class IterationMultiStepLR(_MethodLambdaLR):
         if warmup_iters < 0 or not 0.0 <= warmup_factor <= 1.0:
             raise ValueError(f"IterationMultiStepLR: warmup_iters ({warmup_iters}) must be >= 0 and "
                              f"warmup_factor ({warmup_factor}) in [0, 1]")
-        self.milestones = sorted(int(m) for m in milestones)
-        self.gamma = float(gamma)
+        self.milestones = _milestones(self, [int(m) for m in milestones])
+        self.gamma = _positive(self, "gamma", gamma)
         self.warmup_iters = int(warmup_iters)
         self.warmup_factor = float(warmup_factor)
         super().__init__(optimizer, self._factor, last_epoch=last_epoch)

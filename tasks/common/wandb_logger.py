@@ -7,7 +7,7 @@ and can be uploaded later with ``wandb sync``.
 
 The W&B run starts at its first real use (the first logged value or hyper-parameter, the run
 folder asked for), never while Lightning sets up: a command whose data paths, module or
-checkpoint fail their checks leaves no empty run behind (issue #23). Its id is chosen at
+checkpoint fail their checks leaves no empty run behind. Its id is chosen at
 construction, so the checkpoint folder (``<save_dir>/<project>/<run id>/checkpoints``) is known
 before the run exists.
 """
@@ -22,6 +22,8 @@ from typing import Any, Optional
 
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
+
+from .writable import require_writable
 
 __all__ = ["SuiteWandbLogger", "wandb_mode", "started", "label_runs"]
 
@@ -60,6 +62,9 @@ class SuiteWandbLogger(WandbLogger):
                  log_model: bool = False, **kwargs: Any) -> None:
         # absolute: the W&B service process may outlive a change of working directory
         save_dir = os.path.abspath(save_dir)
+        # W&B itself would move the run to a temporary folder, where no one looks for it
+        require_writable(save_dir, "the W&B run folder (trainer.logger.init_args.save_dir)",
+                         "give --trainer.logger.init_args.save_dir a folder you can write")
         os.makedirs(save_dir, exist_ok=True)
         mode = wandb_mode()
         if id is None and kwargs.get("version") is None and rank_zero_only.rank == 0:

@@ -13,14 +13,21 @@ Detectron2's COCO loader:
   (:attr:`~CocoDetection.dropped_degenerate`), the same rule ``SanitizeBoundingBoxes(min_size=1)``
   applies after the transforms;
 - masks: polygons, compressed and uncompressed RLE decoded with ``pycocotools.mask`` to uint8
-  ``[N, H, W]`` at the image size, in ``__getitem__`` (never held for the whole set);
+  ``[N, H, W]`` at the image size, in ``__getitem__`` (never held for the whole set). Polygons that
+  cannot form a mask (:func:`mask_problem`: a part empty, under 3 points or with an odd number of
+  coordinates, or no part covering a pixel) are dropped with their annotation at construction and
+  counted (:attr:`~CocoDetection.dropped_unusable_masks`; unusable parts beside usable ones in
+  :attr:`~CocoDetection.partly_unusable_masks`), like degenerate boxes; in an evaluation set
+  (``evaluation=True``) a malformed one stops the run at once with a one-line error naming the annotation
+  (the COCO evaluation scores against the json as it is and crashes on it), while a zero-area one is kept;
 - ``iscrowd`` annotations stay in the target flagged ``iscrowd=1`` (the detector's loss excludes
   them; the COCO evaluation reads its own ground truth from :attr:`~CocoDetection.coco`);
 - ``area`` is the annotation's own field (what COCO evaluation buckets by), not recomputed, and is
   not rescaled by the transforms.
 
-Images are decoded with PIL (``.convert("RGB")``). An unreadable file (missing, not an image, or
-not the size the json says) raises :class:`~rescale_tasks.classification.datasets.CorruptImageError`,
+Images are decoded to 8-bit RGB whatever their mode (:func:`~rescale_tasks.common.images.open_rgb`:
+16-bit and float images scaled, transparency over white). An unreadable file (missing, not an image,
+or not the size the json says) raises :class:`~rescale_tasks.classification.datasets.CorruptImageError`,
 or with ``skip_corrupt`` yields ``None`` (dropped by the collate function), is logged once and is
 counted in a shared-memory tensor visible across DataLoader workers.
 """
@@ -37,7 +44,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from PIL import Image
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from torch.utils.data import Dataset
@@ -46,8 +52,9 @@ from torchvision.transforms.v2 import functional as TF
 
 from rescale_tasks.classification.datasets import _DECODE_ERRORS, CorruptImageError
 from rescale_tasks.common.errors import DataError
+from rescale_tasks.common.images import open_rgb
 
-__all__ = ["CocoDetection", "decode_masks", "load_coco_json", "category_labels"]
+__all__ = ["CocoDetection", "decode_masks", "load_coco_json", "category_labels", "mask_problem"]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +120,55 @@ def decode_masks(segmentations: list, height: int, width: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(masks.transpose(2, 0, 1)))
 
 
+def _part_problem(part: Any) -> str | None:
+    """Why one polygon (``[x1, y1, x2, y2, ...]``) is malformed, or None."""
+    if not isinstance(part, list) or not part:
+        return "an empty polygon"
+    if len(part) < 6:  # pycocotools reads four numbers as a box and fails on fewer
+        return "a polygon of fewer than 3 points"
+    if len(part) % 2:
+        return "a polygon with an odd number of coordinates"
+    if not all(isinstance(v, (int, float)) for v in part):
+        return "a polygon with coordinates that are not numbers"
+    return None
+
+
+#: a well-formed polygon that covers no pixel: dropped from training targets, but scorable (the COCO
+#: evaluation rasterises it to an empty mask), so an evaluation json keeps it
+ZERO_AREA = "polygons of zero area"
+
+
+def _covers_a_pixel(part: list, height: int, width: int) -> bool:
+    """Whether a well-formed polygon rasterises to at least one pixel (the shoelace area decides, and
+    pycocotools' rasterisation where that area is under one pixel)."""
+    xs, ys = part[0::2], part[1::2]
+    twice_area = abs(sum(x0 * y1 - x1 * y0
+                         for x0, y0, x1, y1 in zip(xs, ys, xs[1:] + xs[:1], ys[1:] + ys[:1])))
+    if twice_area >= 2:
+        return True
+    return bool(mask_utils.area(mask_utils.frPyObjects([part], height, width))[0] > 0)
+
+
+def mask_problem(segmentation: Any, height: int, width: int) -> tuple[str | None, bool]:
+    """``(problem, usable)`` of one annotation's ``segmentation``: why (part of) it cannot form a
+    mask (None: nothing wrong), and whether a mask is left (a well-formed part covering a pixel).
+    RLE dicts are taken as they are; a list holds the polygons of the object's parts."""
+    if isinstance(segmentation, dict):
+        return None, True
+    if not isinstance(segmentation, list) or not segmentation:
+        return "no polygon", False
+    problem, usable = None, False
+    for part in segmentation:
+        reason = _part_problem(part)
+        if reason is not None:
+            problem = problem or reason
+        elif not usable:
+            usable = _covers_a_pixel(part, height, width)
+    if problem is None and not usable:
+        problem = ZERO_AREA
+    return problem, usable
+
+
 def _quiet_coco(data: dict) -> COCO:
     """pycocotools' index over an already-parsed json (``COCO(path)`` would read it again and print)."""
     coco = COCO()
@@ -134,6 +190,8 @@ class CocoDetection(Dataset):
         skip_corrupt: yield ``None`` for unreadable images instead of raising.
         masks: decode instance masks into the targets (Mask R-CNN); ``segmentation`` is then
             required on every annotation.
+        evaluation: an evaluation set: a polygon that cannot form a mask raises a DataError at
+            construction instead of being dropped (with ``masks``).
         keys: how the settings are called in error messages (``annotation_file``/``image_folder``
             by default; the DataModule passes its ``data.*`` keys).
 
@@ -145,7 +203,8 @@ class CocoDetection(Dataset):
 
     def __init__(self, annotation_file: str | os.PathLike, image_folder: str | os.PathLike,
                  transforms: Callable | None = None, keep_empty: bool = True, skip_corrupt: bool = False,
-                 masks: bool = True, keys: tuple[str, str] = ("annotation_file", "image_folder")) -> None:
+                 masks: bool = True, keys: tuple[str, str] = ("annotation_file", "image_folder"),
+                 evaluation: bool = False) -> None:
         ann_key, folder_key = keys
         self.annotation_file = Path(os.path.expanduser(str(annotation_file)))
         data = load_coco_json(self.annotation_file, ann_key)
@@ -156,6 +215,7 @@ class CocoDetection(Dataset):
         self.image_folder = folder
         self.transforms, self.keep_empty, self.skip_corrupt, self.with_masks = (
             transforms, keep_empty, skip_corrupt, masks)
+        self.evaluation = evaluation
         where = f"{self.annotation_file} ({ann_key})"
         self.category_to_label, self.class_names = category_labels(data["categories"], where)
         self.label_to_category = {label: cid for cid, label in self.category_to_label.items()}
@@ -173,6 +233,11 @@ class CocoDetection(Dataset):
         if self.dropped_degenerate:
             log.warning("%s: dropped %d degenerate box(es) (under 1 px wide or high after clipping to the "
                         "image)", self.annotation_file, self.dropped_degenerate)
+        if self.dropped_unusable_masks or self.partly_unusable_masks:
+            log.warning("%s: dropped %d annotation(s) whose polygons cannot form a mask and left out the "
+                        "unusable polygons of %d more (empty, under 3 points, an odd number of coordinates, "
+                        "or no pixel covered)", self.annotation_file, self.dropped_unusable_masks,
+                        self.partly_unusable_masks)
 
     # --- construction -----------------------------------------------------------------------
     @staticmethod
@@ -194,10 +259,12 @@ class CocoDetection(Dataset):
 
     def _index_annotations(self, annotations: list, sizes: dict[int, tuple[int, int]],
                            where: str) -> dict[int, _Objects]:
-        """Per image, its annotations with usable boxes; degenerate ones are counted in
-        :attr:`dropped_degenerate` and left out."""
+        """Per image, its annotations with usable boxes (and masks); degenerate boxes are counted in
+        :attr:`dropped_degenerate`, polygons that cannot form a mask in :attr:`dropped_unusable_masks`
+        (or refused in an evaluation set), and both left out."""
         rows: dict[int, list] = {i: [] for i in sizes}
-        self.dropped_degenerate = 0
+        self.dropped_degenerate = self.dropped_unusable_masks = self.partly_unusable_masks = 0
+        unscorable: list[tuple[Any, Any, str]] = []  # (annotation id, image id, problem), evaluation sets
         for ann in annotations:
             if not isinstance(ann, dict) or any(k not in ann for k in _ANN_KEYS):
                 raise DataError(f"COCO annotation file {where}: an annotation lacks one of "
@@ -218,15 +285,32 @@ class CocoDetection(Dataset):
                 raise DataError(f"COCO annotation file {where}: annotation id {aid} has bbox {str(bbox)[:40]}, "
                                 "expected [x, y, width, height]. Fix the json.")
             width, height = sizes[image_id]
+            problem, usable = (mask_problem(ann["segmentation"], height, width) if self.with_masks
+                               else (None, True))
+            if problem not in (None, ZERO_AREA) and self.evaluation:  # the evaluation reads every annotation
+                unscorable.append((aid, image_id, problem))
+                continue
             x, y, w, h = bbox
             box = (min(max(x, 0.0), width), min(max(y, 0.0), height),
                    min(max(x + w, 0.0), width), min(max(y + h, 0.0), height))
             if box[2] - box[0] < 1 or box[3] - box[1] < 1:  # SanitizeBoundingBoxes(min_size=1)'s rule
                 self.dropped_degenerate += 1
                 continue
+            if not usable:
+                self.dropped_unusable_masks += 1
+                continue
+            self.partly_unusable_masks += problem is not None
             area = float(ann.get("area", w * h))
             rows[image_id].append((aid, box, self.category_to_label[ann["category_id"]],
                                    int(bool(ann.get("iscrowd", 0))), area))
+        if unscorable:
+            aid, image_id, problem = unscorable[0]
+            more = f" ({len(unscorable) - 1} more annotation(s) alike)" if len(unscorable) > 1 else ""
+            raise DataError(f"COCO annotation file {where}: annotation id {aid} of image id {image_id} has "
+                            f"{problem}, which cannot form a mask{more}; the COCO mask evaluation scores "
+                            "against every annotation of this json. Fix its 'segmentation' (3 or more x, y "
+                            "points covering a pixel) or remove the annotation; a box-only detector can "
+                            "evaluate with --data.masks false.")
         return {i: _Objects.of(r) for i, r in rows.items()}
 
     def _check_files(self, folder_key: str) -> None:
@@ -263,8 +347,7 @@ class CocoDetection(Dataset):
         """The decoded RGB image, or ``None`` (with ``skip_corrupt``) when it cannot be read."""
         path, info = self.image_path(index), self.image_info(index)
         try:
-            with Image.open(path) as im:
-                image = im.convert("RGB")
+            image = open_rgb(path)
             if image.size != (info["width"], info["height"]):
                 raise ValueError(f"{image.size[0]}x{image.size[1]} pixels but the json says "
                                  f"{info['width']}x{info['height']}")

@@ -8,7 +8,8 @@ The test split is the validation split; predict is too unless ``predict_annotati
 Knows ``num_classes`` (K + 1 with the background, torchvision's convention), ``class_names`` and
 ``label_to_category`` right after ``__init__`` (the CLI links them into the model): they come from
 the ``categories`` of the validation json (COCO val: ~1 s to parse, train: ~20 s) or of the train
-json when there is no validation set; every split must have the same categories.
+json when there is no validation set; every split must have the same categories. :meth:`CocoDataModule.labels`
+hands them (names and category ids by label) to the checkpoints, which match them by name.
 
 Batches are torchvision's detection format ``(list[image float32 [3, H, W]], list[target dict])``
 (:func:`collate_detection`; skipped unreadable images are left out, so a batch may be empty).
@@ -35,6 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from rescale_tasks.common.batch_sampling import BatchListLoader, BatchListSampler
 from rescale_tasks.common.errors import ConfigError, DataError
+from rescale_tasks.common.labels import Labels
 from rescale_tasks.common.sampling import (PerSampleSeed, loader_workers, sample_seed,
                                             sigterm_safe_worker_init)
 
@@ -265,11 +267,18 @@ class CocoDataModule(L.LightningDataModule):
         given = [s for s in ("val", "train") if self.paths[s] is not None]
         split = next((s for s in given if self.paths[s][0][0].is_file()), given[0])
         (ann, ann_key), _ = self._split_paths(split)
-        self._categories_source = (split, ann)
+        self._categories_source, self._categories_key = (split, ann), ann_key
         self.category_to_label, self.class_names = category_labels(load_coco_json(ann, ann_key)["categories"],
                                                                    f"{ann} ({ann_key})")
         self.label_to_category = {label: cid for cid, label in self.category_to_label.items()}
         self.num_classes = len(self.class_names)
+
+    def labels(self) -> Labels:
+        """The category names by label (``__background__`` first) and their category ids: what a
+        detector's labels stand for (:mod:`rescale_tasks.common.labels`)."""
+        ids = [None] + [self.label_to_category[label] for label in range(1, self.num_classes)]
+        return Labels(self.class_names, ids, source=f"the categories of {self._categories_source[1]}",
+                      key=self._categories_key)
 
     # --- data sets --------------------------------------------------------------------------
     def dataset(self, split: str) -> CocoDetection:
@@ -282,7 +291,7 @@ class CocoDataModule(L.LightningDataModule):
             transforms = (train_transforms(self.train_sizes, self.max_size) if train else eval_transforms())
             dataset = CocoDetection(ann, folder, transforms, keep_empty=self.keep_empty_eval if not train
                                     else self.keep_empty_train, skip_corrupt=self.skip_corrupt,
-                                    masks=self.masks, keys=(ann_key, folder_key))
+                                    masks=self.masks, keys=(ann_key, folder_key), evaluation=name == "val")
             if dataset.category_to_label != self.category_to_label or dataset.class_names != self.class_names:
                 source_split, source = self._categories_source
                 raise DataError(f"the categories of {ann} ({ann_key}) differ from those of {source} "

@@ -20,6 +20,10 @@ next to the FrozenBN and GN baselines).
   image and category ids, xywh boxes, RLE masks), the file that was scored, to the results folder
   (:func:`~rescale_tasks.common.config.results_folder`: beside the run of ``--ckpt_path``, or
   ``--output_dir``); ``predict`` optionally draws the first ``draw_predictions`` images there.
+- Labels: every checkpoint carries the category names and ids its labels stand for
+  (:mod:`rescale_tasks.common.labels`); on data that numbers the same categories otherwise, the
+  network's labels are mapped to the data's category ids by name (training targets, scored and
+  written results), and drawings name the checkpoint's categories.
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ import torch
 from ..common.checkpoint_compat import require_classification_checkpoint
 from ..common.config import results_folder
 from ..common.distributed import gather_objects
-from ..common.empty_batches import data_may_skip_files, must_skip, skipped_step
+from ..common.empty_batches import (data_may_skip_files, must_skip, nothing_to_evaluate,
+                                    skipped_prediction, skipped_step)
 from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
 from .backbones import resnet_fpn_backbone
@@ -49,12 +54,14 @@ def _default_sgd(params: Iterable) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.02, momentum=0.9, weight_decay=1e-4)
 
 
-def _loss_targets(targets: list[dict]) -> list[dict]:
-    """The targets the detector learns from: crowd regions left out (COCO gives them no loss)."""
+def _loss_targets(targets: list[dict], network_labels=lambda labels: labels) -> list[dict]:
+    """The targets the detector learns from: crowd regions left out (COCO gives them no loss),
+    labels as the network's (``network_labels``)."""
     kept = []
     for t in targets:
         keep = t["iscrowd"] == 0 if "iscrowd" in t else slice(None)
-        kept.append({k: t[k][keep] for k in ("boxes", "labels", "masks") if k in t})
+        kept.append({k: network_labels(t[k][keep]) if k == "labels" else t[k][keep]
+                     for k in ("boxes", "labels", "masks") if k in t})
     return kept
 
 
@@ -164,15 +171,19 @@ class DetectionModule(RescaleTaskModule):
         self._may_skip_batches = data_may_skip_files(getattr(self.trainer, "datamodule", None))
 
     def _label_to_category(self) -> Optional[dict]:
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        return getattr(datamodule, "label_to_category", None)
+        """The network's label -> the data's category id (the data's labels mapped by name)."""
+        table = getattr(self._datamodule(), "label_to_category", None)
+        if table is None:
+            return None
+        labels = self.network_labels(torch.tensor(list(table), dtype=torch.long)).tolist()
+        return dict(zip(labels, table.values()))
 
     # --- training -------------------------------------------------------------------------
     def training_step(self, batch, batch_idx: int) -> Optional[torch.Tensor]:
         images, targets = batch
         if must_skip(len(images), self._may_skip_batches):  # every image unreadable (common.empty_batches)
             return skipped_step(self)
-        losses = self(list(images), _loss_targets(targets))
+        losses = self(list(images), _loss_targets(targets, self.network_labels))
         loss = sum(losses.values())
         n = len(images)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True, batch_size=n)
@@ -193,9 +204,9 @@ class DetectionModule(RescaleTaskModule):
                                        label_to_category=self._label_to_category())
 
     def _evaluate(self, batch) -> None:
-        images, targets = batch
-        if not images:
+        if nothing_to_evaluate(batch):  # every image of it unreadable and skipped (common.empty_batches)
             return
+        images, targets = batch
         # the records move to the CPU themselves, masks thresholded and RLE-encoded on the device first
         self.evaluator.update(self(list(images)), targets)
 
@@ -232,10 +243,10 @@ class DetectionModule(RescaleTaskModule):
     def on_predict_epoch_start(self) -> None:
         self._predicted = []
 
-    def predict_step(self, batch, batch_idx: int) -> list[dict]:
+    def predict_step(self, batch, batch_idx: int) -> list[dict] | None:
+        if nothing_to_evaluate(batch):
+            return skipped_prediction()
         images, targets = batch
-        if not images:
-            return []
         predictions = [{k: v.detach().cpu() for k, v in p.items()} for p in self(list(images))]
         for image, target, prediction in zip(images, targets, predictions):
             # kept compact (RLE masks) until the epoch ends, as the evaluation keeps its records
@@ -257,8 +268,8 @@ class DetectionModule(RescaleTaskModule):
         print(f"{split}: {len(results)} detections written to {path} (COCO results format)")
 
     def _draw(self, image_id: int, image: torch.Tensor, prediction: dict) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None)
-        names = getattr(datamodule, "class_names", None)
+        names = self.trained_labels.names if self.trained_labels is not None else \
+            getattr(self._datamodule(), "class_names", None)
         folder = os.path.join(results_folder(self.trainer), "predictions")
         os.makedirs(folder, exist_ok=True)
         pixels = (image.detach().cpu().clamp(0, 1) * 255).to(torch.uint8)

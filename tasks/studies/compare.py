@@ -24,11 +24,12 @@ import math
 import os
 import re
 import statistics
+import sys
 from collections import defaultdict
 from typing import Iterable, Optional
 
 from ..common.errors import UserError
-from ..common.run_summary import find_summaries, higher_is_better, read_summary
+from ..common.run_summary import MalformedSummary, find_summaries, higher_is_better, read_summary
 from .outputs import StudyOutputs, new_figure
 
 __all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of", "pick_metric", "higher_is_better",
@@ -262,6 +263,24 @@ def _wandb_runs(project: str, wandb_dir: str) -> list[dict]:
             for run in wandb.Api().runs(project)]
 
 
+def _read_summaries(folders: list[str]) -> tuple[list[dict], int]:
+    """The run summaries under ``folders``, and how many were skipped: a file that is not one (a
+    run killed while writing it, a file edited by hand) is named in one warning line on stderr
+    and left out, so the other runs are still compared."""
+    runs, skipped = [], 0
+    for path in find_summaries(*folders):
+        try:
+            runs.append(read_summary(path))
+        except (MalformedSummary, OSError) as err:
+            skipped += 1
+            why = f"cannot read {path}: {err.strerror}" if isinstance(err, OSError) else str(err)
+            print(f"warning: skipped {why}", file=sys.stderr)
+    if skipped and runs:
+        print(f"warning: skipped {skipped} of {skipped + len(runs)} run_summary.json files as malformed (named "
+              "above)", file=sys.stderr)
+    return runs, skipped
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="rescale compare", description=__doc__.split("\n\n")[0])
     p.add_argument("folders", nargs="*", help="folders holding run_summary.json files (searched recursively)")
@@ -280,17 +299,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     missing = [f for f in args.folders if not os.path.exists(f)]
     if missing:
         raise UserError(f"rescale compare: no such folder {missing[0]}")
-    runs = [read_summary(path) for path in find_summaries(*args.folders)]
+    runs, skipped = _read_summaries(args.folders)
     if args.wandb_project:
         runs += _wandb_runs(args.wandb_project, args.wandb_dir)
     if not runs:
-        raise UserError(f"no run_summary.json under {', '.join(args.folders)}: every `rescale fit` "
-                        "writes one beside its config; point at the runs' folders")
+        which = f"readable run_summary.json ({skipped} malformed, named above)" if skipped else "run_summary.json"
+        raise UserError(f"no {which} under {', '.join(args.folders)}: every `rescale fit` writes one beside its "
+                        "config; point at the runs' folders")
     rows, metric = compare_rows(runs, args.metric, args.baseline, args.use)
     outputs = StudyOutputs(args.out)
     metrics = ", ".join(dict.fromkeys(r["metric"] for r in rows)) or metric
+    left_out = f"; {skipped} malformed run_summary.json left out" if skipped else ""
     outputs.table("compare", rows, title=f"{metrics} ({args.use}; each experiment its task's metric, see the "
-                  "metric column), each variant against its baseline; std: sample std over seeds (n-1)")
+                  f"metric column), each variant against its baseline; std: sample std over seeds (n-1){left_out}")
     _plots(outputs, runs, rows, metric)
     outputs.finish(args.wandb_run, echo=["compare"])
     return 0

@@ -47,7 +47,7 @@ from typing import Any, Callable, Optional, TextIO
 
 from ..common.errors import UserError
 from ..common.run_summary import SUMMARY_FILE, read_summary
-from .lock import FolderBusy, folder_lock
+from ..common.lock import FolderBusy, folder_lock
 
 __all__ = ["GridPoint", "Grid", "PointState", "GRID_FILE", "rescale_command", "run_grid", "run_one",
            "write_slurm", "write_sweep", "StudyInterrupted"]
@@ -331,8 +331,8 @@ def _error_line(text: str) -> Optional[str]:
 # --- running points ---------------------------------------------------------------------------------
 def run_one(grid: Grid, point: GridPoint, in_process: bool = False, echo: bool = False) -> int:
     """Run (or resume) one point, its output appended to its ``log.txt``; returns the exit status
-    and writes ``outcome.json``. Never raises for a failing run; :class:`~.lock.FolderBusy` when
-    another process is running the point."""
+    and writes ``outcome.json``. Never raises for a failing run; :class:`~..common.lock.FolderBusy`
+    when another process is running the point."""
     with folder_lock(grid.point_dir(point), f"grid point {point.name} at",
                      "the point is running there; wait until it ends"):
         return _run_one(grid, point, in_process, echo)

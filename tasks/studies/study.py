@@ -24,7 +24,7 @@ their ``last.ckpt``), then writes the tables; ``slurm`` writes ``STUDY_DIR/slurm
 array, one task per point) and ``wandb`` writes ``STUDY_DIR/sweep.yaml`` (for ``wandb agent``),
 and print how to submit them; ``rescale study aggregate STUDY_DIR`` then reads the results.
 One study command at a time works in a folder (a second is refused in one line naming the first,
-:mod:`.lock`); the points of a SLURM array share it, each point locking its own folder.
+:mod:`..common.lock`); the points of a SLURM array share it, each point locking its own folder.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from ..common.errors import UserArgumentParser as _Parser, UserError
 from .compare import METRICS, higher_is_better, mean_std, pick_metric
 from .grid import (LOG_FILE, Grid, GridPoint, StudyInterrupted, rescale_command, run_grid, run_one, wandb_project,
                    write_slurm, write_sweep)
-from .lock import folder_lock
+from ..common.lock import folder_lock
 from .outputs import StudyOutputs, new_figure
 from .seeded import collapse_seeds, format_mean_std, mean_curve, seed_suffix, steps_to_fraction
 
@@ -630,7 +630,7 @@ def _run_study(args, grid: Grid) -> int:
         print(f"study {grid.study_dir}: {len(grid.points)} points (dry run: nothing run or written)")
         run_grid(grid, dry_run=True)
         return 0
-    with folder_lock(grid.study_dir):  # one study process per folder (lock.py)
+    with folder_lock(grid.study_dir):  # one study process per folder (common.lock)
         return _run_locked(args, grid)
 
 

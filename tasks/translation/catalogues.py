@@ -1,12 +1,17 @@
-"""Real English-German parallel text every Debian machine has: its gettext catalogues.
+"""Real parallel text from gettext catalogues: English UI strings with their human translations.
 
-Debian installs compiled German message catalogues (``/usr/share/locale/de/LC_MESSAGES/*.mo``):
-English UI strings (msgid) with their human German translations (msgstr), tens of thousands of
-distinct pairs (~39.6k plain ones on these machines). The tests and the benchmark build their
-corpora from them (no download). :func:`read_mo` parses the GNU ``.mo`` format directly (magic,
-count, two tables of (length, offset) entries); plural entries (NUL inside), entries with a
-context (EOT inside), the header (empty msgid), untranslated or identical strings and anything
-spanning several lines or holding a tab are skipped.
+A compiled message catalogue (``.mo``) holds English strings (msgid) with their translations
+(msgstr). Debian installs them per language (``/usr/share/locale/de/LC_MESSAGES/*.mo``: tens of
+thousands of distinct German pairs on a desktop machine, ~39.6k plain ones on these machines);
+:func:`catalogue_pairs` turns such a folder into pairs and :func:`write_parallel_files` into a
+corpus ``rescale prepare-translation`` reads (the README's English-French example; the benchmark's
+default corpus). The suite's own corpus (``tests/data/translation``) was extracted from the
+catalogues of permissively licensed Python packages with :func:`parse_mo`.
+
+:func:`parse_mo` reads the GNU ``.mo`` format directly (magic, count, two tables of (length,
+offset) entries); plural entries (NUL inside), entries with a context (EOT inside), the header
+(empty msgid), untranslated or identical strings and anything spanning several lines or holding a
+tab are skipped.
 """
 from __future__ import annotations
 
@@ -14,16 +19,21 @@ import functools
 import random
 import struct
 from pathlib import Path
+from typing import Iterable
 
-__all__ = ["MO_DIR", "MO_MAGIC", "read_mo", "catalogue_pairs", "write_parallel_files"]
+__all__ = ["MO_DIR", "MO_MAGIC", "parse_mo", "read_mo", "distinct_pairs", "catalogue_pairs", "write_parallel_files"]
 
 MO_DIR = Path("/usr/share/locale/de/LC_MESSAGES")
 MO_MAGIC = 0x950412DE
 
 
 def read_mo(path: str | Path) -> list[tuple[str, str]]:
-    """Plain single-line (msgid, msgstr) pairs of one compiled catalogue ([] if not a catalogue)."""
-    data = Path(path).read_bytes()
+    """Plain single-line (msgid, msgstr) pairs of one compiled catalogue file ([] if not a catalogue)."""
+    return parse_mo(Path(path).read_bytes())
+
+
+def parse_mo(data: bytes) -> list[tuple[str, str]]:
+    """Plain single-line (msgid, msgstr) pairs of a compiled catalogue's bytes ([] if not a catalogue)."""
     for order in "<>":
         if len(data) >= 20 and struct.unpack(order + "I", data[:4])[0] == MO_MAGIC:
             break
@@ -38,25 +48,30 @@ def read_mo(path: str | Path) -> list[tuple[str, str]]:
         if not raw[0] or any(b"\x00" in r or b"\x04" in r for r in raw):
             continue
         try:
-            english, german = (r.decode("utf-8").strip() for r in raw)
+            english, translated = (r.decode("utf-8").strip() for r in raw)
         except UnicodeDecodeError:
             continue
-        if not german or english == german or any(c in english + german for c in "\n\r\t\x0b\x0c"):
+        if not translated or english == translated or any(c in english + translated for c in "\n\r\t\x0b\x0c"):
             continue
         if any(c.isalpha() for c in english):
-            pairs.append((english, german))
+            pairs.append((english, translated))
     return pairs
+
+
+def distinct_pairs(catalogues: Iterable[Iterable[tuple[str, str]]]) -> list[tuple[str, str]]:
+    """The first translation of each English string over ``catalogues`` (in their order), sorted."""
+    seen: dict[str, str] = {}
+    for pairs in catalogues:
+        for english, translated in pairs:
+            seen.setdefault(english, translated)
+    return sorted(seen.items())
 
 
 @functools.lru_cache(maxsize=2)
 def catalogue_pairs(mo_dir: str | Path = MO_DIR) -> tuple[tuple[str, str], ...]:
-    """Distinct pairs of every catalogue in ``mo_dir`` (first translation of each English
-    string), in a fixed shuffled order."""
-    seen: dict[str, str] = {}
-    for path in sorted(Path(mo_dir).glob("*.mo")):
-        for english, german in read_mo(path):
-            seen.setdefault(english, german)
-    pairs = sorted(seen.items())
+    """Distinct pairs of every catalogue in ``mo_dir`` (:func:`distinct_pairs`), in a fixed
+    shuffled order."""
+    pairs = distinct_pairs(read_mo(path) for path in sorted(Path(mo_dir).glob("*.mo")))
     random.Random(0).shuffle(pairs)
     return tuple(pairs)
 

@@ -32,7 +32,7 @@ from rescale_tasks.common.sampling import loader_workers, sigterm_safe_worker_in
 from .cleaning import CleanOptions, CleanReport, count_truncated, select_train
 from .dataset import PairDataset
 from .pipeline import CorpusSettings, PreparedCorpus, prepare_corpus
-from .prepared import find_prepared
+from .prepared import find_prepared, unused_reason
 from .sampler import TokenBatchLoader, TokenBatchSampler
 from .vocab import BOS, EOS, PAD, UNK, SpmOptions, load_spm
 
@@ -77,8 +77,8 @@ class TranslationDataModule(L.LightningDataModule):
         prepared = find_prepared(root, cache_dir, src_lang, tgt_lang)
         src_lang = src_lang or (prepared.src_lang if prepared else DEFAULT_SRC_LANG)
         tgt_lang = tgt_lang or (prepared.tgt_lang if prepared else DEFAULT_TGT_LANG)
-        if prepared and spm_model is None and vocab_size in (None, prepared.vocab_size) \
-                and Path(prepared.spm_model).is_file():
+        unused = unused_reason(root, prepared, vocab_size) if prepared and spm_model is None else None
+        if prepared and spm_model is None and not unused:
             spm_model = prepared.spm_model
         vocab_size = vocab_size or (prepared.vocab_size if prepared else DEFAULT_VOCAB_SIZE)
         self.save_hyperparameters()
@@ -93,6 +93,8 @@ class TranslationDataModule(L.LightningDataModule):
                                        # not the data seed: runs with other seeds share one vocabulary
                                        SpmOptions(vocab_size=vocab_size, model_type=model_type),
                                        cache_dir)
+        if unused:  # said once the options are known to be valid
+            rank_zero_info(unused)
         self.max_tokens, self.seed = max_tokens, seed
         self.max_source_positions, self.max_target_positions = max_source_positions, max_target_positions
         self.num_workers, self.pin_memory, self.persistent_workers = num_workers, pin_memory, persistent_workers

@@ -17,7 +17,7 @@ from typing import Optional
 
 from .cache import user_cache_dir, write_atomic
 
-__all__ = ["Prepared", "RECORD", "record_prepared", "find_prepared", "record_folders"]
+__all__ = ["Prepared", "RECORD", "record_prepared", "find_prepared", "record_folders", "unused_reason"]
 
 RECORD = "prepared.json"
 
@@ -77,4 +77,19 @@ def find_prepared(root: str | os.PathLike, cache_dir: Optional[str] = None, src_
             if src_lang in (None, found.src_lang) and tgt_lang in (None, found.tgt_lang):
                 return found
         return None
+    return None
+
+
+def unused_reason(root: str | os.PathLike, prepared: Prepared, vocab_size: Optional[int]) -> Optional[str]:
+    """One line saying which vocabulary is used instead of the SentencePiece model ``prepared``
+    names for ``root``, and why (None: that model is used)."""
+    if vocab_size not in (None, prepared.vocab_size):
+        return (f"vocabulary: data.vocab_size is {vocab_size} but rescale prepare-translation recorded "
+                f"{prepared.vocab_size} pieces for {root} ({prepared.spm_model}): a {vocab_size}-piece "
+                "SentencePiece model of the training text is used (trained now unless cached); to use the "
+                f"prepared one, set --data.vocab_size {prepared.vocab_size} or leave it unset")
+    if not Path(prepared.spm_model).is_file():
+        return (f"vocabulary: the SentencePiece model rescale prepare-translation recorded for {root} is gone "
+                f"({prepared.spm_model}): a {prepared.vocab_size}-piece model of the training text is used "
+                f"(trained now unless cached); run rescale prepare-translation {root} again to record it")
     return None

@@ -7,6 +7,11 @@ Reads one source sentence per line (a file or stdin, UTF-8), encodes it with the
 stored in the checkpoint, translates in token-budget batches of length-sorted sentences (beam
 search, or greedy with ``--beam 1``; settings default to the checkpoint's), and writes one
 detokenized translation per line in input order. An empty input line gives an empty line.
+
+A line longer than the model's source positions is translated from the pieces that fit and one
+warning line names it: one output line per input line, as scoring against references needs
+(``fairseq-interactive`` refuses such a line instead; splitting it would translate fragments the
+model never saw as sentences). Split such lines into sentences to have them translated whole.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from .batching import batch_by_size
 from .corpus import read_lines
 from .module import TranslationModule
 
-__all__ = ["load_translator", "translate_lines", "main"]
+__all__ = ["load_translator", "translate_lines", "cut_lines", "cut_warning", "main"]
 
 
 def load_translator(path: str, device: str = "cpu") -> TranslationModule:
@@ -43,9 +48,27 @@ def load_translator(path: str, device: str = "cpu") -> TranslationModule:
     return module.to(device).eval()
 
 
-def _encode(module: TranslationModule, line: str) -> list[int]:
+def _encode(module: TranslationModule, line: str) -> tuple[list[int], int]:
+    """The model input of one line (the pieces that fit its source positions, then eos) and the
+    number of pieces left out."""
     limit = module.net.config.max_positions - 1
-    return module.processor.encode(line, out_type=int)[:limit] + [module.eos_index]
+    pieces = module.processor.encode(line, out_type=int)
+    return pieces[:limit] + [module.eos_index], max(0, len(pieces) - limit)
+
+
+def cut_lines(module: TranslationModule, lines: list[str]) -> dict[int, int]:
+    """Line index -> pieces the model's source positions leave out, for the lines too long for them."""
+    cut = {i: _encode(module, line)[1] for i, line in enumerate(lines) if line.strip()}
+    return {i: n for i, n in cut.items() if n}
+
+
+def cut_warning(cut: dict[int, int], total: int, positions: int, where: str, shown: int = 5) -> str:
+    """One line naming the lines ``cut`` (0-based indices) leaves short, for the user."""
+    named = ", ".join(f"line {i + 1} ({n} pieces cut)" for i, n in list(cut.items())[:shown])
+    more = f" and {len(cut) - shown} more" if len(cut) > shown else ""
+    return (f"warning: {len(cut)} of {total} lines of {where} are longer than the model's {positions} source "
+            f"positions and are translated from their first {positions - 1} pieces only: {named}{more}; split "
+            "them into sentences to translate them whole")
 
 
 @torch.no_grad()
@@ -57,7 +80,7 @@ def translate_lines(module: TranslationModule, lines: list[str], config: Generat
     todo = [i for i, line in enumerate(lines) if line.strip()]
     if not todo:
         return out
-    encoded = {i: _encode(module, lines[i]) for i in todo}
+    encoded = {i: _encode(module, lines[i])[0] for i in todo}
     order = np.array(sorted(todo, key=lambda i: (len(encoded[i]), i)), dtype=np.int64)
     sizes = np.array([len(encoded[i]) for i in order], dtype=np.int64)
     device = next(module.parameters()).device
@@ -114,6 +137,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError as err:
         raise UserError(f"rescale translate: {err}") from None
     lines = _read_input(args.input)
+    cut = cut_lines(module, lines)
+    if cut:
+        where = "standard input" if args.input == "-" else f"{args.input} (--input)"
+        print(cut_warning(cut, len(lines), module.net.config.max_positions, where), file=sys.stderr, flush=True)
     translations = translate_lines(module, lines, config, args.max_tokens)
     if args.output == "-":
         _write(translations, sys.stdout)

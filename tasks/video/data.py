@@ -18,20 +18,21 @@ folder of videos, mmaction2/SlowFast list files) and serves clips (:mod:`.datase
 ``num_classes`` and ``class_names`` are known right after ``__init__`` (a cheap read of the
 training split's class list: folder names, CSV labels or list labels) so a CLI can link
 ``data.num_classes`` to the model; videos are scanned in :meth:`setup`. The class list travels
-in every checkpoint (:meth:`state_dict`) and is checked against the data when a checkpoint is
-loaded. Bad videos are skipped and counted by kind (:meth:`data_problems`,
+in every checkpoint (:meth:`labels`, :mod:`rescale_tasks.common.labels`) and is matched to the
+data's by name when a checkpoint is loaded. Bad videos are skipped and counted by kind (:meth:`data_problems`,
 :meth:`problem_files`; reported by :class:`~rescale_tasks.common.data_report.SkippedDataReport`).
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Literal
+from typing import Literal
 
 import lightning.pytorch as L
 import torch
 from torch.utils.data import DataLoader
 
 from rescale_tasks.common.errors import ConfigError, DataError
+from rescale_tasks.common.labels import Labels
 from rescale_tasks.common.sampling import (PerSampleSeed, ResumableDataLoader, ResumableSampler,
                                            UnrepeatedSampler, loader_workers,
                                            sigterm_safe_worker_init)
@@ -179,14 +180,14 @@ class KineticsDataModule(L.LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         return self._loader("test_set", self.num_crops)
 
-    # --- the class list in checkpoints ------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {"class_names": list(self.class_names)}
+    # --- the class list ---------------------------------------------------------------------------
+    #: the config key naming the training split's class list, per layout (for messages)
+    _CLASS_LIST_KEYS = {"folders": "root", "cvdf": "train_csv", "list": "train_list"}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        saved = state_dict.get("class_names")
-        if saved is not None:
-            self._check_classes(list(saved), self.class_names, "the checkpoint")
+    def labels(self) -> Labels:
+        """The class list a checkpoint's labels stand for (:mod:`rescale_tasks.common.labels`)."""
+        key = self._CLASS_LIST_KEYS.get(self.layout, "root")
+        return Labels(self.class_names, source=f"the classes of {self.layout_args.get(key)}", key=f"data.{key}")
 
     def _check_classes(self, expected: list[str], found: list[str], source: str) -> None:
         if expected == found:

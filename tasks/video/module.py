@@ -12,6 +12,8 @@ residual scheme, with the standard multi-view evaluation.
   Kinetics test videos x 400 classes: ~32 MB) and reduces the sums onto rank 0 under DDP (no gather
   of every view onto every rank); the data module hands each item to one process, so 2 processes
   give what 1 gives.
+- Labels: every checkpoint carries its class list (:mod:`rescale_tasks.common.labels`); data
+  listing the same classes in another order has its labels mapped to the network's by name.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from ..common.checkpoint_compat import require_classification_checkpoint
-from ..common.empty_batches import data_may_skip_files, must_skip, skipped_step
+from ..common.empty_batches import (data_may_skip_files, must_skip, nothing_to_evaluate,
+                                    skipped_prediction, skipped_step)
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
 from .evaluation import MultiViewAccuracy
 
@@ -86,6 +89,7 @@ class VideoClassificationModule(RescaleTaskModule):
         clips, labels = batch[0], batch[1]
         if must_skip(labels.numel(), self._may_skip_batches):  # every video bad (common.empty_batches)
             return skipped_step(self)
+        labels = self.network_labels(labels)
         logits = self(clips)
         loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
         acc = (logits.detach().argmax(-1) == labels).float().mean()
@@ -106,9 +110,10 @@ class VideoClassificationModule(RescaleTaskModule):
         self.evaluation.reset()
 
     def _eval_step(self, batch) -> None:
-        clips, labels, videos, clip_ids = batch
-        if labels.numel() == 0:
+        if nothing_to_evaluate(batch):  # every video of it bad and skipped (common.empty_batches)
             return
+        clips, labels, videos, clip_ids = batch
+        labels = self.network_labels(labels)
         logits = self._view_logits(clips)
         n, crops = logits.shape[:2]
         losses = F.cross_entropy(logits.flatten(0, 1), labels.repeat_interleave(crops),
@@ -143,7 +148,9 @@ class VideoClassificationModule(RescaleTaskModule):
             print(f"test: {int(metrics['videos'])} videos, {int(metrics['views'])} views: video top-1 "
                   f"{metrics['acc1']:.4f}, top-5 {metrics['acc5']:.4f}; clip top-1 {metrics['clip_acc1']:.4f}")
 
-    def predict_step(self, batch, batch_idx: int) -> dict:
+    def predict_step(self, batch, batch_idx: int) -> dict | None:
+        if nothing_to_evaluate(batch):
+            return skipped_prediction()
         clips, labels, videos, clip_ids = batch
         probs = self._view_logits(clips).softmax(-1).mean(1)
         return {"video": videos, "clip": clip_ids, "probs": probs}

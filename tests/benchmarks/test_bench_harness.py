@@ -22,7 +22,6 @@ from benchmarks.models import Contender, Suite, _image_batch
 from benchmarks.sections import Settings, eval_suite, measuring_suite, train_suite
 from benchmarks.steps import RunConfig, min_warmup, prepare, reset_measuring, warm_up
 from benchmarks.timing import Summary, paired_repeats, summarize, timer_measure
-from benchmarks import data as data_bench
 from benchmarks.decoding import greedy_cached, greedy_recompute
 from benchmarks.models import translation_suite
 from benchmarks.sections import section_translation
@@ -266,13 +265,12 @@ def test_translation_goals_and_tags():
     assert report.results_tag(gpu, "trans lation") == "cuda-bf16-trans-lation"
 
 
-def test_translation_section_on_real_pairs(tmp_path):
-    """The whole section on 1200 real catalogue pairs with a tiny model: a few seconds."""
-    if len(data_bench.catalogue_pairs()) < 1400:
-        pytest.skip(f"too few plain message pairs in {data_bench.MO_DIR}/*.mo")
+def test_translation_section_on_real_pairs(tmp_path, en_de_pairs):
+    """The whole section on 1200 real catalogue pairs (the suite's) with a tiny model: a few seconds."""
     settings = tiny_settings()
     settings.repeats = {"translation": 2}
     settings.translation = {"root": str(tmp_path / "corpus"), "num_pairs": 1400, "valid": 100, "test": 100,
+                            "pairs": en_de_pairs,
                             "vocab_size": 300, "workers": (0,), "overrides": TINY_TRANSFORMER,
                             "train_max_tokens": 256, "train_batches": 2, "decode_batch": 2,
                             "lengths": (3, 6), "beam": 2}

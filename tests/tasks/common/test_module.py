@@ -38,3 +38,27 @@ def test_a_module_without_an_optimizer_says_so():
 def test_accepts_sees_through_jsonargparse_partials():
     assert accepts(functools.partial(WarmupCosineLR, warmup_epochs=1), "steps_per_epoch")
     assert not accepts(functools.partial(torch.optim.lr_scheduler.StepLR, step_size=3), "steps_per_epoch")
+
+
+def test_max_steps_does_not_squeeze_the_epochs_of_the_schedule(tmp_path):
+    """A run cut short by ``max_steps`` keeps the schedule of its epochs: 8 batches an epoch and a
+    1-epoch warm-up reach the base rate after 8 steps, whatever ``max_steps`` says (the schedule
+    used to take ``max_steps / max_epochs`` as an epoch: one step here, warm-up over at once)."""
+    import lightning.pytorch as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Probe(RescaleTaskModule):
+        def training_step(self, batch, batch_idx):
+            return self.net(batch[0]).logsumexp(1).mean()
+
+    module = Probe("cifar_resnet", scheme="rescale", network_options={"depth": 8, "base_width": 8},
+                   network_kwargs={"num_classes": 3, "in_channels": 1},
+                   optimizer=functools.partial(torch.optim.SGD, lr=0.8),
+                   lr_scheduler=functools.partial(WarmupCosineLR, warmup_epochs=1))
+    data = DataLoader(TensorDataset(torch.randn(16, 1, 8, 8)), batch_size=2)
+    trainer = L.Trainer(max_epochs=20, max_steps=3, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(module, data)
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    assert scheduler.steps_per_epoch == 8
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.8 * 4 / 8)  # warm-up: 4th step of 8

@@ -4,6 +4,7 @@ compiled module loads into an eager one and back, and a compiled lean run under 
 (gloo) trains as one process does."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,12 @@ import torch
 
 import rescale_core
 from rescale_tasks.classification.module import ClassificationModule
-from rescale_tasks.cli import main
+from rescale_tasks.cli import main, run_lightning
 from rescale_tasks.detection.module import DetectionModule
 from rescale_tasks.translation.module import TranslationModule
 from rescale_tasks.video.module import VideoClassificationModule
+
+HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.parametrize("make", [
@@ -80,24 +83,46 @@ def test_a_compiled_checkpoint_loads_eager_and_back(tmp_path):
 
 
 @pytest.mark.slow
-def test_compiled_lean_training_under_two_process_ddp(tmp_path, run_config, rescale_processes):
-    """``rescale fit`` compiled on the lean plan with 2 processes (gloo): both ranks measure
-    eagerly (the statistics averaged over the ranks), then train compiled; the checkpoint has the
-    plain module's keys, finished measuring and finite weights. (Compiled equals eager in one
-    process: test_core_plans.py; 2 processes equal 1: test_classification_ddp.py.)"""
+@pytest.mark.ddp
+def test_compiled_lean_training_under_two_process_ddp(tmp_path, monkeypatch, run_config, rescale_processes):
+    """``rescale fit`` compiled on the lean plan with 2 processes (gloo), 64 images each: both
+    ranks measure eagerly (the statistics averaged over the ranks), then train compiled (Dynamo
+    captured the network in each process, breaking the graph only where measuring runs eagerly,
+    and never recompiling), and end with the weights of one eager process given the global batch
+    of 128; the checkpoint has the plain module's keys and finished measuring."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    init_args = {"plan": "lean", "scheme_options": {"measure_batches": 1},
+                 "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.05}}}
+    probe = {"class_path": "compile_probe.SaveCompileState", "init_args": {"folder": str(tmp_path / "state")}}
+    trainer = {"max_steps": 3, "limit_train_batches": 3, "limit_val_batches": 0}
     config = run_config(tmp_path / "compiled.yaml",
-                        model={"init_args": {"plan": "lean", "compile": True,
-                                             "compile_options": {"backend": "aot_eager"},
-                                             "scheme_options": {"measure_batches": 1},
-                                             "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.05}}}},
-                        trainer={"max_steps": 3, "limit_train_batches": 3, "limit_val_batches": 0,
-                                 "default_root_dir": str(tmp_path / "ddp")})
+                        model={"init_args": {**init_args, "compile": True, "compile_options": {"backend": "aot_eager"}}},
+                        trainer={**trainer, "default_root_dir": str(tmp_path / "ddp"), "callbacks": [probe]})
     done = rescale_processes(["fit", "--config", config], 2)
     assert "recompile" not in done.stderr.lower()
+    ranks = [torch.load(tmp_path / "state" / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    for rank in ranks:
+        assert rank["world_size"] == 2 and rank["global_step"] == 3
+        # the only breaks: the measuring steps, run eagerly by design (a torch.compiler.disable'd call)
+        assert rank["compiled"] and rank["graphs"] >= 1, rank["graphs"]
+        assert all("torch.compiler.disable" in reason for reason in rank["graph_breaks"]), rank["graph_breaks"]
     [ckpt] = sorted((tmp_path / "ddp").rglob("last.ckpt"))
     trained = torch.load(ckpt, map_location="cpu", weights_only=True)
     assert trained["global_step"] == 3
     plain = _module(plan="folded")
     plain.load_state_dict(trained["state_dict"])
     assert not any(m.measuring for m in rescale_core.mean_shift_layers(plain.net))
-    assert all(torch.isfinite(p).all() for p in plain.parameters())
+
+    one = run_config(tmp_path / "one.yaml", model={"init_args": init_args}, data={"init_args": {"batch_size": 128}},
+                     trainer={**trainer, "default_root_dir": str(tmp_path / "one")})
+    assert main(["fit", "--config", one]) == 0
+    [ckpt] = sorted((tmp_path / "one").rglob("last.ckpt"))
+    single = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
+    weights = ranks[0]["state_dict"]
+    assert set(weights) == set(single) == set(trained["state_dict"])
+    initial = run_lightning(["fit", "--config", one], run=False).model.state_dict()  # the run's seed, untrained
+    moved = max((weights[k] - initial[k]).abs().max().item() for k in weights if k.endswith("weight"))
+    for key in weights:
+        torch.testing.assert_close(weights[key], ranks[1]["state_dict"][key], rtol=0, atol=0)
+        torch.testing.assert_close(weights[key], single[key], rtol=1e-5, atol=1e-6, msg=key)
+    assert moved > 1e-3

@@ -115,6 +115,7 @@ def test_per_sample_seed_leaves_the_device_generators_alone(monkeypatch):
     assert torch.equal(torch.get_rng_state(), before)  # and the caller's CPU stream restored
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_device_stream_advances_across_batches_with_per_sample_seeds():
     data = PerSampleSeed(_Noisy())

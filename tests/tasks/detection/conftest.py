@@ -7,17 +7,15 @@
   (box = that square), some are RLE masks of the digit's ink (box = the ink's bounding box). The
   train split also holds a crowd region (uncompressed RLE), an image without annotations and one
   degenerate box (0.5 px wide after clipping). ``truth`` lists every object with its mask.
-- ``quokka_coco``: the annotated photo shipped in the ``imgaug`` 0.4.0 wheel (fetched once with
-  ``pip download`` into ``.venv/test-data/``, read from the zip without importing imgaug), as a
-  one-image COCO set with its box and 39-point polygon.
+- ``quokka_coco``: the annotated photo shipped in the ``imgaug`` 0.4.0 wheel (which ``make test``
+  downloads from the package registry into ``.venv/test-data/`` before the tests run: they never
+  touch the network; read from the zip without importing imgaug), as a one-image COCO set with its
+  box and 39-point polygon.
 """
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -27,8 +25,8 @@ import pytest
 from PIL import Image
 from pycocotools import mask as mask_utils
 
-REPO = Path(__file__).resolve().parents[3]
-TEST_DATA = REPO / ".venv" / "test-data"
+# where `make test` puts the test data that registry packages ship: inside the environment running the tests
+TEST_DATA = Path(sys.prefix) / "test-data"
 IMGAUG_WHEEL = "imgaug-0.4.0-py2.py3-none-any.whl"
 
 SCALE = 3  # 8x8 digits -> 24x24 patches
@@ -170,19 +168,11 @@ def coco_canvases_copy(tmp_path) -> CocoCanvases:
 
 
 def imgaug_wheel() -> Path:
-    """The imgaug 0.4.0 wheel, downloaded once (without its dependencies) into .venv/test-data."""
+    """The imgaug 0.4.0 wheel that ``make test`` downloaded (without its dependencies)."""
     wheel = TEST_DATA / IMGAUG_WHEEL
-    if wheel.is_file():
-        return wheel
-    TEST_DATA.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=TEST_DATA) as tmp:  # then an atomic move: parallel runs
-        result = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-                                 "imgaug==0.4.0", "-d", tmp], capture_output=True, text=True, timeout=300)
-        fetched = Path(tmp) / IMGAUG_WHEEL
-        if result.returncode != 0 or not fetched.is_file():
-            pytest.skip("cannot fetch the imgaug 0.4.0 wheel (quokka photo) with pip download: "
-                        + (result.stderr.strip().splitlines() or ["no output"])[-1])
-        os.replace(fetched, wheel)
+    if not wheel.is_file():
+        pytest.fail(f"the quokka photo's wheel {wheel} is missing: `make test` downloads it, or run "
+                    f"`{sys.executable} -m pip download --no-deps imgaug==0.4.0 -d {TEST_DATA}`", pytrace=False)
     return wheel
 
 

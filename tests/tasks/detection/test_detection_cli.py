@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
@@ -77,6 +78,25 @@ def _score(gt_file: Path, results_file: Path, iou_type: str) -> float:
     return _stats(gt_file, results_file, iou_type)["AP"]
 
 
+def with_found_objects(gt_file: Path, detections: list[dict], path: Path, per_image: int = 2) -> Path:
+    """``gt_file`` with, on every image that has objects, the ``per_image`` best of ``detections``
+    (non-empty masks) added as objects of their own (box, mask and class as detected), written to
+    ``path``: a barely trained model scores far from zero on it, so that two computations of its
+    scores agreeing means something (0 == 0 passes whatever either computes)."""
+    data = json.loads(gt_file.read_text())
+    next_id = max(a["id"] for a in data["annotations"]) + 1
+    for image_id in sorted({a["image_id"] for a in data["annotations"] if not a["iscrowd"]}):
+        found = sorted((d for d in detections if d["image_id"] == image_id and min(d["bbox"][2:]) >= 1
+                        and mask_utils.area(d["segmentation"]) > 0), key=lambda d: -d["score"])[:per_image]
+        for d in found:
+            data["annotations"].append({"id": next_id, "image_id": image_id, "category_id": d["category_id"],
+                                        "iscrowd": 0, "bbox": d["bbox"], "segmentation": d["segmentation"],
+                                        "area": float(mask_utils.area(d["segmentation"]))})
+            next_id += 1
+    path.write_text(json.dumps(data))
+    return path
+
+
 def test_fit_validate_test_predict_through_the_cli(coco_canvases, tmp_path, capsys, summary_matches_wandb):
     config = tiny_config(tmp_path / "tiny.yaml", coco_canvases.root)
     assert main(["fit", "--config", str(config), "--trainer.val_check_interval", "3"]) == 0
@@ -88,8 +108,21 @@ def test_fit_validate_test_predict_through_the_cli(coco_canvases, tmp_path, caps
     [ckpt] = sorted(Path("runs").rglob("last.ckpt"))
 
     assert main(["validate", "--config", str(config), "--ckpt_path", str(ckpt)]) == 0
+
+    # drawing is asked for at predict time (the command line wins over the checkpoint's hyper-parameters);
+    # --output_dir puts the results where it says
+    assert main(["predict", "--config", str(config), "--ckpt_path", str(ckpt), "--output_dir", "predicted",
+                 "--model.init_args.draw_predictions", "2"]) == 0
+    predicted = Path("predicted/coco_results.predict.json")
+    drawn = sorted(predicted.parent.glob("predictions/*.png"))
+    assert len(drawn) == 2 and drawn[0].read_bytes()[:4] == b"\x89PNG"
+
+    # tested on the validation set plus objects where the model finds them: scores far from zero
+    gt = with_found_objects(coco_canvases.root / "annotations" / "instances_val2017.json",
+                            json.loads(predicted.read_text()), tmp_path / "found.json")
     capsys.readouterr()
-    assert main(["test", "--config", str(config), "--ckpt_path", str(ckpt)]) == 0
+    assert main(["test", "--config", str(config), "--ckpt_path", str(ckpt),
+                 "--data.init_args.val_annotations", str(gt)]) == 0
     printed = capsys.readouterr().out
     # the results land beside the run that wrote the checkpoint, not in the test command's new run
     folder = ckpt.parent.parent / "results" / "last"
@@ -97,7 +130,6 @@ def test_fit_validate_test_predict_through_the_cli(coco_canvases, tmp_path, caps
     assert f"written to {results.resolve()} (COCO results format)" in printed
     assert [p.name for p in Path("runs").rglob("coco_results.test.json")] == [results.name]
     [test_run] = [r for r in _runs() if "test/bbox_AP" in r.summary]
-    gt = coco_canvases.root / "annotations" / "instances_val2017.json"
     categories = {c["id"] for c in json.loads(gt.read_text())["categories"]}
     detections = json.loads(results.read_text())
     assert detections and {d["category_id"] for d in detections} <= categories
@@ -105,16 +137,8 @@ def test_fit_validate_test_predict_through_the_cli(coco_canvases, tmp_path, caps
     # the file scores, by pycocotools alone, what the run logged
     for iou_type in ("bbox", "segm"):
         logged = test_run.summary[f"test/{iou_type}_AP"]
-        assert _score(gt, results, iou_type) == pytest.approx(logged, abs=1e-6)
-
-    # drawing is asked for at predict time (the command line wins over the checkpoint's hyper-parameters);
-    # --output_dir puts the results where it says
-    assert main(["predict", "--config", str(config), "--ckpt_path", str(ckpt), "--output_dir", "predicted",
-                 "--model.init_args.draw_predictions", "2"]) == 0
-    predicted = Path("predicted/coco_results.predict.json")
+        assert logged > 0.1 and _score(gt, results, iou_type) == pytest.approx(logged, abs=1e-6), (iou_type, logged)
     assert json.loads(predicted.read_text()) == detections  # the same model, the same images
-    drawn = sorted(predicted.parent.glob("predictions/*.png"))
-    assert len(drawn) == 2 and drawn[0].read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_tiny_mask_rcnn_learns_the_canvases(coco_canvases, fit_then_validate):
@@ -149,14 +173,20 @@ def test_two_process_evaluation_equals_one_process_and_cocoeval(coco_canvases, t
     """`rescale test` with 2 CPU processes (gloo) writes the same detections and logs the same AP
     as with one: images are merged by id, the sampler's padding counts once. The evaluation set is
     the canvases' train split (crowd regions, RLE and polygon masks, an empty image, a degenerate
-    box, non-contiguous ids); every logged number is COCOeval's on the written file against the
-    json (issue #23)."""
+    box, non-contiguous ids) plus objects where the model finds them (its scores are far from zero);
+    every logged number is COCOeval's on the written file against the json (issue #23)."""
     config = tiny_config(tmp_path / "tiny.yaml", coco_canvases.root)
     assert main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.logger", "false",
                  "--trainer.default_root_dir", "one"]) == 0
     [ckpt] = sorted(Path("one").rglob("last.ckpt"))
     root = coco_canvases.root
-    annotation_file = root / "annotations" / "instances_train2017.json"
+    train_split = ["--data.init_args.val_annotations", str(root / "annotations" / "instances_train2017.json"),
+                   "--data.init_args.val_images", str(root / "train2017")]
+    assert main(["predict", "--config", str(config), "--ckpt_path", str(ckpt), *train_split,
+                 "--trainer.logger", "false", "--output_dir", "found"]) == 0
+    annotation_file = with_found_objects(root / "annotations" / "instances_train2017.json",
+                                         json.loads(Path("found/coco_results.predict.json").read_text()),
+                                         tmp_path / "found.json")
     evaluation_set = ["--data.init_args.val_annotations", str(annotation_file),
                       "--data.init_args.val_images", str(root / "train2017")]
     outputs = {}
@@ -169,6 +199,7 @@ def test_two_process_evaluation_equals_one_process_and_cocoeval(coco_canvases, t
         logged = _logged(folder)
         for iou_type in ("bbox", "segm"):
             official = _stats(annotation_file, folder / "coco_results.test.json", iou_type)
+            assert official["AP"] > 0.1 and official["AR100"] > 0.1, (devices, iou_type, official)
             for name, value in official.items():
                 mine = logged.get(f"test/{iou_type}_{name}", math.nan)
                 assert (math.isnan(value) and math.isnan(mine)) or abs(mine - value) <= 1e-6, \

@@ -108,3 +108,41 @@ def test_a_paper_models_runs_are_named_by_the_scheme_its_name_fixes():
     assert variant_of({"network": "rescale50", "scheme": None}) == "rescale"  # W&B records scheme: null
     assert variant_of({"network": "fixup50"}) == "fixup"
     assert variant_of({"network": "no_such_net"}) == "unknown"
+
+
+
+MALFORMED = {  # folder: (run_summary.json's text, why it is not a run summary)
+    "truncated": ('{"name": "bn-2", "group": "digits", "sch',
+                  "invalid JSON (Unterminated string starting at: line 1 column 37); a truncated file?"),
+    "a_list": ("[1, 2]", "it holds a list, not an object"),
+    "speed_text": ('{"scheme": "bn", "samples_per_second": "fast"}',
+                   "'samples_per_second' is a string (\"fast\"), not a number"),
+    "best_text": ('{"scheme": "bn", "best": {"val/acc1": "high"}}', "best['val/acc1'] is a string, not a number"),
+    "curve_bad": ('{"scheme": "bn", "curves": {"train/loss": [[1]]}}',
+                  "curves['train/loss'] is not a list of [step, value] pairs"),
+    "scheme_number": ('{"scheme": 3}', "'scheme' is a number (3), not a string"),
+}
+
+
+def test_malformed_summaries_are_named_and_skipped(runs, tmp_path, capsys):
+    for name, (content, _) in MALFORMED.items():
+        (runs / name).mkdir()
+        (runs / name / "run_summary.json").write_text(content)
+    assert main(["compare", str(runs), "--out", "cmp"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert sorted(err[:-1]) == sorted(f"warning: skipped {runs / name / 'run_summary.json'} is not a run summary: "
+                                      f"{why}" for name, (_, why) in MALFORMED.items()), err
+    assert err[-1] == "warning: skipped 6 of 13 run_summary.json files as malformed (named above)"
+    with open(tmp_path / "cmp/compare.csv") as f:
+        assert len(list(csv.DictReader(f))) == 5  # the good runs' table, as without the bad files
+    assert "6 malformed run_summary.json left out" in (tmp_path / "cmp/compare.md").read_text()
+
+
+def test_only_malformed_summaries_is_one_line(tmp_path, capsys):
+    (tmp_path / "runs/a").mkdir(parents=True)
+    (tmp_path / "runs/a/run_summary.json").write_text("{")
+    assert main(["compare", "runs"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("error: no readable run_summary.json (1 malformed, named above) under runs: every `rescale "
+                       "fit` writes one beside its config; point at the runs' folders")
+    assert len(err) == 2 and err[0].startswith("warning: skipped ")

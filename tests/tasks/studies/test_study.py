@@ -281,7 +281,7 @@ def test_a_point_running_elsewhere_is_neither_run_again_nor_waited_for(tmp_path,
     """The points of a SLURM array share the study folder; each locks its own point folder, and a
     point whose lock is held (here by this process, as another run-point would hold it) is refused
     by run-point and skipped by a local study, which runs the others."""
-    from rescale_tasks.studies.lock import folder_lock
+    from rescale_tasks.common.lock import folder_lock
 
     config = tiny(run_config, tmp_path / "seeds.yaml")
     study = ["study", "seeds", "--config", config, "--seeds", "2", "--out", "seeds"]

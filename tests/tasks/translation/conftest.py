@@ -1,5 +1,5 @@
-"""Real English-German parallel text for the translation tests, from the system's gettext
-catalogues (:mod:`rescale_tasks.translation.catalogues`); the extraction is cached for the session.
+"""Real English-German parallel text for the translation tests: the gettext catalogue pairs that
+come with the suite (``en_de_pairs``, from ``tests/data/translation``), written as corpora.
 """
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from rescale_tasks.translation.catalogues import MO_DIR, catalogue_pairs
 from rescale_tasks.translation.catalogues import write_parallel_files as write_files
 
 SPLIT_SIZES = {"train": 2000, "valid": 200, "test": 200}
@@ -21,16 +20,11 @@ def write_tsv(root: Path, splits: dict[str, list[tuple[str, str]]]) -> Path:
 
 
 @pytest.fixture(scope="session")
-def gettext_splits() -> dict[str, list[tuple[str, str]]]:
+def gettext_splits(en_de_pairs) -> dict[str, list[tuple[str, str]]]:
     """2000 train / 200 valid / 200 test real English-German pairs."""
-    pairs = catalogue_pairs()
-    needed = sum(SPLIT_SIZES.values())
-    if len(pairs) < needed:
-        pytest.skip(f"only {len(pairs)} plain message pairs in {MO_DIR}/*.mo; the tests need {needed} "
-                    "(install Debian's German locale catalogues)")
     splits, start = {}, 0
     for split, size in SPLIT_SIZES.items():
-        splits[split] = list(pairs[start:start + size])
+        splits[split] = list(en_de_pairs[start:start + size])
         start += size
     return splits
 
@@ -48,20 +42,16 @@ def writers():
 
 
 @pytest.fixture(scope="session")
-def handful_root(tmp_path_factory) -> Path:
+def handful_root(tmp_path_factory, en_de_pairs, short_pairs) -> Path:
     """32 short real pairs (2-4 English words) as train, valid and test alike: a Transformer
     overfits them in a few hundred steps, which proves the whole task learns."""
-    pairs = [p for p in catalogue_pairs() if 2 <= len(p[0].split()) <= 4][:32]
-    if len(pairs) < 32:
-        pytest.skip(f"too few short message pairs in {MO_DIR}/*.mo")
+    pairs = short_pairs(en_de_pairs, 32)
     return write_files(tmp_path_factory.mktemp("handful_en_de"), {"train": pairs, "valid": pairs, "test": pairs})
 
 
 @pytest.fixture(scope="session")
-def few_hundred_root(tmp_path_factory) -> Path:
+def few_hundred_root(tmp_path_factory, en_de_pairs, short_pairs) -> Path:
     """200 short real pairs (2-4 English words) as train, valid and test alike: the end-to-end
     test trains a small Transformer until it has learned them by heart."""
-    pairs = [p for p in catalogue_pairs() if 2 <= len(p[0].split()) <= 4][:200]
-    if len(pairs) < 200:
-        pytest.skip(f"too few short message pairs in {MO_DIR}/*.mo")
+    pairs = short_pairs(en_de_pairs, 200)
     return write_files(tmp_path_factory.mktemp("few_hundred_en_de"), {"train": pairs, "valid": pairs, "test": pairs})

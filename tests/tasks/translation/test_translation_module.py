@@ -15,6 +15,7 @@ from rescale_tasks.cli import main
 from rescale_tasks.common.checkpointing import safe_load
 from rescale_tasks.common.run_summary import find_summaries, read_summary
 from rescale_tasks.translation.module import BLEU_FILE, HYPOTHESES_FILE
+from rescale_tasks.translation.translate import load_translator
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = ["--model.init_args.network", "transformer_tiny",
@@ -88,6 +89,30 @@ def test_translate_writes_one_line_per_input_line_in_order(trained, tmp_path):
                  "--output", str(out), "--max_tokens", "64"]) == 0
     lines = out.read_text(encoding="utf-8").splitlines()
     assert lines[5] == "" and lines[:5] + lines[6:] == trained["hypotheses"]  # beam 4 as in test
+
+
+def test_translate_says_which_lines_are_too_long_for_the_model(trained, tmp_path, capsys):
+    """A line longer than the model's source positions (256 in transformer_tiny) is translated
+    from the pieces that fit, still one output line per input line, and one warning line names
+    it with what was left out; input that fits says nothing."""
+    ckpt = trained["summary"]["checkpoint"]
+    sources = (trained["root"] / "test.en").read_text(encoding="utf-8").splitlines()
+    long = " ".join(sources[:150])
+    pieces = len(load_translator(ckpt).processor.encode(long))
+    assert pieces > 255
+    source, out = tmp_path / "in.en", tmp_path / "out.de"
+    short = ["--beam", "1", "--max_len_a", "0", "--max_len_b", "8"]  # decoding length is not what is tested
+    source.write_text("\n".join([sources[0], long, "", sources[1]]) + "\n", encoding="utf-8")
+    assert main(["translate", "--ckpt_path", ckpt, "--input", str(source), "--output", str(out), *short]) == 0
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 4 and lines[1] and not lines[2]
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: 1 of 4 lines of {source} (--input) are longer than the model's 256 source positions and are "
+        f"translated from their first 255 pieces only: line 2 ({pieces - 255} pieces cut); split them into "
+        "sentences to translate them whole"]
+    source.write_text("\n".join([sources[0], sources[1]]) + "\n", encoding="utf-8")
+    assert main(["translate", "--ckpt_path", ckpt, "--input", str(source), "--output", str(out), *short]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_translate_names_the_line_that_is_not_utf8(trained, tmp_path, monkeypatch, capsys):

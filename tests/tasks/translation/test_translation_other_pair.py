@@ -1,23 +1,23 @@
 """Another language pair is first-class (issue #24): `rescale prepare-translation` on an
-English-French folder of real text (the system's French gettext catalogues) records its languages
+English-French folder of real text (the suite's French gettext catalogue pairs) records its languages
 and vocabulary where `rescale fit` reads them, so the WMT recipe trains on it with no
 --data.src_lang/--data.tgt_lang/--data.vocab_size to repeat, and the run's W&B name and group
 name the pair."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
 from rescale_tasks.cli import main
 from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
-from rescale_tasks.translation.catalogues import catalogue_pairs, write_parallel_files
+from rescale_tasks.translation.catalogues import write_parallel_files
 from rescale_tasks.translation.data import TranslationDataModule
 from rescale_tasks.translation.prepared import RECORD
 
 REPO = Path(__file__).resolve().parents[3]
-FRENCH = Path("/usr/share/locale/fr/LC_MESSAGES")
 TINY_MODEL = ["--model.init_args.network", "transformer_tiny",
               "--model.init_args.network_options", "{share_embeddings: true, dropout: 0.0, d_model: 32, nhead: 2, "
               "dim_feedforward: 64, num_encoder_layers: 1, num_decoder_layers: 1}",
@@ -27,11 +27,9 @@ TINY_MODEL = ["--model.init_args.network", "transformer_tiny",
 
 
 @pytest.fixture
-def en_fr(tmp_path) -> Path:
+def en_fr(tmp_path, en_fr_pairs, short_pairs) -> Path:
     """200 short real English-French pairs as train, valid and test."""
-    pairs = [p for p in catalogue_pairs(FRENCH) if 2 <= len(p[0].split()) <= 4][:200]
-    if len(pairs) < 200:
-        pytest.skip(f"too few short message pairs in {FRENCH}/*.mo (Debian's French locale catalogues)")
+    pairs = short_pairs(en_fr_pairs, 200)
     return write_parallel_files(tmp_path / "gettext_en_fr", {"train": pairs, "valid": pairs, "test": pairs},
                                 src="en", tgt="fr")
 
@@ -76,3 +74,28 @@ def test_languages_set_win_over_the_record_and_unknown_labels_are_one_line(en_fr
     line = error_line()
     assert line.startswith("trainer.logger.init_args.group '{corpus}-6L' names a label the data module does not give")
     assert "{src_lang}, {tgt_lang}, {pair}" in line
+
+
+def test_a_vocabulary_other_than_the_prepared_one_is_said_in_one_line(en_fr, tmp_path, monkeypatch, caplog):
+    """A vocabulary size the config sets that differs from the recorded one (or a recorded model
+    that is gone) trains a SentencePiece model of its own: said once, with the way back."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["prepare-translation", str(en_fr), "--tgt_lang", "fr", "--vocab_size", "120"]) == 0
+    model = json.loads((en_fr / "rescale_cache" / RECORD).read_text())[str(en_fr.resolve())][0]["spm_model"]
+
+    def said(**options) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            TranslationDataModule(str(en_fr), num_workers=0, **options)
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("vocabulary:")]
+
+    assert said() == said(vocab_size=120) == said(vocab_size=100, spm_model=model) == []
+    assert said(vocab_size=100) == [
+        f"vocabulary: data.vocab_size is 100 but rescale prepare-translation recorded 120 pieces for {en_fr} "
+        f"({model}): a 100-piece SentencePiece model of the training text is used (trained now unless cached); "
+        "to use the prepared one, set --data.vocab_size 120 or leave it unset"]
+    Path(model).unlink()
+    assert said() == [
+        f"vocabulary: the SentencePiece model rescale prepare-translation recorded for {en_fr} is gone ({model}): "
+        "a 120-piece model of the training text is used (trained now unless cached); run rescale "
+        f"prepare-translation {en_fr} again to record it"]

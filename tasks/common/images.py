@@ -1,0 +1,62 @@
+"""Any image Pillow opens, as the 8-bit RGB image the networks read, its tones kept.
+
+``Image.convert("RGB")`` is right for the 8-bit modes but not for every mode Pillow opens:
+
+- high bit depth (``I;16*`` from 16-bit PNG, TIFF and PGM files, ``I`` 32-bit integers, ``F``
+  floats) is clipped at 255, so a 16-bit picture ends up black and white; here it is scaled to 8
+  bits over its full range (:func:`full_scale`);
+- transparency (``RGBA``, ``LA``, ``PA``, premultiplied ``RGBa``, or a ``P``/``L``/``RGB`` image
+  with a transparent colour) is dropped, and the colour stored under transparent pixels (often
+  black, or anything) shows; here the image is composited over white, as a viewer shows it.
+
+Every other mode (``1``, ``L``, ``P``, ``CMYK``, ``YCbCr``, ``LAB``, ``HSV`` ...) goes through
+Pillow's own conversion.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from PIL import Image
+
+__all__ = ["HIGH_DEPTH_MODES", "full_scale", "open_rgb", "to_rgb"]
+
+#: modes holding more than 8 bits per sample
+HIGH_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+_TIFF_BITS_PER_SAMPLE = 258
+_WHITE = (255, 255, 255, 255)
+
+
+def full_scale(image: Image.Image, values: np.ndarray) -> float:
+    """The value that stands for white in a high-bit-depth ``image`` holding ``values``.
+
+    ``I;16*``: 65535. ``I``: ``2**bits - 1`` for the bits per sample a TIFF file states, else 65535
+    (Pillow decodes 16-bit PNG and PGM files into ``I`` at that scale). ``F``: 1.0 when the values
+    lie within [0, 1] (the usual float image), else 255 (Pillow's own float scale: ``convert("F")``
+    of an 8-bit image keeps 0..255).
+    """
+    if image.mode == "F":
+        return 1.0 if values.size == 0 or (values.min() >= 0 and values.max() <= 1) else 255.0
+    if image.mode == "I":
+        bits = getattr(image, "tag_v2", {}).get(_TIFF_BITS_PER_SAMPLE)
+        bits = bits[0] if isinstance(bits, tuple) else bits
+        return float(2 ** min(int(bits), 31) - 1) if bits else 65535.0
+    return 65535.0
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """``image`` in mode ``RGB`` (8 bits per channel); see the module docstring."""
+    if image.mode in HIGH_DEPTH_MODES:
+        values = np.asarray(image).astype(np.float64)
+        scaled = np.clip(np.rint(values * (255.0 / full_scale(image, values))), 0, 255)
+        return Image.fromarray(scaled.astype(np.uint8)).convert("RGB")
+    if image.has_transparency_data:
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, _WHITE), rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def open_rgb(path: str | os.PathLike) -> Image.Image:
+    """The image file at ``path`` decoded to 8-bit RGB (:func:`to_rgb`); Pillow's errors pass through."""
+    with Image.open(path) as image:
+        return to_rgb(image)

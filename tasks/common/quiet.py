@@ -1,0 +1,48 @@
+"""What other libraries print that concerns no run of the suite, silenced one message at a time
+(never a whole category or library: their other warnings may matter)."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from typing import Iterator
+
+__all__ = ["quiet_libraries", "quiet_evaluation"]
+
+# Lightning's notices that say nothing about the run: an advert printed by every Trainer, and its
+# "Received SIGTERM: <n>" (the suite's own exit line says which signal stopped the run, and where
+# it saved; for Ctrl-C Lightning would name SIGTERM with SIGINT's number)
+_NOTICES = {"lightning.pytorch.utilities.rank_zero": "💡 Tip:",
+            "lightning.pytorch.trainer.connectors.signal_connector": "Received SIGTERM: "}
+
+
+class _DropNotice(logging.Filter):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+_FILTERS = {name: _DropNotice(text) for name, text in _NOTICES.items()}
+
+
+def quiet_libraries() -> None:
+    """Drop the notices above and a dependency's deprecation warning (Lightning 2.6 still builds
+    torch's deprecated ``LeafSpec``: nothing a user of the suite can change)."""
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")
+    for name, drop in _FILTERS.items():
+        logging.getLogger(name).addFilter(drop)  # the same object: added once
+
+
+@contextlib.contextmanager
+def quiet_evaluation() -> Iterator[None]:
+    """``validate``/``test``/``predict --ckpt_path``: no warning that the checkpoint's
+    ModelCheckpoint folder differs from this command's (one never created) and that its
+    best-model bookkeeping is not reloaded, which only a resumed ``fit`` uses."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The dirpath has changed from", category=UserWarning,
+                                module=r"lightning\.pytorch\.callbacks\.model_checkpoint")
+        yield

@@ -1,0 +1,92 @@
+"""A classification checkpoint carries its class names; evaluation matches them to the data's by
+name: the same classes in another order are mapped (the same scores), other class folders are
+refused in one line (they used to be scored against swapped labels, without a word)."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from rescale_tasks.cli import main, run_lightning
+
+CLASSES = ("cat", "dog", "fox")
+CSV = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "logs"}}
+
+
+def folder_config(run_config, path: Path, root: Path) -> str:
+    """The tiny rescale network on an image folder of 32 px crops, 3 training steps."""
+    return run_config(path, model={"init_args": {"scheme_options": {"measure_batches": 2}}},
+                      data={"class_path": "rescale_tasks.classification.data.ImageFolderDataModule",
+                            "init_args": {"root": str(root), "num_classes": 3, "image_size": 32, "eval_resize": 36,
+                                          "batch_size": 4, "num_workers": 0, "pin_memory": False,
+                                          "persistent_workers": False}},
+                      trainer={"limit_train_batches": 3, "limit_val_batches": 2, "logger": CSV})
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, run_config, data_writers) -> tuple[Path, str, str]:
+    """(image folder, config, checkpoint) of 3 steps on real images of 3 classes."""
+    folder = tmp_path_factory.mktemp("labels")
+    root = data_writers.imagefolder(folder / "images", classes=CLASSES)
+    config = folder_config(run_config, folder / "run.yaml", root)
+    assert main(["fit", "--config", config, "--trainer.default_root_dir", str(folder),
+                 "--trainer.logger.init_args.save_dir", str(folder / "logs")]) == 0
+    [ckpt] = sorted(folder.rglob("last.ckpt"))
+    return root, config, str(ckpt)
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+
+
+def _validate(config: str, ckpt: str) -> dict[str, float]:
+    cli = run_lightning(["--config", config], run=False)
+    return cli.trainer.validate(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt, verbose=False)[0]
+
+
+def test_a_checkpoint_carries_the_class_names_of_its_folders(trained):
+    _, _, ckpt = trained
+    assert torch.load(ckpt, map_location="cpu", weights_only=True)["labels"]["class_names"] == list(CLASSES)
+
+
+@pytest.mark.parametrize("command", ["validate", "fit"])
+def test_a_renamed_class_folder_is_refused_in_one_line(trained, tmp_path, command, error_line):
+    """The trial: 'dog' renamed 'zebra' sorts last, so label 1 became 'fox' and label 2 'zebra';
+    the run used to score (or train on) swapped labels and exit 0."""
+    root, config, ckpt = trained
+    renamed = Path(shutil.copytree(root, tmp_path / "renamed"))
+    for split in ("train", "val"):
+        (renamed / split / "dog").rename(renamed / split / "zebra")
+    assert main([command, "--config", config, "--ckpt_path", ckpt, "--data.root", str(renamed),
+                 "--trainer.default_root_dir", str(tmp_path), "--trainer.max_epochs", "2"]) == 2
+    line = error_line()
+    assert f"checkpoint {ckpt}" in line and str(renamed / "train") in line
+    assert "not in the data: 'dog'" in line and "not in the checkpoint: 'zebra'" in line
+    assert "Point --data.root at the data the network was trained on" in line
+
+
+def test_the_same_classes_in_another_order_score_the_same(trained, tmp_path, capsys, reordered_checkpoint):
+    root, config, ckpt = trained
+    original = _validate(config, ckpt)
+    capsys.readouterr()
+    reordered = _validate(config, reordered_checkpoint(ckpt, tmp_path / "reordered.ckpt", CLASSES, [2, 0, 1]))
+    assert reordered["val/loss"] == pytest.approx(original["val/loss"], rel=1e-5)
+    assert reordered["val/acc1"] == original["val/acc1"]
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("labels: ")]
+    assert len(notes) == 1 and "in another order" in notes[0] and "mapped" in notes[0]
+
+
+def test_a_checkpoint_without_class_names_still_loads(trained, tmp_path, capsys):
+    """Checkpoints written before they carried labels: evaluated as before, with one line saying so."""
+    _, config, ckpt = trained
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
+    del checkpoint["labels"]
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+    capsys.readouterr()
+    assert _validate(config, str(tmp_path / "old.ckpt")) == pytest.approx(_validate(config, ckpt))
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("labels: ")]
+    assert len(notes) == 1 and "records no label names" in notes[0]

@@ -1,0 +1,51 @@
+"""What an image class folder holds besides images (other extensions, hidden files, sub-folders) is
+counted and reported in one line, not silently left out: before, a ``.heic`` photo or a sub-folder of
+images in a class folder simply was not part of the data."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as L
+import pytest
+
+from rescale_tasks.classification.data import ImageFolderDataModule
+from rescale_tasks.classification.datasets import scan_image_folder
+from rescale_tasks.classification.module import ClassificationModule
+from rescale_tasks.common.data_report import SkippedDataReport
+
+
+def _add_other_files(root: Path) -> set[str]:
+    """Five entries the loader does not read, in train/ and val/ class folders."""
+    picture = (root / "train/n001/n001_0.JPEG").read_bytes()
+    others = {"train/n001/notes.txt": b"labels checked by hand\n", "train/n002/photo.HEIC": picture,
+              "train/n002/.DS_Store": b"\0\0\0\1Bud1", "val/n003/edit.xcf": b"gimp xcf v011"}
+    for name, content in others.items():
+        (root / name).write_bytes(content)
+    (root / "val/n001/more").mkdir()
+    (root / "val/n001/more/n001_9.JPEG").write_bytes(picture)  # one level too deep
+    return {str(root / name) for name in [*others, "val/n001/more"]}
+
+
+def test_the_scan_lists_what_it_does_not_read(imagenet_folder):
+    unread = _add_other_files(imagenet_folder)
+    folder = scan_image_folder(imagenet_folder, num_classes=3)
+    assert set(folder.unread) == unread
+    assert (len(folder.train), len(folder.val)) == (12, 6)  # the images, and only them
+
+
+def test_the_data_report_names_the_files_not_read(imagenet_folder):
+    _add_other_files(imagenet_folder)
+    data = ImageFolderDataModule(str(imagenet_folder), num_classes=3, image_size=32, eval_resize=36,
+                                 batch_size=2, num_workers=0, pin_memory=False, persistent_workers=False)
+    module = ClassificationModule("cifar_resnet", "skipinit", network_options={"depth": 8, "base_width": 4},
+                                  num_classes=3)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[SkippedDataReport()],
+                        limit_val_batches=1, enable_progress_bar=False, enable_model_summary=False)
+    with pytest.warns(UserWarning) as warned:
+        trainer.validate(module, datamodule=data)
+    lines = [str(w.message) for w in warned if "not read" in str(w.message)]
+    assert lines == [
+        f"data: 5 file(s) under {imagenet_folder} were found but not read (.heic 1, .txt 1, .xcf 1, "
+        f"folder 1, hidden 1), e.g. {imagenet_folder / 'train/n001/notes.txt'}; only "
+        ".jpg/.jpeg/.png/.ppm/.bmp/.pgm/.tif/.tiff/.webp files are read: convert them or move them out of "
+        "the data folder"]

@@ -1,0 +1,87 @@
+"""COCO polygons that cannot form a mask (no polygon, under 3 points, an odd number of coordinates,
+zero area): dropped and counted in a training json like degenerate boxes, and (malformed ones) refused in one line
+when a validation json is read, before any training (the COCO mask evaluation scores against every
+annotation of that json and crashes on some of them). Before, training learned empty masks for them
+and ``rescale fit`` ended after training in a pycocotools traceback."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from test_detection_cli import tiny_config
+
+from rescale_tasks.cli import main
+from rescale_tasks.detection.coco import CocoDetection
+
+UNUSABLE = {  # annotation id -> segmentation that cannot form a mask
+    9001: [],
+    9002: [[10, 10, 20, 10]],  # two points: pycocotools reads four numbers as a box
+    9003: [[10, 10, 20, 10, 20, 20, 10]],  # odd
+    9004: [[10, 10, 20, 10, 30, 10, 15, 10]],  # collinear: zero area
+    9005: [[10, 10, 10.3, 10, 10.3, 10.3]],  # a sliver covering no pixel
+    9007: [["10", "10", "20", "10", "20", "20"]],  # text, not numbers
+}
+SQUARE = [10, 10, 20, 10, 20, 20, 10, 20]
+
+
+def _add(annotations: Path, image_index: int, segmentations: dict[int, list]) -> int:
+    """Annotations with a usable 10x10 box and the given segmentations on image ``image_index``;
+    returns its image id."""
+    data = json.loads(annotations.read_text())
+    image_id = data["images"][image_index]["id"]
+    for aid, segmentation in segmentations.items():
+        data["annotations"].append({"id": aid, "image_id": image_id, "category_id": 3, "iscrowd": 0,
+                                    "bbox": [10, 10, 10, 10], "area": 100.0, "segmentation": segmentation})
+    annotations.write_text(json.dumps(data))
+    return image_id
+
+
+def test_unusable_polygons_are_dropped_and_counted_in_training(coco_canvases_copy, caplog):
+    root = coco_canvases_copy.root
+    annotations = root / "annotations" / "instances_train2017.json"
+    before = CocoDetection(annotations, root / "train2017")
+    _add(annotations, 0, {**UNUSABLE, 9006: [SQUARE, [1, 2, 3, 4]]})  # 9006: one good part, one bad
+    with caplog.at_level(logging.WARNING, logger="rescale_tasks.detection.coco"):
+        ds = CocoDetection(annotations, root / "train2017")
+    assert (ds.dropped_unusable_masks, ds.partly_unusable_masks) == (len(UNUSABLE), 1)
+    assert ds.dropped_degenerate == before.dropped_degenerate
+    assert f"dropped {len(UNUSABLE)} annotation(s) whose polygons cannot form a mask" in caplog.text
+    _, target = ds[0]
+    _, old = before[0]
+    assert len(target["labels"]) == len(old["labels"]) + 1  # only the object with a usable part is added
+    assert int(target["masks"][-1].sum()) == 100 and bool(target["masks"].flatten(1).any(1).all())
+
+
+def test_an_unusable_polygon_in_the_validation_json_stops_fit_before_training(coco_canvases_copy, tmp_path,
+                                                                             monkeypatch, error_line):
+    root = coco_canvases_copy.root
+    image_id = _add(root / "annotations" / "instances_val2017.json", 1, {9002: UNUSABLE[9002]})
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert main(["fit", "--config", str(tiny_config(tmp_path / "tiny.yaml", root))]) == 2
+    message = error_line()
+    assert str(root / "annotations" / "instances_val2017.json") in message
+    assert f"annotation id 9002 of image id {image_id} has a polygon of fewer than 3 points" in message
+    assert "remove the annotation" in message
+    assert not list(Path("runs").rglob("*.ckpt"))  # nothing trained
+
+
+def test_a_box_only_run_reads_the_same_validation_json(coco_canvases_copy):
+    root = coco_canvases_copy.root
+    annotations = root / "annotations" / "instances_val2017.json"
+    _add(annotations, 1, {9002: UNUSABLE[9002]})
+    ds = CocoDetection(annotations, root / "val2017", masks=False, evaluation=True)
+    assert 9002 in ds._objects[1].ann_ids and torch.is_tensor(ds[1][1]["boxes"])
+
+
+def test_a_zero_area_polygon_in_the_validation_json_is_scored_as_it_is(coco_canvases_copy):
+    """A well-formed polygon covering no pixel (COCO's own jsons hold tiny objects) rasterises to an
+    empty mask in the COCO evaluation: dropped from the targets and counted, never refused."""
+    root = coco_canvases_copy.root
+    annotations = root / "annotations" / "instances_val2017.json"
+    _add(annotations, 1, {9004: UNUSABLE[9004], 9005: UNUSABLE[9005]})
+    ds = CocoDetection(annotations, root / "val2017", evaluation=True)
+    assert ds.dropped_unusable_masks == 2 and 9004 in ds.coco.anns
