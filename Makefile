@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo   - train five residual schemes on the embedded digits and compare them"
 	@echo "make test   - run the whole test suite (slow tests included)"
-	@echo "make bench  - benchmark harness (issue #5) -> benchmarks/RESULTS.md; BENCH_ARGS=\"--quick\" or \"--no-compile\""
+	@echo "make bench  - benchmark harness -> benchmarks/RESULTS.md; BENCH_ARGS=\"--quick\" or \"--no-compile\""
 	@echo "make bench-gpu - the GPU tables and CUDA-only tests in one run (~8 min), with the machine's own python and torch"
 
 $(PY):

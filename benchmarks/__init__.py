@@ -1,16 +1,17 @@
-"""Benchmark harness (issue #5): ``python -m benchmarks`` from the repository root, or ``make bench``.
+"""Benchmark harness: ``python -m benchmarks`` from the repository root, or ``make bench``.
 
-Train-step time and peak memory, eval throughput, RescaleNet's measuring steps, channels_last and
-torch.compile variants for ResNet-50, the 3D ResNet and the Transformer against their normalized
-baselines and no-normalization floors, the classification DataLoader's throughput, the
-translation task (issue #12: loader tokens/s and padding efficiency on real En-De pairs, train
-tokens/s of post-LN / pre-LN / rescale, decoding with the key/value cache against recomputation),
-Mask R-CNN R50-FPN with FrozenBN, GN and rescale50 backbones (issue #10: train step, inference
-images/s) and the video loader's clips/s against the 3D train step (issue #11), measured in one
-run as medians of paired ratios over interleaved repeats. A plain folder run from the repository
-root (not installed). Modules: ``models`` (the contenders), ``steps`` (train/eval steps),
-``timing`` (paired repeats on torch.utils.benchmark.Timer), ``memory`` (peak training memory),
-``data`` (DataLoader throughput, the translation corpus), ``decoding`` (cached and recomputed
-decoding), ``detection`` and ``video_loader`` (those sections), ``sections`` (what each section
-measures), ``report`` (tables, goals, RESULTS.md).
+Train-step time and peak memory, eval throughput, RescaleNet's measuring steps, channels_last, each
+execution plan eager and under torch.compile for ResNet-50, the 3D ResNet and the Transformer against their normalized
+baselines and no-normalization floors, the classification DataLoader's throughput, the translation
+task (loader tokens/s and padding efficiency on real En-De pairs, train tokens/s of post-LN / pre-LN
+/ rescale, decoding with the key/value cache against recomputation), Mask R-CNN R50-FPN with
+FrozenBN, GN and rescale50 backbones (train step, inference images/s) and the video loader's clips/s
+against the 3D train step, measured in one run as medians of paired ratios over interleaved repeats.
+A plain folder run from the repository root (not installed). Modules: ``models`` (the contenders),
+``steps`` (train/eval steps), ``timing`` (paired repeats on torch.utils.benchmark.Timer), ``memory``
+(peak training memory), ``toolkit`` (settings, tables, results, building and timing contenders),
+``suites`` (the train, eval, measuring and variant measurements of a suite), ``data`` (DataLoader
+throughput, the translation corpus), ``decoding`` (cached and recomputed decoding), ``opcount``,
+``plans``, ``translation``, ``detection`` and ``video_loader`` (those sections), ``sections`` (the
+sections by name), ``report`` (tables, goals, RESULTS.md).
 """

@@ -13,7 +13,8 @@ import traceback
 import torch
 
 from . import report
-from .sections import SECTIONS, SectionResult, Settings, run_section
+from .sections import SECTIONS, run_section
+from .toolkit import SectionResult, Settings
 from .video_loader import VIDEO_LOADER_SIZES
 
 try:
@@ -22,15 +23,15 @@ except ImportError:  # no torchvision (a GPU machine with only its own torch): n
     DETECTION_SIZES = {"quick": {}, "cpu": {}, "cuda": {}}
 
 DEFAULT_REPEATS = {
-    "cpu": {"train": 10, "eval": 10, "measuring": 6, "channels_last": 6, "compile": 5,
+    "cpu": {"train": 10, "eval": 10, "measuring": 6, "channels_last": 6, "plans": 5,
             "resnet3d": 8, "transformer": 8, "data": 3, "translation": 4,
             "detection": 3, "video_loader": 3},
-    "cuda": {"train": 20, "eval": 20, "measuring": 12, "channels_last": 12, "compile": 12,
+    "cuda": {"train": 20, "eval": 20, "measuring": 12, "channels_last": 12, "plans": 12,
              "resnet3d": 15, "transformer": 15, "data": 3, "translation": 15,
              "detection": 10, "video_loader": 5},
 }
 
-# The translation section's sizes (the rest: sections.TRANSLATION_DEFAULTS). The GPU runs the
+# The translation section's sizes (the rest: translation.TRANSLATION_DEFAULTS). The GPU runs the
 # task's own network (transformer_base, 8000 pieces, 4096-token batches); the CPU a narrower,
 # shallower one on 1024-token batches (about a minute); --quick a tiny one on 3000 pairs.
 TRANSLATION_SIZES = {
@@ -70,7 +71,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="channels_last models and inputs in every section (default: on for cuda, off for cpu; "
                         "the channels_last section always compares both)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="run the torch.compile section (default: on, off with --quick; slow on CPU)")
+                   help="time the plans section under torch.compile too, beside eager (default: on, off "
+                        "with --quick; slow on CPU)")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile backend of the plans section (default inductor; aot_eager or eager "
+                        "check graph capture without generating code)")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                    help="cuda autocast dtype (default bf16); cpu always runs float32")
     p.add_argument("--threads", type=int, default=None,
@@ -142,6 +147,7 @@ def build_settings(args: argparse.Namespace) -> Settings:
                          {"batch": args.detection_batch} if args.detection_batch else {}),
         video_loader=_sizes(VIDEO_LOADER_SIZES, q, device.type,
                             {"workers": args.video_workers or (_video_workers() if gpu else 2)}),
+        compile=(not q) if args.compile is None else args.compile, compile_backend=args.compile_backend,
     )
 
 
@@ -159,10 +165,13 @@ def _video_workers() -> int:
 
 
 def selected_sections(args: argparse.Namespace) -> list[str]:
-    if args.only:
-        return [s for s in SECTIONS if s in args.only]
-    run_compile = (not args.quick) if args.compile is None else args.compile
-    return [s for s in SECTIONS if s != "compile" or run_compile]
+    return [s for s in SECTIONS if not args.only or s in args.only]
+
+
+def measured_sections(results: list[SectionResult], settings: Settings) -> set[str]:
+    """The sections whose goals this run measured: the plans section's (compiled) goals only
+    where it compiled."""
+    return {r.name for r in results if r.name != "plans" or settings.compile}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report.section_text(res), flush=True)
     metrics = {k: v for r in results for k, v in r.metrics.items()}
     goal_table = report.goals_table(report.evaluate_goals(metrics, settings.device), settings.device,
-                                    {r.name for r in results})
+                                    measured_sections(results, settings))
     if args.quick:
         goal_table.notes.insert(0, "--quick smoke run (tiny inputs, 2 repeats): the marks mean nothing here")
     print(report.footer_text(results, goal_table), flush=True)

@@ -38,7 +38,10 @@ import numpy as np
 import torch
 from PIL import Image
 
+from rescale_tasks.classification.data import ImageFolderDataModule
+from rescale_tasks.translation.batching import padding_efficiency
 from rescale_tasks.translation.catalogues import MO_DIR, catalogue_pairs
+from rescale_tasks.translation.data import TranslationDataModule
 
 from .timing import PairedTimes, paired_repeats, timer_measure
 
@@ -70,8 +73,6 @@ def make_image_folder(root: str | Path, num_classes: int = 4, train_per_class: i
 
 def classification_loader(root: str | Path, num_classes: int, batch_size: int, num_workers: int,
                           image_size: int = 224):
-    from rescale_tasks.classification.data import ImageFolderDataModule
-
     dm = ImageFolderDataModule(root=str(root), num_classes=num_classes, image_size=image_size,
                                batch_size=batch_size, num_workers=num_workers, pin_memory=False,
                                persistent_workers=True)
@@ -184,8 +185,6 @@ def translation_datamodule(root: str | Path, vocab_size: int, max_tokens: int = 
                            num_workers: int = 0, seed: int = 0):
     """The task's data module over ``root``, set up for fitting (trains/finds the SentencePiece
     model and the encoded splits in its cache); persistent workers, no pinned memory."""
-    from rescale_tasks.translation.data import TranslationDataModule
-
     dm = TranslationDataModule(root=str(root), vocab_size=vocab_size, max_tokens=max_tokens,
                                num_workers=num_workers, pin_memory=False, persistent_workers=True,
                                seed=seed)
@@ -234,8 +233,6 @@ def translation_throughput(root: str | Path, vocab_size: int, workers: tuple[int
     """Paired target tokens/s of the translation training loader for each ``num_workers`` in
     ``workers`` (one measurement = one epoch, persistent workers), and the padding efficiency of
     its token-budget batches at ``max_tokens``."""
-    from rescale_tasks.translation.batching import padding_efficiency
-
     loaders = {f"workers={w}": translation_datamodule(root, vocab_size, max_tokens, w).train_dataloader()
                for w in workers}
     measures: dict = {}

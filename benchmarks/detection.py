@@ -1,4 +1,4 @@
-"""The ``detection`` section (issue #10): Mask R-CNN R50-FPN train step and inference speed with
+"""The ``detection`` section: Mask R-CNN R50-FPN train step and inference speed with
 three backbones, as ratios to the FrozenBN one.
 
 The contenders (:func:`detection_contenders`), each ``rescale_tasks.detection.models.build_detector
@@ -58,7 +58,7 @@ from torchvision.models.detection import FasterRCNN
 import rescale_core
 
 from .models import Contender, Suite
-from .sections import SectionResult, Settings, Table, _prepare_all, _ratio, _release, _ms
+from .toolkit import SectionResult, Settings, Table, ms_text, prepare_all, ratio_text, release
 from .timing import paired_repeats, timer_measure
 
 __all__ = ["DETECTION_DEFAULTS", "DETECTION_SIZES", "detection_contenders", "detector_options",
@@ -109,8 +109,9 @@ def detector_options(o: dict) -> dict:
 
 def detection_contenders(o: dict) -> tuple[Contender, ...]:
     """FrozenBN, GN and rescale50 Mask R-CNNs built from the options ``o`` (see the docstring)."""
+    # the task package only when the section runs: ``__main__`` imports this module for its sizes
     from rescale_tasks.detection.backbones import resnet_fpn_backbone
-    from rescale_tasks.detection.models import build_detector
+    from rescale_tasks.detection.models import build_detector  # likewise
 
     def build(network: str, scheme: str, frozen_bn: bool, norm: str | None):
         def make() -> torch.nn.Module:
@@ -199,14 +200,14 @@ def section_detection(settings: Settings) -> SectionResult:
     suite = detection_suite(o, train=True)
     names, base = [c.name for c in suite.contenders], suite.baseline
     quiet = replace(settings, warmup=max(2, int(o["warmup"])))
-    prepared = _prepare_all(suite, names, quiet, batch, configs=dict.fromkeys(names, cfg))
+    prepared = prepare_all(suite, names, quiet, batch, configs=dict.fromkeys(names, cfg))
     measures = {n: timer_measure(p.train_step, min_run_time=settings.min_run_time, label="detection",
                                  description=n) for n, p in prepared.items()}
     paired = paired_repeats(measures, base, repeats, progress=settings.progress("detection"))
     params = {n: (sum(q.numel() for q in p.model.parameters()),
                   sum(q.numel() for q in p.model.parameters() if q.requires_grad)) for n, p in prepared.items()}
     bad = [n for n, p in prepared.items() if not all(bool(torch.isfinite(q).all()) for q in p.model.parameters())]
-    _release(prepared)
+    release(prepared)
     rows = []
     for c in suite.contenders:
         n = c.name
@@ -216,7 +217,7 @@ def section_detection(settings: Settings) -> SectionResult:
         result.metrics[f"detection.train.vs_gn.{n}"] = vs_gn
         result.metrics[f"detection.train.per_second.{n}"] = batch / sec
         total, trainable = params[n]
-        rows.append([n, _ms(sec), f"{batch / sec:.2f}", _ratio(vs_base), _ratio(vs_gn),
+        rows.append([n, ms_text(sec), f"{batch / sec:.2f}", ratio_text(vs_base), ratio_text(vs_gn),
                      f"{total / 1e6:.1f}M ({trainable / 1e6:.1f}M)", c.note])
     notes = [f"{suite.title} train step (losses summed, backward, SGD lr 0), batch {batch} x {suite.shape}, "
              f"{o['num_classes']} classes, FPN {o['out_channels']} channels, heads {o['head_channels']}/"
@@ -238,14 +239,14 @@ def section_detection(settings: Settings) -> SectionResult:
     # inference
     suite = detection_suite(o, train=False)
     quiet = replace(settings, eval_warmup=max(1, int(o["eval_warmup"])))
-    prepared = _prepare_all(suite, names, quiet, batch, configs=dict.fromkeys(names, cfg), train=False)
+    prepared = prepare_all(suite, names, quiet, batch, configs=dict.fromkeys(names, cfg), train=False)
     measures = {n: timer_measure(p.eval_step, min_run_time=settings.min_run_time, label="detection",
                                  description=f"{n} eval") for n, p in prepared.items()}
     paired = paired_repeats(measures, base, repeats, progress=settings.progress("detection"))
     with torch.inference_mode():  # how many detections the mask head saw
         first = next(iter(prepared.values()))
         detections = [len(d["boxes"]) for d in first.model(*first.inputs)]
-    _release(prepared)
+    release(prepared)
     rows = []
     for c in suite.contenders:
         n = c.name
@@ -254,8 +255,8 @@ def section_detection(settings: Settings) -> SectionResult:
         result.metrics[f"detection.eval.per_second.{n}"] = batch / sec
         result.metrics[f"detection.eval.vs_baseline.{n}"] = paired.ratio(n)
         result.metrics[f"detection.eval.vs_gn.{n}"] = paired.ratio(n, "GN")
-        rows.append([n, _ms(sec), f"{batch / sec:.2f}", _ratio(ips_vs), _ratio(paired.ratio(n)),
-                     _ratio(paired.ratio(n, "GN"))])
+        rows.append([n, ms_text(sec), f"{batch / sec:.2f}", ratio_text(ips_vs), ratio_text(paired.ratio(n)),
+                     ratio_text(paired.ratio(n, "GN"))])
     notes = [f"{suite.title} inference (model.eval(), torch.inference_mode, transform + backbone + RPN + "
              f"RoI heads + mask head + postprocessing), batch {batch} x {suite.shape}; {cfg.label()}; "
              f"{paired.repeats} paired repeats; box_score_thresh 0: {detections} detections per image "

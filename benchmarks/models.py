@@ -7,6 +7,8 @@ its no-normalization floor and the model the goals are about.
   left out where timm is not installed); this suite's ``rescale50`` (on the device's default
   plan, and on each plan by name: ``rescale50 lean``, ``rescale50 folded``), ``skipinit50`` and
   ``fixup50`` from :func:`rescale_core.create_model`.
+- ``resnet50_plans``: the baseline, the floor and ``rescale50`` under each execution plan by name,
+  the reference plan included (the ``plans`` section).
 - ``resnet3d``: this suite's 3D ResNet (``resnet3d_50`` by default, Hara et al. 2018) under ``bn``
   (the baseline), ``rescale``, ``skipinit`` and ``none`` (the floor: ``x + F(x)``, no norm, no
   gain, no bias).
@@ -24,7 +26,7 @@ A :class:`Suite` also knows how to make a batch for its models and the training 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -32,8 +34,9 @@ from torch import nn
 
 import rescale_core
 
-__all__ = ["Contender", "Suite", "resnet50_suite", "resnet3d_suite", "transformer_suite",
-           "translation_suite", "TRANSLATION_SCHEMES", "torchvision_resnet50", "resnet50_floor"]
+__all__ = ["Contender", "Suite", "resnet50_suite", "resnet50_plans_suite", "RESNET50_PLANS", "resnet3d_suite",
+           "transformer_suite", "translation_suite", "TRANSLATION_SCHEMES", "torchvision_resnet50",
+           "resnet50_floor", "image_batch"]
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,8 @@ def _ours(name: str, num_classes: int, plan: str = "auto", **kwargs):
     return lambda: rescale_core.create_model(name, num_classes=num_classes, plan=plan, **kwargs)
 
 
-def _image_batch(image_size: int, num_classes: int, frames: int | None = None):
+def image_batch(image_size: int, num_classes: int, frames: int | None = None):
+    """``make_batch`` of an image (or clip, with ``frames``) suite: seeded normal images, random labels."""
     def make(batch: int, device: torch.device):
         g = torch.Generator().manual_seed(0)
         shape = (batch, 3, image_size, image_size) if frames is None else (batch, 3, frames, image_size, image_size)
@@ -146,8 +150,26 @@ def resnet50_suite(image_size: int = 224, num_classes: int = 1000,
         Contender("fixup50", _ours("fixup50", num_classes, **ours)),
     )
     return Suite("resnet50", "ResNet-50", contenders, baseline="resnet50 BN", floor="floor (no norm)",
-                 target="rescale50", make_batch=_image_batch(image_size, num_classes),
+                 target="rescale50", make_batch=image_batch(image_size, num_classes),
                  loss=F.cross_entropy, shape=f"3x{image_size}x{image_size}")
+
+
+RESNET50_PLANS = ("reference", "folded", "lean")
+
+
+def resnet50_plans_suite(image_size: int = 224, num_classes: int = 1000, base_width: int | None = None,
+                         target_plan: str = "folded") -> Suite:
+    """BN ResNet-50, the floor and ``rescale50`` under each execution plan by name
+    (``rescale50 reference``, ``rescale50 folded``, ``rescale50 lean``); the target is
+    ``rescale50 {target_plan}``. ``base_width`` as in :func:`resnet50_suite`."""
+    base = resnet50_suite(image_size, num_classes, base_width)
+    ours = {} if base_width is None else {"base_width": base_width}
+    notes = {"reference": "the layer-by-layer definition", "folded": "folded into the convolutions",
+             "lean": "the fewest ops"}
+    contenders = (base.contender(base.baseline), base.contender(base.floor),
+                  *(Contender(f"rescale50 {plan}", _ours("rescale50", num_classes, plan, **ours),
+                              f"plan {plan}: {notes[plan]}") for plan in RESNET50_PLANS))
+    return replace(base, contenders=contenders, target=f"rescale50 {target_plan}")
 
 
 # --- 3D ResNet ----------------------------------------------------------------------------------
@@ -166,7 +188,7 @@ def resnet3d_suite(arch: str = "resnet3d_50", frames: int = 16, image_size: int 
                        for scheme, label in RESNET3D_SCHEMES.items())
     return Suite("resnet3d", f"3D ResNet ({arch})", contenders, baseline="3D BN",
                  floor="3D floor (none)", target="3D rescale",
-                 make_batch=_image_batch(image_size, num_classes, frames), loss=F.cross_entropy,
+                 make_batch=image_batch(image_size, num_classes, frames), loss=F.cross_entropy,
                  shape=f"3x{frames}x{image_size}x{image_size}", unit="clip")
 
 
@@ -220,6 +242,7 @@ def translation_suite(batches: list[dict], vocab_size: int, arch: str = "transfo
     label-smoothed loss summed and divided by the batch's target tokens (TranslationModule's
     ``training_step`` on one process), Adam (0.9, 0.98) as the task's default optimizer, at
     learning rate 0. ``overrides`` replace TransformerConfig fields (smaller CPU sizes)."""
+    # the task package only when used: the harness also runs on a GPU machine's own torch without it
     from rescale_tasks.translation.loss import label_smoothed_nll_loss
 
     if not batches:

@@ -1,9 +1,10 @@
 """``python -m benchmarks.opcount``: ops launched per eager train step, per family, scheme and plan.
 
 An eager GPU step is host-bound: every op it launches costs ~9 us of host time on an H100 node
-whatever its size (METHOD.md), so what an eager step costs there is about
-``max(kernel time, ops x 9 us)``. The ops a step launches do not depend on the device, so they
-are counted here on the CPU, exactly and repeatably, the way a GPU step would launch them:
+whatever its size (``docs/design.md``, "Host cost per launched op"), so what an eager step costs
+there is about ``max(kernel time, ops x 9 us)``. The ops a step launches do not depend on the
+device, so they are counted here on the CPU, exactly and repeatably, the way a GPU step would
+launch them:
 
 - one train step (forward, backward, optimizer) under bf16 autocast, channels_last for the
   conv families, batch 2, after the mean-shift measuring steps (and one measuring step for
@@ -39,6 +40,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rescale_core
+
+from .toolkit import SectionResult, Settings, Table
 
 __all__ = ["OpCounter", "Family", "FAMILIES", "StepCount", "count_step", "count_contender",
            "op_counts", "op_table", "section_ops", "main"]
@@ -239,10 +242,8 @@ def op_table(counts: list[ContenderCount]) -> tuple[list[str], list[list[str]]]:
     return columns, rows
 
 
-def section_ops(settings) -> "SectionResult":
+def section_ops(settings: Settings) -> SectionResult:
     """``make bench``'s op-count section (device independent: counted on the CPU)."""
-    from .sections import SectionResult, Table
-
     counts = op_counts()
     columns, rows = op_table(counts)
     result = SectionResult("ops")

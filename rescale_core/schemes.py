@@ -29,9 +29,9 @@ The merge every scheme reduces to (block k of L, k = 1..L)::
   ``bn_merge`` (BN on the branch plus a BN after the merge).
 - Transformer sublayers: ``post_ln`` and ``pre_ln`` beside ``rescale``, ``rezero``, ``skipinit``.
 
-A new field must be added to :data:`rescale_core.fastpath.IMPLEMENTED_FIELDS` once the fast path
-handles it (a new value of a categorical field: to its tuple there). Until then the models run
-the reference path (:func:`rescale_core.fastpath.implements`): under every scheme for a field not
+A new field must be added to :data:`rescale_core.plans.IMPLEMENTED_FIELDS` once the fast plans
+handle it (a new value of a categorical field: to its tuple there). Until then the models run
+the reference path (:func:`rescale_core.plans.implements`): under every scheme for a field not
 listed, under the schemes that use it for a value not listed.
 
 Deviation (all schemes, conv families): blocks use the ResNet v1 layout (ReLU after the merge),

@@ -19,7 +19,8 @@ def test_a_download_in_the_test_process_is_refused():
 
 
 def test_pip_download_in_a_started_process_fails_without_an_index(tmp_path):
-    """What the detection tests once did to fetch their photo: now refused, and quickly."""
+    """A `pip download` a test starts (here of the detection photo's wheel) fails, and quickly:
+    `make test` fetches what the tests need before they run."""
     done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
                            "imgaug==0.4.0", "-d", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and not list(tmp_path.iterdir())

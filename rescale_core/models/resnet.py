@@ -15,10 +15,10 @@ stem and stages are direct children in forward order, and ``out_channels_per_sta
 ``stage_names`` are exposed, so ``torchvision.models.detection.backbone_utils.BackboneWithFPN``
 wraps these networks unchanged.
 
-``forward`` runs a fast path (``fused``; :mod:`rescale_core.fastpath`): the stem's bias (mean-shift
-or Fixup scalar) folded into the stem conv, the bias before global pooling added after pooling;
-``fused = False`` or :func:`rescale_core.reference_path` gives the layer-by-layer reference, as
-does a scheme the fast path does not implement (:func:`rescale_core.fastpath.implements`).
+:class:`ResNet` holds the reference definition (stem, stages, head) and one dispatch to its
+execution plan (:mod:`rescale_core.plans`): the folded and lean plans carry RescaleNet's skip
+multipliers along the stages and fold the stem's and the head's offsets
+(:func:`rescale_core.plans.folded.resnet`, :func:`rescale_core.plans.lean.resnet`).
 
 Deviations: Wide-ResNets and CIFAR ResNets use the v1 (post-activation) block with a projection
 shortcut; Wide-ResNet depth counts 6n+4 layers as in the WRN paper, CIFAR ResNet 6n+2.
@@ -30,11 +30,11 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from .. import fastpath as fp
-from .. import plans
 from ..blocks import ResidualBlock
 from ..init import init_classifier, init_stem
 from ..layers import MeanShiftBias, ScalarBias, conv_nd, make_norm, pool_nd
+from ..plans.conditions import eager_while_measuring
+from ..plans.dispatch import Planned, implementation
 from ..registry import register_model
 from ..schemes import Scheme, get_scheme
 
@@ -103,7 +103,7 @@ def _stem_post(scheme: Scheme, channels: int, spatial_dims: int) -> nn.Module:
     return nn.Identity()
 
 
-class ResNet(nn.Module):
+class ResNet(Planned):
     """A ResNet whose residual blocks follow ``scheme``.
 
     Args:
@@ -112,12 +112,6 @@ class ResNet(nn.Module):
         num_classes: classifier outputs (0: no classifier, ``forward`` returns pooled features).
         in_channels: input channels (3 for RGB, 1 for digits/MNIST).
     """
-
-    # Whether the fast path implements this module's scheme (fastpath.IMPLEMENTED_FIELDS), set at
-    # construction; ``fused = True`` does not override it. The class default: modules pickled
-    # before the check, which ran the fast path.
-    _fast_ok = True
-    plan = "auto"  # the execution plan (rescale_core.plans): auto | lean | folded
 
     def __init__(self, config: ResNetConfig, scheme: "str | Scheme" = "bn",
                  scheme_options: dict | None = None, num_classes: int = 1000,
@@ -160,8 +154,7 @@ class ResNet(nn.Module):
         self.fc = nn.Linear(inplanes, num_classes) if num_classes > 0 else nn.Identity()
         if num_classes > 0:
             init_classifier(scheme, self.fc)
-        # fast path (same function) only for a scheme it implements; False: the reference path
-        self.fused = self._fast_ok = fp.implements(scheme)
+        self.check_scheme(scheme)
 
     def _build_stem(self, config: ResNetConfig, scheme: Scheme, in_channels: int) -> None:
         d, w = config.spatial_dims, config.stem_width
@@ -184,179 +177,51 @@ class ResNet(nn.Module):
             self.maxpool = pool_nd("max", d, 3, 2, 1)
         init_stem(scheme, self.conv1)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return eager_while_measuring(self, self._run, x, "logits")
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x, c = self._features(x, terms=self._lean_values(x))
-        return x if c == 1.0 else x * c
+        return self._run(x, "features")
 
     def forward_head(self, x: torch.Tensor) -> torch.Tensor:
-        return self._head(x, 1.0, self._lean_values(x))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp.eager_while_measuring(self, self._forward, x)
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        terms = self._lean_values(x)
-        return self._head(*self._features(x, terms=terms), terms)
-
-    # --- the lean plan (rescale_core.plans) ---------------------------------------------------
-    def _lean_values(self, x: torch.Tensor) -> dict | None:
-        """The lean plan's terms for this call (:class:`~rescale_core.plans.LeanTerms`), or None
-        when another path runs: another plan, a hook anywhere, a measuring step."""
-        # global hooks (and fx tracing, whose proxies have no device) first: they are cheap to ask
-        if not (self.fused and self._fast_ok) or fp._global_hooks() or not plans.wants_lean(self, x):
-            return None
-        if fp.measuring_step(self) or fp.has_hooks_in(self):
-            return None
-        return self._lean_schedule()[0].values(plans.activation_dtype(x))
-
-    def _lean_blocks(self) -> list:
-        """(block, c_in, c_out) for every residual block in order: the scales the lean plan
-        carries, as :meth:`_features` does on the folded plan ((1, 1) for a block that cannot
-        carry them, (None, None) for a block on its reference path)."""
-        out, c = [], 1.0
-        for name in self.stage_names:
-            for block in getattr(self, name):
-                if not (isinstance(block, ResidualBlock) and block.fused and block._fast_ok):
-                    out.append((block, None, None))
-                    c = 1.0
-                elif block.merge.skip_scale > 0 and block.carries_scale():
-                    out.append((block, c, c * block.merge.skip_scale))
-                    c = c * block.merge.skip_scale
-                else:
-                    out.append((block, 1.0, 1.0))
-                    c = 1.0
-        return out
-
-    def _lean_schedule(self):
-        """(LeanTerms of the whole network, {block: (c_in, c_out)}), cached until a module is
-        registered anywhere (``set_plan`` and ``reference_path`` drop it: the blocks' ``fused``
-        flags shape it; no walk over the modules per forward)."""
-        def build():
-            blocks = self._lean_blocks()
-            entries = [(self.bn1, 1.0)] if plans.is_term_module(self.bn1) else []
-            for block, c_in, c_out in blocks:
-                if c_in is not None:
-                    entries += block.lean_entries(c_in, c_out)
-            entries += [(m, 1.0) for m in (self.pool_shift, self.fc_bias) if plans.is_term_module(m)]
-            return plans.LeanTerms(entries), {block: (c_in, c_out) for block, c_in, c_out in blocks}
-
-        return plans.cached_on(self, lambda: fp._module_tree_version, build)
-
-    def _features_lean(self, x: torch.Tensor, terms: dict, stages: list | None) -> tuple[torch.Tensor, float]:
-        conv, post = self.conv1, self.bn1
-        if plans.is_term_module(post):  # the stem's offset in the conv's bias slot
-            e = terms[post].reshape(-1).expand(conv.out_channels)
-            bias = e if conv.bias is None else conv.bias.to(e.dtype) + e
-            z = conv._conv_forward(x, conv.weight, bias)
-        else:
-            z = post(conv(x))
-        x = self.maxpool(torch.relu_(z))
-        scales = self._lean_schedule()[1]
-        c = 1.0
-        for name in self.stage_names:
-            tpool = self._modules.get("tpool" + name[len("layer"):])
-            if tpool is not None:  # max(c x) = c max(x): c > 0 stays carried
-                x = tpool(x)
-            for block in getattr(self, name):
-                c_in, c_out = scales[block]
-                if c_in is None:
-                    x, c = block(x if c == 1.0 else x * c), 1.0
-                else:
-                    if c != c_in:  # a block that does not carry the scale takes true units
-                        x, c = x * c, 1.0
-                    x, c = block._forward_lean(x, c_in, c_out, terms), c_out
-            if stages is not None:
-                stages.append(x if c == 1.0 else x * c)
-        return x, c
-
-    def _features(self, x: torch.Tensor, stages: list | None = None,
-                  terms: dict | None = None) -> tuple[torch.Tensor, float]:
-        """Features in units of ``c`` (true features = ``c * x``). On the fast paths RescaleNet's
-        skip multipliers ``alpha_k`` are carried along instead of applied by every block
-        (:meth:`ResidualBlock._fused`): ``c`` is their product, applied once after pooling.
-        ``stages``: a list that receives each stage's output in true units (:meth:`stage_outputs`).
-        ``terms``: the lean plan's terms (:meth:`_lean_values`; None: the folded or reference path)."""
-        if terms is not None:
-            return self._features_lean(x, terms, stages)
-        fast = self.fused and self._fast_ok
-        if fast and not fp.has_hooks(self.conv1, self.bn1, self.relu):
-            x = self.maxpool(self._stem_fused(x))
-        else:
-            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        c = 1.0
-        for name in self.stage_names:
-            stage = getattr(self, name)
-            tpool = self._modules.get("tpool" + name[len("layer"):])
-            if tpool is not None:  # max(c x) = c max(x): c > 0 stays carried
-                x = tpool(x)
-            if not fast or fp.has_hooks_in(stage):
-                x, c = (x if c == 1.0 else x * c), 1.0
-                x = stage(x)
-            else:
-                for block in stage:
-                    if (isinstance(block, ResidualBlock) and block.fused and block._fast_ok
-                            and block.merge.skip_scale > 0 and block.carries_scale()):
-                        c_out = c * block.merge.skip_scale
-                        x, c = block._fused(x, c, c_out), c_out
-                    else:
-                        x, c = (x if c == 1.0 else x * c), 1.0
-                        x = block(x)
-            if stages is not None:
-                stages.append(x if c == 1.0 else x * c)
-        return x, c
+        return self._run(x, "head")
 
     def stage_outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """The output of every stage (``layer1``..), as ``forward`` computes them (fast or
-        reference path): what a detection backbone's FPN must see (``tasks/detection``)."""
+        """The output of every stage (``layer1``..), as ``forward`` computes them (on any plan):
+        what a detection backbone's FPN must see (``tasks/detection``)."""
         stages: list[torch.Tensor] = []
-        fp.eager_while_measuring(self, self._stages_into, x, stages)
+        eager_while_measuring(self, self._run, x, "features", stages)
         return stages
 
-    def _stages_into(self, x: torch.Tensor, stages: list) -> None:
-        self._features(x, stages, self._lean_values(x))
+    def _run(self, x: torch.Tensor, part: str, stages: list | None = None) -> torch.Tensor:
+        """``part`` of the network on ``x``: ``"logits"`` (all of it), ``"features"`` (up to
+        global pooling; each stage's output appended to ``stages``) or ``"head"`` (pooling and
+        classifier on features), on the model's plan."""
+        if (impl := implementation(self, x)) is not None:
+            return impl(self, x, part, stages)
+        if part != "head":
+            x = self.stem(x)
+            for tpool, stage in self.stage_modules():
+                x = stage(x if tpool is None else tpool(x))
+                if stages is not None:
+                    stages.append(x)
+            if part == "features":
+                return x
+        return self.classify(self.pooled(x))
 
-    def _stem_fused(self, x: torch.Tensor) -> torch.Tensor:
-        """``relu(bn1(conv1(x)))`` with a mean-shift / scalar ``bn1`` folded into the conv bias
-        (while measuring, the statistics need the conv output first: added in place)."""
-        conv, post = self.conv1, self.bn1
-        if isinstance(post, (MeanShiftBias, ScalarBias)) and not fp.is_updating(post):
-            e = fp.offset_of(post)
-            z = conv._conv_forward(x, conv.weight, fp.conv_bias(fp.add_bias(conv.bias, e), conv.out_channels))
-        elif isinstance(post, MeanShiftBias):
-            z = conv(x)
-            e = post.offset(z)
-            z = z.add_(e.to(z.dtype))
-        else:
-            z = post(conv(x))
-        return torch.relu_(z)
+    def stem(self, x: torch.Tensor) -> torch.Tensor:
+        return self.maxpool(self.relu(self.bn1(self.conv1(x))))
 
-    def _head(self, x: torch.Tensor, c: float, terms: dict | None = None) -> torch.Tensor:
-        """The head on features in units of ``c``; ``avgpool(c x + e) = c avgpool(x) + e``."""
-        shift = self.pool_shift
-        if terms is not None:  # lean: e + c * avgpool(x) in one op
-            x = torch.flatten(self.avgpool(x), 1)
-            if plans.is_term_module(shift):
-                x = torch.add(terms[shift].reshape(1, -1), x, alpha=c)
-            elif c != 1.0:
-                x = x * c
-            x = self.dropout(self.head_norm(x))
-            if plans.is_term_module(self.fc_bias):
-                x = x + terms[self.fc_bias]
-            return self.fc(x)
-        if (self.fused and self._fast_ok and isinstance(shift, (MeanShiftBias, nn.Identity))
-                and not fp.has_hooks(shift, self.avgpool)):
-            if c != 1.0 and fp.is_updating(shift):
-                x, c = x * c, 1.0
-            e = fp.offset_of(shift, x)
-            x = torch.flatten(self.avgpool(x), 1)
-            if c != 1.0:
-                x = x * c
-            if e is not None:
-                x = x + e.reshape(1, -1).to(x.dtype)
-        else:
-            if c != 1.0:
-                x = x * c
-            x = torch.flatten(self.avgpool(shift(x)), 1)
+    def stage_modules(self) -> list[tuple[nn.Module | None, nn.Sequential]]:
+        """(the temporal pool in front of it or None, the stage) for ``layer1``.. in order."""
+        return [(self._modules.get(f"tpool{s}"), getattr(self, name))
+                for s, name in enumerate(self.stage_names, start=1)]
+
+    def pooled(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.flatten(self.avgpool(self.pool_shift(x)), 1)
+
+    def classify(self, x: torch.Tensor) -> torch.Tensor:
+        """The classifier on pooled features."""
         return self.fc(self.fc_bias(self.dropout(self.head_norm(x))))
 
     @property

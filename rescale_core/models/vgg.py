@@ -7,20 +7,20 @@ loads torchvision's ``vgg*_bn`` state dicts. VGG has no residual blocks: only th
 ``bn``, ``none`` and ``rescale`` (its mean-shift biases and He init) apply.
 Deviation: the classifier width (4096) and stage-1 width (64) are arguments, for small tests.
 
-``forward`` runs a fast path (``fused``; :mod:`rescale_core.fastpath`): each mean-shift bias of
-the conv stack crosses the ReLU (and max-pool) before it into the previous conv's bias,
-``maxpool(relu(z)) + e = maxpool(max(z + e, e))``; ``fused = False`` gives the reference, as
-does a scheme the fast path does not implement (:func:`rescale_core.fastpath.implements`).
+:class:`VGG` holds the reference definition and one dispatch to its execution plan
+(:mod:`rescale_core.plans`): the folded plan moves each mean-shift bias of the conv stack across
+the ReLU (and max-pool) before it into the previous conv's bias (:func:`rescale_core.plans.folded.vgg`),
+the lean plan computes every offset in one pass (:func:`rescale_core.plans.lean.vgg`).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from .. import fastpath as fp
-from .. import plans
 from ..init import he_normal_
 from ..layers import MeanShiftBias
+from ..plans.conditions import eager_while_measuring
+from ..plans.dispatch import Planned, implementation
 from ..registry import register_model
 from ..schemes import Scheme, get_scheme
 
@@ -35,13 +35,7 @@ VGG_CONFIGS: dict[str, list] = {
 VGG_SCHEMES = ("bn", "none", "rescale")
 
 
-class VGG(nn.Module):
-    # Whether the fast path implements this module's scheme (fastpath.IMPLEMENTED_FIELDS), set at
-    # construction; ``fused = True`` does not override it. The class default: modules pickled
-    # before the check, which ran the fast path.
-    _fast_ok = True
-    plan = "auto"  # the execution plan (rescale_core.plans): auto | lean | folded
-
+class VGG(Planned):
     def __init__(self, arch: str = "vgg16", scheme: "str | Scheme" = "bn",
                  scheme_options: dict | None = None, num_classes: int = 1000,
                  in_channels: int = 3, base_width: int = 64, hidden_dim: int = 4096,
@@ -89,58 +83,15 @@ class VGG(nn.Module):
                 else:  # torchvision's VGG init
                     nn.init.normal_(m.weight, 0, 0.01)
                 nn.init.zeros_(m.bias)
-        # fast path (same function) only for a scheme it implements; False: the reference path
-        self.fused = self._fast_ok = fp.implements(scheme)
+        self.check_scheme(scheme)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp.eager_while_measuring(self, self._forward, x)
+        return eager_while_measuring(self, self._run, x)
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.fused and self._fast_ok and not fp._global_hooks() and plans.wants_lean(self, x)
-                and not fp.measuring_step(self) and not fp.has_hooks_in(self)):
-            return self._forward_lean(x)
-        if self.fused and self._fast_ok and not fp.has_hooks_in(self.features):
-            x = self._features_fused(x)
-        else:
-            x = self.features(x)
-        return self.classifier(torch.flatten(self.avgpool(x), 1))
-
-    def _forward_lean(self, x: torch.Tensor) -> torch.Tensor:
-        """The lean plan (:mod:`rescale_core.plans`): every mean-shift offset of the network
-        computed in one pass, each then one add in front of its conv or linear layer."""
-        table = plans.cached_on(self, lambda: fp._module_tree_version, lambda: plans.LeanTerms(
-            [(m, 1.0) for m in self.modules() if isinstance(m, MeanShiftBias)]))
-        terms = table.values(plans.activation_dtype(x))
-        for seq in (self.features, None, self.classifier):
-            if seq is None:
-                x = torch.flatten(self.avgpool(x), 1)
-                continue
-            for m in seq:
-                x = x + terms[m] if isinstance(m, MeanShiftBias) else m(x)
-        return x
-
-    def _features_fused(self, x: torch.Tensor) -> torch.Tensor:
-        mods = list(self.features)
-        i = 0
-        while i < len(mods):
-            m = mods[i]
-            if isinstance(m, nn.Conv2d) and i + 1 < len(mods) and isinstance(mods[i + 1], nn.ReLU):
-                k = i + 2 + (i + 2 < len(mods) and isinstance(mods[i + 2], nn.MaxPool2d))
-                nxt = mods[k] if k < len(mods) else None
-                if isinstance(nxt, MeanShiftBias) and not nxt.updating:
-                    e = nxt.offset()
-                    bias = fp.add_bias(m.bias, e.detach())
-                    x = fp.shifted_relu(m._conv_forward(x, m.weight, fp.conv_bias(bias, m.out_channels)), e)
-                    if k == i + 3:
-                        x = mods[i + 2](x)
-                    i = k + 1
-                    continue
-                x = torch.relu_(m(x))
-                i += 2
-                continue
-            x = m(x)
-            i += 1
-        return x
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        if (impl := implementation(self, x)) is not None:
+            return impl(self, x)
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
 
 
 def vgg(arch: str = "vgg16", scheme: "str | Scheme" = "bn", **kwargs) -> VGG:

@@ -17,11 +17,10 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
-from rescale_tasks.common.errors import DataError, WorkerDataError
-from rescale_tasks.common.images import open_rgb
+from rescale_tasks.common.errors import DataError
+from rescale_tasks.common.images import DECODE_ERRORS, CorruptImageError, open_rgb
 
 log = logging.getLogger(__name__)
 
@@ -119,16 +118,6 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int) -> ImageFolder:
     return ImageFolder(train_names, train, val, sorted(unread))
 
 
-class CorruptImageError(WorkerDataError):
-    """An image file that PIL cannot decode.
-
-    Raised in a DataLoader worker, it still reaches the user as one line (:class:`WorkerDataError`).
-    """
-
-
-_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, zlib.error, Image.DecompressionBombError)
-
-
 class ImageFileDataset(Dataset):
     """``(path, label)`` samples decoded to 8-bit RGB whatever their mode
     (:func:`~rescale_tasks.common.images.open_rgb`) then ``transform``.
@@ -157,7 +146,7 @@ class ImageFileDataset(Dataset):
         path, label = self.samples[index]
         try:
             image = open_rgb(path)
-        except _DECODE_ERRORS as exc:
+        except DECODE_ERRORS as exc:
             if not self.skip_corrupt:
                 raise CorruptImageError(
                     f"Cannot decode image {path} ({type(exc).__name__}: {exc}). Replace or delete "
@@ -314,7 +303,7 @@ def read_idx_split(images_path: Path, labels_path: Path, size: int = 28) -> tupl
 
 
 __all__ = [
-    "IMAGE_EXTENSIONS", "CorruptImageError", "ImageFileDataset", "ImageFolder", "TensorImageDataset",
+    "IMAGE_EXTENSIONS", "ImageFileDataset", "ImageFolder", "TensorImageDataset",
     "collate_drop_none", "find_file", "read_cifar_batch", "read_idx", "read_idx_split",
     "scan_image_folder",
 ]

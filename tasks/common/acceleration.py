@@ -1,5 +1,5 @@
 """Speed switches a task module exposes to its config: channels_last memory format and
-``torch.compile`` of the network (issue #5: the core's fast paths are tested under both).
+``torch.compile`` of the network (the core's execution plans are tested under both).
 
 Both leave the checkpoint format alone: ``channels_last`` only changes strides (state dicts load
 into either layout), and the network is compiled in place (:meth:`torch.nn.Module.compile`), so

@@ -17,6 +17,8 @@ from rescale_core.analysis import signal_propagation
 
 from .empty_batches import is_skipped
 from .errors import ConfigError
+from .network_inputs import network_inputs, take_samples
+from .probe_plots import gain_rows, scalars_figure, signal_figure, signal_rows
 
 __all__ = ["AnalysisPlotsLogger"]
 
@@ -68,9 +70,6 @@ class AnalysisPlotsLogger(L.Callback):
         if self._pending:
             return
         start = time.perf_counter()
-        from ..studies.analyze import gain_rows, scalars_figure, signal_figure, signal_rows
-        from ..studies.models import network_inputs, take_samples
-
         net = getattr(pl_module, "net", pl_module)
         inputs = take_samples(network_inputs(pl_module, batch), 0, self.samples)
         device = inputs[0].device

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from .checkpointing import checkpoint_exists, peek_checkpoint
 from .errors import ConfigError
+from .networks import resolved_architecture
 
 __all__ = ["NETWORK_PREFIX", "network_weights", "ARCHITECTURE_KEYS", "CONFIG_KEYS", "check_checkpoint_compatible", "check_config_against_checkpoint",
            "hparam_differences", "state_dict_differences", "MISMATCH_FIX", "load_into_module",
@@ -124,8 +126,6 @@ def check_config_against_checkpoint(model_config: Any, ckpt_path: Optional[str],
     Namespace); names such as ``last`` that are not files are left to Lightning. Remote URLs
     (``s3://...``) are checked too: Lightning's CLI reads hyper-parameters from local files only.
     """
-    from .checkpointing import checkpoint_exists, peek_checkpoint  # one-line errors for unreadable files
-
     if not ckpt_path or model_config is None or not checkpoint_exists(str(ckpt_path)):
         return
 
@@ -218,8 +218,6 @@ def load_into_module(module, checkpoint: Mapping[str, Any], source: str, fix: st
     """Load a (safely read) checkpoint into a LightningModule outside a Trainer, as Lightning does:
     the architecture check, the module's ``on_load_checkpoint`` hook, then its state dict. Returns
     the checkpoint's global step."""
-    from .networks import resolved_architecture
-
     if not isinstance(checkpoint.get("state_dict"), Mapping):
         raise ConfigError(f"{source} holds no state_dict: not a Lightning checkpoint of this suite")
     strict = getattr(module, "strict_loading", True)

@@ -308,7 +308,7 @@ def trainer_config_errors() -> Iterator[None]:
     """Lightning's own checks of ``trainer.*`` values (accelerator, strategy, devices ...) as one
     ConfigError line. Only errors Lightning raises itself are translated; a ``ValueError`` from
     any other code the Trainer calls keeps its traceback. ``RESCALE_TRACEBACK=1`` prints the
-    traceback of a translated one too (:func:`rescale_tasks.cli.main`)."""
+    traceback of a translated one too (:func:`~.command.run_command`)."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     try:

@@ -8,6 +8,8 @@ from typing import Optional
 import lightning.pytorch as L
 from lightning.pytorch.cli import SaveConfigCallback
 
+from .wandb_logger import started
+
 __all__ = ["SaveConfigToRun", "run_directory", "results_folder", "ResultsFolder"]
 
 
@@ -15,8 +17,6 @@ def run_directory(logger, start: bool = True) -> str | None:
     """The directory that belongs to this run alone: the W&B run's ``files`` folder (synced with
     the run), or a CSV/TensorBoard logger's versioned ``log_dir``. ``start=False``: None rather
     than starting a W&B run that has not started (a command that failed its checks)."""
-    from .wandb_logger import started
-
     if not start and not started(logger):
         return None
     experiment = getattr(logger, "experiment", None)

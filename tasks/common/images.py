@@ -11,20 +11,36 @@
 
 Every other mode (``1``, ``L``, ``P``, ``CMYK``, ``YCbCr``, ``LAB``, ``HSV`` ...) goes through
 Pillow's own conversion.
+
+A file Pillow cannot decode raises one of :data:`DECODE_ERRORS`; the data sets of every task turn it
+into :class:`CorruptImageError` (one line naming the file) or skip the file.
 """
 from __future__ import annotations
 
 import os
+import zlib
 
 import numpy as np
 from PIL import Image
 
-__all__ = ["HIGH_DEPTH_MODES", "full_scale", "open_rgb", "to_rgb"]
+from .errors import WorkerDataError
+
+__all__ = ["HIGH_DEPTH_MODES", "DECODE_ERRORS", "CorruptImageError", "full_scale", "open_rgb", "to_rgb"]
 
 #: modes holding more than 8 bits per sample
 HIGH_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 _TIFF_BITS_PER_SAMPLE = 258
 _WHITE = (255, 255, 255, 255)
+#: what Pillow raises for a file it cannot decode: missing or unreadable (OSError), truncated or
+#: malformed data, a decompression bomb
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, zlib.error, Image.DecompressionBombError)
+
+
+class CorruptImageError(WorkerDataError):
+    """An image file that PIL cannot decode.
+
+    Raised in a DataLoader worker, it still reaches the user as one line (:class:`WorkerDataError`).
+    """
 
 
 def full_scale(image: Image.Image, values: np.ndarray) -> float:

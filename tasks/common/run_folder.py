@@ -27,7 +27,8 @@ import lightning.pytorch as L
 from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from .checkpointing import LAST_NAME, checkpoint_exists, checkpoint_folder, is_remote, logger_folder
+from .checkpoint_callbacks import LAST_NAME, checkpoint_folder, logger_folder
+from .checkpointing import checkpoint_exists, is_remote
 from .errors import UserError
 from .lock import folder_lock
 from .writable import require_writable
@@ -45,7 +46,7 @@ def shown_path(path: str) -> str:
 
 
 def run_folder(trainer: L.Trainer) -> Optional[str]:
-    """The run's local folder (:func:`~.checkpointing.logger_folder`); None for a run without a
+    """The run's local folder (:func:`~.checkpoint_callbacks.logger_folder`); None for a run without a
     logger or whose logger writes to a remote store."""
     folder = logger_folder(trainer)
     return None if folder is None or is_remote(folder) else folder

@@ -17,7 +17,8 @@ from typing import Optional
 import lightning.pytorch as L
 
 from .callbacks import DivergenceMonitor
-from .checkpointing import LastCheckpoint, checkpoint_exists
+from .checkpoint_callbacks import LastCheckpoint
+from .checkpointing import checkpoint_exists
 from .config import results_folder, run_directory
 from .run_folder import run_folder, shown_path
 

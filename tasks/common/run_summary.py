@@ -28,8 +28,10 @@ from typing import Any, Optional
 
 import lightning.pytorch as L
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .callbacks import DivergenceMonitor
+from .checkpoint_callbacks import LastCheckpoint, preempted_message
 from .empty_batches import is_skipped
 from .errors import DataError
 from .config import run_directory
@@ -178,10 +180,6 @@ class RunSummary(L.Callback):
         self.write(trainer, pl_module, "finished")
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-        from .checkpointing import preempted_message
-
         # a signal: which one, and where it saved (LastCheckpoint's on_exception ran first)
         error = preempted_message(exception) if isinstance(exception, SIGTERMException) \
             else f"{type(exception).__name__}: {exception}"
@@ -278,8 +276,6 @@ def _default_path(trainer: L.Trainer) -> Optional[str]:
 
 
 def _last_checkpoint(trainer: L.Trainer) -> Optional[str]:
-    from .checkpointing import LastCheckpoint
-
     callback = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)
     return callback.path(trainer) if callback is not None else None
 

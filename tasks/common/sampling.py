@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from .errors import ConfigError
+
 __all__ = ["ResumableSampler", "ResumableDataLoader", "UnrepeatedSampler", "PerSampleSeed", "sample_seed",
            "worker_init", "sigterm_safe_worker_init"]
 
@@ -101,8 +103,6 @@ class UnrepeatedSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
         n = len(dataset)
         if 0 < n < num_replicas:
-            from .errors import ConfigError
-
             raise ConfigError(f"the evaluation set has {n} item(s) for {num_replicas} processes; evaluate with "
                               f"at most {n} (--trainer.devices) or on more data")
         self.start, self.stop = n * rank // num_replicas, n * (rank + 1) // num_replicas

@@ -23,6 +23,7 @@ from typing import Any, Optional
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from .errors import ConfigError
 from .writable import require_writable
 
 __all__ = ["SuiteWandbLogger", "wandb_mode", "started", "label_runs"]
@@ -143,8 +144,6 @@ def label_runs(loggers, data) -> None:
     data module says of its data (``run_labels()``: a translation corpus gives ``src_lang``,
     ``tgt_lang`` and ``pair``, e.g. ``group: "{pair}-6L"`` is ``en-fr-6L`` on English-French
     text), before the run starts; an unknown label is a one-line error."""
-    from .errors import ConfigError
-
     labels = dict(data.run_labels()) if hasattr(data, "run_labels") else {}
     for logger in loggers or ():
         init = getattr(logger, "_wandb_init", None)

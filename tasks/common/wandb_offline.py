@@ -1,6 +1,6 @@
 """Read an offline W&B run (``offline-run-*/run-*.wandb``) without syncing it.
 
-wandb >= 0.2x writes runs from its Go core and no longer ships a Python reader. The file is a
+wandb >= 0.2x writes runs from its Go core and ships no Python reader for them. The file is a
 LevelDB-style log of ``wandb_internal_pb2.Record`` protobufs: a 7-byte header (``:W&B``, magic
 0xBEE1, version 0), then 32 KiB blocks of chunks, each ``crc32 (4) | length (2, LE) | type (1)``
 (1 full, 2 first, 3 middle, 4 last); a block tail under 7 bytes is zero padding.

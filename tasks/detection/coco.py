@@ -27,7 +27,7 @@ Detectron2's COCO loader:
 
 Images are decoded to 8-bit RGB whatever their mode (:func:`~rescale_tasks.common.images.open_rgb`:
 16-bit and float images scaled, transparency over white). An unreadable file (missing, not an image,
-or not the size the json says) raises :class:`~rescale_tasks.classification.datasets.CorruptImageError`,
+or not the size the json says) raises :class:`~rescale_tasks.common.images.CorruptImageError`,
 or with ``skip_corrupt`` yields ``None`` (dropped by the collate function), is logged once and is
 counted in a shared-memory tensor visible across DataLoader workers.
 """
@@ -50,9 +50,8 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as TF
 
-from rescale_tasks.classification.datasets import _DECODE_ERRORS, CorruptImageError
 from rescale_tasks.common.errors import DataError
-from rescale_tasks.common.images import open_rgb
+from rescale_tasks.common.images import DECODE_ERRORS, CorruptImageError, open_rgb
 
 __all__ = ["CocoDetection", "decode_masks", "load_coco_json", "category_labels", "mask_problem"]
 
@@ -351,7 +350,7 @@ class CocoDetection(Dataset):
             if image.size != (info["width"], info["height"]):
                 raise ValueError(f"{image.size[0]}x{image.size[1]} pixels but the json says "
                                  f"{info['width']}x{info['height']}")
-        except _DECODE_ERRORS as exc:  # FileNotFoundError is an OSError
+        except DECODE_ERRORS as exc:  # FileNotFoundError is an OSError
             if not self.skip_corrupt:
                 raise CorruptImageError(
                     f"Cannot decode image {path} ({type(exc).__name__}: {exc}). Replace or delete the "

@@ -41,6 +41,7 @@ from rescale_tasks.common.sampling import (PerSampleSeed, loader_workers, sample
                                             sigterm_safe_worker_init)
 
 from .coco import CocoDetection, category_labels, load_coco_json
+from .evaluation import load_ground_truth
 from .transforms import MAX_SIZE, TRAIN_SIZES, eval_transforms, train_transforms
 
 __all__ = ["CocoDataModule", "AspectRatioBatchSampler", "SequentialBatchSampler", "BatchOfSamples",
@@ -310,8 +311,6 @@ class CocoDataModule(L.LightningDataModule):
         """``COCO(annotation_file)`` of the ``split`` set's own json, read once: what its COCO AP is
         scored against (:class:`~.evaluation.CocoEvaluator`). A copy of its own, not the data set's
         index: ``COCOeval`` writes into the ground truth it scores (polygons become RLEs)."""
-        from .evaluation import load_ground_truth
-
         dataset = self.dataset(split)
         if dataset.annotation_file not in self._ground_truths:
             self._ground_truths[dataset.annotation_file] = load_ground_truth(dataset.annotation_file)

@@ -1,23 +1,21 @@
-"""COCO box and mask AP of a detector's predictions (issue #10), by the official COCO evaluation.
+"""COCO box and mask AP of a detector's predictions, by the official COCO evaluation.
 
 The scores are pycocotools' ``COCOeval`` (Lin et al. 2014; the protocol Detectron2 and torchvision
 report) run exactly as on a results file: ``COCOeval(gt, gt.loadRes(results), iou_type)`` with
-``gt`` the data set's own annotation json (pycocotools' ``COCO`` index of it, as the data set
-loaded it) and ``results`` the records turned into the COCO results format (:mod:`.results`), so
-the logged numbers are those any COCO tool gives for the written ``coco_results.*.json`` against
-that json (issue #23: ground truth rebuilt from the training targets, as torchmetrics'
-``MeanAveragePrecision`` needs it, differed in the fourth decimal: degenerate boxes the data set
-drops, boxes clipped to the image, crowd regions and areas re-encoded). Mask AP scores the
-results without their boxes, as Detectron2 does (with a ``bbox``, ``loadRes`` takes the box area
-for the mask's). The evaluation covers the images that were evaluated (``params.imgIds``: all of
-them after a full pass; a ``limit_val_batches`` pass scores its images only).
+``gt`` the data set's own annotation json (pycocotools' ``COCO`` index of it, as the data set loaded
+it) and ``results`` the records turned into the COCO results format (:mod:`.results`), so the logged
+numbers are those any COCO tool gives for the written ``coco_results.*.json`` against that json
+(ground truth rebuilt from the training targets, as torchmetrics' ``MeanAveragePrecision`` needs it,
+differs in the fourth decimal, ``docs/design.md``, "Detection": degenerate boxes the data set drops,
+boxes clipped to the image, crowd regions and areas re-encoded). Mask AP scores the results without
+their boxes, as Detectron2 does (with a ``bbox``, ``loadRes`` takes the box area for the mask's).
+The evaluation covers the images that were evaluated (``params.imgIds``: all of them after a full
+pass; a ``limit_val_batches`` pass scores its images only).
 
 What this class adds around it:
 
-* Compact per-image records (:class:`ImageRecord`): boxes, scores, labels on the CPU, and masks
-  thresholded at 0.5 (torchvision's and Detectron2's rule for Mask R-CNN's probabilities) and
-  RLE-encoded at once, so 5000 validation images never hold dense masks. The ground truth stays
-  in the json.
+* Compact per-image records (:class:`~.records.ImageRecord`: boxes, scores, labels and RLE masks on
+  the CPU), so 5000 validation images never hold dense masks. The ground truth stays in the json.
 * DDP: a padded ``DistributedSampler`` sends a few images to two ranks. :meth:`CocoEvaluator.compute`
   merges the records by image id over the ranks (``gather_by_key``: a duplicate counts once), then
   every rank scores them in image-id order. The result equals a one-process evaluation, on every rank.
@@ -40,85 +38,23 @@ import copy
 import io
 import math
 import os
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 import torch
-from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from rescale_tasks.common.distributed import gather_by_key
 from rescale_tasks.common.errors import ConfigError, DataError
 
-__all__ = ["CocoEvaluator", "ImageRecord", "image_record", "encode_masks", "IOU_TYPES",
-           "STAT_NAMES", "MASK_THRESHOLD", "coco_eval", "load_ground_truth"]
+from .records import ImageRecord, image_record
+from .results import coco_results
+
+__all__ = ["CocoEvaluator", "IOU_TYPES", "STAT_NAMES", "coco_eval", "load_ground_truth"]
 
 IOU_TYPES = ("bbox", "segm")
 #: COCOeval's 12 summary numbers (``stats``, in order): the names this module gives them
 STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
-#: a predicted mask probability above this is foreground (torchvision's and Detectron2's rule)
-MASK_THRESHOLD = 0.5
-
-
-def encode_masks(masks: torch.Tensor, threshold: float | None = None) -> list[dict]:
-    """COCO RLEs (``{"size": [h, w], "counts": bytes}``) of (N, H, W) or (N, 1, H, W) masks:
-    foreground where ``mask > threshold`` (probabilities) or non-zero (``threshold=None``)."""
-    if masks.dim() == 4:
-        masks = masks[:, 0]
-    binary = masks > threshold if threshold is not None else masks != 0
-    if binary.shape[0] == 0:
-        return []
-    array = np.asfortranarray(binary.permute(1, 2, 0).to("cpu", torch.uint8).numpy())
-    return mask_utils.encode(array)
-
-
-@dataclass
-class ImageRecord:
-    """One image's predictions, compact and on the CPU (picklable across ranks); its ground truth
-    is the annotation json's.
-
-    ``boxes`` (N, 4) float32 xyxy in the original image's pixels, ``scores`` (N,), ``labels`` (N,)
-    int64 (the model's contiguous labels); ``masks``: one RLE per detection or None (a box-only
-    detector). ``size``: (height, width) when known (from the masks)."""
-    image_id: int
-    boxes: torch.Tensor
-    scores: torch.Tensor
-    labels: torch.Tensor
-    masks: list[dict] | None = None
-    size: tuple[int, int] | None = None
-
-
-def _image_id(target: Mapping[str, Any]) -> int:
-    if "image_id" not in target:
-        raise DataError("a detection target has no 'image_id'; the dataset must give each target the "
-                        "image's COCO id (tasks/detection/coco.py does)")
-    value = target["image_id"]
-    return int(value.item() if isinstance(value, torch.Tensor) else value)
-
-
-def image_record(prediction: Mapping[str, torch.Tensor], target: Mapping[str, Any] | None = None,
-                 image_id: int | None = None) -> ImageRecord:
-    """The :class:`ImageRecord` of one torchvision prediction (``boxes``, ``scores``, ``labels``,
-    optional ``masks`` (N, 1, H, W) probabilities) of the image ``image_id`` (else the dataset
-    target's ``image_id``)."""
-    if image_id is None:
-        if target is None:
-            raise ValueError("image_record needs a target or an image_id")
-        image_id = _image_id(target)
-    size = None
-    masks = None
-    if prediction.get("masks") is not None:
-        masks = encode_masks(prediction["masks"].detach(), MASK_THRESHOLD)
-        size = tuple(int(s) for s in prediction["masks"].shape[-2:])
-    return ImageRecord(image_id=int(image_id),
-                       boxes=prediction["boxes"].detach().to("cpu", torch.float32).reshape(-1, 4),
-                       scores=prediction["scores"].detach().to("cpu", torch.float32),
-                       labels=prediction["labels"].detach().to("cpu", torch.int64),
-                       masks=masks, size=size)
-
-
 def load_ground_truth(annotations: "COCO | str | os.PathLike") -> COCO:
     """pycocotools' index of an annotation json (a path), or the given ``COCO`` as it is."""
     if isinstance(annotations, COCO):
@@ -215,7 +151,6 @@ class CocoEvaluator:
 
     def results(self, records: Mapping[int, ImageRecord] | None = None) -> list[dict]:
         """The COCO results list of the (gathered) records (:func:`.results.coco_results`)."""
-        from .results import coco_results
         return coco_results(self.gather() if records is None else records, self.label_to_category)
 
     def compute(self, records: Mapping[int, ImageRecord] | None = None,

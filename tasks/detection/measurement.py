@@ -1,4 +1,4 @@
-"""RescaleNet's mean-shift measurement on padded detection batches (issue #10).
+"""RescaleNet's mean-shift measurement on padded detection batches.
 
 RescaleNet (Shao et al., NeurIPS 2020, Sec. 4.4) sets every mean-shift bias ``mu0`` to the
 per-channel mean of the layer's input over the first training batches

@@ -40,9 +40,10 @@ from ..common.empty_batches import (data_may_skip_files, must_skip, nothing_to_e
 from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
 from .backbones import resnet_fpn_backbone
-from .evaluation import CocoEvaluator, ImageRecord, image_record
+from .evaluation import CocoEvaluator
 from .measurement import install_padding_aware_measurement
 from .models import DETECTORS, build_detector
+from .records import ImageRecord, image_record
 from .results import coco_results, save_drawn, write_coco_results
 
 __all__ = ["DetectionModule", "RESULTS_FILE"]

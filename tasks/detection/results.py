@@ -1,6 +1,6 @@
-"""COCO results files and drawn detections (issue #10).
+"""COCO results files and drawn detections.
 
-:func:`coco_results` turns the evaluator's per-image records (:class:`.evaluation.ImageRecord`) or
+:func:`coco_results` turns the evaluator's per-image records (:class:`.records.ImageRecord`) or
 raw torchvision predictions into the COCO results format (https://cocodataset.org/#format-results):
 one dict per detection with ``image_id``, ``category_id`` (the dataset's own ids, via
 ``label_to_category``), ``bbox`` ``[x, y, w, h]``, ``score`` and, for masks, ``segmentation`` as an
@@ -31,7 +31,7 @@ from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks
 
 from rescale_tasks.common.errors import DataError
 
-from .evaluation import MASK_THRESHOLD, ImageRecord, image_record
+from .records import MASK_THRESHOLD, ImageRecord, image_record
 
 __all__ = ["coco_results", "write_coco_results", "draw_detections", "save_drawn", "category_of"]
 

@@ -33,26 +33,19 @@ from rescale_core import finish_measuring, mean_shift_layers
 from rescale_core.analysis import dead_relu_fraction, residual_blocks, signal_propagation
 
 from ..common.errors import UserArgumentParser as _Parser, UserError
-from .models import (Subject, load_subject, probe_inputs, resolve_device, run_names, subjects,
-                     take_samples)
-from .outputs import StudyOutputs, new_figure
+from ..common.figures import finish_figure, new_figure
+from ..common.network_inputs import take_samples
+from ..common.probe_plots import (SCALAR_COLUMNS, SIGNAL_COLUMNS, gain_rows, rows_by_run, scalars_figure,
+                                  signal_figure, signal_rows)
+from .models import Subject, load_subject, probe_inputs, resolve_device, run_names, subjects
+from .outputs import StudyOutputs
 
-__all__ = ["main", "signal_rows", "gain_rows", "signal_figure", "scalars_figure", "dead_relu_rows",
-           "dead_relu_figure", "SIGNAL_COLUMNS", "SCALAR_COLUMNS", "DEAD_RELU_COLUMNS"]
+__all__ = ["main", "signal_stage_rows", "dead_relu_rows", "dead_relu_figure", "DEAD_RELU_COLUMNS"]
 
-SIGNAL_COLUMNS = ["run", "block", "stage", "k", "var_skip", "var_branch", "var_sum", "var_out", "eta", "gain"]
-SCALAR_COLUMNS = ["run", "step", "block", "stage", "k", "gain", "gain_min", "gain_max", "gain_std"]
 DEAD_RELU_COLUMNS = ["run", "mean_shift", "samples", "dead_fraction", "dead_per_sample"]
 
 
 # --- rows --------------------------------------------------------------------------------------
-
-def signal_rows(records: Sequence[dict], run: str) -> list[dict]:
-    """Table rows of :func:`rescale_core.analysis.signal_propagation` records."""
-    return [{"run": run, "block": r["name"], "stage": r["stage"], "k": r["k"], "var_skip": r["var_skip"],
-             "var_branch": r["var_branch"], "var_sum": r["var_sum"], "var_out": r["var_out"], "eta": r["eta"],
-             "gain": r["gain"]} for r in records]
-
 
 def signal_stage_rows(rows: Sequence[dict]) -> list[dict]:
     """Per run and stage, the papers' claims in one line: the block output variance at the first and
@@ -60,7 +53,7 @@ def signal_stage_rows(rows: Sequence[dict]) -> list[dict]:
     the number of blocks, SkipInit Sec. 2; no normalisation: exponentially), and the largest and
     mean ``eta_k`` (RescaleNet rebuttal Eq. 1: small when the merge keeps the skip and branch apart)."""
     out = []
-    for run, mine in _runs(rows).items():
+    for run, mine in rows_by_run(rows).items():
         for stage in dict.fromkeys(r["stage"] for r in mine):
             blocks = [r for r in mine if r["stage"] == stage]
             first, last = blocks[0]["var_out"], blocks[-1]["var_out"]
@@ -70,25 +63,6 @@ def signal_stage_rows(rows: Sequence[dict]) -> list[dict]:
                         "eta_max": max(etas) if etas else None,
                         "eta_mean": sum(etas) / len(etas) if etas else None})
     return out
-
-
-def gain_rows(net: torch.nn.Module, run: str = "", step: int = 0) -> list[dict]:
-    """The learned branch multiplier of every residual block that has one: its mean, and for a
-    vector (per-channel) gain its min, max and std (empty for a scalar gain)."""
-    from rescale_core.analysis import _stage_of
-
-    rows = []
-    for name, block in residual_blocks(net):
-        gain = block.merge.gain
-        if gain is None:
-            continue
-        w = gain.weight.detach().double().flatten()
-        vector = w.numel() > 1
-        rows.append({"run": run, "step": step, "block": name, "stage": _stage_of(name), "k": block.merge.k,
-                     "gain": float(w.mean()),
-                     "gain_min": float(w.min()) if vector else None, "gain_max": float(w.max()) if vector else None,
-                     "gain_std": float(w.std(unbiased=False)) if vector else None})
-    return rows
 
 
 def dead_relu_rows(net: torch.nn.Module, measure, evaluate, sizes: Sequence[int], run: str,
@@ -135,110 +109,13 @@ def dead_relu_rows(net: torch.nn.Module, measure, evaluate, sizes: Sequence[int]
 
 # --- figures -----------------------------------------------------------------------------------
 
-def _runs(rows: Sequence[dict], key: str = "run") -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {}
-    for row in rows:
-        out.setdefault(row[key], []).append(row)
-    return out
-
-
-def _log_if_positive(ax, values, mask: bool = False) -> None:
-    """Log scale when every value is positive, or (``mask``) when some are (the others not drawn:
-    a SkipInit branch is exactly 0 at initialisation)."""
-    values = [v for v in values if v is not None]
-    if values and (all(v > 0 for v in values) or (mask and any(v > 0 for v in values))):
-        ax.set_yscale("log", nonpositive="mask")
-
-
-def _finish(fig):
-    """Grid, legends and layout (``StudyOutputs.figure`` does the same; the training callback logs
-    figures without saving them)."""
-    for ax in fig.axes:
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def signal_figure(rows: Sequence[dict], title: Optional[str] = None):
-    """Three panels over the block index k (forward order): Var[x_k] (block outputs), eta_k, and
-    the variances of the skip and branch terms (solid/dashed: the SkipInit view)."""
-    from matplotlib.ticker import MaxNLocator
-
-    fig, (ax_var, ax_eta, ax_terms) = new_figure(3, width=4.6)
-    runs = _runs(rows)
-    for i, (run, rs) in enumerate(runs.items()):
-        color = f"C{i % 10}"
-        k = list(range(1, len(rs) + 1))
-        ax_var.plot(k, [r["var_out"] for r in rs], "o-", ms=3, color=color, label=run)
-        ax_eta.plot(k, [r["eta"] for r in rs], "o-", ms=3, color=color, label=run)
-        ax_terms.plot(k, [r["var_skip"] for r in rs], "-", color=color, label=f"{run} skip")
-        ax_terms.plot(k, [r["var_branch"] for r in rs], "--", color=color, label=f"{run} branch")
-    first = next(iter(runs.values()), [])
-    for ax in (ax_var, ax_eta, ax_terms):  # stage boundaries of the first run
-        for j in range(1, len(first)):
-            if first[j]["stage"] != first[j - 1]["stage"]:
-                ax.axvline(j + 0.5, color="0.7", lw=0.8, ls=":")
-        ax.set_xlabel("block k")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    _log_if_positive(ax_var, [r["var_out"] for r in rows], mask=True)
-    _log_if_positive(ax_eta, [r["eta"] for r in rows])
-    _log_if_positive(ax_terms, [v for r in rows for v in (r["var_skip"], r["var_branch"])], mask=True)
-    ax_var.set_ylabel("Var[x_k] (block output)")
-    ax_eta.set_ylabel("eta_k")
-    ax_terms.set_ylabel("Var of skip (solid), branch (dashed)")
-    ax_var.set_title(title or "signal propagation")
-    ax_eta.set_title("relative error of Eq. 1")
-    ax_terms.set_title("skip and branch terms")
-    return _finish(fig)
-
-
-def scalars_figure(rows: Sequence[dict], title: Optional[str] = None):
-    """Bars: every block's multiplier at the last step of each run (min-max range for vector
-    gains); lines: the multipliers over training when a run has several steps."""
-    runs = _runs(rows)
-    over_time = any(len({r["step"] for r in rs}) > 1 for rs in runs.values())
-    fig, axes = new_figure(2 if over_time else 1, width=max(5.0, 0.3 * len({r["block"] for r in rows}) * len(runs) + 3))
-    ax = axes[0]
-    width = 0.8 / max(len(runs), 1)
-    blocks: list[str] = []
-    for i, (run, rs) in enumerate(runs.items()):
-        last = max(r["step"] for r in rs)
-        rs = [r for r in rs if r["step"] == last]
-        blocks = blocks or [r["block"] for r in rs]
-        x = [blocks.index(r["block"]) + (i - (len(runs) - 1) / 2) * width if r["block"] in blocks
-             else len(blocks) for r in rs]
-        ranges = [[r["gain"] - r["gain_min"] if r["gain_min"] is not None else 0 for r in rs],
-                  [r["gain_max"] - r["gain"] if r["gain_max"] is not None else 0 for r in rs]]
-        vector = any(r["gain_min"] is not None for r in rs)
-        ax.bar(x, [r["gain"] for r in rs], width=width, color=f"C{i % 10}", label=f"{run} (step {last})",
-               yerr=ranges if vector else None, capsize=2)
-    ax.set_xticks(range(len(blocks)), blocks, rotation=90, fontsize=7)
-    ax.set_ylabel("learned multiplier (mean)")
-    ax.set_title(title or "learned branch multipliers")
-    if over_time:
-        ax = axes[1]
-        styles = ["-", "--", ":", "-."]
-        for i, (run, rs) in enumerate(runs.items()):
-            names = list(dict.fromkeys(r["block"] for r in rs))
-            for j, block in enumerate(names):
-                points = sorted((r["step"], r["gain"]) for r in rs if r["block"] == block)
-                ax.plot([p[0] for p in points], [p[1] for p in points], styles[i % 4], marker="o", ms=3,
-                        color=f"C{j % 10}", label=block if len(runs) == 1 else f"{run} {block}")
-        ax.set_xlabel("global step")
-        ax.set_ylabel("learned multiplier (mean)")
-        ax.set_title("over training")
-    return _finish(fig)
-
-
 def dead_relu_figure(rows: Sequence[dict]):
     """Dead fraction on the evaluation batch and per sample against n (log2), one line per run and
     variant (dashed: without mean shift, flat)."""
     fig, axes = new_figure(2)
     for ax, key, what in zip(axes, ("dead_fraction", "dead_per_sample"),
                              ("dead on the whole evaluation batch", "silent per evaluation sample")):
-        for i, (run, rs) in enumerate(_runs(rows).items()):
+        for i, (run, rs) in enumerate(rows_by_run(rows).items()):
             for shift, style in ((True, "o-"), (False, "s--")):
                 points = [r for r in rs if r["mean_shift"] is shift]
                 if points:
@@ -248,7 +125,7 @@ def dead_relu_figure(rows: Sequence[dict]):
         ax.set_xlabel("samples measuring mu0")
         ax.set_ylabel("fraction of ReLU channels")
         ax.set_title(what)
-    return _finish(fig)
+    return finish_figure(fig)
 
 
 # --- commands ----------------------------------------------------------------------------------

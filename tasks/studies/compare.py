@@ -28,12 +28,17 @@ import sys
 from collections import defaultdict
 from typing import Iterable, Optional
 
-from ..common.errors import UserError
-from ..common.run_summary import MalformedSummary, find_summaries, higher_is_better, read_summary
-from .outputs import StudyOutputs, new_figure
+from rescale_core import get_scheme
+from rescale_core.registry import model_entry
 
-__all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of", "pick_metric", "higher_is_better",
-           "METRICS"]
+from ..common.errors import UserError
+from ..common.figures import new_figure
+from ..common.run_summary import MalformedSummary, find_summaries, higher_is_better, read_summary
+from ..common.wandb_logger import wandb_mode
+from ..common.wandb_offline import find_offline_runs, read_offline_run
+from .outputs import StudyOutputs
+
+__all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of", "pick_metric", "METRICS"]
 
 # the task's metric, by what the runs logged: classification, detection, translation
 METRICS = ("val/acc1", "val/bbox_AP", "val/map", "val/bleu", "val/acc")
@@ -78,8 +83,6 @@ def _registered_scheme(network: Optional[str]) -> Optional[str]:
     network records ``scheme: null``."""
     if not network:
         return None
-    from rescale_core.registry import model_entry
-
     try:
         scheme = model_entry(str(network)).defaults.get("scheme")
     except KeyError:
@@ -88,8 +91,6 @@ def _registered_scheme(network: Optional[str]) -> Optional[str]:
 
 
 def _is_normalized(scheme: str) -> bool:
-    from rescale_core import get_scheme
-
     try:
         return get_scheme(scheme).norm is not None
     except KeyError:
@@ -226,8 +227,6 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
 def _offline_wandb_runs(project: str, wandb_dir: str) -> list[dict]:
     """The offline W&B runs of ``project`` (``entity/project`` or ``project``) under
     ``wandb_dir`` (the suite logger's ``save_dir``: ``<wandb_dir>/wandb/offline-run-*``)."""
-    from ..common.wandb_offline import find_offline_runs, read_offline_run
-
     name = project.rsplit("/", 1)[-1]
     out = []
     for folder in find_offline_runs(wandb_dir):
@@ -246,8 +245,6 @@ def _offline_wandb_runs(project: str, wandb_dir: str) -> list[dict]:
 def _wandb_runs(project: str, wandb_dir: str) -> list[dict]:
     """The runs of a W&B project: from W&B's servers when logged in, else the offline runs
     under ``wandb_dir``."""
-    from ..common.wandb_logger import wandb_mode
-
     if wandb_mode() != "online":
         runs = _offline_wandb_runs(project, wandb_dir)
         if not runs:

@@ -1,10 +1,10 @@
-"""A study's grid of ordinary ``rescale fit`` runs, and the engines that run it.
+"""A study's grid of ordinary ``rescale fit`` runs: its points, their folders and where each stands.
 
 A study is a list of grid points; each point is one ``rescale fit`` with the study's base config,
 the study's overrides and the point's own (its scheme, depth, batch size, learning rate or seed).
 :class:`Grid` writes ``<study_dir>/grid.json`` (the points, configs and overrides), so every
-engine and the aggregation read the same grid, wherever they run. Each point has a folder
-``<study_dir>/points/<name>/`` holding everything of its run:
+engine (:mod:`.engines`) and the aggregation read the same grid, wherever they run. Each point has
+a folder ``<study_dir>/points/<name>/`` holding everything of its run:
 
 - ``run_summary.json`` (``--run_summary.path``): what the run ended with, read by the tables;
 - ``checkpoints/[<run id>/]last.ckpt`` (``--last_checkpoint.dirpath``): the resume point;
@@ -16,41 +16,25 @@ A point is *done* when its summary says ``finished`` or ``diverged`` (a divergen
 never a failure: runs get ``--divergence.raise_error false``), *partial* when it has a
 ``last.ckpt`` but no final summary (it resumes with ``--ckpt_path``), *failed* when its last
 attempt exited with an error and left nothing to resume (it is tried again), else *todo*.
-
-Engines (no scheduler of our own):
-
-- local (:func:`run_grid`): the todo, failed and partial points one after another, each as a
-  subprocess of the installed ``rescale`` (``in_process=True``: in this process, for tests);
-  finished points are never repeated, so running the study again resumes where it stopped.
-  SIGINT (Ctrl-C) and SIGTERM are passed to the running point as SIGTERM: it saves its
-  ``last.ckpt`` and the study stops, to be resumed by the same command.
-- SLURM (:func:`write_slurm`): ``<study_dir>/slurm.sbatch``, a job array with one task per
-  point running ``rescale study run-point <study_dir> $SLURM_ARRAY_TASK_ID`` (requeued on
-  preemption, resuming from ``last.ckpt``).
-- W&B sweep (:func:`write_sweep`): ``<study_dir>/sweep.yaml``, a grid sweep over the point
-  index for ``wandb agent``, running the same ``run-point`` command.
 """
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
-import shlex
-import signal
-import subprocess
 import sys
-import time
-import traceback
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Optional
 
+import yaml
+
+from ..common.config_layers import flag_values, yaml_layers
 from ..common.errors import UserError
+from ..common.lightning_cli import trainer_defaults
 from ..common.run_summary import SUMMARY_FILE, read_summary
-from ..common.lock import FolderBusy, folder_lock
 
-__all__ = ["GridPoint", "Grid", "PointState", "GRID_FILE", "rescale_command", "run_grid", "run_one",
-           "write_slurm", "write_sweep", "StudyInterrupted"]
+__all__ = ["GridPoint", "Grid", "PointState", "GRID_FILE", "POINTS_DIR", "LOG_FILE", "OUTCOME_FILE",
+           "rescale_command", "configured_logger", "wandb_project", "read_json", "write_json"]
 
 GRID_FILE = "grid.json"
 POINTS_DIR = "points"
@@ -87,14 +71,6 @@ class PointState:
     summary: Optional[dict] = None
     checkpoint: Optional[str] = None
     outcome: Optional[dict] = None
-
-
-class StudyInterrupted(Exception):
-    """The running point was stopped by a signal (it saved its ``last.ckpt``)."""
-
-    def __init__(self, point: str, returncode: int) -> None:
-        super().__init__(point)
-        self.point, self.returncode = point, returncode
 
 
 def rescale_command() -> list[str]:
@@ -173,7 +149,7 @@ class Grid:
                         f"(configs, seed or overrides differ); give the study another --out folder, or "
                         f"delete {self.point_dir(point)} to run it again")
         os.makedirs(self.study_dir, exist_ok=True)
-        _write_json(self.path, self.to_dict())
+        write_json(self.path, self.to_dict())
         return self.path
 
     # --- one point --------------------------------------------------------------------------------
@@ -201,7 +177,7 @@ class Grid:
                 summary = read_summary(summary_path)
             except (OSError, ValueError):
                 summary = None  # unreadable: run it again
-        outcome = _read_json(os.path.join(folder, OUTCOME_FILE))
+        outcome = read_json(os.path.join(folder, OUTCOME_FILE))
         if summary is not None and summary.get("status") in DONE:
             return PointState("done", summary, None, outcome)
         checkpoint = self.last_checkpoint(point)
@@ -249,52 +225,20 @@ class Grid:
         return argv
 
 
-def _config_layers(configs: list[str]):
-    """The YAML mappings the CLI applies in order: the ``_defaults.yaml`` files, then the configs;
-    a missing or broken file is skipped (the run itself reports it)."""
-    import yaml
-
-    from ..cli import defaults_for
-
-    for path in [*defaults_for(configs), *configs]:
-        try:
-            with open(path) as f:
-                data = yaml.safe_load(f) or {}
-        except (OSError, yaml.YAMLError):
-            continue
-        if isinstance(data, dict):
-            yield data
-
-
-def _last_override(overrides: list[str], keys: tuple[str, ...]) -> Optional[str]:
-    """The value the last of ``--key value`` / ``--key=value`` gives one of ``keys`` (None: none does;
-    a key at the end without a value gives '')."""
-    found = None
-    for i, arg in enumerate(overrides):
-        key, sep, value = arg.partition("=")
-        if key in keys:
-            found = value if sep else (overrides[i + 1] if i + 1 < len(overrides) else "")
-    return found
-
-
 def configured_logger(configs: list[str], overrides: list[str]) -> Optional[str]:
     """``trainer.logger``'s class path as the CLI would resolve it: the suite's W&B logger unless a
     ``_defaults.yaml``, a config or an override sets another or none (``false``/``null``)."""
-    import yaml
-
-    from ..cli import trainer_defaults
-
     logger: Any = trainer_defaults()["logger"]
-    for data in _config_layers(configs):
+    for data in yaml_layers(configs):
         trainer = data.get("trainer")
         if isinstance(trainer, dict) and "logger" in trainer:
             value = trainer["logger"]
             if isinstance(value, dict) and isinstance(logger, dict) and "class_path" not in value:
                 value = {**logger, **value}  # init_args only: the class stays
             logger = value
-    value = _last_override(overrides, ("--trainer.logger", "--trainer.logger.class_path"))
-    if value is not None:
-        logger = yaml.safe_load(value) if value else None
+    values = flag_values(overrides, ("--trainer.logger", "--trainer.logger.class_path"))
+    if values:
+        logger = yaml.safe_load(values[-1]) if values[-1] else None
     if isinstance(logger, dict):
         logger = logger.get("class_path")
     if isinstance(logger, list):  # several loggers: leave their folders alone
@@ -304,7 +248,23 @@ def configured_logger(configs: list[str], overrides: list[str]) -> Optional[str]
     return logger if isinstance(logger, str) and logger.lower() not in ("false", "null", "none", "") else None
 
 
-def _read_json(path: str) -> Optional[dict]:
+def wandb_project(grid: Grid) -> Optional[str]:
+    """The W&B project the points log to (from their configs), for the sweep."""
+    if not grid.points:
+        return None
+    point = grid.points[0]
+    project = None
+    for data in yaml_layers(point.configs):
+        init = (data.get("trainer") or {}).get("logger") or {}
+        init = init.get("init_args") if isinstance(init, dict) else None
+        if isinstance(init, dict) and init.get("project"):
+            project = init["project"]
+    overridden = flag_values([*grid.overrides, *point.overrides], ("--trainer.logger.init_args.project",))
+    return (overridden[-1] if overridden else None) or project or "rescale"
+
+
+def read_json(path: str) -> Optional[dict]:
+    """The JSON object in ``path``; None when it is missing or unreadable."""
     try:
         with open(path) as f:
             return json.load(f)
@@ -312,263 +272,9 @@ def _read_json(path: str) -> Optional[dict]:
         return None
 
 
-def _write_json(path: str, data: dict) -> None:
+def write_json(path: str, data: dict) -> None:
+    """``data`` as JSON in ``path``, written whole or not at all (a temporary file renamed over it)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1)
     os.replace(tmp, path)
-
-
-def _error_line(text: str) -> Optional[str]:
-    """The run's one-line error (``error: ...``), else its last line."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [line[len("error: "):] for line in lines if line.startswith("error: ")]
-    if errors:
-        return errors[-1]
-    return lines[-1][-500:] if lines else None
-
-
-# --- running points ---------------------------------------------------------------------------------
-def run_one(grid: Grid, point: GridPoint, in_process: bool = False, echo: bool = False) -> int:
-    """Run (or resume) one point, its output appended to its ``log.txt``; returns the exit status
-    and writes ``outcome.json``. Never raises for a failing run; :class:`~..common.lock.FolderBusy`
-    when another process is running the point."""
-    with folder_lock(grid.point_dir(point), f"grid point {point.name} at",
-                     "the point is running there; wait until it ends"):
-        return _run_one(grid, point, in_process, echo)
-
-
-def _run_one(grid: Grid, point: GridPoint, in_process: bool, echo: bool) -> int:
-    folder = grid.point_dir(point)
-    argv = grid.point_argv(point)
-    resumed = argv[argv.index("--ckpt_path") + 1] if "--ckpt_path" in argv else None
-    command = [*rescale_command(), *argv]
-    log_path = os.path.join(folder, LOG_FILE)
-    start = time.time()
-    with open(log_path, "a", buffering=1) as log:
-        log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} "
-                  f"{'resume from ' + resumed if resumed else 'start'} (point {point.name})\n"
-                  f"$ {shlex.join(command)}\n")
-        offset = log.tell()
-        try:
-            if in_process:
-                code = _run_in_process(argv, log)
-            else:
-                code = _run_subprocess(command, log, cwd=grid.cwd if os.path.isdir(grid.cwd) else None, echo=echo)
-        except StudyInterrupted as stop:
-            stop.point = point.name
-            log.write(f"=== stopped by a signal (exit status {stop.returncode}) after {time.time() - start:.1f} s\n")
-            _write_json(os.path.join(folder, OUTCOME_FILE), {
-                "returncode": stop.returncode, "error": "stopped by a signal", "resumed_from": resumed,
-                "seconds": time.time() - start, "ended": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": argv})
-            raise
-        log.write(f"=== exit status {code} after {time.time() - start:.1f} s\n")
-    with open(log_path, errors="replace") as f:
-        f.seek(offset)
-        output = f.read()
-    summary = grid.state(point)
-    error = None
-    if code != 0:
-        error = _error_line(output.rsplit("=== exit status", 1)[0])
-    elif summary.state != "done":
-        code, error = 1, f"the run ended without a final {SUMMARY_FILE}"
-    _write_json(os.path.join(folder, OUTCOME_FILE), {
-        "returncode": code, "error": error, "resumed_from": resumed, "seconds": time.time() - start,
-        "ended": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": argv})
-    return code
-
-
-@contextlib.contextmanager
-def _logging_to(stream: TextIO):
-    """Lightning's and jsonargparse's log handlers (bound to the console when they were made)
-    write to ``stream`` for a while."""
-    import logging
-
-    handlers = [h for name in ("lightning.pytorch", "lightning.fabric", "lightning", "")
-                for h in logging.getLogger(name).handlers
-                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
-    previous = [h.setStream(stream) for h in handlers]
-    try:
-        yield
-    finally:
-        for handler, old in zip(handlers, previous):
-            if old is not None:
-                handler.setStream(old)
-
-
-def _run_in_process(argv: list[str], log: TextIO) -> int:
-    from ..cli import main as cli_main
-
-    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), _logging_to(log):
-        try:
-            return int(cli_main(list(argv)) or 0)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as err:  # noqa: BLE001 - a failing point is a result, not a crash
-            if isinstance(err, SystemExit):
-                return err.code if isinstance(err.code, int) else 1
-            traceback.print_exc(file=log)
-            print(f"error: {type(err).__name__}: {err}", file=log)
-            return 1
-
-
-def _run_subprocess(command: list[str], log: TextIO, cwd: Optional[str], echo: bool) -> int:
-    """The run as a child in its own session, its output streamed to the log (and the console with
-    ``echo``); SIGINT and SIGTERM reaching this process reach it as SIGTERM (it saves ``last.ckpt``)."""
-    env = dict(os.environ)
-    env.pop("WANDB_SERVICE", None)  # a W&B service of this process: the run starts its own
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd, env=env,
-                            start_new_session=True)
-    received: list[int] = []
-
-    def forward(signum, frame) -> None:
-        received.append(signum)
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM if len(received) == 1 else signal.SIGKILL)
-
-    previous = {}
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(ValueError):  # not the main thread: no handlers
-            previous[signum] = signal.signal(signum, forward)
-    try:
-        assert proc.stdout is not None
-        for raw in iter(proc.stdout.readline, b""):
-            line = raw.decode("utf-8", errors="replace")
-            log.write(line)
-            if echo:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-        code = proc.wait()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    if received:
-        raise StudyInterrupted("", code if code else 128 + received[0])
-    return code
-
-
-def run_grid(grid: Grid, in_process: bool = False, dry_run: bool = False, echo: bool = False,
-             say: Callable[[str], None] = print) -> dict[str, int]:
-    """The local engine: every point not done, one after another; returns counts per outcome
-    (``skipped``, ``ran``, ``resumed``, ``failed``, ``busy``: run by another process meanwhile). Raises :class:`StudyInterrupted` when a signal
-    stopped the running point (the study resumes when run again)."""
-    counts = {"skipped": 0, "ran": 0, "resumed": 0, "failed": 0, "busy": 0}
-    n = len(grid.points)
-    for i, point in enumerate(grid.points):
-        state = grid.state(point)
-        tag = f"[{i + 1}/{n}] {point.name}"
-        if state.state == "done":
-            counts["skipped"] += 1
-            say(f"{tag}: done ({state.summary.get('status')}), skipped")
-            continue
-        if dry_run:
-            say(f"{tag}: {state.state}\n  {shlex.join([*rescale_command(), *grid.point_argv(point)])}")
-            continue
-        resuming = state.state == "partial"
-        say(f"{tag}: {'resuming from ' + str(state.checkpoint) if resuming else 'running'} "
-            f"(log: {os.path.join(grid.point_dir(point), LOG_FILE)})")
-        start = time.time()
-        try:
-            code = run_one(grid, point, in_process=in_process, echo=echo)  # StudyInterrupted: stop here
-        except FolderBusy as busy:  # a SLURM task or another study runs it: leave it to them
-            counts["busy"] += 1
-            say(f"{tag}: running in another process ({busy.holder}), skipped")
-            continue
-        after = grid.state(point)
-        if code == 0 and after.state == "done":
-            counts["resumed" if resuming else "ran"] += 1
-            status = after.summary.get("status")
-            if status == "diverged":
-                status += f" at step {after.summary.get('diverged_step')}"
-            say(f"{tag}: {status} ({time.time() - start:.1f} s)")
-        else:
-            counts["failed"] += 1
-            error = (after.outcome or {}).get("error")
-            say(f"{tag}: failed (exit status {code}): {error}")
-    return counts
-
-
-# --- cluster engines ----------------------------------------------------------------------------------
-def write_slurm(grid: Grid, partition: Optional[str] = None, gres: Optional[str] = "gpu:1",
-                time_limit: str = "24:00:00", cpus_per_task: int = 8, max_parallel: Optional[int] = None,
-                extra: tuple[str, ...] = (), job_name: Optional[str] = None) -> str:
-    """``<study_dir>/slurm.sbatch``: one array task per grid point (task id = point index), each
-    running or resuming its point; SIGTERM two minutes before the time limit, requeued on
-    preemption (143). Submitting it again only runs the points not done."""
-    n = len(grid.points)
-    if n == 0:
-        raise UserError("the grid has no points: nothing to submit")
-    os.makedirs(os.path.join(grid.study_dir, "slurm"), exist_ok=True)
-    array = f"0-{n - 1}" + (f"%{max_parallel}" if max_parallel else "")
-    lines = ["#!/bin/bash",
-             f"# rescale study {grid.kind}: {n} grid points, one array task each ({GRID_FILE} lists them).",
-             "# A task runs its point, or resumes it from last.ckpt; a point already done exits at once,",
-             "# so the script can be submitted again to finish a study. Results: rescale study aggregate "
-             + shlex.quote(grid.study_dir),
-             f"#SBATCH --job-name={job_name or 'rescale-' + grid.kind}",
-             f"#SBATCH --array={array}"]
-    if partition:
-        lines.append(f"#SBATCH --partition={partition}")
-    if gres:
-        lines.append(f"#SBATCH --gres={gres}")
-    lines += [f"#SBATCH --cpus-per-task={cpus_per_task}",
-              f"#SBATCH --time={time_limit}",
-              f"#SBATCH --output={os.path.join(grid.study_dir, 'slurm', '%A_%a.out')}",
-              "#SBATCH --signal=TERM@120",
-              "#SBATCH --requeue",
-              "#SBATCH --open-mode=append"]
-    lines += [f"#SBATCH {option}" for option in extra]
-    lines += ["",
-              f"cd {shlex.quote(grid.cwd)}",
-              f"srun {shlex.join(rescale_command())} study run-point {shlex.quote(grid.study_dir)} "
-              '"$SLURM_ARRAY_TASK_ID"',
-              "status=$?",
-              'if [ "$status" -eq 143 ]; then scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"; fi',
-              'exit "$status"', ""]
-    path = os.path.join(grid.study_dir, "slurm.sbatch")
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
-    os.chmod(path, 0o755)
-    return path
-
-
-def write_sweep(grid: Grid, project: Optional[str] = None) -> str:
-    """``<study_dir>/sweep.yaml``: a W&B grid sweep over the point index. ``wandb agent`` runs
-    ``rescale study run-point <study_dir> --point=<i>`` (``${args}`` expands to ``--point=<i>``),
-    and the run joins the sweep through the agent's ``WANDB_RUN_ID``."""
-    import yaml
-
-    if not grid.points:
-        raise UserError("the grid has no points: nothing to sweep")
-    program, *rest = rescale_command()
-    sweep: dict[str, Any] = {
-        "name": f"rescale-study-{grid.kind}-{os.path.basename(grid.study_dir)}",
-        "description": f"rescale study {grid.kind}: {len(grid.points)} grid points of {grid.path}",
-        "program": program,
-        "method": "grid",
-        "parameters": {"point": {"values": list(range(len(grid.points)))}},
-        "command": ["${env}", "${program}", *rest, "study", "run-point", grid.study_dir, "${args}"],
-    }
-    if project:
-        sweep["project"] = project
-    path = os.path.join(grid.study_dir, "sweep.yaml")
-    with open(path, "w") as f:
-        f.write(f"# wandb sweep {shlex.quote(path)}; then wandb agent <entity>/<project>/<sweep id>\n")
-        yaml.safe_dump(sweep, f, sort_keys=False)
-    return path
-
-
-def wandb_project(grid: Grid) -> Optional[str]:
-    """The W&B project the points log to (from their configs), for the sweep."""
-    if not grid.points:
-        return None
-    point = grid.points[0]
-    project = None
-    for data in _config_layers(point.configs):
-        init = (data.get("trainer") or {}).get("logger") or {}
-        init = init.get("init_args") if isinstance(init, dict) else None
-        if isinstance(init, dict) and init.get("project"):
-            project = init["project"]
-    overridden = _last_override([*grid.overrides, *point.overrides], ("--trainer.logger.init_args.project",))
-    return overridden or project or "rescale"

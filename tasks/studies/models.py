@@ -2,11 +2,9 @@
 optionally with the weights of a checkpoint, and the network inputs it is probed with.
 
 Task-independent: a study reads the LightningModule's ``net`` attribute (the network the
-probes of :mod:`rescale_core.analysis` hook) and takes the network's inputs from a batch with
-the module's ``network_inputs(batch)`` method when it has one, else ``batch[0]`` (a classification
-batch is ``(images, labels)``). :class:`rescale_tasks.common.module.RescaleTaskModule` defines it;
-a detection, video or translation module that takes other inputs overrides it (a tuple of the
-network's positional arguments). Inputs are handled as such tuples throughout.
+probes of :mod:`rescale_core.analysis` hook) and takes the network's inputs from a batch as
+:func:`rescale_tasks.common.network_inputs.network_inputs` does (a tuple of the network's
+positional arguments).
 """
 from __future__ import annotations
 
@@ -20,10 +18,14 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
+from ..common.checkpoint_compat import load_into_module
+from ..common.checkpointing import checkpoint_exists, safe_load
 from ..common.errors import DataError, UserError
+from ..common.lightning_cli import run_lightning
+from ..common.network_inputs import batch_size_of, network_inputs, take_samples
 
-__all__ = ["Subject", "load_subject", "subjects", "network_inputs", "data_inputs", "gaussian_inputs",
-           "probe_inputs", "take_samples", "batch_size_of", "resolve_device", "run_names"]
+__all__ = ["Subject", "load_subject", "subjects", "data_inputs", "gaussian_inputs", "probe_inputs",
+           "resolve_device", "run_names"]
 
 #: Overrides that make building a model from a cluster config work on any machine: the Trainer is
 #: built by the CLI but never runs here (no logger, one process, full precision).
@@ -99,8 +101,6 @@ def load_subject(config: str, ckpt: Optional[str] = None, overrides: Sequence[st
 
     A missing file, or a checkpoint of another architecture, is one :class:`UserError` line.
     """
-    from ..cli import run_lightning
-
     with _quiet_lightning(), warnings.catch_warnings():
         # run from `rescale analyze`, whose own sys.argv LightningCLI would warn about
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
@@ -115,9 +115,6 @@ def load_subject(config: str, ckpt: Optional[str] = None, overrides: Sequence[st
 
 def load_weights(module, path: str) -> int:
     """Load a checkpoint's weights into ``module`` as Lightning does; returns its global step."""
-    from ..common.checkpoint_compat import load_into_module
-    from ..common.checkpointing import checkpoint_exists, safe_load
-
     if not checkpoint_exists(path):
         raise UserError(f"checkpoint not found: {path} (--ckpt). Give a .ckpt file written by this suite, "
                         "e.g. runs/<project>/<run id>/checkpoints/last.ckpt")
@@ -156,27 +153,6 @@ def subjects(configs: Sequence[str], ckpts: Sequence[str] = (), overrides: Seque
 
 
 # --- inputs ----------------------------------------------------------------------------------------
-
-def network_inputs(module, batch) -> tuple:
-    """The network's positional inputs taken from ``batch``, as a tuple: the module's
-    ``network_inputs(batch)`` when it defines one (:class:`rescale_tasks.common.module.RescaleTaskModule`
-    does), else ``batch[0]`` of a tuple/list batch, else the batch itself."""
-    method = getattr(module, "network_inputs", None)
-    if callable(method):
-        inputs = method(batch)
-    else:
-        inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-
-
-def batch_size_of(inputs: tuple) -> int:
-    return int(inputs[0].shape[0])
-
-
-def take_samples(inputs: tuple, start: int, stop: Optional[int] = None) -> tuple:
-    """Samples ``start:stop`` of every tensor of a tuple of network inputs."""
-    return tuple(t[start:stop] for t in inputs)
-
 
 def _concat(parts: list[tuple], what: str) -> tuple:
     try:

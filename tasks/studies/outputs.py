@@ -7,8 +7,11 @@ import math
 import os
 from typing import Any, Iterable, Optional, Sequence
 
-__all__ = ["write_table", "markdown_table", "format_cell", "new_figure", "save_figure", "log_to_wandb",
-           "StudyOutputs"]
+from ..common.errors import UserError
+from ..common.wandb_logger import wandb_mode
+from ..common.wandb_offline import read_offline_run
+
+__all__ = ["write_table", "markdown_table", "format_cell", "save_figure", "log_to_wandb", "StudyOutputs"]
 
 
 def format_cell(value: Any) -> str:
@@ -54,17 +57,6 @@ def write_table(rows: Sequence[dict], stem: str, columns: Optional[Sequence[str]
     return stem + ".csv", stem + ".md"
 
 
-def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.6):
-    """A matplotlib figure on the Agg backend (no display needed) and its list of axes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
-    return fig, list(axes[0])
-
-
 def save_figure(fig, path: str) -> str:
     import matplotlib.pyplot as plt
 
@@ -85,10 +77,6 @@ def log_to_wandb(run: str, tables: dict[str, Sequence[dict]], images: dict[str, 
     (``.../wandb/offline-run-*`` or ``run-*``) or a run id (with ``project``). The run is resumed
     (``resume="allow"``) in the suite's mode: offline unless logged in. Returns the run id."""
     import wandb
-
-    from ..common.errors import UserError
-    from ..common.wandb_logger import wandb_mode
-    from ..common.wandb_offline import read_offline_run
 
     save_dir = None
     if os.path.isdir(run):

@@ -1,9 +1,9 @@
-"""``rescale study tables README.md``: the published tables of a document, copied from the files a
-study wrote, never typed by hand.
+"""``rescale study tables docs/studies.md``: the published tables of a document, copied from the
+files a study wrote, never typed by hand.
 
 A block of the document::
 
-    <!-- study-table: docs/studies/digits-depth/depth_grid.md -->
+    <!-- study-table: studies/digits-depth/depth_grid.md -->
     ... (replaced by that file's content)
     <!-- /study-table -->
 

@@ -1,1 +1,1 @@
-"""WMT translation with deep normalization-free Transformers (issue #12)."""
+"""WMT translation with deep normalization-free Transformers."""

@@ -19,6 +19,8 @@ from typing import Sequence
 
 import torch
 
+from ..common.distributed import sum_tensor_over_ranks
+
 __all__ = ["BleuResult", "corpus_bleu", "bleu_statistics", "bleu_from_statistics", "split_compounds", "STYLES"]
 
 STYLES = ("sacrebleu", "compound_split")
@@ -85,7 +87,5 @@ def bleu_from_statistics(stats: Sequence[int], style: str = "sacrebleu") -> Bleu
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], style: str = "sacrebleu") -> BleuResult:
     """Corpus BLEU over all ranks: each rank passes its own sentences (every sentence on exactly
     one rank); statistics are summed with ``all_reduce`` when ``torch.distributed`` runs."""
-    from ..common.distributed import sum_tensor_over_ranks
-
     stats = torch.tensor(bleu_statistics(hypotheses, references, style), dtype=torch.int64)
     return bleu_from_statistics(sum_tensor_over_ranks(stats).tolist(), style)

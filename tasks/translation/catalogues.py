@@ -4,9 +4,10 @@ A compiled message catalogue (``.mo``) holds English strings (msgid) with their 
 (msgstr). Debian installs them per language (``/usr/share/locale/de/LC_MESSAGES/*.mo``: tens of
 thousands of distinct German pairs on a desktop machine, ~39.6k plain ones on these machines);
 :func:`catalogue_pairs` turns such a folder into pairs and :func:`write_parallel_files` into a
-corpus ``rescale prepare-translation`` reads (the README's English-French example; the benchmark's
-default corpus). The suite's own corpus (``tests/data/translation``) was extracted from the
-catalogues of permissively licensed Python packages with :func:`parse_mo`.
+corpus ``rescale prepare-translation`` reads (the English-French example of
+``docs/tasks/translation.md``; the benchmark's default corpus). The suite's own corpus
+(``tests/data/translation``) was extracted from the catalogues of permissively licensed Python
+packages with :func:`parse_mo`.
 
 :func:`parse_mo` reads the GNU ``.mo`` format directly (magic, count, two tables of (length,
 offset) entries); plural entries (NUL inside), entries with a context (EOT inside), the header

@@ -1,4 +1,4 @@
-"""Kinetics video classification with 3D ResNets under any residual scheme (issue #11).
+"""Kinetics video classification with 3D ResNets under any residual scheme.
 
 * :mod:`rescale_tasks.video.decoding`: :class:`VideoDecoder`, :class:`PyAVDecoder` (default,
   FFmpeg bundled in the ``av`` wheel), :class:`TorchCodecDecoder` (optional), :func:`make_decoder`.

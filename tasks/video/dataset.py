@@ -1,8 +1,8 @@
 """Clips of labelled videos for training and multi-view evaluation, robust to bad files.
 
 :class:`VideoClipDataset` decodes in ``__getitem__`` (so in the DataLoader worker, never in the
-parent: an FFmpeg context does not survive a fork, see ``/work/shared/METHOD.md``), picks frames
-with :func:`~rescale_tasks.video.sampling.clip_indices` and transforms them
+parent: an FFmpeg context does not survive a fork, see ``docs/design.md``, "Video decoding"),
+picks frames with :func:`~rescale_tasks.video.sampling.clip_indices` and transforms them
 (:mod:`~rescale_tasks.video.transforms`).
 
 * ``mode="train"``: one item per video at a random temporal position, drawn from torch's CPU

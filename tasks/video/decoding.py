@@ -1,6 +1,6 @@
 """Video decoding behind one small interface, opened lazily in the process that reads.
 
-Three facts shape this module (see ``/work/shared/METHOD.md``, "Video"):
+Three facts shape this module (measured: ``docs/design.md``, "Video decoding"):
 
 * torchvision 0.29 has no video reader any more; PyAV (``av``) bundles FFmpeg and needs nothing
   installed system-wide, so it is the default. torchcodec is optional: it loads only when the
@@ -24,13 +24,17 @@ dense ones are not decoded needlessly). This differs from SlowFast's ``decoder.p
 which seeks by *time* with a margin and then keeps whatever frames fall in a time window (not
 guaranteed to be the frames asked for, and it decodes whole videos when the clip is long).
 Timestamps are checked as frames come (consecutive indices after a seek): files whose decoded
-frames carry out-of-order stamps (B-frames in AVI, METHOD.md) are indexed by one full decode
+frames carry out-of-order stamps (B-frames in AVI, ``docs/design.md``) are indexed by one full decode
 instead (:class:`PyAVDecoder`), and what that decode meets is audited as ``prepare-video`` audits
 every source (:class:`DecodeAudit`): one definition of a damaged stream.
 
 Errors are one line, a :class:`VideoDataError` (a ``rescale_tasks.common.errors.DataError``) that
 names the file and a ``kind`` the dataset can count: ``"unreadable"``, ``"no video stream"``,
 ``"empty"``.
+
+Over 500 lines, kept as one module: most of it is :class:`PyAVDecoder`'s exact seeking and the parts
+only it uses (its index, the lookahead that catches out-of-order stamps), and :func:`make_decoder`
+needs both decoders beside the interface and the errors they share.
 """
 from __future__ import annotations
 
@@ -320,15 +324,14 @@ class PyAVDecoder(VideoDecoder):
     order). It is found by the timestamp it carries: the demux index sorts the packets' pts, which
     is right wherever the pts are presentation times (MP4, MKV, most AVIs). Some files carry other
     stamps: AVI stores no pts, and H.264 or packed MPEG-4 Part 2 B-frames in AVI come out of the
-    decoder in presentation order with stamps such as 1, 3, 4, 2, 6, 7, 5 ... (METHOD.md). Every
-    decode checks that the frames after a seek carry consecutive indices; when a later frame holds
-    a stamp the sequence skipped (within :data:`REORDER_WINDOW` frames), the stamps are not
-    presentation times, and the index is rebuilt from one full decode (the stamps in the order the
-    frames came out, :class:`DecodeAudit`: a damaged stream is unreadable, as in
+    decoder in presentation order with stamps such as 1, 3, 4, 2, 6, 7, 5 ... (``docs/design.md``,
+    "Video decoding"). Every decode checks that the frames after a seek carry consecutive indices;
+    when a later frame holds a stamp the sequence skipped (within :data:`REORDER_WINDOW` frames),
+    the stamps are not presentation times, and the index is rebuilt from one full decode (the stamps
+    in the order the frames came out, :class:`DecodeAudit`: a damaged stream is unreadable, as in
     ``prepare-video``; kept for the file's next decoders in this process); so is it when a decoding
-    error cuts that look ahead short. A frame whose
-    stamp never comes is missing: ``frame X (pts Y) could not be decoded`` names its index and the
-    stamp it should carry.
+    error cuts that look ahead short. A frame whose stamp never comes is missing: ``frame X (pts Y)
+    could not be decoded`` names its index and the stamp it should carry.
 
     ``threads``: FFmpeg decoding threads per decoder. The default 1 suits DataLoader workers
     (parallelism comes from the workers; extra threads would oversubscribe the cores).

@@ -27,6 +27,7 @@ from ..common.empty_batches import (data_may_skip_files, must_skip, nothing_to_e
                                     skipped_prediction, skipped_step)
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
 from .evaluation import MultiViewAccuracy
+from .inflation import inflate_checkpoint
 
 __all__ = ["VideoClassificationModule"]
 
@@ -65,8 +66,6 @@ class VideoClassificationModule(RescaleTaskModule):
                          compile_mode=compile_mode, plan=plan, compile_options=compile_options)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         if inflate_from is not None:
-            from .inflation import inflate_checkpoint
-
             inflate_checkpoint(self.net, inflate_from)
         self.label_smoothing = label_smoothing
         self._may_skip_batches = True

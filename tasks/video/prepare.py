@@ -4,7 +4,7 @@
 
 Why: Kinetics as downloaded decodes slowly. Its files are large (up to 1080p) and have long
 GOPs (often one keyframe per 250 frames or more), and the cost of reading one random clip is
-dominated by the decoding from the keyframe before it (``/work/shared/METHOD.md``, "Video": a
+dominated by the decoding from the keyframe before it (``docs/design.md``, "Video decoding": a
 426x320 clip with a keyframe every 250 frames decodes ~11 random 16-frame clips per CPU-second,
 re-encoded with a GOP of 16 ~21). SlowFast and PyTorchVideo users prepare Kinetics the same way
 (``ffmpeg -vf scale=-2:256 -g 16``); this command does it with PyAV (its wheel bundles FFmpeg, so

@@ -1,4 +1,4 @@
-"""Smoke tests of the benchmark harness (``benchmarks/``, issue #5) on tiny models.
+"""Smoke tests of the benchmark harness (``benchmarks/``) on tiny models.
 
 No timing is asserted: only the structure of the tables, the paired-ratio arithmetic (fed with
 fake timings), the memory probe's direction and the command line's exit status. ``benchmarks`` is
@@ -18,13 +18,14 @@ import torch.nn.functional as F
 import rescale_core
 from benchmarks import report  # the repository folder (pyproject: pytest pythonpath = ["."])
 from benchmarks.memory import peak_step_memory
-from benchmarks.models import Contender, Suite, _image_batch
-from benchmarks.sections import Settings, eval_suite, measuring_suite, train_suite
+from benchmarks.models import Contender, Suite, image_batch
+from benchmarks.suites import eval_suite, measuring_suite, train_suite
+from benchmarks.toolkit import Settings
 from benchmarks.steps import RunConfig, min_warmup, prepare, reset_measuring, warm_up
 from benchmarks.timing import Summary, paired_repeats, summarize, timer_measure
 from benchmarks.decoding import greedy_cached, greedy_recompute
 from benchmarks.models import translation_suite
-from benchmarks.sections import section_translation
+from benchmarks.translation import section_translation
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,7 +37,7 @@ def tiny_suite() -> Suite:
     contenders = (Contender("bn", build("bn"), "baseline"), Contender("none", build("none")),
                   Contender("rescale", build("rescale")))
     return Suite("tiny", "tiny ResNet", contenders, baseline="bn", floor="none", target="rescale",
-                 make_batch=_image_batch(8, 5), loss=F.cross_entropy, shape="3x8x8")
+                 make_batch=image_batch(8, 5), loss=F.cross_entropy, shape="3x8x8")
 
 
 def tiny_settings() -> Settings:
@@ -209,7 +210,7 @@ def test_command_line_quick_run(tmp_path):
     assert report.BEGIN in text and "| workers=0 |" in text
 
 
-# --- translation (issue #12) ---------------------------------------------------------------------
+# --- translation -----------------------------------------------------------------------------------
 TINY_TRANSFORMER = {"d_model": 16, "nhead": 2, "num_encoder_layers": 1, "num_decoder_layers": 1,
                     "dim_feedforward": 32}
 
@@ -257,7 +258,7 @@ def test_translation_goals_and_tags():
     low = report.evaluate_goals({"translation.padding_efficiency": 0.85}, "cuda")
     assert next(r for r in low if r.goal.key == "translation.padding_efficiency").status == "FAIL"
     table = report.goals_table(list(marks.values()), "cpu", ran={"translation"})
-    assert table.title == "Goals (issue #12)" and all(row[0] == "Translation" for row in table.rows)
+    assert table.title == "Goals (translation)" and all(row[0] == "Translation" for row in table.rows)
     assert table.rows[0][3] == "> 0.90"
     cpu, gpu = tiny_settings(), tiny_settings()
     gpu.device, gpu.amp_dtype = torch.device("cuda"), torch.bfloat16

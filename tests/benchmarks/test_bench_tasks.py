@@ -1,6 +1,6 @@
-"""The detection (issue #10) and video_loader (issue #11) sections of the benchmark harness at
-their tiniest sizes: the tables, the ratio metrics and the goals they feed. No timing is
-asserted (a ratio's value is noise at these sizes); the structure and the arithmetic are."""
+"""The detection and video_loader sections of the benchmark harness at their tiniest sizes: the
+tables, the ratio metrics and the goals they feed. No timing is asserted (a ratio's value is
+noise at these sizes); the structure and the arithmetic are."""
 from __future__ import annotations
 
 import torch
@@ -8,7 +8,8 @@ import torch
 from benchmarks import report
 from benchmarks.__main__ import build_settings, parse_args, selected_sections
 from benchmarks.detection import DETECTION_DEFAULTS, detection_contenders, detector_options, synthetic_batch
-from benchmarks.sections import SECTIONS, Settings
+from benchmarks.sections import SECTIONS
+from benchmarks.toolkit import Settings
 from benchmarks.timing import Summary
 
 
@@ -57,7 +58,7 @@ def test_detection_section_reports_ratios_to_frozen_bn():
                 "detection.eval.vs_baseline.rescale50"):
         assert marks[key].split()[0] in ("PASS", "FAIL")
     table = report.goals_table(report.evaluate_goals(m, "cpu"), "cpu", ran={"detection"})
-    assert "#10" in table.title and any("issue #10" in n for n in table.notes)
+    assert "detection" in table.title and any(n.startswith("detection:") for n in table.notes)
 
 
 def test_video_loader_section_against_the_train_step(tmp_path):

@@ -1,4 +1,4 @@
-"""The fast paths (``rescale_core.fastpath``) compute the same function as the reference paths:
+"""The fast plans (``rescale_core.plans``) compute the same function as the reference paths:
 RescaleNet's mean-shift biases (Shao et al. 2020) folded into conv biases / across ReLUs, the
 branch multipliers of RescaleNet, SkipInit (De & Smith 2020), Fixup (Zhang et al. 2019) and
 ReZero (Bachlechner et al. 2020) folded into the last conv, and the skip multipliers carried
@@ -21,7 +21,10 @@ from torch.nn import functional as F
 import rescale_core
 from rescale_core import (MeanShiftBias, ResidualBlock, ResidualSublayer, Scheme, get_scheme,
                           reference_path)
-from rescale_core import fastpath as fp
+from rescale_core import plans
+from rescale_core.plans import conditions, folded
+from rescale_core.plans import folds as fp
+from rescale_core.plans.shared import carries_scale
 from rescale_core.models.resnet import ResNet
 from rescale_core.models.vgg import VGG
 from rescale_core.testing import randomise_
@@ -169,19 +172,19 @@ def test_block_float32(scheme, plan):
 
 
 def test_scaled_units_block_equals_reference():
-    """``_fused(x, c_in, c_out)``: on input ``x / c_in`` the block returns its output / ``c_out``."""
+    """``residual_block(block, x, c_in, c_out)``: on input ``x / c_in`` the block returns its output / ``c_out``."""
     for scheme, kind in itertools.product(("rescale", "fixup", "skipinit"), ("basic", "bottleneck")):
         block = _block(scheme, kind, 2, 0.0).double()
         if scheme == "rescale":
             rescale_core.finish_measuring(block)
-        assert block.carries_scale()
+        assert carries_scale(block)
         x = _block_input(2, "wide")
         c_in, c_out = 0.7, 0.7 * 0.9
         ref = block._forward_reference(x)
-        torch.testing.assert_close(block._fused(x / c_in, c_in, c_out) * c_out, ref, **F64)
-    assert not _block("bn", "basic", 2, 0.0).carries_scale()
+        torch.testing.assert_close(folded.residual_block(block, x / c_in, c_in, c_out) * c_out, ref, **F64)
+    assert not carries_scale(_block("bn", "basic", 2, 0.0))
     measuring = _block("rescale", "basic", 2, 0.0).train()
-    assert not measuring.carries_scale() and measuring.eval().carries_scale()
+    assert not carries_scale(measuring) and carries_scale(measuring.eval())
 
 
 # --------------------------------------------------------------- whole models
@@ -248,18 +251,18 @@ def test_scaled_stream_is_used_and_undone():
     x = _model_input("resnet18")
     blocks = [b for _, b in rescale_core.analysis.residual_blocks(model)]
     calls = []
-    original = ResidualBlock._fused
+    original = folded.residual_block
 
     def spy(self, x, c_in, c_out):
         calls.append((c_in, c_out))
         return original(self, x, c_in, c_out)
 
-    ResidualBlock._fused = spy
+    folded.residual_block = spy
     try:
         with torch.no_grad():
             out = model(x)
     finally:
-        ResidualBlock._fused = original
+        folded.residual_block = original
     alphas = [b.merge.skip_scale for b in blocks]
     c = 1.0
     for (c_in, c_out), a in zip(calls, alphas):
@@ -335,7 +338,7 @@ def test_channels_last(name, fmt, scheme):
     # every block's output keeps the layout (checked without hooks: hooks select the reference)
     for block in (b for _, b in rescale_core.analysis.residual_blocks(cl)):
         assert block.fused
-    h = cl.maxpool(cl._stem_fused(xc))
+    h = cl.maxpool(folded.stem(cl, xc))
     assert h.is_contiguous(memory_format=fmt)
     for name_, block in rescale_core.analysis.residual_blocks(cl):
         h = block(h)
@@ -604,7 +607,7 @@ def test_scaled_linear_gradients(rows, scale, bias):
 @pytest.mark.parametrize("rows", [2, 40])
 def test_scaled_linear_saves_no_weight_copy(rows):
     """Backward keeps only the input, the parameters and the multiplier (no folded weight):
-    the reason a Transformer's gains no longer cost memory."""
+    the reason a Transformer's gains cost no memory."""
     layer = nn.Linear(6, 5)
     x = torch.randn(rows, 6, requires_grad=True)
     gain = torch.full((1,), 0.5, requires_grad=True)
@@ -682,11 +685,11 @@ def test_measuring_step_sees_layers_added_after_a_forward():
                                       scheme_options={"measure_batches": 1}).train()
     x = torch.randn(2, 3, 32, 32)
     model(x)
-    assert not fp.measuring_step(model)  # every layer has measured its one batch
+    assert not plans.measuring_step(model)  # every layer has measured its one batch
     model.fc_bias = MeanShiftBias(model.fc.in_features, spatial_dims=0, measure_batches=1)
-    assert fp.measuring_step(model)
+    assert plans.measuring_step(model)
     model.fc_bias = nn.Identity()  # and a removed one is forgotten
-    assert not fp.measuring_step(model)
+    assert not plans.measuring_step(model)
 
 
 # --------------------------------------------------------------- schemes the fast path implements
@@ -704,23 +707,30 @@ def _clipped(name: str = "rescale") -> ClippedScheme:
 def test_registered_schemes_are_implemented():
     """Every shipped scheme runs the fast path: ``IMPLEMENTED_FIELDS`` lists exactly the fields
     of ``Scheme`` (a field added without a decision on the fast path fails here)."""
-    assert set(fp.IMPLEMENTED_FIELDS) == {f.name for f in dataclasses.fields(Scheme)}
+    assert set(plans.IMPLEMENTED_FIELDS) == {f.name for f in dataclasses.fields(Scheme)}
     for name in rescale_core.list_schemes():
-        assert fp.unimplemented(get_scheme(name)) == [], name
-        assert fp.implements(get_scheme(name))
+        assert plans.unimplemented(get_scheme(name)) == [], name
+        assert plans.implements(get_scheme(name))
 
 
 def _count_paths(monkeypatch) -> collections.Counter:
-    """Calls of each path's entry points (a ResNet runs its blocks' ``_fused`` directly)."""
+    """Calls of each module type's fast plans (the implementations registered for it) and of
+    the blocks' reference."""
     calls = collections.Counter()
-    for cls, names in ((ResidualBlock, ("_fused", "_forward_reference")),
-                       (ResidualSublayer, ("_forward_fused", "_forward_reference")),
-                       (ResNet, ("_stem_fused",)), (VGG, ("_features_fused",))):
-        for name in names:
-            def spy(self, *args, _original=getattr(cls, name), _key=f"{cls.__name__}.{name}", **kwargs):
-                calls[_key] += 1
-                return _original(self, *args, **kwargs)
-            monkeypatch.setattr(cls, name, spy)
+
+    def spy(original, key):
+        def counted(*args, **kwargs):
+            calls[key] += 1
+            return original(*args, **kwargs)
+        return counted
+
+    for cls in (ResidualBlock, ResidualSublayer, ResNet, VGG):
+        monkeypatch.setattr(cls, "plan_implementations", {
+            plan: impl._replace(run=spy(impl.run, f"{cls.__name__}.fused:{plan}"))
+            for plan, impl in cls.plan_implementations.items()})
+    for cls in (ResidualBlock, ResidualSublayer):
+        monkeypatch.setattr(cls, "_forward_reference",
+                            spy(cls._forward_reference, f"{cls.__name__}._forward_reference"))
     return calls
 
 
@@ -781,10 +791,10 @@ def test_unknown_switch_runs_the_reference_path(monkeypatch, caplog):
     """A ``Scheme`` subclass with a switch the fast path does not know: every block, sublayer,
     ResNet and VGG built from it computes the reference function (logged once per scheme);
     the same scheme without the switch runs the fast path."""
-    monkeypatch.setattr(fp, "_logged", set())
-    caplog.set_level(logging.INFO, logger="rescale_core.fastpath")
+    monkeypatch.setattr(conditions, "_logged", set())
+    caplog.set_level(logging.INFO, logger="rescale_core.plans.conditions")
     calls = _count_paths(monkeypatch)
-    assert fp.unimplemented(_clipped()) == ["branch_clip"] and not fp.implements(_clipped())
+    assert plans.unimplemented(_clipped()) == ["branch_clip"] and not plans.implements(_clipped())
     for build, run in ((lambda s: _model("cifar_resnet", s), _conv_run),
                        (_transformer, _tf_run), (_vgg, _conv_run)):
         model = build(get_scheme("rescale"))
@@ -792,16 +802,16 @@ def test_unknown_switch_runs_the_reference_path(monkeypatch, caplog):
         run(model)
         assert _fused_calls(calls) > 0, dict(calls)
         _runs_the_reference_only(build(_clipped()), run, calls)
-    logged = [r for r in caplog.records if r.name == "rescale_core.fastpath"]
+    logged = [r for r in caplog.records if r.name == "rescale_core.plans.conditions"]
     assert len(logged) == 1 and "branch_clip" in logged[0].getMessage()
 
 
 def test_unlisted_value_runs_the_reference_path(monkeypatch):
     """A categorical field's value outside those the fast path lists (here: ``merge="rescale"``
     taken off the table) also selects the reference path; other values of it stay fast."""
-    monkeypatch.setitem(fp.IMPLEMENTED_FIELDS, "merge", ("add",))
-    assert fp.unimplemented(get_scheme("rescale")) == ["merge"]
-    assert fp.implements(get_scheme("fixup"))
+    monkeypatch.setitem(plans.IMPLEMENTED_FIELDS, "merge", ("add",))
+    assert plans.unimplemented(get_scheme("rescale")) == ["merge"]
+    assert plans.implements(get_scheme("fixup"))
     calls = _count_paths(monkeypatch)
     _runs_the_reference_only(_model("cifar_resnet", "rescale"), _conv_run, calls)
     _conv_run(_model("cifar_resnet", "fixup"))

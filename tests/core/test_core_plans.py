@@ -216,7 +216,7 @@ def test_on_cuda_auto_runs_lean_and_reduce_overhead_compiles():
         for loss in losses:
             loss.backward()
         torch.testing.assert_close(losses[0].float(), losses[1].float(), rtol=2e-2, atol=2e-2)
-    assert model._lean_values(x) is not None  # auto chose lean for CUDA tensors
+    assert plans.running_plan(model, x) == "lean"  # auto chose lean for CUDA tensors
     eager = copy.deepcopy(model)
     compiled = torch.compile(model, mode="reduce-overhead")
     opts = [torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for m in (model, eager)]

@@ -244,7 +244,7 @@ def reorder_checkpoint_labels(ckpt, path, names, order, classifier: str = "net.f
     """Write ``ckpt``'s network to ``path`` with its outputs listed in ``order`` (output i is the old
     output ``order[i]``, its classifier rows moved with it) and its class names (``names``, by old
     output) to match: the same network, as if trained on data listing the classes in that order.
-    ``entry``: where the names go (``labels``; checkpoints of the video task used to keep them in the
+    ``entry``: where the names go (``labels``; older checkpoints of the video task keep them in the
     data module's state, ``KineticsDataModule``). Returns ``path`` as a string."""
     import torch
 

@@ -1,12 +1,14 @@
 """Which ``_defaults.yaml`` files a run config gets: its ``experiments`` tree's, never one from
-an unrelated folder above it; ``--print_config`` names them."""
+an unrelated folder above it; ``--print_config`` names them. The same layers, read without
+building the run, are what a study resolves its points' settings from."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import yaml
 
-from rescale_tasks.cli import defaults_for, main
+from rescale_tasks.cli import main
+from rescale_tasks.common.config_layers import defaults_for, flag_values, yaml_layers
 
 
 def _touch(path: Path, text: str = "{}\n") -> Path:
@@ -44,3 +46,20 @@ def test_print_config_names_the_defaults_applied(tmp_path, capsys, run_config):
     out, err = capsys.readouterr()
     assert f"# defaults applied (outermost first): {defaults}" in err
     assert yaml.safe_load(out)["trainer"]["max_epochs"] == 3
+
+
+def test_the_layers_in_the_order_the_command_applies_them(tmp_path):
+    """The defaults outermost first, then the configs; a file that cannot be read is left to the run."""
+    outer = _touch(tmp_path / "experiments" / "_defaults.yaml", "trainer: {max_epochs: 1}\n")
+    run = _touch(tmp_path / "experiments" / "task" / "run.yaml", "trainer: {max_epochs: 2}\n")
+    overlay = _touch(tmp_path / "overlay.yaml", "trainer: [not: closed\n")
+    assert list(yaml_layers([str(run), str(overlay)])) == [{"trainer": {"max_epochs": 1}},
+                                                           {"trainer": {"max_epochs": 2}}]
+    assert defaults_for([str(run)]) == [str(outer)]
+
+
+def test_flag_values_reads_both_spellings_in_order():
+    argv = ["fit", "-c", "a.yaml", "--config=b.yaml", "--trainer.logger", "false", "--config"]
+    assert flag_values(argv, ("--config", "-c")) == ["a.yaml", "b.yaml"]  # the last one has no value
+    assert flag_values(argv, ("--trainer.logger",)) == ["false"]
+    assert flag_values(["--trainer.logger="], ("--trainer.logger",)) == [""]

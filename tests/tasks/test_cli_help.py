@@ -1,5 +1,5 @@
 """``rescale --help`` lists every command of the suite, one line each, and ``rescale <command>
---help`` works for each (issue #24)."""
+--help`` works for each."""
 from __future__ import annotations
 
 import subprocess
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rescale_tasks.cli import SUITE_COMMANDS, TRAINER_SUBCOMMANDS, main
+from rescale_tasks.cli import SUITE_COMMANDS, main
+from rescale_tasks.common.lightning_cli import TRAINER_SUBCOMMANDS
 
 COMMANDS = ("fit", "validate", "test", "predict", "demo", "models", "schemes", "prepare-translation",
             "prepare-video", "translate", "average-checkpoints", "analyze", "study", "compare")

@@ -90,7 +90,7 @@ def _module_hparams(folder: Path) -> dict:
 @pytest.mark.parametrize("command", ["validate", "test", "predict"])
 def test_a_command_line_argument_wins_over_the_checkpoint(trained, tmp_path, command):
     """Lightning's CLI replaces the command line's model arguments with the checkpoint's saved
-    hyper-parameters; the suite puts back what the user typed (issue #24)."""
+    hyper-parameters; the suite puts back what the user typed."""
     folder, ckpt = trained
     assert main([command, "--config", str(folder / "rescale.yaml"), "--ckpt_path", ckpt,
                  "--trainer.logger.init_args.save_dir", str(tmp_path / "logs"),

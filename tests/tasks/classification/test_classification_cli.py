@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import rescale_core
-from rescale_tasks.cli import main, run_lightning
+from rescale_tasks.cli import main
+from rescale_tasks.common.lightning_cli import run_lightning
 from rescale_tasks.common.optim import build_optimizer
 from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
 

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 import rescale_core
 from rescale_tasks.classification.data import DigitsDataModule
 from rescale_tasks.classification.module import ClassificationModule
-from rescale_tasks.cli import main, run_lightning
+from rescale_tasks.cli import main
+from rescale_tasks.common.lightning_cli import run_lightning
 from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
 
 HERE = Path(__file__).resolve().parent
@@ -151,7 +152,7 @@ def test_fsdp_overlay_wraps_every_residual_block(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     # the Trainer itself needs CUDA with FSDP: build everything but the Trainer
-    monkeypatch.setattr("rescale_tasks.cli.RescaleCLI.instantiate_trainer", lambda self, **kwargs: None)
+    monkeypatch.setattr("rescale_tasks.common.lightning_cli.RescaleCLI.instantiate_trainer", lambda self, **kwargs: None)
     cli = run_lightning(["fit", "--config", str(REPO / "experiments/imagenet/rescale50.yaml"),
                          "--config", str(REPO / "experiments/cluster/fsdp.yaml"),
                          "--model.init_args.network_options", "{base_width: 8}"], run=False)

@@ -1,8 +1,8 @@
 """A validation, test or predict batch made only of corrupt files (``data.skip_corrupt``) is skipped,
 its files counted, and the metrics are those of the images that were read: the same as on the folder
-without the bad files (rescale_tasks.common.empty_batches). Before, a garbage file and a truncated
-JPEG alone in a batch of two ended validation in torchmetrics (``cannot reshape tensor of 0
-elements``)."""
+without the bad files (rescale_tasks.common.empty_batches). Passed on, a batch of two holding
+only a garbage file and a truncated JPEG would end validation in torchmetrics (``cannot reshape
+tensor of 0 elements``)."""
 from __future__ import annotations
 
 import shutil

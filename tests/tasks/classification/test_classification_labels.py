@@ -1,6 +1,7 @@
 """A classification checkpoint carries its class names; evaluation matches them to the data's by
 name: the same classes in another order are mapped (the same scores), other class folders are
-refused in one line (they used to be scored against swapped labels, without a word)."""
+refused in one line (matched by index, they would be scored against swapped labels, without
+a word)."""
 from __future__ import annotations
 
 import shutil
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rescale_tasks.cli import main, run_lightning
+from rescale_tasks.cli import main
+from rescale_tasks.common.lightning_cli import run_lightning
 
 CLASSES = ("cat", "dog", "fox")
 CSV = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "logs"}}
@@ -56,7 +58,7 @@ def test_a_checkpoint_carries_the_class_names_of_its_folders(trained):
 @pytest.mark.parametrize("command", ["validate", "fit"])
 def test_a_renamed_class_folder_is_refused_in_one_line(trained, tmp_path, command, error_line):
     """The trial: 'dog' renamed 'zebra' sorts last, so label 1 became 'fox' and label 2 'zebra';
-    the run used to score (or train on) swapped labels and exit 0."""
+    matched by label index, the run would score (or train on) swapped labels and exit 0."""
     root, config, ckpt = trained
     renamed = Path(shutil.copytree(root, tmp_path / "renamed"))
     for split in ("train", "val"):

@@ -1,6 +1,6 @@
 """What an image class folder holds besides images (other extensions, hidden files, sub-folders) is
-counted and reported in one line, not silently left out: before, a ``.heic`` photo or a sub-folder of
-images in a class folder simply was not part of the data."""
+counted and reported in one line, not silently left out: a ``.heic`` photo or a sub-folder of
+images in a class folder is not part of the data, and the user is told so."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from rescale_tasks.common.checkpointing import (AtomicCheckpointIO, CheckpointError, ResumeState,
-                                                safe_load)
+from rescale_tasks.common.checkpoint_callbacks import ResumeState
+from rescale_tasks.common.checkpointing import AtomicCheckpointIO, CheckpointError, safe_load
 
 
 def test_save_is_atomic_when_the_writer_crashes(tmp_path, monkeypatch):
@@ -121,7 +121,7 @@ def test_last_checkpoint_is_never_a_diverged_model(tmp_path):
     import lightning.pytorch as L
 
     from rescale_tasks.common.callbacks import DivergenceMonitor
-    from rescale_tasks.common.checkpointing import LastCheckpoint
+    from rescale_tasks.common.checkpoint_callbacks import LastCheckpoint
 
     last = LastCheckpoint(every_n_train_steps=1)
     trainer = L.Trainer(default_root_dir=tmp_path, max_steps=10, logger=False, enable_progress_bar=False,
@@ -275,7 +275,7 @@ def test_fit_writes_last_checkpoint_to_a_remote_folder_and_resumes_from_it(memor
     import lightning.pytorch as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from rescale_tasks.common.checkpointing import LastCheckpoint
+    from rescale_tasks.common.checkpoint_callbacks import LastCheckpoint
 
     def fit(max_epochs, ckpt_path=None, root=memory_dir):
         model = _Steady()

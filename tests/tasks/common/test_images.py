@@ -1,8 +1,8 @@
 """Every image mode Pillow opens reaches the network with its tones (rescale_tasks.common.images):
 a real picture (three of scikit-learn's handwritten digits as the red, green and blue channels,
 upscaled) written with Pillow in each mode and format, read by the classification and detection
-loaders, must match its 8-bit reference within one quantization step. Before, ``convert("RGB")``
-clipped 16-bit, 32-bit and float images at 255 (a handful of levels left) and dropped alpha."""
+loaders, must match its 8-bit reference within one quantization step. A bare ``convert("RGB")``
+would clip 16-bit, 32-bit and float images at 255 (a handful of levels left) and drop alpha."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""DataLoader workers default to at most the usable cores (issue #24): on a small machine no
+"""DataLoader workers default to at most the usable cores: on a small machine no
 "suggested max number of worker" warning, on a large one the config's count stays the cap."""
 from __future__ import annotations
 

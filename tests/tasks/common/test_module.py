@@ -42,8 +42,8 @@ def test_accepts_sees_through_jsonargparse_partials():
 
 def test_max_steps_does_not_squeeze_the_epochs_of_the_schedule(tmp_path):
     """A run cut short by ``max_steps`` keeps the schedule of its epochs: 8 batches an epoch and a
-    1-epoch warm-up reach the base rate after 8 steps, whatever ``max_steps`` says (the schedule
-    used to take ``max_steps / max_epochs`` as an epoch: one step here, warm-up over at once)."""
+    1-epoch warm-up reach the base rate after 8 steps, whatever ``max_steps`` says (a schedule
+    taking ``max_steps / max_epochs`` as an epoch would end the warm-up after one step here)."""
     import lightning.pytorch as L
     from torch.utils.data import DataLoader, TensorDataset
 

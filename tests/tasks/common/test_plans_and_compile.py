@@ -1,5 +1,5 @@
 """``model.init_args.plan``, ``compile``, ``compile_mode`` and ``compile_options`` of every task
-module (issue #22): the plan reaches the network, a bad plan is one line, a checkpoint saved by a
+module: the plan reaches the network, a bad plan is one line, a checkpoint saved by a
 compiled module loads into an eager one and back, and a compiled lean run under 2-process DDP
 (gloo) trains as one process does."""
 from __future__ import annotations
@@ -12,7 +12,8 @@ import torch
 
 import rescale_core
 from rescale_tasks.classification.module import ClassificationModule
-from rescale_tasks.cli import main, run_lightning
+from rescale_tasks.cli import main
+from rescale_tasks.common.lightning_cli import run_lightning
 from rescale_tasks.detection.module import DetectionModule
 from rescale_tasks.translation.module import TranslationModule
 from rescale_tasks.video.module import VideoClassificationModule

@@ -129,7 +129,7 @@ def _fit(fit_with_summary, folder, max_epochs: int, ckpt_path=None, **trainer_ar
 
 
 @pytest.mark.parametrize("schedule, steps", [
-    ({"check_val_every_n_epoch": 2}, [8, 16]),      # issue #23: epochs 2 and 4 of 4
+    ({"check_val_every_n_epoch": 2}, [8, 16]),      # epochs 2 and 4 of 4 (no validation at 1 and 3)
     ({"val_check_interval": 2}, [2, 4, 6, 8]),      # twice per epoch, mid-epoch included
 ])
 def test_each_validation_once_at_its_step_with_the_value_the_logger_received(tmp_path, schedule, steps,

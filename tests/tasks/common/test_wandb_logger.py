@@ -26,9 +26,9 @@ def _offline_runs(root):
 
 def test_a_command_failing_its_checks_leaves_no_wandb_run(tmp_path, monkeypatch, run_config, suite_wandb_logger,
                                                          error_line):
-    """Issue #23: the W&B run began while Lightning set up, before the data, module and checkpoint
-    checks; a failing command left an empty run marked interrupted with 0 steps. Now it leaves
-    nothing; a good command's run still gets its config, and its checkpoints the run's id."""
+    """The W&B run begins after the data, module and checkpoint checks, not while Lightning sets
+    up: a command failing them leaves no run (no empty run marked interrupted with 0 steps); a good
+    command's run still gets its config, and its checkpoints the run's id."""
     import torch
 
     from rescale_tasks.cli import main

@@ -1,5 +1,5 @@
 """`rescale validate|test|predict --ckpt_path X --model.init_args.<arg> V` on the detection task
-runs with what was typed (issue #24): the test-time resize and predict's drawings, which
+runs with what was typed: the test-time resize and predict's drawings, which
 Lightning's CLI would replace with the checkpoint's saved hyper-parameters; the FPN's width,
 which shapes the weights, is refused in one line."""
 from __future__ import annotations

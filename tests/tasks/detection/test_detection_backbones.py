@@ -55,7 +55,7 @@ def test_fpn_sees_the_models_stage_outputs(scheme):
             with rescale_core.reference_path(ref, reference), rescale_core.reference_path(backbone, reference):
                 expected = ref.stage_outputs(x)
                 # the stage outputs are the model's forward: its pooled features come out of the last
-                _close(ref._head(expected[-1], 1.0), ref(x))
+                _close(ref.forward_head(expected[-1]), ref(x))
                 got = backbone.body(x)
             assert list(got) == ["0", "1", "2", "3"]
             for k, e in enumerate(expected):

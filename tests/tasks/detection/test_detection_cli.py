@@ -16,7 +16,8 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from rescale_tasks.cli import main, run_lightning
+from rescale_tasks.cli import main
+from rescale_tasks.common.lightning_cli import run_lightning
 from rescale_tasks.common.schedules import IterationMultiStepLR
 from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
 from rescale_tasks.detection.evaluation import STAT_NAMES
@@ -104,7 +105,7 @@ def test_fit_validate_test_predict_through_the_cli(coco_canvases, tmp_path, caps
     assert run.config["model"]["init_args"]["detector"] == "maskrcnn"
     for key in ("val/bbox_AP", "val/bbox_AP50", "val/segm_AP", "val/segm_APs", "train/loss_mask"):
         assert run.metric(key), key  # COCO metrics logged to W&B at validation
-    summary_matches_wandb("runs")  # the run summary holds the validation W&B received (issue #23)
+    summary_matches_wandb("runs")  # the run summary holds the validation W&B received
     [ckpt] = sorted(Path("runs").rglob("last.ckpt"))
 
     assert main(["validate", "--config", str(config), "--ckpt_path", str(ckpt)]) == 0
@@ -174,7 +175,7 @@ def test_two_process_evaluation_equals_one_process_and_cocoeval(coco_canvases, t
     as with one: images are merged by id, the sampler's padding counts once. The evaluation set is
     the canvases' train split (crowd regions, RLE and polygon masks, an empty image, a degenerate
     box, non-contiguous ids) plus objects where the model finds them (its scores are far from zero);
-    every logged number is COCOeval's on the written file against the json (issue #23)."""
+    every logged number is COCOeval's on the written file against the json."""
     config = tiny_config(tmp_path / "tiny.yaml", coco_canvases.root)
     assert main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.logger", "false",
                  "--trainer.default_root_dir", "one"]) == 0

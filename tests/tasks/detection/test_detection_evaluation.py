@@ -267,11 +267,11 @@ def test_no_detections_score_as_cocoeval_scores_an_empty_results_set(tmp_path):
 
 
 def test_the_real_data_sets_ap_is_cocoevals_on_its_own_json(coco_canvases, tmp_path):
-    """Issue #23: scored from targets rebuilt by the data set, AP differed from COCOeval on the
-    results file in the fourth decimal. The canvases' train split, read by the real data module as
-    an evaluation set, has every case: crowd regions (uncompressed RLE), compressed-RLE and polygon
-    masks, an image without annotations, a degenerate box the data set drops, non-contiguous
-    category ids. Predictions: every object (crowd regions too) moved a little, its mask cut to the
+    """The logged AP is COCOeval's on the results file against the data set's own json (scored from
+    targets rebuilt by the data set, it would differ in the fourth decimal). The canvases' train
+    split, read by the real data module as an evaluation set, has every case: crowd regions
+    (uncompressed RLE), compressed-RLE and polygon masks, an image without annotations, a
+    degenerate box the data set drops, non-contiguous category ids. Predictions: every object (crowd regions too) moved a little, its mask cut to the
     moved box, plus a false positive per image."""
     from rescale_tasks.detection.data import CocoDataModule
 

@@ -1,8 +1,8 @@
 """COCO polygons that cannot form a mask (no polygon, under 3 points, an odd number of coordinates,
-zero area): dropped and counted in a training json like degenerate boxes, and (malformed ones) refused in one line
-when a validation json is read, before any training (the COCO mask evaluation scores against every
-annotation of that json and crashes on some of them). Before, training learned empty masks for them
-and ``rescale fit`` ended after training in a pycocotools traceback."""
+zero area): dropped and counted in a training json like degenerate boxes, and (malformed ones)
+refused in one line when a validation json is read, before any training (the COCO mask evaluation
+scores against every annotation of that json and crashes on some of them). Kept, they would teach
+training empty masks and end ``rescale fit`` after training in a pycocotools traceback."""
 from __future__ import annotations
 
 import json

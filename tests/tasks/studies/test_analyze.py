@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from rescale_core.analysis import signal_propagation
-from rescale_tasks.cli import main, run_lightning
+from rescale_tasks.cli import main
+from rescale_tasks.common.lightning_cli import run_lightning
 from rescale_tasks.common.analysis_logger import AnalysisPlotsLogger
 from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
 

@@ -24,7 +24,8 @@ from rescale_tasks.cli import main
 from rescale_tasks.common.run_summary import read_summary
 from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
 from rescale_tasks.studies.grid import Grid
-from rescale_tasks.studies.study import build_parser, parse_lr_grid
+from rescale_tasks.studies.points import parse_lr_grid
+from rescale_tasks.studies.study import build_parser
 
 
 @pytest.fixture(autouse=True)
@@ -250,8 +251,8 @@ def test_bad_input_is_one_line(tmp_path, run_config, error_line):
 
 
 def test_a_second_study_on_the_same_folder_is_refused_naming_the_first(tmp_path, run_config, error_line):
-    """Issue #23: two `rescale study` processes on one --out ran the same points at once. The
-    second is refused in one line naming the first (its pid); the folder stays the first's alone."""
+    """Two `rescale study` processes on one --out would run the same points at once: the second is
+    refused in one line naming the first (its pid), and the folder stays the first's alone."""
     import subprocess
     import sys
     import time

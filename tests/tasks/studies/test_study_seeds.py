@@ -1,11 +1,12 @@
-"""Studies over seeds and per-scheme recipes, and the README's study tables copied from their files.
+"""Studies over seeds and per-scheme recipes, and the published study tables copied from their files.
 
 - a depth or batch-lr study with ``--seeds`` has one point per seed (its own ``--seed_everything``,
   after the study's) and ``--recipe`` adds each scheme's recipe config where it exists;
 - steps to 90% of the final metric are read from a run's learning curve (a slow start is a large
   number, not a failure), and the seeds of a setting collapse into mean, sample std and n, with the
   diverged runs counted apart (a setting is stable only when no seed diverged);
-- the README's study tables equal the files the study commands wrote (no hand-typed figures).
+- the study tables of ``docs/studies.md`` equal the files the study commands wrote (no hand-typed
+  figures), and ``rescale study tables`` checks that page by default.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import pytest
 from rescale_tasks.common.errors import UserError
 from rescale_tasks.studies.readme_tables import fill_tables, update_document
 from rescale_tasks.studies.seeded import collapse_seeds, mean_curve, steps_to_fraction
-from rescale_tasks.studies.study import batch_lr_points, batch_lr_tables, depth_points, depth_seed_tables
+from rescale_tasks.studies.points import batch_lr_points, depth_points
+from rescale_tasks.studies.tables import batch_lr_tables, depth_seed_tables
 
 REPO = Path(__file__).resolve().parents[3]
 M = "val/acc1"
@@ -112,11 +114,19 @@ def test_tables_are_copied_into_the_document_and_checked(tmp_path, capsys):
         fill_tables("<!-- study-table: gone.md -->\n<!-- /study-table -->", str(tmp_path))
 
 
-def test_the_readmes_study_tables_are_the_files_the_studies_wrote():
-    text = (REPO / "README.md").read_text()
-    new, changed, seen = fill_tables(text, str(REPO))
-    assert seen, "the README publishes its study tables from files"
-    assert not changed, f"README tables differ from their files: {changed} (run: rescale study tables README.md)"
+def test_the_published_study_tables_are_the_files_the_studies_wrote():
+    text = (REPO / "docs/studies.md").read_text()
+    new, changed, seen = fill_tables(text, str(REPO / "docs"))
+    assert len(seen) == 3, "docs/studies.md publishes its study tables from files"
+    assert not changed, f"docs/studies.md tables differ from their files: {changed} (run: rescale study tables)"
+
+
+def test_study_tables_checks_the_studies_page_by_default(monkeypatch, capsys):
+    from rescale_tasks.studies.study import main
+
+    monkeypatch.chdir(REPO)
+    assert main(["tables", "--check"]) == 0
+    assert capsys.readouterr().out.strip() == "docs/studies.md: 3 study tables, all equal to their files"
 
 
 

@@ -1,5 +1,5 @@
 """`rescale validate|test|predict --ckpt_path X --model.init_args.<arg> V` on the translation
-task runs with the decoding settings typed (issue #24), not with the checkpoint's saved
+task runs with the decoding settings typed, not with the checkpoint's saved
 hyper-parameters, which Lightning's CLI would put in their place; the network is refused."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The gettext catalogue reader (the corpora of the README's example and of the benchmark), and
-the catalogue pairs that come with the suite, which every translation test reads."""
+"""The gettext catalogue reader (the corpora of the translation guide's example and of the
+benchmark), and the catalogue pairs that come with the suite, which every translation test reads."""
 from __future__ import annotations
 
 import struct

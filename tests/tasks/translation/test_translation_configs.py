@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rescale_tasks.cli import run_lightning
+from rescale_tasks.common.lightning_cli import run_lightning
 from rescale_tasks.common.schedules import InverseSqrtLR
 
 WMT = Path(__file__).resolve().parents[3] / "experiments/wmt"

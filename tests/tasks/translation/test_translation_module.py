@@ -116,8 +116,9 @@ def test_translate_says_which_lines_are_too_long_for_the_model(trained, tmp_path
 
 
 def test_translate_names_the_line_that_is_not_utf8(trained, tmp_path, monkeypatch, capsys):
-    """Issue #23: Latin-1 text ended in a traceback (stdin: pybind11's 'Unable to cast Python
-    instance of type str'; --input: UnicodeDecodeError). One line now, as prepare-translation says it."""
+    """Text that is not UTF-8 (here Latin-1) is one line naming the line, as prepare-translation says
+    it, whether it comes on stdin or through --input: not pybind11's 'Unable to cast Python instance
+    of type str' or a UnicodeDecodeError traceback."""
     import io
 
     sources = (trained["root"] / "test.en").read_text(encoding="utf-8").splitlines()[:3]

@@ -1,6 +1,6 @@
-"""Another language pair is first-class (issue #24): `rescale prepare-translation` on an
-English-French folder of real text (the suite's French gettext catalogue pairs) records its languages
-and vocabulary where `rescale fit` reads them, so the WMT recipe trains on it with no
+"""Another language pair is first-class: `rescale prepare-translation` on an English-French
+folder of real text (the suite's French gettext catalogue pairs) records its languages and
+vocabulary where `rescale fit` reads them, so the WMT recipe trains on it with no
 --data.src_lang/--data.tgt_lang/--data.vocab_size to repeat, and the run's W&B name and group
 name the pair."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Translation's throughput is in target tokens: the progress lines of a run logging to a file
-print tokens/s, and its run summary and W&B run hold the same unit (issue #24)."""
+print tokens/s, and its run summary and W&B run hold the same unit."""
 from __future__ import annotations
 
 import re

@@ -1,4 +1,4 @@
-"""Translation's loaders take their worker count from the common cap (issue #24): at most the
+"""Translation's loaders take their worker count from the common cap: at most the
 usable cores (tests/tasks/common/test_loader_workers.py covers the other tasks)."""
 from __future__ import annotations
 

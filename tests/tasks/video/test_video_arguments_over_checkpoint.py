@@ -1,5 +1,5 @@
 """`rescale validate|test|predict --ckpt_path X --model.init_args.<arg> V` on the video task runs
-with what was typed (issue #24), not with the checkpoint's saved hyper-parameters, which
+with what was typed, not with the checkpoint's saved hyper-parameters, which
 Lightning's CLI would put in its place."""
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 import yaml
 
-from rescale_tasks.cli import main, run_lightning
+from rescale_tasks.cli import main
+from rescale_tasks.common.lightning_cli import run_lightning
 from rescale_tasks.common.schedules import WarmupCosineLR
 from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
 from rescale_tasks.video.module import VideoClassificationModule

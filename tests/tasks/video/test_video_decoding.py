@@ -248,9 +248,9 @@ def _stamps(path: Path) -> tuple[list[int], list[int]]:
 @pytest.mark.parametrize("suffix,codec", B_FRAME_CASES, ids=lambda v: v.strip("."))
 def test_b_frames_decode_exactly_in_avi_and_mp4(suffix, codec, tmp_path, b_frame_clips):
     """Clips written with B-frames by PyAV: every frame at any index equals the sequential decode.
-    H.264 in AVI is the case of METHOD.md: PyAV decodes every frame in order but their stamps come
-    out 1, 3, 2, 5, 6, 4 ... (an index assuming increasing pts threw the video away: "frame 1
-    (pts 2) could not be decoded")."""
+    H.264 in AVI is the case of ``docs/design.md`` ("Video decoding"): PyAV decodes every frame in
+    order but their stamps come out 1, 3, 2, 5, 6, 4 ..., so an index that assumed increasing pts
+    would throw the video away ("frame 1 (pts 2) could not be decoded")."""
     write, _ = b_frame_clips
     path = write(tmp_path / f"clip{suffix}", codec)
     frames = sequential(path)

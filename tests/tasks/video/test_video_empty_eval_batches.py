@@ -1,7 +1,8 @@
 """A validation or predict batch made only of bad videos (a zero-byte mp4 and a text file renamed
 ``.avi``) is skipped, its files counted, and the scores are those of the videos that were read: the
-same as on the folder without the bad files (rescale_tasks.common.empty_batches). Before, ``rescale
-predict`` ended in ``cannot reshape tensor of 0 elements`` on such a batch."""
+same as on the folder without the bad files (rescale_tasks.common.empty_batches), where an empty
+batch reaching the metrics would end ``rescale predict`` in ``cannot reshape tensor of 0
+elements``."""
 from __future__ import annotations
 
 import shutil

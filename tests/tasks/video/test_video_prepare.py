@@ -142,7 +142,7 @@ def test_b_frame_avis_convert_and_damaged_streams_are_reported_as_in_training(tm
     """A tree of AVIs with B-frames (H.264 ones carry out-of-order stamps) and two damaged files:
     the intact ones keep every frame; a copy with zeroed bytes (FFmpeg conceals the damage and
     logs errors) and a clip whose frames cannot all be decoded fail, counted by kind, each with the
-    reason training's decoder gives (before, both passed as clean-looking mp4s)."""
+    reason training's decoder gives, rather than passing as clean-looking mp4s."""
     from rescale_tasks.video.decoding import VideoDataError, make_decoder
 
     write, damage = b_frame_clips

@@ -1,6 +1,6 @@
-"""Issue #23's case on the real video task: 4 epochs validating at epochs 2 and 4. The run summary
-held one validation (step 3, the previous value); it must hold both, at their steps, with the
-multi-view accuracy the logger received (logged in the module's ``on_validation_epoch_end``)."""
+"""The run summary of the real video task over 4 epochs validating at epochs 2 and 4 holds both
+validations, at their steps, with the multi-view accuracy the logger received (logged in the
+module's ``on_validation_epoch_end``), not one validation at the previous step."""
 from __future__ import annotations
 
 import torch

@@ -1,0 +1,36 @@
+"""Execution plans: how a network's normalisation-free blocks are computed, for one function
+(RescaleNet, Shao et al. 2020; SkipInit, De & Smith 2020; Fixup, Zhang et al. 2019; ReZero,
+Bachlechner et al. 2020). ``docs/design.md`` ("Execution plans") explains them and the measured
+facts behind them.
+
+Every plan computes the reference function (the layer-by-layer ``forward`` of
+:mod:`rescale_core.blocks` and the model families) with the same parameters, buffers and state
+dict; they differ only in which ops they launch:
+
+- ``"reference"``: the layer-by-layer definition, written in the model files;
+- ``"folded"`` (:mod:`.folded`, on the identities of :mod:`.folds`): biases, offsets and
+  multipliers folded into the convolutions every step, fewer passes over the activations;
+- ``"lean"`` (:mod:`.lean`): every offset and gain of the network computed in one pass, the
+  fewest ops per step;
+- ``"auto"`` (the default): lean for tensors on an accelerator, folded on the CPU, decided per
+  call from the input's device.
+
+The modules: :mod:`.dispatch` (the plan set on a module, the registry of implementations per
+module type, the one dispatch in each ``forward``), :mod:`.conditions` (the schemes the fast
+plans implement, hooks, measuring steps), :mod:`.shared` (what both fast plans compute the same
+way: RescaleNet's scale schedule, the stem's offset, the merge's add), then one module per fast
+plan. A new plan is one more module registering a function per module type
+(:func:`~.dispatch.register`) and its name in :data:`~.dispatch.PLANS`.
+
+Select a plan with :func:`set_plan` (``create_model(..., plan=...)`` calls it) or, for a block
+of code, :func:`reference_path`.
+"""
+from .conditions import (IMPLEMENTED_FIELDS, eager_while_measuring, has_hooks, has_hooks_below, has_hooks_in,
+                         implements, measuring_step, module_tree_version, unimplemented)
+from .dispatch import (PLANS, Planned, check_plan, implementation, plan_of, reference_path, register,
+                       running_plan, set_plan, wants_lean)
+
+__all__ = ["PLANS", "check_plan", "set_plan", "plan_of", "running_plan", "reference_path", "wants_lean",
+           "Planned", "implementation", "register", "IMPLEMENTED_FIELDS", "implements", "unimplemented",
+           "measuring_step", "eager_while_measuring", "has_hooks", "has_hooks_in", "has_hooks_below",
+           "module_tree_version"]

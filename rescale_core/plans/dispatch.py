@@ -1,0 +1,209 @@
+"""Which plan computes a module: the plan set on it, the registry of plan implementations per
+module type, and the one dispatch every planned module's ``forward`` makes (the blocks and
+networks of the normalisation-free schemes: Shao et al. 2020, De & Smith 2020, Zhang et al.
+2019, Bachlechner et al. 2020).
+
+A module that runs on a plan subclasses :class:`Planned`; its ``forward`` is its reference
+definition plus one dispatch::
+
+    if (impl := implementation(self, x)) is not None:
+        return impl(self, x)
+    return ...  # the reference
+
+A plan implements a module type by registering a function with :func:`register` (see
+:mod:`rescale_core.plans.folded` and :mod:`rescale_core.plans.lean`); a plan that declines a call
+(:class:`Implementation` ``applies`` False: the lean plan while RescaleNet measures, a hook below)
+hands it to its fallback (:data:`FALLBACKS`), and the last one to the reference.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, NamedTuple
+
+import torch
+from torch import nn
+
+from ..schemes import Scheme
+from .conditions import global_hooks, implements
+
+__all__ = ["PLANS", "FALLBACKS", "check_plan", "Planned", "Implementation", "register", "implementation",
+           "running_plan", "set_plan", "plan_of", "reference_path", "wants_lean", "cached_on", "drop_cached"]
+
+PLANS = ("auto", "lean", "folded", "reference")
+# the plan that computes a call its plan declines (none: the reference)
+FALLBACKS: dict[str, str] = {"lean": "folded"}
+
+
+def check_plan(plan: str) -> str:
+    if plan not in PLANS:
+        raise ValueError(f"unknown execution plan {plan!r}; expected one of {', '.join(PLANS)}")
+    return plan
+
+
+class Implementation(NamedTuple):
+    """A plan's code for one module type: ``run(module, x, *args)`` computes the module's
+    ``forward``; ``applies(module, x)`` says whether it may now (else the plan's fallback runs)."""
+
+    run: Callable
+    applies: Callable[[nn.Module, torch.Tensor], bool]
+
+
+def _always(module: nn.Module, x: torch.Tensor) -> bool:
+    return True
+
+
+class Planned(nn.Module):
+    """A module computed on an execution plan. ``plan`` is the plan set on it (one of
+    :data:`PLANS`); a fast plan runs only for a scheme it implements (:meth:`check_scheme`, once
+    at construction): for any other the module computes its reference whatever plan is set.
+    ``fused`` reads whether a fast plan is selected; setting it False selects the reference,
+    True the default plan where the reference was selected."""
+
+    plan = "auto"
+    # whether the fast plans implement the module's scheme; the class default for modules
+    # pickled before the check, which ran the fast plans
+    _fast_ok = True
+    # {plan: Implementation}, filled per module type by :func:`register`
+    plan_implementations: dict[str, Implementation] = {}
+
+    def check_scheme(self, scheme: Scheme) -> None:
+        """Record whether the fast plans implement ``scheme`` (:func:`~.conditions.implements`)."""
+        self._fast_ok = implements(scheme)
+
+    @property
+    def fused(self) -> bool:
+        return self.plan != "reference" and self._fast_ok
+
+    @fused.setter
+    def fused(self, value: bool) -> None:
+        if not value:
+            self.plan = "reference"
+        elif self.plan == "reference":
+            self.plan = "auto"
+
+    def __setstate__(self, state: dict) -> None:
+        # a module pickled with a ``fused`` flag of its own: False selected the reference
+        if state.pop("fused", True) is False:
+            state["plan"] = "reference"
+        super().__setstate__(state)
+
+
+def register(plan: str, module_type: type, applies: Callable = _always):
+    """Decorator: the function implements ``plan`` for ``module_type`` (and its subclasses)
+    where ``applies(module, x)``."""
+    check_plan(plan)
+
+    def decorate(run: Callable) -> Callable:
+        module_type.plan_implementations = {**module_type.plan_implementations,
+                                            plan: Implementation(run, applies)}
+        return run
+
+    return decorate
+
+
+def _concrete(plan: str, x: torch.Tensor) -> str:
+    if plan == "auto":
+        return "lean" if x.device.type not in ("cpu", "meta") else "folded"
+    return plan
+
+
+def wants_lean(module: Planned, x: torch.Tensor) -> bool:
+    """Whether ``module``'s plan is lean on input ``x``: plan ``lean``, or ``auto`` with ``x`` on
+    an accelerator."""
+    return _concrete(module.plan, x) == "lean"
+
+
+def _selected(module: Planned, x: torch.Tensor) -> tuple[str, Implementation] | None:
+    # global hooks (and fx tracing, whose proxies have no device) first: they are cheap to ask
+    if not module.fused or global_hooks():
+        return None
+    plan = _concrete(module.plan, x)
+    while plan is not None:
+        impl = module.plan_implementations.get(plan)
+        if impl is not None and impl.applies(module, x):
+            return plan, impl
+        plan = FALLBACKS.get(plan)
+    return None
+
+
+def implementation(module: Planned, x: torch.Tensor) -> Callable | None:
+    """The function that computes ``module`` on input ``x`` now (``run(module, x, *args)``), or
+    None: the module's reference. None where the reference is selected or the fast plans do not
+    implement the module's scheme, under global hooks and fx tracing; else the plan set on the
+    module (``auto``: lean for ``x`` on an accelerator, folded on the CPU), or its fallback where
+    that plan declines."""
+    selected = _selected(module, x)
+    return None if selected is None else selected[1].run
+
+
+def running_plan(module: Planned, x: torch.Tensor) -> str:
+    """The plan that computes ``module`` on input ``x`` now: ``lean``, ``folded`` or
+    ``reference``."""
+    selected = _selected(module, x)
+    return "reference" if selected is None else selected[0]
+
+
+def _planned(model: nn.Module) -> list[Planned]:
+    return [m for m in model.modules() if isinstance(m, Planned)]
+
+
+def set_plan(model: nn.Module, plan: str) -> nn.Module:
+    """Run ``model`` under ``plan`` (one of :data:`PLANS`) from now on; returns ``model``. A
+    module whose scheme the fast plans do not implement still runs its reference."""
+    check_plan(plan)
+    for m in _planned(model):
+        m.plan = plan
+    drop_cached(model)
+    return model
+
+
+def plan_of(model: nn.Module) -> str:
+    """The plan ``model`` was set to (its own module's, or its first planned submodule's)."""
+    mods = _planned(model)
+    if not mods:
+        return "reference"
+    return mods[0].plan
+
+
+@contextmanager
+def reference_path(model: nn.Module, enabled: bool = True):
+    """Run ``model`` on its reference (layer-by-layer) path: every planned module's plan is
+    ``reference`` inside the block and restored afterwards."""
+    if not enabled:
+        yield model
+        return
+    saved = [(m, m.plan) for m in _planned(model)]
+    try:
+        for m, _ in saved:
+            m.plan = "reference"
+        yield model
+    finally:
+        for m, plan in saved:
+            m.plan = plan
+        drop_cached(model)  # cached schedules follow the plans
+
+
+# --------------------------------------------------------------- a plan's state cached on a module
+_CACHE = "_plan_cache"
+
+
+def cached_on(module: nn.Module, key, build):
+    """``build()``, cached in ``module.__dict__`` until ``key()`` changes (or :func:`drop_cached`).
+    Under ``torch.compile`` a cached value is reused without evaluating the key: compiling
+    registers modules of its own (fx graph modules), which moves the module-tree version the
+    keys contain, so checking it there would recompile every step."""
+    cached = module.__dict__.get(_CACHE)
+    if cached is not None and torch.compiler.is_compiling():
+        return cached[1]
+    k = key()
+    if cached is None or cached[0] != k:
+        cached = (k, build())
+        module.__dict__[_CACHE] = cached
+    return cached[1]
+
+
+def drop_cached(model: nn.Module) -> None:
+    """Forget what the plans cached in ``model``'s modules (:func:`cached_on`): it depends on the
+    modules' plans, which :func:`set_plan` and :func:`reference_path` change."""
+    for m in model.modules():
+        m.__dict__.pop(_CACHE, None)

@@ -1,0 +1,278 @@
+"""The identities the folded plan rests on (``docs/design.md``, "Why each fold is exact"), as
+functions of weights, biases and offsets (RescaleNet's mean-shift offsets, Shao et al. 2020;
+Fixup's scalar biases, Zhang et al. 2019; the schemes' branch multipliers); :mod:`rescale_core.plans.folded` applies them to each
+module type. Exact in real arithmetic; ``tests/core/test_core_fastpath.py`` checks them.
+
+1. **pre-conv offset -> conv bias** (:func:`input_offset_bias`, where :func:`folds_input_offset`):
+   ``conv(x + e) = conv(x; b + W.sum(spatial) @ e)`` for a convolution without padding.
+2. **offset across a ReLU** (:func:`shifted_relu`): ``relu(z) + e = max(z + e, e)``.
+3. **post-conv biases and multipliers -> last conv** (:func:`scale_out`, :func:`scale_bias`,
+   where :func:`folds_output_scale`; :func:`scaled_linear` for a linear layer):
+   ``s * conv(x; W, b) + t = conv(x; s W, s b + t)``.
+4. ``avgpool(x + e) = avgpool(x) + e``.
+
+Activations carried in units of ``c`` (RescaleNet's skip multipliers, ``docs/design.md``) take
+their additive terms divided by ``c`` (:func:`scaled`, :func:`scaled_module`).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from ..layers import MeanShiftBias, ScalarBias
+
+__all__ = ["offset_of", "is_offset_module", "folds_input_offset", "folds_output_scale", "conv_out_numel",
+           "input_offset_bias", "add_bias", "conv_bias", "scale_out", "scaled", "scaled_module",
+           "scale_bias", "shifted_relu", "scaled_linear"]
+
+
+# --------------------------------------------------------------- offsets into biases
+def offset_of(mod: nn.Module, x: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The additive term of a pre-conv bias module (measuring ``x`` first when due), or None."""
+    if isinstance(mod, MeanShiftBias):
+        return mod.offset(x)
+    if isinstance(mod, ScalarBias):
+        return mod.bias
+    return None
+
+
+def is_offset_module(mod: nn.Module) -> bool:
+    return isinstance(mod, (nn.Identity, MeanShiftBias, ScalarBias))
+
+
+def _zero_padding(conv: nn.modules.conv._ConvNd) -> bool:
+    pad = conv.padding
+    if isinstance(pad, str):
+        return pad == "valid" or all(k == 1 for k in conv.kernel_size)
+    return all(p == 0 for p in pad)
+
+
+def folds_input_offset(conv: nn.Module, in_numel: int) -> bool:
+    """Fold an input offset into this conv's bias (identity 1): exact without padding; worth it
+    when the weight is not larger than the input (the fold costs a few passes over ``W``)."""
+    return (isinstance(conv, nn.modules.conv._ConvNd) and _zero_padding(conv)
+            and conv.weight.numel() <= in_numel)
+
+
+def folds_output_scale(conv: nn.modules.conv._ConvNd, x: torch.Tensor) -> bool:
+    """Fold a multiplier of this conv's output into its weight (identity 3) when the weight is
+    not larger than the output; else the merge scales the output (small batches, 3D nets)."""
+    return conv.weight.numel() <= conv_out_numel(conv, x)
+
+
+def conv_out_numel(conv: nn.modules.conv._ConvNd, x: torch.Tensor) -> int:
+    """Number of elements of ``conv(x)`` (without running it)."""
+    pad = conv.padding
+    n = x.shape[0] * conv.out_channels
+    for i, size in enumerate(x.shape[2:]):
+        if isinstance(pad, str):
+            out = size if pad == "same" else size - conv.dilation[i] * (conv.kernel_size[i] - 1)
+        else:
+            out = (size + 2 * pad[i] - conv.dilation[i] * (conv.kernel_size[i] - 1) - 1) // conv.stride[i] + 1
+        n *= out
+    return n
+
+
+def input_offset_bias(weight: torch.Tensor, e: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """``W.sum(spatial) @ e`` per output channel: what ``conv(x + e) - conv(x)`` adds (no padding).
+    ``e`` is per input channel (any shape with C_in elements) or a scalar."""
+    cout = weight.shape[0]
+    if weight.dim() > 2 and any(k != 1 for k in weight.shape[2:]):
+        w = weight.sum(dim=tuple(range(2, weight.dim())))
+    else:
+        w = weight.reshape(cout, -1)  # a view for 1x1 kernels, contiguous or channels_last
+    if e.numel() == 1:
+        return w.sum(1) * e.reshape(1)
+    e = e.reshape(-1)
+    if groups == 1:
+        return torch.mv(w, e)
+    cin_g = w.shape[1]
+    return torch.bmm(w.reshape(groups, cout // groups, cin_g), e.reshape(groups, cin_g, 1)).reshape(cout)
+
+
+def add_bias(bias: torch.Tensor | None, term: torch.Tensor | None) -> torch.Tensor | None:
+    """``bias + term`` for per-output-channel vectors (or scalars of shape (1,)); None is 0."""
+    if term is None:
+        return bias
+    term = term.reshape(-1)
+    return term if bias is None else bias + term
+
+
+def conv_bias(bias: torch.Tensor | None, out_channels: int) -> torch.Tensor | None:
+    """A bias of shape (C_out,) for the conv call (scalar terms broadcast)."""
+    if bias is not None and bias.shape[0] != out_channels:
+        bias = bias.expand(out_channels)
+    return bias
+
+
+def scale_out(weight: torch.Tensor, scale) -> torch.Tensor:
+    """Scale a weight's output channels by a float, a scalar tensor or a per-channel tensor."""
+    if isinstance(scale, torch.Tensor):
+        return weight * scale.reshape((-1,) + (1,) * (weight.dim() - 1))
+    return weight * scale
+
+
+def scaled(t: torch.Tensor | None, c: float) -> torch.Tensor | None:
+    """``t / c`` (an additive term in activations carried in units of ``c``)."""
+    return t if t is None or c == 1.0 else t / c
+
+
+def scaled_module(mod: nn.Module, x: torch.Tensor, c: float) -> torch.Tensor:
+    """``mod(c * x) / c`` for a scalar-bias module (identity for the others with c == 1)."""
+    if c != 1.0 and isinstance(mod, ScalarBias):
+        return x + mod.bias / c
+    return mod(x)
+
+
+def scale_bias(bias: torch.Tensor | None, scale) -> torch.Tensor | None:
+    if bias is None:
+        return None
+    return bias * (scale.reshape(-1) if isinstance(scale, torch.Tensor) else scale)
+
+
+# --------------------------------------------------------------- the ReLU with an offset
+def _relu_grad_above(g: torch.Tensor, y: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """``g`` where ``y > e``, else 0: ``y - e > 0`` exactly when ``z > e`` (``y == e`` bit for
+    bit otherwise). Two float kernels writing one new buffer (the difference, overwritten by
+    the result): ~10x faster on CPU than a broadcast compare and select."""
+    diff = y - e
+    return torch.ops.aten.threshold_backward.grad_input(g, diff, 0, grad_input=diff)
+
+
+class _ShiftedReLU(torch.autograd.Function):
+    """``y = max(z, e)``, with ``z = u + e`` (``e`` entered ``z`` through the previous conv's
+    bias, detached): ``y = relu(u) + e``. In place on ``z`` in eager mode; out of place under
+    ``torch.compile``, where saving the output keeps inductor from saving a bool mask of
+    ``z > e`` per ReLU (an extra buffer, and on CPU a store several times slower than the
+    ReLU). Backward as the reference ``relu(u) + e``: ``du = g * (y > e)`` (ReLU's tie rule:
+    no gradient at 0) and ``de = sum(g)``."""
+
+    @staticmethod
+    def forward(ctx, z: torch.Tensor, e: torch.Tensor, inplace: bool) -> torch.Tensor:
+        if inplace:
+            y = torch.maximum(z, e, out=z)
+            ctx.mark_dirty(z)
+        else:
+            y = torch.maximum(z, e)
+        ctx.save_for_backward(y, e)
+        ctx.inplace = inplace
+        return y
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        y, e = ctx.saved_tensors
+        gz = None
+        if ctx.needs_input_grad[0]:  # functional under compile: inductor fuses it into one kernel
+            gz = _relu_grad_above(g, y, e) if ctx.inplace else torch.ops.aten.threshold_backward(g, y - e, 0)
+        ge = g.sum_to_size(e.shape) if ctx.needs_input_grad[1] else None
+        return gz, ge, None
+
+
+def shifted_relu(z: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """``relu(z - e) + e`` for ``z`` that already contains ``e.detach()`` (identity 2). Works in
+    place on ``z`` (a conv output nothing else needs) in eager mode."""
+    e = e.to(z.dtype)
+    if torch.compiler.is_compiling():
+        return _ShiftedReLU.apply(z, e, False)
+    if not (torch.is_grad_enabled() and (z.requires_grad or e.requires_grad)):
+        return torch.maximum(z, e, out=z)
+    return _ShiftedReLU.apply(z, e, True)
+
+
+# --------------------------------------------------------------- a linear layer with a multiplier
+def _per_feature(scale, dims: int = 1):
+    """A float stays a float; a tensor becomes one value per output feature, shaped to broadcast
+    over a weight's rows (``dims=2``) or a bias / the last axis of an activation (``dims=1``)."""
+    if not isinstance(scale, torch.Tensor):
+        return scale
+    return scale.reshape((-1,) + (1,) * (dims - 1))
+
+
+def _scale_on_weight(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Scale the weight when it is not larger than the output, else the output (in place)."""
+    return weight.numel() <= x.numel() // x.shape[-1] * weight.shape[0]
+
+
+def _scaled_linear_forward(x, weight, bias, scale):
+    """Into a fresh tensor, not a view of one (the merge adds the skip path to it in place).
+    ``s`` is applied in the parameters' dtype, then the weight cast to ``x.dtype`` (autocast):
+    one rounding, as ``F.linear`` under autocast rounds the unscaled weight."""
+    on_weight = _scale_on_weight(x, weight)
+    if on_weight:
+        weight = weight * _per_feature(scale, 2)
+        bias = None if bias is None else bias * _per_feature(scale)
+    weight = weight.to(x.dtype)
+    y = x.new_empty(x.shape[:-1] + (weight.shape[0],))
+    x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, weight.shape[0])
+    if bias is None:
+        torch.mm(x2, weight.t(), out=y2)
+    else:
+        torch.addmm(bias.to(x.dtype), x2, weight.t(), out=y2)
+    return y if on_weight else y.mul_(_per_feature(scale))
+
+
+class _ScaledLinear(torch.autograd.Function):
+    """``y = s * (x W^T + b)``, ``s`` a float, a scalar tensor or one per output feature (the
+    Transformer sublayer's ``gain * branch_scale``), saving only ``x``, ``W``, ``b`` and ``s``.
+    Folding ``s`` into a new weight ``s W`` would save that copy for backward, one per sublayer:
+    in a Transformer the weights are larger than a batch's activations, so the copies cost ~20%
+    of a step's memory. With ``G = g^T x`` and ``g_b = sum(g)``, the gradients of the plain
+    layer: ``dW = s G``, ``db = s g_b``, ``ds = sum_i(W * G) + b g_b`` per output feature and
+    ``dx = (s g) W``; ``s`` is applied to the smaller of the weight and the activations. ``x``
+    may have a lower precision than the parameters (autocast): the products run in ``x``'s
+    dtype, the parameter gradients are formed in the parameters' dtype."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, scale):
+        if isinstance(scale, torch.Tensor):
+            ctx.save_for_backward(x, weight, bias, scale)
+        else:
+            ctx.save_for_backward(x, weight, bias)
+            ctx.float_scale = scale
+        return _scaled_linear_forward(x, weight, bias, scale)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        x, weight, bias, *rest = ctx.saved_tensors
+        scale = rest[0] if rest else ctx.float_scale
+        need_x, need_w, need_b, need_s = ctx.needs_input_grad
+        gx = gw = gb = gs = None
+        if need_x:
+            if _scale_on_weight(x, weight):
+                gx = g @ (weight * _per_feature(scale, 2)).to(g.dtype)
+            else:
+                gx = (g * _per_feature(scale)).to(g.dtype) @ weight.to(g.dtype)
+        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+        if need_w or need_s:
+            plain = (g2.t() @ x2).to(weight.dtype)  # dL/dW of the unscaled layer
+            gw = plain * _per_feature(scale, 2) if need_w else None
+            gs = (weight * plain).sum(1) if need_s else None
+        if bias is not None and (need_b or need_s):
+            plain_b = g2.sum(0, dtype=bias.dtype)
+            gb = plain_b * _per_feature(scale) if need_b else None
+            gs = gs + bias * plain_b if need_s else None
+        if need_s:
+            gs = gs.sum().reshape(scale.shape) if scale.numel() == 1 else gs.reshape(scale.shape)
+        return gx, gw, gb, gs
+
+
+def scaled_linear(layer: nn.Linear, x: torch.Tensor, scale=None) -> torch.Tensor:
+    """``scale * layer(x)`` for a float, a scalar tensor or one per output feature, without
+    saving a scaled weight copy for backward (:class:`_ScaledLinear`); None: ``layer(x)``.
+    Under autocast the input is cast to the autocast dtype, as ``F.linear`` does."""
+    if scale is None:
+        return layer(x)
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        x = x.to(torch.get_autocast_dtype(device))
+        with torch.autocast(device, enabled=False):
+            return _apply_scaled_linear(x, layer.weight, layer.bias, scale)
+    return _apply_scaled_linear(x, layer.weight, layer.bias, scale)
+
+
+def _apply_scaled_linear(x, weight, bias, scale):
+    if not torch.is_grad_enabled():
+        return _scaled_linear_forward(x, weight, bias, scale)
+    return _ScaledLinear.apply(x, weight, bias, scale)

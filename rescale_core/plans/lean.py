@@ -1,0 +1,398 @@
+"""The lean plan: the reference function with the fewest ops per step, for an eager accelerator
+step, which is host-bound (each launched op costs ~9 us of host time whatever its size:
+``docs/design.md``, "Host cost per launched op on a GPU", and "What the lean plan does instead").
+
+Every additive term (RescaleNet's ``bias - mu0``, Shao et al. 2020; Fixup's scalar biases, Zhang
+et al. 2019) and every branch multiplier (``gain * branch_scale``) of the whole network is computed in one pass at the start of
+the forward (:class:`LeanTerms`: one concatenation of the parameters, one subtraction of the
+measured means, one multiplication by constants, one cast to the activations' dtype, whatever
+the depth), then used as views: an offset is one per-channel add (or the conv's own bias slot
+where the conv follows it directly), a merge is one ``addcmul(skip, branch, multiplier)``
+(:func:`gain_merge`), RescaleNet's skip multipliers are carried along the stages as in the
+folded plan (:func:`~rescale_core.plans.shared.carried_scales`). Nothing weight-sized is
+computed per step. While a mean-shift layer measures, the folded plan runs instead.
+
+One function per module type, each to be read against that module's reference ``forward``:
+:func:`residual_block`, :func:`sublayer`, :func:`resnet` and :func:`vgg`.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..blocks import ResidualBlock, ResidualSublayer
+from ..layers import Gain, MeanShiftBias, ScalarBias, StridedAvgPool
+from ..models.resnet import ResNet
+from ..models.vgg import VGG
+from .conditions import has_hooks_below, has_hooks_in, is_updating, measuring_step, module_tree_version
+from .dispatch import cached_on, register
+from .folds import scaled
+from .shared import add_scaled_skip, add_skip, carried_scales, network_part, offset_stem
+
+__all__ = ["LeanTerms", "activation_dtype", "is_term_module", "gain_merge", "block_entries", "block_terms",
+           "residual_block", "sublayer", "resnet", "vgg"]
+
+
+def activation_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the network's activations will have: autocast's where it is on, else ``x``'s
+    (floating) dtype."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype if x.is_floating_point() else torch.get_default_dtype()
+
+
+# --------------------------------------------------------------- the terms, in one pass
+def _term_parameter(mod: nn.Module) -> torch.Tensor:
+    return mod.weight if isinstance(mod, Gain) else mod.bias
+
+
+class LeanTerms:
+    """Every additive term and branch multiplier of a network, computed in one pass.
+
+    ``entries``: (module, multiplier) pairs, each module a :class:`MeanShiftBias` (term
+    ``bias - mu0``, or ``bias * measure_bias_scale - mu0`` before it has measured), a
+    :class:`ScalarBias` (``bias``) or a :class:`Gain` (``weight``); the multiplier (a float) is
+    applied to the whole term: ``1 / c`` for a term added to activations carried in units of
+    ``c``, ``branch_scale * c_in / c_out`` for a gain. :meth:`values` returns, per module, its
+    term in the activations' dtype with its parameter's shape: views of one vector computed by
+    a fixed number of ops (concatenation, subtraction of the means, multiplication, cast), so
+    that the network launches the same few ops for these terms whatever its depth, and their
+    backward is one multiplication and one cast."""
+
+    def __init__(self, entries: list[tuple]) -> None:
+        self.modules = [e[0] for e in entries]
+        self.multipliers = [float(e[1]) for e in entries]
+        # a third element n: a scalar term wanted as n equal values (a conv's bias slot)
+        self.expand = [e[2] if len(e) > 2 else None for e in entries]
+        self.sizes = [_term_parameter(m).numel() for m in self.modules]
+        self.shapes = [tuple(_term_parameter(m).shape) if n is None else (n,)
+                       for m, n in zip(self.modules, self.expand)]
+        self.out_sizes = [s if n is None else n for s, n in zip(self.sizes, self.expand)]
+        self._constants: dict = {}
+
+    def __len__(self) -> int:
+        return len(self.modules)
+
+    def _constant(self, kind: str, like: torch.Tensor, premultiplied: tuple[bool, ...]):
+        """Cached per device and dtype: the per-element multiplier vectors and a zero vector
+        (None where every multiplier is 1)."""
+        key = (kind, like.device, like.dtype, premultiplied)
+        if key not in self._constants:
+            if kind == "zeros":
+                value = torch.zeros(max(self.sizes), device=like.device, dtype=like.dtype)
+            elif kind == "index":  # source element of every output element
+                starts = [0]
+                for n in self.sizes:
+                    starts.append(starts[-1] + n)
+                index = [j for start, n, e in zip(starts, self.sizes, self.expand)
+                         for j in ([start] * e if e is not None else range(start, start + n))]
+                value = torch.tensor(index, device=like.device, dtype=torch.long)
+            else:
+                if kind == "pre":
+                    per = [m.measure_bias_scale if p else 1.0 for m, p in zip(self.modules, premultiplied)]
+                    sizes = self.sizes
+                else:
+                    per, sizes = self.multipliers, self.out_sizes
+                if all(s == 1.0 for s in per):
+                    value = None
+                else:
+                    value = torch.cat([torch.full((n,), s, dtype=torch.float64) for n, s in zip(sizes, per)])
+                    value = value.to(device=like.device, dtype=like.dtype)
+            self._constants[key] = value
+        return self._constants[key]
+
+    def values(self, dtype: torch.dtype) -> dict[nn.Module, torch.Tensor]:
+        if not self.modules:
+            return {}
+        params = [_term_parameter(m) for m in self.modules]
+        flat = torch.cat([p.reshape(-1) for p in params])
+        # a mean-shift layer that has not measured yet (evaluated before training) scales its bias
+        pre = tuple(isinstance(m, MeanShiftBias) and m.measuring for m in self.modules)
+        if any(pre):
+            flat = flat * self._constant("pre", flat, pre)
+        means = [m.mu0 if isinstance(m, MeanShiftBias) else None for m in self.modules]
+        if any(mu is not None for mu in means):
+            zeros = self._constant("zeros", flat, ())
+            flat = flat - torch.cat([zeros[:n] if mu is None else mu.reshape(-1).to(flat.dtype)
+                                     for mu, n in zip(means, self.sizes)])
+        if any(n is not None for n in self.expand):  # one gather for every expanded term
+            flat = flat.index_select(0, self._constant("index", flat, ()))
+        mult = self._constant("post", flat, ())
+        if mult is not None:
+            flat = flat * mult
+        flat = flat.to(dtype)
+        parts = torch.split(flat, self.out_sizes)
+        return {m: part.view(shape) for m, part, shape in zip(self.modules, parts, self.shapes)}
+
+
+def is_term_module(mod: nn.Module) -> bool:
+    """A module whose term :class:`LeanTerms` computes."""
+    return isinstance(mod, (MeanShiftBias, ScalarBias, Gain))
+
+
+# --------------------------------------------------------------- the merge, one addcmul
+class _GainMerge(torch.autograd.Function):
+    """``alpha * skip + s * f`` (``s`` a gain times constants, one value or one per channel;
+    ``alpha`` a float): one ``addcmul`` forward (and a multiplication where ``alpha != 1``);
+    backward ``df = s g`` (in ``f``'s dtype), ``ds = sum(g f)`` (a dot product for one value)
+    and ``dskip = alpha g``: three ops where autograd's addcmul formula launches five."""
+
+    @staticmethod
+    def forward(ctx, skip, f, s, alpha):
+        ctx.save_for_backward(f, s)
+        ctx.alpha = alpha
+        return _addcmul(skip, f, s, alpha)
+
+    @staticmethod
+    def backward(ctx, g):
+        f, s = ctx.saved_tensors
+        gskip = gf = gs = None
+        if ctx.needs_input_grad[0]:
+            gskip = g if ctx.alpha == 1.0 else g * ctx.alpha
+        if g.dtype != f.dtype and (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
+            g = g.to(f.dtype)  # what autograd would cast df to anyway (a float32 stream, bf16 branch)
+        if ctx.needs_input_grad[1]:
+            gf = g * s
+        if ctx.needs_input_grad[2]:
+            gs = _dot(g, f) if s.numel() == 1 else (g * f).sum_to_size(s.shape)
+            gs = gs.reshape(s.shape).to(s.dtype)
+        return gskip, gf, gs, None
+
+
+def _flat_view(t: torch.Tensor) -> torch.Tensor | None:
+    """``t``'s elements as a 1-D view in memory order (contiguous or channels_last), else None."""
+    if t.is_contiguous():
+        return t.view(-1)
+    if t.dim() in (4, 5):
+        perm = (0,) + tuple(range(2, t.dim())) + (1,)
+        p = t.permute(perm)
+        if p.is_contiguous():
+            return p.view(-1)
+    return None
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``sum(a * b)`` in one op where both lie in memory in the same order."""
+    if a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype:
+        fa, fb = _flat_view(a), _flat_view(b)
+        if fa is not None and fb is not None:
+            return torch.dot(fa, fb)
+    return (a * b).sum()
+
+
+def _addcmul(skip: torch.Tensor, f: torch.Tensor, s: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``alpha * skip + s * f`` laid out as the branch ``f`` (channels_last stays channels_last
+    where a shortcut's pooling returned another layout), in the promoted dtype."""
+    out = torch.empty_like(f, dtype=torch.promote_types(skip.dtype, f.dtype))
+    return torch.addcmul(skip if alpha == 1.0 else skip * alpha, f, s, out=out)
+
+
+def gain_merge(skip: torch.Tensor, f: torch.Tensor, s: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """``alpha * skip + s * f`` with the fewest ops in forward and backward (:class:`_GainMerge`)."""
+    if torch.is_grad_enabled() and (f.requires_grad or s.requires_grad or skip.requires_grad):
+        return _GainMerge.apply(skip, f, s, float(alpha))
+    return _addcmul(skip, f, s, alpha)
+
+
+# --------------------------------------------------------------- the residual block
+def block_entries(block: ResidualBlock, c_in: float, c_out: float) -> list[tuple]:
+    """The (module, multiplier) pairs whose terms :func:`residual_block` reads, for activations
+    taken in units of ``c_in`` and returned in units of ``c_out``."""
+    entries = []
+    if block.downsample is not None:
+        entries += [(m, 1.0 / c_in) for m in block.downsample if is_term_module(m)]
+    for i in range(1, block.num_convs + 1):
+        shift, post = getattr(block, f"shift{i}"), getattr(block, f"bn{i}")
+        if is_term_module(shift):
+            entries.append((shift, 1.0 / c_in))
+        if isinstance(post, ScalarBias):  # Fixup's pre-activation bias: the conv's bias slot
+            entries.append((post, 1.0 / c_in, getattr(block, f"conv{i}").out_channels))
+    if block.merge.gain is not None:
+        entries.append((block.merge.gain, block.merge.branch_scale * c_in / c_out))
+    if block.merge.bias is not None:
+        entries.append((block.merge.bias, 1.0 / c_out))
+    return entries
+
+
+def block_terms(block: ResidualBlock) -> LeanTerms:
+    """A block's own :class:`LeanTerms` (a block called on its own, e.g. by a detection
+    backbone's layer getter; a ResNet computes one for all its blocks)."""
+    return cached_on(block, lambda: (module_tree_version(), 1.0, 1.0),
+                     lambda: LeanTerms(block_entries(block, 1.0, 1.0)))
+
+
+def _shortcut(seq: nn.Sequential, x: torch.Tensor, c_in: float, terms: dict) -> torch.Tensor:
+    for mod in seq:
+        if is_term_module(mod):
+            x = x + terms[mod]
+        elif isinstance(mod, StridedAvgPool):
+            x = mod.pool(x)
+        elif c_in != 1.0 and isinstance(mod, nn.modules.conv._ConvNd) and mod.bias is not None:
+            x = mod._conv_forward(x, mod.weight, mod.bias / c_in)
+        else:
+            x = mod(x)
+    return x
+
+
+def _block_applies(block: ResidualBlock, x: torch.Tensor) -> bool:
+    """No hook below, and no mean-shift layer of the block measuring (a measured offset exists
+    only once the layer's input has been seen: the folded plan runs)."""
+    return not has_hooks_below(block) and not any(is_updating(m) for m in block.modules())
+
+
+def residual_block(block: ResidualBlock, x: torch.Tensor, c_in: float, c_out: float, terms: dict) -> torch.Tensor:
+    """The block's reference function with the fewest ops: each pre-conv offset one add, Fixup's
+    pre-activation bias in the conv's bias slot, the merge one ``addcmul(skip, f, gain *
+    branch_scale)`` (or an ``add`` with ``alpha``), the ReLUs in place. ``terms``: the
+    :func:`block_entries` values for the same ``c_in``, ``c_out`` (units as in the folded plan's
+    :func:`~rescale_core.plans.folded.residual_block`)."""
+    skip = x if block.downsample is None else _shortcut(block.downsample, x, c_in, terms)
+    drop_active = block.training and not isinstance(block.drop, nn.Identity)
+    h = x
+    m = block.num_convs
+    for i in range(1, m + 1):
+        shift, conv, post = getattr(block, f"shift{i}"), getattr(block, f"conv{i}"), getattr(block, f"bn{i}")
+        if is_term_module(shift):
+            h = h + terms[shift]
+        elif not isinstance(shift, nn.Identity):
+            h = shift(h)
+        bias = scaled(conv.bias, c_in)
+        fold_post = isinstance(post, ScalarBias) and not drop_active
+        if fold_post:  # conv(h) + b: the conv's bias slot (b comes as out_channels values)
+            b = terms[post]
+            bias = b if bias is None else bias.to(b.dtype) + b
+        h = block.drop(conv._conv_forward(h, conv.weight, bias))
+        if isinstance(post, ScalarBias):
+            if not fold_post:
+                h = h + terms[post][:1]
+        elif not isinstance(post, nn.Identity):
+            h = post(h)
+        if i < m:
+            h = torch.relu_(h)
+    merge = block.merge
+    alpha = merge.skip_scale * c_in / c_out
+    if merge.gain is not None:
+        out = gain_merge(skip, h, terms[merge.gain], alpha)
+    else:
+        scale = merge.branch_scale * c_in / c_out
+        if scale == 1.0:
+            out = add_skip(h, skip, alpha)
+        else:  # in the branch's layout, as add_skip
+            out = add_scaled_skip(h, scale, skip, alpha)
+    if merge.bias is not None:
+        out = out + terms[merge.bias]
+    return torch.relu_(block.merge_norm(out))
+
+
+@register("lean", ResidualBlock, applies=_block_applies)
+def _block(block: ResidualBlock, x: torch.Tensor) -> torch.Tensor:
+    return residual_block(block, x, 1.0, 1.0, block_terms(block).values(activation_dtype(x)))
+
+
+# --------------------------------------------------------------- the Transformer sublayer
+@register("lean", ResidualSublayer, applies=lambda sub, x: not has_hooks_below(sub))
+def sublayer(sub: ResidualSublayer, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """The branch as it is, then one ``addcmul(alpha * x, f, gain * branch_scale)``
+    (:func:`gain_merge`)."""
+    out = sub.dropout(sub.fn(sub.pre_norm(x), *args, **kwargs))
+    merge = sub.merge
+    if merge.gain is not None:
+        s = (merge.gain.weight * merge.branch_scale).to(out.dtype)
+        out = gain_merge(x, out, s, merge.skip_scale)
+    else:
+        out = merge(x, out)
+    return sub.post_norm(out)
+
+
+# --------------------------------------------------------------- the ResNet
+def _resnet_schedule(model: ResNet) -> tuple[LeanTerms, dict]:
+    """(LeanTerms of the whole network, {block: (c_in, c_out)}): the scales of
+    :func:`~rescale_core.plans.shared.carried_scales`, ``(1, 1)`` for a block on a fast plan
+    that does not carry them, ``(None, None)`` for a block on its reference. Cached until a
+    module is registered anywhere (``set_plan`` and ``reference_path`` drop it: the blocks'
+    plans shape it; no walk over the modules per forward)."""
+    def build():
+        blocks = []
+        for block, c_in, c_out in carried_scales(b for _, stage in model.stage_modules() for b in stage):
+            if c_in is None and isinstance(block, ResidualBlock) and block.fused:
+                c_in = c_out = 1.0
+            blocks.append((block, c_in, c_out))
+        entries = [(model.bn1, 1.0)] if is_term_module(model.bn1) else []
+        for block, c_in, c_out in blocks:
+            if c_in is not None:
+                entries += block_entries(block, c_in, c_out)
+        entries += [(m, 1.0) for m in (model.pool_shift, model.fc_bias) if is_term_module(m)]
+        return LeanTerms(entries), {block: (c_in, c_out) for block, c_in, c_out in blocks}
+
+    return cached_on(model, module_tree_version, build)
+
+
+def _features(model: ResNet, x: torch.Tensor, terms: dict, stages: list | None) -> tuple[torch.Tensor, float]:
+    """Features in units of ``c`` (true features = ``c * x``), as the folded plan's."""
+    conv, post = model.conv1, model.bn1
+    if is_term_module(post):
+        x = model.maxpool(offset_stem(conv, x, terms[post]))
+    else:
+        x = model.maxpool(torch.relu_(post(conv(x))))
+    scales = _resnet_schedule(model)[1]
+    c = 1.0
+    for tpool, stage in model.stage_modules():
+        if tpool is not None:  # max(c x) = c max(x): c > 0 stays carried
+            x = tpool(x)
+        for block in stage:
+            c_in, c_out = scales[block]
+            if c_in is None:
+                x, c = block(x if c == 1.0 else x * c), 1.0
+            else:
+                if c != c_in:  # a block that does not carry the scale takes true units
+                    x, c = x * c, 1.0
+                x, c = residual_block(block, x, c_in, c_out, terms), c_out
+        if stages is not None:
+            stages.append(x if c == 1.0 else x * c)
+    return x, c
+
+
+def _head(model: ResNet, x: torch.Tensor, c: float, terms: dict) -> torch.Tensor:
+    """The head on features in units of ``c``: ``e + c * avgpool(x)`` in one op."""
+    x = torch.flatten(model.avgpool(x), 1)
+    if is_term_module(model.pool_shift):
+        x = torch.add(terms[model.pool_shift].reshape(1, -1), x, alpha=c)
+    elif c != 1.0:
+        x = x * c
+    x = model.dropout(model.head_norm(x))
+    if is_term_module(model.fc_bias):
+        x = x + terms[model.fc_bias]
+    return model.fc(x)
+
+
+def _resnet_applies(model: ResNet, x: torch.Tensor) -> bool:
+    return not measuring_step(model) and not has_hooks_in(model)
+
+
+@register("lean", ResNet, applies=_resnet_applies)
+def resnet(model: ResNet, x: torch.Tensor, part: str, stages: list | None = None) -> torch.Tensor:
+    """``part`` of the network (``ResNet``'s reference ``_run``) on the lean plan."""
+    terms = _resnet_schedule(model)[0].values(activation_dtype(x))
+    return network_part(lambda x: _features(model, x, terms, stages), lambda x, c: _head(model, x, c, terms),
+                        x, part)
+
+
+# --------------------------------------------------------------- VGG
+def _vgg_terms(model: VGG) -> LeanTerms:
+    return cached_on(model, module_tree_version, lambda: LeanTerms(
+        [(m, 1.0) for m in model.modules() if isinstance(m, MeanShiftBias)]))
+
+
+@register("lean", VGG, applies=lambda model, x: not measuring_step(model) and not has_hooks_in(model))
+def vgg(model: VGG, x: torch.Tensor) -> torch.Tensor:
+    """Every mean-shift offset of the network computed in one pass, each then one add in front
+    of its conv or linear layer."""
+    terms = _vgg_terms(model).values(activation_dtype(x))
+    for seq in (model.features, None, model.classifier):
+        if seq is None:
+            x = torch.flatten(model.avgpool(x), 1)
+            continue
+        for m in seq:
+            x = x + terms[m] if isinstance(m, MeanShiftBias) else m(x)
+    return x

@@ -1,0 +1,68 @@
+"""The layers of a run's configuration, in the order the ``rescale`` command applies them.
+
+A run config holds only what differs from the ``_defaults.yaml`` files of its folder and the folders
+above it up to ``experiments/`` (applied first, nearest last), then come the ``--config`` files in
+their order, then the ``--key value`` overrides. :func:`defaults_for` finds the defaults;
+:func:`yaml_layers` reads the files in that order and :func:`flag_values` the overrides, for a caller
+that needs a setting without building the run (a study resolving its points' logger).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import yaml
+
+__all__ = ["DEFAULTS_NAME", "CONFIG_FLAGS", "defaults_for", "flag_values", "yaml_layers"]
+
+DEFAULTS_NAME = "_defaults.yaml"
+CONFIG_FLAGS = ("--config", "-c")
+
+
+def defaults_for(config_paths: Sequence[str]) -> list[str]:
+    """``_defaults.yaml`` files that apply to the given run configs, outermost first: those of
+    the config's folder and its parents up to the ``experiments`` folder holding it, or of the
+    config's own folder alone outside an ``experiments`` tree (an unrelated ``_defaults.yaml``
+    higher up, in a home or scratch folder, is never applied)."""
+    found: list[str] = []
+    for cfg in config_paths:
+        folder = Path(cfg).resolve().parent
+        parents = [folder, *folder.parents]
+        top = next((i for i, p in enumerate(parents) if p.name == "experiments"), 0)
+        chain = []
+        for parent in parents[:top + 1]:
+            candidate = parent / DEFAULTS_NAME
+            if candidate.is_file() and candidate != Path(cfg).resolve():
+                chain.append(str(candidate))
+        for path in reversed(chain):
+            if path not in found:
+                found.append(path)
+    return found
+
+
+def flag_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """Every value ``argv`` gives one of ``flags``, in order: ``--flag value`` and ``--flag=value``
+    (a flag at the end, with no value after it, gives none)."""
+    found = []
+    for i, arg in enumerate(argv):
+        key, sep, value = arg.partition("=")
+        if key not in flags:
+            continue
+        if sep:
+            found.append(value)
+        elif i + 1 < len(argv):
+            found.append(argv[i + 1])
+    return found
+
+
+def yaml_layers(configs: Sequence[str]) -> Iterator[dict]:
+    """The YAML mappings the command applies in order: the ``_defaults.yaml`` files, then the
+    configs; a missing or broken file is skipped (the run itself reports it)."""
+    for path in [*defaults_for(configs), *configs]:
+        try:
+            with open(path) as f:
+                data = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(data, dict):
+            yield data

@@ -1,0 +1,80 @@
+"""A study's tables and plots from its points' results (``rescale study aggregate``, and the local
+engine when its points are done)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from .grid import Grid
+from .outputs import StudyOutputs
+from .plots import batch_lr_plots, curves_plot, depth_plot, seed_plot
+from .results import point_rows
+from .seeded import collapse_seeds
+from .tables import batch_lr_tables, depth_seed_tables, depth_tables, seed_table
+
+__all__ = ["aggregate"]
+
+
+def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = None,
+              wandb_run: Optional[str] = None, wandb_project_name: Optional[str] = None) -> StudyOutputs:
+    """Read every point's results and write the study's tables and plots into ``out`` (default:
+    the study folder); log them to ``wandb_run`` when given."""
+    settings = grid.settings
+    metric = metric or settings.get("metric")
+    margin = float(settings.get("learn_margin", 0.05))
+    outputs = StudyOutputs(out or grid.study_dir)
+    rows, metric = point_rows(grid, metric, margin)
+    not_done = [r for r in rows if r["status"] in ("not run", "interrupted", "failed")]
+    note = f"; {len(not_done)} of {len(rows)} points not done" if not_done else ""
+    seeded = any("seed" in r for r in rows)
+    if grid.kind == "depth" and seeded:
+        collapsed, wide = depth_seed_tables(rows, metric)
+        outputs.table("depth_runs", depth_tables(rows, metric)[0],
+                      title=f"Depth study: one row per run (final values; steps_to_90: first step at 90% of "
+                      f"the run's final {metric}){note}")
+        outputs.table("depth", collapsed, title=f"Depth study over seeds: mean, std (n-1) and n of the runs that "
+                      f"did not diverge, per scheme and depth{note}")
+        outputs.table("depth_grid", wide, title=f"Depth study: final {metric}, mean ± std over seeds (diverged "
+                      f"runs counted apart; 90% at s: mean first step at 90% of the final {metric}){note}")
+        # the plot's marks: a mean where some seed trained (some others may have diverged), hollow
+        # where none learned, a cross where every seed diverged
+        depth_plot(outputs, [{**r, "diverged_step": None,
+                               "status": "trained" if r["status"] == "partly diverged" else r["status"]}
+                              for r in collapsed], metric)
+        curves_plot(outputs, grid, rows, metric, "depth", "depth_curves")
+        echo = ["depth_grid"]
+    elif grid.kind == "depth":
+        ordered, wide = depth_tables(rows, metric)
+        outputs.table("depth", ordered, title=f"Depth study: one row per run (final values; failed to learn: "
+                      f"final {metric} not above chance + {margin:g}){note}")
+        outputs.table("depth_grid", wide, title=f"Depth study: final {metric} per scheme and depth "
+                      f"(diverged@s: diverged at step s){note}")
+        depth_plot(outputs, ordered, metric)
+        echo = ["depth_grid"]
+    elif grid.kind == "batch-lr":
+        if seeded:  # a setting is stable when none of its seeds diverged; optimal: the best mean
+            outputs.table("batch_lr_runs", sorted(rows, key=lambda r: (r["scheme"], r["batch_size"], r["lr"],
+                                                                       r["seed"])),
+                          title=f"Batch size x learning rate: one row per run{note}")
+            rows = [{**r, "status": "diverged" if r["diverged"] else r["status"], "diverged_step": None}
+                    for r in collapse_seeds(rows, ["scheme", "batch_size", "lr"], metric)]
+        summary = batch_lr_tables(rows, metric)
+        outputs.table("batch_lr", summary, title=f"Optimal (best final {metric}), largest stable (did not "
+                      f"diverge) and largest learning (trained, not collapsed to chance) learning rate per scheme "
+                      f"and batch size{note}")
+        outputs.table("batch_lr_points", sorted(rows, key=lambda r: (r["scheme"], r["batch_size"], r["lr"])),
+                      title=f"Batch size x learning rate: one row per run{note}")
+        batch_lr_plots(outputs, rows, summary, metric)
+        echo = ["batch_lr"]
+    elif grid.kind == "seeds":
+        done = [(p.name, s.summary) for p in grid.points if (s := grid.state(p)).state == "done"]
+        table = seed_table([s for _, s in done])
+        outputs.table("seeds", table, title=f"Over {len(done)} seeds: mean, std = sample standard deviation "
+                      f"(ddof=1, n-1), n = finite values (diverged runs left out){note}")
+        outputs.table("seeds_points", rows, title=f"One row per seed{note}")
+        seed_plot(outputs, done, metric)
+        echo = ["seeds"]
+    else:
+        outputs.table("points", rows, title=f"{grid.kind}: one row per run{note}")
+        echo = ["points"]
+    outputs.finish(wandb_run, wandb_project_name, echo=echo)
+    return outputs

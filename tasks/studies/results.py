@@ -1,0 +1,113 @@
+"""What each point of a study ended with, one row per point: its coordinates, its status
+(trained, diverged at step s, failed to learn, failed, interrupted, not run) and its final and best
+values, read from the points' ``run_summary.json`` files.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Optional
+
+from ..common.checkpointing import CheckpointError, peek_checkpoint
+from ..common.run_summary import higher_is_better
+from .compare import pick_metric
+from .grid import Grid, GridPoint
+from .seeded import steps_to_fraction
+
+__all__ = ["point_rows", "as_float"]
+
+
+def as_float(value: Any) -> Optional[float]:
+    """A logged value as a float (inf and nan kept: the callers tell them apart), else None."""
+    if value is None:
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value
+
+
+def _train_loss(summary: dict) -> Optional[float]:
+    final = summary.get("final") or {}
+    for key in ("train/loss_epoch", "train/loss", "train/loss_step"):
+        if key in final:
+            return as_float(final[key])
+    curve = (summary.get("curves") or {}).get("train/loss") or []
+    return as_float(curve[-1][1]) if curve else None
+
+
+def _num_classes(grid: Grid, point: GridPoint, summary: dict) -> Optional[int]:
+    """The run's class count: from its summary if recorded there, else its checkpoint's
+    hyper-parameters (metadata only; the tensors are memory-mapped, not read)."""
+    if summary.get("num_classes"):
+        return int(summary["num_classes"])
+    checkpoint = grid.last_checkpoint(point) or summary.get("checkpoint")
+    if not checkpoint or not os.path.isfile(checkpoint):
+        return None
+    try:
+        value = peek_checkpoint(checkpoint).hyper_parameters.get("num_classes")
+    except (CheckpointError, OSError, ValueError):
+        return None
+    return int(value) if value else None
+
+
+def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -> tuple[list[dict], str]:
+    """One row per grid point: its params, status and final/best values; and the metric used.
+
+    status: ``trained``; ``diverged at step s``; ``failed to learn`` (finished, but an accuracy
+    metric not above chance (1/classes) + ``margin``, or, where the chance level is unknown, a final
+    training loss not below the first logged one); ``failed`` (the run stopped with an error,
+    ``error`` says which); ``interrupted`` (a ``last.ckpt`` to resume from); ``not run``.
+    Validation values of a diverged run are left empty (a non-finite model was validated).
+    """
+    states = [(point, grid.state(point)) for point in grid.points]
+    metric = pick_metric([s.summary for _, s in states if s.summary], metric, default="val/loss")
+    higher = higher_is_better(metric)
+    rows = []
+    for point, state in states:
+        s = state.summary or {}
+        final, best = s.get("final") or {}, s.get("best") or {}
+        row: dict[str, Any] = dict(point.params)
+        row.update({"status": None, "diverged_step": None, "steps": s.get("steps"), "train_loss": None,
+                    "val_loss": None, f"final {metric}": None, f"best {metric}": None, "steps_to_90": None,
+                    "train_seconds": s.get("train_seconds"), "error": None, "point": point.name})
+        if state.state == "done":
+            diverged = s.get("status") == "diverged"
+            row["train_loss"] = _train_loss(s)
+            if diverged:
+                row["status"] = f"diverged at step {s.get('diverged_step')}"
+                row["diverged_step"] = s.get("diverged_step")
+            else:
+                row["val_loss"] = as_float(final.get("val/loss"))
+                row[f"final {metric}"] = as_float(final.get(metric))
+                row[f"best {metric}"] = as_float(best.get(metric))
+                row["steps_to_90"] = steps_to_fraction((s.get("curves") or {}).get(metric) or [],
+                                                       row[f"final {metric}"], 0.9, higher)
+                row["status"] = "trained" if _learned(grid, point, s, metric, higher, margin) else "failed to learn"
+        elif state.state == "partial":
+            row["status"] = "interrupted"
+            row["error"] = f"resumable from {state.checkpoint}"
+        elif state.state == "failed":
+            row["status"] = "failed"
+            row["error"] = (state.outcome or {}).get("error") or s.get("error")
+        else:
+            row["status"] = "not run"
+        rows.append(row)
+    return rows, metric
+
+
+def _learned(grid: Grid, point: GridPoint, summary: dict, metric: str, higher: bool, margin: float) -> bool:
+    value = as_float((summary.get("final") or {}).get(metric))
+    if value is not None and not math.isfinite(value):
+        return False
+    last = metric.rsplit("/", 1)[-1]
+    if higher and last.startswith("acc") and value is not None:
+        classes = _num_classes(grid, point, summary)
+        if classes:
+            return value > 1.0 / classes + margin
+    curve = [v for _, v in (summary.get("curves") or {}).get("train/loss", []) if v is not None]
+    final = _train_loss(summary)
+    if not curve or final is None:
+        return value is not None
+    return math.isfinite(final) and final < curve[0]

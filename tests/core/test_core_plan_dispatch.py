@@ -1,0 +1,80 @@
+"""The dispatch of execution plans (``rescale_core.plans.dispatch``): which plan computes a
+module now, each module type's registered implementations, one ``plan`` attribute per module,
+and modules pickled with the flags of the earlier layout."""
+from __future__ import annotations
+
+import pickle
+
+import torch
+
+import rescale_core
+from rescale_core import ResidualBlock, ResidualSublayer, get_scheme
+from rescale_core.models.resnet import ResNet
+from rescale_core.models.vgg import VGG
+from rescale_core.plans import folded, lean, running_plan
+
+
+def _tiny(scheme: str = "rescale", **kwargs):
+    torch.manual_seed(0)
+    return rescale_core.create_model("resnet18", scheme=scheme, base_width=4, num_classes=3,
+                                     scheme_options={"measure_batches": 1}, **kwargs)
+
+
+def test_every_module_type_registers_both_fast_plans():
+    for cls in (ResidualBlock, ResidualSublayer, ResNet, VGG):
+        impls = cls.plan_implementations
+        assert set(impls) == {"folded", "lean"}, cls
+        assert impls["folded"].run.__module__ == folded.__name__ and impls["lean"].run.__module__ == lean.__name__
+
+
+def test_the_running_plan_follows_plan_measuring_and_hooks():
+    model = _tiny(plan="lean").train()
+    x = torch.randn(2, 3, 16, 16)
+    assert running_plan(model, x) == "folded"  # measuring: the lean plan declines
+    model(x).sum().backward()
+    assert running_plan(model, x) == "lean" and running_plan(model.layer1[0], x) == "lean"
+    handle = model.layer1[0].conv1.register_forward_hook(lambda *a: None)
+    assert running_plan(model, x) == "folded" and running_plan(model.layer1[0], x) == "reference"
+    handle.remove()
+    rescale_core.set_plan(model, "auto")
+    assert running_plan(model, x) == "folded"  # auto on a CPU tensor
+    with rescale_core.reference_path(model):
+        assert running_plan(model, x) == "reference"
+    assert running_plan(model, x) == "folded"
+
+
+def test_one_plan_attribute_and_fused_as_its_view():
+    model = _tiny()
+    assert "fused" not in vars(model)  # a view of ``plan``
+    model.fused = False
+    assert model.plan == "reference" and not model.fused
+    model.fused = True
+    assert model.plan == "auto" and model.fused
+    rescale_core.set_plan(model, "lean")
+    model.fused = True  # a fast plan stays as set
+    assert model.plan == "lean"
+
+
+def test_modules_pickled_with_the_earlier_flags_keep_their_path():
+    """``fused`` False (the reference) and ``_fast_ok`` False (a scheme the fast plans do not
+    implement) were instance attributes: they still select the reference."""
+    x = torch.randn(2, 3, 16, 16)
+    for flags in ({"fused": False, "_fast_ok": True}, {"fused": True, "_fast_ok": False}):
+        model = _tiny("skipinit").eval()
+        state = dict(model.__dict__, plan="lean", **flags)
+        restored = ResNet.__new__(ResNet)
+        restored.__setstate__(state)
+        assert running_plan(restored, x) == "reference", flags
+        again = pickle.loads(pickle.dumps(restored))
+        assert running_plan(again, x) == "reference", flags
+    fast = ResNet.__new__(ResNet)
+    fast.__setstate__(dict(_tiny("skipinit").__dict__, fused=True, plan="lean"))
+    assert fast.plan == "lean" and fast.fused
+
+
+def test_a_scheme_the_plans_do_not_implement_stays_on_the_reference():
+    scheme = get_scheme("rescale")
+    block = ResidualBlock(scheme, 8, 8)
+    block._fast_ok = False  # as check_scheme records for an unimplemented scheme
+    rescale_core.set_plan(block, "folded")
+    assert running_plan(block, torch.randn(1, 8, 4, 4)) == "reference" and not block.fused

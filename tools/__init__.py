@@ -1,0 +1,1 @@
+"""Repository tools run from its root (``python -m tools.<name>``); not installed."""
