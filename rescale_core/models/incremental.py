@@ -1,9 +1,10 @@
-"""The state a Transformer decoder keeps between incremental decoding steps (inference only,
-never a module or saved): per attention layer the keys and values seen so far (:class:`KVCache`),
-per batch the padding and positions of the fed tokens (:class:`IncrementalState`), and the
-attend-mask of new queries after cached keys. :class:`~rescale_core.models.transformer.Transformer`
-fills it (``new_cache``, ``decode_step``); beam search reorders it
-(:mod:`rescale_core.generation`, as fairseq's ``reorder_incremental_state``)."""
+"""The state a Transformer decoder (Vaswani et al. 2017) keeps between incremental decoding steps,
+as fairseq keeps it (Ott et al. 2019), for inference only (never a module, never saved): per
+attention layer the keys and values seen so far (:class:`KVCache`), per batch the padding and
+positions of the fed tokens (:class:`IncrementalState`), and the attend-mask of new queries after
+cached keys. :class:`~rescale_core.models.transformer.Transformer` fills it (``new_cache``,
+``decode_step``); beam search reorders it (:mod:`rescale_core.generation`, as fairseq's
+``reorder_incremental_state``)."""
 from __future__ import annotations
 
 import torch
