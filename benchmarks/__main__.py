@@ -12,6 +12,8 @@ import traceback
 
 import torch
 
+from rescale_tasks.common.allocator import ENV as MALLOC_ENV, keep_freed_memory
+
 from . import report
 from .sections import SECTIONS, run_section
 from .toolkit import SectionResult, Settings
@@ -23,10 +25,10 @@ except ImportError:  # no torchvision (a GPU machine with only its own torch): n
     DETECTION_SIZES = {"quick": {}, "cpu": {}, "cuda": {}}
 
 DEFAULT_REPEATS = {
-    "cpu": {"train": 10, "eval": 10, "measuring": 6, "channels_last": 6, "plans": 5,
+    "cpu": {"train": 10, "eval": 10, "measuring": 6, "channels_last": 6, "plans": 5, "inference": 6,
             "resnet3d": 8, "transformer": 8, "data": 3, "translation": 4,
             "detection": 3, "video_loader": 3},
-    "cuda": {"train": 20, "eval": 20, "measuring": 12, "channels_last": 12, "plans": 12,
+    "cuda": {"train": 20, "eval": 20, "measuring": 12, "channels_last": 12, "plans": 12, "inference": 12,
              "resnet3d": 15, "transformer": 15, "data": 3, "translation": 15,
              "detection": 10, "video_loader": 5},
 }
@@ -71,8 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="channels_last models and inputs in every section (default: on for cuda, off for cpu; "
                         "the channels_last section always compares both)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="time the plans section under torch.compile too, beside eager (default: on, off "
-                        "with --quick; slow on CPU)")
+                   help="time the plans and inference sections under torch.compile too, beside eager "
+                        "(default: on, off with --quick; slow on CPU)")
     p.add_argument("--compile-backend", default="inductor",
                    help="torch.compile backend of the plans section (default inductor; aot_eager or eager "
                         "check graph capture without generating code)")
@@ -97,6 +99,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the N of the video_loader section's 'N workers' DataLoader (default: cpu 2, cuda "
                         "the usable cores up to 8)")
     p.add_argument("--markdown", metavar="PATH", help="write the results section of this markdown file")
+    p.add_argument("--host-malloc", choices=["kept", "system"], default="kept",
+                   help="kept (the default, what the rescale command does): glibc keeps freed host memory for the "
+                        "next step instead of returning it and faulting it in again; system: glibc's defaults "
+                        "(rescale_tasks.common.allocator; docs/speed.md, 'Host memory on a CPU')")
     p.add_argument("--markdown-tag", metavar="TAG", default="",
                    help="write a results section of its own, <!-- bench:begin [DEVICE-]TAG -->, instead "
                         "of the device's main one (e.g. --only translation --markdown-tag translation: "
@@ -176,6 +182,7 @@ def measured_sections(results: list[SectionResult], settings: Settings) -> set[s
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    keep_freed_memory(dict(os.environ, **({MALLOC_ENV: "system"} if args.host_malloc == "system" else {})))
     settings = build_settings(args)
     env = report.environment(settings, sys.argv[1:] if argv is None else argv)
     print(report.header_text(env), flush=True)

@@ -1,4 +1,5 @@
-"""``python -m benchmarks.opcount``: ops launched per eager train step, per family, scheme and plan.
+"""``python -m benchmarks.opcount``: ops launched per eager train step, per family, scheme and plan,
+and per eval forward (the frozen inference plan against the training plans evaluating).
 
 An eager GPU step is host-bound: every op it launches costs ~9 us of host time on an H100 node
 whatever its size (``docs/design.md``, "Host cost per launched op"), so what an eager step costs
@@ -17,7 +18,12 @@ launch them:
   (``promote_types`` and profiler markers launch nothing); **dispatches** are every call,
   views included (each still costs host time, much less);
 - the counts depend on the network's structure, not on its widths or the input size, so the
-  models are narrow and the inputs small (a second per contender).
+  models are narrow and the inputs small (a second per contender);
+- an eval forward (eval mode, ``torch.inference_mode``) is counted in the steady state, after a
+  first forward that folds the frozen plan's weights (:mod:`rescale_core.plans.frozen`: once per
+  evaluation), and again with the frozen plan off (``set_frozen(model, False)``: the plan set on
+  the model evaluates, as before the frozen plan existed), both under bf16 autocast and
+  channels_last and in float32 on contiguous tensors (the CPU default).
 
 Families: ResNet-50 (bottleneck), ResNeXt-50 32x4d (grouped bottleneck), ResNet-18 (basic),
 Wide-ResNet 16-4, the R3D-18 video ResNet, VGG-11 and the Transformer (``transformer_tiny``),
@@ -44,7 +50,7 @@ import rescale_core
 from .toolkit import SectionResult, Settings, Table
 
 __all__ = ["OpCounter", "Family", "FAMILIES", "StepCount", "count_step", "count_contender",
-           "op_counts", "op_table", "section_ops", "main"]
+           "op_counts", "op_table", "EvalCount", "count_eval", "eval_counts", "eval_table", "section_ops", "main"]
 
 
 class OpCounter(TorchDispatchMode):
@@ -168,7 +174,6 @@ class ContenderCount:
     role: str          # "baseline" | "floor" | "scheme"
     plan: str
     train: StepCount
-    eval: StepCount
     measuring: StepCount | None = None
 
 
@@ -177,16 +182,22 @@ def _sgd(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.9, weight_decay=1e-4, foreach=True)
 
 
-def count_contender(family: Family, scheme: str, options: dict | None = None, plan: str = "auto",
-                    role: str = "scheme", label: str | None = None) -> ContenderCount:
+def _built(family: Family, scheme: str, options: dict | None, plan: str, channels_last: bool = True):
     torch.manual_seed(0)
     model = family.build(scheme, options)
     rescale_core.set_plan(model, plan)
     inputs, targets = family.make_batch()
-    if family.conv:
+    if family.conv and channels_last:
         fmt = torch.channels_last_3d if inputs[0].dim() == 5 else torch.channels_last
         model = model.to(memory_format=fmt)
         inputs = tuple(x.contiguous(memory_format=fmt) for x in inputs)
+    return model, inputs, targets
+
+
+def count_contender(family: Family, scheme: str, options: dict | None = None, plan: str = "auto",
+                    role: str = "scheme", label: str | None = None) -> ContenderCount:
+    """The ops of a train step (and of a measuring step, for RescaleNet) on ``plan``."""
+    model, inputs, targets = _built(family, scheme, options, plan)
     model.train()
     opt = _sgd(model)
     measuring = None
@@ -198,9 +209,7 @@ def count_contender(family: Family, scheme: str, options: dict | None = None, pl
     for _ in range(2):
         count_step(model, inputs, targets, family.loss, opt)
     train = count_step(model, inputs, targets, family.loss, opt)
-    model.eval()
-    evaluation = count_step(model, inputs, targets, family.loss, opt, train=False)
-    return ContenderCount(family.name, label or scheme, role, plan, train, evaluation, measuring)
+    return ContenderCount(family.name, label or scheme, role, plan, train, measuring)
 
 
 def op_counts(families: list[str] | None = None, plans: tuple[str, ...] = ("folded", "lean"),
@@ -220,25 +229,78 @@ def op_counts(families: list[str] | None = None, plans: tuple[str, ...] = ("fold
     return out
 
 
+def _label(c) -> str:
+    return {"baseline": f"{c.name} (baseline)", "floor": "floor (no norm)"}.get(c.role, c.name)
+
+
 def op_table(counts: list[ContenderCount]) -> tuple[list[str], list[list[str]]]:
     """Columns and rows: launches per train step, its ratio to the family's floor and baseline,
-    eval-forward launches against the floor's, a measuring step's launches (RescaleNet) and all
-    dispatches."""
-    columns = ["family", "contender", "plan", "train launches", "x floor", "x baseline",
-               "eval launches", "eval x floor", "measuring step", "dispatches"]
+    a measuring step's launches (RescaleNet) and all dispatches."""
+    columns = ["family", "contender", "plan", "train launches", "x floor", "x baseline", "measuring step",
+               "dispatches"]
     rows = []
     for c in counts:
         floor = next(o for o in counts if o.family == c.family and o.role == "floor")
         base = next(o for o in counts if o.family == c.family and o.role == "baseline")
         plan = "-" if c.role != "scheme" else c.plan
-        label = {"baseline": f"{c.name} (baseline)", "floor": "floor (no norm)"}.get(c.role, c.name)
-        rows.append([c.family, label, plan, str(c.train.launches),
+        rows.append([c.family, _label(c), plan, str(c.train.launches),
                      f"{c.train.launches / floor.train.launches:.2f}",
                      f"{c.train.launches / base.train.launches:.2f}",
-                     str(c.eval.launches), f"{c.eval.launches / floor.eval.launches:.2f}",
                      "-" if c.measuring is None else
                      f"{c.measuring.launches} ({c.measuring.launches / c.train.launches:.2f}x)",
                      str(c.train.dispatches)])
+    return columns, rows
+
+
+# --------------------------------------------------------------- eval forwards
+@dataclass
+class EvalCount:
+    family: str
+    name: str            # scheme label
+    role: str            # "baseline" | "floor" | "scheme"
+    frozen: StepCount    # the frozen plan (what evaluation runs)
+    before: StepCount    # the frozen plan off: the default plan evaluating
+
+
+def count_eval(family: Family, scheme: str, options: dict | None = None, role: str = "scheme",
+               label: str | None = None, autocast: bool = True, channels_last: bool = True) -> EvalCount:
+    """One eval forward's ops (``torch.inference_mode``) in the steady state, with and without
+    the frozen plan, on the default plan (``auto``: folded on the CPU), of a network that has
+    measured its mean-shift statistics (as a trained one has)."""
+    model, inputs, targets = _built(family, scheme, options, "auto", channels_last)
+    rescale_core.finish_measuring(model)
+    model.eval()
+    counts = {}
+    for enabled in (True, False):
+        rescale_core.plans.set_frozen(model, enabled)
+        count_step(model, inputs, targets, family.loss, None, autocast, train=False)  # folds once
+        counts[enabled] = count_step(model, inputs, targets, family.loss, None, autocast, train=False)
+    return EvalCount(family.name, label or scheme, role, counts[True], counts[False])
+
+
+def eval_counts(families: list[str] | None = None, autocast: bool = True,
+                channels_last: bool = True) -> list[EvalCount]:
+    """Baseline, floor and every normalization-free scheme of each family, evaluating."""
+    out = []
+    for name in families or list(FAMILIES):
+        fam = FAMILIES[name]
+        out.append(count_eval(fam, fam.baseline, None, "baseline", None, autocast, channels_last))
+        out.append(count_eval(fam, *fam.floor, "floor", "floor", autocast, channels_last))
+        out += [count_eval(fam, scheme, None, "scheme", None, autocast, channels_last) for scheme in fam.schemes]
+    return out
+
+
+def eval_table(counts: list[EvalCount]) -> tuple[list[str], list[list[str]]]:
+    """Columns and rows: eval-forward launches on the frozen plan against the family's floor and
+    baseline, and before it (the default plan evaluating)."""
+    columns = ["family", "contender", "eval launches", "x floor", "x baseline", "before (frozen off)",
+               "before x floor"]
+    rows = []
+    for c in counts:
+        floor = next(o for o in counts if o.family == c.family and o.role == "floor").frozen.launches
+        base = next(o for o in counts if o.family == c.family and o.role == "baseline").frozen.launches
+        rows.append([c.family, _label(c), str(c.frozen.launches), f"{c.frozen.launches / floor:.2f}",
+                     f"{c.frozen.launches / base:.2f}", str(c.before.launches), f"{c.before.launches / floor:.2f}"])
     return columns, rows
 
 
@@ -259,6 +321,23 @@ def section_ops(settings: Settings) -> SectionResult:
         if c.role == "scheme":
             floor = next(o for o in counts if o.family == c.family and o.role == "floor")
             result.metrics[f"ops {c.family} {c.name} {c.plan} x floor"] = c.train.launches / floor.train.launches
+    for autocast, setting in ((True, "bf16 autocast, channels_last"), (False, "float32, contiguous: the CPU default")):
+        evals = eval_counts(autocast=autocast, channels_last=autocast)
+        columns, rows = eval_table(evals)
+        result.tables.append(Table(
+            f"Ops launched per eval forward ({setting}; batch 2, torch.inference_mode)", columns, rows,
+            notes=["eval launches: the frozen plan (rescale_core.plans.frozen: weights folded once per evaluation, "
+                   "counted after the first forward); before: the same model with the frozen plan off "
+                   "(set_frozen(model, False)), the plan auto evaluating as training computes",
+                   "RescaleNet's projection shortcuts average-pool before their 1x1 convolution (the floor's stride "
+                   "it): one op each above the floor (3 in a 4-stage ResNet); VGG adds its input's offset (1)",
+                   "float32 contiguous on a CPU: RescaleNet's 2D shortcut pools are several faster ops (strided sums)"]))
+        precision = "bf16" if autocast else "fp32"
+        for c in evals:
+            if c.role == "scheme":
+                floor = next(o for o in evals if o.family == c.family and o.role == "floor")
+                result.metrics[f"ops eval {precision} {c.family} {c.name} x floor"] = (
+                    c.frozen.launches / floor.frozen.launches)
     return result
 
 
@@ -267,18 +346,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--families", nargs="+", choices=list(FAMILIES), default=None)
     p.add_argument("--plans", nargs="+", choices=["folded", "lean", "reference"], default=["folded", "lean"])
     p.add_argument("--top", type=int, default=0, help="also list the N most launched ops per contender")
+    p.add_argument("--eval", action="store_true", help="count eval forwards (frozen plan on and off) instead")
+    p.add_argument("--fp32", action="store_true", help="with --eval: float32 on contiguous tensors (CPU default)")
     args = p.parse_args(argv)
-    counts = op_counts(args.families, tuple(args.plans))
-    columns, rows = op_table(counts)
+    if args.eval:
+        evals = eval_counts(args.families, autocast=not args.fp32, channels_last=not args.fp32)
+        _print(eval_table(evals), [(f"{c.family} {c.name} eval", c.frozen) for c in evals], args.top)
+    else:
+        counts = op_counts(args.families, tuple(args.plans))
+        _print(op_table(counts), [(f"{c.family} {c.name} {c.plan}", c.train) for c in counts], args.top)
+    return 0
+
+
+def _print(table: tuple[list[str], list[list[str]]], steps: list[tuple[str, StepCount]], top: int) -> None:
+    """The table, then (``top`` > 0) each step's most launched ops."""
+    columns, rows = table
     widths = [max(len(r[i]) for r in rows + [columns]) for i in range(len(columns))]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
     for r in rows:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths)))
-    if args.top:
-        for c in counts:
-            print(f"\n{c.family} {c.name} {c.plan}: " +
-                  ", ".join(f"{op} {n}" for op, n in c.train.by_op.most_common(args.top)))
-    return 0
+    for name, step in steps if top else ():
+        print(f"\n{name}: " + ", ".join(f"{op} {n}" for op, n in step.by_op.most_common(top)))
 
 
 if __name__ == "__main__":

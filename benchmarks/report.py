@@ -9,7 +9,8 @@ The speed goals of the normalization-free networks, as ratios measured in the sa
   slower than the target's own eager step;
 - its measuring steps no slower than its ordinary steps (a 5% allowance for noise);
 - its peak training memory at most the baseline's;
-- its eval-mode forward within 5% of the floor.
+- its eval-mode forward within 5% of the floor; in the ``inference`` section (the frozen plan,
+  ResNet-50 and R3D-18), eager and compiled.
 
 ResNet-50 (``rescale50`` vs torchvision's BN ResNet-50), the 3D ResNet (rescale vs BN) and the
 Transformer (rescale vs post-LN) get the same goals where the section ran. Thresholds live in
@@ -43,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from rescale_tasks.common.allocator import host_allocator
 
 from .models import resnet3d_suite, resnet50_suite, transformer_suite
 from .toolkit import SectionResult, Settings, Table
@@ -172,6 +175,14 @@ def detection_goals() -> list[Goal]:
                  "detection_vs_frozen_bn", "detection", area="detection")]
 
 
+def inference_goals() -> list[Goal]:
+    """RescaleNet's eval forward on the frozen plan within 5% of the floor, eager and compiled
+    (the ``inference`` section: ResNet-50 and R3D-18)."""
+    return [Goal(title, f"rescale eval forward / floor, {mode} (frozen plan)",
+                 f"{name}.inference.{mode}.vs_floor.rescale", "eval_vs_floor", "inference")
+            for name, title in (("resnet50", "ResNet-50"), ("r3d_18", "R3D-18")) for mode in ("eager", "compiled")]
+
+
 def video_goals(metrics: dict | None = None) -> list[Goal]:
     """Video: the video loader with N workers keeps up with the 3D train step on GOP-16 clips
     (what ``rescale prepare-video`` writes): PyAV always, every other backend measured."""
@@ -216,7 +227,7 @@ def goals(metrics: dict | None = None) -> list[Goal]:
                  "memory_vs_baseline", section["train"]),
             Goal(title, f"{t} eval forward / {f}", f"{n}.eval.vs_floor.{t}", "eval_vs_floor", section["eval"]),
         ]
-    return out + translation_goals(metrics) + detection_goals() + video_goals(metrics)
+    return out + inference_goals() + translation_goals(metrics) + detection_goals() + video_goals(metrics)
 
 
 def evaluate_goals(metrics: dict, device: str | torch.device) -> list[GoalResult]:
@@ -274,6 +285,7 @@ def environment(settings: Settings, argv: list[str] | None = None) -> list[tuple
                 f"torch threads {torch.get_num_threads()}"),
         ("gpu", gpu),
         ("os", f"{platform.system()} {platform.release()}; load average at the start: {load_average()}"),
+        ("host memory", host_allocator()),
         ("versions", f"python {platform.python_version()}, torch {torch.__version__}, torchvision "
                      f"{_version('torchvision')}, timm {_version('timm')}, lightning {_version('lightning')}, "
                      f"numpy {_version('numpy')}, pillow {_version('pillow')}"),

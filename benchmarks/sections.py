@@ -13,6 +13,9 @@ by the suites live in :mod:`benchmarks.suites`.
 - ``plans``: rescale50's train step under each execution plan (reference, folded, lean) against
   BN and the floor, eager and under ``torch.compile`` (``--no-compile`` times the eager half
   alone; :mod:`benchmarks.plans`).
+- ``inference``: the eval forward of ResNet-50 and R3D-18 on the frozen plan (RescaleNet, Fixup,
+  SkipInit) against BN and the floor, and RescaleNet with the frozen plan off, eager and under
+  ``torch.compile`` (:mod:`benchmarks.inference`).
 - ``resnet3d`` / ``transformer``: train (+ memory), eval and, for schemes with mean-shift biases,
   measuring steps of the 3D ResNet and the Transformer against their normalized baselines.
 - ``data``: DataLoader throughput of the classification pipeline (:mod:`benchmarks.data`).
@@ -33,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from .models import Suite, resnet3d_suite, resnet50_suite, transformer_suite
+from .inference import section_inference
 from .opcount import section_ops
 from .plans import section_plans
 from .suites import eval_suite, measuring_suite, train_suite, variant_suite
@@ -138,6 +142,7 @@ SECTIONS: dict[str, Callable[[Settings], SectionResult]] = {
     "measuring": section_measuring,
     "channels_last": section_channels_last,
     "plans": section_plans,
+    "inference": section_inference,
     "resnet3d": section_resnet3d,
     "transformer": section_transformer,
     "data": section_data,

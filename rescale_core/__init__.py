@@ -17,7 +17,7 @@ from .generation import beam_search, greedy_search
 from .layers import Gain, MeanShiftBias, ScalarBias
 from .optim import param_groups
 from .plans import PLANS, plan_of, reference_path, set_plan
-from .plans import folded, lean  # noqa: F401  (each registers its plan for every module type)
+from .plans import folded, frozen, lean  # noqa: F401  (each registers its plan for every module type)
 from .registry import create_model, list_models, register_model
 from .schemes import Scheme, get_scheme, list_schemes, register_scheme
 

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 import rescale_core
 
+from .common.allocator import keep_freed_memory
 from .common.command import run_command
 from .common.errors import UserArgumentParser
 from .common.lightning_cli import run_lightning
@@ -65,6 +66,7 @@ SUITE_COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "study": _studies("study"),
     "compare": _studies("compare"),
     "average-checkpoints": lambda argv: _run_module("rescale_tasks.common.averaging", argv),
+    "export": lambda argv: _run_module("rescale_tasks.common.export", argv),
     "prepare-translation": lambda argv: _run_module("rescale_tasks.translation.prepare", argv),
     "translate": lambda argv: _run_module("rescale_tasks.translation.translate", argv),
     "prepare-video": lambda argv: _run_module("rescale_tasks.video.prepare", argv),
@@ -87,6 +89,7 @@ COMMAND_HELP: dict[str, str] = {
     "prepare-video": "re-encode a video data set (short side, keyframes) for clip decoding, once",
     "translate": "translate text with a translation checkpoint (beam search)",
     "average-checkpoints": "average the weights of a run's last N checkpoints",
+    "export": "a checkpoint's network as ONNX, ExportedProgram or TorchScript, checked on real inputs",
     "analyze": "probes of runs: signal propagation, learned scalars, dead ReLUs",
     "study": "the papers' studies as grids of fit runs: depth, batch-lr, seeds",
     "compare": "each normalization-free run against its normalized baseline: table, plots",
@@ -106,6 +109,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     """``rescale <command> [options]``: the exit status; an error is one line on stderr."""
     from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
+    keep_freed_memory()  # a CPU step then reuses its tensors' pages (common/allocator.py)
     if not argv or argv[0] in ("-h", "--help"):
         print_help()
         return 0

@@ -11,6 +11,14 @@ pytest_plugins = ["skip_policy", "no_network", "parallel_text"]
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _host_memory_as_the_rescale_command_keeps_it():
+    """Freed host memory kept for reuse, as every ``rescale`` command does at start
+    (``rescale_tasks.common.allocator``): the same in every test, whichever runs a command first."""
+    from rescale_tasks.common.allocator import keep_freed_memory
+    keep_freed_memory()
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread():
     """One intra-op thread for the whole test session: on a small shared machine two OpenMP
     threads that wait for each other make the tiny test models ~10x slower (measured 1.3 s vs

@@ -117,10 +117,12 @@ class MultiheadAttention(nn.Module):
     (cross-attention, ``memory`` is then not needed); otherwise this call's keys/values are
     appended to it and the queries attend to all of them (the caller passes the mask that
     places them after the cached keys). ``out_scale`` multiplies the output, folded into
-    ``out_proj`` (the residual sublayer's folded plan).
+    ``out_proj`` (the residual sublayer's folded plan), or is ``out_proj``'s weight and bias
+    with the multiplier folded in once (its frozen plan).
     """
 
     supports_out_scale = True
+    out_scale_layer = "out_proj"  # the layer ``out_scale`` acts on
 
     def __init__(self, d_model: int, nhead: int, dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
@@ -172,9 +174,10 @@ class MultiheadAttention(nn.Module):
 
 class FeedForward(nn.Module):
     """``fc2(dropout(relu(fc1(x))))`` with Xavier-uniform weights and zero biases (fairseq);
-    ``out_scale`` multiplies the output, folded into ``fc2``."""
+    ``out_scale`` multiplies the output, folded into ``fc2`` (or is ``fc2`` with it folded in)."""
 
     supports_out_scale = True
+    out_scale_layer = "fc2"  # the layer ``out_scale`` acts on
 
     def __init__(self, d_model: int, dim_feedforward: int, activation_dropout: float = 0.0) -> None:
         super().__init__()

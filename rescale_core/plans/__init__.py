@@ -15,11 +15,15 @@ dict; they differ only in which ops they launch:
 - ``"auto"`` (the default): lean for tensors on an accelerator, folded on the CPU, decided per
   call from the input's device.
 
+In evaluation without autograd (eval mode under ``torch.no_grad`` or ``torch.inference_mode``)
+every fast plan hands the call to the frozen plan first (:mod:`.frozen`): weights folded once and
+cached on the module, a plain conv/ReLU network's ops (:func:`set_frozen` turns it off).
+
 The modules: :mod:`.dispatch` (the plan set on a module, the registry of implementations per
 module type, the one dispatch in each ``forward``), :mod:`.conditions` (the schemes the fast
 plans implement, hooks, measuring steps), :mod:`.shared` (what both fast plans compute the same
 way: RescaleNet's scale schedule, the stem's offset, the merge's add), then one module per fast
-plan. A new plan is one more module registering a function per module type
+plan and the frozen plan. A new plan is one more module registering a function per module type
 (:func:`~.dispatch.register`) and its name in :data:`~.dispatch.PLANS`.
 
 Select a plan with :func:`set_plan` (``create_model(..., plan=...)`` calls it) or, for a block
@@ -27,10 +31,11 @@ of code, :func:`reference_path`.
 """
 from .conditions import (IMPLEMENTED_FIELDS, eager_while_measuring, has_hooks, has_hooks_below, has_hooks_in,
                          implements, measuring_step, module_tree_version, unimplemented)
-from .dispatch import (PLANS, Planned, check_plan, implementation, plan_of, reference_path, register,
-                       running_plan, set_plan, wants_lean)
+from .dispatch import (FROZEN, PLANS, Planned, check_plan, implementation, plan_of, reference_path, register,
+                       running_plan, set_frozen, set_plan, wants_lean)
 
-__all__ = ["PLANS", "check_plan", "set_plan", "plan_of", "running_plan", "reference_path", "wants_lean",
+__all__ = ["PLANS", "FROZEN", "check_plan", "set_plan", "plan_of", "running_plan", "reference_path", "set_frozen",
+           "wants_lean",
            "Planned", "implementation", "register", "IMPLEMENTED_FIELDS", "implements", "unimplemented",
            "measuring_step", "eager_while_measuring", "has_hooks", "has_hooks_in", "has_hooks_below",
            "module_tree_version"]

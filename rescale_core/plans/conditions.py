@@ -6,8 +6,8 @@ measuring steps (``docs/design.md``, "When a module runs the reference").
   the scheme (``dataclasses.fields``: those of a ``Scheme`` subclass too) is listed in
   :data:`IMPLEMENTED_FIELDS` with its value among the listed ones. Anything else (a new switch,
   a new merge rule) computes the reference function, never a fast one that silently ignores the
-  switch. A field is listed once both fast plans handle it (block, shortcut, stem, head and the
-  scale carried along a ResNet).
+  switch. A field is listed once both fast plans and the frozen plan handle it (block, shortcut,
+  stem, head, the scale carried along a ResNet and the offsets riding in its stream).
 - **Hooks.** The fast plans do not call the modules they fold, so a hook on one of them (the
   analysis probes hook the merge, the mean-shift layers and the ReLUs), a global module hook or
   ``torch.fx`` symbolic tracing (which records module calls and cannot branch on shapes)
@@ -144,22 +144,27 @@ def is_updating(mod: nn.Module) -> bool:
     return isinstance(mod, MeanShiftBias) and mod.updating
 
 
-# Bumped whenever any module anywhere registers a submodule (assignment or ``add_module``): the
-# cached list of a model's mean-shift layers (and the lean plan's schedules) are rebuilt after a
-# layer is added or replaced (a detection wrapper, a new classifier), never walked otherwise.
+# Bumped whenever any module anywhere registers a submodule, a parameter or a buffer (assignment,
+# ``add_module``, ``register_parameter``, ``register_buffer``): the cached list of a model's
+# mean-shift layers, the lean plan's schedules and the frozen plan's weights are rebuilt after a
+# layer or a weight is added or replaced (a detection wrapper, a new classifier, a weight assigned
+# a new tensor), never walked otherwise.
 _tree_version = 0
 
 
-def _on_module_registration(module, name, submodule):
+def _on_registration(module, name, value):
     global _tree_version
     _tree_version += 1
 
 
-_module_mod.register_module_module_registration_hook(_on_module_registration)
+_module_mod.register_module_module_registration_hook(_on_registration)
+_module_mod.register_module_parameter_registration_hook(_on_registration)
+_module_mod.register_module_buffer_registration_hook(_on_registration)
 
 
 def module_tree_version() -> int:
-    """A number that changes whenever a submodule is registered anywhere."""
+    """A number that changes whenever a submodule, a parameter or a buffer is registered
+    anywhere."""
     return _tree_version
 
 

@@ -14,24 +14,38 @@ A plan implements a module type by registering a function with :func:`register` 
 :mod:`rescale_core.plans.folded` and :mod:`rescale_core.plans.lean`); a plan that declines a call
 (:class:`Implementation` ``applies`` False: the lean plan while RescaleNet measures, a hook below)
 hands it to its fallback (:data:`FALLBACKS`), and the last one to the reference.
+
+Evaluation without autograd (a module in eval mode under ``torch.no_grad`` or
+``torch.inference_mode``) on a fast plan first asks the :data:`FROZEN` plan
+(:mod:`rescale_core.plans.frozen`: weights folded once, cached on the module), which declines
+where it cannot run; :func:`set_frozen` turns it off. The cache is dropped whenever the weights
+may have changed without a version counter telling (:meth:`Planned.train`, ``to``,
+``load_state_dict``, an optimizer step, :func:`set_plan`, :func:`reference_path`).
 """
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..schemes import Scheme
 from .conditions import global_hooks, implements
 
-__all__ = ["PLANS", "FALLBACKS", "check_plan", "Planned", "Implementation", "register", "implementation",
-           "running_plan", "set_plan", "plan_of", "reference_path", "wants_lean", "cached_on", "drop_cached"]
+__all__ = ["PLANS", "FROZEN", "FALLBACKS", "check_plan", "Planned", "Implementation", "register",
+           "implementation", "running_plan", "set_plan", "plan_of", "reference_path", "set_frozen", "wants_lean",
+           "cached_on", "drop_cached", "FROZEN_SLOT"]
 
 PLANS = ("auto", "lean", "folded", "reference")
+# the inference plan: not set on a module but asked first, on a fast plan, in evaluation without autograd
+FROZEN = "frozen"
 # the plan that computes a call its plan declines (none: the reference)
 FALLBACKS: dict[str, str] = {"lean": "folded"}
+# the attribute holding what the frozen plan folded (rescale_core.plans.frozen)
+FROZEN_SLOT = "_frozen_state"
 
 
 def check_plan(plan: str) -> str:
@@ -52,14 +66,24 @@ def _always(module: nn.Module, x: torch.Tensor) -> bool:
     return True
 
 
+# modules in eval mode: an optimizer step drops their frozen weights (compiled code does not
+# check version counters, and weights can move in eval mode)
+_EVALUATING: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+
+
 class Planned(nn.Module):
     """A module computed on an execution plan. ``plan`` is the plan set on it (one of
     :data:`PLANS`); a fast plan runs only for a scheme it implements (:meth:`check_scheme`, once
     at construction): for any other the module computes its reference whatever plan is set.
     ``fused`` reads whether a fast plan is selected; setting it False selects the reference,
-    True the default plan where the reference was selected."""
+    True the default plan where the reference was selected. ``frozen``: whether evaluation
+    without autograd asks the :data:`FROZEN` plan first (:func:`set_frozen`)."""
 
     plan = "auto"
+    frozen = True
+    # what the frozen plan folded (rescale_core.plans.frozen.FrozenState); a class default, so
+    # that compiled code reads the attribute (with a guard) whether or not it is set
+    _frozen_state = None
     # whether the fast plans implement the module's scheme; the class default for modules
     # pickled before the check, which ran the fast plans
     _fast_ok = True
@@ -87,11 +111,44 @@ class Planned(nn.Module):
             state["plan"] = "reference"
         super().__setstate__(state)
 
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop(FROZEN_SLOT, None)  # folded weights: rebuilt on the next evaluation
+        return state
+
+    # the frozen plan's weights are dropped at every event that may change the weights without a
+    # version counter telling compiled code (which does not check them): a return to training (so
+    # that each evaluation folds once, and training holds no folded copy), a move or cast, a load
+    def train(self, mode: bool = True):
+        if mode:
+            self.__dict__.pop(FROZEN_SLOT, None)
+            _EVALUATING.discard(self)
+        else:
+            _EVALUATING.add(self)
+        return super().train(mode)
+
+    def _apply(self, fn, recurse: bool = True):
+        self.__dict__.pop(FROZEN_SLOT, None)
+        return super()._apply(fn, recurse)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        self.__dict__.pop(FROZEN_SLOT, None)
+        super()._load_from_state_dict(*args, **kwargs)
+
+
+def _drop_evaluating(optimizer, args, kwargs) -> None:
+    for module in list(_EVALUATING):
+        module.__dict__.pop(FROZEN_SLOT, None)
+
+
+register_optimizer_step_post_hook(_drop_evaluating)
+
 
 def register(plan: str, module_type: type, applies: Callable = _always):
-    """Decorator: the function implements ``plan`` for ``module_type`` (and its subclasses)
-    where ``applies(module, x)``."""
-    check_plan(plan)
+    """Decorator: the function implements ``plan`` (one of :data:`PLANS` or :data:`FROZEN`)
+    for ``module_type`` (and its subclasses) where ``applies(module, x)``."""
+    if plan != FROZEN:
+        check_plan(plan)
 
     def decorate(run: Callable) -> Callable:
         module_type.plan_implementations = {**module_type.plan_implementations,
@@ -117,6 +174,10 @@ def _selected(module: Planned, x: torch.Tensor) -> tuple[str, Implementation] | 
     # global hooks (and fx tracing, whose proxies have no device) first: they are cheap to ask
     if not module.fused or global_hooks():
         return None
+    if module.frozen and not module.training and not torch.is_grad_enabled():
+        impl = module.plan_implementations.get(FROZEN)
+        if impl is not None and impl.applies(module, x):
+            return FROZEN, impl
     plan = _concrete(module.plan, x)
     while plan is not None:
         impl = module.plan_implementations.get(plan)
@@ -129,15 +190,16 @@ def _selected(module: Planned, x: torch.Tensor) -> tuple[str, Implementation] | 
 def implementation(module: Planned, x: torch.Tensor) -> Callable | None:
     """The function that computes ``module`` on input ``x`` now (``run(module, x, *args)``), or
     None: the module's reference. None where the reference is selected or the fast plans do not
-    implement the module's scheme, under global hooks and fx tracing; else the plan set on the
-    module (``auto``: lean for ``x`` on an accelerator, folded on the CPU), or its fallback where
-    that plan declines."""
+    implement the module's scheme, under global hooks and fx tracing; else, in evaluation
+    without autograd, the frozen plan where it applies; else the plan set on the module
+    (``auto``: lean for ``x`` on an accelerator, folded on the CPU), or its fallback where that
+    plan declines."""
     selected = _selected(module, x)
     return None if selected is None else selected[1].run
 
 
 def running_plan(module: Planned, x: torch.Tensor) -> str:
-    """The plan that computes ``module`` on input ``x`` now: ``lean``, ``folded`` or
+    """The plan that computes ``module`` on input ``x`` now: ``frozen``, ``lean``, ``folded`` or
     ``reference``."""
     selected = _selected(module, x)
     return "reference" if selected is None else selected[0]
@@ -183,6 +245,16 @@ def reference_path(model: nn.Module, enabled: bool = True):
         drop_cached(model)  # cached schedules follow the plans
 
 
+def set_frozen(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Whether ``model``'s evaluation without autograd runs the frozen plan (the default) or the
+    plan set on it, as training does (what evaluation computed before the frozen plan existed);
+    returns ``model``."""
+    for m in _planned(model):
+        m.frozen = bool(enabled)
+    drop_cached(model)
+    return model
+
+
 # --------------------------------------------------------------- a plan's state cached on a module
 _CACHE = "_plan_cache"
 
@@ -203,7 +275,9 @@ def cached_on(module: nn.Module, key, build):
 
 
 def drop_cached(model: nn.Module) -> None:
-    """Forget what the plans cached in ``model``'s modules (:func:`cached_on`): it depends on the
-    modules' plans, which :func:`set_plan` and :func:`reference_path` change."""
+    """Forget what the plans cached in ``model``'s modules (:func:`cached_on`, the frozen plan's
+    weights): it depends on the modules' plans, which :func:`set_plan` and
+    :func:`reference_path` change."""
     for m in model.modules():
         m.__dict__.pop(_CACHE, None)
+        m.__dict__.pop(FROZEN_SLOT, None)

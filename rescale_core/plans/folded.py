@@ -28,7 +28,8 @@ from .folds import (add_bias, conv_bias, conv_out_numel, folds_input_offset, fol
                     scaled_module, shifted_relu)
 from .shared import add_scaled_skip, add_skip, carried_scales, network_part, offset_stem
 
-__all__ = ["residual_block", "shortcut", "branch_multiplier", "sublayer", "stem", "resnet", "vgg"]
+__all__ = ["residual_block", "shortcut", "branch_multiplier", "sublayer_applies", "run_sublayer", "sublayer",
+           "stem", "resnet", "vgg"]
 
 
 # --------------------------------------------------------------- the residual block
@@ -148,20 +149,26 @@ def residual_block(block: ResidualBlock, x: torch.Tensor, c_in: float = 1.0, c_o
 
 
 # --------------------------------------------------------------- the Transformer sublayer
-def _sublayer_applies(sub: ResidualSublayer, x: torch.Tensor) -> bool:
+def sublayer_applies(sub: ResidualSublayer, x: torch.Tensor) -> bool:
     """A branch that takes ``out_scale`` (the suite's attention and feed-forward), no Fixup bias
     after the multiplier, no hook below."""
     return (getattr(sub.fn, "supports_out_scale", False) and sub.merge.bias is None
             and not has_hooks_below(sub))
 
 
-@register("folded", ResidualSublayer, applies=_sublayer_applies)
+def run_sublayer(sub: ResidualSublayer, x: torch.Tensor, out_scale, *args, **kwargs) -> torch.Tensor:
+    """The sublayer with ``out_scale`` (its merge's branch multiplier, or the branch's last layer
+    with it folded in: :class:`~rescale_core.plans.folds.FrozenLinear`) handed to its branch
+    (dropout commutes with the scaling), then one in-place add of the skip."""
+    out = sub.dropout(sub.fn(sub.pre_norm(x), *args, out_scale=out_scale, **kwargs))
+    return sub.post_norm(add_skip(out, x, sub.merge.skip_scale))
+
+
+@register("folded", ResidualSublayer, applies=sublayer_applies)
 def sublayer(sub: ResidualSublayer, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """``gain * branch_scale`` folded into the branch's last linear layer (``fn`` takes
-    ``out_scale``; dropout commutes with the scaling), then one in-place add of the skip."""
-    out = sub.fn(sub.pre_norm(x), *args, out_scale=branch_multiplier(sub.merge), **kwargs)
-    out = sub.dropout(out)
-    return sub.post_norm(add_skip(out, x, sub.merge.skip_scale))
+    ``out_scale``), then one in-place add of the skip."""
+    return run_sublayer(sub, x, branch_multiplier(sub.merge), *args, **kwargs)
 
 
 # --------------------------------------------------------------- the ResNet

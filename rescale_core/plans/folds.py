@@ -16,15 +16,18 @@ their additive terms divided by ``c`` (:func:`scaled`, :func:`scaled_module`).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
 from ..layers import MeanShiftBias, ScalarBias
 
-__all__ = ["offset_of", "is_offset_module", "folds_input_offset", "folds_output_scale", "conv_out_numel",
+__all__ = ["offset_of", "is_offset_module", "pads", "folds_input_offset", "folds_output_scale", "conv_out_numel",
            "input_offset_bias", "add_bias", "conv_bias", "scale_out", "scaled", "scaled_module",
-           "scale_bias", "shifted_relu", "scaled_linear"]
+           "scale_bias", "shifted_relu", "FrozenLinear", "scaled_linear"]
 
 
 # --------------------------------------------------------------- offsets into biases
@@ -41,17 +44,19 @@ def is_offset_module(mod: nn.Module) -> bool:
     return isinstance(mod, (nn.Identity, MeanShiftBias, ScalarBias))
 
 
-def _zero_padding(conv: nn.modules.conv._ConvNd) -> bool:
+def pads(conv: nn.modules.conv._ConvNd) -> bool:
+    """Whether the convolution pads its input: then an offset of its input is not a bias (the
+    border sees the padding's zeros, not the offset), and identity 1 does not hold."""
     pad = conv.padding
     if isinstance(pad, str):
-        return pad == "valid" or all(k == 1 for k in conv.kernel_size)
-    return all(p == 0 for p in pad)
+        return not (pad == "valid" or all(k == 1 for k in conv.kernel_size))
+    return any(p != 0 for p in pad)
 
 
 def folds_input_offset(conv: nn.Module, in_numel: int) -> bool:
     """Fold an input offset into this conv's bias (identity 1): exact without padding; worth it
     when the weight is not larger than the input (the fold costs a few passes over ``W``)."""
-    return (isinstance(conv, nn.modules.conv._ConvNd) and _zero_padding(conv)
+    return (isinstance(conv, nn.modules.conv._ConvNd) and not pads(conv)
             and conv.weight.numel() <= in_numel)
 
 
@@ -258,10 +263,21 @@ class _ScaledLinear(torch.autograd.Function):
         return gx, gw, gb, gs
 
 
+class FrozenLinear(NamedTuple):
+    """A linear layer's weight and bias with its output's multiplier folded in once (the frozen
+    plan, :mod:`rescale_core.plans.frozen`): passed as ``scale`` to :func:`scaled_linear`."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
 def scaled_linear(layer: nn.Linear, x: torch.Tensor, scale=None) -> torch.Tensor:
     """``scale * layer(x)`` for a float, a scalar tensor or one per output feature, without
-    saving a scaled weight copy for backward (:class:`_ScaledLinear`); None: ``layer(x)``.
+    saving a scaled weight copy for backward (:class:`_ScaledLinear`); None: ``layer(x)``; a
+    :class:`FrozenLinear`: the linear layer with those weights (the multiplier folded in).
     Under autocast the input is cast to the autocast dtype, as ``F.linear`` does."""
+    if isinstance(scale, FrozenLinear):
+        return F.linear(x, scale.weight, scale.bias)
     if scale is None:
         return layer(x)
     device = x.device.type

@@ -27,19 +27,10 @@ from ..models.vgg import VGG
 from .conditions import has_hooks_below, has_hooks_in, is_updating, measuring_step, module_tree_version
 from .dispatch import cached_on, register
 from .folds import scaled
-from .shared import add_scaled_skip, add_skip, carried_scales, network_part, offset_stem
+from .shared import activation_dtype, add_scaled_skip, add_skip, carried_scales, network_part, offset_stem
 
-__all__ = ["LeanTerms", "activation_dtype", "is_term_module", "gain_merge", "block_entries", "block_terms",
+__all__ = ["LeanTerms", "is_term_module", "gain_merge", "block_entries", "block_terms",
            "residual_block", "sublayer", "resnet", "vgg"]
-
-
-def activation_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype the network's activations will have: autocast's where it is on, else ``x``'s
-    (floating) dtype."""
-    device = x.device.type
-    if torch.is_autocast_enabled(device):
-        return torch.get_autocast_dtype(device)
-    return x.dtype if x.is_floating_point() else torch.get_default_dtype()
 
 
 # --------------------------------------------------------------- the terms, in one pass

@@ -1,6 +1,7 @@
-"""What both fast plans compute the same way (``docs/design.md``, "Why each fold is exact"):
-which blocks carry RescaleNet's skip multipliers (Shao et al. 2020) and in what units, the stem's offset in the
-stem conv's bias slot, and the merge's add of the skip path in place.
+"""What the fast plans compute the same way (``docs/design.md``, "Why each fold is exact"): the
+activations' dtype, which blocks are plain once folded and which carry RescaleNet's skip
+multipliers (Shao et al. 2020) and in what units, the stem's offset in the stem conv's bias slot,
+and the merge's add of the skip path in place.
 """
 from __future__ import annotations
 
@@ -14,26 +15,44 @@ from ..layers import ScalarBias, StridedAvgPool
 from .conditions import is_updating
 from .folds import is_offset_module
 
-__all__ = ["carries_scale", "carried_scales", "offset_stem", "add_skip", "add_scaled_skip", "network_part"]
+__all__ = ["activation_dtype", "plain_block", "carries_scale", "carried_scales", "offset_stem", "add_skip",
+           "add_scaled_skip", "network_part"]
+
+
+def activation_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the network's activations will have: autocast's where it is on, else ``x``'s
+    (floating) dtype."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype if x.is_floating_point() else torch.get_default_dtype()
+
+
+# --------------------------------------------------------------- which blocks are plain
+def _offset_modules(block: ResidualBlock) -> list[nn.Module]:
+    mods = [getattr(block, f"shift{i}") for i in range(1, block.num_convs + 1)]
+    return mods + ([m for m in block.downsample if is_offset_module(m)] if block.downsample is not None else [])
+
+
+def plain_block(block: ResidualBlock) -> bool:
+    """Whether ``block`` is a conv/ReLU block once its offsets, biases and multipliers are folded:
+    no norm layer (each ``bn{i}`` an identity or Fixup's scalar bias, no ``merge_norm``), offset
+    modules in front of its convolutions, a shortcut of pools, offsets and convolutions."""
+    if not all(isinstance(getattr(block, f"bn{i}"), (nn.Identity, ScalarBias))
+               and is_offset_module(getattr(block, f"shift{i}")) for i in range(1, block.num_convs + 1)):
+        return False
+    if not isinstance(block.merge_norm, nn.Identity):
+        return False
+    return block.downsample is None or all(
+        isinstance(m, (StridedAvgPool, nn.modules.conv._ConvNd)) or is_offset_module(m) for m in block.downsample)
 
 
 # --------------------------------------------------------------- RescaleNet's scale schedule
 def carries_scale(block: ResidualBlock) -> bool:
     """Whether a fast plan may run ``block`` on activations in scaled units (``c_in``, ``c_out``
-    != 1): true when the block is positively homogeneous once its additive terms are scaled (no
-    norm layer, nothing unknown) and no mean-shift layer measures now."""
-    if not all(isinstance(getattr(block, f"bn{i}"), (nn.Identity, ScalarBias))
-               and is_offset_module(getattr(block, f"shift{i}"))
-               and not is_updating(getattr(block, f"shift{i}"))
-               for i in range(1, block.num_convs + 1)):
-        return False
-    if not isinstance(block.merge_norm, nn.Identity):
-        return False
-    if block.downsample is not None and not all(
-            isinstance(m, (StridedAvgPool, nn.modules.conv._ConvNd)) or
-            (is_offset_module(m) and not is_updating(m)) for m in block.downsample):
-        return False
-    return True
+    != 1): true when the block is positively homogeneous once its additive terms are scaled
+    (:func:`plain_block`) and no mean-shift layer measures now."""
+    return plain_block(block) and not any(is_updating(m) for m in _offset_modules(block))
 
 
 def carried_scales(blocks: Iterable[nn.Module], c: float = 1.0) -> Iterator[tuple]:
@@ -70,6 +89,8 @@ def add_skip(branch: torch.Tensor, skip: torch.Tensor, skip_scale: float) -> tor
     """``branch + skip_scale * skip`` in :meth:`ResidualMerge.result_dtype`: in place on
     ``branch`` (a fresh tensor nothing else holds) when it has that dtype already, else in a new
     tensor."""
+    if branch.dtype == skip.dtype:  # (asked first: no dtype promotion in a traced graph)
+        return branch.add_(skip, alpha=skip_scale)
     dtype = ResidualMerge.result_dtype(branch, skip)
     if branch.dtype == dtype:
         return branch.add_(skip, alpha=skip_scale)

@@ -117,7 +117,8 @@ def check_checkpoint_compatible(checkpoint: Mapping[str, Any], hparams: Mapping[
 
 
 def check_config_against_checkpoint(model_config: Any, ckpt_path: Optional[str],
-                                    normalize: Optional[Callable[[dict], dict]] = None) -> None:
+                                    normalize: Optional[Callable[[dict], dict]] = None,
+                                    fix: str = MISMATCH_FIX) -> None:
     """The CLI's check of ``--ckpt_path`` against the run's ``model`` config section.
 
     Must run before LightningCLI parses the checkpoint's hyper-parameters into the config (it
@@ -125,6 +126,7 @@ def check_config_against_checkpoint(model_config: Any, ckpt_path: Optional[str],
     ``model_config`` is the ``class_path``/``init_args`` section (a dict or a jsonargparse
     Namespace); names such as ``last`` that are not files are left to Lightning. Remote URLs
     (``s3://...``) are checked too: Lightning's CLI reads hyper-parameters from local files only.
+    ``fix``: how to fix a mismatch, for the error line.
     """
     if not ckpt_path or model_config is None or not checkpoint_exists(str(ckpt_path)):
         return
@@ -134,7 +136,7 @@ def check_config_against_checkpoint(model_config: Any, ckpt_path: Optional[str],
     saved = peek_checkpoint(ckpt_path).hyper_parameters
     current = {"_class_path": model_config.get("class_path"), **(model_config.get("init_args") or {})}
     check_checkpoint_compatible({"hyper_parameters": saved}, current, keys=CONFIG_KEYS,
-                                source=f"checkpoint {ckpt_path}", normalize=normalize)
+                                source=f"checkpoint {ckpt_path}", normalize=normalize, fix=fix)
 
 
 def typed_model_arguments(argv: Sequence[Any]) -> set[str]:

@@ -41,6 +41,7 @@ from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
 from .backbones import resnet_fpn_backbone
 from .evaluation import CocoEvaluator
+from .export import detection_programs
 from .measurement import install_padding_aware_measurement
 from .models import DETECTORS, build_detector
 from .records import ImageRecord, image_record
@@ -167,6 +168,10 @@ class DetectionModule(RescaleTaskModule):
     def network_inputs(self, batch) -> tuple:
         images, _ = batch
         return (list(images),)
+
+    def export_programs(self, batch) -> list:
+        """What ``rescale export`` writes: the backbone with its FPN (:mod:`.export`)."""
+        return detection_programs(self.net, batch[0])
 
     def setup(self, stage: str) -> None:
         self._may_skip_batches = data_may_skip_files(getattr(self.trainer, "datamodule", None))

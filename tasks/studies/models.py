@@ -8,29 +8,22 @@ positional arguments).
 """
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
 
+from ..common.build_only import build_run
 from ..common.checkpoint_compat import load_into_module
 from ..common.checkpointing import checkpoint_exists, safe_load
 from ..common.errors import DataError, UserError
-from ..common.lightning_cli import run_lightning
 from ..common.network_inputs import batch_size_of, network_inputs, take_samples
 
 __all__ = ["Subject", "load_subject", "subjects", "data_inputs", "gaussian_inputs", "probe_inputs",
            "resolve_device", "run_names"]
 
-#: Overrides that make building a model from a cluster config work on any machine: the Trainer is
-#: built by the CLI but never runs here (no logger, one process, full precision).
-BUILD_ONLY = ["--trainer.logger", "false", "--trainer.accelerator", "cpu", "--trainer.devices", "1",
-              "--trainer.num_nodes", "1", "--trainer.strategy", "auto", "--trainer.precision", "32-true"]
 CKPT_FIX = ("Give the --config the checkpoint was trained with (its run folder keeps it as "
             "rescale_config.yaml), with the same overrides after --.")
 
@@ -68,20 +61,6 @@ class Subject:
         return f"{network}" + (f" (scheme {scheme})" if scheme else "")
 
 
-@contextlib.contextmanager
-def _quiet_lightning():
-    """Building prints Lightning's start-up lines (seed, accelerators, tips): not a study's output."""
-    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric", "lightning")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
-
-
 def resolve_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -101,10 +80,7 @@ def load_subject(config: str, ckpt: Optional[str] = None, overrides: Sequence[st
 
     A missing file, or a checkpoint of another architecture, is one :class:`UserError` line.
     """
-    with _quiet_lightning(), warnings.catch_warnings():
-        # run from `rescale analyze`, whose own sys.argv LightningCLI would warn about
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        cli = run_lightning(["fit", "--config", config, *overrides, *BUILD_ONLY], run=False)
+    cli = build_run(["--config", config, *overrides])
     subject = Subject(cli.model, cli.datamodule, name or _stem(config), config)
     if ckpt is not None:
         subject.ckpt = ckpt

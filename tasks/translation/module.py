@@ -40,6 +40,7 @@ from ..common.distributed import gather_objects, sum_tensor_over_ranks, world_si
 from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
 from .bleu import STYLES, bleu_statistics, bleu_from_statistics
+from .export import translation_programs
 from .loss import label_smoothed_nll_loss, tokens_over_ranks
 
 __all__ = ["TranslationModule", "HYPOTHESES_FILE", "BLEU_FILE"]
@@ -123,6 +124,10 @@ class TranslationModule(RescaleTaskModule):
 
     def network_inputs(self, batch) -> tuple:
         return batch["src_tokens"], batch["prev_output_tokens"]
+
+    def export_programs(self, batch) -> list:
+        """What ``rescale export`` writes: the encoder and one decoding step (:mod:`.export`)."""
+        return translation_programs(self.net, batch["src_tokens"], batch["prev_output_tokens"])
 
     # --- the subword model ----------------------------------------------------------------
     def setup(self, stage: str) -> None:

@@ -11,7 +11,7 @@ import rescale_core
 from rescale_core import ResidualBlock, ResidualSublayer, get_scheme
 from rescale_core.models.resnet import ResNet
 from rescale_core.models.vgg import VGG
-from rescale_core.plans import folded, lean, running_plan
+from rescale_core.plans import folded, frozen, lean, running_plan
 
 
 def _tiny(scheme: str = "rescale", **kwargs):
@@ -20,11 +20,12 @@ def _tiny(scheme: str = "rescale", **kwargs):
                                      scheme_options={"measure_batches": 1}, **kwargs)
 
 
-def test_every_module_type_registers_both_fast_plans():
+def test_every_module_type_registers_both_fast_plans_and_the_frozen_one():
     for cls in (ResidualBlock, ResidualSublayer, ResNet, VGG):
         impls = cls.plan_implementations
-        assert set(impls) == {"folded", "lean"}, cls
+        assert set(impls) == {"folded", "lean", "frozen"}, cls
         assert impls["folded"].run.__module__ == folded.__name__ and impls["lean"].run.__module__ == lean.__name__
+        assert impls["frozen"].run.__module__ == frozen.__name__
 
 
 def test_the_running_plan_follows_plan_measuring_and_hooks():

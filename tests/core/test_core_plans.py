@@ -130,7 +130,9 @@ COMPILE_CASES = [("resnet18", s, "lean") for s in ("rescale", "skipinit", "bn")]
 @pytest.mark.parametrize("name, scheme, plan", COMPILE_CASES, ids=["-".join(c) for c in COMPILE_CASES])
 def test_whole_network_compiles_without_graph_break(name, scheme, plan):
     """``torch.compile(fullgraph=True)`` (dynamo; the eager backend keeps the test quick): after
-    the measuring steps (eager), one graph for training and one for evaluation, never another."""
+    the measuring steps (eager), one graph for training and two for evaluation without autograd
+    (the frozen plan: the first folds the weights and keeps them, the second reads them; one for
+    BN, which has no frozen plan), never another; evaluation computes the reference's function."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     torch._dynamo.reset()
@@ -147,8 +149,14 @@ def test_whole_network_compiles_without_graph_break(name, scheme, plan):
         graphs.append(counter.frame_count - before)
     model.eval()
     with torch.no_grad():
-        compiled(*inputs), compiled(*inputs)
-    assert graphs == [1, 0, 0] and counter.frame_count == 2, (graphs, counter.frame_count)
+        compiled(*inputs)
+        got = compiled(*inputs)
+        with rescale_core.reference_path(model):
+            want = model(*inputs)  # eager, and the compiled graphs stay as they were
+    scale = want.abs().max().clamp_min(1e-6)  # (Fixup's zero classifier: all zeros)
+    torch.testing.assert_close(got / scale, want / scale, rtol=1e-4, atol=1e-5)
+    evaluation = 1 if scheme == "bn" else 2  # BN's norm layers: no frozen plan, one graph
+    assert graphs == [1, 0, 0] and counter.frame_count == 1 + evaluation, (graphs, counter.frame_count)
     torch._dynamo.reset()
 
 

@@ -274,3 +274,59 @@ def cpu_trainer():
                                    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0),
                             **options})
     return make
+
+
+@pytest.fixture
+def export_files(capsys):
+    """``run(args) -> ({path: difference}, printed)``: ``rescale export *args`` (it must succeed), each
+    file it says it wrote (it must exist) with the largest difference from the PyTorch model it
+    printed, and all it printed."""
+    import os
+    import re
+
+    from rescale_tasks.cli import main
+
+    def run(args: list[str]) -> tuple[dict[str, float], str]:
+        status = main(["export", *args])
+        printed = capsys.readouterr()
+        assert status == 0, printed.err
+        lines = re.findall(r"^(\S+): the .* max \|difference\| from PyTorch (\S+)$", printed.out, re.M)
+        assert lines and all(os.path.isfile(path) for path, _ in lines), printed.out
+        return {path: float(difference) for path, difference in lines}, printed.out
+
+    return run
+
+
+@pytest.fixture
+def frozen_calls(monkeypatch):
+    """The calls of the frozen (inference) plan from now on, as ``(module type, grad enabled, training)``:
+    a spy wrapped around each module type's frozen implementation, which still computes."""
+    import torch
+
+    from rescale_core.plans.dispatch import FROZEN, Implementation, Planned
+
+    calls: list[tuple[str, bool, bool]] = []
+
+    def spy(impl: Implementation) -> Implementation:
+        def run(module, x, *args, **kwargs):
+            calls.append((type(module).__name__, torch.is_grad_enabled(), module.training))
+            return impl.run(module, x, *args, **kwargs)
+        return Implementation(run, impl.applies)
+
+    classes = [Planned]
+    while classes:
+        cls = classes.pop()
+        classes += cls.__subclasses__()
+        impl = cls.__dict__.get("plan_implementations", {}).get(FROZEN)
+        if impl is not None:
+            monkeypatch.setattr(cls, "plan_implementations", {**cls.plan_implementations, FROZEN: spy(impl)})
+    return calls
+
+
+@pytest.fixture
+def offline_in_tmp(tmp_path, monkeypatch):
+    """The test runs in its own temporary folder, W&B offline and silent (``pytestmark =
+    pytest.mark.usefixtures("offline_in_tmp")``)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")

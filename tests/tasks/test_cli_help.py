@@ -12,7 +12,7 @@ from rescale_tasks.cli import SUITE_COMMANDS, main
 from rescale_tasks.common.lightning_cli import TRAINER_SUBCOMMANDS
 
 COMMANDS = ("fit", "validate", "test", "predict", "demo", "models", "schemes", "prepare-translation",
-            "prepare-video", "translate", "average-checkpoints", "analyze", "study", "compare")
+            "prepare-video", "translate", "average-checkpoints", "export", "analyze", "study", "compare")
 
 
 def _listed(text: str) -> list[str]:

@@ -1,0 +1,127 @@
+"""`rescale export` on the classification task: a CIFAR ResNet, a 2D ResNet and a VGG trained a step on
+the embedded digits, written in every format and each file checked against the PyTorch model on real
+digits; evaluation (`rescale validate|test|predict`) on the inference plan; and the one-line errors
+(a bad format, a checkpoint of another task, an exporter not installed, an unwritable --out)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rescale_core import create_model
+from rescale_tasks.cli import main
+from rescale_tasks.common.exporters import capture, op_counts
+
+pytestmark = pytest.mark.usefixtures("offline_in_tmp")
+
+# network_options replace the tiny run's (a None drops its depth)
+FAMILIES = {
+    "cifar_resnet": {"model": {"init_args": {"network": "cifar_resnet", "scheme": "rescale",
+                                             "network_options": {"depth": 8, "base_width": 8}}}},
+    "resnet18": {"model": {"init_args": {"network": "resnet18", "scheme": "fixup",
+                                         "network_options": {"depth": None, "base_width": 8}}}},
+    # five 2x2 pools: the digits at 32x32 pixels
+    "vgg11": {"model": {"init_args": {"network": "vgg11", "scheme": "rescale",
+                                      "network_options": {"depth": None, "base_width": 8, "hidden_dim": 16}}},
+              "data": {"init_args": {"image_size": 32}}},
+}
+ONE_STEP = {"max_steps": 1, "limit_val_batches": 0}
+ALL_FORMATS = ["--format", "onnx", "exported-program", "torchscript"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, run_config, fit_checkpoint):
+    """``trained(family) -> (config, checkpoint)``: one training step on the digits, once per family."""
+    done: dict[str, tuple[str, Path]] = {}
+
+    def make(family: str) -> tuple[str, Path]:
+        if family not in done:
+            folder = tmp_path_factory.mktemp(f"export_{family}")
+            config = run_config(folder / "run.yaml", trainer=ONE_STEP, **FAMILIES[family])
+            done[family] = config, fit_checkpoint(folder, ["--config", config])
+        return done[family]
+
+    return make
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_format_is_written_read_back_and_matches_pytorch(family, trained, export_files):
+    config, ckpt = trained(family)
+    written, _ = export_files(["--config", config, "--ckpt_path", str(ckpt), *ALL_FORMATS, "--out", "out/net.onnx"])
+    assert sorted(written) == sorted(str(Path("out") / f"net{s}") for s in (".onnx", ".pt2", ".torchscript.pt"))
+    assert max(written.values()) < 1e-4, written
+
+
+def test_the_export_is_a_plain_network_beside_the_run(trained, export_files):
+    """The written graph holds the ops of the same network without normalization (the floor) and no
+    scheme's: RescaleNet's offsets fold into biases and ReLU floors (``max(z + e, e)``), its gains into
+    weights; its shortcut's average pools are the architecture's own. Without --out the file goes to
+    export/ in the run's folder."""
+    config, ckpt = trained("cifar_resnet")
+    [path], _ = export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "exported-program"])
+    assert Path(path) == ckpt.parent.parent / "export" / "last.pt2"
+    written = op_counts(torch.export.load(path))
+    floor = create_model("cifar_resnet", scheme="none", depth=8, base_width=8, num_classes=10, in_channels=1)
+    plain = op_counts(capture(floor, (torch.zeros(2, 1, 8, 8),)))
+    assert set(written) - set(plain) <= {"aten.maximum.default", "aten.avg_pool2d.default"}, written
+    assert written["aten.conv2d.default"] == plain["aten.conv2d.default"] == 9
+
+
+def test_evaluation_runs_on_the_inference_plan(trained, frozen_calls):
+    """validate, test and predict evaluate in eval mode with autograd off: the frozen plan computes
+    the network."""
+    config, ckpt = trained("cifar_resnet")
+    for command in ("validate", "test", "predict"):
+        frozen_calls.clear()
+        one_batch = f"--trainer.limit_{'val' if command == 'validate' else command}_batches"
+        assert main([command, "--config", config, "--ckpt_path", str(ckpt), one_batch, "1"]) == 0
+        assert frozen_calls and {(grad, training) for _, grad, training in frozen_calls} == {(False, False)}, command
+
+
+def test_a_file_beyond_the_tolerance_fails_in_one_line(trained, error_line):
+    """onnxruntime's kernels round differently from PyTorch's: no difference is allowed at tolerance 0."""
+    config, ckpt = trained("vgg11")
+    assert main(["export", "--config", config, "--ckpt_path", str(ckpt), "--format", "onnx", "--tolerance", "0",
+                 "--out", "vgg.onnx"]) == 1
+    line = error_line()
+    assert line.startswith("vgg.onnx: the network read back by onnxruntime: max |difference| from PyTorch")
+    assert "above the tolerance 0" in line and Path("vgg.onnx").is_file()
+
+
+# --- one line for bad input ----------------------------------------------------------------------
+
+def test_a_bad_format_is_one_line(trained, error_line):
+    config, ckpt = trained("cifar_resnet")
+    assert main(["export", "--config", config, "--ckpt_path", str(ckpt), "--format", "onnxx"]) == 2
+    line = error_line()
+    assert "invalid choice: 'onnxx'" in line and "exported-program" in line
+    assert main(["export", "--config", config, "--ckpt_path", str(ckpt), "--format", "onnx", "--tolerance", "-1"]) == 2
+    assert "argument --tolerance: expected a number >= 0, got '-1'" in error_line()
+
+
+def test_a_checkpoint_of_another_task_is_one_line(trained, tmp_path, run_config, error_line):
+    config, ckpt = trained("cifar_resnet")
+    video = run_config(tmp_path / "video.yaml", model={
+        "class_path": "rescale_tasks.video.module.VideoClassificationModule",
+        "init_args": {"network": "r3d_18", "network_options": {"depth": None, "base_width": 4}}})
+    assert main(["export", "--config", video, "--ckpt_path", str(ckpt), "--format", "onnx"]) == 2
+    line = error_line()
+    assert "module=ClassificationModule" in line and "module=VideoClassificationModule" in line
+
+
+def test_a_missing_exporter_is_one_line_naming_the_install(trained, monkeypatch, error_line):
+    config, ckpt = trained("cifar_resnet")
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # what Python does for a package not installed
+    assert main(["export", "--config", config, "--ckpt_path", str(ckpt), "--format", "onnx"]) == 2
+    line = error_line()
+    assert "onnxruntime" in line and 'pip install "rescale-suite[export]"' in line
+
+
+def test_an_unwritable_out_is_one_line(trained, tmp_path, error_line):
+    config, ckpt = trained("cifar_resnet")
+    (tmp_path / "file").write_text("")
+    assert main(["export", "--config", config, "--ckpt_path", str(ckpt), "--format", "onnx",
+                 "--out", str(tmp_path / "file" / "net.onnx")]) == 2
+    assert "cannot write --out" in error_line()

@@ -1,0 +1,58 @@
+"""`rescale export` on the detection task: torchvision's Mask R-CNN around a tiny rescale ResNet, trained a
+step on the digit canvases (see conftest.py). The detector's heads do not export with torch.export (it
+says so in one line); the backbone with its FPN is written in every format and checked against PyTorch
+on the detector's own batch of real images. COCO evaluation (`rescale test`) computes on the inference
+plan."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from rescale_tasks.cli import main
+from rescale_tasks.detection.export import HEADS_NOTE
+from rescale_tasks.detection.module import DetectionModule
+
+pytestmark = pytest.mark.usefixtures("offline_in_tmp")
+
+TINY = {"network": "resnet18", "scheme": "rescale", "network_options": {"base_width": 8}, "detector": "maskrcnn",
+        "fpn_channels": 16, "min_size": 48, "max_size": 64,
+        "detector_options": {"head_channels": 8, "fc_dim": 32, "box_detections_per_img": 20}}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, coco_canvases, fit_checkpoint) -> tuple[str, Path]:
+    folder = tmp_path_factory.mktemp("detection_export")
+    config = folder / "maskrcnn.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"class_path": "rescale_tasks.detection.module.DetectionModule", "init_args": TINY},
+        "data": {"class_path": "rescale_tasks.detection.data.CocoDataModule", "init_args": {
+            "root": str(coco_canvases.root), "batch_size": 2, "num_workers": 0, "train_sizes": [48], "max_size": 64}},
+        "trainer": {"max_steps": 1, "limit_val_batches": 0, "accelerator": "cpu", "devices": 1,
+                    "enable_progress_bar": False, "logger": False}}))
+    return str(config), fit_checkpoint(folder, ["--config", str(config)])
+
+
+def test_the_detector_does_not_export_whole():
+    """What the one line says: torch.export cannot trace the heads' data-dependent box counts."""
+    net = DetectionModule(**TINY, num_classes=4).net.eval()
+    with torch.no_grad(), pytest.raises(Exception, match="data-dependent"):
+        torch.export.export(net, ([torch.rand(3, 48, 64)],))
+
+
+def test_the_backbone_exports_in_every_format_and_matches_pytorch(trained, export_files):
+    config, ckpt = trained
+    written, printed = export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "onnx",
+                                     "exported-program", "torchscript", "--out", "maskrcnn"])
+    assert sorted(written) == ["maskrcnn.onnx", "maskrcnn.pt2", "maskrcnn.torchscript.pt"]
+    assert max(written.values()) < 1e-4, written
+    assert f"backbone: {HEADS_NOTE}" in printed.splitlines()  # what is not exported, in one line
+
+
+def test_coco_evaluation_runs_on_the_inference_plan(trained, frozen_calls):
+    config, ckpt = trained
+    assert main(["test", "--config", config, "--ckpt_path", str(ckpt), "--output_dir", "results"]) == 0
+    assert (Path("results") / "coco_results.test.json").is_file()
+    assert frozen_calls and {(grad, training) for _, grad, training in frozen_calls} == {(False, False)}
