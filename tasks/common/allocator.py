@@ -3,10 +3,10 @@
 glibc's ``malloc`` serves a large block (from 128 KiB, a threshold that rises to at most 32 MiB)
 with a fresh ``mmap`` and returns it to the system when it is freed. A CPU forward allocates
 and frees the same activation tensors every step, so every step faults their pages in again and
-the kernel zeroes them: on 2 cores a third of a ResNet-50 eval forward (batch 16 at 224 px: the
-no-norm floor 607 ms with glibc's defaults, 420 ms with freed memory kept; BN 780 and 435 ms) and
-of a rescale50 train step (1.80 s and 1.22 s, peak RSS 1,866 and 1,934 MB). Measured side by
-side in ``docs/speed.md`` ("Host memory on a CPU").
+the kernel zeroes them: on 2 cores, a ResNet-50 eval forward (batch 16 at 224 px) of the
+no-norm floor took 649.8 ms with glibc's defaults and 394.7 ms with freed memory kept (BN 791.1
+and 412.0 ms), a rescale50 train step 1.80 s and 1.22 s (peak RSS 1,866 and 1,934 MB). Measured
+back to back in ``docs/speed.md`` ("Host memory on a CPU").
 
 :func:`keep_freed_memory` tells glibc, through ``mallopt``, to serve every block from its heap
 (``M_MMAP_MAX`` 0) and to keep up to 2 GiB freed at the heap's top (``M_TRIM_THRESHOLD``): what
