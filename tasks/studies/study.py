@@ -34,6 +34,7 @@ import shlex
 import signal
 from typing import Optional
 
+from ..common.config_layers import defaults_for
 from ..common.errors import UserArgumentParser as _Parser, UserError
 from ..common.lock import folder_lock
 from .aggregate import aggregate
@@ -180,7 +181,7 @@ def _repeats(args) -> Optional[list[int]]:
     return None
 
 
-def _recipe_template(args) -> Optional[str]:
+def _recipe_template(args, configs: list[str]) -> Optional[str]:
     if not args.recipe:
         return None
     if "{scheme}" not in args.recipe:
@@ -189,12 +190,22 @@ def _recipe_template(args) -> Optional[str]:
     if not any(os.path.isfile(args.recipe.format(scheme=scheme)) for scheme in args.schemes):
         raise UserError(f"--recipe {args.recipe}: no recipe file for any of the schemes "
                         f"{' '.join(args.schemes)} (a scheme without one trains on the base config)")
+    for scheme in args.schemes:
+        path = args.recipe.format(scheme=scheme)
+        # a recipe is an overlay: the _defaults.yaml of another experiments folder would come with
+        # it and replace the base config's network and data (common/config_layers.py)
+        foreign = [d for d in defaults_for([path]) if d not in defaults_for(configs)] if os.path.isfile(path) else []
+        if foreign:
+            raise UserError(f"--recipe {path}: it lies under {os.path.dirname(foreign[-1])}, whose "
+                            f"{os.path.basename(foreign[-1])} would replace the network and data of "
+                            f"{' '.join(configs)}; give a recipe from the base config's own experiments folder")
     return args.recipe
 
 
 def _cmd_depth(args, overrides: list[str]) -> int:
-    seeds, recipe = _repeats(args), _recipe_template(args)
-    points = depth_points(_configs(args, DEPTH_CONFIG), args.depths, args.schemes, _name(args), args.depth_key,
+    configs = _configs(args, DEPTH_CONFIG)
+    seeds, recipe = _repeats(args), _recipe_template(args, configs)
+    points = depth_points(configs, args.depths, args.schemes, _name(args), args.depth_key,
                           args.scheme_key, seeds, recipe)
     return _study(args, points, {"depths": args.depths, "schemes": args.schemes, "seeds": seeds,
                                  "recipe": recipe}, overrides)
@@ -203,7 +214,7 @@ def _cmd_depth(args, overrides: list[str]) -> int:
 def _cmd_batch_lr(args, overrides: list[str]) -> int:
     configs = _configs(args, BATCH_LR_CONFIG)
     lrs = args.lrs or parse_lr_grid(args.lr_grid)
-    seeds, recipe = _repeats(args), _recipe_template(args)
+    seeds, recipe = _repeats(args), _recipe_template(args, configs)
     points = batch_lr_points(configs, args.batch_sizes, lrs, args.schemes, _name(args), args.batch_key, args.lr_key,
                              args.scheme_key, seeds, recipe)
     return _study(args, points, {"batch_sizes": args.batch_sizes, "lrs": lrs, "schemes": args.schemes,

@@ -157,3 +157,21 @@ def test_a_recipe_template_that_names_no_file_is_one_line(tmp_path, monkeypatch,
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: --recipe recipes/{scheme}.yml: no recipe file for any of the schemes bn rescale "
                    "(a scheme without one trains on the base config)"]
+
+
+def test_a_recipe_from_another_experiments_folder_is_refused_in_one_line(capsys):
+    """The CIFAR recipe on the MNIST 5k yardstick would bring experiments/cifar/_defaults.yaml
+    with it: a Wide-ResNet on CIFAR's data instead of the base config's network and data."""
+    from pathlib import Path
+
+    from rescale_tasks.cli import main
+
+    root = Path(__file__).resolve().parents[3] / "experiments"
+    base = str(root / "mnist5k" / "resnet20_bn.yaml")
+    assert main(["study", "depth", "--config", base, "--depths", "20", "--schemes", "bn", "rescale",
+                 "--recipe", str(root / "cifar" / "recipes" / "{scheme}.yaml"), "--dry-run"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: --recipe {root / 'cifar' / 'recipes' / 'rescale.yaml'}: it lies under "
+                           f"{root / 'cifar'}, whose _defaults.yaml would replace the network and data of {base}")
+    assert main(["study", "depth", "--config", base, "--depths", "20", "--schemes", "bn", "rescale",
+                 "--recipe", str(root / "mnist5k" / "recipes" / "{scheme}.yaml"), "--dry-run"]) == 0
