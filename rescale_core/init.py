@@ -82,13 +82,16 @@ def init_branch(scheme: Scheme, convs: list[nn.Module], norms: list[nn.Module], 
 @torch.no_grad()
 def init_shortcut(scheme: Scheme, conv: nn.Module) -> None:
     """Projection shortcut: He gain 1 for RescaleNet (official code: kaiming_normal_, a=1),
-    Fixup's fan-out He normal, torchvision's fan-out He normal otherwise."""
+    Fixup's fan-out He normal, torchvision's fan-out He normal otherwise. ``scheme.shortcut_gain``
+    replaces the gain (the signal-preserving transition of docs/studies.md, the basic-block
+    yardstick)."""
+    gain = scheme.shortcut_gain
     if scheme.init == "rescale":
-        he_normal_(conv.weight, "fan_in", gain=1.0)
+        he_normal_(conv.weight, "fan_in", gain=1.0 if gain is None else gain)
     elif scheme.init == "he_fan_in":
-        he_normal_(conv.weight, "fan_in")
+        he_normal_(conv.weight, "fan_in", gain=math.sqrt(2.0) if gain is None else gain)
     else:
-        he_normal_(conv.weight, "fan_out")
+        he_normal_(conv.weight, "fan_out", gain=math.sqrt(2.0) if gain is None else gain)
     if getattr(conv, "bias", None) is not None:
         conv.bias.zero_()
 
@@ -103,10 +106,13 @@ def init_stem(scheme: Scheme, conv: nn.Module) -> None:
 @torch.no_grad()
 def init_classifier(scheme: Scheme, fc: nn.Linear) -> None:
     """Fixup: zeros (rule 1). RescaleNet: He normal with gain 1 (official code). Otherwise
-    PyTorch's default Linear init, as torchvision's ResNet."""
+    PyTorch's default Linear init, as torchvision's ResNet. ``scheme.classifier_gain``: He normal
+    (fan-in) with that gain instead (the signal-preserving head of docs/studies.md, the
+    basic-block yardstick)."""
     if scheme.zero_classifier:
         fc.weight.zero_()
         fc.bias.zero_()
-    elif scheme.init == "rescale":
-        he_normal_(fc.weight, "fan_in", gain=1.0)
+    elif scheme.classifier_gain is not None or scheme.init == "rescale":
+        gain = 1.0 if scheme.classifier_gain is None else scheme.classifier_gain
+        he_normal_(fc.weight, "fan_in", gain=gain)
         fc.bias.zero_()

@@ -17,6 +17,9 @@ The merge every scheme reduces to (block k of L, k = 1..L)::
   ``beta = L^-1/2`` fixed with each of the m branch convs' He std multiplied by
   ``(L/(k+c))^(1/2m) * sqrt(1-p)`` (rebuttal [R4]), or ``beta_k = (k+c)^-1/2``
   (``fixed_beta=False``); learnable gain (init 1, no weight decay); mean-shift biases.
+  ``shortcut_gain`` / ``classifier_gain`` (default: the official code's He gain 1 for both):
+  the basic-block recipe's signal-preserving transition and head (docs/studies.md, the
+  basic-block yardstick).
 - ``skipinit``: SkipInit (De & Smith, NeurIPS 2020): learnable scalar at the end of each
   branch, init 0, no normalisation. ``skipinit_reg``: Regularized SkipInit (biases in the convs
   and dropout before the classifier).
@@ -79,6 +82,8 @@ class Scheme:
     classifier_dropout: float = 0.0
     init: str = "he_fan_out"              # "he_fan_out" | "he_fan_in" | "rescale" | "fixup"
     zero_classifier: bool = False
+    shortcut_gain: Optional[float] = None    # He gain of projection shortcuts (None: the init's)
+    classifier_gain: Optional[float] = None  # He gain of the classifier (None: the init's)
     scalar_lr_factor: float = 1.0         # lr multiplier of gains and scalar biases
 
     def __post_init__(self) -> None:
@@ -94,6 +99,12 @@ class Scheme:
                 raise ValueError(f"scheme {self.name!r}: {key}={value!r} is not one of {allowed}")
         if not 0.0 <= self.conv_dropout < 1.0 or not 0.0 <= self.classifier_dropout < 1.0:
             raise ValueError(f"scheme {self.name!r}: dropout rates must lie in [0, 1)")
+        for key in ("shortcut_gain", "classifier_gain"):
+            value = getattr(self, key)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"scheme {self.name!r}: {key}={value!r} must be a positive number (or None)")
+        if self.classifier_gain is not None and self.zero_classifier:
+            raise ValueError(f"scheme {self.name!r}: classifier_gain has no effect with zero_classifier=True")
         if self.measure_batches < 1:
             raise ValueError(f"scheme {self.name!r}: measure_batches must be >= 1")
 

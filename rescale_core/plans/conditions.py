@@ -70,6 +70,8 @@ IMPLEMENTED_FIELDS: dict[str, tuple | None] = {
     "init": ("he_fan_out", "he_fan_in", "rescale", "fixup"),  # construction only; by value, as
     #                               a new rule may build something forward has to know about
     "zero_classifier": _BOOL,     # init only
+    "shortcut_gain": None,        # init only
+    "classifier_gain": None,      # init only
     "scalar_lr_factor": None,     # optimizer only (param_groups)
 }
 

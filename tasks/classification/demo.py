@@ -3,8 +3,9 @@
 Trains the same deep CIFAR-style ResNet under ``bn``, ``rescale``, ``skipinit``, ``fixup`` and
 ``none`` on the embedded digits data set (scikit-learn's 1,797 real 8x8 digits: no download),
 with an equal budget and each scheme's own recipe (Fixup's scalars at lr/10 come from the
-parameter groups), then prints a comparison table, writes a PNG of the learning curves and logs
-every run to W&B (offline unless logged in). At this depth the plain network without
+parameter groups; RescaleNet's basic-block recipe, :data:`SCHEME_OPTIONS`, as
+``experiments/digits/rescale56.yaml``), then prints a comparison table, writes a PNG of the
+learning curves and logs every run to W&B (offline unless logged in). At this depth the plain network without
 normalisation (``none``) cannot be trained: its forward signal grows ~2x per block at init.
 
 Each run also writes the suite's ``run_summary.json`` (``<out>/<scheme>/``, written by the same
@@ -35,6 +36,9 @@ from .module import ClassificationModule
 __all__ = ["DemoSettings", "run_demo", "main"]
 
 DEMO_SCHEMES = ("bn", "rescale", "skipinit", "fixup", "none")
+# RescaleNet's basic-block recipe (docs/studies.md, the basic-block yardstick): signal-preserving
+# projection shortcuts and classifier
+SCHEME_OPTIONS = {"rescale": {"shortcut_gain": 2.0, "classifier_gain": 10.0}}
 
 
 @dataclass
@@ -92,7 +96,7 @@ class _CurveRecorder(L.Callback):
 def _train_one(settings: DemoSettings, scheme: str, data: DigitsDataModule) -> DemoResult:
     L.seed_everything(settings.seed, workers=True, verbose=False)
     module = ClassificationModule(
-        network="cifar_resnet", scheme=scheme,
+        network="cifar_resnet", scheme=scheme, scheme_options=SCHEME_OPTIONS.get(scheme),
         network_options={"depth": settings.depth, "base_width": settings.base_width},
         num_classes=data.num_classes, in_channels=data.in_channels,
         optimizer=lambda p: torch.optim.SGD(p, lr=settings.lr, momentum=0.9,

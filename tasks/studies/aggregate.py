@@ -9,7 +9,7 @@ from .outputs import StudyOutputs
 from .plots import batch_lr_plots, curves_plot, depth_plot, seed_plot
 from .results import point_rows
 from .seeded import collapse_seeds
-from .tables import batch_lr_tables, depth_seed_tables, depth_tables, seed_table
+from .tables import batch_lr_tables, depth_axis, depth_seed_tables, depth_tables, seed_table
 
 __all__ = ["aggregate"]
 
@@ -26,9 +26,10 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
     not_done = [r for r in rows if r["status"] in ("not run", "interrupted", "failed")]
     note = f"; {len(not_done)} of {len(rows)} points not done" if not_done else ""
     seeded = any("seed" in r for r in rows)
+    axis = depth_axis(settings.get("depth_key"))
     if grid.kind == "depth" and seeded:
-        collapsed, wide = depth_seed_tables(rows, metric)
-        outputs.table("depth_runs", depth_tables(rows, metric)[0],
+        collapsed, wide = depth_seed_tables(rows, metric, axis)
+        outputs.table("depth_runs", depth_tables(rows, metric, axis)[0],
                       title=f"Depth study: one row per run (final values; steps_to_90: first step at 90% of "
                       f"the run's final {metric}){note}")
         outputs.table("depth", collapsed, title=f"Depth study over seeds: mean, std (n-1) and n of the runs that "
@@ -43,7 +44,7 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
         curves_plot(outputs, grid, rows, metric, "depth", "depth_curves")
         echo = ["depth_grid"]
     elif grid.kind == "depth":
-        ordered, wide = depth_tables(rows, metric)
+        ordered, wide = depth_tables(rows, metric, axis)
         outputs.table("depth", ordered, title=f"Depth study: one row per run (final values; failed to learn: "
                       f"final {metric} not above chance + {margin:g}){note}")
         outputs.table("depth_grid", wide, title=f"Depth study: final {metric} per scheme and depth "

@@ -208,7 +208,7 @@ def _cmd_depth(args, overrides: list[str]) -> int:
     points = depth_points(configs, args.depths, args.schemes, _name(args), args.depth_key,
                           args.scheme_key, seeds, recipe)
     return _study(args, points, {"depths": args.depths, "schemes": args.schemes, "seeds": seeds,
-                                 "recipe": recipe}, overrides)
+                                 "recipe": recipe, "depth_key": args.depth_key}, overrides)
 
 
 def _cmd_batch_lr(args, overrides: list[str]) -> int:

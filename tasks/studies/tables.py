@@ -30,16 +30,17 @@ def _status_cell(row: dict, metric: str) -> str:
 
 
 # --- depth ------------------------------------------------------------------------------------------
-def depth_tables(rows: list[dict], metric: str) -> tuple[list[dict], list[dict]]:
+def depth_tables(rows: list[dict], metric: str, axis: str = "depth") -> tuple[list[dict], list[dict]]:
     """The per-point table (scheme order of the grid, then depth) and the wide table: one row per
-    scheme, one column per depth (the final metric, ``diverged@s``, ``failed to learn`` ...)."""
+    scheme, one column per depth (the final metric, ``diverged@s``, ``failed to learn`` ...), each
+    headed ``{axis} {value}`` (:func:`depth_axis`)."""
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
     depths = sorted({r["depth"] for r in rows})
     ordered = sorted(rows, key=lambda r: (schemes.index(r["scheme"]), r["depth"], r.get("seed") or 0))
     wide = []
     for scheme in schemes:
         cells = {r["depth"]: _status_cell(r, metric) for r in rows if r["scheme"] == scheme}
-        wide.append({"scheme": scheme, **{f"depth {d}": cells.get(d, "") for d in depths}})
+        wide.append({"scheme": scheme, **{f"{axis} {d}": cells.get(d, "") for d in depths}})
     return ordered, wide
 
 
@@ -65,9 +66,9 @@ def _seeded_cell(row: dict, metric: str) -> str:
     return cell + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def depth_seed_tables(rows: list[dict], metric: str) -> tuple[list[dict], list[dict]]:
+def depth_seed_tables(rows: list[dict], metric: str, axis: str = "depth") -> tuple[list[dict], list[dict]]:
     """With seeds: one row per (scheme, depth) (mean, std, n, diverged, steps to 90% ...) and the wide
-    table of ``_seeded_cell`` s, one row per scheme."""
+    table of ``_seeded_cell`` s, one row per scheme, its columns headed ``{axis} {value}``."""
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
     depths = sorted({r["depth"] for r in rows})
     keys = ["scheme", "depth"] + (["recipe"] if any("recipe" in r for r in rows) else [])
@@ -77,8 +78,15 @@ def depth_seed_tables(rows: list[dict], metric: str) -> tuple[list[dict], list[d
         cells = {r["depth"]: _seeded_cell(r, metric) for r in collapsed if r["scheme"] == scheme}
         recipe = next((r["recipe"] for r in collapsed if r["scheme"] == scheme and "recipe" in r), None)
         wide.append({"scheme": scheme, **({"recipe": recipe} if recipe else {}),
-                     **{f"depth {d}": cells.get(d, "") for d in depths}})
+                     **{f"{axis} {d}": cells.get(d, "") for d in depths}})
     return collapsed, wide
+
+
+def depth_axis(depth_key: str | None) -> str:
+    """What a depth study's columns vary: ``depth``, or the last part of another ``--depth_key``
+    (``trainer.max_epochs``: a study of budgets, headed ``max_epochs 3``, ``max_epochs 5`` ...)."""
+    default = "model.init_args.network_options.depth"
+    return "depth" if not depth_key or depth_key == default else depth_key.rsplit(".", 1)[-1]
 
 
 # --- batch size x learning rate ------------------------------------------------------------------------

@@ -103,3 +103,33 @@ def test_shortcut_stem_classifier():
     init_classifier(get_scheme("rescale"), fc)
     assert float(fc.weight.detach().std()) == pytest.approx(math.sqrt(1 / 2048), rel=0.02)
     assert torch.count_nonzero(fc.bias) == 0
+
+
+def test_shortcut_and_classifier_gains_replace_the_inits_gain():
+    """``shortcut_gain`` / ``classifier_gain`` (docs/studies.md, the basic-block yardstick): the He
+    gain of the projection shortcut and of the classifier; without them every scheme keeps its
+    paper's init."""
+    torch.manual_seed(0)
+    conv, fc = nn.Conv2d(256, 512, 1, bias=False), nn.Linear(2048, 100)
+    for name, mode_fan in (("rescale", 256), ("skipinit", 256), ("bn", 512)):
+        init_shortcut(get_scheme(name, shortcut_gain=2.0), conv)
+        assert float(conv.weight.detach().std()) == pytest.approx(2.0 / math.sqrt(mode_fan), rel=0.02)
+    init_classifier(get_scheme("rescale", classifier_gain=10.0), fc)
+    assert float(fc.weight.detach().std()) == pytest.approx(10.0 / math.sqrt(2048), rel=0.02)
+    assert torch.count_nonzero(fc.bias) == 0
+    init_classifier(get_scheme("bn", classifier_gain=3.0), fc)  # He normal instead of PyTorch's uniform
+    assert float(fc.weight.detach().std()) == pytest.approx(3.0 / math.sqrt(2048), rel=0.02)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"classifier_gain": 0.0}, "positive"), ({"shortcut_gain": float("nan")}, "positive"),
+    ({"shortcut_gain": -1.0}, "positive"),
+])
+def test_gains_must_be_positive(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        get_scheme("rescale", **overrides)
+
+
+def test_classifier_gain_refused_with_a_zero_classifier():
+    with pytest.raises(ValueError, match="zero_classifier"):
+        get_scheme("fixup", classifier_gain=2.0)

@@ -20,7 +20,7 @@ from rescale_tasks.common.errors import UserError
 from rescale_tasks.studies.readme_tables import fill_tables, update_document
 from rescale_tasks.studies.seeded import collapse_seeds, mean_curve, steps_to_fraction
 from rescale_tasks.studies.points import batch_lr_points, depth_points
-from rescale_tasks.studies.tables import batch_lr_tables, depth_seed_tables
+from rescale_tasks.studies.tables import batch_lr_tables, depth_axis, depth_seed_tables
 
 REPO = Path(__file__).resolve().parents[3]
 M = "val/acc1"
@@ -77,6 +77,15 @@ def test_seeds_collapse_into_mean_std_with_diverged_runs_apart():
     assert cells["fixup"] == "diverged 2/2 (@2,4)"
 
 
+def test_a_depth_study_over_another_key_heads_its_columns_with_that_key():
+    """``--depth_key trainer.max_epochs --depths 3 5 10``: a study of budgets, headed max_epochs 3 ..."""
+    assert depth_axis(None) == depth_axis("model.init_args.network_options.depth") == "depth"
+    assert depth_axis("trainer.max_epochs") == "max_epochs"
+    rows = [_row("bn", 3, 0, final=0.9, steps=10), _row("bn", 10, 0, final=0.95, steps=40)]
+    _, (wide,) = depth_seed_tables(rows, M, depth_axis("trainer.max_epochs"))
+    assert list(wide) == ["scheme", "max_epochs 3", "max_epochs 10"]
+
+
 def test_a_learning_rate_is_stable_only_when_no_seed_diverged():
     rows = []
     for lr, statuses in ((0.1, ["trained", "trained"]), (0.2, ["trained", "diverged at step 9"]),
@@ -114,11 +123,12 @@ def test_tables_are_copied_into_the_document_and_checked(tmp_path, capsys):
         fill_tables("<!-- study-table: gone.md -->\n<!-- /study-table -->", str(tmp_path))
 
 
-def test_the_published_study_tables_are_the_files_the_studies_wrote():
-    text = (REPO / "docs/studies.md").read_text()
-    new, changed, seen = fill_tables(text, str(REPO / "docs"))
-    assert len(seen) == 4, "docs/studies.md publishes its study tables from files"
-    assert not changed, f"docs/studies.md tables differ from their files: {changed} (run: rescale study tables)"
+@pytest.mark.parametrize("document, tables", [("docs/studies.md", 7), ("README.md", 1)])
+def test_the_published_study_tables_are_the_files_the_studies_wrote(document, tables):
+    text = (REPO / document).read_text()
+    new, changed, seen = fill_tables(text, str((REPO / document).parent))
+    assert len(seen) == tables, f"{document} publishes its study tables from files"
+    assert not changed, f"{document} tables differ from their files: {changed} (run: rescale study tables {document})"
 
 
 def test_study_tables_checks_the_studies_page_by_default(monkeypatch, capsys):
@@ -126,7 +136,7 @@ def test_study_tables_checks_the_studies_page_by_default(monkeypatch, capsys):
 
     monkeypatch.chdir(REPO)
     assert main(["tables", "--check"]) == 0
-    assert capsys.readouterr().out.strip() == "docs/studies.md: 4 study tables, all equal to their files"
+    assert capsys.readouterr().out.strip() == "docs/studies.md: 7 study tables, all equal to their files"
 
 
 
