@@ -34,6 +34,13 @@ def _env() -> dict:
     return env
 
 
+def _terminal_sigint() -> None:
+    """The run gets Ctrl-C as a terminal's foreground job does. A suite started in the background
+    (sh's ``&``, ``nohup``) ignores SIGINT, its children inherit that, and a run that ignores
+    SIGINT rightly leaves it ignored (a background job): the test would wait out its timeout."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="module")
 def interrupted(tmp_path_factory, run_config, suite_wandb_logger):
     """Run, refuse a second writer, Ctrl-C; what each process said."""
@@ -46,7 +53,8 @@ def interrupted(tmp_path_factory, run_config, suite_wandb_logger):
                                      "auto_insert_metric_name": False}}]})
     command = ["fit", "--config", config, "--trainer.logger.init_args.id", RUN_ID]
     proc = subprocess.Popen([sys.executable, "-m", "rescale_tasks.cli", *command], cwd=folder, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_terminal_sigint)
     checkpoints = folder / "runs" / "lifecycle" / RUN_ID / "checkpoints"
     try:
         deadline = time.time() + 300
