@@ -40,8 +40,8 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
         # where none learned, a cross where every seed diverged
         depth_plot(outputs, [{**r, "diverged_step": None,
                                "status": "trained" if r["status"] == "partly diverged" else r["status"]}
-                              for r in collapsed], metric)
-        curves_plot(outputs, grid, rows, metric, "depth", "depth_curves")
+                              for r in collapsed], metric, axis)
+        curves_plot(outputs, grid, rows, metric, "depth", "depth_curves", axis)
         echo = ["depth_grid"]
     elif grid.kind == "depth":
         ordered, wide = depth_tables(rows, metric, axis)
@@ -49,7 +49,7 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
                       f"final {metric} not above chance + {margin:g}){note}")
         outputs.table("depth_grid", wide, title=f"Depth study: final {metric} per scheme and depth "
                       f"(diverged@s: diverged at step s){note}")
-        depth_plot(outputs, ordered, metric)
+        depth_plot(outputs, ordered, metric, axis)
         echo = ["depth_grid"]
     elif grid.kind == "batch-lr":
         if seeded:  # a setting is stable when none of its seeds diverged; optimal: the best mean

@@ -18,9 +18,10 @@ __all__ = ["curves_plot", "depth_plot", "batch_lr_plots", "seed_plot"]
 
 
 def curves_plot(outputs: StudyOutputs, grid: Grid, rows: list[dict], metric: str, panel_key: str,
-                 name: str) -> None:
+                 name: str, panel_label: str | None = None) -> None:
     """Learning curves: one panel per ``panel_key`` value (a depth), per scheme the mean over seeds
-    of ``metric`` against the step (band: min to max), diverged runs left out."""
+    of ``metric`` against the step (band: min to max), diverged runs left out; each panel titled
+    ``{panel_label} {value}`` (default: the key)."""
     by_name = {p.name: p for p in grid.points}
     panels = sorted({r[panel_key] for r in rows})
     if not panels:
@@ -47,11 +48,12 @@ def curves_plot(outputs: StudyOutputs, grid: Grid, rows: list[dict], metric: str
                     ax.fill_between(steps, low, high, color=color, alpha=0.2)
             elif mine:
                 ax.plot([], [], color=color, label=f"{scheme} (diverged)")
-        ax.set(xlabel="step", ylabel=metric, title=f"{panel_key} {panel}")
+        ax.set(xlabel="step", ylabel=metric, title=f"{panel_label or panel_key} {panel}")
     outputs.figure(name, fig)
 
 
-def depth_plot(outputs: StudyOutputs, rows: list[dict], metric: str) -> None:
+def depth_plot(outputs: StudyOutputs, rows: list[dict], metric: str, axis: str = "depth") -> None:
+    """The final metric against depth (or what ``axis`` names: ``tables.depth_axis``) per scheme."""
     fig, (ax,) = new_figure(1, width=6.0, height=4.0)
     higher = higher_is_better(metric)
     key = f"final {metric}"
@@ -80,7 +82,7 @@ def depth_plot(outputs: StudyOutputs, rows: list[dict], metric: str) -> None:
     if depths and depths[-1] / max(depths[0], 1) >= 10:
         ax.set_xscale("log")
     ax.set_xticks(depths, [str(d) for d in depths])
-    ax.set(xlabel="depth", ylabel=f"final {metric}",
+    ax.set(xlabel=axis, ylabel=f"final {metric}",
            title=f"Depth study: final {metric} (x: diverged, hollow: failed to learn)")
     outputs.figure("depth", fig)
 
