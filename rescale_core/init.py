@@ -85,13 +85,9 @@ def init_shortcut(scheme: Scheme, conv: nn.Module) -> None:
     Fixup's fan-out He normal, torchvision's fan-out He normal otherwise. ``scheme.shortcut_gain``
     replaces the gain (the signal-preserving transition of docs/studies.md, the basic-block
     yardstick)."""
-    gain = scheme.shortcut_gain
-    if scheme.init == "rescale":
-        he_normal_(conv.weight, "fan_in", gain=1.0 if gain is None else gain)
-    elif scheme.init == "he_fan_in":
-        he_normal_(conv.weight, "fan_in", gain=math.sqrt(2.0) if gain is None else gain)
-    else:
-        he_normal_(conv.weight, "fan_out", gain=math.sqrt(2.0) if gain is None else gain)
+    mode, gain = {"rescale": ("fan_in", 1.0), "he_fan_in": ("fan_in", math.sqrt(2.0))}.get(
+        scheme.init, ("fan_out", math.sqrt(2.0)))
+    he_normal_(conv.weight, mode, gain=gain if scheme.shortcut_gain is None else scheme.shortcut_gain)
     if getattr(conv, "bias", None) is not None:
         conv.bias.zero_()
 

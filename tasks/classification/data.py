@@ -324,7 +324,7 @@ class EmbeddedDataModule(ClassificationDataModule):
     in memory. Subclasses say where the images come from (:meth:`load`), their size
     (``native_size``, the default ``image_size``) and their labels' source."""
 
-    native_size = 8
+    native_size: int
 
     def __init__(self, batch_size: int = 64, image_size: int | None = None, val_fraction: float = 0.15,
                  test_fraction: float = 0.15, num_workers: int = 0, pin_memory: bool = False,

@@ -190,11 +190,12 @@ def _recipe_template(args, configs: list[str]) -> Optional[str]:
     if not any(os.path.isfile(args.recipe.format(scheme=scheme)) for scheme in args.schemes):
         raise UserError(f"--recipe {args.recipe}: no recipe file for any of the schemes "
                         f"{' '.join(args.schemes)} (a scheme without one trains on the base config)")
+    base_defaults = defaults_for(configs)
     for scheme in args.schemes:
         path = args.recipe.format(scheme=scheme)
         # a recipe is an overlay: the _defaults.yaml of another experiments folder would come with
         # it and replace the base config's network and data (common/config_layers.py)
-        foreign = [d for d in defaults_for([path]) if d not in defaults_for(configs)] if os.path.isfile(path) else []
+        foreign = [d for d in defaults_for([path]) if d not in base_defaults] if os.path.isfile(path) else []
         if foreign:
             raise UserError(f"--recipe {path}: it lies under {os.path.dirname(foreign[-1])}, whose "
                             f"{os.path.basename(foreign[-1])} would replace the network and data of "

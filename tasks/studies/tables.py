@@ -9,6 +9,7 @@ from collections import defaultdict
 
 from ..common.run_summary import higher_is_better
 from .compare import mean_std
+from .points import KEYS
 from .results import as_float
 from .seeded import collapse_seeds, format_mean_std
 
@@ -85,8 +86,7 @@ def depth_seed_tables(rows: list[dict], metric: str, axis: str = "depth") -> tup
 def depth_axis(depth_key: str | None) -> str:
     """What a depth study's columns vary: ``depth``, or the last part of another ``--depth_key``
     (``trainer.max_epochs``: a study of budgets, headed ``max_epochs 3``, ``max_epochs 5`` ...)."""
-    default = "model.init_args.network_options.depth"
-    return "depth" if not depth_key or depth_key == default else depth_key.rsplit(".", 1)[-1]
+    return "depth" if not depth_key or depth_key == KEYS["depth"] else depth_key.rsplit(".", 1)[-1]
 
 
 # --- batch size x learning rate ------------------------------------------------------------------------

@@ -71,10 +71,11 @@ def test_the_yardstick_s_configs_build_each_scheme_at_its_recipe():
 
 
 def _signal_at_init(dm, **scheme_options) -> tuple[float, float]:
-    """(logits' std, RMS of the last block's output / of the first's) of a fresh rescale ResNet-20
-    on a batch of real digits, after the 8 steps that measure its mean-shift biases."""
+    """(logits' std, std of the last block's output / of the first's, by the suite's signal probe)
+    of a fresh rescale ResNet-20 on a batch of real digits, after the 8 steps that measure its
+    mean-shift biases."""
     from rescale_core import create_model
-    from rescale_core.blocks import ResidualBlock
+    from rescale_core.analysis import signal_propagation
 
     torch.manual_seed(0)
     net = create_model("cifar_resnet", depth=20, scheme="rescale", scheme_options=scheme_options,
@@ -82,19 +83,15 @@ def _signal_at_init(dm, **scheme_options) -> tuple[float, float]:
     x = dm.train_set.tensors[0][:128]
     for _ in range(net.scheme.measure_batches):
         net(x)
-    rms = []
-    hooks = [m.register_forward_hook(lambda m, i, o: rms.append(float(o.pow(2).mean().sqrt())))
-             for m in net.modules() if isinstance(m, ResidualBlock)]
+    blocks = signal_propagation(net, x)
     with torch.no_grad():
         logits = net(x)
-    for hook in hooks:
-        hook.remove()
-    return float(logits.std()), rms[-1] / rms[0]
+    return float(logits.std()), (blocks[-1]["var_out"] / blocks[0]["var_out"]) ** 0.5
 
 
 def test_the_papers_init_loses_the_signal_at_each_transition_and_the_recipe_keeps_it(mnist5k):
-    """docs/studies.md, the basic-block yardstick: with the paper's init the stream's RMS falls
-    about 2.3x at each of the two projection blocks and the logits start at a std of 0.03;
+    """docs/studies.md, the basic-block yardstick: with the paper's init the stream's std falls
+    about 2.5x at each of the two projection blocks and the logits start at a std of 0.03;
     shortcut gain 2 keeps the stream, classifier gain 10 brings the logits to order 1."""
     logits, kept = _signal_at_init(mnist5k)
     assert kept < 0.3 and logits < 0.06
