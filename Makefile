@@ -6,13 +6,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast bench bench-gpu install clean help
+.PHONY: demo test test-fast bench bench-gpu gpu-wheels install clean help
 
 help:
 	@echo "make demo   - train five residual schemes on the embedded digits and compare them"
 	@echo "make test   - run the whole test suite (slow tests included)"
 	@echo "make bench  - benchmark harness -> benchmarks/RESULTS.md; BENCH_ARGS=\"--quick\" or \"--no-compile\""
-	@echo "make bench-gpu - the GPU tables and CUDA-only tests in one run (~8 min), with the machine's own python and torch"
+	@echo "make bench-gpu - the GPU checks and tables in one run (~8 min), with the machine's own python and torch"
+	@echo "make gpu-wheels - wheels of what a GPU machine without a package registry lacks, into .whl/"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -45,11 +46,26 @@ test-fast: $(STAMP) $(IMGAUG_WHEEL)
 bench: $(STAMP)
 	$(PY) -m benchmarks --markdown benchmarks/RESULTS.md $(BENCH_ARGS)
 
-# No virtual environment and no install: a GPU machine lent for a short run has its own torch and
-# no package registry. GPU_PYTHON: the interpreter whose torch sees the GPU.
+# No virtual environment: a GPU machine lent for a short run has its own torch and no package
+# registry. GPU_PYTHON: the interpreter whose torch sees the GPU. Wheels found in .whl/ (what
+# `make gpu-wheels` downloads) are installed into .whl/site first and imported from there.
 GPU_PYTHON ?= python3
+GPU_SITE := .whl/site
 bench-gpu:
-	$(GPU_PYTHON) -m benchmarks.gpu $(BENCH_ARGS)
+	@if ls .whl/*.whl >/dev/null 2>&1; then \
+		$(GPU_PYTHON) -m pip install --quiet --no-index --no-deps --no-compile --upgrade --target $(GPU_SITE) .whl/*.whl; fi
+	PYTHONPATH="$(CURDIR)/$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PYTHON) -m benchmarks.gpu $(BENCH_ARGS)
+
+# The project's dependencies that a GPU machine's own image lacks (docs/speed.md, "On a GPU
+# machine"), as wheels for its Python (GPU_WHEELS_PYTHON) on x86-64 Linux, into .whl/ (about 38 MB);
+# the specifiers are pyproject.toml's (tests/benchmarks/test_bench_gpu.py checks).
+GPU_WHEELS ?= "jsonargparse>=4.40,<5" docstring-parser typeshed-client "av>=14" "pycocotools>=2.0.11,<3" \
+	"scikit-video==1.1.11"
+GPU_WHEELS_PYTHON ?= 3.12
+gpu-wheels: $(STAMP)
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version $(GPU_WHEELS_PYTHON) \
+		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 
 clean:
 	rm -rf $(VENV) runs demo_output .pytest_cache

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -68,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=10,
                    help="warm-up train steps per contender; never fewer than measure_batches + 2 (10)")
     p.add_argument("--only", nargs="+", choices=list(SECTIONS), metavar="SECTION",
-                   help=f"run only these sections: {', '.join(SECTIONS)}")
+                   help=f"run only these sections, in this order: {', '.join(SECTIONS)}")
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                    help="channels_last models and inputs in every section (default: on for cuda, off for cpu; "
                         "the channels_last section always compares both)")
@@ -98,6 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--video-workers", type=int, default=None,
                    help="the N of the video_loader section's 'N workers' DataLoader (default: cpu 2, cuda "
                         "the usable cores up to 8)")
+    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                   help="start no section after this many seconds (the sections left are reported as not run, "
+                        "and the run fails): make bench-gpu fits a lease this way")
     p.add_argument("--markdown", metavar="PATH", help="write the results section of this markdown file")
     p.add_argument("--host-malloc", choices=["kept", "system"], default="kept",
                    help="kept (the default, what the rescale command does): glibc keeps freed host memory for the "
@@ -171,13 +175,14 @@ def _video_workers() -> int:
 
 
 def selected_sections(args: argparse.Namespace) -> list[str]:
-    return [s for s in SECTIONS if not args.only or s in args.only]
+    """``--only``'s sections in the order given (make bench-gpu: most wanted first), else all."""
+    return list(dict.fromkeys(args.only)) if args.only else list(SECTIONS)
 
 
 def measured_sections(results: list[SectionResult], settings: Settings) -> set[str]:
     """The sections whose goals this run measured: the plans section's (compiled) goals only
     where it compiled."""
-    return {r.name for r in results if r.name != "plans" or settings.compile}
+    return {r.name for r in results if not r.error and (r.name != "plans" or settings.compile)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,7 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     env = report.environment(settings, sys.argv[1:] if argv is None else argv)
     print(report.header_text(env), flush=True)
     results: list[SectionResult] = []
+    start = time.perf_counter()
     for name in selected_sections(args):
+        if args.deadline is not None and time.perf_counter() - start > args.deadline:
+            results.append(SectionResult(name, error=f"not run: the {args.deadline:.0f} s deadline had passed "
+                                                     f"(time it alone with --only {name})"))
+            print(report.section_text(results[-1]), flush=True)
+            continue
         try:
             res = run_section(name, settings)
         except Exception as exc:  # one broken section must not lose the others' measurements

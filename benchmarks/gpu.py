@@ -1,25 +1,26 @@
-"""``python -m benchmarks.gpu`` (``make bench-gpu``): the GPU measurements in one short run.
+"""``python -m benchmarks.gpu`` (``make bench-gpu``): the GPU checks and measurements in one short run.
 
-Made for a fresh GPU machine that has its own torch and no package registry: it runs with the
-Python it is started with (no virtual environment, nothing installed), imports only
-``rescale_core`` and ``benchmarks`` from this checkout (torchvision and timm when present: without
-them the baseline and floor are the suite's own ``resnet50`` under ``bn`` and ``none``, the same
-network, and ``nf_resnet50`` is left out), and fits in about 8 minutes on an H100:
+Made for a GPU machine lent for a few minutes, with its own Python and torch and no package
+registry: it runs with the Python it is started with (no virtual environment), imports this
+checkout's ``rescale_core``, ``benchmarks`` and ``tasks/`` (as ``rescale_tasks``, where the project
+is not installed), and needs the project's other dependencies on that machine: a package missing
+there is named in one line before anything runs (``make gpu-wheels`` downloads them, on a machine
+with a registry, for one without; docs/speed.md, "On a GPU machine"). In order:
 
-1. ``python -m benchmarks --device cuda`` with the sections ``ops train eval measuring plans
-   resnet3d transformer`` (bf16 autocast, channels_last, batch 128; rescale50 on every plan,
-   eager and compiled; peak memory; measuring steps; 3D ResNet; Transformer), written into the
-   GPU section of ``benchmarks/RESULTS.md`` with the device and commit in its header;
-2. the CUDA-only tests (``pytest -m cuda``: the suite's tests that need a GPU and skip without
-   one), their summary line printed at the end. The run fails when they could not run (pytest
-   missing, a file that does not import), when pytest collected no CUDA test, when every one
-   skipped (no CUDA device for pytest) and when one failed: a GPU run that executed no CUDA test
-   proves nothing. ``rescale_tasks`` is this checkout's ``tasks/`` folder even where the project
-   is not installed; the task tests also need the project's dependencies (lightning,
-   jsonargparse, ...) on that machine.
+1. the tests that depend on the device or on torch's version (``pytest -m "cuda or
+   compile_check"``, over :data:`CUDA_TESTS`; in parallel where pytest-xdist is installed): the
+   CUDA-only tests, ``rescale fit`` of every task under bf16 and fp16 (gradient scaling)
+   autocast, eager and compiled, and compiled training against eager on the machine's torch.
+   They fail the run when they could not run (pytest missing, a file that does not import),
+   when no CUDA test was collected, when every one skipped (no CUDA device for pytest) and when
+   one failed: a GPU run that executed no CUDA test proves nothing;
+2. ``python -m benchmarks --device cuda`` over :data:`GPU_SECTIONS` (bf16 autocast,
+   channels_last, batch 128), most wanted first, starting no section once ``--budget`` seconds
+   have passed since the start (those left are reported as not run), written into the GPU
+   section of ``benchmarks/RESULTS.md`` with the device, torch and commit in its header.
 
-``--device cpu --quick`` runs the benchmarks on the CPU in a minute, to check the command itself
-(the CUDA tests need a GPU: :func:`run_cuda_tests` is checked on the CPU by the suite).
+``--device cpu --quick`` runs step 2 on the CPU in a few minutes, to check the command itself (the
+CUDA tests need a GPU: :func:`run_device_tests` is checked on the CPU by the suite).
 """
 from __future__ import annotations
 
@@ -29,56 +30,101 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-__all__ = ["CUDA_TESTS", "GPU_SECTIONS", "bench_arguments", "main", "run_cuda_tests"]
+__all__ = ["CUDA_TESTS", "GPU_SECTIONS", "NEEDED", "bench_arguments", "main", "missing_packages",
+           "run_device_tests"]
 
-GPU_SECTIONS = ["ops", "train", "eval", "measuring", "plans", "resnet3d", "transformer"]
+#: the sections, most wanted first: the deadline may leave the last ones out
+GPU_SECTIONS = ["train", "eval", "plans", "measuring", "resnet3d", "transformer", "inference", "ops"]
 
 REPO = Path(__file__).resolve().parents[1]
 
-# pytest's exit status when it ran no test (every one deselected by ``-m cuda``)
+# pytest's exit status when it ran no test (every one deselected by ``-m``)
 NO_TESTS_RAN = 5
 
-# every test file holding tests marked ``cuda`` (tests/benchmarks/test_bench_gpu.py keeps the list whole)
+#: the tests this run selects: those that need a CUDA device, and those whose outcome depends on
+#: torch's version (the machine's own torch is not the one the suite pins)
+TEST_MARKS = "cuda or compile_check"
+
+# every test file holding tests marked ``cuda`` or ``compile_check``, or asking for
+# ``fit_at_precision`` (tests/benchmarks/test_bench_gpu.py keeps the list whole)
 CUDA_TESTS = ["tests/core/test_core_plans.py", "tests/core/test_core_layers.py",
-              "tests/tasks/common/test_sampling.py", "tests/tasks/common/test_divergence_monitor.py"]
+              "tests/tasks/common/test_sampling.py", "tests/tasks/common/test_divergence_monitor.py",
+              "tests/tasks/classification/test_classification_acceleration.py",
+              "tests/tasks/detection/test_detection_cli.py", "tests/tasks/video/test_video_cli.py",
+              "tests/tasks/translation/test_translation_module.py"]
+
+#: module -> the distribution that brings it: what the tests and sections import beyond torch
+NEEDED = {"pytest": "pytest", "pytest_timeout": "pytest-timeout", "lightning": "lightning",
+          "torchmetrics": "torchmetrics", "jsonargparse": "jsonargparse", "docstring_parser": "docstring-parser",
+          "typeshed_client": "typeshed-client", "torchvision": "torchvision", "yaml": "pyyaml",
+          "sklearn": "scikit-learn", "PIL": "pillow", "matplotlib": "matplotlib", "av": "av",
+          "pycocotools": "pycocotools", "sentencepiece": "sentencepiece", "sacrebleu": "sacrebleu",
+          "skvideo": "scikit-video"}
 
 
-def bench_arguments(device: str, quick: bool, markdown: str | None) -> list[str]:
+def missing_packages(needed: dict[str, str] = NEEDED) -> list[str]:
+    """The distributions of ``needed`` whose module this Python cannot find."""
+    return [dist for module, dist in needed.items() if importlib.util.find_spec(module) is None]
+
+
+def bench_arguments(device: str, quick: bool, markdown: str | None, deadline: float | None = None) -> list[str]:
     args = ["--device", device, "--only", *GPU_SECTIONS]
     if quick:
         args += ["--quick", "--compile"]
     elif device == "cuda":
-        args += ["--repeats", "8", "--warmup", "12"]  # paired medians of 8: the 8-minute budget
+        args += ["--repeats", "8", "--warmup", "12"]  # paired medians of 8: the lease's budget
+    if deadline is not None:
+        args += ["--deadline", f"{max(deadline, 0.0):.0f}"]
     if markdown:
         args += ["--markdown", markdown]
     return args
 
 
 def _importable_tasks(folder: str) -> dict[str, str]:
-    """The environment for pytest, with ``rescale_tasks`` importable as this checkout's ``tasks/``
-    (a link in ``folder``) where the project is not installed."""
+    """The environment of a child Python that imports this checkout (``rescale_core``,
+    ``benchmarks``) and, where the project is not installed, ``rescale_tasks`` as its ``tasks/``
+    folder (a link in ``folder``); this process can import them too from then on."""
     env = dict(os.environ)
+    paths = [str(REPO), str(REPO / "tests")]  # tests/: the suite's pytest plugins (skip_policy)
     if importlib.util.find_spec("rescale_tasks") is None:
         os.symlink(REPO / "tasks", Path(folder) / "rescale_tasks")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (folder, env.get("PYTHONPATH")) if p)
+        paths.insert(0, folder)
+    for path in reversed(paths):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*paths, env.get("PYTHONPATH")) if p)
     return env
 
 
-def run_cuda_tests(files: Sequence[str] = CUDA_TESTS, python: Sequence[str] = (sys.executable,)) -> tuple[int, str]:
-    """``pytest -m cuda`` over ``files`` (paths relative to the repository) with ``python``, under the
-    project's pytest settings: ``(0, pytest's summary)`` when at least one CUDA test ran and none
-    failed, else ``(1, what went wrong)``: pytest missing or stopped, no CUDA test collected,
-    every one skipped, or one failed."""
+def _parallel_workers() -> list[str]:
+    """pytest-xdist's ``-n`` where it is installed (the compiled fits are bound by one core each)."""
+    if importlib.util.find_spec("xdist") is None:
+        return []
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 2
+    return ["-n", str(max(1, min(8, cores // 2)))] if cores >= 4 else []
+
+
+def run_device_tests(files: Sequence[str] = CUDA_TESTS, python: Sequence[str] = (sys.executable,),
+                     marks: str = TEST_MARKS, workers: Sequence[str] = ()) -> tuple[int, str]:
+    """``pytest -m marks`` over ``files`` (paths relative to the repository) with ``python``, under
+    the project's pytest settings: ``(0, pytest's summary)`` when at least one ``cuda`` test ran
+    and none failed, else ``(1, what went wrong)``: pytest missing or stopped, no CUDA test
+    collected, every CUDA test skipped, or one failed."""
     with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "cuda-tests.xml"
+        report = Path(tmp) / "device-tests.xml"
         done = subprocess.run([*python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(REPO / "pyproject.toml"),
-                               "--rootdir", str(REPO), "-m", "cuda", f"--junit-xml={report}", *files],
+                               "--rootdir", str(REPO), "-p", "skip_policy", "-m", marks, f"--junit-xml={report}",
+                               *workers, *files],
                               cwd=REPO, env=_importable_tasks(tmp), text=True, capture_output=True)
         lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
         last = lines[-1].strip("= ") if lines else "no output"
@@ -87,16 +133,23 @@ def run_cuda_tests(files: Sequence[str] = CUDA_TESTS, python: Sequence[str] = (s
             return 1, f"failed: pytest is not installed for {python[0]}: install it (the CUDA tests must run)"
         if not report.is_file():
             return 1, f"failed: pytest stopped before running any test (exit {done.returncode}): {last}"
-        counts = {key: sum(int(suite.get(key, 0)) for suite in ET.parse(report).getroot().iter("testsuite"))
-                  for key in ("tests", "skipped", "failures", "errors")}
-    if counts["failures"] or counts["errors"] or done.returncode not in (0, NO_TESTS_RAN):
+        cases = list(ET.parse(report).getroot().iter("testcase"))
+    failed = sum(1 for case in cases if case.find("failure") is not None or case.find("error") is not None)
+    on_gpu = [case for case in cases if _needs_cuda(case)]
+    skipped = sum(1 for case in on_gpu if case.find("skipped") is not None)
+    if failed or done.returncode not in (0, NO_TESTS_RAN):
         return 1, f"failed (exit {done.returncode}): {last}" + (f"; first error: {first_error}" if first_error else "")
-    if counts["tests"] == 0:
+    if not on_gpu:
         return 1, f"failed: pytest collected no CUDA test in {', '.join(files)}"
-    if counts["skipped"] == counts["tests"]:
-        return 1, (f"failed: all {counts['tests']} CUDA tests skipped ({last}): does the torch of {python[0]} "
+    if skipped == len(on_gpu):
+        return 1, (f"failed: all {len(on_gpu)} CUDA tests skipped ({last}): does the torch of {python[0]} "
                    "see a CUDA device?")
     return 0, last
+
+
+def _needs_cuda(case: ET.Element) -> bool:
+    """A test marked ``cuda``, by the property the suite's skip policy gives it in the report."""
+    return any(prop.get("name") == "needs" and prop.get("value") == "cuda" for prop in case.iter("property"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,21 +158,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny sizes (a check of the command)")
     p.add_argument("--markdown", default="benchmarks/RESULTS.md",
                    help="results file ('' to print only)")
-    p.add_argument("--no-tests", action="store_true", help="skip the CUDA-only tests")
+    p.add_argument("--budget", type=float, default=420.0, metavar="SECONDS",
+                   help="start no benchmark section after this many seconds from the start (default 420: "
+                        "with the section in flight, the run ends within about 8 minutes)")
+    p.add_argument("--no-tests", action="store_true", help="leave out the tests (step 1)")
     args = p.parse_args(argv)
+    start = time.perf_counter()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: no CUDA device is visible to this torch "
               f"({torch.__version__}); run it on the GPU machine, or --device cpu --quick to check the command",
               file=sys.stderr)
         return 2
-    # the harness's command line imports every section's module: only once a GPU is known to be there
-    from . import __main__ as bench
+    missing = missing_packages()
+    if missing:
+        print(f"error: {sys.executable} lacks {', '.join(missing)}: install them, or where the machine has no "
+              "package registry bring them as wheels (`make gpu-wheels` on a machine with one; docs/speed.md, "
+              "'On a GPU machine')", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        _importable_tasks(tmp)  # the harness imports rescale_tasks too
+        tests_status, tests = 0, "not run"
+        if not args.no_tests and args.device == "cuda":
+            tests_status, line = run_device_tests(workers=_parallel_workers())
+            tests = "FAILED" if tests_status else "passed"
+            print(f"device tests ({time.perf_counter() - start:.0f} s): {line}", flush=True)
+        # the harness's command line imports every section's module: only once a GPU is known to be there
+        from . import __main__ as bench
 
-    status = bench.main(bench_arguments(args.device, args.quick, args.markdown or None))
-    if args.no_tests or args.device != "cuda":
-        return status
-    tests_status, line = run_cuda_tests()
-    print("CUDA-only tests:", line)
+        left = args.budget - (time.perf_counter() - start)
+        status = bench.main(bench_arguments(args.device, args.quick, args.markdown or None, left))
+    print(f"make bench-gpu: {time.perf_counter() - start:.0f} s in all; device tests {tests}; benchmarks "
+          f"{'complete' if not status else 'INCOMPLETE'}", flush=True)
     return status or tests_status
 
 

@@ -28,6 +28,11 @@ class SkipPolicy:
     def __init__(self) -> None:
         self.skipped: list[tuple[str, str]] = []  # (test or module, reason)
 
+    def pytest_itemcollected(self, item: pytest.Item) -> None:
+        # in the JUnit report (<property name="needs" value="cuda"/>): make bench-gpu counts these
+        if item.get_closest_marker(CUDA_MARK):
+            item.user_properties.append(("needs", CUDA_MARK))
+
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.skipped:  # a module-level skip or importorskip: none of its tests ran
             self.skipped.append((report.nodeid, _reason(report)))

@@ -199,6 +199,15 @@ def _scale_on_weight(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return weight.numel() <= x.numel() // x.shape[-1] * weight.shape[0]
 
 
+def writes_into_buffers() -> bool:
+    """Whether the forward of a plan's autograd function may return a result written by an ``out=``
+    op into a buffer it chose (a layout kept, a fresh tensor to add into): in eager mode only.
+    Under ``torch.compile``, which lays out and fuses its buffers itself, the ops are out of place:
+    dynamo in torch 2.11 (not 2.14) silently gives such a function a zero gradient, and the
+    compiled lean plan trained nothing below the classifier."""
+    return not torch.compiler.is_compiling()
+
+
 def _scaled_linear_forward(x, weight, bias, scale):
     """Into a fresh tensor, not a view of one (the merge adds the skip path to it in place).
     ``s`` is applied in the parameters' dtype, then the weight cast to ``x.dtype`` (autocast):
@@ -208,6 +217,9 @@ def _scaled_linear_forward(x, weight, bias, scale):
         weight = weight * _per_feature(scale, 2)
         bias = None if bias is None else bias * _per_feature(scale)
     weight = weight.to(x.dtype)
+    if not writes_into_buffers():
+        y = F.linear(x, weight, None if bias is None else bias.to(x.dtype))
+        return y if on_weight else y * _per_feature(scale)
     y = x.new_empty(x.shape[:-1] + (weight.shape[0],))
     x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, weight.shape[0])
     if bias is None:

@@ -26,7 +26,7 @@ from ..models.resnet import ResNet
 from ..models.vgg import VGG
 from .conditions import has_hooks_below, has_hooks_in, is_updating, measuring_step, module_tree_version
 from .dispatch import cached_on, register
-from .folds import scaled
+from .folds import scaled, writes_into_buffers
 from .shared import activation_dtype, add_scaled_skip, add_skip, carried_scales, network_part, offset_stem
 
 __all__ = ["LeanTerms", "is_term_module", "gain_merge", "block_entries", "block_terms",
@@ -174,8 +174,13 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _addcmul(skip: torch.Tensor, f: torch.Tensor, s: torch.Tensor, alpha: float) -> torch.Tensor:
     """``alpha * skip + s * f`` laid out as the branch ``f`` (channels_last stays channels_last
-    where a shortcut's pooling returned another layout), in the promoted dtype."""
-    out = torch.empty_like(f, dtype=torch.promote_types(skip.dtype, f.dtype))
+    where a shortcut's pooling returned another layout), in the promoted dtype of ``skip`` and
+    ``f``; out of place under ``torch.compile`` (:func:`~.folds.writes_into_buffers`)."""
+    dtype = torch.promote_types(skip.dtype, f.dtype)
+    if not writes_into_buffers():
+        y = torch.addcmul(skip if alpha == 1.0 else skip * alpha, f, s)
+        return y if y.dtype == dtype else y.to(dtype)  # (the same tensor returned by .to() is zeroed too)
+    out = torch.empty_like(f, dtype=dtype)
     return torch.addcmul(skip if alpha == 1.0 else skip * alpha, f, s, out=out)
 
 

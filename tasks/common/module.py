@@ -42,7 +42,8 @@ class RescaleTaskModule(L.LightningModule):
             schedulers step every epoch.
         norm_weight_decay: weight decay of norm-layer weights (None: the optimizer's).
         channels_last: weights and input batches in channels_last memory format (conv networks).
-        compile: ``torch.compile`` the network (in place: checkpoints keep their keys, and load
+        compile: ``torch.compile`` the network (:meth:`compiled_part`: a detector compiles its
+            backbone; in place: checkpoints keep their keys, and load
             into an eager module and back). RescaleNet's measuring steps run eagerly; then one
             graph for training and one for evaluation, with no graph break.
         compile_mode: ``torch.compile``'s mode: None (default), ``reduce-overhead`` (CUDA graphs:
@@ -85,8 +86,13 @@ class RescaleTaskModule(L.LightningModule):
         self._unlabelled_checkpoint: Optional[str] = None
         self._label_notes: set[str] = set()
         if compile:
-            compile_in_place(self.net, **{**({"mode": compile_mode} if compile_mode else {}),
-                                          **(compile_options or {})})
+            compile_in_place(self.compiled_part(), **{**({"mode": compile_mode} if compile_mode else {}),
+                                                      **(compile_options or {})})
+
+    def compiled_part(self) -> torch.nn.Module:
+        """What ``compile`` compiles: the whole network; a task whose network holds parts that no
+        graph can hold (a detector's proposals and sampling) names the part that one can."""
+        return self.net
 
     def build_network(self, network: str, **kwargs: Any) -> torch.nn.Module:
         """The task's network: ``create_network(network, **kwargs)``; a task whose network wraps

@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from benchmarks.gpu import CUDA_TESTS, REPO, run_cuda_tests
+from benchmarks.gpu import CUDA_TESTS, REPO, run_device_tests
 
 RUNS = "import pytest\n\n@pytest.mark.cuda\ndef test_on_gpu():\n    assert 1 + 1 == 2\n"
 SKIPS = ("import pytest\n\n@pytest.mark.cuda\n@pytest.mark.skipif(True, reason='needs a CUDA device')\n"
@@ -23,27 +23,63 @@ def write(tmp_path: Path, text: str) -> list[str]:
 
 
 def test_a_cuda_test_that_ran_and_passed_succeeds(tmp_path):
-    status, line = run_cuda_tests(write(tmp_path, RUNS))
+    status, line = run_device_tests(write(tmp_path, RUNS))
     assert status == 0 and "1 passed" in line
 
 
 def test_every_cuda_test_skipped_fails(tmp_path):
-    status, line = run_cuda_tests(write(tmp_path, SKIPS))
+    status, line = run_device_tests(write(tmp_path, SKIPS))
     assert status == 1 and line.startswith("failed: all 1 CUDA tests skipped")
 
 
 def test_no_cuda_test_collected_fails(tmp_path):
-    status, line = run_cuda_tests(write(tmp_path, NO_CUDA_TEST))
+    status, line = run_device_tests(write(tmp_path, NO_CUDA_TEST))
     assert status == 1 and line.startswith("failed: pytest collected no CUDA test")
+
+
+def test_the_version_checks_alone_do_not_count_as_a_gpu_run(tmp_path):
+    """A ``compile_check`` test that ran beside CUDA tests that all skipped: still no GPU run."""
+    text = SKIPS + "\n\n@pytest.mark.compile_check\ndef test_on_any_torch():\n    pass\n"
+    status, line = run_device_tests(write(tmp_path, text))
+    assert status == 1 and line.startswith("failed: all 1 CUDA tests skipped")
+    status, line = run_device_tests(write(tmp_path, RUNS + "\n\n@pytest.mark.compile_check\ndef test_on_any_torch():\n"
+                                                      "    pass\n"))
+    assert status == 0 and "2 passed" in line
+
+
+def test_a_failed_version_check_fails(tmp_path):
+    text = RUNS + "\n\n@pytest.mark.compile_check\ndef test_on_any_torch():\n    assert 1 + 1 == 3\n"
+    status, line = run_device_tests(write(tmp_path, text))
+    assert status == 1 and line.startswith("failed (exit 1)") and "1 failed" in line
 
 
 def test_pytest_missing_fails(tmp_path):
     # -S: this interpreter without its site-packages, where pytest lives
-    status, line = run_cuda_tests(write(tmp_path, RUNS), python=(sys.executable, "-S"))
+    status, line = run_device_tests(write(tmp_path, RUNS), python=(sys.executable, "-S"))
     assert status == 1 and line.startswith("failed: pytest is not installed")
 
 
 def test_the_list_holds_every_file_with_a_cuda_test():
+    selected = r"^\s*@pytest\.mark\.(cuda|compile_check)\b|pytestmark\s*=.*mark\.(cuda|compile_check)|\bfit_at_precision\b"
     marked = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py")
-                    if re.search(r"^\s*@pytest\.mark\.cuda\b|pytestmark\s*=.*mark\.cuda", p.read_text(), re.M))
+                    if re.search(selected, p.read_text(), re.M))
     assert sorted(CUDA_TESTS) == marked
+
+
+def test_the_gpu_wheels_have_the_projects_specifiers():
+    """``make gpu-wheels`` asks for each dependency it brings at the specifier pyproject.toml gives
+    it, and brings only what ``benchmarks.gpu`` checks for."""
+    import shlex
+    import tomllib
+
+    from benchmarks.gpu import NEEDED
+
+    make = (REPO / "Makefile").read_text().replace("\\\n", " ")
+    wheels = shlex.split(re.search(r"^GPU_WHEELS \?=(.*)$", make, re.M).group(1))
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]
+    for wheel in wheels:
+        name = re.match(r"[A-Za-z0-9_.-]+", wheel).group(0)
+        assert name in NEEDED.values(), name
+        if name != wheel:  # with a specifier: pyproject's, written the same
+            assert any(d.replace("[signatures]", "") == wheel for d in declared), wheel

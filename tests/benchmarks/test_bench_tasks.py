@@ -103,6 +103,7 @@ def test_command_line_sizes_and_markdown_tags(tmp_path):
                        "--video-workers", "4", "--device", "cpu",
                        "--threads", str(torch.get_num_threads())])  # --quick alone would set 1 here
     assert selected_sections(args) == ["detection", "video_loader"]
+    assert selected_sections(parse_args(["--only", "train", "ops", "train"])) == ["train", "ops"]  # as given
     s = build_settings(args)
     assert s.detection["batch"] == 3 and s.detection["image_size"] == (128, 160)
     assert s.video_loader["workers"] == 4 and s.repeats["detection"] == s.repeats["video_loader"] == 2
@@ -136,3 +137,14 @@ def test_detection_mask_head_workload_is_the_objects():
         model.roi_heads.mask_roi_pool.register_forward_hook(lambda m, args, out: rois.append(out.shape[0]))
         model(images, targets)
         assert rois == [o["batch"] * o["boxes"]], contender.name
+
+
+def test_no_section_starts_after_the_deadline(capsys):
+    """``--deadline``: the sections left when it has passed are reported as not run, and the run
+    fails (make bench-gpu's budget on a lent machine)."""
+    from benchmarks.__main__ import main
+
+    assert main(["--device", "cpu", "--quick", "--only", "ops", "train", "--deadline", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "[ops] FAILED: not run: the 0 s deadline had passed (time it alone with --only ops)" in out
+    assert "[train] FAILED: not run" in out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Optional
 
 import pytest
 import yaml
@@ -330,3 +330,92 @@ def offline_in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+
+
+# ------------------------------------------------ mixed precision, eager and compiled (make bench-gpu)
+class PrecisionRun(NamedTuple):
+    device: str
+    precision: str
+    compiled: bool
+
+
+def _precision_runs() -> list:
+    """bf16 autocast on the CPU (here: the check of the check), then on a GPU bf16 and fp16 with
+    gradient scaling (where a network without normalization overflows first), eager and compiled."""
+    import torch
+
+    on_gpu = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+    runs = [pytest.param(PrecisionRun("cpu", "bf16-mixed", False), id="cpu-bf16-eager")]
+    for precision in ("bf16-mixed", "16-mixed"):
+        for compiled in (False, True):
+            name = f"cuda-{precision.split('-')[0]}-{'compiled' if compiled else 'eager'}"
+            runs.append(pytest.param(PrecisionRun("cuda", precision, compiled), id=name, marks=on_gpu))
+    return runs
+
+
+def pytest_generate_tests(metafunc):
+    """A test asking for ``precision_run`` runs once per :func:`_precision_runs` entry."""
+    if "precision_run" in metafunc.fixturenames:
+        metafunc.parametrize("precision_run", _precision_runs())
+
+
+def _csv_log(metrics_csv: Path) -> dict[str, list[float]]:
+    """Every number a CSV logger wrote, by column (train/ and val/ keys only)."""
+    import csv
+
+    logged: dict[str, list[float]] = {}
+    with open(metrics_csv, newline="") as f:
+        for row in csv.DictReader(f):
+            for key, value in row.items():
+                if key.startswith(("train/", "val/")) and value != "":
+                    logged.setdefault(key, []).append(float(value))
+    return logged
+
+
+@pytest.fixture
+def fit_at_precision(precision_run, tmp_path):
+    """``fit(args, steps, undefined=None) -> logged``: ``rescale fit *args`` on ``precision_run``'s
+    device, precision and compilation, logging every step to CSV. The run must end ``finished``
+    after ``steps`` optimizer steps and at least one validation, with every logged training loss and
+    validation number finite (NaN allowed for the validation keys matching the regular expression
+    ``undefined``: a metric the data leaves undefined), finite weights in its checkpoint, and,
+    compiled, at least one graph compiled. Returns what was logged, ``{key: [values]}``."""
+    import json
+    import math
+    import re
+
+    import torch
+    from torch._dynamo.utils import counters
+
+    from rescale_tasks.cli import main
+    from rescale_tasks.common.run_summary import find_summaries, read_summary
+
+    device, precision, compiled = precision_run
+
+    def fit(args: list[str], steps: int, undefined: Optional[str] = None) -> dict[str, list[float]]:
+        out = tmp_path / f"{device}-{precision}-{'compiled' if compiled else 'eager'}"
+        logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(out)}}
+        torch._dynamo.reset()
+        counters.clear()
+        assert main(["fit", *args, "--trainer.accelerator", device, "--trainer.devices", "1",
+                     "--trainer.precision", precision, "--model.init_args.compile", str(compiled).lower(),
+                     "--trainer.default_root_dir", str(out), "--trainer.logger", json.dumps(logger),
+                     "--trainer.log_every_n_steps", "1"]) == 0
+        [summary] = [read_summary(path) for path in find_summaries(str(out))]
+        assert summary["status"] == "finished" and summary["steps"] == steps, summary
+        [metrics] = sorted(out.rglob("metrics.csv"))
+        logged = _csv_log(metrics)
+        losses = [v for key, values in logged.items() if key.startswith("train/loss") for v in values]
+        assert len(losses) >= steps and all(math.isfinite(v) for v in losses), logged
+        evaluated = {key: values for key, values in logged.items() if key.startswith("val/")}
+        assert evaluated and all(math.isfinite(v) or (undefined and re.search(undefined, key) and math.isnan(v))
+                                 for key, values in evaluated.items() for v in values), logged
+        [ckpt] = sorted(out.rglob("last.ckpt")) or sorted(out.rglob("*.ckpt"))[-1:]
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+        assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+        if compiled:
+            assert counters["stats"]["unique_graphs"] >= 1  # the network really ran compiled
+        torch._dynamo.reset()
+        return logged
+
+    return fit

@@ -295,3 +295,18 @@ def test_every_coco_config_builds_its_recipe(config, coco_canvases):
                                              else (90000, [60000, 80000]))
     assert list(data.train_sizes) == [640, 672, 704, 736, 768, 800] and data.max_size == 1333
     assert module.hparams.min_size == 800 and math.isclose(module.net.transform.max_size, 1333)
+
+
+def test_compile_compiles_the_backbone_with_its_fpn():
+    module = DetectionModule("resnet18", scheme="rescale", network_options={"base_width": 8}, num_classes=4,
+                             fpn_channels=16, min_size=48, max_size=64, detector_options=TINY_DETECTOR, compile=True)
+    assert module.net.backbone._compiled_call_impl is not None and module.net._compiled_call_impl is None
+
+
+def test_mixed_precision_fit(fit_at_precision, coco_canvases, tmp_path):
+    """A Mask R-CNN on a RescaleNet backbone trained and COCO-evaluated under autocast (bf16; on a
+    GPU also fp16 with gradient scaling), eager and compiled: finite losses, AP and weights."""
+    config = tiny_config(tmp_path / "tiny.yaml", coco_canvases.root)
+    fit_at_precision(["--config", str(config), "--trainer.max_steps", "-1", "--trainer.max_epochs", "1",
+                      "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1"], steps=3,
+                     undefined=r"_A[PR][sml]$")  # COCO's -1 (read as NaN): no object of that size

@@ -161,3 +161,11 @@ def test_every_kinetics_config_builds_its_recipe(config, kinetics_clips):
         assert optimizer.defaults["lr"] == 0.1 and scheduler.warmup_epochs == 34
         assert cli.trainer.max_epochs == 196 and (data.frames, data.stride) == (8, 8)
         assert (data.hparams.num_clips, data.hparams.num_crops, data.hparams.crop) == (10, 3, 224)
+
+
+def test_mixed_precision_fit(fit_at_precision, kinetics_clips, tmp_path):
+    """An R3D-18 RescaleNet trained on decoded clips and validated under autocast (bf16; on a GPU
+    also fp16 with gradient scaling), eager and compiled: finite losses, accuracy and weights."""
+    config = tiny_config(tmp_path / "tiny.yaml", kinetics_clips)
+    fit_at_precision(["--config", str(config), "--trainer.limit_train_batches", "3",
+                      "--trainer.limit_val_batches", "1"], steps=3)
