@@ -14,6 +14,7 @@ import traceback
 import torch
 
 from rescale_tasks.common.allocator import ENV as MALLOC_ENV, keep_freed_memory
+from rescale_tasks.common.sampling import usable_cores
 
 from . import report
 from .sections import SECTIONS, run_section
@@ -167,11 +168,7 @@ def _sizes(sizes: dict, quick: bool, device: str, extra: dict) -> dict:
 
 
 def _video_workers() -> int:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 2
-    return max(2, min(8, cores))
+    return max(2, min(8, usable_cores()))
 
 
 def selected_sections(args: argparse.Namespace) -> list[str]:

@@ -105,12 +105,11 @@ def _importable_tasks(folder: str) -> dict[str, str]:
 
 def _parallel_workers() -> list[str]:
     """pytest-xdist's ``-n`` where it is installed (the compiled fits are bound by one core each)."""
+    from rescale_tasks.common.sampling import usable_cores  # importable once _importable_tasks ran
+
     if importlib.util.find_spec("xdist") is None:
         return []
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 2
+    cores = usable_cores()
     return ["-n", str(max(1, min(8, cores // 2)))] if cores >= 4 else []
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from rescale_tasks.common.allocator import host_allocator
+from rescale_tasks.common.sampling import usable_cores
 
 from .models import resnet3d_suite, resnet50_suite, transformer_suite
 from .toolkit import SectionResult, Settings, Table
@@ -269,10 +270,7 @@ def _git_commit() -> str:
 
 def environment(settings: Settings, argv: list[str] | None = None) -> list[tuple[str, str]]:
     """(key, value) rows: date, command, machine, versions and run settings."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
+    usable = usable_cores()
     gpu = "none"
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -372,11 +370,7 @@ def load_average() -> str:
     """The 1-minute load average against the usable cores: other work on the machine slows
     contenders unevenly, the one thing paired repeats cannot fully cancel."""
     try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    try:
-        return f"{os.getloadavg()[0]:.1f} on {cores} cores"
+        return f"{os.getloadavg()[0]:.1f} on {usable_cores()} cores"
     except OSError:
         return "unknown"
 

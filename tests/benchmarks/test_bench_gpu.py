@@ -1,7 +1,7 @@
-"""``make bench-gpu``'s CUDA test step (benchmarks/gpu.py), checked on the CPU on small generated
-test files: it succeeds only when a CUDA test ran and none failed, and fails when pytest is
-missing, collects no CUDA test, or every CUDA test skipped; its file list holds every test file
-with a ``cuda`` test."""
+"""``make bench-gpu``'s test step (benchmarks/gpu.py), checked on the CPU on small generated test
+files: it succeeds only when a CUDA test ran and none failed (the ``compile_check`` tests alone do
+not count), and fails when pytest is missing, collects no CUDA test, or every CUDA test skipped;
+its file list holds every test file it must run; ``make gpu-wheels`` asks for pyproject's versions."""
 from __future__ import annotations
 
 import re
