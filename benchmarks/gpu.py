@@ -114,17 +114,19 @@ def _parallel_workers() -> list[str]:
 
 
 def run_device_tests(files: Sequence[str] = CUDA_TESTS, python: Sequence[str] = (sys.executable,),
-                     marks: str = TEST_MARKS, workers: Sequence[str] = ()) -> tuple[int, str]:
+                     marks: str = TEST_MARKS, workers: Sequence[str] = (),
+                     env: dict[str, str] | None = None) -> tuple[int, str]:
     """``pytest -m marks`` over ``files`` (paths relative to the repository) with ``python``, under
-    the project's pytest settings: ``(0, pytest's summary)`` when at least one ``cuda`` test ran
-    and none failed, else ``(1, what went wrong)``: pytest missing or stopped, no CUDA test
-    collected, every CUDA test skipped, or one failed."""
+    the project's pytest settings and ``env`` (None: :func:`_importable_tasks`'s, made here):
+    ``(0, pytest's summary)`` when at least one ``cuda`` test ran and none failed, else ``(1, what
+    went wrong)``: pytest missing or stopped, no CUDA test collected, every CUDA test skipped, or
+    one failed."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "device-tests.xml"
         done = subprocess.run([*python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(REPO / "pyproject.toml"),
                                "--rootdir", str(REPO), "-p", "skip_policy", "-m", marks, f"--junit-xml={report}",
                                *workers, *files],
-                              cwd=REPO, env=_importable_tasks(tmp), text=True, capture_output=True)
+                              cwd=REPO, env=env or _importable_tasks(tmp), text=True, capture_output=True)
         lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
         last = lines[-1].strip("= ") if lines else "no output"
         first_error = next((line[1:].strip() for line in lines if line.startswith("E ")), None)
@@ -175,10 +177,12 @@ def main(argv: list[str] | None = None) -> int:
               "'On a GPU machine')", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        _importable_tasks(tmp)  # the harness imports rescale_tasks too
+        # the harness imports rescale_tasks too; from here on this process finds it, so the tests'
+        # process is given this environment rather than one made again (which would leave it out)
+        env = _importable_tasks(tmp)
         tests_status, tests = 0, "not run"
         if not args.no_tests and args.device == "cuda":
-            tests_status, line = run_device_tests(workers=_parallel_workers())
+            tests_status, line = run_device_tests(workers=_parallel_workers(), env=env)
             tests = "FAILED" if tests_status else "passed"
             print(f"device tests ({time.perf_counter() - start:.0f} s): {line}", flush=True)
         # the harness's command line imports every section's module: only once a GPU is known to be there

@@ -177,11 +177,11 @@ def _addcmul(skip: torch.Tensor, f: torch.Tensor, s: torch.Tensor, alpha: float)
     where a shortcut's pooling returned another layout), in the promoted dtype of ``skip`` and
     ``f``; out of place under ``torch.compile`` (:func:`~.folds.writes_into_buffers`)."""
     dtype = torch.promote_types(skip.dtype, f.dtype)
-    if not writes_into_buffers():
-        y = torch.addcmul(skip if alpha == 1.0 else skip * alpha, f, s)
-        return y if y.dtype == dtype else y.to(dtype)  # (the same tensor returned by .to() is zeroed too)
-    out = torch.empty_like(f, dtype=dtype)
-    return torch.addcmul(skip if alpha == 1.0 else skip * alpha, f, s, out=out)
+    skip = skip if alpha == 1.0 else skip * alpha
+    if writes_into_buffers():
+        return torch.addcmul(skip, f, s, out=torch.empty_like(f, dtype=dtype))
+    y = torch.addcmul(skip, f, s)
+    return y if y.dtype == dtype else y.to(dtype)  # no .to() that changes nothing: torch 2.11 zeroes that too
 
 
 def gain_merge(skip: torch.Tensor, f: torch.Tensor, s: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:

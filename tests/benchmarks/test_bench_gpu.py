@@ -83,3 +83,22 @@ def test_the_gpu_wheels_have_the_projects_specifiers():
         assert name in NEEDED.values(), name
         if name != wheel:  # with a specifier: pyproject's, written the same
             assert any(d.replace("[signatures]", "") == wheel for d in declared), wheel
+
+
+def test_without_the_project_installed_the_tests_import_this_checkouts_tasks(tmp_path, monkeypatch):
+    """A GPU machine's Python has no ``rescale_tasks``: the environment made for the tests' process
+    imports it from this checkout's ``tasks/`` (before site-packages)."""
+    import importlib.util
+    import subprocess
+
+    from benchmarks import gpu
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "rescale_tasks" else find_spec(name, *args))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    env = gpu._importable_tasks(str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", "import rescale_tasks.cli, skip_policy; print(rescale_tasks.__file__)"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "rescale_tasks" / "__init__.py")
