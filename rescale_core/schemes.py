@@ -32,6 +32,13 @@ The merge every scheme reduces to (block k of L, k = 1..L)::
   ``bn_merge`` (BN on the branch plus a BN after the merge).
 - Transformer sublayers: ``post_ln`` and ``pre_ln`` beside ``rescale``, ``rezero``, ``skipinit``.
 
+Every field is typed: an override whose value does not fit (``mean_shift="flase"``,
+``shortcut_gain="two"``, a list for a number) raises :class:`SchemeOptionError` (a ``TypeError``
+and a ``ValueError``) naming the option, the value, what it should be and the scheme, as does a
+value outside a field's choices or range. The coercions a config's reader needs are made: an
+integer for a float field, a string that reads as one (``"2"``), a YAML boolean word for a
+boolean (``"false"``, ``"no"``, ``"off"``), a list for a tuple field.
+
 A new field must be added to :data:`rescale_core.plans.IMPLEMENTED_FIELDS` once the fast plans
 handle it (a new value of a categorical field: to its tuple there). Until then the models run
 the reference path (:func:`rescale_core.plans.implements`): under every scheme for a field not
@@ -44,13 +51,120 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import json
 import math
+import typing
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
-__all__ = ["Scheme", "get_scheme", "list_schemes", "register_scheme"]
+__all__ = ["Scheme", "SchemeOptionError", "get_scheme", "list_schemes", "register_scheme"]
 
 Family = Literal["conv", "transformer"]
+
+_TRUE, _FALSE = ("true", "yes", "on"), ("false", "no", "off")  # YAML's boolean words, any case
+_KINDS = {bool: ("a boolean (true or false)", "booleans"), int: ("an integer", "integers"),
+          float: ("a number", "numbers"), str: ("a string", "strings")}
+# the values a categorical field accepts
+_CHOICES: dict[str, tuple] = {
+    "norm": (None, "bn", "gn", "ln"),
+    "merge": ("add", "rescale"),
+    "gain": (None, "scalar", "vector"),
+    "init": ("he_fan_out", "he_fan_in", "rescale", "fixup"),
+    "norm_position": ("post", "pre"),
+}
+
+
+class SchemeOptionError(TypeError, ValueError):
+    """A scheme option (a :class:`Scheme` field) whose value does not fit: its type, its choices
+    or its range. The message names the option, the value as YAML writes it and the scheme."""
+
+    def __init__(self, option: str, value: Any, expected: str, scheme: Any):
+        self.option, self.value, self.expected, self.scheme = option, value, expected, scheme
+        super().__init__(f"scheme_options.{option}: {_shown(value)} is not {expected} for scheme {scheme}")
+
+
+def _shown(value: Any) -> str:
+    """``value`` as a config writes it: ``"flase"``, ``[1]``, ``true``, ``null``."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+class _Mismatch(Exception):
+    """A value that does not fit a type hint."""
+
+
+@functools.lru_cache(maxsize=None)
+def _field_types(cls: type) -> dict[str, Any]:
+    """The type hint of every dataclass field of ``cls`` (a :class:`Scheme` or a subclass)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name in hints}
+
+
+def _one_of(field: str) -> Optional[str]:
+    """The values a categorical field accepts, in words (None for other fields)."""
+    allowed = _CHOICES.get(field)
+    if allowed is None:
+        return None
+    return "one of " + ", ".join(_shown(a) for a in allowed if a is not None) + (" or null" if None in allowed else "")
+
+
+def _describe(hint: Any) -> str:
+    """What a type hint accepts, in words: ``a number or null``, ``a list of integers``."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Union:
+        return " or ".join(_describe(a) for a in args if a is not type(None)) + " or null"
+    if typing.get_origin(hint) is tuple:
+        return f"a list of {_KINDS.get(args[0], ('', 'values'))[1]}"
+    return _KINDS.get(hint, (getattr(hint, "__name__", str(hint)), ""))[0]
+
+
+def _typed(value: Any, hint: Any) -> Any:
+    """``value`` as the type ``hint`` holds it (the coercions a config reader needs), or
+    :class:`_Mismatch`. A hint this module does not know accepts any value."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        if value is None and type(None) in args:
+            return None
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _typed(value, arg)
+            except _Mismatch:
+                pass
+        raise _Mismatch
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise _Mismatch
+        return tuple(_typed(v, args[0]) for v in value) if args and args[-1] is Ellipsis else tuple(value)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
+        raise _Mismatch
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                raise _Mismatch from None
+        raise _Mismatch
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise _Mismatch from None
+        raise _Mismatch
+    if hint is str and not isinstance(value, str):
+        raise _Mismatch
+    return value
 
 
 @dataclass(frozen=True)
@@ -87,26 +201,29 @@ class Scheme:
     scalar_lr_factor: float = 1.0         # lr multiplier of gains and scalar biases
 
     def __post_init__(self) -> None:
-        checks = {
-            "norm": (self.norm, (None, "bn", "gn", "ln")),
-            "merge": (self.merge, ("add", "rescale")),
-            "gain": (self.gain, (None, "scalar", "vector")),
-            "init": (self.init, ("he_fan_out", "he_fan_in", "rescale", "fixup")),
-            "norm_position": (self.norm_position, ("post", "pre")),
-        }
-        for key, (value, allowed) in checks.items():
-            if value not in allowed:
-                raise ValueError(f"scheme {self.name!r}: {key}={value!r} is not one of {allowed}")
-        if not 0.0 <= self.conv_dropout < 1.0 or not 0.0 <= self.classifier_dropout < 1.0:
-            raise ValueError(f"scheme {self.name!r}: dropout rates must lie in [0, 1)")
+        name = self.name if isinstance(self.name, str) else _shown(self.name)
+        for key, hint in _field_types(type(self)).items():
+            value = getattr(self, key)
+            try:
+                typed = _typed(value, hint)
+            except _Mismatch:
+                raise SchemeOptionError(key, value, _one_of(key) or _describe(hint), name) from None
+            if typed is not value:
+                object.__setattr__(self, key, typed)  # frozen: the coerced value, set once here
+        for key, allowed in _CHOICES.items():
+            if getattr(self, key) not in allowed:
+                raise SchemeOptionError(key, getattr(self, key), _one_of(key), name)
+        for key in ("conv_dropout", "classifier_dropout"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise SchemeOptionError(key, getattr(self, key), "a rate in [0, 1)", name)
         for key in ("shortcut_gain", "classifier_gain"):
             value = getattr(self, key)
             if value is not None and not (math.isfinite(value) and value > 0):
-                raise ValueError(f"scheme {self.name!r}: {key}={value!r} must be a positive number (or None)")
+                raise SchemeOptionError(key, value, "a positive number or null", name)
         if self.classifier_gain is not None and self.zero_classifier:
             raise ValueError(f"scheme {self.name!r}: classifier_gain has no effect with zero_classifier=True")
         if self.measure_batches < 1:
-            raise ValueError(f"scheme {self.name!r}: measure_batches must be >= 1")
+            raise SchemeOptionError("measure_batches", self.measure_batches, "an integer >= 1", name)
 
     # --- the merge rule, per block ----------------------------------------------------------
     def skip_scale(self, k: int, L: int) -> float:

@@ -310,8 +310,8 @@ def resnet(arch: str = "resnet50", scheme: "str | Scheme" = "bn", width: int = 1
 
 def cifar_resnet(depth: int = 20, scheme: "str | Scheme" = "bn", base_width: int = 16, **kwargs) -> ResNet:
     """He et al. 2016's CIFAR ResNet: depth 6n+2, three stages of n basic blocks (16/32/64)."""
-    if (depth - 2) % 6:
-        raise ValueError(f"CIFAR ResNet depth must be 6n+2 (20, 32, 44, 56, 110, ...), got {depth}")
+    if (depth - 2) % 6 or depth < 8:
+        raise ValueError(f"CIFAR ResNet depth must be 6n+2 with n >= 1 (8, 20, 32, 44, 56, 110, ...), got {depth}")
     n = (depth - 2) // 6
     w = base_width
     cfg = ResNetConfig("basic", (n, n, n), (w, 2 * w, 4 * w), stem="cifar", stem_width=w)
@@ -322,8 +322,8 @@ def wide_resnet(depth: int = 16, width: int = 4, scheme: "str | Scheme" = "bn",
                 base_width: int = 16, **kwargs) -> ResNet:
     """Wide-ResNet depth-width (Zagoruyko & Komodakis 2016): depth 6n+4, stages of n basic blocks
     with 16k/32k/64k channels; e.g. 16-4, 28-10, 100-2 and SkipInit's 1000-2."""
-    if (depth - 4) % 6:
-        raise ValueError(f"Wide-ResNet depth must be 6n+4 (16, 28, 40, 100, 1000, ...), got {depth}")
+    if (depth - 4) % 6 or depth < 10:
+        raise ValueError(f"Wide-ResNet depth must be 6n+4 with n >= 1 (10, 16, 28, 40, 100, 1000, ...), got {depth}")
     n = (depth - 4) // 6
     w = base_width
     cfg = ResNetConfig("basic", (n, n, n), (w * width, 2 * w * width, 4 * w * width),

@@ -119,8 +119,8 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int) -> ImageFolder:
 
 
 class ImageFileDataset(Dataset):
-    """``(path, label)`` samples decoded to 8-bit RGB whatever their mode
-    (:func:`~rescale_tasks.common.images.open_rgb`) then ``transform``.
+    """``(path, label)`` samples turned upright by their EXIF orientation and decoded to 8-bit RGB
+    whatever their mode (:func:`~rescale_tasks.common.images.open_rgb`), then ``transform``.
 
     With ``skip_corrupt`` an undecodable file yields ``None`` (drop it with
     :func:`collate_drop_none`), is logged once and is flagged in the shared-memory

@@ -8,6 +8,10 @@ parameter groups; RescaleNet's basic-block recipe, :data:`SCHEME_OPTIONS`, as
 learning curves and logs every run to W&B (offline unless logged in). At this depth the plain network without
 normalisation (``none``) cannot be trained: its forward signal grows ~2x per block at init.
 
+Its settings are checked before any folder is made or data read (:func:`check_settings`): a
+value ``rescale fit`` would refuse (an unknown scheme, a depth that is not 6n+2, an output folder
+that cannot be written, no epoch to train) is one error line, in ``fit``'s words.
+
 Each run also writes the suite's ``run_summary.json`` (``<out>/<scheme>/``, written by the same
 :class:`~rescale_tasks.common.run_summary.RunSummary` callback as every ``rescale fit``), so
 ``rescale compare <out>`` reads the demo like any other runs; the closing lines print the next
@@ -15,7 +19,6 @@ commands to try.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -26,19 +29,25 @@ import lightning.pytorch as L
 import torch
 
 from ..common.callbacks import DivergenceMonitor
+from ..common.errors import ConfigError, UserArgumentParser
+from ..common.networks import create_network
 from ..common.progress import use_line_progress
 from ..common.run_summary import SUMMARY_FILE, RunSummary
 from ..common.schedules import WarmupCosineLR
 from ..common.wandb_logger import SuiteWandbLogger
+from ..common.writable import require_writable
 from .data import DigitsDataModule
 from .module import ClassificationModule
 
-__all__ = ["DemoSettings", "run_demo", "main"]
+__all__ = ["DemoSettings", "check_settings", "run_demo", "main"]
 
 DEMO_SCHEMES = ("bn", "rescale", "skipinit", "fixup", "none")
 # RescaleNet's basic-block recipe (docs/studies.md, the basic-block yardstick): signal-preserving
 # projection shortcuts and classifier
 SCHEME_OPTIONS = {"rescale": {"shortcut_gain": 2.0, "classifier_gain": 10.0}}
+# the settings `rescale demo` takes as options, by their flags (the others: DemoSettings.<name>)
+_FLAGS = {"epochs": "--epochs", "depth": "--depth", "schemes": "--schemes", "out": "--out", "seed": "--seed"}
+_MAX_SEED = 2 ** 32 - 1  # numpy's bound, which seeding checks
 
 
 @dataclass
@@ -91,6 +100,44 @@ class _CurveRecorder(L.Callback):
             "val_acc": float(m.get("val/acc1", float("nan"))),
             "train_loss": float(m.get("train/loss_epoch", float("nan"))),
         }
+
+
+def _name(setting: str) -> str:
+    return _FLAGS.get(setting, f"DemoSettings.{setting}")
+
+
+def check_settings(settings: DemoSettings) -> None:
+    """Refuse, in one :class:`~rescale_tasks.common.errors.UserError` line, a setting the demo
+    cannot run with, before any folder is made or data read. Each network is built once (a
+    fraction of a second): an unknown scheme, one for Transformers, or a depth that is not 6n+2
+    is refused in the words ``rescale fit`` uses for the same config."""
+    for setting in ("epochs", "batch_size", "base_width"):
+        value = getattr(settings, setting)
+        if value < 1:
+            raise ConfigError(f"{_name(setting)} must be at least 1, got {value}.")
+    if not 0 <= settings.seed <= _MAX_SEED:
+        raise ConfigError(f"{_name('seed')} must be between 0 and {_MAX_SEED}, got {settings.seed}.")
+    if not settings.limit_train_batches > 0:
+        raise ConfigError(f"{_name('limit_train_batches')} must be > 0, got {settings.limit_train_batches}.")
+    try:  # torch's and the schedule's own checks of lr, weight_decay and warmup_epochs
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=settings.lr, momentum=0.9,
+                                    weight_decay=settings.weight_decay)
+        WarmupCosineLR(optimizer, warmup_epochs=settings.warmup_epochs, max_epochs=settings.epochs)
+    except ValueError as err:
+        raise ConfigError(f"bad demo setting (DemoSettings.lr, weight_decay, warmup_epochs): {err}") from None
+    if not settings.schemes:
+        raise ConfigError(f"{_name('schemes')}: give at least one scheme (rescale schemes lists them)")
+    twice = next((s for i, s in enumerate(settings.schemes) if s in settings.schemes[:i]), None)
+    if twice is not None:
+        raise ConfigError(f"{_name('schemes')} gives {twice} twice; give each scheme once")
+    data = DigitsDataModule(batch_size=settings.batch_size, seed=settings.seed)  # its shapes; reads nothing
+    for scheme in settings.schemes:
+        create_network("cifar_resnet", where=f"{_name('schemes')} / {_name('depth')}", scheme=scheme,
+                       scheme_options=SCHEME_OPTIONS.get(scheme), depth=settings.depth,
+                       base_width=settings.base_width, num_classes=data.num_classes, in_channels=data.in_channels)
+    if not str(settings.out).strip():
+        raise ConfigError(f"{_name('out')} is empty; give the folder the demo writes its table, plot and runs to")
+    require_writable(settings.out, _name("out"), f"give {_name('out')} a folder you can write")
 
 
 def _train_one(settings: DemoSettings, scheme: str, data: DigitsDataModule) -> DemoResult:
@@ -171,6 +218,7 @@ def plot_curves(results: list[DemoResult], path: str) -> str:
 
 
 def run_demo(settings: DemoSettings) -> list[DemoResult]:
+    check_settings(settings)
     os.makedirs(settings.out, exist_ok=True)
     data = DigitsDataModule(batch_size=settings.batch_size, seed=settings.seed)
     results = []
@@ -208,7 +256,7 @@ def next_commands(settings: DemoSettings) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     d = DemoSettings()
-    p = argparse.ArgumentParser(prog="rescale demo", description=__doc__.split("\n\n")[0])
+    p = UserArgumentParser(prog="rescale demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=d.epochs)
     p.add_argument("--depth", type=int, default=d.depth, help="CIFAR ResNet depth (6n+2)")
     p.add_argument("--schemes", nargs="+", default=list(d.schemes))

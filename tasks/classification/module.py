@@ -6,7 +6,9 @@ per-scheme lr factors), per-step warm-up + multi-step/cosine schedules, label sm
 train (RescaleNet rebuttal [R2]). Network, optimizer, schedule, speed switches, checkpoint
 checks and the class names every checkpoint carries (matched to the data's by name: targets of
 data listing them in another order are mapped to the network's) are the shared ones of
-:class:`~rescale_tasks.common.module.RescaleTaskModule`.
+:class:`~rescale_tasks.common.module.RescaleTaskModule`. ``predict`` writes ``predictions.test.csv``
+where ``test`` writes: per image of the split its index, file, true class and the top-5 classes the
+checkpoint names, with their probabilities (:mod:`rescale_tasks.common.predictions`).
 """
 from __future__ import annotations
 
@@ -16,9 +18,12 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
+from ..common.distributed import gather_by_key
 from ..common.empty_batches import (data_may_skip_files, must_skip, nothing_to_evaluate,
                                     skipped_prediction, skipped_step)
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
+from ..common.predictions import (PredictedSamples, class_predictions_csv, class_rows, kept_samples,
+                                  output_names, predict_dataset)
 
 __all__ = ["ClassificationModule"]
 
@@ -66,6 +71,7 @@ class ClassificationModule(RescaleTaskModule):
         self.label_smoothing = label_smoothing
         self.mixup_alpha = mixup_alpha
         self._may_skip_batches = True  # until setup knows the data module
+        self._predicted: dict[int, dict] = {}  # this rank's rows of predict, by index in the split
         top5 = min(5, num_classes)
         self.train_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
@@ -125,8 +131,31 @@ class ClassificationModule(RescaleTaskModule):
     def test_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         return self._eval_step(batch, "test", self.test_acc1, self.test_acc5)
 
+    # --- prediction -----------------------------------------------------------------------
+    def configure_callbacks(self) -> list:
+        return [PredictedSamples()]  # which images each predict batch holds: on_predicted
+
+    def on_predict_epoch_start(self) -> None:
+        self._predicted = {}
+
     def predict_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         if nothing_to_evaluate(batch):
             return skipped_prediction()
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self(x).softmax(dim=-1)
+
+    def on_predicted(self, probs: torch.Tensor, batch, indices: list[int]) -> None:
+        """The rows of a predict batch (:class:`~rescale_tasks.common.predictions.PredictedSamples`):
+        ``indices`` the split indices its sampler drew, the unreadable files among them left out."""
+        dataset = predict_dataset(self.trainer)
+        samples = kept_samples(dataset, indices, len(probs))
+        labels = batch[1] if isinstance(batch, (tuple, list)) and len(batch) > 1 else None  # None: unlabelled
+        if labels is not None:
+            labels = self.network_labels(labels).tolist()
+        names = output_names(self.trained_labels, probs.shape[-1])
+        self._predicted.update(class_rows(probs, names, samples, labels, dataset))
+
+    def on_predict_epoch_end(self) -> None:
+        rows = gather_by_key(self._predicted)  # a collective: by index, padding repeats once, in order
+        if self.trainer.is_global_zero:
+            self.write_predictions("csv", class_predictions_csv(rows.values()), len(rows))

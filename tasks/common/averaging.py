@@ -18,22 +18,35 @@ parameters and buffers (mean-shift ``mu0``, BN running statistics) are averaged 
 stored in their own dtype; integer buffers (counters) are taken from the newest checkpoint. The
 output keeps the newest checkpoint's hyper-parameters (so ``validate``/``test`` rebuild the
 network) but no optimizer or loop state: it is for evaluation, not for resuming.
+
+Averaging is only meaningful for weights of one network that mean the same: checkpoints saved
+from other network hyper-parameters (network, scheme, their options, sizes), with other
+parameters or shapes, or whose outputs mean other things (a translation run's SentencePiece
+model, compared by its bytes' digest; a task's label names and order, :mod:`.labels`) are
+refused in one line naming the first two files that differ. A checkpoint that records no
+vocabulary or labels (written before checkpoints carried them) is compared by its weights only.
 """
 from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import os
 import re
 from typing import Optional
 
 import torch
 
+from .checkpoint_compat import ARCHITECTURE_KEYS, hparam_differences
 from .checkpointing import AtomicCheckpointIO, CheckpointError, safe_load
+from .labels import LABELS_KEY, checkpoint_labels
+from .networks import resolved_architecture
 
 __all__ = ["average_checkpoints", "main"]
 
 _TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks", "MixedPrecision")
+_SENTENCEPIECE = "sentencepiece"  # the translation module's SentencePiece model (serialized) in its checkpoints
+_ONE_RUN = "average checkpoints of one run only"
 
 
 def _candidates(inputs: list[str]) -> list[tuple[str, bool]]:
@@ -83,6 +96,66 @@ def _one_per_step(loaded: list[tuple[dict, str]]) -> tuple[list[tuple[dict, str]
     return [kept[step] for step in sorted(kept)], left_out
 
 
+def _vocabulary(checkpoint: dict) -> Optional[tuple[str, str]]:
+    """``(digest, description)`` of the checkpoint's SentencePiece model; None when it has none."""
+    proto = checkpoint.get(_SENTENCEPIECE)
+    if not isinstance(proto, (bytes, bytearray)):
+        return None
+    import sentencepiece as spm  # only for translation checkpoints
+
+    digest = hashlib.sha256(proto).hexdigest()
+    processor = spm.SentencePieceProcessor()
+    try:
+        processor.LoadFromSerializedProto(bytes(proto))
+        pieces = f"{processor.piece_size()} pieces, "
+    except RuntimeError:
+        pieces = ""
+    return digest, f"{pieces}sha256 {digest[:12]}"
+
+
+def _labels(checkpoint: dict) -> Optional[tuple[tuple, str]]:
+    """``(names and ids, description)`` of the labels the checkpoint's network learned; None
+    when it records none."""
+    labels = checkpoint_labels(checkpoint, "")
+    if labels is None:
+        return None
+    shown = ", ".join(repr(n) for n in labels.names[:3]) + (
+        f" and {len(labels.names) - 3} more" if len(labels.names) > 3 else "")
+    return (labels.names, labels.ids), f"{len(labels.names)} labels {shown}"
+
+
+#: what must agree besides the weights: (what, how it is read, what differing means, the fix)
+_MEANINGS = (
+    ("SentencePiece vocabularies", _vocabulary, "the same ids stand for other pieces",
+     "or of runs on one prepared corpus (one SentencePiece model)"),
+    ("labels", _labels, "the same outputs stand for other classes",
+     "or of runs on one data set (the same label names in the same order)"),
+)
+
+
+def _check_same_meaning(loaded: list[tuple[dict, str]]) -> None:
+    """One :class:`CheckpointError` line naming the first two of ``loaded`` (oldest first) whose
+    SentencePiece vocabulary, labels or network hyper-parameters differ."""
+    for what, read, means, fix in _MEANINGS:
+        recorded = [(found, path) for checkpoint, path in loaded if (found := read(checkpoint)) is not None]
+        for (key, description), path in recorded[1:]:
+            (first_key, first_description), first_path = recorded[0]
+            if key != first_key:
+                raise CheckpointError(
+                    f"cannot average {first_path} with {path}: their {what} differ ({os.path.basename(first_path)}: "
+                    f"{first_description}; {os.path.basename(path)}: {description}), so {means}; {_ONE_RUN}, {fix}")
+    first, first_path = loaded[0]
+    theirs = resolved_architecture(dict(first.get("hyper_parameters") or {}))
+    for checkpoint, path in loaded[1:]:
+        ours = resolved_architecture(dict(checkpoint.get("hyper_parameters") or {}))
+        differing = hparam_differences(theirs, ours, ARCHITECTURE_KEYS)
+        if differing:
+            shown = "; ".join(f"{k} {theirs[k]!r} in {os.path.basename(first_path)}, {ours[k]!r} in "
+                              f"{os.path.basename(path)}" for k in differing)
+            raise CheckpointError(f"cannot average {first_path} with {path}: they were saved from other networks "
+                                  f"({shown}); {_ONE_RUN}")
+
+
 def average_checkpoints(paths: list[str], num: Optional[int] = None, named: Optional[set[str]] = None) -> dict:
     """The averaged checkpoint of the ``num`` newest (by global step) of ``paths`` (all if None).
 
@@ -111,6 +184,7 @@ def average_checkpoints(paths: list[str], num: Optional[int] = None, named: Opti
                                   + (f" on the save schedule (left out: {_left_out_text(left_out)})" if left_out
                                      else "") + f"; choose 1..{len(loaded)}")
         loaded = loaded[-num:]
+    _check_same_meaning(loaded)
     newest, newest_path = loaded[-1]
     reference = newest["state_dict"]
     sums: dict[str, torch.Tensor] = {}
@@ -128,6 +202,10 @@ def average_checkpoints(paths: list[str], num: Optional[int] = None, named: Opti
                 sums[key] = sums.get(key, 0) + value.double()
     averaged = {k: (sums[k] / len(loaded)).to(v.dtype) if k in sums else v.clone() for k, v in reference.items()}
     out = {k: v for k, v in newest.items() if k not in _TRAINING_STATE}
+    for key in (_SENTENCEPIECE, LABELS_KEY):  # what the outputs mean: the newest record of it
+        found = [c[key] for c, _ in reversed(loaded) if key in c]
+        if found:
+            out[key] = found[0]
     out["state_dict"] = averaged
     out["averaged_from"] = [{"path": p, "global_step": c.get("global_step")} for c, p in loaded]
     out["left_out"] = left_out

@@ -16,15 +16,18 @@ repeats samples; evaluation: whatever the task can recognise and ignore).
 :class:`BatchListLoader` follows the contract of :class:`~rescale_tasks.common.sampling.ResumableDataLoader`:
 ``state_dict`` holds the epoch, the batches handed out in it and the layout; Lightning stores it
 in every checkpoint and loads it before iterating, and the same epoch then continues with the
-next batch when the layout is unchanged (other positions would mean other batches).
+next batch when the layout is unchanged; continuing it under another layout (other positions
+would mean other batches) is refused in one line (:func:`~rescale_tasks.common.sampling.refused_resume`).
 """
 from __future__ import annotations
 
 import abc
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from .sampling import check_resume, refused_resume
 
 __all__ = ["BatchListSampler", "BatchListLoader"]
 
@@ -106,9 +109,12 @@ class BatchListLoader(DataLoader):
         kwargs.pop("batch_size", None)
         super().__init__(dataset, sampler=sampler, batch_size=None, **kwargs)
         self.batches_seen = 0  # batches handed out in the current epoch
+        self._refused: Optional[tuple[int, str]] = None
 
     def __iter__(self):
         sampler: BatchListSampler = self.sampler
+        check_resume(self._refused, sampler.epoch)
+        self._refused = None
         self.batches_seen = sampler.pending_start()
         for batch in super().__iter__():
             self.batches_seen += 1
@@ -119,9 +125,9 @@ class BatchListLoader(DataLoader):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         sampler: BatchListSampler = self.sampler
-        same_layout = all(state.get(k) == v for k, v in sampler.layout().items())
+        self._refused = refused_resume(state, sampler.layout())
         seen = int(state.get("batches_seen", 0))
-        if same_layout and 0 < seen < len(self):
+        if self._refused is None and 0 < seen < len(self):
             sampler.set_epoch(int(state["epoch"]))
             sampler.resume_at(int(state["epoch"]), seen)
             self.batches_seen = seen

@@ -149,14 +149,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise CheckpointError(f"storage_options apply to remote checkpoint URLs (s3://, gs://...) only; "
                                   f"{path} is a local file: save it without them")
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
         try:
+            target.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as handle:
                 torch.save(checkpoint, handle)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, target)  # atomic on POSIX: readers see the old file or the new one
+        except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
+            raise CheckpointError(_write_failed(target, err)) from err
         finally:
             if tmp.exists():
                 tmp.unlink()
@@ -177,6 +179,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path, map_location: Any = None, weights_only: Optional[bool] = None) -> dict:
         return safe_load(path, map_location=map_location if map_location is not None else "cpu")
+
+
+def _write_failed(target: Path, err: BaseException) -> str:
+    """The line for a checkpoint that could not be written (a full disk, a quota, a file size
+    limit): why, and which earlier checkpoint is intact (the temporary file was removed and the
+    target never touched)."""
+    cause = next((e for e in (err, err.__cause__, err.__context__) if isinstance(e, OSError)), None)
+    reason = (f"{cause.strerror} ([Errno {cause.errno}])" if cause is not None and cause.strerror
+              else _first_line(err))
+    folder = target.parent
+    kept = target if target.is_file() else max(
+        (p for p in folder.glob("*.ckpt") if p.is_file()), key=lambda p: p.stat().st_mtime, default=None)
+    intact = (f"the last good checkpoint, {kept}, is intact: free space (or set last_checkpoint.dirpath to "
+              f"another disk) and resume with --ckpt_path {kept}" if kept is not None
+              else "no checkpoint of this run had been written yet: free space and start again")
+    return f"cannot write checkpoint {target}: {reason}; {intact}"
 
 
 def _remove_stale_temps(target: Path) -> None:

@@ -2,8 +2,9 @@
 
 :func:`run_command` runs one command (``rescale fit``, ``rescale study`` ... or a study's point run
 in-process) so that a :class:`~.errors.UserError` or a diverged run prints ``error: <line>`` on
-stderr (``RESCALE_TRACEBACK=1``: with the traceback behind it), a stop by SIGTERM or Ctrl-C while
-training says where it saved and exits ``128 + signal``, and the W&B run the command opened is
+stderr (``RESCALE_TRACEBACK=1``: with the traceback behind it), a stop by SIGTERM, Ctrl-C or
+another stop signal while training says where it saved (once, from the first process) and exits
+``128 + signal``, and the W&B run the command opened is
 closed so its history and summary reach the disk.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ import traceback
 from collections.abc import Callable
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from .callbacks import TrainingDiverged
 from .checkpoint_callbacks import preempted_message, stop_signal
@@ -32,8 +34,9 @@ def run_command(command: Callable[[], int | None]) -> int:
             traceback.print_exception(getattr(err, "original", None) or err, file=sys.stderr)
         print(f"error: {err}", file=sys.stderr)
         return getattr(err, "exit_code", 1)
-    except SIGTERMException as err:  # SIGTERM, or Ctrl-C while training (checkpoint_callbacks.LastCheckpoint)
-        print(f"error: {preempted_message(err)}", file=sys.stderr)
+    except SIGTERMException as err:  # a stop signal while training (checkpoint_callbacks.LastCheckpoint)
+        if rank_zero_only.rank == 0:  # every process stopped at the same step: one line for the run
+            print(f"error: {preempted_message(err)}", file=sys.stderr)
         return 128 + stop_signal(err)
     finally:
         _finish_wandb()

@@ -1,16 +1,18 @@
-"""Where a run's files go: its own folder (the resolved config, the run summary) and the folder
-``test`` and ``predict`` write their result files to (:func:`results_folder`)."""
+"""Where a run's files go: its own folder (the resolved config, the run summary), the folder
+``test`` and ``predict`` write their result files to (:func:`results_folder`), and the files they
+wrote there (:func:`note_result_file`), which the command's closing line names."""
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import lightning.pytorch as L
 from lightning.pytorch.cli import SaveConfigCallback
 
 from .wandb_logger import started
 
-__all__ = ["SaveConfigToRun", "run_directory", "results_folder", "ResultsFolder"]
+__all__ = ["SaveConfigToRun", "run_directory", "results_folder", "ResultsFolder", "ResultFile",
+           "note_result_file", "result_files"]
 
 
 def run_directory(logger, start: bool = True) -> str | None:
@@ -26,16 +28,51 @@ def run_directory(logger, start: bool = True) -> str | None:
     return directory if isinstance(directory, str) else None
 
 
+class ResultFile(NamedTuple):
+    """A result file a command wrote: where, and what it holds (``count`` ``unit``: 270 predictions)."""
+
+    path: str
+    count: Optional[int]
+    unit: str
+
+
 class ResultsFolder(L.Callback):
-    """Holds ``--output_dir`` of ``rescale test|predict`` for :func:`results_folder`."""
+    """Holds ``--output_dir`` of ``rescale test|predict`` for :func:`results_folder`, and the
+    result files the command wrote there (:func:`note_result_file`)."""
 
     def __init__(self, output_dir: Optional[str] = None) -> None:
         self.output_dir = output_dir
+        self.written: list[ResultFile] = []
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.written = []
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.written = []
+
+
+def _results_callback(trainer: L.Trainer) -> Optional[ResultsFolder]:
+    return next((c for c in trainer.callbacks if isinstance(c, ResultsFolder)), None)
+
+
+def note_result_file(trainer: L.Trainer, path: str, count: Optional[int], unit: str) -> None:
+    """Record that this command wrote ``path`` (``count`` ``unit``, e.g. 270 predictions; None: no
+    count), for its closing line (:func:`~.run_report.evaluation_report`). A Trainer without the
+    CLI's :class:`ResultsFolder` keeps no record."""
+    callback = _results_callback(trainer)
+    if callback is not None:
+        callback.written.append(ResultFile(path, count, unit))
+
+
+def result_files(trainer: L.Trainer) -> list[ResultFile]:
+    """The result files this command wrote, in order (:func:`note_result_file`)."""
+    callback = _results_callback(trainer)
+    return list(callback.written) if callback is not None else []
 
 
 def results_folder(trainer: L.Trainer) -> str:
-    """The one place ``test`` and ``predict`` write their result files (hypotheses, BLEU, COCO
-    results, drawings), the same whichever logger the command has:
+    """The one place ``test`` and ``predict`` write their result files (predictions, hypotheses,
+    BLEU, COCO results, drawings), the same whichever logger the command has:
 
     - ``--output_dir`` when given;
     - with ``--ckpt_path``: ``results/<checkpoint name>/`` in the folder of the run that wrote the
@@ -45,9 +82,9 @@ def results_folder(trainer: L.Trainer) -> str:
       command opens, so the results of every checkpoint of a run sit together beside it;
     - otherwise (no checkpoint, or a remote one) this run's own folder (:func:`run_directory`).
     """
-    given = next((c.output_dir for c in trainer.callbacks if isinstance(c, ResultsFolder) and c.output_dir), None)
-    if given:
-        return os.path.abspath(os.path.expanduser(given))
+    callback = _results_callback(trainer)
+    if callback is not None and callback.output_dir:
+        return os.path.abspath(os.path.expanduser(callback.output_dir))
     checkpoint = trainer.ckpt_path
     if checkpoint and os.path.isfile(str(checkpoint)):
         folder = os.path.dirname(os.path.abspath(str(checkpoint)))

@@ -1,19 +1,107 @@
 """Config files read before jsonargparse sees them, so that a file that cannot be a config is one
 line naming it: a missing file or a folder, a binary file or text that is not UTF-8, a YAML syntax
-error (file, line and column), or YAML that is not a mapping of sections. jsonargparse would
-report these as a traceback (``UnicodeDecodeError``), as "not found" for a folder, or as
-``Unexpected config: <the file's text>`` without the file's name."""
+error (file, line and column), a key given twice in one mapping (file and both lines), or YAML that
+is not a mapping of sections. jsonargparse would report these as a traceback
+(``UnicodeDecodeError``), as "not found" for a folder, as ``Unexpected config: <the file's text>``
+without the file's name, or, for a repeated key, not at all (the last one silently wins).
+
+:func:`load_yaml` reads YAML as PyYAML's safe loader does but refuses a repeated key;
+:func:`refuse_duplicate_keys` makes jsonargparse's YAML loader refuse one too (YAML values given on
+the command line, such as ``--model.init_args.scheme_options '{c: 1, c: 2}'``); every Lightning
+command of the suite installs it before it parses (``lightning_cli.run_lightning``).
+"""
 from __future__ import annotations
 
 import os
+from typing import Any, Optional
 
 import yaml
+from jsonargparse import get_loader, set_loader
 
-from .errors import UserError
+from .errors import ConfigError, UserError
 
-__all__ = ["check_config_file"]
+__all__ = ["check_config_file", "load_yaml", "refuse_duplicate_keys", "UniqueKeyLoader", "DuplicateKeyError"]
 
 _EXAMPLE = "Run configs live in experiments/<task>/, e.g. experiments/imagenet/rescale50.yaml"
+
+
+class DuplicateKeyError(ConfigError):
+    """A YAML mapping that gives one key twice (YAML leaves it to the reader; PyYAML keeps the
+    last, which silently drops the first value, or a whole ``trainer:`` block)."""
+
+    def __init__(self, key: Any, line: int, first_line: int, source: Optional[str] = None, file: bool = True):
+        self.key, self.line, self.first_line = key, line, first_line
+        if source and file:
+            where, lines = f"{source}:{line}: ", f" (first at line {first_line})"
+        else:
+            where = f"{source}: " if source else ""
+            lines = "" if line == first_line else f" (line {line}, first at line {first_line})"
+        super().__init__(f"{where}key {key!r} is given twice in the same mapping{lines}; keep one")
+
+    def naming(self, source: str, file: bool = True) -> "DuplicateKeyError":
+        """The same error, naming where the YAML came from: a file (``path:line:``), else a value."""
+        return DuplicateKeyError(self.key, self.line, self.first_line, source, file)
+
+
+def _refuse_repeated_keys(constructor: yaml.constructor.BaseConstructor, node: yaml.MappingNode) -> None:
+    """Raise :class:`DuplicateKeyError` when ``node`` gives a key twice. Only the keys written in the
+    mapping itself count: keys merged in with ``<<: *anchor`` may be overridden, as YAML intends."""
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key, line = constructor.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+        try:
+            if key in seen:
+                raise DuplicateKeyError(key, line, seen[key])
+            seen[key] = line
+        except TypeError:  # an unhashable key: PyYAML refuses it with its own error
+            continue
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader whose mappings refuse a key given twice (:class:`DuplicateKeyError`)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            _refuse_repeated_keys(self, node)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str, source: Optional[str] = None, file: bool = True) -> Any:
+    """``yaml.safe_load(text)``, refusing a key given twice in one mapping with a
+    :class:`DuplicateKeyError` naming ``source`` and both lines: a file's path (``path:line:``),
+    or with ``file=False`` what else the text is (an option's value)."""
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)
+    except DuplicateKeyError as err:
+        raise (err.naming(source, file) if source else err) from None
+
+
+def _inline(text: str) -> str:
+    """How a YAML value without a file is named in an error: the value itself (shortened)."""
+    flat = " ".join(text.split())
+    return f"the YAML value {flat if len(flat) <= 60 else flat[:57] + '...'!r}"
+
+
+def refuse_duplicate_keys() -> None:
+    """Make jsonargparse's ``yaml`` loader (config files, and YAML values on the command line)
+    refuse a key given twice in one mapping; it reads everything else as before."""
+    jsonargparse_load = get_loader("yaml")
+    if getattr(jsonargparse_load, "refuses_duplicate_keys", False):
+        return
+
+    def load(stream: str, path: str = "") -> Any:
+        try:
+            yaml.load(stream, Loader=UniqueKeyLoader)
+        except DuplicateKeyError as err:
+            raise (err.naming(str(path)) if path else err.naming(_inline(stream), file=False)) from None
+        except Exception:  # noqa: BLE001 - not YAML, or not safe YAML: jsonargparse's loader decides
+            pass
+        return jsonargparse_load(stream)
+
+    load.refuses_duplicate_keys = True
+    set_loader("yaml", load, exceptions=(yaml.YAMLError,))
 
 
 def _text(path: str, where: str) -> str:
@@ -43,7 +131,7 @@ def check_config_file(path: str, where: str = "--config") -> None:
     ``where``: how the file was given (``--config``, or the config it is the defaults of)."""
     text = _text(path, where)
     try:
-        content = yaml.safe_load(text)
+        content = load_yaml(text, path)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         at = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path

@@ -3,8 +3,10 @@
 A run config holds only what differs from the ``_defaults.yaml`` files of its folder and the folders
 above it up to ``experiments/`` (applied first, nearest last), then come the ``--config`` files in
 their order, then the ``--key value`` overrides. :func:`defaults_for` finds the defaults;
-:func:`yaml_layers` reads the files in that order and :func:`flag_values` the overrides, for a caller
-that needs a setting without building the run (a study resolving its points' logger).
+:func:`check_layers` refuses, in one line, a config or defaults file that is no config (a key given
+twice included); :func:`yaml_layers` reads the files in that order and :func:`flag_values` the
+overrides, for a caller that needs a setting without building the run (a study resolving its
+points' logger).
 """
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["DEFAULTS_NAME", "CONFIG_FLAGS", "defaults_for", "flag_values", "yaml_layers"]
+from .config_files import check_config_file, load_yaml
+from .errors import UserError
+
+__all__ = ["DEFAULTS_NAME", "CONFIG_FLAGS", "defaults_for", "check_layers", "flag_values", "yaml_layers"]
 
 DEFAULTS_NAME = "_defaults.yaml"
 CONFIG_FLAGS = ("--config", "-c")
@@ -40,6 +45,18 @@ def defaults_for(config_paths: Sequence[str]) -> list[str]:
     return found
 
 
+def check_layers(configs: Sequence[str], where: str = "--config") -> list[str]:
+    """Check the run configs and the ``_defaults.yaml`` files applied to them
+    (:func:`~.config_files.check_config_file`: one :class:`UserError` line naming the file);
+    returns those defaults, outermost first. ``where``: how the configs were given."""
+    for path in configs:
+        check_config_file(path, where)
+    defaults = defaults_for(configs)
+    for path in defaults:
+        check_config_file(path, f"the {DEFAULTS_NAME} applied to the run configs below its folder")
+    return defaults
+
+
 def flag_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
     """Every value ``argv`` gives one of ``flags``, in order: ``--flag value`` and ``--flag=value``
     (a flag at the end, with no value after it, gives none)."""
@@ -57,12 +74,13 @@ def flag_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
 
 def yaml_layers(configs: Sequence[str]) -> Iterator[dict]:
     """The YAML mappings the command applies in order: the ``_defaults.yaml`` files, then the
-    configs; a missing or broken file is skipped (the run itself reports it)."""
+    configs; a missing or broken file (one that gives a key twice included) is skipped (the run
+    itself reports it)."""
     for path in [*defaults_for(configs), *configs]:
         try:
             with open(path) as f:
-                data = yaml.safe_load(f) or {}
-        except (OSError, yaml.YAMLError):
+                data = load_yaml(f.read(), path) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, UserError):
             continue
         if isinstance(data, dict):
             yield data

@@ -12,6 +12,12 @@
 Every other mode (``1``, ``L``, ``P``, ``CMYK``, ``YCbCr``, ``LAB``, ``HSV`` ...) goes through
 Pillow's own conversion.
 
+An EXIF orientation (cameras and phones store the sensor's pixels and a tag saying how to turn
+them, 2..8) is applied before anything else (:func:`open_rgb`, Pillow's ``ImageOps.exif_transpose``,
+as every viewer does), so a portrait photo reaches the network upright; a file without the tag only
+pays for reading its header. A caller whose annotations may refer to the stored pixels instead
+(COCO records, :mod:`rescale_tasks.detection.coco`) decides per file (``orient``).
+
 A file Pillow cannot decode raises one of :data:`DECODE_ERRORS`; the data sets of every task turn it
 into :class:`CorruptImageError` (one line naming the file) or skip the file.
 """
@@ -19,13 +25,15 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Callable
 
 import numpy as np
-from PIL import Image
+from PIL import ExifTags, Image, ImageOps
 
 from .errors import WorkerDataError
 
-__all__ = ["HIGH_DEPTH_MODES", "DECODE_ERRORS", "CorruptImageError", "full_scale", "open_rgb", "to_rgb"]
+__all__ = ["HIGH_DEPTH_MODES", "DECODE_ERRORS", "CorruptImageError", "full_scale", "open_rgb", "orientation",
+           "oriented_size", "to_rgb"]
 
 #: modes holding more than 8 bits per sample
 HIGH_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
@@ -72,7 +80,27 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def open_rgb(path: str | os.PathLike) -> Image.Image:
-    """The image file at ``path`` decoded to 8-bit RGB (:func:`to_rgb`); Pillow's errors pass through."""
+def orientation(image: Image.Image) -> int:
+    """The EXIF orientation of ``image``: 2..8, or 1 when it has none (or a value outside 1..8)."""
+    value = image.getexif().get(ExifTags.Base.Orientation, 1)
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def oriented_size(image: Image.Image) -> tuple[int, int]:
+    """``(width, height)`` of ``image`` once its EXIF orientation is applied (5..8 turn it a quarter)."""
+    width, height = image.size
+    return (height, width) if orientation(image) >= 5 else (width, height)
+
+
+def open_rgb(path: str | os.PathLike,
+             orient: bool | Callable[[Image.Image], bool] = True) -> Image.Image:
+    """The image file at ``path`` turned by its EXIF orientation, then decoded to 8-bit RGB
+    (:func:`to_rgb`); Pillow's errors pass through.
+
+    ``orient``: apply the orientation (True), keep the stored pixels (False), or ask a function of
+    the opened file (its header read, its pixels as stored) whether to apply it.
+    """
     with Image.open(path) as image:
+        if orientation(image) != 1 and (orient(image) if callable(orient) else orient):
+            ImageOps.exif_transpose(image, in_place=True)
         return to_rgb(image)

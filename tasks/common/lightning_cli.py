@@ -24,8 +24,8 @@ from .checkpoint_callbacks import EpochCheckpoint, LastCheckpoint, ResumeState
 from .checkpointing import peek_checkpoint
 from .cli_errors import config_errors, trainer_config_errors
 from .config import ResultsFolder, SaveConfigToRun
-from .config_files import check_config_file
-from .config_layers import CONFIG_FLAGS, DEFAULTS_NAME, defaults_for, flag_values
+from .config_files import refuse_duplicate_keys
+from .config_layers import CONFIG_FLAGS, check_layers, flag_values
 from .data_report import SkippedDataReport
 from .module import RescaleTaskModule
 from .networks import check_network, resolved_architecture
@@ -134,6 +134,9 @@ class RescaleCLI(LightningCLI):
         self._evaluate("test", **kwargs)
 
     def predict(self, **kwargs) -> None:
+        # the task writes its predictions to a file as they come (common.predictions): Lightning
+        # need not keep every batch's outputs in memory too
+        kwargs["return_predictions"] = False
         self._evaluate("predict", **kwargs)
 
     def _evaluate(self, command: str, **kwargs) -> None:
@@ -216,12 +219,8 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
     """Run ``rescale fit|validate|test|predict`` with ``argv`` once its config files are checked and
     their ``_defaults.yaml`` applied. ``run=False``: parse and instantiate only (no subcommand), for
     tests, notebooks and the studies; ``from_command_line``: LightningCLI reads ``sys.argv``."""
-    configs = flag_values(argv, CONFIG_FLAGS)
-    for path in configs:
-        check_config_file(path, "--config")
-    defaults = defaults_for(configs)
-    for path in defaults:
-        check_config_file(path, f"the {DEFAULTS_NAME} applied to the run configs below its folder")
+    refuse_duplicate_keys()  # in YAML values on the command line too
+    defaults = check_layers(flag_values(argv, CONFIG_FLAGS))
     quiet_libraries()  # before the Trainer is built: it prints an advert
     if any(a == "--print_config" or a.startswith("--print_config=") for a in argv):
         # stderr: the printed YAML on stdout stays a config that can be saved and reused

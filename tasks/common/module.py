@@ -3,7 +3,9 @@ name, scheme and options; the speed switches (channels_last, ``torch.compile``);
 over the core's parameter groups and a per-step or per-epoch schedule; and refusing, in one line,
 a checkpoint of another architecture. A task module subclasses :class:`RescaleTaskModule` and
 adds only its steps, losses and metrics. What its labels mean travels in every checkpoint and is
-matched to the data's by name when a checkpoint meets data (:mod:`.labels`).
+matched to the data's by name when a checkpoint meets data (:mod:`.labels`). What ``predict``
+writes goes where ``test`` writes, named by the split it predicted (:meth:`RescaleTaskModule.write_predictions`,
+:mod:`.predictions`).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from .errors import ConfigError
 from .labels import LABELS_KEY, Labels, checkpoint_labels, data_labels, match_labels
 from .networks import create_network, resolved_architecture
 from .optim import accepts, build_optimizer, build_scheduler
+from .predictions import PREDICTIONS_FILE, write_result
 
 __all__ = ["RescaleTaskModule", "OptimizerFactory", "SchedulerFactory", "accepts"]
 
@@ -175,6 +178,18 @@ class RescaleTaskModule(L.LightningModule):
         if self._label_order is None:
             return labels
         return self._label_order.to(labels.device)[labels]
+
+    # --- what predict writes ---------------------------------------------------------------
+    #: the data split ``predict`` reads (the data module's ``predict_dataloader``), naming its file
+    predict_split = "test"
+
+    def write_predictions(self, ext: str, data: str, count: int, unit: str = "predictions") -> str:
+        """``predictions.<split>.<ext>`` written whole in the results folder (where ``test`` writes:
+        ``--output_dir``, else beside the checkpoint's run) and named in the command's closing line
+        (``count`` ``unit``); returns its path. Rank 0 calls it, once the rows of every rank are
+        gathered (:mod:`.predictions`)."""
+        name = PREDICTIONS_FILE.format(split=self.predict_split, ext=ext)
+        return write_result(self.trainer, name, data, count, unit)
 
     # --- optimisation ---------------------------------------------------------------------
     def configure_optimizers(self):

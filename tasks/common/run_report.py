@@ -5,8 +5,13 @@ checkpoint or result files it wrote, and the command to run next, e.g.::
     checkpoint runs/rescale-digits/k3x9a0qz/checkpoints/last.ckpt; next: rescale test --config
     experiments/digits/rescale56.yaml --ckpt_path runs/rescale-digits/k3x9a0qz/checkpoints/last.ckpt
 
-(one line on the terminal). The run folder is the one holding ``rescale_config.yaml`` and
-``run_summary.json`` (:func:`~.config.run_directory`).
+(one line on the terminal), and for ``test`` and ``predict`` the result files they wrote, e.g.::
+
+    predict finished: run folder runs/wandb/offline-run-20260101_120500-p2m7c1xa/files; 270
+    predictions in runs/rescale-digits/k3x9a0qz/results/last/predictions.test.csv; next: ...
+
+The run folder is the one holding ``rescale_config.yaml`` and ``run_summary.json``
+(:func:`~.config.run_directory`).
 """
 from __future__ import annotations
 
@@ -19,10 +24,10 @@ import lightning.pytorch as L
 from .callbacks import DivergenceMonitor
 from .checkpoint_callbacks import LastCheckpoint
 from .checkpointing import checkpoint_exists
-from .config import results_folder, run_directory
+from .config import ResultFile, result_files, results_folder, run_directory
 from .run_folder import run_folder, shown_path
 
-__all__ = ["fit_report", "evaluation_report", "next_command"]
+__all__ = ["fit_report", "evaluation_report", "next_command", "written_files"]
 
 
 def next_command(command: str, argv: list[str], ckpt_path: str) -> str:
@@ -68,13 +73,23 @@ def fit_report(trainer: L.Trainer, argv: list[str]) -> str:
     return line + f"; checkpoint {shown_path(checkpoint)}; next: {next_command('test', argv, checkpoint)}"
 
 
+def written_files(files: list[ResultFile]) -> str:
+    """``270 predictions in <path>, BLEU score in <path>``: what each file holds and where it is."""
+    return ", ".join(f"{'' if f.count is None else f'{f.count:,} '}{f.unit} in {shown_path(f.path)}"
+                     for f in files)
+
+
 def evaluation_report(command: str, trainer: L.Trainer, argv: list[str], ckpt_path: Optional[str]) -> str:
     """How ``validate``, ``test`` or ``predict`` ended: the run folder (the metrics are in its
-    W&B run), the result files' folder when the task wrote any, and what to run next."""
+    W&B run), the result files the task wrote (else their folder, when it holds any), and what
+    to run next."""
     run_dir = _run_dir(trainer)
     line = f"{command} finished: run folder {shown_path(run_dir)}"
     results = results_folder(trainer)
-    if os.path.isdir(results) and os.path.abspath(results) != os.path.abspath(run_dir):
+    files = result_files(trainer)
+    if files:
+        line += f"; {written_files(files)}"
+    elif os.path.isdir(results) and os.path.abspath(results) != os.path.abspath(run_dir):
         line += f"; results {shown_path(results)}"
     if command == "validate" and ckpt_path:
         return line + f"; next: {next_command('test', argv, ckpt_path)}"

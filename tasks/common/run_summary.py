@@ -21,6 +21,7 @@ loggers record the same points counting from 0 (W&B's ``trainer/global_step`` is
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -30,10 +31,11 @@ import lightning.pytorch as L
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from .atomic import write_atomically
 from .callbacks import DivergenceMonitor
 from .checkpoint_callbacks import LastCheckpoint, preempted_message
 from .empty_batches import is_skipped
-from .errors import DataError
+from .errors import DataError, UserError
 from .config import run_directory
 from .throughput import items_in, metric_key, unit_of
 from .wandb_logger import started
@@ -41,6 +43,8 @@ from .wandb_logger import started
 __all__ = ["RunSummary", "SUMMARY_FILE", "MalformedSummary", "read_summary", "find_summaries", "higher_is_better"]
 
 SUMMARY_FILE = "run_summary.json"
+
+log = logging.getLogger(__name__)
 
 
 def higher_is_better(metric: str) -> bool:
@@ -103,6 +107,10 @@ class RunSummary(L.Callback):
         self._start: Optional[float] = None
         self._written = False
         self._before: dict[str, Any] = {}  # trainer.logged_metrics as the current validation began
+        self.final_before: dict[str, float] = {}  # the last value of every scalar the resumed-from run logged
+        self._trainer: Optional[L.Trainer] = None
+        self._resumed = False  # the state came from a checkpoint
+        self._stepped = False  # this process has trained a batch
 
     # the curves and counters travel in the checkpoint: a resumed run's summary covers all of it
     def _elapsed(self) -> float:
@@ -111,15 +119,29 @@ class RunSummary(L.Callback):
 
     def state_dict(self) -> dict:
         return {"train_curve": self.train_curve, "val_curve": self.val_curve, "samples": self.samples,
-                "seconds": self._elapsed()}
+                "seconds": self._elapsed(), "final": self._final()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.train_curve = [list(p) for p in state_dict.get("train_curve", [])]
         self.val_curve = {k: [list(p) for p in v] for k, v in state_dict.get("val_curve", {}).items()}
         self.samples = int(state_dict.get("samples", 0))
         self.seconds_before = float(state_dict.get("seconds", 0.0))
+        self.final_before = {k: float(v) for k, v in state_dict.get("final", {}).items()}
+        self._resumed = True
+
+    def _final(self, trainer: Optional[L.Trainer] = None) -> dict[str, float]:
+        """The last value of every scalar logged so far, the resumed-from run's included (a value
+        logged only early on, such as the first step's learned scalars, is not logged again after
+        a resume)."""
+        trainer = trainer or self._trainer
+        metrics = trainer.callback_metrics if trainer is not None else {}
+        now = {k: v for k, v in ((k, _scalar(v)) for k, v in metrics.items()) if v is not None}
+        return {**self.final_before, **now}
 
     # --- collecting ---------------------------------------------------------------------------
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._trainer = trainer
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = time.perf_counter()
         self._window = (self._start, self.samples)
@@ -127,6 +149,7 @@ class RunSummary(L.Callback):
         self._written = False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._stepped = True
         if is_skipped(outputs):  # a batch of bad files only: no step, and its zero loss no point
             return
         self.samples += items_in(pl_module, batch) * trainer.world_size
@@ -180,6 +203,8 @@ class RunSummary(L.Callback):
         self.write(trainer, pl_module, "finished")
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if self._resumed and not self._stepped and isinstance(exception, UserError):
+            return  # a resume refused before its first step: the run is where its last summary says
         # a signal: which one, and where it saved (LastCheckpoint's on_exception ran first)
         error = preempted_message(exception) if isinstance(exception, SIGTERMException) \
             else f"{type(exception).__name__}: {exception}"
@@ -208,7 +233,7 @@ class RunSummary(L.Callback):
             lr = group.get("initial_lr", group.get("lr"))
         logger = trainer.logger
         experiment = getattr(logger, "_experiment", None)  # never start a W&B run here
-        final = {k: v for k, v in ((k, _scalar(v)) for k, v in trainer.callback_metrics.items()) if v is not None}
+        final = self._final(trainer)
         rate = self.rate if self.rate is not None else (self.samples / self.seconds if self.seconds > 0 else None)
         if rate is not None:
             final[metric_key(pl_module)] = rate  # the whole run's, as the loggers last received it
@@ -250,11 +275,12 @@ class RunSummary(L.Callback):
         path = self.path or _default_path(trainer)
         if path is None:
             return None
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(_json_safe(self.summary(trainer, pl_module, status, error)), f, indent=1)
-        os.replace(tmp, path)  # a reader never sees half a file
+        text = json.dumps(_json_safe(self.summary(trainer, pl_module, status, error)), indent=1)
+        try:
+            write_atomically(path, text)  # a reader never sees half a file
+        except OSError as err:  # a full disk: say so, and leave the command's own error line in place
+            log.warning(f"warning: could not write the run summary {path}: {err.strerror or err}")
+            return None
         self._written = True
         return path
 

@@ -20,8 +20,7 @@ import atexit
 import multiprocessing
 import os
 import random
-import signal
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -29,9 +28,10 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .errors import ConfigError
+from .stop_signals import ignore_in_worker
 
 __all__ = ["ResumableSampler", "ResumableDataLoader", "UnrepeatedSampler", "PerSampleSeed", "sample_seed",
-           "worker_init", "sigterm_safe_worker_init"]
+           "worker_init", "sigterm_safe_worker_init", "ResumeMismatch", "refused_resume", "check_resume"]
 
 _MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, epoch, index) over seeds
 
@@ -115,6 +115,44 @@ class UnrepeatedSampler(DistributedSampler):
         return self.num_samples
 
 
+class ResumeMismatch(ConfigError):
+    """A training position saved mid-epoch under another data layout (batch size, processes, seed):
+    continuing from the same batch index would skip some samples of the epoch and repeat others."""
+
+
+# how to set each layout value of a training loader back to the checkpoint's
+_LAYOUT_SETTINGS = {"batch_size": "--data.init_args.batch_size {}",
+                    "num_replicas": "{} processes (--trainer.devices x --trainer.num_nodes)",
+                    "seed": "--data.init_args.seed {} (or the --seed_everything it came from)",
+                    "max_tokens": "--data.init_args.max_tokens {}",
+                    "num_batches": "the training data of the checkpoint's run ({} batches an epoch)"}
+
+
+def refused_resume(state: dict, layout: dict) -> Optional[tuple[int, str]]:
+    """``(epoch, message)`` when a loader's saved ``state`` stopped inside an epoch whose batches
+    mean other samples under this run's ``layout`` (None: the position can be continued, or there
+    is none). The message is raised only if training does continue that epoch
+    (:func:`check_resume`): from a checkpoint at an epoch's end the layout may change."""
+    seen, epoch = int(state.get("batches_seen", 0)), int(state.get("epoch", 0))
+    differ = [key for key, value in layout.items() if state.get(key) != value]
+    if seen <= 0 or not differ:
+        return None
+    then = ", ".join(f"{key} {state.get(key, 'unrecorded')}" for key in differ)
+    now = ", ".join(f"{key} {layout[key]}" for key in differ)
+    settings = "; ".join(_LAYOUT_SETTINGS.get(key, key + " {}").format(state.get(key)) for key in differ
+                         if state.get(key) is not None)
+    return epoch, (f"cannot resume training in the middle of epoch {epoch}: the checkpoint stopped {seen} "
+                   f"batches into it with {then}, this run has {now}, so the same position would be other samples "
+                   f"(some skipped, some repeated). Resume with the checkpoint's settings ({settings or then}), or "
+                   "from a checkpoint written at an epoch's end (epoch<NNN>.ckpt), after which they may change")
+
+
+def check_resume(refused: Optional[tuple[int, str]], epoch: int) -> None:
+    """Raise the :func:`refused_resume` message when training continues the refused ``epoch``."""
+    if refused is not None and refused[0] == epoch:
+        raise ResumeMismatch(refused[1])
+
+
 class ResumableDataLoader(DataLoader):
     """A DataLoader over a :class:`ResumableSampler` that can resume mid-epoch.
 
@@ -123,7 +161,8 @@ class ResumableDataLoader(DataLoader):
     epoch (the saved one had ended, e.g. at ``limit_train_batches``) starts from its top.
     ``len`` stays the full epoch, as Lightning's progress tracking expects. Iteration is lazy:
     workers start, and the permutation is drawn, at the first ``next()``, i.e. after Lightning
-    has set the sampler's epoch (it creates the iterator before doing so).
+    has set the sampler's epoch (it creates the iterator before doing so). Continuing an epoch
+    saved with another batch size, process count or seed is refused (:class:`ResumeMismatch`).
     """
 
     def __init__(self, dataset: Dataset, sampler: ResumableSampler, **kwargs: Any) -> None:
@@ -131,9 +170,17 @@ class ResumableDataLoader(DataLoader):
             raise TypeError("ResumableDataLoader needs a ResumableSampler")
         super().__init__(dataset, sampler=sampler, **kwargs)
         self.batches_seen = 0  # batches handed out in the current epoch
+        self._refused: Optional[tuple[int, str]] = None
+
+    def layout(self) -> dict[str, int]:
+        """What must match for a saved position to mean the same samples."""
+        sampler: ResumableSampler = self.sampler
+        return {"seed": sampler.seed, "num_replicas": sampler.num_replicas, "batch_size": self.batch_size}
 
     def __iter__(self):
         sampler: ResumableSampler = self.sampler
+        check_resume(self._refused, sampler.epoch)
+        self._refused = None
         self.batches_seen = sampler.pending_start() // self.batch_size
         for batch in super().__iter__():
             self.batches_seen += 1
@@ -141,15 +188,13 @@ class ResumableDataLoader(DataLoader):
 
     def state_dict(self) -> dict[str, int]:
         sampler: ResumableSampler = self.sampler
-        return {"epoch": sampler.epoch, "batches_seen": self.batches_seen, "seed": sampler.seed,
-                "num_replicas": sampler.num_replicas, "batch_size": self.batch_size}
+        return {"epoch": sampler.epoch, "batches_seen": self.batches_seen, **self.layout()}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         sampler: ResumableSampler = self.sampler
-        same_layout = (state.get("num_replicas") == sampler.num_replicas
-                       and state.get("batch_size") == self.batch_size and state.get("seed") == sampler.seed)
+        self._refused = refused_resume(state, self.layout())  # positions only map onto the same layout
         seen = int(state.get("batches_seen", 0))
-        if same_layout and 0 < seen < len(self):  # positions only map onto the same layout
+        if self._refused is None and 0 < seen < len(self):
             sampler.set_epoch(int(state["epoch"]))
             sampler.resume_at(int(state["epoch"]), seen * self.batch_size)
             self.batches_seen = seen
@@ -212,17 +257,17 @@ def loader_workers(num_workers: int) -> int:
 
 
 def worker_init(worker_id: int) -> None:
-    """DataLoader workers leave SIGTERM and SIGINT to the main process.
+    """DataLoader workers leave SIGTERM, SIGINT and the other stop signals to the main process
+    (:mod:`.stop_signals`).
 
-    A cluster's preemption signal reaches every process of the job, and a terminal's Ctrl-C every
-    process of its group; a worker dying of it would crash the run ("DataLoader worker ... killed
-    by signal", or exited after its ``KeyboardInterrupt``) before the main process finishes its
-    step and writes ``last.ckpt``. The main process stops its workers itself when it exits (and
+    A cluster's preemption signal reaches every process of the job, and a terminal's Ctrl-C or
+    hang-up every process of its group; a worker dying of it would crash the run ("DataLoader
+    worker ... killed by signal", or exited after its ``KeyboardInterrupt``) before the main
+    process finishes its step and writes ``last.ckpt``. The main process stops its workers itself when it exits (and
     workers exit when it dies). Also seeds the worker as Lightning's ``seed_everything(workers=True)``
     would (augmentation itself is seeded per sample by :class:`PerSampleSeed`).
     """
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_in_worker()
     from lightning.fabric.utilities.seed import pl_worker_init_function
 
     pl_worker_init_function(worker_id)

@@ -30,6 +30,13 @@ Images are decoded to 8-bit RGB whatever their mode (:func:`~rescale_tasks.commo
 or not the size the json says) raises :class:`~rescale_tasks.common.images.CorruptImageError`,
 or with ``skip_corrupt`` yields ``None`` (dropped by the collate function), is logged once and is
 counted in a shared-memory tensor visible across DataLoader workers.
+
+EXIF orientation: the json's ``width``/``height`` say which pixels its boxes and masks refer to.
+An image whose size once turned by its EXIF orientation is the json's is turned (what annotation
+tools and viewers show); one whose stored pixels alone have the json's size (a quarter-turn
+orientation, annotated by a tool that ignores the tag) is kept as stored, so its annotations still
+fit, and counted like unreadable files (:attr:`~CocoDetection.kept_as_stored`;
+:meth:`~CocoDetection.orientation_report` is the warning line the data module logs when a stage ends).
 """
 from __future__ import annotations
 
@@ -44,6 +51,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from PIL import Image
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from torch.utils.data import Dataset
@@ -51,7 +59,7 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as TF
 
 from rescale_tasks.common.errors import DataError
-from rescale_tasks.common.images import DECODE_ERRORS, CorruptImageError, open_rgb
+from rescale_tasks.common.images import DECODE_ERRORS, CorruptImageError, open_rgb, orientation, oriented_size
 
 __all__ = ["CocoDetection", "decode_masks", "load_coco_json", "category_labels", "mask_problem"]
 
@@ -228,6 +236,8 @@ class CocoDetection(Dataset):
         self._objects = [per_image[i] for i in kept]
         self.aspect_ratios = np.array([sizes[i][0] / sizes[i][1] for i in kept], dtype=np.float64)
         self.corrupt = torch.zeros(len(kept), dtype=torch.bool).share_memory_()
+        # images kept as stored although their EXIF orientation would turn them (see the module docstring)
+        self.as_stored = torch.zeros(len(kept), dtype=torch.bool).share_memory_()
         self._check_files(folder_key)
         if self.dropped_degenerate:
             log.warning("%s: dropped %d degenerate box(es) (under 1 px wide or high after clipping to the "
@@ -342,13 +352,39 @@ class CocoDetection(Dataset):
         """Distinct unreadable images met so far (in any process)."""
         return int(self.corrupt.sum())
 
+    @property
+    def kept_as_stored(self) -> int:
+        """Distinct images met so far (in any process) whose EXIF orientation was not applied because
+        only their stored pixels have the json's size."""
+        return int(self.as_stored.sum())
+
+    def orientation_report(self) -> str | None:
+        """One warning line counting the images kept as stored, with an example; None without any."""
+        flagged = torch.nonzero(self.as_stored).flatten().tolist()
+        if not flagged:
+            return None
+        return (f"{self.annotation_file}: {len(flagged)} image(s) kept without their EXIF orientation, "
+                f"e.g. {self.image_path(flagged[0])}: turned, they would not have the width/height the json "
+                "gives them, so its boxes and masks refer to the stored pixels; if the annotation tool showed "
+                "them turned, fix the json's width/height (and the annotations) or remove the tag")
+
     def load_image(self, index: int) -> tv_tensors.Image | None:
-        """The decoded RGB image, or ``None`` (with ``skip_corrupt``) when it cannot be read."""
+        """The decoded RGB image, or ``None`` (with ``skip_corrupt``) when it cannot be read; turned by
+        its EXIF orientation unless only the stored pixels have the json's size."""
         path, info = self.image_path(index), self.image_info(index)
+        record = (info["width"], info["height"])
+        turn = stored = None
+
+        def orient(image: Image.Image) -> bool:
+            nonlocal turn, stored
+            turn, stored = orientation(image), image.size == record and oriented_size(image) != record
+            return not stored
+
         try:
-            image = open_rgb(path)
-            if image.size != (info["width"], info["height"]):
-                raise ValueError(f"{image.size[0]}x{image.size[1]} pixels but the json says "
+            image = open_rgb(path, orient)
+            if image.size != record:
+                turned = f" once turned by its EXIF orientation {turn}" if turn else ""
+                raise ValueError(f"{image.size[0]}x{image.size[1]} pixels{turned} but the json says "
                                  f"{info['width']}x{info['height']}")
         except DECODE_ERRORS as exc:  # FileNotFoundError is an OSError
             if not self.skip_corrupt:
@@ -360,6 +396,8 @@ class CocoDetection(Dataset):
                 self.corrupt[index] = True
                 log.warning("skipping unreadable image %s (%s: %s)", path, type(exc).__name__, exc)
             return None
+        if stored and not bool(self.as_stored[index]):
+            self.as_stored[index] = True
         return tv_tensors.Image(TF.pil_to_tensor(image))
 
     def target(self, index: int) -> dict[str, Any]:

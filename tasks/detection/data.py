@@ -21,9 +21,14 @@ Batches are torchvision's detection format ``(list[image float32 [3, H, W]], lis
   neither the workers nor restarts. Images without boxes are dropped (``keep_empty_train``).
 - Evaluation: :class:`SequentialBatchSampler`, natural order in chunks of ``eval_batch_size``; the
   padding that evens out the ranks repeats batches, which the evaluation merges away by image id.
+
+Images whose EXIF orientation was left unapplied because only their stored pixels have the json's
+size (:mod:`.coco`) are counted in every split and logged in one warning line per split when a
+stage ends (:meth:`CocoDataModule.teardown`; each process its own under DDP).
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,6 +51,8 @@ from .transforms import MAX_SIZE, TRAIN_SIZES, eval_transforms, train_transforms
 
 __all__ = ["CocoDataModule", "AspectRatioBatchSampler", "SequentialBatchSampler", "BatchOfSamples",
            "collate_detection"]
+
+log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- batching
@@ -205,6 +212,7 @@ class CocoDataModule(L.LightningDataModule):
         self.paths = self._resolve(root, train_annotations, train_images, val_annotations, val_images,
                                    predict_annotations, predict_images)
         self.datasets: dict[str, CocoDetection] = {}
+        self._reported_as_stored: dict[str, int] = {}  # per split, the images kept as stored already logged
         self._ground_truths: dict[Path, Any] = {}  # COCO per annotation file, for the evaluation
         self._read_categories()
 
@@ -365,3 +373,12 @@ class CocoDataModule(L.LightningDataModule):
     def skipped_corrupt(self) -> int:
         """Distinct unreadable images skipped so far in any split, counted in all worker processes."""
         return sum(ds.skipped for ds in self.datasets.values())
+
+    def teardown(self, stage: str | None = None) -> None:
+        """Logs, per split, the images kept without their EXIF orientation (:mod:`.coco`) once their
+        count has grown since the last stage: one line with the count and an example file."""
+        for split, dataset in self.datasets.items():
+            count = dataset.kept_as_stored
+            if count > self._reported_as_stored.get(split, 0):
+                self._reported_as_stored[split] = count
+                log.warning(dataset.orientation_report())

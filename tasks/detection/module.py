@@ -17,9 +17,10 @@ next to the FrozenBN and GN baselines).
 - Evaluation: COCO box (and mask) AP of the real COCO evaluation (:class:`~.evaluation.CocoEvaluator`),
   merged over ranks by image id, so 2 processes give what 1 gives; logged as ``val/bbox_AP`` ...
   at every validation. ``test`` and ``predict`` also write ``coco_results.<split>.json`` (original
-  image and category ids, xywh boxes, RLE masks), the file that was scored, to the results folder
-  (:func:`~rescale_tasks.common.config.results_folder`: beside the run of ``--ckpt_path``, or
-  ``--output_dir``); ``predict`` optionally draws the first ``draw_predictions`` images there.
+  image and category ids, xywh boxes, RLE masks; for ``test`` the file that was scored), whole and
+  once, to the results folder (:func:`~rescale_tasks.common.config.results_folder`: beside the run
+  of ``--ckpt_path``, or ``--output_dir``), named in the command's closing line; ``predict``
+  optionally draws the first ``draw_predictions`` images there.
 - Labels: every checkpoint carries the category names and ids its labels stand for
   (:mod:`rescale_tasks.common.labels`); on data that numbers the same categories otherwise, the
   network's labels are mapped to the data's category ids by name (training targets, scored and
@@ -33,7 +34,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from ..common.checkpoint_compat import require_classification_checkpoint
-from ..common.config import results_folder
+from ..common.config import note_result_file, results_folder
 from ..common.distributed import gather_objects
 from ..common.empty_batches import (data_may_skip_files, must_skip, nothing_to_evaluate,
                                     skipped_prediction, skipped_step)
@@ -95,6 +96,10 @@ class DetectionModule(RescaleTaskModule):
     def throughput_items(batch) -> int:
         """The images of a batch (a list of images of several sizes, and their targets)."""
         return len(batch[0])
+
+    #: the split predict reads: the data module's own ``predict`` set (the validation set unless
+    #: ``data.predict_annotations`` names another)
+    predict_split = "predict"
 
     #: besides the common ones (network, scheme, num_classes ...): what a checkpoint's weights
     #: are shaped by, refused with --ckpt_path (rescale_tasks.common.checkpoint_compat)
@@ -231,7 +236,8 @@ class DetectionModule(RescaleTaskModule):
             self.log(f"{prefix}/{name.replace('/', '_')}", float(value), sync_dist=False,
                      prog_bar=name in ("bbox/AP", "segm/AP"))
         if write_results and self.trainer.is_global_zero:
-            self._write_results(prefix, results)
+            path = self._write_results(prefix, results)
+            print(f"{prefix}: {len(results)} detections written to {path} (COCO results format)")
 
     def on_validation_epoch_start(self) -> None:
         self._start_evaluation("val")
@@ -272,13 +278,15 @@ class DetectionModule(RescaleTaskModule):
         # by image id: an image met twice (padded sampler) counts once
         records = {r.image_id: r for r in gather_objects(self._predicted)}
         if self.trainer.is_global_zero:
-            self._write_results("predict", coco_results(records, self._label_to_category()))
+            self._write_results(self.predict_split, coco_results(records, self._label_to_category()))
 
     # --- outputs --------------------------------------------------------------------------
-    def _write_results(self, split: str, results: list[dict]) -> None:
+    def _write_results(self, split: str, results: list[dict]) -> str:
+        """``coco_results.<split>.json`` in the results folder, named in the closing line; its path."""
         path = os.path.join(results_folder(self.trainer), RESULTS_FILE.format(split=split))
         write_coco_results(path, results)
-        print(f"{split}: {len(results)} detections written to {path} (COCO results format)")
+        note_result_file(self.trainer, path, len(results), "detections")
+        return path
 
     def _draw(self, image_id: int, image: torch.Tensor, prediction: dict) -> None:
         names = self.trained_labels.names if self.trained_labels is not None else \

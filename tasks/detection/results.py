@@ -19,7 +19,6 @@ from __future__ import annotations
 import colorsys
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -29,6 +28,7 @@ from PIL import Image
 from torchvision.ops import box_convert
 from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks
 
+from rescale_tasks.common.atomic import atomic_open
 from rescale_tasks.common.errors import DataError
 
 from .records import MASK_THRESHOLD, ImageRecord, image_record
@@ -86,23 +86,11 @@ def coco_results(records: Mapping[int, ImageRecord] | Iterable[ImageRecord] | Se
     return out
 
 
-def _atomic_write(path: Path, write) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)  # readers never see a half-written file
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def write_coco_results(path: str | os.PathLike, results: list[dict[str, Any]]) -> Path:
-    """Write ``results`` as JSON to ``path`` atomically (a temporary file, then ``os.replace``)."""
-    return _atomic_write(Path(path), lambda f: f.write(json.dumps(results).encode("utf-8")))
+    """Write ``results`` as JSON to ``path``, whole or not at all (:mod:`rescale_tasks.common.atomic`)."""
+    with atomic_open(path, "wb") as f:
+        f.write(json.dumps(results).encode("utf-8"))
+    return Path(path)
 
 
 def _color(label: int) -> tuple[int, int, int]:
@@ -146,8 +134,10 @@ def draw_detections(image: torch.Tensor, prediction: Mapping[str, torch.Tensor],
 def save_drawn(path: str | os.PathLike, image: torch.Tensor, prediction: Mapping[str, torch.Tensor],
                class_names: Mapping[int, str] | Sequence[str] | None = None,
                score_threshold: float = 0.5) -> Path:
-    """:func:`draw_detections` written to ``path`` as a PNG (atomically)."""
+    """:func:`draw_detections` written to ``path`` as a PNG (whole or not at all)."""
     drawn = draw_detections(image, prediction, class_names, score_threshold)
     array = np.ascontiguousarray(drawn.permute(1, 2, 0).numpy())
     picture = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
-    return _atomic_write(Path(path), lambda f: picture.save(f, format="PNG"))
+    with atomic_open(path, "wb") as f:
+        picture.save(f, format="PNG")
+    return Path(path)

@@ -8,7 +8,8 @@ folders, wherever the runs ran), or from a W&B project: through its API when log
 its offline runs (``<--wandb_dir>/wandb/offline-run-*``, the suite logger's ``save_dir``). They are grouped by
 experiment (the W&B group, e.g. ``imagenet-resnet50``; else the network) and, inside one, by
 variant (scheme plus its options); several runs of a variant are seeds, shown as mean +- std
-(sample std, n-1). Each variant is set against the experiment's baseline: the normalized scheme
+(sample std, n-1). A run resumed after an interruption is one run however many segments it has
+(one per run id: :func:`latest_segments`). Each variant is set against the experiment's baseline: the normalized scheme
 named by ``--baseline`` or, by default, the first of bn, gn, post_ln, pre_ln present.
 
 Writes ``compare.csv/.md`` (one row per experiment and variant: n, the task's metric mean and
@@ -38,7 +39,8 @@ from ..common.wandb_logger import wandb_mode
 from ..common.wandb_offline import find_offline_runs, read_offline_run
 from .outputs import StudyOutputs
 
-__all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of", "pick_metric", "METRICS"]
+__all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of", "pick_metric", "METRICS",
+           "latest_segments", "run_identity"]
 
 # the task's metric, by what the runs logged: classification, detection, translation
 METRICS = ("val/acc1", "val/bbox_AP", "val/map", "val/bleu", "val/acc")
@@ -201,14 +203,15 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
     init = ((config.get("model") or {}).get("init_args") or {})
     final = {k: float(v) for k, v in summary.items()
              if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")}
-    curves: dict[str, list[list[float]]] = defaultdict(list)
+    points: dict[str, dict[int, float]] = defaultdict(dict)  # a step logged again (a resume) keeps its last value
     for row in history:
         step = row.get("trainer/global_step")
         if not isinstance(step, (int, float)):
             continue
         for key, value in row.items():
             if (key == "train/loss_step" or key.startswith("val/")) and isinstance(value, (int, float)):
-                curves["train/loss" if key == "train/loss_step" else key].append([int(step) + 1, float(value)])
+                points["train/loss" if key == "train/loss_step" else key][int(step) + 1] = float(value)
+    curves = {key: [[step, value] for step, value in sorted(values.items())] for key, values in points.items()}
     best = {}
     for key, points in curves.items():
         values = [v for _, v in points if math.isfinite(v)]
@@ -220,23 +223,30 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
         "name": name, "group": group, "run_id": run_id, "project": project, "network": init.get("network"),
         "scheme": init.get("scheme"), "scheme_options": init.get("scheme_options") or {},
         "status": "diverged" if diverged else (state or "finished"),
-        "final": final, "best": best, "samples_per_second": throughput, "curves": dict(curves),
+        "final": final, "best": best, "samples_per_second": throughput, "curves": curves,
     }
 
 
 def _offline_wandb_runs(project: str, wandb_dir: str) -> list[dict]:
     """The offline W&B runs of ``project`` (``entity/project`` or ``project``) under
-    ``wandb_dir`` (the suite logger's ``save_dir``: ``<wandb_dir>/wandb/offline-run-*``)."""
+    ``wandb_dir`` (the suite logger's ``save_dir``: ``<wandb_dir>/wandb/offline-run-*``). The
+    segments of a resumed run (offline, one folder each, the same run id; ``wandb sync`` makes
+    them one run) are one run here too: their histories in the order they ran, the last one's
+    config, summary and state."""
     name = project.rsplit("/", 1)[-1]
-    out = []
-    for folder in find_offline_runs(wandb_dir):
+    segments: dict[str, list] = defaultdict(list)
+    for folder in find_offline_runs(wandb_dir):  # sorted: offline-run-<start time>-<id>
         try:
             run = read_offline_run(folder, wait_s=0)
         except (FileNotFoundError, ValueError):  # a folder without its run file, or not one
             continue
-        if run.project != name:
-            continue
-        out.append(run_from_wandb(config=run.config, summary=run.summary, history=run.history, name=run.name,
+        if run.project == name:
+            segments[run.run_id or folder].append(run)
+    out = []
+    for parts in segments.values():
+        run = parts[-1]
+        out.append(run_from_wandb(config=run.config, summary=run.summary,
+                                  history=[row for part in parts for row in part.history], name=run.name,
                                   group=run.group or None, run_id=run.run_id, project=run.project,
                                   state="finished" if run.finished else "running"))
     return out
@@ -260,10 +270,43 @@ def _wandb_runs(project: str, wandb_dir: str) -> list[dict]:
             for run in wandb.Api().runs(project)]
 
 
+def run_identity(run: dict) -> Optional[str]:
+    """What the segments of one resumed run share: its W&B run id (every segment of a resumed run
+    continues it), else its checkpoint folder; None: a run on its own."""
+    if run.get("run_id"):
+        return f"{run.get('project') or ''}/{run['run_id']}"
+    if run.get("checkpoint"):
+        return os.path.dirname(os.path.abspath(run["checkpoint"]))
+    return None
+
+
+def latest_segments(runs: list[dict]) -> list[dict]:
+    """One summary per run: a run resumed after an interruption writes one summary per segment
+    (each W&B offline segment is a folder of its own), every one covering the run from its start;
+    the one that got furthest (most steps; the last written among equals) stands for the run, so
+    that a resumed run is counted once and its seeds are distinct runs."""
+    latest: dict[str, dict] = {}
+    alone = []
+    for run in runs:
+        key = run_identity(run)
+        if key is None:
+            alone.append(run)
+        elif key not in latest or _progress(run) >= _progress(latest[key]):
+            latest[key] = run
+    return alone + list(latest.values())
+
+
+def _progress(run: dict) -> tuple:
+    path = run.get("path")
+    written = os.path.getmtime(path) if path and os.path.exists(path) else 0.0
+    return run.get("steps") or 0, written
+
+
 def _read_summaries(folders: list[str]) -> tuple[list[dict], int]:
-    """The run summaries under ``folders``, and how many were skipped: a file that is not one (a
-    run killed while writing it, a file edited by hand) is named in one warning line on stderr
-    and left out, so the other runs are still compared."""
+    """The run summaries under ``folders`` (one per run: :func:`latest_segments`), and how many
+    files were skipped: a file that is not one (a run killed while writing it, a file edited by
+    hand) is named in one warning line on stderr and left out, so the other runs are still
+    compared."""
     runs, skipped = [], 0
     for path in find_summaries(*folders):
         try:
@@ -275,7 +318,7 @@ def _read_summaries(folders: list[str]) -> tuple[list[dict], int]:
     if skipped and runs:
         print(f"warning: skipped {skipped} of {skipped + len(runs)} run_summary.json files as malformed (named "
               "above)", file=sys.stderr)
-    return runs, skipped
+    return latest_segments(runs), skipped
 
 
 def main(argv: Optional[list[str]] = None) -> int:

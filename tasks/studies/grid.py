@@ -26,8 +26,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-import yaml
-
+from ..common.config_files import load_yaml
 from ..common.config_layers import flag_values, yaml_layers
 from ..common.errors import UserError
 from ..common.lightning_cli import trainer_defaults
@@ -238,7 +237,7 @@ def configured_logger(configs: list[str], overrides: list[str]) -> Optional[str]
             logger = value
     values = flag_values(overrides, ("--trainer.logger", "--trainer.logger.class_path"))
     if values:
-        logger = yaml.safe_load(values[-1]) if values[-1] else None
+        logger = load_yaml(values[-1], "--trainer.logger", file=False) if values[-1] else None
     if isinstance(logger, dict):
         logger = logger.get("class_path")
     if isinstance(logger, list):  # several loggers: leave their folders alone

@@ -34,7 +34,7 @@ import shlex
 import signal
 from typing import Optional
 
-from ..common.config_layers import defaults_for
+from ..common.config_layers import check_layers, defaults_for
 from ..common.errors import UserArgumentParser as _Parser, UserError
 from ..common.lock import folder_lock
 from .aggregate import aggregate
@@ -94,7 +94,9 @@ def _budget(args) -> list[str]:
 
 def _configs(args, default: Optional[str]) -> list[str]:
     """The run configs as absolute paths (every engine may start elsewhere); the default config
-    is looked up in the repository of this installation when the current folder has none."""
+    is looked up in the repository of this installation when the current folder has none. A file
+    that is no config (a key given twice included), or one of its ``_defaults.yaml``, is one line
+    before any point runs, not a failure of every point."""
     if args.config:
         configs = args.config
     elif default:
@@ -102,9 +104,7 @@ def _configs(args, default: Optional[str]) -> list[str]:
         configs = [default if os.path.isfile(default) else os.path.join(repo, default)]
     else:
         raise UserError(f"rescale study {args.command}: give a run config with --config")
-    missing = [c for c in configs if not os.path.isfile(c)]
-    if missing:
-        raise UserError(f"config file not found: {missing[0]} (--config)")
+    check_layers(configs)
     return [os.path.abspath(c) for c in configs]
 
 
@@ -193,6 +193,8 @@ def _recipe_template(args, configs: list[str]) -> Optional[str]:
     base_defaults = defaults_for(configs)
     for scheme in args.schemes:
         path = args.recipe.format(scheme=scheme)
+        if os.path.isfile(path):
+            check_layers([path], "--recipe")
         # a recipe is an overlay: the _defaults.yaml of another experiments folder would come with
         # it and replace the base config's network and data (common/config_layers.py)
         foreign = [d for d in defaults_for([path]) if d not in base_defaults] if os.path.isfile(path) else []

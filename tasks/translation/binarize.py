@@ -4,9 +4,12 @@ Each side of each split becomes three files in ``<cache>/tokens/``, named ``<spl
 ``.bin``, every sentence's piece ids back to back (uint16 when the vocabulary fits, else int32;
 no eos stored: the batches add bos/eos, so the same arrays serve either translation direction);
 ``.offsets.npy``, int64 start offsets (n + 1 of them; sentence i is
-``tokens[offsets[i]:offsets[i + 1]]``); ``.json`` (dtype, counts), written last, which marks the
+``tokens[offsets[i]:offsets[i + 1]]``); ``.json`` (dtype, counts, and ``unk_pieces``: how many
+pieces the SentencePiece model could only encode as ``<unk>``), written last, which marks the
 entry complete. ``key`` hashes the text file, the column (TSV) and the SentencePiece model, so
-a changed model or text re-encodes and nothing else does. Loading maps the files
+a changed model or text re-encodes and nothing else does; an entry written before ``unk_pieces``
+was stored gets it counted from its token file when first loaded (one pass over the memory map,
+no encoding) and written back. Loading maps the files
 (``np.memmap``): a cached 1M-pair corpus opens in under 0.1 s, the pages are shared by
 DataLoader workers and DDP ranks on one machine, and only the lengths (int32, from the offsets)
 are held in memory.
@@ -30,22 +33,28 @@ import sentencepiece as spm
 
 from .cache import DIGEST_CHARS, digest_of, file_digest, write_atomic
 from .corpus import SplitSource
+from .vocab import UNK
 from ..common.sampling import usable_cores
 
-__all__ = ["TokenArray", "EncodedSplit", "encode_split", "CHUNK_LINES"]
+__all__ = ["TokenArray", "EncodedSplit", "UnknownPieces", "encode_split", "unknown_pieces", "unknown_warning",
+           "CHUNK_LINES", "UNK_WARN_PERCENT"]
 
 CHUNK_LINES = 50_000  # lines encoded per SentencePiece call (bounded memory on any corpus size)
 _FORMAT = 1  # bump when the stored layout changes
+UNK_WARN_PERCENT = 1.0  # default: warn when more than this percent of a split side's pieces are <unk>
+_COUNT_CHUNK = 1 << 24  # tokens compared per step when counting <unk> in a stored array
 
 
 class TokenArray:
-    """Read-only sentences of one side: ``len``, ``sizes`` (tokens per sentence, without eos)
-    and ``array[i]`` (an ndarray view). The memory map is opened lazily in each process and is
-    not pickled (a pickled ``np.memmap`` would copy the whole file into every worker)."""
+    """Read-only sentences of one side: ``len``, ``sizes`` (tokens per sentence, without eos),
+    ``unk_pieces`` (how many of ``num_tokens`` are ``<unk>``) and ``array[i]`` (an ndarray view).
+    The memory map is opened lazily in each process and is not pickled (a pickled ``np.memmap``
+    would copy the whole file into every worker)."""
 
-    def __init__(self, tokens_path: Path, offsets_path: Path, dtype: str, num_tokens: int) -> None:
+    def __init__(self, tokens_path: Path, offsets_path: Path, dtype: str, num_tokens: int,
+                 unk_pieces: int = 0) -> None:
         self.tokens_path, self.offsets_path = Path(tokens_path), Path(offsets_path)
-        self.dtype, self.num_tokens = np.dtype(dtype), int(num_tokens)
+        self.dtype, self.num_tokens, self.unk_pieces = np.dtype(dtype), int(num_tokens), int(unk_pieces)
         self.offsets = np.load(self.offsets_path, mmap_mode="r")
         self.sizes = np.diff(self.offsets).astype(np.int32)
         self._tokens: np.ndarray | None = None
@@ -69,7 +78,14 @@ class TokenArray:
         return {k: v for k, v in self.__dict__.items() if k not in ("_tokens", "offsets", "sizes")}
 
     def __setstate__(self, state: dict) -> None:  # re-mapped in the receiving process
-        self.__init__(state["tokens_path"], state["offsets_path"], state["dtype"], state["num_tokens"])
+        self.__init__(state["tokens_path"], state["offsets_path"], state["dtype"], state["num_tokens"],
+                      state["unk_pieces"])
+
+    def count_unknown(self) -> int:
+        """The ``<unk>`` pieces in the token file (a pass over the memory map in bounded steps)."""
+        tokens = self.tokens
+        return sum(int(np.count_nonzero(tokens[i:i + _COUNT_CHUNK] == UNK))
+                   for i in range(0, len(tokens), _COUNT_CHUNK))
 
 
 @dataclass
@@ -82,6 +98,41 @@ class EncodedSplit:
 
     def __len__(self) -> int:
         return len(self.src)
+
+
+@dataclass(frozen=True)
+class UnknownPieces:
+    """The pieces of one side of one split that the SentencePiece model could only encode as
+    ``<unk>``: a character it has no piece for (another script, a character dropped by
+    ``character_coverage``) becomes ``<unk>``, and a run of them one ``<unk>``."""
+
+    split: str
+    lang: str
+    unknown: int
+    total: int
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.unknown / self.total if self.total else 0.0
+
+    def text(self) -> str:
+        """``45.21% of the el side of train (1374 of 3039 pieces)``."""
+        return (f"{self.percent:.2f}% of the {self.lang} side of {self.split} ({self.unknown} of "
+                f"{self.total} pieces)")
+
+
+def unknown_pieces(encoded: dict[str, EncodedSplit], langs: tuple[str, str]) -> list[UnknownPieces]:
+    """The stored ``<unk>`` counts of every split and side (source, target), in split order."""
+    return [UnknownPieces(name, lang, array.unk_pieces, array.num_tokens)
+            for name, split in encoded.items() for lang, array in zip(langs, (split.src, split.tgt))]
+
+
+def unknown_warning(count: UnknownPieces, model: Path, percent: float, flag: str, fix: str) -> str:
+    """The line warning that ``count`` is over ``percent``: the rate, what it means and ``fix``;
+    ``flag`` names the threshold option as the command at hand spells it."""
+    return (f"unknown pieces: {count.text()} are <unk>: the SentencePiece model {model} cannot spell that text "
+            f"(another script or alphabet than it was trained on?), so the network never sees its words; {fix} "
+            f"(threshold: {flag} {percent:g})")
 
 
 def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
@@ -99,7 +150,14 @@ def _load_side(stem: Path) -> TokenArray | None:
     if not meta_path.is_file():
         return None
     meta = json.loads(meta_path.read_text())
-    return TokenArray(tokens_path, offsets_path, meta["dtype"], meta["num_tokens"])
+    array = TokenArray(tokens_path, offsets_path, meta["dtype"], meta["num_tokens"], meta.get("unk_pieces", 0))
+    if "unk_pieces" not in meta:  # an entry of an earlier version: counted once, from the stored tokens
+        array.unk_pieces = meta["unk_pieces"] = array.count_unknown()
+        try:
+            write_atomic(meta_path, json.dumps(meta, indent=1).encode())
+        except OSError:
+            pass  # a cache that cannot be written: counted again next time
+    return array
 
 
 def _encode_side(source: SplitSource, side: int, processor: spm.SentencePieceProcessor,
@@ -107,6 +165,7 @@ def _encode_side(source: SplitSource, side: int, processor: spm.SentencePiecePro
     tokens_path, offsets_path, meta_path = _paths(stem)
     dtype = np.uint16 if processor.piece_size() <= np.iinfo(np.uint16).max + 1 else np.int32
     lengths: list[np.ndarray] = []
+    unknown = 0
     stem.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=stem.parent, prefix=f".{stem.name}.", suffix=".bin.tmp")
     tmp = Path(name)
@@ -118,6 +177,7 @@ def _encode_side(source: SplitSource, side: int, processor: spm.SentencePiecePro
                 flat = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(sizes.sum()))
                 out.write(flat.tobytes())
                 lengths.append(sizes)
+                unknown += int(np.count_nonzero(flat == UNK))
         os.replace(tmp, tokens_path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -128,9 +188,9 @@ def _encode_side(source: SplitSource, side: int, processor: spm.SentencePiecePro
     np.save(buffer, offsets)
     write_atomic(offsets_path, buffer.getvalue())
     meta = {"dtype": np.dtype(dtype).name, "num_tokens": int(offsets[-1]), "num_sentences": len(sizes),
-            "source": [str(p) for p in source.paths], "side": side}
+            "unk_pieces": unknown, "source": [str(p) for p in source.paths], "side": side}
     write_atomic(meta_path, json.dumps(meta, indent=1).encode())  # last: marks the entry complete
-    return TokenArray(tokens_path, offsets_path, meta["dtype"], meta["num_tokens"])
+    return TokenArray(tokens_path, offsets_path, meta["dtype"], meta["num_tokens"], unknown)
 
 
 def encode_split(source: SplitSource, processor: spm.SentencePieceProcessor, model_path: Path,

@@ -11,11 +11,14 @@ Batches: see :mod:`.dataset` (keys ``id``, ``src_tokens``, ``src_lengths``,
 ``prev_output_tokens``, ``target``, ``ntokens``, ``nsentences``) and :mod:`.sampler` (token
 budget, DDP sharding, exact mid-epoch resume, filler batches marked by ``id`` -1 in evaluation).
 Training pairs are cleaned as :mod:`.cleaning` says; the counts are in :attr:`reports` and
-logged once. ``references(split)`` gives the raw target lines of ``valid``/``test`` for sacreBLEU
+logged once, with every split side's ``<unk>`` pieces (:attr:`unknown`, stored with the encoded
+arrays: nothing is encoded again); a side over ``unk_warn_percent`` gets one warning line, on
+rank zero. ``references(split)`` gives the raw target lines of ``valid``/``test`` for sacreBLEU
 (row ``id`` of a batch is the index into it) and :meth:`decode` turns ids back into text.
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Literal, Sequence
@@ -23,12 +26,13 @@ from typing import Literal, Sequence
 import lightning.pytorch as L
 import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch.utils.data import DataLoader
 
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.sampling import loader_workers, sigterm_safe_worker_init
 
+from .binarize import UNK_WARN_PERCENT, UnknownPieces, unknown_pieces, unknown_warning
 from .cleaning import CleanOptions, CleanReport, count_truncated, select_train
 from .dataset import PairDataset
 from .pipeline import CorpusSettings, PreparedCorpus, prepare_corpus
@@ -38,9 +42,16 @@ from .vocab import BOS, EOS, PAD, UNK, SpmOptions, load_spm
 
 __all__ = ["TranslationDataModule"]
 
+log = logging.getLogger(__name__)
+
 DEFAULT_SRC_LANG, DEFAULT_TGT_LANG, DEFAULT_VOCAB_SIZE = "en", "de", 32000
 
-_STAGE_SPLITS = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}
+_STAGE_SPLITS = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",), "predict": ("test",)}
+
+
+@rank_zero_only
+def _warn(line: str) -> None:
+    log.warning(line)
 
 
 class TranslationDataModule(L.LightningDataModule):
@@ -62,6 +73,8 @@ class TranslationDataModule(L.LightningDataModule):
             ``~/.cache/rescale/translation`` when ``root`` is read-only).
         num_workers, pin_memory, persistent_workers: DataLoader options.
         seed: batch composition and order (the same on every rank).
+        unk_warn_percent: warn when more than this percent of a split side's pieces are ``<unk>``
+            (text the SentencePiece model cannot spell).
     """
 
     pad_index, bos_index, eos_index, unk_index = PAD, BOS, EOS, UNK
@@ -71,7 +84,8 @@ class TranslationDataModule(L.LightningDataModule):
                  vocab_size: int | None = None, model_type: Literal["bpe", "unigram"] = "bpe",
                  max_tokens: int = 4096, max_source_positions: int = 1024, max_target_positions: int = 1024,
                  clean: CleanOptions | None = None, cache_dir: str | None = None, num_workers: int = 2,
-                 pin_memory: bool = True, persistent_workers: bool = True, seed: int = 0):
+                 pin_memory: bool = True, persistent_workers: bool = True, seed: int = 0,
+                 unk_warn_percent: float = UNK_WARN_PERCENT):
         super().__init__()
         # what `rescale prepare-translation` recorded fills in what is not set (languages, vocabulary)
         prepared = find_prepared(root, cache_dir, src_lang, tgt_lang)
@@ -88,6 +102,8 @@ class TranslationDataModule(L.LightningDataModule):
                 raise ConfigError(f"data.{key} must be at least {least}, got {value}.")
         if num_workers < 0:
             raise ConfigError(f"data.num_workers must be 0 or more, got {num_workers}.")
+        if not 0 <= unk_warn_percent <= 100:
+            raise ConfigError(f"data.unk_warn_percent must be a percentage in [0, 100], got {unk_warn_percent:g}.")
         self.clean = CleanOptions(**clean) if isinstance(clean, dict) else (clean or CleanOptions())
         self.settings = CorpusSettings(root, src_lang, tgt_lang, layout, spm_model,
                                        # not the data seed: runs with other seeds share one vocabulary
@@ -95,7 +111,7 @@ class TranslationDataModule(L.LightningDataModule):
                                        cache_dir)
         if unused:  # said once the options are known to be valid
             rank_zero_info(unused)
-        self.max_tokens, self.seed = max_tokens, seed
+        self.max_tokens, self.seed, self.unk_warn_percent = max_tokens, seed, unk_warn_percent
         self.max_source_positions, self.max_target_positions = max_source_positions, max_target_positions
         self.num_workers, self.pin_memory, self.persistent_workers = num_workers, pin_memory, persistent_workers
         self.vocab_size = vocab_size
@@ -111,6 +127,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.datasets: dict[str, PairDataset] = {}
         self.train_indices: np.ndarray | None = None
         self.reports: dict[str, CleanReport] = {}
+        self.unknown: list[UnknownPieces] = []
         self._references: dict[str, list[str]] = {}
 
     def run_labels(self) -> dict[str, str]:
@@ -134,10 +151,27 @@ class TranslationDataModule(L.LightningDataModule):
                         for name, encoded in prepared.encoded.items()}
             self._select(prepared, datasets)
             self.prepared, self.processor, self.datasets = prepared, prepared.processor, datasets
+            langs = (self.settings.src_lang, self.settings.tgt_lang)
+            self.unknown = unknown_pieces(prepared.encoded, langs)
+            rates = ", ".join(f"{name} " + "/".join(f"{c.percent:.2f}%" for c in self.unknown if c.split == name)
+                              for name in prepared.encoded)
             rank_zero_info("translation data: " + "; ".join(r.line() for r in self.reports.values())
-                           + f"; vocabulary {self.vocab_size} ({prepared.spm_model})")
+                           + f"; vocabulary {self.vocab_size} ({prepared.spm_model}); <unk> pieces "
+                           f"({'/'.join(langs)}): {rates}")
+            for count in self.unknown:
+                if count.percent > self.unk_warn_percent:
+                    _warn(unknown_warning(count, prepared.spm_model, self.unk_warn_percent,
+                                          "--data.unk_warn_percent", self._spelling_fix(count)))
         for split in _STAGE_SPLITS.get(stage or "", ()):
             self._dataset(split)
+
+    def _spelling_fix(self, count: UnknownPieces) -> str:
+        """What makes the model spell the text of ``count``: another model, or more training text."""
+        if self.settings.spm_model:
+            return (f"prepare the corpus with a model trained on text of both languages: rescale prepare-translation "
+                    f"{self.settings.root} --src_lang {self.settings.src_lang} --tgt_lang {self.settings.tgt_lang} "
+                    "(without --spm_model, at --character_coverage 1.0) trains one on its train split")
+        return "add text of that script to the train split, which the model is trained on"
 
     def _select(self, prepared: PreparedCorpus, datasets: dict[str, PairDataset]) -> None:
         """The training pairs kept by cleaning, and every split's report."""
@@ -186,6 +220,10 @@ class TranslationDataModule(L.LightningDataModule):
         return self.loader("valid")
 
     def test_dataloader(self) -> DataLoader:
+        return self.loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        """``predict`` translates the test split."""
         return self.loader("test")
 
     # --- text -------------------------------------------------------------------------------

@@ -17,8 +17,11 @@ during validation, and the test set's hypotheses written beside its score.
   (:mod:`.bleu`, its sacreBLEU signature printed once) of beam-search translations of the first
   ``val_bleu_sentences`` validation lines (0: no BLEU while training).
 - Test: BLEU of the whole test set; ``hypotheses.test.txt`` (one detokenized line per source
-  line, in corpus order) and ``bleu.test.json`` (score, signature, statistics) in the run's
+  line, in corpus order) and ``bleu.test.json`` (score, signature, statistics) in the results
   folder, so any external scorer gives the same BLEU from the file.
+- Predict: the test set's translations, decoded as the test decodes them, one detokenized line
+  per source line in corpus order, in ``predictions.test.txt`` where ``test`` writes
+  (:mod:`rescale_tasks.common.predictions`).
 
 The SentencePiece model travels inside every checkpoint (``checkpoint["sentencepiece"]``, its
 serialized bytes), so ``rescale translate --ckpt_path`` needs nothing else.
@@ -26,7 +29,6 @@ serialized bytes), so ``rescale translate --ckpt_path`` needs nothing else.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Iterable, Optional
 
 import sentencepiece as spm
@@ -36,9 +38,11 @@ from torchmetrics.aggregation import MeanMetric
 from rescale_core.generation import GenerationConfig, generate
 
 from ..common.config import results_folder
-from ..common.distributed import gather_objects, sum_tensor_over_ranks, world_size
+from ..common.distributed import gather_by_key, sum_tensor_over_ranks, world_size
+from ..common.empty_batches import skipped_prediction
 from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
+from ..common.predictions import write_result
 from .bleu import STYLES, bleu_statistics, bleu_from_statistics
 from .export import translation_programs
 from .loss import label_smoothed_nll_loss, tokens_over_ranks
@@ -111,7 +115,7 @@ class TranslationModule(RescaleTaskModule):
         self.bleu_style = bleu_style
         self.processor: Optional[spm.SentencePieceProcessor] = None
         self._bleu_stats: Optional[torch.Tensor] = None
-        self._hypotheses: list[tuple[int, str]] = []
+        self._hypotheses: dict[int, str] = {}  # this rank's translations in test and predict, by line
         self._signature_shown = False
         # per-token means weighted by target tokens, synced as sums (Lightning's own epoch mean
         # averages its integer token counts over ranks and truncates them)
@@ -193,21 +197,24 @@ class TranslationModule(RescaleTaskModule):
         keep = (ids >= 0) & (ids < bleu_rows)
         if not bool(keep.any()):
             return
+        translated = self._translate(batch, keep)
+        split = "valid" if prefix == "val" else "test"
+        references = self.trainer.datamodule.references(split)
+        hyps = list(translated.values())
+        refs = [references[line] for line in translated]
+        if prefix == "test":
+            self._hypotheses.update(translated)
+        stats = torch.tensor(bleu_statistics(hyps, refs, self.bleu_style), dtype=torch.int64)
+        self._bleu_stats = stats if self._bleu_stats is None else self._bleu_stats + stats
+
+    def _translate(self, batch: dict, keep: torch.Tensor) -> dict[int, str]:
+        """``{line: detokenized translation}`` of the rows of ``batch`` that ``keep`` marks (beam
+        search with the module's decoding settings)."""
+        ids = batch["id"]
         rows = keep.nonzero().flatten()
         results = generate(self.net, batch["src_tokens"][rows], bos=self.bos_index, eos=self.eos_index,
                            config=self.generation)
-        split = "valid" if prefix == "val" else "test"
-        references = self.trainer.datamodule.references(split)
-        hyps, refs = [], []
-        for row, nbest in zip(rows.tolist(), results):
-            line = int(ids[row])
-            text = self.detokenize(nbest[0].tokens)
-            hyps.append(text)
-            refs.append(references[line])
-            if prefix == "test":
-                self._hypotheses.append((line, text))
-        stats = torch.tensor(bleu_statistics(hyps, refs, self.bleu_style), dtype=torch.int64)
-        self._bleu_stats = stats if self._bleu_stats is None else self._bleu_stats + stats
+        return {int(ids[row]): self.detokenize(nbest[0].tokens) for row, nbest in zip(rows.tolist(), results)}
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self._eval_step(batch, "val", self.val_bleu_sentences or None)
@@ -219,7 +226,7 @@ class TranslationModule(RescaleTaskModule):
         self._bleu_stats = None
 
     def on_test_epoch_start(self) -> None:
-        self._bleu_stats, self._hypotheses = None, []
+        self._bleu_stats, self._hypotheses = None, {}
 
     def _log_bleu(self, key: str):
         """Corpus BLEU from the statistics of every rank (a collective: every rank calls it)."""
@@ -244,18 +251,37 @@ class TranslationModule(RescaleTaskModule):
 
     def on_test_epoch_end(self) -> None:
         result = self._log_bleu("test/bleu")
-        hypotheses = gather_objects(self._hypotheses)
+        by_line = gather_by_key(self._hypotheses)  # a collective
         if not self.trainer.is_global_zero or result is None:
             return
-        folder = results_folder(self.trainer)
-        os.makedirs(folder, exist_ok=True)
         count = len(self.trainer.datamodule.references("test"))
-        by_line = dict(hypotheses)
-        with open(os.path.join(folder, HYPOTHESES_FILE), "w", encoding="utf-8") as f:
-            f.writelines(by_line.get(i, "") + "\n" for i in range(count))
-        with open(os.path.join(folder, BLEU_FILE), "w") as f:
-            json.dump({"bleu": result.score, "signature": result.signature, "style": self.bleu_style,
-                       "statistics": result.statistics, "sentences": count,
-                       "hypotheses": HYPOTHESES_FILE}, f, indent=1)
-        print(f"test BLEU {result.score:.2f} ({result.signature}); written to {folder}: "
+        write_result(self.trainer, HYPOTHESES_FILE, self._lines(by_line, count), count, "hypotheses")
+        score = {"bleu": result.score, "signature": result.signature, "style": self.bleu_style,
+                 "statistics": result.statistics, "sentences": count, "hypotheses": HYPOTHESES_FILE}
+        write_result(self.trainer, BLEU_FILE, json.dumps(score, indent=1), None, "BLEU score")
+        print(f"test BLEU {result.score:.2f} ({result.signature}); written to {results_folder(self.trainer)}: "
               f"{HYPOTHESES_FILE}, {BLEU_FILE}")
+
+    @staticmethod
+    def _lines(by_line: dict[int, str], count: int) -> str:
+        """One translation per source line of a split of ``count`` lines, in its order (a line
+        without one, e.g. an empty source line, is empty)."""
+        return "".join(by_line.get(i, "") + "\n" for i in range(count))
+
+    # --- prediction -----------------------------------------------------------------------
+    def on_predict_epoch_start(self) -> None:
+        self._hypotheses = {}
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict[int, str] | None:
+        keep = batch["id"] >= 0
+        if not bool(keep.any()):  # a filler batch keeping the ranks in step
+            return skipped_prediction()
+        translated = self._translate(batch, keep)
+        self._hypotheses.update(translated)
+        return translated
+
+    def on_predict_epoch_end(self) -> None:
+        by_line = gather_by_key(self._hypotheses)  # a collective
+        if self.trainer.is_global_zero:
+            count = len(self.trainer.datamodule.references(self.predict_split))
+            self.write_predictions("txt", self._lines(by_line, count), count, "translations")

@@ -7,19 +7,25 @@ at once) and prints the model, each split's size and what the cleaning options w
 ``train``, plus the ``--data.*`` flags to use. The languages, the model and its vocabulary size are
 recorded beside the caches (:mod:`.prepared`), where ``rescale fit`` reads them. Cleaning is applied when the data are loaded, so
 other cleaning options later need no new preparation. Options are the DataModule's names.
+
+Each split's line gives the ``<unk>`` pieces of both sides (stored with the encoded arrays); a
+side with more than ``--unk_warn_percent`` % of them (text the SentencePiece model cannot spell:
+another script than it was trained on) gets one warning line saying what to change.
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from rescale_tasks.common.errors import UserError
+from rescale_tasks.common.errors import ConfigError, UserError
 
 from .batching import batch_by_size, length_order, padding_efficiency
+from .binarize import UNK_WARN_PERCENT, UnknownPieces, unknown_pieces, unknown_warning
 from .cleaning import CleanOptions, count_truncated, select_train
 from .corpus import LAYOUTS
 from .pipeline import CorpusSettings, prepare_corpus
@@ -27,6 +33,8 @@ from .prepared import Prepared, record_prepared
 from .vocab import MODEL_TYPES, SpmOptions
 
 __all__ = ["main"]
+
+log = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--spm_seed", type=int, default=d.seed,
                    help="seed of the sentence sample (a model the DataModule finds by options uses 0)")
     p.add_argument("--cache_dir", default=None)
+    p.add_argument("--unk_warn_percent", type=float, default=UNK_WARN_PERCENT,
+                   help="warn when more than this percent of a split side's pieces are <unk>")
     # only reported here: cleaning and size limits act when the data are loaded
     p.add_argument("--max_len", type=int, default=c.max_len)
     p.add_argument("--len_ratio", type=float, default=c.len_ratio)
@@ -55,8 +65,23 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _spelling_fix(args: argparse.Namespace, count: UnknownPieces) -> str:
+    """What makes the model spell the text of ``count``, given the options it was made with."""
+    if args.spm_model:
+        return ("leave out --spm_model to train a model on this corpus's train split (both languages), or give "
+                "one trained on text of both languages")
+    if args.character_coverage < 1:
+        return (f"raise --character_coverage (now {args.character_coverage:g}) to 1.0 to keep every character "
+                "of the train split" + (", and add text of that script to it" if count.split != "train" else ""))
+    if count.split == "train":
+        return "set --input_sentence_size 0 to train the model on every sentence of the train split"
+    return "add text of that script to the train split, which the model is trained on"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if not 0 <= args.unk_warn_percent <= 100:
+        raise ConfigError(f"--unk_warn_percent must be a percentage in [0, 100], got {args.unk_warn_percent:g}.")
     options = SpmOptions(vocab_size=args.vocab_size, model_type=args.model_type,
                          character_coverage=args.character_coverage,
                          input_sentence_size=args.input_sentence_size, seed=args.spm_seed)
@@ -69,9 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     limits = (args.max_source_positions, args.max_target_positions)
     print(f"SentencePiece model: {prepared.spm_model} ({prepared.processor.piece_size()} pieces)")
     print(f"cache: {prepared.cache_dir}")
+    unknown = unknown_pieces(prepared.encoded, (args.src_lang, args.tgt_lang))
     for name, encoded in prepared.encoded.items():
         src, tgt = encoded.src.sizes, encoded.tgt.sizes
-        print(f"{name}: {len(encoded)} pairs, {int(src.sum())} + {int(tgt.sum())} tokens")
+        s_unk, t_unk = (c for c in unknown if c.split == name)
+        print(f"{name}: {len(encoded)} pairs, {int(src.sum())} + {int(tgt.sum())} tokens, <unk> {s_unk.unknown} + "
+              f"{t_unk.unknown} ({s_unk.percent:.2f}% + {t_unk.percent:.2f}%)")
         if name == "train":
             where = " and ".join(str(p) for p in prepared.sources[name].paths)
             kept, report = select_train(src, tgt, clean, *limits, args.max_tokens, where)
@@ -83,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"padding efficiency {padding_efficiency(batches, s, t):.3f}")
         elif truncated := count_truncated(src, tgt, *limits):
             print(f"  {truncated} pairs longer than the position limits (truncated when loaded)")
+    for count in unknown:
+        if count.percent > args.unk_warn_percent:
+            log.warning(unknown_warning(count, prepared.spm_model, args.unk_warn_percent, "--unk_warn_percent",
+                                        _spelling_fix(args, count)))
     record = record_prepared(args.root, prepared.cache_dir,
                              Prepared(args.src_lang, args.tgt_lang, prepared.processor.piece_size(),
                                       str(Path(prepared.spm_model).resolve())))

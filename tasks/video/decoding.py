@@ -28,6 +28,13 @@ frames carry out-of-order stamps (B-frames in AVI, ``docs/design.md``) are index
 instead (:class:`PyAVDecoder`), and what that decode meets is audited as ``prepare-video`` audits
 every source (:class:`DecodeAudit`): one definition of a damaged stream.
 
+Display rotation: phones store portrait clips as landscape pixels plus a display matrix (FFmpeg's
+``DISPLAYMATRIX`` side data, from the MP4/MOV track header or the Matroska projection) saying how
+to turn them. :class:`PyAVDecoder` gives every frame as FFmpeg's ``autorotate`` shows it
+(:func:`display_steps`: quarter turns and mirrorings; an angle that is no multiple of 90 degrees is
+left unapplied, with one warning per file). The torchcodec backend gives the stored pixels;
+``rescale prepare-video`` writes upright pixels, which both backends read alike.
+
 Errors are one line, a :class:`VideoDataError` (a ``rescale_tasks.common.errors.DataError``) that
 names the file and a ``kind`` the dataset can count: ``"unreadable"``, ``"no video stream"``,
 ``"empty"``.
@@ -43,6 +50,8 @@ import bisect
 import collections
 import contextlib
 import functools
+import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +65,10 @@ from rescale_tasks.common.errors import ConfigError, DataError
 __all__ = [
     "BACKENDS", "BackendUnavailable", "DecodeAudit", "PyAVDecoder", "TorchCodecDecoder", "VideoDataError",
     "VideoDecoder",
-    "make_decoder",
+    "Step", "display_matrix", "display_rotation", "display_steps", "make_decoder", "upright", "upright_steps",
 ]
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ("pyav", "torchcodec")
 
@@ -147,7 +158,8 @@ class VideoDecoder(abc.ABC):
 
     def get_frames(self, indices: Sequence[int]) -> torch.Tensor:
         """The frames at ``indices`` (presentation order, 0-based; repeats and any order allowed)
-        as a ``uint8`` tensor ``[T, H, W, C]`` (RGB), in the order asked for."""
+        as a ``uint8`` tensor ``[T, H, W, C]`` (RGB), in the order asked for; PyAV turns them as the
+        file's display matrix says (:func:`upright_steps`)."""
         idx = [int(i) for i in indices]
         if not idx:
             raise ValueError("get_frames needs at least one index")
@@ -174,6 +186,89 @@ class VideoDecoder(abc.ABC):
 
     @abc.abstractmethod
     def _decode(self, wanted: list[int]) -> dict[int, np.ndarray]: ...
+
+
+#: one step that brings a picture upright: an FFmpeg filter and its argument
+Step = tuple[str, str | None]
+#: the steps FFmpeg's autorotate uses, on ``[H, W, C]`` arrays (views, no copy)
+_ARRAY_STEPS = {
+    ("transpose", "clock"): lambda a: np.rot90(a, -1),
+    ("transpose", "cclock"): lambda a: np.rot90(a, 1),
+    ("transpose", "cclock_flip"): lambda a: a.transpose(1, 0, 2),  # a quarter turn counterclockwise, then vflip
+    ("transpose", "clock_flip"): lambda a: a[::-1, ::-1].transpose(1, 0, 2),  # clockwise, then vflip
+    ("hflip", None): lambda a: a[:, ::-1],
+    ("vflip", None): lambda a: a[::-1],
+}
+_odd_angles_warned: set[str] = set()  # files whose display angle was left unapplied, warned in this process
+
+
+def display_matrix(frame: Any) -> bytes | None:
+    """The decoded PyAV ``frame``'s display matrix (nine native ``int32``, FFmpeg's layout), or None.
+
+    Read through a side-data container of its own: ``frame.side_data`` would tie the frame into a
+    reference cycle that only the garbage collector frees, maybe in a forked DataLoader worker,
+    where freeing the frame's swscale context waits for threads that exist only in the parent.
+    """
+    from av.sidedata.sidedata import SideDataContainer
+
+    side = SideDataContainer(frame).get("DISPLAYMATRIX")
+    return bytes(side) if side is not None else None
+
+
+def display_rotation(matrix: bytes) -> float | None:
+    """The angle (degrees, counterclockwise) by which ``matrix`` turns the picture, as FFmpeg's
+    ``av_display_rotation_get`` and ffprobe give it; None for a singular matrix."""
+    m = np.frombuffer(matrix, dtype=np.int32)[:5].astype(np.float64) / 65536  # a, b, u, c, d in 16.16
+    scale_x, scale_y = math.hypot(m[0], m[3]), math.hypot(m[1], m[4])
+    if not scale_x or not scale_y:
+        return None
+    return -math.degrees(math.atan2(m[1] / scale_y, m[0] / scale_x))
+
+
+@functools.lru_cache(maxsize=64)
+def display_steps(matrix: bytes | None) -> tuple[Step, ...] | None:
+    """The filters FFmpeg's ``autorotate`` inserts for ``matrix`` (``ffmpeg`` and ``ffplay`` alike):
+    ``()`` when the picture is upright already, None for an angle that is no multiple of 90 degrees
+    (FFmpeg turns those inside the frame, cutting its corners)."""
+    rotation = None if matrix is None else display_rotation(matrix)
+    if rotation is None:
+        return ()
+    m = np.frombuffer(matrix, dtype=np.int32)
+    # FFmpeg's get_rotation: the clockwise angle that brings the picture upright, in [0, 360)
+    theta = -float(round(rotation))
+    theta -= 360 * math.floor(theta / 360 + 0.9 / 360)
+    if abs(theta - 90) < 1:
+        return (("transpose", "cclock_flip" if m[3] > 0 else "clock"),)
+    if abs(theta - 180) < 1:
+        return tuple(step for step, flip in ((("hflip", None), m[0] < 0), (("vflip", None), m[4] < 0)) if flip)
+    if abs(theta - 270) < 1:
+        return (("transpose", "clock_flip" if m[3] < 0 else "cclock"),)
+    if abs(theta) > 1:
+        return None
+    return (("vflip", None),) if m[4] < 0 else ()
+
+
+def upright_steps(frame: Any, path: str) -> tuple[Step, ...]:
+    """The steps that turn the frames of the stream of the decoded PyAV ``frame`` (of the file at
+    ``path``) as its display matrix says (:func:`display_steps`); an angle that is no multiple of
+    90 degrees is left unapplied (``()``) and warned about once per file."""
+    matrix = display_matrix(frame)
+    steps = display_steps(matrix)
+    if steps is not None:
+        return steps
+    if path not in _odd_angles_warned:
+        _odd_angles_warned.add(path)
+        log.warning("%s: display rotation of %.0f degrees is no multiple of 90; its frames are used as "
+                    "stored (FFmpeg would turn them within the frame, cutting its corners)", path,
+                    display_rotation(matrix))
+    return ()
+
+
+def upright(rgb: np.ndarray, steps: tuple[Step, ...]) -> np.ndarray:
+    """``rgb`` ``[H, W, C]`` turned by ``steps`` (:func:`display_steps`; a view, no copy)."""
+    for step in steps:
+        rgb = _ARRAY_STEPS[step](rgb)
+    return rgb
 
 
 #: frames a decoder may hold back and emit in another order (the B-frame depth; H.264 allows 16)
@@ -343,6 +438,7 @@ class PyAVDecoder(VideoDecoder):
         super().__init__(path)
         self.threads = int(threads)
         self._index: _Index | None = None  # pure data, survives fork and pickling
+        self._steps: tuple[Step, ...] | None = None  # how to turn the frames upright, from the first one decoded
 
     def _open(self) -> Any:
         import av
@@ -521,7 +617,7 @@ class PyAVDecoder(VideoDecoder):
                 if at > todo[0]:
                     missed = True  # the decoder went past a wanted frame without giving it
                     break
-                out[at] = frame.to_ndarray(format="rgb24")
+                out[at] = self._rgb(frame)
                 todo.pop(0)
                 back = 0
                 if not todo:
@@ -538,6 +634,12 @@ class PyAVDecoder(VideoDecoder):
                 frames = None
         return out
 
+    def _rgb(self, frame: Any) -> np.ndarray:
+        """``frame`` as RGB ``[H, W, 3]``, turned as the stream's display matrix says (:func:`upright_steps`)."""
+        if self._steps is None:
+            self._steps = upright_steps(frame, self.path)
+        return upright(frame.to_ndarray(format="rgb24"), self._steps)
+
     def _frames(self, stream: Any):
         try:
             yield from self._handle.decode(stream)
@@ -551,7 +653,7 @@ class PyAVDecoder(VideoDecoder):
         out: dict[int, np.ndarray] = {}
         for i, frame in enumerate(self._frames(self._stream())):
             if i in want:
-                out[i] = frame.to_ndarray(format="rgb24")
+                out[i] = self._rgb(frame)
                 if len(out) == len(want):
                     break
         if len(out) != len(want):

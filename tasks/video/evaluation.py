@@ -11,8 +11,10 @@ per (video, clip) took several hundred.
 
 Under DDP every rank holds the sums of the items it saw; :meth:`MultiViewAccuracy.compute` reduces
 them onto rank 0 (one sum, not a gather of every record onto every rank), which computes the
-metrics and broadcasts the few numbers, so all ranks log the same values. Sums can only be reduced
-if no item was seen twice: the data module shards evaluation without repeats
+metrics and broadcasts the few numbers, so all ranks log the same values (``predict`` keeps the
+same sums: :meth:`MultiViewAccuracy.videos` hands rank 0 each video's softmax averaged over its
+views, as the video-level accuracy ranks it). Sums can only be reduced if no item was seen twice:
+the data module shards evaluation without repeats
 (:class:`~rescale_tasks.common.sampling.UnrepeatedSampler`); an item met by two ranks (a padding
 sampler) is one clear error, never a silently double-counted view.
 """
@@ -96,10 +98,9 @@ class MultiViewAccuracy:
         hits = [float(ranked[..., :k].any(-1).sum()) for k in self.top]
         self.totals += torch.tensor([n * crops, float(losses.sum()), *hits], dtype=torch.float64)
 
-    def compute(self) -> dict[str, float]:
-        """``acc<k>`` (video level), ``clip_acc<k>``, ``loss`` (per view), ``videos``, ``views``
-        over every rank: a collective under DDP (sizes agreed, sums reduced onto rank 0 in place,
-        which computes and broadcasts the numbers). The state is spent: it is reset afterwards."""
+    def _reduced(self) -> tuple[torch.Tensor, ...]:
+        """``(probs, views, labels, counted, totals)`` of every rank, reduced onto rank 0 (a collective:
+        sizes agreed, sums reduced in place); only rank 0's are meaningful."""
         videos = max_over_ranks(self.seen.shape[0])
         clips, classes = max_over_ranks(self.seen.shape[1]), max_over_ranks(self.probs.shape[1])
         self._grow(videos, clips, classes if not self.seen.shape[0] else self.probs.shape[1])
@@ -109,6 +110,20 @@ class MultiViewAccuracy:
         labels = reduce_tensor_to_rank_zero(self.labels[:n].clone(), op="max")
         counted = reduce_tensor_to_rank_zero(self.seen[:n].to(torch.int32))
         totals = reduce_tensor_to_rank_zero(self.totals.clone())
+        return probs, views, labels, counted, totals
+
+    @staticmethod
+    def _refuse_repeats(repeated: int) -> None:
+        if repeated:
+            raise DataError(f"{repeated} evaluation item(s) (video, clip) reached more than one process, so their "
+                            "views would count twice; shard evaluation without repeats (rescale_tasks.common."
+                            "sampling.UnrepeatedSampler, as KineticsDataModule does)")
+
+    def compute(self) -> dict[str, float]:
+        """``acc<k>`` (video level), ``clip_acc<k>``, ``loss`` (per view), ``videos``, ``views``
+        over every rank: a collective under DDP (sizes agreed, sums reduced onto rank 0 in place,
+        which computes and broadcasts the numbers). The state is spent: it is reset afterwards."""
+        probs, views, labels, counted, totals = self._reduced()
         names = [f"acc{k}" for k in self.top] + [f"clip_acc{k}" for k in self.top] + ["loss", "videos", "views",
                                                                                         "repeated"]
         numbers = torch.zeros(len(names), dtype=torch.float64)
@@ -125,9 +140,21 @@ class MultiViewAccuracy:
         numbers = broadcast_from_rank_zero(numbers)
         self.reset()
         metrics = dict(zip(names, numbers.tolist()))
-        repeated = int(metrics.pop("repeated"))
-        if repeated:
-            raise DataError(f"{repeated} evaluation item(s) (video, clip) reached more than one process, so their "
-                            "views would count twice; shard evaluation without repeats (rescale_tasks.common."
-                            "sampling.UnrepeatedSampler, as KineticsDataModule does)")
+        self._refuse_repeats(int(metrics.pop("repeated")))
         return metrics
+
+    def videos(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(video, probs, labels, views)`` of every video seen on any rank, in video order: its
+        index, its softmax averaged over all its views (what the video-level accuracy ranks), its
+        label and view count; on rank 0 (a collective under DDP: the sums reduced there), empty
+        on the others. The state is spent: it is reset afterwards."""
+        probs, views, labels, counted, _ = self._reduced()
+        repeated = torch.tensor([int((counted > 1).sum()) if rank() == 0 else 0], dtype=torch.int64)
+        repeated = int(broadcast_from_rank_zero(repeated).item())
+        self.reset()
+        self._refuse_repeats(repeated)
+        if rank() != 0:
+            return (torch.zeros(0, dtype=torch.int64), torch.zeros(0, probs.shape[1]),
+                    torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+        video = (views > 0).nonzero().flatten()
+        return video, probs[video] / views[video].unsqueeze(1), labels[video], views[video]

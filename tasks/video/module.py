@@ -12,6 +12,10 @@ residual scheme, with the standard multi-view evaluation.
   Kinetics test videos x 400 classes: ~32 MB) and reduces the sums onto rank 0 under DDP (no gather
   of every view onto every rank); the data module hands each item to one process, so 2 processes
   give what 1 gives.
+- Prediction: ``predict`` averages the softmax over every view of a video as the test does and
+  writes ``predictions.test.csv`` where ``test`` writes: per video its index, file, true class,
+  view count and the top-5 classes the checkpoint names, with their probabilities
+  (:mod:`rescale_tasks.common.predictions`).
 - Labels: every checkpoint carries its class list (:mod:`rescale_tasks.common.labels`); data
   listing the same classes in another order has its labels mapped to the network's by name.
 """
@@ -26,6 +30,7 @@ from ..common.checkpoint_compat import require_classification_checkpoint
 from ..common.empty_batches import (data_may_skip_files, must_skip, nothing_to_evaluate,
                                     skipped_prediction, skipped_step)
 from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
+from ..common.predictions import class_predictions_csv, class_rows, output_names, predict_dataset
 from .evaluation import MultiViewAccuracy
 from .inflation import inflate_checkpoint
 
@@ -147,9 +152,22 @@ class VideoClassificationModule(RescaleTaskModule):
             print(f"test: {int(metrics['videos'])} videos, {int(metrics['views'])} views: video top-1 "
                   f"{metrics['acc1']:.4f}, top-5 {metrics['acc5']:.4f}; clip top-1 {metrics['clip_acc1']:.4f}")
 
+    # --- prediction: the views of each video averaged, as the test does ---------------------
+    def on_predict_epoch_start(self) -> None:
+        self._start()
+
     def predict_step(self, batch, batch_idx: int) -> dict | None:
         if nothing_to_evaluate(batch):
             return skipped_prediction()
         clips, labels, videos, clip_ids = batch
-        probs = self._view_logits(clips).softmax(-1).mean(1)
-        return {"video": videos, "clip": clip_ids, "probs": probs}
+        views = self._view_logits(clips).softmax(-1)
+        self.evaluation.update(views, self.network_labels(labels), videos, clip_ids, torch.zeros(len(videos)))
+        return {"video": videos, "clip": clip_ids, "probs": views.mean(1)}
+
+    def on_predict_epoch_end(self) -> None:
+        videos, probs, labels, views = self.evaluation.videos()  # a collective: the sums reduced onto rank 0
+        if not self.trainer.is_global_zero:
+            return
+        rows = class_rows(probs, output_names(self.trained_labels, probs.shape[-1]), videos.tolist(),
+                          labels.tolist(), predict_dataset(self.trainer), views=views.tolist())
+        self.write_predictions("csv", class_predictions_csv(rows.values()), len(rows))

@@ -18,6 +18,10 @@ tree ``<split>/<class>/<id>.mp4`` as well as a flat folder; hidden files are ign
 * encodes H.264 (libx264, ``--crf``/``--preset``) with exactly ``--gop`` frames between
   keyframes (no scene-cut keyframes, so the spacing is regular), or MPEG-4 Part 2 when PyAV's
   FFmpeg has no libx264 (``--codec`` chooses explicitly), ``yuv420p``;
+* turns the pixels as the source's display matrix says (a phone's portrait clip stored sideways:
+  FFmpeg's ``autorotate``, quarter turns and mirrorings, :func:`~rescale_tasks.video.decoding.display_steps`),
+  so the output holds upright pixels and no display matrix, and decodes as training decodes the
+  source; a display angle that is no multiple of 90 degrees is carried over as it is;
 * keeps every decoded frame, in order, at the source's average frame rate (constant frame
   rate: a variable-rate source gets evenly spaced timestamps; the frame count is preserved),
   and drops audio and any other streams;
@@ -58,9 +62,12 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Iterator, Optional
 
+import numpy as np
+
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.sampling import usable_cores
-from rescale_tasks.video.decoding import DecodeAudit, PyAVDecoder, VideoDataError
+from rescale_tasks.video.decoding import (DecodeAudit, PyAVDecoder, Step, VideoDataError, display_matrix,
+                                          display_steps)
 from rescale_tasks.video.layouts import VIDEO_EXTENSIONS  # the files training reads
 
 __all__ = ["VIDEO_EXTENSIONS", "CODECS", "Job", "Outcome", "find_videos", "output_path", "scaled_size",
@@ -160,6 +167,22 @@ def _open_encoder(out, job: Job, width: int, height: int, rate: Fraction):
     return stream
 
 
+def _upright_graph(steps: tuple[Step, ...], width: int, height: int):
+    """An FFmpeg filter graph that applies ``steps`` (:func:`~rescale_tasks.video.decoding.display_steps`)
+    to ``yuv420p`` frames of ``width`` x ``height``: push a frame, pull it turned."""
+    import av.filter
+
+    graph = av.filter.Graph()
+    last = graph.add_buffer(width=width, height=height, format="yuv420p", time_base=Fraction(1, 1000))
+    for name, argument in steps:
+        node = graph.add(name, argument)
+        last.link_to(node)
+        last = node
+    last.link_to(graph.add("buffersink"))
+    graph.configure()
+    return graph
+
+
 def _frames(job: Job, container, stream) -> Iterator:
     """The source's frames, from the start again until ``job.loop_to`` are given (when set)."""
     given = 0
@@ -210,14 +233,23 @@ def encode_video(job: Job) -> int:
             vin.thread_count = job.threads
             rate = _rate(vin)
             with av.open(str(tmp), "w", format="mp4") as out:
-                vout = None
+                vout = graph = None
                 frames = _frames(job, inp, vin)
                 for frame in (audit.count(frames) if audit is not None else frames):
-                    if vout is None:  # sized from the first decoded frame (headers can lie)
-                        w, h = job.size or scaled_size(frame.width, frame.height, job.short_side)
-                        vout = _open_encoder(out, job, w, h, rate)
-                    image = frame.reformat(width=vout.width, height=vout.height, format="yuv420p",
-                                           interpolation="BICUBIC")
+                    if vout is None:  # sized and turned as the first decoded frame says (headers can lie)
+                        matrix = display_matrix(frame)
+                        steps = display_steps(matrix)
+                        quarter = any(name == "transpose" for name, _ in steps or ())
+                        w, h = ((job.size[::-1] if quarter else job.size) if job.size
+                                else scaled_size(frame.width, frame.height, job.short_side))
+                        vout = _open_encoder(out, job, *((h, w) if quarter else (w, h)), rate)
+                        if steps is None:  # an angle FFmpeg turns within the frame: left to the player
+                            vout.set_display_matrix(np.frombuffer(matrix, dtype=np.int32).tolist())
+                        graph = _upright_graph(steps, w, h) if steps else None
+                    image = frame.reformat(width=w, height=h, format="yuv420p", interpolation="BICUBIC")
+                    if graph is not None:
+                        graph.vpush(image)
+                        image = graph.vpull()
                     image.pts, image.time_base = count, 1 / rate
                     image.pict_type = av.video.frame.PictureType.NONE  # the encoder picks keyframes
                     out.mux(vout.encode(image))

@@ -9,6 +9,7 @@ import pytest
 
 from rescale_tasks.classification.demo import DemoSettings, format_table, run_demo
 from rescale_tasks.cli import main
+from rescale_tasks.common.errors import ConfigError
 from rescale_tasks.common.run_summary import find_summaries, read_summary
 from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
 
@@ -75,6 +76,44 @@ def test_table_reports_divergence():
 
     table = format_table([DemoResult("none", float("nan"), float("nan"), float("nan"), True, 3, 0.1)])
     assert "diverged (step 3)" in table
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--epochs", "-3"], "--epochs must be at least 1, got -3."),
+    (["--epochs", "0"], "--epochs must be at least 1, got 0."),
+    (["--epochs", "abc"], "rescale demo: argument --epochs: invalid int value: 'abc' (see rescale demo --help)"),
+    (["--depth", "21"], "cannot build network 'cifar_resnet' (--schemes / --depth): CIFAR ResNet depth must be "
+                        "6n+2 with n >= 1 (8, 20, 32, 44, 56, 110, ...), got 21"),
+    (["--depth", "2"], "cannot build network 'cifar_resnet' (--schemes / --depth): CIFAR ResNet depth must be "
+                       "6n+2 with n >= 1 (8, 20, 32, 44, 56, 110, ...), got 2"),
+    (["--schemes", "bn", "rescal"], "cannot build network 'cifar_resnet' (--schemes / --depth): unknown scheme "
+                                    "'rescal'. Did you mean rescale"),
+    (["--schemes", "post_ln"], "cannot build network 'cifar_resnet' (--schemes / --depth): scheme 'post_ln' is for "
+                               "Transformers, not ResNets"),
+    (["--schemes", "bn", "bn"], "--schemes gives bn twice; give each scheme once"),
+    (["--out", "a_file/demo"], "cannot write --out {tmp}/a_file/demo: {tmp}/a_file is a file, not a folder; "
+                               "give --out a folder you can write"),
+    (["--out", ""], "--out is empty; give the folder the demo writes its table, plot and runs to"),
+    (["--out"], "rescale demo: argument --out: expected one argument (see rescale demo --help)"),
+    (["--seed", "-5"], "--seed must be between 0 and 4294967295, got -5."),
+])
+def test_a_bad_option_is_one_line_before_anything_is_written(tmp_path, args, expected, error_line):
+    """What `rescale fit` refuses in one line, in its words where it has them (the network's, the
+    output folder's); before, a bad depth or scheme, seed or output folder ended in a traceback (or
+    trained a network without blocks), and a scheme given twice trained twice into one folder."""
+    Path("a_file").write_text("")
+    assert main(["demo", "--epochs", "1", *args]) == 2
+    assert error_line().startswith(expected.format(tmp=tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_settings_set_from_python_are_checked_too(tmp_path):
+    with pytest.raises(ConfigError, match=r"^bad demo setting \(DemoSettings.lr, weight_decay, warmup_epochs\): "
+                                          r"Invalid learning rate: -0.1$"):
+        run_demo(DemoSettings(lr=-0.1, out=str(tmp_path / "demo")))
+    with pytest.raises(ConfigError, match=r"^DemoSettings.batch_size must be at least 1, got 0.$"):
+        run_demo(DemoSettings(batch_size=0, out=str(tmp_path / "demo")))
+    assert not (tmp_path / "demo").exists()
 
 
 @pytest.mark.slow

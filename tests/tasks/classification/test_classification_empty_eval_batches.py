@@ -24,9 +24,11 @@ def _data(root: Path) -> ImageFolderDataModule:
                                  num_workers=0, pin_memory=False, persistent_workers=False, skip_corrupt=True)
 
 
-def _trainer() -> L.Trainer:
+def _trainer(folder) -> L.Trainer:
+    """A bare Trainer whose files (predict's predictions) go to ``folder``."""
     return L.Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[SkippedDataReport()],
-                     enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+                     enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                     default_root_dir=folder)
 
 
 def test_a_batch_of_corrupt_files_is_skipped_at_every_evaluation_stage(imagenet_folder, tmp_path):
@@ -39,12 +41,12 @@ def test_a_batch_of_corrupt_files_is_skipped_at_every_evaluation_stage(imagenet_
     module = ClassificationModule("cifar_resnet", "skipinit", network_options={"depth": 8, "base_width": 4},
                                   num_classes=3)
 
-    expected = {stage: getattr(_trainer(), stage)(module, datamodule=_data(clean))[0]
+    expected = {stage: getattr(_trainer(tmp_path), stage)(module, datamodule=_data(clean))[0]
                 for stage in ("validate", "test")}
     for stage in ("validate", "test"):
         data = _data(imagenet_folder)
         with pytest.warns(UserWarning, match=r"skipped 2 corrupt input file\(s\)"):
-            [metrics] = getattr(_trainer(), stage)(module, datamodule=data)
+            [metrics] = getattr(_trainer(tmp_path), stage)(module, datamodule=data)
         assert data.skipped_corrupt == 2
         assert metrics.keys() == expected[stage].keys()
         for name, value in metrics.items():  # over the six images read, as without the bad files
@@ -52,8 +54,8 @@ def test_a_batch_of_corrupt_files_is_skipped_at_every_evaluation_stage(imagenet_
 
     data = _data(imagenet_folder)
     with pytest.warns(UserWarning, match=r"skipped 2 corrupt input file\(s\)"):
-        predictions = _trainer().predict(module, datamodule=data)
+        predictions = _trainer(tmp_path).predict(module, datamodule=data)
     assert predictions[0] is None  # the bad batch: no prediction
     probabilities = torch.cat(predictions[1:])
-    clean_predictions = torch.cat(_trainer().predict(module, datamodule=_data(clean)))
+    clean_predictions = torch.cat(_trainer(tmp_path).predict(module, datamodule=_data(clean)))
     assert torch.allclose(probabilities, clean_predictions, atol=1e-6)

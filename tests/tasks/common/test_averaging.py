@@ -80,3 +80,28 @@ def test_a_file_at_the_same_step_is_named_as_left_out(checkpoints, tmp_path, cap
     averaged = safe_load(tmp_path / "avg.ckpt")
     assert [(Path(x["path"]).name, x["global_step"]) for x in averaged["averaged_from"]] == [
         ("s006.ckpt", 6), ("epoch002.ckpt", 9)]
+
+
+def test_checkpoints_of_other_labels_or_networks_are_not_averaged(checkpoints, tmp_path, error_line):
+    """The same weights' shapes are not enough: outputs that mean other classes, or another
+    scheme's forward pass, are refused in one line naming the two files."""
+    newest = checkpoints / "s008.ckpt"
+    digits = safe_load(checkpoints / "s006.ckpt")
+    assert digits["labels"]["class_names"] == list("0123456789")  # recorded by every checkpoint
+    other_order = {**digits, "labels": {"class_names": list("9876543210")}}
+    torch.save(other_order, tmp_path / "other_labels.ckpt")
+    assert main(["average-checkpoints", str(tmp_path / "other_labels.ckpt"), str(newest),
+                 "--output", str(tmp_path / "a.ckpt")]) == 2
+    assert error_line() == (
+        f"cannot average {tmp_path / 'other_labels.ckpt'} with {newest}: their labels differ (other_labels.ckpt: "
+        "10 labels '9', '8', '7' and 7 more; s008.ckpt: 10 labels '0', '1', '2' and 7 more), so the same outputs "
+        "stand for other classes; average checkpoints of one run only, or of runs on one data set (the same "
+        "label names in the same order)")
+    other_scheme = {**digits, "hyper_parameters": {**digits["hyper_parameters"], "scheme": "skipinit"}}
+    torch.save(other_scheme, tmp_path / "skipinit.ckpt")
+    assert main(["average-checkpoints", str(tmp_path / "skipinit.ckpt"), str(newest),
+                 "--output", str(tmp_path / "b.ckpt")]) == 2
+    assert error_line() == (f"cannot average {tmp_path / 'skipinit.ckpt'} with {newest}: they were saved from other "
+                            "networks (scheme 'skipinit' in skipinit.ckpt, 'rescale' in s008.ckpt); average "
+                            "checkpoints of one run only")
+    assert not (tmp_path / "a.ckpt").exists() and not (tmp_path / "b.ckpt").exists()

@@ -323,3 +323,37 @@ def test_the_cli_writes_and_resumes_a_run_in_a_remote_folder(memory_dir, tmp_pat
     assert resumed["run_id"] == first["run_id"] and resumed["steps"] == 4  # the same run, 2 more steps
     assert [s for s, _ in resumed["curves"]["train/loss"]] == [1, 2, 3, 4]  # its summary covers all of it
     assert _memory_files(memory_dir) == ["epoch000.ckpt", "epoch001.ckpt", "last.ckpt"]
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_line_naming_the_intact_one(tmp_path, run_config):
+    """The disk fills while a run saves (here: a real ``rescale fit`` process whose files may not
+    grow past half a checkpoint, so every write of one fails in the operating system as on a full
+    disk): one line saying why, naming the last good checkpoint, which is untouched, and no
+    temporary file left behind."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    config = run_config(tmp_path / "run.yaml", trainer={"max_epochs": None, "max_steps": 2, "limit_val_batches": 0,
+                                                        "num_sanity_val_steps": 0})
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "rescale_tasks.cli", "fit", "--config", config]
+    first = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    good = last.read_bytes()
+
+    def small_files():  # in the child: writes past this size fail with EFBIG, as on a full disk with ENOSPC
+        resource.setrlimit(resource.RLIMIT_FSIZE, (len(good) // 2, resource.RLIM_INFINITY))
+
+    full = subprocess.run([*command, "--ckpt_path", str(last), "--trainer.max_steps", "4"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300, preexec_fn=small_files)
+    lines = [line for line in full.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert full.returncode == 2 and len(errors) == 1 and "Traceback" not in full.stderr, full.stderr[-3000:]
+    assert errors[0].startswith(f"error: cannot write checkpoint {last}: File too large")
+    assert f"the last good checkpoint, {last}, is intact" in errors[0]
+    assert f"resume with --ckpt_path {last}" in errors[0]
+    assert last.read_bytes() == good
+    assert sorted(p.name for p in last.parent.iterdir()) == ["epoch000.ckpt", "last.ckpt"]

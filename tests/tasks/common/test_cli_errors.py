@@ -14,6 +14,7 @@ import lightning.pytorch as L
 import pytest
 
 from rescale_tasks.cli import main
+from rescale_tasks.common.build_only import build_run
 from rescale_tasks.common.cli_errors import trainer_config_errors
 from rescale_tasks.common.errors import ConfigError
 
@@ -236,3 +237,39 @@ def test_a_glued_key_inside_a_flow_mapping_says_so(tmp_path, run_config, key, va
 def test_a_mapping_written_right_gets_no_colon_hint(error_line):
     code = main(["fit", "--config", RESCALE50, "--model.init_args.network_options", "[1, 2]", *CPU])
     assert code == 2 and "colon" not in error_line()
+
+
+# --- scheme options are typed ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("option,value,yaml_value,expected", [
+    ("mean_shift", "flase", "flase", '"flase" is not a boolean (true or false)'),
+    ("shortcut_gain", "two", "two", '"two" is not a number or null'),
+    ("conv_dropout", "high", "high", '"high" is not a number'),
+    ("c", "[1]", [1], "[1] is not a number or null"),
+])
+@pytest.mark.parametrize("given", ["command line", "config file"])
+def test_a_scheme_option_of_the_wrong_type_is_one_line(tmp_path, run_config, option, value, yaml_value, expected,
+                                                       given, error_line):
+    """Before: "flase" turned mean_shift on (and was recorded), "two" and "high" ended in a traceback."""
+    if given == "command line":
+        args = ["--config", run_config(tmp_path / "digits.yaml"), f"--model.init_args.scheme_options.{option}", value]
+    else:
+        args = ["--config", run_config(tmp_path / "digits.yaml",
+                                       model={"init_args": {"scheme_options": {option: yaml_value}}})]
+    assert main(["fit", *args]) == 2
+    assert error_line() == f"model.init_args.scheme_options.{option}: {expected} for scheme rescale"
+
+
+def test_a_scheme_option_is_checked_against_the_networks_default_scheme(tmp_path, run_config, error_line):
+    config = run_config(tmp_path / "digits.yaml", model={"init_args": {"scheme": None}})
+    assert main(["fit", "--config", config, "--model.init_args.scheme_options.zero_gamma", "maybe"]) == 2
+    assert error_line() == 'model.init_args.scheme_options.zero_gamma: "maybe" is not a boolean (true or false) ' \
+                           "for scheme bn"
+
+
+def test_scheme_options_as_the_command_line_and_yaml_give_them_are_accepted(tmp_path, run_config):
+    config = run_config(tmp_path / "digits.yaml", model={"init_args": {"scheme_options": {"shortcut_gain": "2"}}})
+    cli = build_run(["--config", config, "--model.init_args.scheme_options.mean_shift", "false",
+                     "--model.init_args.scheme_options.c", "2", "--model.init_args.scheme_options.gain_init", "0.5"])
+    scheme = cli.model.net.scheme
+    assert (scheme.mean_shift, scheme.c, scheme.shortcut_gain, scheme.gain_init) == (False, 2.0, 2.0, 0.5)

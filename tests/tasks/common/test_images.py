@@ -2,7 +2,8 @@
 a real picture (three of scikit-learn's handwritten digits as the red, green and blue channels,
 upscaled) written with Pillow in each mode and format, read by the classification and detection
 loaders, must match its 8-bit reference within one quantization step. A bare ``convert("RGB")``
-would clip 16-bit, 32-bit and float images at 255 (a handful of levels left) and drop alpha."""
+would clip 16-bit, 32-bit and float images at 255 (a handful of levels left) and drop alpha.
+Photos with an EXIF orientation reach the transforms upright, as the same picture saved upright."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import ExifTags, Image
 from torchvision.transforms import v2
 
 from rescale_tasks.classification.datasets import ImageFileDataset
@@ -153,3 +154,60 @@ def test_every_mode_reaches_the_detector_faithfully(tmp_path, kind):
     image = torch.as_tensor(CocoDetection(annotations, folder, masks=False).load_image(0))
     assert image.dtype == torch.uint8 and image.shape == (3, SIZE, SIZE)
     assert (image.double() - torch.from_numpy(expected).permute(2, 0, 1)).abs().max() <= 1
+
+
+# ----------------------------------------------------------------------------- EXIF orientation
+
+#: EXIF orientation -> the pixels a camera stores for the upright picture ``u`` ``[H, W, C]`` (the tag
+#: tells a viewer how to turn them back: 6 "turn clockwise", 8 "turn counterclockwise", 5 and 7 mirrored)
+STORED = {
+    2: lambda u: u[:, ::-1],
+    3: lambda u: np.rot90(u, 2),
+    4: lambda u: u[::-1],
+    5: lambda u: u.transpose(1, 0, 2),
+    6: lambda u: np.rot90(u, 1),
+    7: lambda u: u[::-1, ::-1].transpose(1, 0, 2),
+    8: lambda u: np.rot90(u, -1),
+}
+TO_FLOAT = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.ToPureTensor()])
+
+
+def portrait() -> np.ndarray:
+    """uint8 ``[48, 32, 3]``: the reference with its top half again below, taller than wide."""
+    rgb = reference()
+    return np.ascontiguousarray(np.concatenate([rgb, rgb[:SIZE // 2]], axis=0))
+
+
+def tagged(orientation: int) -> Image.Exif:
+    exif = Image.Exif()
+    exif[ExifTags.Base.Orientation] = orientation
+    return exif
+
+
+def load(path: Path) -> torch.Tensor:
+    """``path`` as the classification data path gives it to the transforms, as floats."""
+    return ImageFileDataset([(str(path), 0)], TO_FLOAT)[0][0]
+
+
+@pytest.mark.parametrize("orientation", sorted(STORED))
+def test_exif_orientation_is_applied_before_the_transforms(tmp_path, orientation):
+    upright = portrait()
+    path = tmp_path / "photo.png"  # lossless: the turned pixels must be the picture exactly
+    Image.fromarray(np.ascontiguousarray(STORED[orientation](upright))).save(path, exif=tagged(orientation))
+    image = load(path)
+    assert image.shape == (3, 48, 32)
+    assert torch.equal(image, TO_FLOAT(Image.fromarray(upright)))
+
+
+@pytest.mark.parametrize("orientation", [6, 8])
+def test_a_camera_jpeg_loads_as_the_same_picture_saved_upright(tmp_path, orientation):
+    upright = portrait()
+    camera, saved = tmp_path / "camera.jpg", tmp_path / "upright.jpg"
+    Image.fromarray(np.ascontiguousarray(STORED[orientation](upright))).save(
+        camera, quality=95, subsampling=0, exif=tagged(orientation))
+    Image.fromarray(upright).save(saved, quality=95, subsampling=0)
+    with Image.open(camera) as stored:
+        assert stored.size == (48, 32)  # the file holds the pixels sideways
+    image, reference_image = load(camera), load(saved)
+    assert image.shape == reference_image.shape == (3, 48, 32)
+    assert (image - reference_image).abs().mean() < 2 / 255  # the same picture, up to JPEG's rounding

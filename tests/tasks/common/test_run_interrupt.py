@@ -131,3 +131,49 @@ def test_data_workers_leave_ctrl_c_to_the_main_process():
 
     loader = torch.utils.data.DataLoader(_CtrlCInWorker(), num_workers=1, worker_init_fn=sigterm_safe_worker_init())
     assert [int(batch) for batch in loader] == [0, 1, 2, 3]
+
+
+def test_a_closed_terminal_stops_the_run_as_sigterm_does(tmp_path, run_config, suite_wandb_logger):
+    """A run in the terminal of an ssh session that closes: the kernel hangs the terminal up and
+    sends SIGHUP; every later write to it fails. The run (its progress bar on that terminal, a data
+    worker in its group) finishes its step, saves ``last.ckpt``, writes its summary and exits 129."""
+    import fcntl
+    import glob
+    import pty
+    import select
+    import termios
+
+    config = run_config(tmp_path / "run.yaml", data={"init_args": {"num_workers": 1}}, trainer={
+        "max_epochs": None, "max_steps": 100000, "limit_val_batches": 0, "num_sanity_val_steps": 0,
+        "enable_progress_bar": True, "logger": suite_wandb_logger("lifecycle", "hangup"),
+        "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",  # progress markers
+                       "init_args": {"every_n_train_steps": 2, "save_top_k": -1, "filename": "step{step:03d}",
+                                     "auto_insert_metric_name": False}}]})
+    terminal, session_side = pty.openpty()
+
+    def own_session_on_the_terminal():  # a login shell's job: the terminal is its controlling terminal
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen([sys.executable, "-m", "rescale_tasks.cli", "fit", "--config", config,
+                             "--trainer.logger.init_args.id", "hangup1"], cwd=tmp_path, env=_env(),
+                            stdin=session_side, stdout=session_side, stderr=session_side,
+                            preexec_fn=own_session_on_the_terminal)
+    os.close(session_side)
+    checkpoints = tmp_path / "runs" / "lifecycle" / "hangup1" / "checkpoints"
+    try:
+        deadline = time.time() + 300
+        while not (checkpoints / "step004.ckpt").exists():
+            assert proc.poll() is None and time.time() < deadline, "the run ended or made no progress"
+            if select.select([terminal], [], [], 0.05)[0]:
+                os.read(terminal, 65536)  # the terminal shows what the run prints
+        os.close(terminal)  # the ssh session closes
+        assert proc.wait(timeout=300) == 128 + signal.SIGHUP
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    step = torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"]
+    (summary,) = [read_summary(p) for p in find_summaries(str(tmp_path / "runs"))]
+    assert step >= 4 and summary["status"] == "interrupted" and summary["steps"] == step
+    assert summary["error"].startswith(f"stopped by SIGHUP at step {step}; saved {checkpoints / 'last.ckpt'}")
+    assert not glob.glob(str(checkpoints / "*.tmp-*"))

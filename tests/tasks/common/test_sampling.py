@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from rescale_tasks.common.sampling import PerSampleSeed, ResumableDataLoader, ResumableSampler, sample_seed
+from rescale_tasks.common.sampling import (PerSampleSeed, ResumableDataLoader, ResumableSampler, ResumeMismatch,
+                                           sample_seed)
 
 
 def _loader(n=20, batch=4, rank=0, replicas=1, seed=0, workers=0, dataset=None):
@@ -60,11 +61,18 @@ def test_saved_position_is_ignored_when_another_epoch_starts():
     assert _epoch(loader, 2) == _epoch(_loader(), 2)
 
 
-def test_position_is_not_reused_with_another_batch_size_or_world_size():
-    state = {"epoch": 0, "batches_seen": 2, "seed": 0, "num_replicas": 2, "batch_size": 4}
+@pytest.mark.parametrize("saved", [{"num_replicas": 2}, {"batch_size": 2}, {"seed": 1}])
+def test_a_position_is_not_continued_under_another_layout(saved):
+    """A mid-epoch position means other samples under another batch size, process count or seed:
+    continuing that epoch is refused in one line naming the saved value; the next epoch starts
+    from its top as usual."""
+    state = {**_loader().state_dict(), "epoch": 0, "batches_seen": 2, **saved}
     loader = _loader()
     loader.load_state_dict(state)
-    assert _epoch(loader, 0) == _epoch(_loader(), 0)
+    (key, value), = saved.items()
+    with pytest.raises(ResumeMismatch, match=f"2 batches into it with {key} {value}, this run has {key} "):
+        _epoch(loader, 0)
+    assert _epoch(loader, 1) == _epoch(_loader(), 1)
 
 
 class _Noisy(Dataset):

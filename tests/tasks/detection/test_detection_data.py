@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import ExifTags, Image
 
 from rescale_tasks.common.batch_sampling import BatchListLoader
 from rescale_tasks.common.errors import ConfigError, DataError
@@ -395,3 +396,44 @@ def test_corrupt_images_raise_or_are_skipped_and_counted_across_workers(coco_can
     assert ids == [r["id"] for i, r in enumerate(truth["val"]) if i != 1]
     assert [len(images) for images, _ in batches] == [1, 2]
     assert dm.skipped_corrupt == 1  # counted in the worker, visible here
+
+
+# ----------------------------------------------------------------------------- EXIF orientation
+
+
+def _retag(path: Path, pixels: np.ndarray, orientation: int) -> None:
+    """Rewrite the PNG ``path`` as ``pixels`` with an EXIF orientation."""
+    exif = Image.Exif()
+    exif[ExifTags.Base.Orientation] = orientation
+    Image.fromarray(np.ascontiguousarray(pixels)).save(path, exif=exif)
+
+
+def test_exif_orientation_is_applied_where_the_json_gives_the_turned_size_and_counted_where_not(
+        coco_canvases_copy, caplog):
+    root, truth = coco_canvases_copy
+    files = [root / "val2017" / record["file_name"] for record in truth["val"]]
+    canvases = [np.asarray(Image.open(f).convert("RGB")) for f in files]  # what the json annotates
+    _retag(files[0], np.rot90(canvases[0], 1), 6)  # a camera's sideways pixels: turned, the json's size
+    _retag(files[3], np.rot90(canvases[3], 2), 3)  # upside down: the same size either way, turned
+    _retag(files[1], canvases[1], 8)  # turned it would not have the json's size: annotated as stored
+    dm = CocoDataModule(root=str(root), num_workers=1, eval_batch_size=2, persistent_workers=False)
+    batches = list(dm.val_dataloader())  # decoded in a worker process
+    images = [image for batch, _ in batches for image in batch]
+    targets = [target for _, batch in batches for target in batch]
+    assert len(images) == len(truth["val"])
+    for image, target, canvas, record in zip(images, targets, canvases, truth["val"]):
+        pixels = (image * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+        np.testing.assert_array_equal(pixels, canvas, err_msg=record["file_name"])
+        assert target["boxes"].tolist() == [o["box"] for o in record["objects"]]
+        outside = np.ones(canvas.shape[:2], dtype=bool)  # the digits lie in their boxes, black around them
+        for x1, y1, x2, y2 in target["boxes"].int().tolist():
+            outside[y1:y2, x1:x2] = False
+        assert pixels[outside].max() < 16 and pixels[~outside].max() > 100  # (JPEG's ringing stays below 16)
+        for mask, obj in zip(target["masks"], record["objects"]):
+            assert torch.equal(mask.bool(), torch.from_numpy(obj["mask"]))
+    assert dm.dataset("val").kept_as_stored == 1  # counted in the worker, visible here
+    with caplog.at_level(logging.WARNING, logger="rescale_tasks.detection.data"):
+        dm.teardown("validate")
+        dm.teardown("validate")  # nothing new met: said once
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "rescale_tasks.detection.data"]
+    assert "1 image(s) kept without their EXIF orientation" in line and str(files[1]) in line

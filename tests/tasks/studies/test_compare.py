@@ -146,3 +146,20 @@ def test_only_malformed_summaries_is_one_line(tmp_path, capsys):
     assert err[-1] == ("error: no readable run_summary.json (1 malformed, named above) under runs: every `rescale "
                        "fit` writes one beside its config; point at the runs' folders")
     assert len(err) == 2 and err[0].startswith("warning: skipped ")
+
+
+def test_a_resumed_run_counts_once_and_seeds_are_distinct_runs(tmp_path):
+    """Each segment of a resumed run writes a summary covering the run so far (the same run id);
+    the furthest one stands for the run: two seeds, one resumed twice, are two runs."""
+    root = tmp_path / "segments"
+    write_run(root / "s0-a", "digits", "rescale", 0.60, 10.0, 1.0, 0, status="interrupted", run_id="s0", steps=5)
+    write_run(root / "s0-b", "digits", "rescale", 0.75, 10.0, 0.8, 0, status="interrupted", run_id="s0", steps=9)
+    write_run(root / "s0-c", "digits", "rescale", 0.80, 10.0, 0.5, 0, run_id="s0", steps=12)
+    write_run(root / "s1", "digits", "rescale", 0.70, 10.0, 0.6, 1, run_id="s1", steps=12)
+    write_run(root / "bn", "digits", "bn", 0.90, 10.0, 0.1, 0, run_id="b0", steps=12)
+    assert main(["compare", str(root), "--out", "cmp"]) == 0
+    with open(tmp_path / "cmp/compare.csv") as f:
+        (row,) = [r for r in csv.DictReader(f) if r["variant"] == "rescale"]
+    assert row["runs"] == "2" and float(row["mean"]) == pytest.approx(0.75)
+    assert float(row["std"]) == pytest.approx(mean_std([0.80, 0.70])[1])
+    assert row["train_loss"] == str((0.5 + 0.6) / 2)

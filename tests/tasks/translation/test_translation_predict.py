@@ -1,0 +1,61 @@
+"""`rescale predict` on the translation task writes the test split's translations, one detokenized
+line per source line in corpus order, where `test` writes its hypotheses (beside the checkpoint's run,
+or `--output_dir`), the same lines `test` writes, and its closing line names the file."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rescale_tasks.cli import main
+from rescale_tasks.translation.module import HYPOTHESES_FILE
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def tiny(root: Path) -> list[str]:
+    """A 1-layer Transformer of width 32 on ``root``, greedy decoding on the CPU."""
+    return ["--config", str(REPO / "experiments/wmt/rescale6.yaml"), "--model.init_args.network", "transformer_tiny",
+            "--model.init_args.network_options", "{share_embeddings: true, dropout: 0.0, d_model: 32, nhead: 2, "
+            "dim_feedforward: 64, num_encoder_layers: 1, num_decoder_layers: 1}",
+            "--model.init_args.val_bleu_sentences", "4", "--model.init_args.beam", "1",
+            "--data.init_args.root", str(root), "--data.init_args.vocab_size", "100",
+            "--data.init_args.max_tokens", "400", "--data.init_args.num_workers", "0",
+            "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.precision", "32-true",
+            "--trainer.enable_progress_bar", "false"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, handful_root, fit_checkpoint) -> Path:
+    """The checkpoint of a tiny Transformer 40 steps into learning the 32 short real pairs (before
+    that it translates every line as nothing, and any order of the lines would pass)."""
+    folder = tmp_path_factory.mktemp("translation_predict")
+    return fit_checkpoint(folder, [*tiny(handful_root), "--trainer.max_steps", "40", "--trainer.limit_val_batches", "0",
+                                   "--model.init_args.optimizer.init_args.lr", "0.01",
+                                   "--model.init_args.lr_scheduler.init_args.warmup_updates", "5"])
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+
+def test_predict_writes_the_translations_where_test_writes_its_hypotheses(trained, handful_root, capsys):
+    assert main(["predict", *tiny(handful_root), "--ckpt_path", str(trained)]) == 0
+    closing = capsys.readouterr().out.strip().splitlines()[-1]
+    written = trained.parent.parent / "results" / "last" / "predictions.test.txt"
+    assert closing.startswith("predict finished: run folder ")
+    assert f"; 32 translations in {written}; " in closing, closing
+    predicted = written.read_text(encoding="utf-8").splitlines()
+    assert len(predicted) == len((handful_root / "test.en").read_text(encoding="utf-8").splitlines()) == 32
+
+    # the lines test writes, decoded the same way; --output_dir puts each where it says
+    assert main(["test", *tiny(handful_root), "--ckpt_path", str(trained), "--output_dir", "tested"]) == 0
+    assert main(["predict", *tiny(handful_root), "--ckpt_path", str(trained), "--output_dir", "predicted"]) == 0
+    assert "; 32 translations in predicted/predictions.test.txt; " in capsys.readouterr().out
+    # a model one step old translates every line as nothing: test still writes its (empty) lines and BLEU 0
+    tested = Path("tested", HYPOTHESES_FILE).read_text(encoding="utf-8").splitlines()
+    assert Path("predicted/predictions.test.txt").read_text(encoding="utf-8").splitlines() == tested == predicted
+    assert len(set(predicted)) > 5  # 40 steps in, the lines differ: their order means something
