@@ -5,6 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# one pytest-xdist worker per usable core (at most 4; each test file on one worker, so a file's
+# fixtures are built once); PYTEST_ARGS="-n 0" runs the suite in one process
+XDIST := -n auto --maxprocesses 4 --dist loadfile
 
 .PHONY: demo test test-fast bench bench-gpu gpu-wheels install clean help
 
@@ -38,10 +41,10 @@ demo: $(STAMP)
 	$(VENV)/bin/rescale demo
 
 test: $(STAMP) $(IMGAUG_WHEEL)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: $(STAMP) $(IMGAUG_WHEEL)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks --markdown benchmarks/RESULTS.md $(BENCH_ARGS)
