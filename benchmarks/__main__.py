@@ -13,8 +13,7 @@ import traceback
 
 import torch
 
-from rescale_tasks.common.allocator import ENV as MALLOC_ENV, keep_freed_memory
-from rescale_tasks.common.sampling import usable_cores
+from rescale_tasks.common.system import ENV as MALLOC_ENV, keep_freed_memory, usable_cores
 
 from . import report
 from .sections import SECTIONS, run_section
@@ -107,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host-malloc", choices=["kept", "system"], default="kept",
                    help="kept (the default, what the rescale command does): glibc keeps freed host memory for the "
                         "next step instead of returning it and faulting it in again; system: glibc's defaults "
-                        "(rescale_tasks.common.allocator; docs/speed.md, 'Host memory on a CPU')")
+                        "(rescale_tasks.common.system.allocator; docs/speed.md, 'Host memory on a CPU')")
     p.add_argument("--markdown-tag", metavar="TAG", default="",
                    help="write a results section of its own, <!-- bench:begin [DEVICE-]TAG -->, instead "
                         "of the device's main one (e.g. --only translation --markdown-tag translation: "

@@ -55,7 +55,8 @@ TEST_MARKS = "cuda or compile_check"
 # every test file holding tests marked ``cuda`` or ``compile_check``, or asking for
 # ``fit_at_precision`` (tests/benchmarks/test_bench_gpu.py keeps the list whole)
 CUDA_TESTS = ["tests/core/test_core_plans.py", "tests/core/test_core_layers.py",
-              "tests/tasks/common/test_sampling.py", "tests/tasks/common/test_divergence_monitor.py",
+              "tests/tasks/common/data/test_sampling.py",
+              "tests/tasks/common/training/test_divergence_monitor.py",
               "tests/tasks/classification/test_classification_acceleration.py",
               "tests/tasks/detection/test_detection_cli.py", "tests/tasks/video/test_video_cli.py",
               "tests/tasks/translation/test_translation_module.py"]
@@ -105,7 +106,7 @@ def _importable_tasks(folder: str) -> dict[str, str]:
 
 def _parallel_workers() -> list[str]:
     """pytest-xdist's ``-n`` where it is installed (the compiled fits are bound by one core each)."""
-    from rescale_tasks.common.sampling import usable_cores  # importable once _importable_tasks ran
+    from rescale_tasks.common.system import usable_cores  # importable once _importable_tasks ran
 
     if importlib.util.find_spec("xdist") is None:
         return []

@@ -13,17 +13,26 @@ launch them:
   (``foreach``) form, which is what ``torch.optim.SGD`` picks on CUDA (on the CPU it picks the
   per-parameter loop, which would charge every added gain and bias four more ops);
 - counted by a :class:`~torch.utils._python_dispatch.TorchDispatchMode` around the step:
-  **launches** are the aten ops that are not views (a view launches no kernel), not bare
-  allocations (``empty``: the caching allocator launches nothing) and that return a tensor
-  (``promote_types`` and profiler markers launch nothing); **dispatches** are every call,
-  views included (each still costs host time, much less);
+  **launches** (the train tables) are the aten ops that are not views (a view launches no
+  kernel), not bare allocations (``empty``: the caching allocator launches nothing) and that
+  return a tensor (``promote_types`` and profiler markers launch nothing); **dispatches** are
+  every call, views included (each still costs host time, much less);
+- an eval forward is counted in **kernels** (:meth:`OpCounter.ran_kernel`), judged by what an op
+  did: it wrote an argument or returned a tensor in storage of its own. Under
+  ``torch.inference_mode`` the dispatcher shows composite ops whole: autocast's casts as
+  ``aten.to`` (marked a view, so the launch count leaves them out) and an eval-mode ``dropout``
+  that hands its input back (which the launch count charges); judged by what they did, the
+  kernels are the same under ``torch.no_grad`` and ``torch.inference_mode``, casts included
+  (**casts**: the dtype conversions among them). In a train step the two counts differ only by
+  metadata ops (``as_strided_``, ``_unsafe_view``: one or two per step);
 - the counts depend on the network's structure, not on its widths or the input size, so the
   models are narrow and the inputs small (a second per contender);
-- an eval forward (eval mode, ``torch.inference_mode``) is counted in the steady state, after a
-  first forward that folds the frozen plan's weights (:mod:`rescale_core.plans.frozen`: once per
-  evaluation), and again with the frozen plan off (``set_frozen(model, False)``: the plan set on
-  the model evaluates, as before the frozen plan existed), both under bf16 autocast and
-  channels_last and in float32 on contiguous tensors (the CPU default).
+- an eval forward (eval mode, under ``torch.no_grad`` and under ``torch.inference_mode``) is
+  counted in the steady state, after a first forward that folds the frozen plan's weights
+  (:mod:`rescale_core.plans.frozen`: once per evaluation), and again with the frozen plan off
+  (``set_frozen(model, False)``: the plan set on the model evaluates, as before the frozen plan
+  existed), both under bf16 autocast and channels_last and in float32 on contiguous tensors (the
+  CPU default).
 
 Families: ResNet-50 (bottleneck), ResNeXt-50 32x4d (grouped bottleneck), ResNet-18 (basic),
 Wide-ResNet 16-4, the R3D-18 video ResNet, VGG-11 and the Transformer (``transformer_tiny``),
@@ -43,6 +52,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rescale_core
@@ -55,13 +65,20 @@ __all__ = ["OpCounter", "Family", "FAMILIES", "StepCount", "count_step", "count_
 
 class OpCounter(TorchDispatchMode):
     """Counts the aten ops dispatched inside it: ``launches`` (not views or allocations,
-    returning a tensor) and ``dispatches`` (every call); ``by_op`` the launches per op name."""
+    returning a tensor: what the train-step tables count), ``kernels`` (what a device launches:
+    an op that writes an argument or returns a tensor in storage of its own, casts included, the
+    same under ``torch.no_grad`` and ``torch.inference_mode``), ``casts`` (the dtype conversions
+    among the kernels) and ``dispatches`` (every call); ``by_op`` the launches per op name and
+    ``by_kernel`` the kernels."""
 
     def __init__(self) -> None:
         super().__init__()
         self.launches = 0
+        self.kernels = 0
+        self.casts = 0
         self.dispatches = 0
         self.by_op: Counter = Counter()
+        self.by_kernel: Counter = Counter()
 
     # allocations: the caching allocator hands out memory without a kernel
     ALLOCATIONS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
@@ -73,12 +90,41 @@ class OpCounter(TorchDispatchMode):
         return any(isinstance(r.type, torch.TensorType) or "Tensor" in str(r.type)
                    for r in func._schema.returns)
 
+    @staticmethod
+    def ran_kernel(func, args: tuple, kwargs: dict, out) -> bool:
+        """Whether the call launched a kernel, judged by what it did rather than by its schema:
+        it wrote one of its arguments (an in-place or ``out=`` op; a metadata-only
+        ``as_strided_`` writes nothing), or returned a tensor whose storage none of its arguments
+        has. So ``aten.to``, which the dispatcher marks a view because it aliases where nothing
+        changes, counts where it casts (autocast's casts under ``torch.inference_mode``), and an
+        op that hands its input back (``dropout`` in eval mode, seen whole under
+        ``torch.inference_mode``) does not."""
+        if (func.namespace != "aten" or func._schema.name.split("::")[-1] in OpCounter.ALLOCATIONS
+                or torch.Tag.inplace_view in func.tags):
+            return False
+        outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if not outs:
+            return False
+        if func._schema.is_mutable:
+            return True
+        inputs = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)}
+        return any(t.untyped_storage().data_ptr() not in inputs for t in outs)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         self.dispatches += 1
+        out = func(*args, **kwargs)
         if self.launches_kernel(func):
             self.launches += 1
             self.by_op[str(func)] += 1
-        return func(*args, **(kwargs or {}))
+        if self.ran_kernel(func, args, kwargs, out):
+            self.kernels += 1
+            self.by_kernel[str(func)] += 1
+            if (func._schema.name in ("aten::_to_copy", "aten::to") and isinstance(out, torch.Tensor)
+                    and out.dtype != args[0].dtype):
+                self.casts += 1
+        return out
 
 
 @dataclass(frozen=True)
@@ -147,12 +193,17 @@ class StepCount:
     launches: int
     dispatches: int
     by_op: Counter = field(default_factory=Counter)
+    kernels: int = 0     # what a device launches, casts included (OpCounter.ran_kernel)
+    casts: int = 0       # the dtype conversions among them
+    by_kernel: Counter = field(default_factory=Counter)
 
 
 def count_step(model: nn.Module, inputs: tuple, targets: torch.Tensor, loss: Callable,
-               optimizer: torch.optim.Optimizer, autocast: bool = True, train: bool = True) -> StepCount:
+               optimizer: torch.optim.Optimizer, autocast: bool = True, train: bool = True,
+               inference_mode: bool = True) -> StepCount:
     """The ops of one train step (zero_grad, forward, loss, backward, optimizer step), or of one
-    eval forward (``train=False``, under ``torch.inference_mode``)."""
+    eval forward (``train=False``, under ``torch.inference_mode``, or ``torch.no_grad`` with
+    ``inference_mode=False``)."""
     counter = OpCounter()
     with counter:
         if train:
@@ -162,9 +213,11 @@ def count_step(model: nn.Module, inputs: tuple, targets: torch.Tensor, loss: Cal
             value.backward()
             optimizer.step()
         else:
-            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            mode = torch.inference_mode() if inference_mode else torch.no_grad()
+            with mode, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 model(*inputs)
-    return StepCount(counter.launches, counter.dispatches, counter.by_op)
+    return StepCount(counter.launches, counter.dispatches, counter.by_op, counter.kernels, counter.casts,
+                     counter.by_kernel)
 
 
 @dataclass
@@ -258,24 +311,29 @@ class EvalCount:
     family: str
     name: str            # scheme label
     role: str            # "baseline" | "floor" | "scheme"
-    frozen: StepCount    # the frozen plan (what evaluation runs)
-    before: StepCount    # the frozen plan off: the default plan evaluating
+    frozen: StepCount    # the frozen plan (what evaluation runs), under torch.inference_mode
+    before: StepCount    # the frozen plan off: the default plan evaluating, under torch.inference_mode
+    frozen_no_grad: StepCount | None = None   # the same two under torch.no_grad
+    before_no_grad: StepCount | None = None
 
 
 def count_eval(family: Family, scheme: str, options: dict | None = None, role: str = "scheme",
                label: str | None = None, autocast: bool = True, channels_last: bool = True) -> EvalCount:
-    """One eval forward's ops (``torch.inference_mode``) in the steady state, with and without
-    the frozen plan, on the default plan (``auto``: folded on the CPU), of a network that has
-    measured its mean-shift statistics (as a trained one has)."""
+    """One eval forward's ops (``torch.inference_mode`` and ``torch.no_grad``) in the steady
+    state, with and without the frozen plan, on the default plan (``auto``: folded on the CPU),
+    of a network that has measured its mean-shift statistics (as a trained one has)."""
     model, inputs, targets = _built(family, scheme, options, "auto", channels_last)
     rescale_core.finish_measuring(model)
     model.eval()
     counts = {}
     for enabled in (True, False):
         rescale_core.plans.set_frozen(model, enabled)
-        count_step(model, inputs, targets, family.loss, None, autocast, train=False)  # folds once
-        counts[enabled] = count_step(model, inputs, targets, family.loss, None, autocast, train=False)
-    return EvalCount(family.name, label or scheme, role, counts[True], counts[False])
+        for inference_mode in (True, False):
+            count_step(model, inputs, targets, family.loss, None, autocast, False, inference_mode)  # folds once
+            counts[enabled, inference_mode] = count_step(model, inputs, targets, family.loss, None, autocast,
+                                                         False, inference_mode)
+    return EvalCount(family.name, label or scheme, role, counts[True, True], counts[False, True],
+                     counts[True, False], counts[False, False])
 
 
 def eval_counts(families: list[str] | None = None, autocast: bool = True,
@@ -291,16 +349,25 @@ def eval_counts(families: list[str] | None = None, autocast: bool = True,
 
 
 def eval_table(counts: list[EvalCount]) -> tuple[list[str], list[list[str]]]:
-    """Columns and rows: eval-forward launches on the frozen plan against the family's floor and
-    baseline, and before it (the default plan evaluating)."""
-    columns = ["family", "contender", "eval launches", "x floor", "x baseline", "before (frozen off)",
-               "before x floor"]
+    """Columns and rows: the kernels an eval forward launches, casts included, on the frozen plan
+    against the family's floor and baseline, its casts, and before the frozen plan (the default
+    plan evaluating). Counted under ``torch.no_grad``; a count under ``torch.inference_mode``
+    that differs is given beside it."""
+    columns = ["family", "contender", "eval launches", "casts", "x floor", "x baseline", "before (frozen off)",
+               "before casts", "before x floor"]
+
+    def both(no_grad: StepCount, inference: StepCount) -> str:
+        text = str(no_grad.kernels)
+        return text if inference.kernels == no_grad.kernels else f"{text} (inference_mode {inference.kernels})"
+
     rows = []
     for c in counts:
-        floor = next(o for o in counts if o.family == c.family and o.role == "floor").frozen.launches
-        base = next(o for o in counts if o.family == c.family and o.role == "baseline").frozen.launches
-        rows.append([c.family, _label(c), str(c.frozen.launches), f"{c.frozen.launches / floor:.2f}",
-                     f"{c.frozen.launches / base:.2f}", str(c.before.launches), f"{c.before.launches / floor:.2f}"])
+        floor = next(o for o in counts if o.family == c.family and o.role == "floor").frozen_no_grad.kernels
+        base = next(o for o in counts if o.family == c.family and o.role == "baseline").frozen_no_grad.kernels
+        frozen, before = c.frozen_no_grad, c.before_no_grad
+        rows.append([c.family, _label(c), both(frozen, c.frozen), str(frozen.casts), f"{frozen.kernels / floor:.2f}",
+                     f"{frozen.kernels / base:.2f}", both(before, c.before), str(before.casts),
+                     f"{before.kernels / floor:.2f}"])
     return columns, rows
 
 
@@ -325,19 +392,26 @@ def section_ops(settings: Settings) -> SectionResult:
         evals = eval_counts(autocast=autocast, channels_last=autocast)
         columns, rows = eval_table(evals)
         result.tables.append(Table(
-            f"Ops launched per eval forward ({setting}; batch 2, torch.inference_mode)", columns, rows,
-            notes=["eval launches: the frozen plan (rescale_core.plans.frozen: weights folded once per evaluation, "
-                   "counted after the first forward); before: the same model with the frozen plan off "
+            f"Kernels launched per eval forward ({setting}; batch 2, torch.no_grad and torch.inference_mode, "
+            "casts included)", columns, rows,
+            notes=["eval launches: the kernels the frozen plan launches (rescale_core.plans.frozen: weights folded "
+                   "once per evaluation and kept in autocast's dtype, counted after the first forward): every op "
+                   "that writes an argument or returns a tensor of its own, autocast's casts included, the same "
+                   "under torch.no_grad and torch.inference_mode; before: the same model with the frozen plan off "
                    "(set_frozen(model, False)), the plan auto evaluating as training computes",
+                   "casts: the dtype conversions among them; under bf16 autocast the frozen plan's only one is the "
+                   "input image's (CPU autocast pools 3D in float32: R3D-18's pools cast twice more each; the "
+                   "Transformer's unfolded linear layers cast their weights as a post-LN model's do)",
                    "RescaleNet's projection shortcuts average-pool before their 1x1 convolution (the floor's stride "
-                   "it): one op each above the floor (3 in a 4-stage ResNet); VGG adds its input's offset (1)",
-                   "float32 contiguous on a CPU: RescaleNet's 2D shortcut pools are several faster ops (strided sums)"]))
+                   "it): one op each above the floor (3 in a 4-stage ResNet)",
+                   "float32 contiguous on a CPU: RescaleNet's 2D shortcut pools are several faster ops "
+                   "(strided sums)"]))
         precision = "bf16" if autocast else "fp32"
         for c in evals:
             if c.role == "scheme":
                 floor = next(o for o in evals if o.family == c.family and o.role == "floor")
                 result.metrics[f"ops eval {precision} {c.family} {c.name} x floor"] = (
-                    c.frozen.launches / floor.frozen.launches)
+                    c.frozen_no_grad.kernels / floor.frozen_no_grad.kernels)
     return result
 
 
@@ -351,22 +425,22 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.eval:
         evals = eval_counts(args.families, autocast=not args.fp32, channels_last=not args.fp32)
-        _print(eval_table(evals), [(f"{c.family} {c.name} eval", c.frozen) for c in evals], args.top)
+        _print(eval_table(evals), [(f"{c.family} {c.name} eval", c.frozen_no_grad.by_kernel) for c in evals], args.top)
     else:
         counts = op_counts(args.families, tuple(args.plans))
-        _print(op_table(counts), [(f"{c.family} {c.name} {c.plan}", c.train) for c in counts], args.top)
+        _print(op_table(counts), [(f"{c.family} {c.name} {c.plan}", c.train.by_op) for c in counts], args.top)
     return 0
 
 
-def _print(table: tuple[list[str], list[list[str]]], steps: list[tuple[str, StepCount]], top: int) -> None:
+def _print(table: tuple[list[str], list[list[str]]], steps: list[tuple[str, Counter]], top: int) -> None:
     """The table, then (``top`` > 0) each step's most launched ops."""
     columns, rows = table
     widths = [max(len(r[i]) for r in rows + [columns]) for i in range(len(columns))]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
     for r in rows:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths)))
-    for name, step in steps if top else ():
-        print(f"\n{name}: " + ", ".join(f"{op} {n}" for op, n in step.by_op.most_common(top)))
+    for name, ops in steps if top else ():
+        print(f"\n{name}: " + ", ".join(f"{op} {n}" for op, n in ops.most_common(top)))
 
 
 if __name__ == "__main__":

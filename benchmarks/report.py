@@ -45,8 +45,7 @@ from pathlib import Path
 
 import torch
 
-from rescale_tasks.common.allocator import host_allocator
-from rescale_tasks.common.sampling import usable_cores
+from rescale_tasks.common.system import host_allocator, usable_cores
 
 from .models import resnet3d_suite, resnet50_suite, transformer_suite
 from .toolkit import SectionResult, Settings, Table

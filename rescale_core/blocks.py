@@ -7,14 +7,16 @@ Zhang et al. 2019).
 - :class:`ResidualBlock`: basic (2 convs) or bottleneck (3 convs) branch, 1D/2D/3D, projection
   shortcut; attribute names follow torchvision (``conv1``, ``bn1``, ..., ``downsample``) so a
   ``bn`` ResNet loads torchvision's state dicts and torchvision's FPN/detectors wrap it.
-  Pre-conv biases (mean-shift or Fixup scalars) are ``shift1``..``shiftm``.
+  Pre-conv biases (mean-shift or Fixup scalars) are ``shift1``..``shiftm``. Those names are the
+  state dict's; code reads the branch through :meth:`ResidualBlock.branch_layers` (one
+  :class:`BranchLayer` per convolution, in forward order), the contract every plan unpacks.
 - :class:`ResidualSublayer`: the Transformer sublayer (attention or feed-forward branch)
   under post-LN, pre-LN, ``rescale``, ``rezero`` or ``skipinit``.
 
 Each holds its reference definition (``_forward_reference``: the plain layer-by-layer code)
-and one dispatch to its execution plan (:mod:`rescale_core.plans`): the folded and lean plans
-compute the same function with fewer ops, in :mod:`rescale_core.plans.folded` and
-:mod:`rescale_core.plans.lean`.
+and one dispatch to its execution plan (:mod:`rescale_core.plans`): the folded, lean and frozen
+plans compute the same function with fewer ops, in :mod:`rescale_core.plans.folded`,
+:mod:`rescale_core.plans.lean` and :mod:`rescale_core.plans.frozen`.
 
 Deviations from the official code: RescaleNet's official init multiplier uses ``k - 1 + L`` where
 the formula it implements (rebuttal [R4]) has ``k + L``; we follow the formula, so that
@@ -22,6 +24,8 @@ the formula it implements (rebuttal [R4]) has ``k + L``; we follow the formula, 
 first scalar bias; ours has its own. CIFAR ResNets use projection (option B) shortcuts.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -32,7 +36,7 @@ from .layers import (Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_sh
 from .plans.dispatch import Planned, implementation
 from .schemes import Scheme
 
-__all__ = ["ResidualMerge", "ResidualBlock", "ResidualSublayer", "pre_conv_bias"]
+__all__ = ["ResidualMerge", "BranchLayer", "ResidualBlock", "ResidualSublayer", "pre_conv_bias"]
 
 
 class ResidualMerge(nn.Module):
@@ -99,6 +103,17 @@ def _post_conv(scheme: Scheme, channels: int, spatial_dims: int, last: bool) -> 
     if scheme.scalar_biases and not last:
         return ScalarBias()
     return nn.Identity()
+
+
+class BranchLayer(NamedTuple):
+    """One layer of a residual block's branch: ``post(drop(conv(shift(x))))``, followed by the
+    block's ReLU unless it is the branch's last. Every plan unpacks exactly these fields
+    (``for shift, conv, post in block.branch_layers()``), so a field added here fails, loudly,
+    in each plan until it computes the new layer."""
+
+    shift: nn.Module  # before the conv: MeanShiftBias, Fixup's ScalarBias or Identity
+    conv: nn.Module
+    post: nn.Module   # after it: the norm layer, Fixup's pre-activation ScalarBias or Identity
 
 
 class ResidualBlock(Planned):
@@ -188,13 +203,18 @@ class ResidualBlock(Planned):
         init_shortcut(scheme, conv)
         return shortcut
 
+    def branch_layers(self) -> tuple[BranchLayer, ...]:
+        """The branch's layers in forward order (``shift{i}``, ``conv{i}``, ``bn{i}`` for ``i``
+        in ``1..num_convs``): what the reference and every plan compute."""
+        return tuple(BranchLayer(getattr(self, f"shift{i}"), getattr(self, f"conv{i}"), getattr(self, f"bn{i}"))
+                     for i in range(1, self.num_convs + 1))
+
     def branch(self, x: torch.Tensor) -> torch.Tensor:
         out = x
-        for i in range(1, self.num_convs + 1):
-            out = getattr(self, f"shift{i}")(out)
-            out = self.drop(getattr(self, f"conv{i}")(out))
-            out = getattr(self, f"bn{i}")(out)
-            if i < self.num_convs:
+        layers = self.branch_layers()
+        for i, (shift, conv, post) in enumerate(layers, start=1):
+            out = post(self.drop(conv(shift(out))))
+            if i < len(layers):
                 out = self.relu(out)
         return out
 

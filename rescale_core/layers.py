@@ -40,6 +40,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .compat import mean_shift_state
+
 __all__ = ["MeanShiftBias", "ScalarBias", "Gain", "channel_shape", "make_norm", "conv_nd", "pool_nd",
            "dropout_nd", "StridedAvgPool"]
 
@@ -160,8 +162,7 @@ class MeanShiftBias(nn.Module):
         self._count = int(self.count.item())  # one sync at load time, never in forward
 
     def __setstate__(self, state: dict) -> None:
-        # whole modules pickled before `_count`/`measure_batches` became properties
-        count, batches = state.pop("_count", None), state.pop("measure_batches", None)
+        state, count, batches = mean_shift_state(state)  # an earlier layout's pickle
         super().__setstate__(state)
         if batches is not None:
             self._measure_batches = int(batches)

@@ -6,9 +6,9 @@
     rescale --help                                  (every command, one line each)
 
 This module holds the command table, the help and :func:`main`. How a Lightning command is built
-and run: :mod:`rescale_tasks.common.lightning_cli` (the ``_defaults.yaml`` layers of a run config:
-:mod:`rescale_tasks.common.config_layers`); how a command ends (one error line, an exit status):
-:mod:`rescale_tasks.common.command`.
+and run: :mod:`rescale_tasks.common.cli.lightning_commands` (the ``_defaults.yaml`` layers of a run config:
+:mod:`rescale_tasks.common.cli.config_layers`); how a command ends (one error line, an exit status):
+:mod:`rescale_tasks.common.cli.command`.
 """
 from __future__ import annotations
 
@@ -18,10 +18,9 @@ from typing import Callable, Optional
 
 import rescale_core
 
-from .common.allocator import keep_freed_memory
-from .common.command import run_command
+from .common.cli import run_command, run_lightning
 from .common.errors import UserArgumentParser
-from .common.lightning_cli import run_lightning
+from .common.system import keep_freed_memory
 
 __all__ = ["main", "SUITE_COMMANDS", "COMMAND_HELP"]
 
@@ -65,8 +64,8 @@ SUITE_COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "analyze": _studies("analyze"),
     "study": _studies("study"),
     "compare": _studies("compare"),
-    "average-checkpoints": lambda argv: _run_module("rescale_tasks.common.averaging", argv),
-    "export": lambda argv: _run_module("rescale_tasks.common.export", argv),
+    "average-checkpoints": lambda argv: _run_module("rescale_tasks.common.checkpoints.averaging", argv),
+    "export": lambda argv: _run_module("rescale_tasks.common.export.command", argv),
     "prepare-translation": lambda argv: _run_module("rescale_tasks.translation.prepare", argv),
     "translate": lambda argv: _run_module("rescale_tasks.translation.translate", argv),
     "prepare-video": lambda argv: _run_module("rescale_tasks.video.prepare", argv),
@@ -109,7 +108,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     """``rescale <command> [options]``: the exit status; an error is one line on stderr."""
     from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    keep_freed_memory()  # a CPU step then reuses its tensors' pages (common/allocator.py)
+    keep_freed_memory()  # a CPU step then reuses its tensors' pages (common/system/allocator.py)
     if not argv or argv[0] in ("-h", "--help"):
         print_help()
         return 0

@@ -13,8 +13,8 @@ pytest_plugins = ["skip_policy", "no_network", "parallel_text"]
 @pytest.fixture(autouse=True, scope="session")
 def _host_memory_as_the_rescale_command_keeps_it():
     """Freed host memory kept for reuse, as every ``rescale`` command does at start
-    (``rescale_tasks.common.allocator``): the same in every test, whichever runs a command first."""
-    from rescale_tasks.common.allocator import keep_freed_memory
+    (``rescale_tasks.common.system.allocator``): the same in every test, whichever runs a command first."""
+    from rescale_tasks.common.system import keep_freed_memory
     keep_freed_memory()
 
 

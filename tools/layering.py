@@ -4,9 +4,16 @@ Layers, lowest first::
 
     rescale_core  <-  rescale_tasks.common  <-  the task folders  <-  rescale_tasks.studies  <-  rescale_tasks.cli
 
-An import may point down or stay inside its own package, never up; the task folders (classification,
-detection, translation, video) do not import each other (what two tasks share lives in ``common``).
-``benchmarks`` sits above everything and nothing imports it. The rules checked on top of the layers:
+and inside ``rescale_tasks.common`` (:data:`COMMON_LAYERS`), lowest first::
+
+    errors  <-  system/  <-  data/  <-  training/  <-  checkpoints/  <-  reporting/  <-  run/  <-  module
+            <-  cli/  <-  export/
+
+An import may point down or stay inside its own package (or subpackage of ``common``), never up; the
+task folders (classification, detection, translation, video) do not import each other (what two tasks
+share lives in ``common``). ``benchmarks`` sits above everything and nothing imports it. A module or
+subpackage of ``common`` missing from :data:`COMMON_LAYERS` is reported until it is given its layer.
+The rules checked on top of the layers:
 
 * no cycle between modules, counting imports made inside functions (a function-local import hides a
   cycle from Python, not from a reader);
@@ -15,9 +22,9 @@ detection, translation, video) do not import each other (what two tasks share li
 * a first-party import inside a function carries a comment on its line or the line above saying why
   it is not at the top (an optional dependency, start-up time).
 
-``python -m tools.layering`` prints the graph's cycles, the arrows that break the layers, the private
-names and every function-local first-party import, and exits 1 when a rule is broken;
-``tests/test_layering.py`` asserts the same.
+``python -m tools.layering`` prints the layers with their modules, the graph's cycles, the arrows that
+break the layers, the private names and every function-local first-party import, and exits 1 when a
+rule is broken; ``tests/test_layering.py`` asserts the same.
 """
 from __future__ import annotations
 
@@ -27,7 +34,7 @@ import io
 import sys
 import tokenize
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import networkx as nx
@@ -36,7 +43,14 @@ REPO = Path(__file__).resolve().parents[1]
 # import name -> folder in the repository (``tasks/`` is installed as ``rescale_tasks``)
 PACKAGES = {"rescale_core": "rescale_core", "rescale_tasks": "tasks", "benchmarks": "benchmarks"}
 TASK_FOLDERS = ("classification", "detection", "translation", "video")
-LAYERS = ("rescale_core", "tasks/common", "task folders", "tasks/studies", "tasks/cli", "benchmarks")
+#: the sub-layers of ``tasks/common``, lowest first: a top-level module or a subpackage each (the
+#: package's own ``__init__`` holds no import and sits with the lowest)
+COMMON_LAYERS = ("errors", "system", "data", "training", "checkpoints", "reporting", "run", "module", "cli",
+                 "export")
+LAYERS = ("rescale_core", *(f"tasks/common/{name}" for name in COMMON_LAYERS), "task folders", "tasks/studies",
+          "tasks/cli", "benchmarks")
+_COMMON_FIRST = 1
+_TASK_FOLDERS_LAYER = LAYERS.index("task folders")
 
 
 @dataclass(frozen=True)
@@ -69,15 +83,33 @@ def unit_of(module: str) -> tuple[int, str]:
     if parts[0] == "rescale_core":
         return 0, "rescale_core"
     if parts[0] == "benchmarks":
-        return 5, "benchmarks"
+        return len(LAYERS) - 1, "benchmarks"
     sub = parts[1] if len(parts) > 1 else ""
     if sub == "common":
-        return 1, "rescale_tasks.common"
+        return _common_layer(parts[2] if len(parts) > 2 else None)
     if sub in TASK_FOLDERS:
-        return 2, f"rescale_tasks.{sub}"
+        return _TASK_FOLDERS_LAYER, f"rescale_tasks.{sub}"
     if sub == "studies":
-        return 3, "rescale_tasks.studies"
-    return 4, "rescale_tasks"  # the command line and the (empty) package root
+        return LAYERS.index("tasks/studies"), "rescale_tasks.studies"
+    return LAYERS.index("tasks/cli"), "rescale_tasks"  # the command line and the (empty) package root
+
+
+def _common_layer(name: str | None) -> tuple[int, str]:
+    """The sub-layer of ``rescale_tasks.common.<name>``; the package itself and a name missing from
+    :data:`COMMON_LAYERS` sit with the lowest, so an unplaced module shows as arrows up a layer."""
+    if name in COMMON_LAYERS:
+        return _COMMON_FIRST + COMMON_LAYERS.index(name), f"rescale_tasks.common.{name}"
+    return _COMMON_FIRST, "rescale_tasks.common"
+
+
+def unplaced(modules) -> list[str]:
+    """Modules of ``rescale_tasks.common`` whose top-level name :data:`COMMON_LAYERS` does not list."""
+    found = set()
+    for module in modules:
+        parts = module.split(".")
+        if parts[:2] == ["rescale_tasks", "common"] and len(parts) > 2 and parts[2] not in COMMON_LAYERS:
+            found.add(module)
+    return sorted(found)
 
 
 def discover(repo: Path = REPO) -> dict[str, Path]:
@@ -210,6 +242,7 @@ class Report:
 
     imports: list[Import]
     private_uses: list[PrivateUse]
+    modules: list[str] = field(default_factory=list)  # every first-party module, importing or not
 
     def graph(self) -> nx.DiGraph:
         g = nx.DiGraph()
@@ -232,7 +265,7 @@ class Report:
         bad = []
         for i in self.imports:
             (src_layer, src_unit), (dst_layer, dst_unit) = unit_of(i.source), unit_of(i.target)
-            if dst_layer > src_layer or (dst_layer == src_layer == 2 and src_unit != dst_unit):
+            if dst_layer > src_layer or (dst_layer == src_layer == _TASK_FOLDERS_LAYER and src_unit != dst_unit):
                 bad.append(i)
         return bad
 
@@ -248,13 +281,39 @@ class Report:
     def unexplained_local_imports(self) -> list[Import]:
         return [i for i in self.local_imports() if not i.comment]
 
+    def unplaced(self) -> list[str]:
+        """Modules of ``rescale_tasks.common`` that no layer of :data:`COMMON_LAYERS` holds."""
+        return unplaced(self.modules)
+
     def broken(self) -> bool:
         return bool(self.cycles() or self.wrong_way() or self.private_imports()
-                    or self.unexplained_local_imports())
+                    or self.unexplained_local_imports() or self.unplaced())
+
+    def layer_lines(self) -> list[str]:
+        """The layers, lowest first, each with its modules (``tasks/common``'s by name)."""
+        members: dict[int, list[str]] = {}
+        for module in sorted(set(self.modules) | {i.source for i in self.imports}):
+            members.setdefault(unit_of(module)[0], []).append(module)
+        width = max(map(len, LAYERS))
+        out = ["layers, lowest first (an import points down or stays inside its own package):"]
+        for index, name in enumerate(LAYERS):
+            found = members.get(index, [])
+            if name.startswith("tasks/common/"):  # a top-level module, or a subpackage's modules
+                unit = f"rescale_tasks.common.{name.rpartition('/')[2]}"
+                found = [m for m in found if m != "rescale_tasks.common"]  # the package root: no import
+                shown = ", ".join(m.rpartition(".")[2] for m in ([m for m in found if m != unit] or found))
+            else:
+                shown = f"{len(found)} modules"
+            out.append(f"  {name.ljust(width)}  {shown}")
+        return out
 
     def lines(self) -> list[str]:
         out = [f"{len({i.source for i in self.imports})} modules, {len(self.imports)} first-party imports "
                f"({len(self.local_imports())} inside functions)", ""]
+        out += self.layer_lines() + [""]
+        missing = self.unplaced()
+        out.append(f"modules of tasks/common in no layer (add them to COMMON_LAYERS): {len(missing)}")
+        out += ["  " + m for m in missing]
         cycles = self.cycles()
         out.append(f"cycles: {len(cycles)}")
         out += ["  " + " -> ".join(c) for c in cycles]
@@ -285,7 +344,7 @@ def build(repo: Path = REPO) -> Report:
         uses += private
     imports.sort(key=lambda i: (i.path, i.line, i.target))
     uses.sort(key=lambda u: (u.path, u.line, u.name))
-    return Report(imports, uses)
+    return Report(imports, uses, sorted(modules))
 
 
 def main(argv: list[str] | None = None) -> int:

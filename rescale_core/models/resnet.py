@@ -18,7 +18,8 @@ wraps these networks unchanged.
 :class:`ResNet` holds the reference definition (stem, stages, head) and one dispatch to its
 execution plan (:mod:`rescale_core.plans`): the folded and lean plans carry RescaleNet's skip
 multipliers along the stages and fold the stem's and the head's offsets
-(:func:`rescale_core.plans.folded.resnet`, :func:`rescale_core.plans.lean.resnet`).
+(:func:`rescale_core.plans.folded.folded_resnet`, :func:`rescale_core.plans.lean.lean_resnet`); the
+frozen plan evaluates it as a plain network (:func:`rescale_core.plans.frozen.frozen_resnet`).
 
 Deviations: Wide-ResNets and CIFAR ResNets use the v1 (post-activation) block with a projection
 shortcut; Wide-ResNet depth counts 6n+4 layers as in the WRN paper, CIFAR ResNet 6n+2.

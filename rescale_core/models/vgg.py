@@ -9,8 +9,9 @@ Deviation: the classifier width (4096) and stage-1 width (64) are arguments, for
 
 :class:`VGG` holds the reference definition and one dispatch to its execution plan
 (:mod:`rescale_core.plans`): the folded plan moves each mean-shift bias of the conv stack across
-the ReLU (and max-pool) before it into the previous conv's bias (:func:`rescale_core.plans.folded.vgg`),
-the lean plan computes every offset in one pass (:func:`rescale_core.plans.lean.vgg`).
+the ReLU (and max-pool) before it into the previous conv's bias (:func:`rescale_core.plans.folded.folded_vgg`),
+the lean plan computes every offset in one pass (:func:`rescale_core.plans.lean.lean_vgg`), the
+frozen plan evaluates a plain network (:func:`rescale_core.plans.frozen.frozen_vgg`).
 """
 from __future__ import annotations
 

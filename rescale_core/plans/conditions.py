@@ -28,9 +28,10 @@ from torch.nn.modules import module as _module_mod
 
 from ..layers import MeanShiftBias
 from ..schemes import Scheme
+from .cache import MEAN_SHIFT_SLOT, kept
 
 __all__ = ["IMPLEMENTED_FIELDS", "implements", "unimplemented", "global_hooks", "has_hooks",
-           "has_hooks_in", "has_hooks_below", "is_updating", "module_tree_version", "measuring_step",
+           "has_hooks_in", "has_hooks_below", "is_updating", "measuring_step",
            "eager_while_measuring"]
 
 _logger = logging.getLogger(__name__)
@@ -146,43 +147,15 @@ def is_updating(mod: nn.Module) -> bool:
     return isinstance(mod, MeanShiftBias) and mod.updating
 
 
-# Bumped whenever any module anywhere registers a submodule, a parameter or a buffer (assignment,
-# ``add_module``, ``register_parameter``, ``register_buffer``): the cached list of a model's
-# mean-shift layers, the lean plan's schedules and the frozen plan's weights are rebuilt after a
-# layer or a weight is added or replaced (a detection wrapper, a new classifier, a weight assigned
-# a new tensor), never walked otherwise.
-_tree_version = 0
-
-
-def _on_registration(module, name, value):
-    global _tree_version
-    _tree_version += 1
-
-
-_module_mod.register_module_module_registration_hook(_on_registration)
-_module_mod.register_module_parameter_registration_hook(_on_registration)
-_module_mod.register_module_buffer_registration_hook(_on_registration)
-
-
-def module_tree_version() -> int:
-    """A number that changes whenever a submodule, a parameter or a buffer is registered
-    anywhere."""
-    return _tree_version
-
-
 def measuring_step(model: nn.Module) -> bool:
     """Whether a forward of ``model`` now measures some mean-shift statistics (training mode,
     gradients on, a layer still measuring). Reads only the layers' ``measuring`` flags, from a
-    list cached until a module is next registered anywhere."""
+    list kept until a module is next registered anywhere (:func:`~.cache.kept`)."""
     if not (model.training and torch.is_grad_enabled()):
         return False
-    cached = model.__dict__.get("_mean_shift_layers")
-    # under torch.compile the cached list is reused as it is: compiling registers fx modules,
-    # which moves the version, and a guard on it would recompile every step
-    if cached is None or (cached[0] != _tree_version and not torch.compiler.is_compiling()):
-        cached = (_tree_version, tuple(m for m in model.modules() if isinstance(m, MeanShiftBias)))
-        model.__dict__["_mean_shift_layers"] = cached
-    return any(m.measuring for m in cached[1])
+    layers = kept(model, MEAN_SHIFT_SLOT, "layers",
+                  lambda: tuple(m for m in model.modules() if isinstance(m, MeanShiftBias)))
+    return any(m.measuring for m in layers)
 
 
 @torch.compiler.disable

@@ -17,10 +17,12 @@ hands it to its fallback (:data:`FALLBACKS`), and the last one to the reference.
 
 Evaluation without autograd (a module in eval mode under ``torch.no_grad`` or
 ``torch.inference_mode``) on a fast plan first asks the :data:`FROZEN` plan
-(:mod:`rescale_core.plans.frozen`: weights folded once, cached on the module), which declines
-where it cannot run; :func:`set_frozen` turns it off. The cache is dropped whenever the weights
-may have changed without a version counter telling (:meth:`Planned.train`, ``to``,
-``load_state_dict``, an optimizer step, :func:`set_plan`, :func:`reference_path`).
+(:mod:`rescale_core.plans.frozen`: weights folded once, kept on the module), which declines
+where it cannot run; :func:`set_frozen` turns it off. What the frozen plan keeps
+(:mod:`rescale_core.plans.cache`) is dropped whenever the weights may have changed without a
+version counter telling (:meth:`Planned.train`, ``to``, ``load_state_dict``, an optimizer step),
+and everything the plans keep by :func:`set_plan`, :func:`reference_path` and :func:`set_frozen`.
+Modules pickled under an earlier layout load through :mod:`rescale_core.compat`.
 """
 from __future__ import annotations
 
@@ -32,20 +34,19 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from ..compat import planned_state
 from ..schemes import Scheme
+from .cache import FROZEN_SLOT, SLOTS, drop_kept
 from .conditions import global_hooks, implements
 
 __all__ = ["PLANS", "FROZEN", "FALLBACKS", "check_plan", "Planned", "Implementation", "register",
-           "implementation", "running_plan", "set_plan", "plan_of", "reference_path", "set_frozen", "wants_lean",
-           "cached_on", "drop_cached", "FROZEN_SLOT"]
+           "implementation", "running_plan", "set_plan", "plan_of", "reference_path", "set_frozen", "wants_lean"]
 
 PLANS = ("auto", "lean", "folded", "reference")
 # the inference plan: not set on a module but asked first, on a fast plan, in evaluation without autograd
 FROZEN = "frozen"
 # the plan that computes a call its plan declines (none: the reference)
 FALLBACKS: dict[str, str] = {"lean": "folded"}
-# the attribute holding what the frozen plan folded (rescale_core.plans.frozen)
-FROZEN_SLOT = "_frozen_state"
 
 
 def check_plan(plan: str) -> str:
@@ -81,11 +82,11 @@ class Planned(nn.Module):
 
     plan = "auto"
     frozen = True
-    # what the frozen plan folded (rescale_core.plans.frozen.FrozenState); a class default, so
+    # what the frozen plan keeps (rescale_core.plans.cache, a guarded slot); a class default, so
     # that compiled code reads the attribute (with a guard) whether or not it is set
     _frozen_state = None
     # whether the fast plans implement the module's scheme; the class default for modules
-    # pickled before the check, which ran the fast plans
+    # pickled before the check, which ran the fast plans (rescale_core.compat)
     _fast_ok = True
     # {plan: Implementation}, filled per module type by :func:`register`
     plan_implementations: dict[str, Implementation] = {}
@@ -106,14 +107,12 @@ class Planned(nn.Module):
             self.plan = "auto"
 
     def __setstate__(self, state: dict) -> None:
-        # a module pickled with a ``fused`` flag of its own: False selected the reference
-        if state.pop("fused", True) is False:
-            state["plan"] = "reference"
-        super().__setstate__(state)
+        super().__setstate__(planned_state(state))  # an earlier layout's pickle
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.pop(FROZEN_SLOT, None)  # folded weights: rebuilt on the next evaluation
+        for slot in SLOTS:  # what the plans keep: rebuilt on the next call
+            state.pop(slot, None)
         return state
 
     # the frozen plan's weights are dropped at every event that may change the weights without a
@@ -215,7 +214,7 @@ def set_plan(model: nn.Module, plan: str) -> nn.Module:
     check_plan(plan)
     for m in _planned(model):
         m.plan = plan
-    drop_cached(model)
+    drop_kept(model)
     return model
 
 
@@ -242,7 +241,7 @@ def reference_path(model: nn.Module, enabled: bool = True):
     finally:
         for m, plan in saved:
             m.plan = plan
-        drop_cached(model)  # cached schedules follow the plans
+        drop_kept(model)  # kept schedules follow the plans
 
 
 def set_frozen(model: nn.Module, enabled: bool = True) -> nn.Module:
@@ -251,33 +250,5 @@ def set_frozen(model: nn.Module, enabled: bool = True) -> nn.Module:
     returns ``model``."""
     for m in _planned(model):
         m.frozen = bool(enabled)
-    drop_cached(model)
+    drop_kept(model)
     return model
-
-
-# --------------------------------------------------------------- a plan's state cached on a module
-_CACHE = "_plan_cache"
-
-
-def cached_on(module: nn.Module, key, build):
-    """``build()``, cached in ``module.__dict__`` until ``key()`` changes (or :func:`drop_cached`).
-    Under ``torch.compile`` a cached value is reused without evaluating the key: compiling
-    registers modules of its own (fx graph modules), which moves the module-tree version the
-    keys contain, so checking it there would recompile every step."""
-    cached = module.__dict__.get(_CACHE)
-    if cached is not None and torch.compiler.is_compiling():
-        return cached[1]
-    k = key()
-    if cached is None or cached[0] != k:
-        cached = (k, build())
-        module.__dict__[_CACHE] = cached
-    return cached[1]
-
-
-def drop_cached(model: nn.Module) -> None:
-    """Forget what the plans cached in ``model``'s modules (:func:`cached_on`, the frozen plan's
-    weights): it depends on the modules' plans, which :func:`set_plan` and
-    :func:`reference_path` change."""
-    for m in model.modules():
-        m.__dict__.pop(_CACHE, None)
-        m.__dict__.pop(FROZEN_SLOT, None)

@@ -1,14 +1,18 @@
-"""The identities the folded plan rests on (``docs/design.md``, "Why each fold is exact"), as
-functions of weights, biases and offsets (RescaleNet's mean-shift offsets, Shao et al. 2020;
-Fixup's scalar biases, Zhang et al. 2019; the schemes' branch multipliers); :mod:`rescale_core.plans.folded` applies them to each
-module type. Exact in real arithmetic; ``tests/core/test_core_fastpath.py`` checks them.
+"""The identities every fold rests on (``docs/design.md``, "Why each fold is exact"), one
+function each, as functions of weights, biases and offsets (RescaleNet's mean-shift offsets, Shao
+et al. 2020; Fixup's scalar biases, Zhang et al. 2019; the schemes' branch multipliers). The folded
+plan (:mod:`rescale_core.plans.folded`, every step) and the frozen plan
+(:mod:`rescale_core.plans.frozen`, once per evaluation) call these and nothing else to fold. Exact
+in real arithmetic; ``tests/core/test_core_fastpath.py`` and ``test_core_frozen.py`` check them.
 
-1. **pre-conv offset -> conv bias** (:func:`input_offset_bias`, where :func:`folds_input_offset`):
-   ``conv(x + e) = conv(x; b + W.sum(spatial) @ e)`` for a convolution without padding.
-2. **offset across a ReLU** (:func:`shifted_relu`): ``relu(z) + e = max(z + e, e)``.
-3. **post-conv biases and multipliers -> last conv** (:func:`scale_out`, :func:`scale_bias`,
-   where :func:`folds_output_scale`; :func:`scaled_linear` for a linear layer):
-   ``s * conv(x; W, b) + t = conv(x; s W, s b + t)``.
+1. **pre-conv offset -> conv bias** (:func:`fold_input_offset`, on :func:`input_offset_bias`;
+   where :func:`folds_input_offset`): ``conv(x + e) = conv(x; b + W.sum(spatial) @ e)`` for a
+   convolution (or linear layer) without padding.
+2. **offset across a ReLU** (:func:`shifted_relu`; the previous conv's bias takes ``e``):
+   ``relu(z) + e = max(z + e, e)``.
+3. **post-conv biases and multipliers -> the conv** (:func:`fold_output_scale`, where
+   :func:`folds_output_scale`; :func:`branch_multiplier` and :func:`merge_bias` of a merge;
+   :func:`scaled_linear` for a linear layer): ``s * conv(x; W, b) + t = conv(x; s W, s b + t)``.
 4. ``avgpool(x + e) = avgpool(x) + e``.
 
 Activations carried in units of ``c`` (RescaleNet's skip multipliers, ``docs/design.md``) take
@@ -16,7 +20,7 @@ their additive terms divided by ``c`` (:func:`scaled`, :func:`scaled_module`).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -25,9 +29,13 @@ from torch.autograd.function import once_differentiable
 
 from ..layers import MeanShiftBias, ScalarBias
 
+if TYPE_CHECKING:
+    from ..blocks import ResidualMerge
+
 __all__ = ["offset_of", "is_offset_module", "pads", "folds_input_offset", "folds_output_scale", "conv_out_numel",
-           "input_offset_bias", "add_bias", "conv_bias", "scale_out", "scaled", "scaled_module",
-           "scale_bias", "shifted_relu", "FrozenLinear", "scaled_linear"]
+           "input_offset_bias", "fold_input_offset", "add_bias", "conv_bias", "scale_out", "scale_bias",
+           "fold_output_scale", "branch_multiplier", "merge_bias", "scaled", "scaled_module", "shifted_relu",
+           "FrozenLinear", "scaled_linear"]
 
 
 # --------------------------------------------------------------- offsets into biases
@@ -96,12 +104,23 @@ def input_offset_bias(weight: torch.Tensor, e: torch.Tensor, groups: int = 1) ->
     return torch.bmm(w.reshape(groups, cout // groups, cin_g), e.reshape(groups, cin_g, 1)).reshape(cout)
 
 
+def fold_input_offset(layer: nn.Module, bias: torch.Tensor | None, e: torch.Tensor | None) -> torch.Tensor | None:
+    """Identity 1: the bias that makes ``layer`` (a convolution without padding, or a linear
+    layer) with ``bias`` compute ``layer(x + e)`` from ``x``."""
+    if e is None:
+        return bias
+    return add_bias(bias, input_offset_bias(layer.weight, e, getattr(layer, "groups", 1)))
+
+
 def add_bias(bias: torch.Tensor | None, term: torch.Tensor | None) -> torch.Tensor | None:
-    """``bias + term`` for per-output-channel vectors (or scalars of shape (1,)); None is 0."""
+    """``bias + term`` for per-output-channel vectors (or scalars of shape (1,), or per-channel
+    offsets of any shape); None is 0."""
     if term is None:
         return bias
     term = term.reshape(-1)
-    return term if bias is None else bias + term
+    if bias is None:
+        return term
+    return (bias if bias.dim() == 1 else bias.reshape(-1)) + term
 
 
 def conv_bias(bias: torch.Tensor | None, out_channels: int) -> torch.Tensor | None:
@@ -118,6 +137,36 @@ def scale_out(weight: torch.Tensor, scale) -> torch.Tensor:
     return weight * scale
 
 
+def scale_bias(bias: torch.Tensor | None, scale) -> torch.Tensor | None:
+    if bias is None:
+        return None
+    return bias * (scale.reshape(-1) if isinstance(scale, torch.Tensor) else scale)
+
+
+def fold_output_scale(weight: torch.Tensor, bias: torch.Tensor | None, scale) -> tuple:
+    """Identity 3: ``(s W, s b)`` for a multiplier ``s`` of the layer's output (a float, one
+    value or one per output channel; None is 1)."""
+    if scale is None:
+        return weight, bias
+    return scale_out(weight, scale), scale_bias(bias, scale)
+
+
+def branch_multiplier(merge: ResidualMerge, factor: float = 1.0):
+    """``gain * branch_scale * factor`` (a tensor, one kernel), ``branch_scale * factor`` (a
+    float) or None when it is 1: the merge's multiplier of the branch, which identity 3 folds
+    into the branch's last layer."""
+    scale = merge.branch_scale * factor
+    if merge.gain is not None:
+        return merge.gain.weight * scale
+    return scale if scale != 1.0 else None
+
+
+def merge_bias(merge: ResidualMerge, c: float = 1.0) -> torch.Tensor | None:
+    """Fixup's bias after the merge's multiplier in units of ``c``, or None: the term identity 3
+    adds to the branch's last bias."""
+    return None if merge.bias is None else scaled(merge.bias.bias, c)
+
+
 def scaled(t: torch.Tensor | None, c: float) -> torch.Tensor | None:
     """``t / c`` (an additive term in activations carried in units of ``c``)."""
     return t if t is None or c == 1.0 else t / c
@@ -128,12 +177,6 @@ def scaled_module(mod: nn.Module, x: torch.Tensor, c: float) -> torch.Tensor:
     if c != 1.0 and isinstance(mod, ScalarBias):
         return x + mod.bias / c
     return mod(x)
-
-
-def scale_bias(bias: torch.Tensor | None, scale) -> torch.Tensor | None:
-    if bias is None:
-        return None
-    return bias * (scale.reshape(-1) if isinstance(scale, torch.Tensor) else scale)
 
 
 # --------------------------------------------------------------- the ReLU with an offset
@@ -175,14 +218,13 @@ class _ShiftedReLU(torch.autograd.Function):
 
 
 def shifted_relu(z: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """``relu(z - e) + e`` for ``z`` that already contains ``e.detach()`` (identity 2). Works in
-    place on ``z`` (a conv output nothing else needs) in eager mode."""
-    e = e.to(z.dtype)
-    if torch.compiler.is_compiling():
-        return _ShiftedReLU.apply(z, e, False)
+    """``relu(z - e) + e`` for ``z`` that already contains ``e.detach()`` (identity 2): ``max(z,
+    e)``. Works in place on ``z`` (a conv output nothing else needs) in eager mode."""
+    if e.dtype != z.dtype:
+        e = e.to(z.dtype)
     if not (torch.is_grad_enabled() and (z.requires_grad or e.requires_grad)):
-        return torch.maximum(z, e, out=z)
-    return _ShiftedReLU.apply(z, e, True)
+        return torch.maximum(z, e) if torch.compiler.is_compiling() else torch.maximum(z, e, out=z)
+    return _ShiftedReLU.apply(z, e, not torch.compiler.is_compiling())
 
 
 # --------------------------------------------------------------- a linear layer with a multiplier

@@ -12,8 +12,9 @@ where the conv follows it directly), a merge is one ``addcmul(skip, branch, mult
 folded plan (:func:`~rescale_core.plans.shared.carried_scales`). Nothing weight-sized is
 computed per step. While a mean-shift layer measures, the folded plan runs instead.
 
-One function per module type, each to be read against that module's reference ``forward``:
-:func:`residual_block`, :func:`sublayer`, :func:`resnet` and :func:`vgg`.
+One function per module type, each under the reference ``forward`` it must equal:
+:func:`lean_block` (``ResidualBlock``), :func:`lean_sublayer` (``ResidualSublayer``),
+:func:`lean_resnet` (``ResNet``) and :func:`lean_vgg` (``VGG``).
 """
 from __future__ import annotations
 
@@ -24,13 +25,14 @@ from ..blocks import ResidualBlock, ResidualSublayer
 from ..layers import Gain, MeanShiftBias, ScalarBias, StridedAvgPool
 from ..models.resnet import ResNet
 from ..models.vgg import VGG
-from .conditions import has_hooks_below, has_hooks_in, is_updating, measuring_step, module_tree_version
-from .dispatch import cached_on, register
+from .cache import LEAN_SLOT, kept
+from .conditions import has_hooks_below, has_hooks_in, is_updating, measuring_step
+from .dispatch import register
 from .folds import scaled, writes_into_buffers
-from .shared import activation_dtype, add_scaled_skip, add_skip, carried_scales, network_part, offset_stem
+from .shared import activation_dtype, add_scaled_skip, add_skip, carried_scales, network_part, offset_stem, run_stages
 
 __all__ = ["LeanTerms", "is_term_module", "gain_merge", "block_entries", "block_terms",
-           "residual_block", "sublayer", "resnet", "vgg"]
+           "lean_block", "lean_sublayer", "lean_resnet", "lean_vgg"]
 
 
 # --------------------------------------------------------------- the terms, in one pass
@@ -191,19 +193,21 @@ def gain_merge(skip: torch.Tensor, f: torch.Tensor, s: torch.Tensor, alpha: floa
     return _addcmul(skip, f, s, alpha)
 
 
-# --------------------------------------------------------------- the residual block
+# --------------------------------------------------------------- ResidualBlock
+# reference: relu(merge_norm(merge(downsample(x), branch(x)))), where the branch runs
+# post(drop(conv(shift(h)))) per layer with a ReLU between layers, and the merge is
+# skip_scale * skip + branch_scale * gain * f (+ Fixup's bias)
 def block_entries(block: ResidualBlock, c_in: float, c_out: float) -> list[tuple]:
-    """The (module, multiplier) pairs whose terms :func:`residual_block` reads, for activations
+    """The (module, multiplier) pairs whose terms :func:`lean_block` reads, for activations
     taken in units of ``c_in`` and returned in units of ``c_out``."""
     entries = []
     if block.downsample is not None:
         entries += [(m, 1.0 / c_in) for m in block.downsample if is_term_module(m)]
-    for i in range(1, block.num_convs + 1):
-        shift, post = getattr(block, f"shift{i}"), getattr(block, f"bn{i}")
+    for shift, conv, post in block.branch_layers():
         if is_term_module(shift):
             entries.append((shift, 1.0 / c_in))
         if isinstance(post, ScalarBias):  # Fixup's pre-activation bias: the conv's bias slot
-            entries.append((post, 1.0 / c_in, getattr(block, f"conv{i}").out_channels))
+            entries.append((post, 1.0 / c_in, conv.out_channels))
     if block.merge.gain is not None:
         entries.append((block.merge.gain, block.merge.branch_scale * c_in / c_out))
     if block.merge.bias is not None:
@@ -214,11 +218,10 @@ def block_entries(block: ResidualBlock, c_in: float, c_out: float) -> list[tuple
 def block_terms(block: ResidualBlock) -> LeanTerms:
     """A block's own :class:`LeanTerms` (a block called on its own, e.g. by a detection
     backbone's layer getter; a ResNet computes one for all its blocks)."""
-    return cached_on(block, lambda: (module_tree_version(), 1.0, 1.0),
-                     lambda: LeanTerms(block_entries(block, 1.0, 1.0)))
+    return kept(block, LEAN_SLOT, "terms", lambda: LeanTerms(block_entries(block, 1.0, 1.0)))
 
 
-def _shortcut(seq: nn.Sequential, x: torch.Tensor, c_in: float, terms: dict) -> torch.Tensor:
+def _lean_shortcut(seq: nn.Sequential, x: torch.Tensor, c_in: float, terms: dict) -> torch.Tensor:
     for mod in seq:
         if is_term_module(mod):
             x = x + terms[mod]
@@ -237,18 +240,17 @@ def _block_applies(block: ResidualBlock, x: torch.Tensor) -> bool:
     return not has_hooks_below(block) and not any(is_updating(m) for m in block.modules())
 
 
-def residual_block(block: ResidualBlock, x: torch.Tensor, c_in: float, c_out: float, terms: dict) -> torch.Tensor:
+def lean_block(block: ResidualBlock, x: torch.Tensor, c_in: float, c_out: float, terms: dict) -> torch.Tensor:
     """The block's reference function with the fewest ops: each pre-conv offset one add, Fixup's
     pre-activation bias in the conv's bias slot, the merge one ``addcmul(skip, f, gain *
     branch_scale)`` (or an ``add`` with ``alpha``), the ReLUs in place. ``terms``: the
     :func:`block_entries` values for the same ``c_in``, ``c_out`` (units as in the folded plan's
-    :func:`~rescale_core.plans.folded.residual_block`)."""
-    skip = x if block.downsample is None else _shortcut(block.downsample, x, c_in, terms)
+    :func:`~rescale_core.plans.folded.folded_block`)."""
+    skip = x if block.downsample is None else _lean_shortcut(block.downsample, x, c_in, terms)
     drop_active = block.training and not isinstance(block.drop, nn.Identity)
     h = x
-    m = block.num_convs
-    for i in range(1, m + 1):
-        shift, conv, post = getattr(block, f"shift{i}"), getattr(block, f"conv{i}"), getattr(block, f"bn{i}")
+    layers = block.branch_layers()
+    for i, (shift, conv, post) in enumerate(layers, start=1):
         if is_term_module(shift):
             h = h + terms[shift]
         elif not isinstance(shift, nn.Identity):
@@ -264,7 +266,7 @@ def residual_block(block: ResidualBlock, x: torch.Tensor, c_in: float, c_out: fl
                 h = h + terms[post][:1]
         elif not isinstance(post, nn.Identity):
             h = post(h)
-        if i < m:
+        if i < len(layers):
             h = torch.relu_(h)
     merge = block.merge
     alpha = merge.skip_scale * c_in / c_out
@@ -282,13 +284,15 @@ def residual_block(block: ResidualBlock, x: torch.Tensor, c_in: float, c_out: fl
 
 
 @register("lean", ResidualBlock, applies=_block_applies)
-def _block(block: ResidualBlock, x: torch.Tensor) -> torch.Tensor:
-    return residual_block(block, x, 1.0, 1.0, block_terms(block).values(activation_dtype(x)))
+def _lean_block_alone(block: ResidualBlock, x: torch.Tensor) -> torch.Tensor:
+    """A block called as a module, in true units, on its own terms."""
+    return lean_block(block, x, 1.0, 1.0, block_terms(block).values(activation_dtype(x)))
 
 
-# --------------------------------------------------------------- the Transformer sublayer
+# --------------------------------------------------------------- ResidualSublayer
+# reference: post_norm(merge(x, dropout(fn(pre_norm(x)))))
 @register("lean", ResidualSublayer, applies=lambda sub, x: not has_hooks_below(sub))
-def sublayer(sub: ResidualSublayer, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+def lean_sublayer(sub: ResidualSublayer, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """The branch as it is, then one ``addcmul(alpha * x, f, gain * branch_scale)``
     (:func:`gain_merge`)."""
     out = sub.dropout(sub.fn(sub.pre_norm(x), *args, **kwargs))
@@ -301,11 +305,13 @@ def sublayer(sub: ResidualSublayer, x: torch.Tensor, *args, **kwargs) -> torch.T
     return sub.post_norm(out)
 
 
-# --------------------------------------------------------------- the ResNet
-def _resnet_schedule(model: ResNet) -> tuple[LeanTerms, dict]:
+# --------------------------------------------------------------- ResNet
+# reference (ResNet._run): maxpool(relu(bn1(conv1(x)))), each stage (after its temporal pool),
+# then fc(fc_bias(dropout(head_norm(flatten(avgpool(pool_shift(x)))))))
+def _lean_schedule(model: ResNet) -> tuple[LeanTerms, dict]:
     """(LeanTerms of the whole network, {block: (c_in, c_out)}): the scales of
     :func:`~rescale_core.plans.shared.carried_scales`, ``(1, 1)`` for a block on a fast plan
-    that does not carry them, ``(None, None)`` for a block on its reference. Cached until a
+    that does not carry them, ``(None, None)`` for a block on its reference. Kept until a
     module is registered anywhere (``set_plan`` and ``reference_path`` drop it: the blocks'
     plans shape it; no walk over the modules per forward)."""
     def build():
@@ -321,36 +327,34 @@ def _resnet_schedule(model: ResNet) -> tuple[LeanTerms, dict]:
         entries += [(m, 1.0) for m in (model.pool_shift, model.fc_bias) if is_term_module(m)]
         return LeanTerms(entries), {block: (c_in, c_out) for block, c_in, c_out in blocks}
 
-    return cached_on(model, module_tree_version, build)
+    return kept(model, LEAN_SLOT, "schedule", build)
 
 
-def _features(model: ResNet, x: torch.Tensor, terms: dict, stages: list | None) -> tuple[torch.Tensor, float]:
+def _lean_stage(stage: nn.Sequential, x: torch.Tensor, c: float, scales: dict, terms: dict):
+    for block in stage:
+        c_in, c_out = scales[block]
+        if c_in is None:
+            x, c = block(x if c == 1.0 else x * c), 1.0
+        else:
+            if c != c_in:  # a block that does not carry the scale takes true units
+                x, c = x * c, 1.0
+            x, c = lean_block(block, x, c_in, c_out, terms), c_out
+    return x, c
+
+
+def _lean_features(model: ResNet, x: torch.Tensor, scales: dict, terms: dict,
+                   stages: list | None) -> tuple[torch.Tensor, float]:
     """Features in units of ``c`` (true features = ``c * x``), as the folded plan's."""
     conv, post = model.conv1, model.bn1
     if is_term_module(post):
         x = model.maxpool(offset_stem(conv, x, terms[post]))
     else:
         x = model.maxpool(torch.relu_(post(conv(x))))
-    scales = _resnet_schedule(model)[1]
-    c = 1.0
-    for tpool, stage in model.stage_modules():
-        if tpool is not None:  # max(c x) = c max(x): c > 0 stays carried
-            x = tpool(x)
-        for block in stage:
-            c_in, c_out = scales[block]
-            if c_in is None:
-                x, c = block(x if c == 1.0 else x * c), 1.0
-            else:
-                if c != c_in:  # a block that does not carry the scale takes true units
-                    x, c = x * c, 1.0
-                x, c = residual_block(block, x, c_in, c_out, terms), c_out
-        if stages is not None:
-            stages.append(x if c == 1.0 else x * c)
-    return x, c
+    return run_stages(model.stage_modules(), x, lambda stage, x, c: _lean_stage(stage, x, c, scales, terms), stages)
 
 
-def _head(model: ResNet, x: torch.Tensor, c: float, terms: dict) -> torch.Tensor:
-    """The head on features in units of ``c``: ``e + c * avgpool(x)`` in one op."""
+def _lean_head(model: ResNet, x: torch.Tensor, c: float, terms: dict) -> torch.Tensor:
+    """The head on features in units of ``c``: ``e + c * avgpool(x)`` in one op (4)."""
     x = torch.flatten(model.avgpool(x), 1)
     if is_term_module(model.pool_shift):
         x = torch.add(terms[model.pool_shift].reshape(1, -1), x, alpha=c)
@@ -367,24 +371,26 @@ def _resnet_applies(model: ResNet, x: torch.Tensor) -> bool:
 
 
 @register("lean", ResNet, applies=_resnet_applies)
-def resnet(model: ResNet, x: torch.Tensor, part: str, stages: list | None = None) -> torch.Tensor:
+def lean_resnet(model: ResNet, x: torch.Tensor, part: str, stages: list | None = None) -> torch.Tensor:
     """``part`` of the network (``ResNet``'s reference ``_run``) on the lean plan."""
-    terms = _resnet_schedule(model)[0].values(activation_dtype(x))
-    return network_part(lambda x: _features(model, x, terms, stages), lambda x, c: _head(model, x, c, terms),
-                        x, part)
+    schedule, scales = _lean_schedule(model)
+    terms = schedule.values(activation_dtype(x))
+    return network_part(lambda x: _lean_features(model, x, scales, terms, stages),
+                        lambda x, c: _lean_head(model, x, c, terms), x, part)
 
 
 # --------------------------------------------------------------- VGG
-def _vgg_terms(model: VGG) -> LeanTerms:
-    return cached_on(model, module_tree_version, lambda: LeanTerms(
+# reference: classifier(flatten(avgpool(features(x)))), each Sequential module by module
+def _lean_vgg_terms(model: VGG) -> LeanTerms:
+    return kept(model, LEAN_SLOT, "terms", lambda: LeanTerms(
         [(m, 1.0) for m in model.modules() if isinstance(m, MeanShiftBias)]))
 
 
 @register("lean", VGG, applies=lambda model, x: not measuring_step(model) and not has_hooks_in(model))
-def vgg(model: VGG, x: torch.Tensor) -> torch.Tensor:
+def lean_vgg(model: VGG, x: torch.Tensor) -> torch.Tensor:
     """Every mean-shift offset of the network computed in one pass, each then one add in front
     of its conv or linear layer."""
-    terms = _vgg_terms(model).values(activation_dtype(x))
+    terms = _lean_vgg_terms(model).values(activation_dtype(x))
     for seq in (model.features, None, model.classifier):
         if seq is None:
             x = torch.flatten(model.avgpool(x), 1)

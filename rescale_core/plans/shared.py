@@ -1,7 +1,8 @@
-"""What the fast plans compute the same way (``docs/design.md``, "Why each fold is exact"): the
+"""What the plans compute the same way (``docs/design.md``, "Why each fold is exact"): the
 activations' dtype, which blocks are plain once folded and which carry RescaleNet's skip
 multipliers (Shao et al. 2020) and in what units, the stem's offset in the stem conv's bias slot,
-and the merge's add of the skip path in place.
+the merge's add of the skip path in place, the ResNet stage loop, a network's parts, and a
+Transformer sublayer whose branch takes its multiplier.
 """
 from __future__ import annotations
 
@@ -10,36 +11,43 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-from ..blocks import ResidualBlock, ResidualMerge
+from ..blocks import ResidualBlock, ResidualMerge, ResidualSublayer
 from ..layers import ScalarBias, StridedAvgPool
-from .conditions import is_updating
+from .conditions import has_hooks_below, is_updating
 from .folds import is_offset_module
 
-__all__ = ["activation_dtype", "plain_block", "carries_scale", "carried_scales", "offset_stem", "add_skip",
-           "add_scaled_skip", "network_part"]
+__all__ = ["autocast_dtype", "activation_dtype", "plain_block", "carries_scale", "carried_scales", "offset_stem",
+           "add_skip", "add_scaled_skip", "run_stages", "network_part", "takes_out_scale", "scaled_sublayer"]
+
+
+def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype autocast computes convolutions and linear layers in on ``x``'s device, or None
+    where it is off."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
 
 
 def activation_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype the network's activations will have: autocast's where it is on, else ``x``'s
     (floating) dtype."""
-    device = x.device.type
-    if torch.is_autocast_enabled(device):
-        return torch.get_autocast_dtype(device)
+    dtype = autocast_dtype(x)
+    if dtype is not None:
+        return dtype
     return x.dtype if x.is_floating_point() else torch.get_default_dtype()
 
 
 # --------------------------------------------------------------- which blocks are plain
 def _offset_modules(block: ResidualBlock) -> list[nn.Module]:
-    mods = [getattr(block, f"shift{i}") for i in range(1, block.num_convs + 1)]
+    mods = [shift for shift, _, _ in block.branch_layers()]
     return mods + ([m for m in block.downsample if is_offset_module(m)] if block.downsample is not None else [])
 
 
 def plain_block(block: ResidualBlock) -> bool:
     """Whether ``block`` is a conv/ReLU block once its offsets, biases and multipliers are folded:
-    no norm layer (each ``bn{i}`` an identity or Fixup's scalar bias, no ``merge_norm``), offset
+    no norm layer (each ``post`` an identity or Fixup's scalar bias, no ``merge_norm``), offset
     modules in front of its convolutions, a shortcut of pools, offsets and convolutions."""
-    if not all(isinstance(getattr(block, f"bn{i}"), (nn.Identity, ScalarBias))
-               and is_offset_module(getattr(block, f"shift{i}")) for i in range(1, block.num_convs + 1)):
+    if not all(isinstance(post, (nn.Identity, ScalarBias)) and is_offset_module(shift)
+               and isinstance(conv, nn.modules.conv._ConvNd) for shift, conv, post in block.branch_layers()):
         return False
     if not isinstance(block.merge_norm, nn.Identity):
         return False
@@ -112,6 +120,22 @@ def add_scaled_skip(branch: torch.Tensor, scale, skip: torch.Tensor, skip_scale:
 
 
 # --------------------------------------------------------------- a network's parts
+def run_stages(stages: Iterable[tuple], x: torch.Tensor, run_stage: Callable, outputs: list | None = None,
+               c: float = 1.0) -> tuple[torch.Tensor, float]:
+    """The ResNet stage loop (``ResNet._run``'s): each stage's temporal max-pool, then
+    ``run_stage(stage, x, c) -> (x, c)`` on activations in units of ``c`` (true ones = ``c *
+    x``); each stage's output, in true units, appended to ``outputs``. ``stages``: ``(temporal
+    pool or None, stage)`` pairs. A carried ``c > 0`` and an offset riding in the stream pass
+    the max-pool: ``max(c x + e) = c max(x) + e``."""
+    for tpool, stage in stages:
+        if tpool is not None:
+            x = tpool(x)
+        x, c = run_stage(stage, x, c)
+        if outputs is not None:
+            outputs.append(x if c == 1.0 else x * c)
+    return x, c
+
+
 def network_part(features: Callable, head: Callable, x: torch.Tensor, part: str) -> torch.Tensor:
     """``part`` of a network whose features ``features(x) -> (x, c)`` come in units of ``c`` and
     whose ``head(x, c)`` takes them so: ``"logits"``, ``"features"`` (in true units) or
@@ -122,3 +146,20 @@ def network_part(features: Callable, head: Callable, x: torch.Tensor, part: str)
     if part == "features":
         return x if c == 1.0 else x * c
     return head(x, c)
+
+
+# --------------------------------------------------------------- the Transformer sublayer
+def takes_out_scale(sub: ResidualSublayer, x: torch.Tensor) -> bool:
+    """A branch that takes ``out_scale`` (the suite's attention and feed-forward), no Fixup bias
+    after the multiplier, no hook below."""
+    return (getattr(sub.fn, "supports_out_scale", False) and sub.merge.bias is None
+            and not has_hooks_below(sub))
+
+
+def scaled_sublayer(sub: ResidualSublayer, x: torch.Tensor, out_scale, *args, **kwargs) -> torch.Tensor:
+    """The sublayer (``post_norm(merge(x, dropout(fn(pre_norm(x)))))``) with ``out_scale`` (its
+    merge's branch multiplier, or the branch's last layer with it folded in:
+    :class:`~rescale_core.plans.folds.FrozenLinear`) handed to its branch (dropout commutes with
+    the scaling), then one in-place add of the skip."""
+    out = sub.dropout(sub.fn(sub.pre_norm(x), *args, out_scale=out_scale, **kwargs))
+    return sub.post_norm(add_skip(out, x, sub.merge.skip_scale))

@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
+from rescale_tasks.common.data import (Labels, PerSampleSeed, ResumableDataLoader, ResumableSampler,
+                                       sigterm_safe_worker_init)
 from rescale_tasks.common.errors import ConfigError, DataError
-from rescale_tasks.common.labels import Labels
-from rescale_tasks.common.sampling import (PerSampleSeed, ResumableDataLoader, ResumableSampler,
-                                           loader_workers, sigterm_safe_worker_init)
+from rescale_tasks.common.system import loader_workers
 
 from .datasets import (
     IMAGE_EXTENSIONS, ImageFileDataset, TensorImageDataset, collate_drop_none, find_file,
@@ -114,7 +114,7 @@ class ClassificationDataModule(L.LightningDataModule):
                                    drop_last=len(sampler) > self.batch_size, **kwargs)
 
     def labels(self) -> Labels | None:
-        """What the labels mean (:mod:`rescale_tasks.common.labels`); None when the data set does
+        """What the labels mean (:mod:`rescale_tasks.common.data.labels`); None when the data set does
         not say (or, for image folders, before :meth:`setup` has read the class folders)."""
         if self.class_names is None:
             return None
@@ -181,7 +181,7 @@ class ImageFolderDataModule(ClassificationDataModule):
         folder = scan_image_folder(self.root, self.num_classes)
         self.train_set = ImageFileDataset(folder.train, self.train_transform(), self.skip_corrupt)
         self.val_set = self.test_set = ImageFileDataset(folder.val, self.eval_transform(), self.skip_corrupt)
-        self.unread_files = folder.unread  # reported by common.data_report
+        self.unread_files = folder.unread  # reported by common.run.data_report
         self.class_names = folder.class_names
 
     @property

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from rescale_tasks.common.data import DECODE_ERRORS, CorruptImageError, open_rgb
 from rescale_tasks.common.errors import DataError
-from rescale_tasks.common.images import DECODE_ERRORS, CorruptImageError, open_rgb
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int) -> ImageFolder:
 
 class ImageFileDataset(Dataset):
     """``(path, label)`` samples turned upright by their EXIF orientation and decoded to 8-bit RGB
-    whatever their mode (:func:`~rescale_tasks.common.images.open_rgb`), then ``transform``.
+    whatever their mode (:func:`~rescale_tasks.common.data.open_rgb`), then ``transform``.
 
     With ``skip_corrupt`` an undecodable file yields ``None`` (drop it with
     :func:`collate_drop_none`), is logged once and is flagged in the shared-memory

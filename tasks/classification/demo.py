@@ -13,7 +13,7 @@ value ``rescale fit`` would refuse (an unknown scheme, a depth that is not 6n+2,
 that cannot be written, no epoch to train) is one error line, in ``fit``'s words.
 
 Each run also writes the suite's ``run_summary.json`` (``<out>/<scheme>/``, written by the same
-:class:`~rescale_tasks.common.run_summary.RunSummary` callback as every ``rescale fit``), so
+:class:`~rescale_tasks.common.run.RunSummary` callback as every ``rescale fit``), so
 ``rescale compare <out>`` reads the demo like any other runs; the closing lines print the next
 commands to try.
 """
@@ -28,14 +28,11 @@ from dataclasses import asdict, dataclass, field
 import lightning.pytorch as L
 import torch
 
-from ..common.callbacks import DivergenceMonitor
 from ..common.errors import ConfigError, UserArgumentParser
-from ..common.networks import create_network
-from ..common.progress import use_line_progress
-from ..common.run_summary import SUMMARY_FILE, RunSummary
-from ..common.schedules import WarmupCosineLR
-from ..common.wandb_logger import SuiteWandbLogger
-from ..common.writable import require_writable
+from ..common.reporting import SuiteWandbLogger, use_line_progress
+from ..common.run import SUMMARY_FILE, RunSummary
+from ..common.system import require_writable
+from ..common.training import DivergenceMonitor, WarmupCosineLR, create_network
 from .data import DigitsDataModule
 from .module import ClassificationModule
 

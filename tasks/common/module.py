@@ -3,9 +3,9 @@ name, scheme and options; the speed switches (channels_last, ``torch.compile``);
 over the core's parameter groups and a per-step or per-epoch schedule; and refusing, in one line,
 a checkpoint of another architecture. A task module subclasses :class:`RescaleTaskModule` and
 adds only its steps, losses and metrics. What its labels mean travels in every checkpoint and is
-matched to the data's by name when a checkpoint meets data (:mod:`.labels`). What ``predict``
+matched to the data's by name when a checkpoint meets data (:mod:`.data.labels`). What ``predict``
 writes goes where ``test`` writes, named by the split it predicted (:meth:`RescaleTaskModule.write_predictions`,
-:mod:`.predictions`).
+:mod:`.run.predictions`).
 """
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ import torch
 
 import rescale_core
 
-from .acceleration import as_memory_format, compile_in_place, use_channels_last
-from .checkpoint_compat import check_checkpoint_compatible
+from .checkpoints import check_checkpoint_compatible
+from .data import (LABELS_KEY, Labels, batch_size, checkpoint_labels, data_labels, data_may_skip_files,
+                   match_labels, must_skip, nothing_to_evaluate, skipped_prediction, skipped_step)
 from .errors import ConfigError
-from .labels import LABELS_KEY, Labels, checkpoint_labels, data_labels, match_labels
-from .networks import create_network, resolved_architecture
-from .optim import accepts, build_optimizer, build_scheduler
-from .predictions import PREDICTIONS_FILE, write_result
+from .run import PREDICTIONS_FILE, write_result
+from .training import (accepts, as_memory_format, build_optimizer, build_scheduler, compile_in_place,
+                       create_network, default_sgd, resolved_architecture, use_channels_last)
 
 __all__ = ["RescaleTaskModule", "OptimizerFactory", "SchedulerFactory", "accepts"]
 
@@ -32,15 +32,25 @@ SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
 
 
 class RescaleTaskModule(L.LightningModule):
-    """Args (shared by every task):
+    """The base of every task module. A task module's constructor takes ``network``, ``scheme``
+    and its own arguments, and hands everything else (``**options``: the keyword-only arguments
+    below) to this one; the CLI reads them from here (jsonargparse follows ``**options`` to this
+    signature), and every argument of both ends up in ``hparams`` and the checkpoint.
+
+    Steps: Lightning's ``training_step``, ``validation_step``, ``test_step`` and ``predict_step``
+    live here, and pass a batch without samples over (every file of it bad and skipped:
+    :mod:`.data.empty_batches`) the same way for every task; a task implements
+    :meth:`train_batch`, :meth:`evaluate_batch` and :meth:`predict_batch` for the others.
+
+    Args:
         network: a name from ``rescale_core.list_models()``.
         scheme: residual scheme (None: the network's own, e.g. ``rescale50`` fixes ``rescale``).
         scheme_options: overrides of scheme fields (``c``, ``gain``, ``measure_batches`` ...).
-        network_options: family arguments (``depth``, ``width``, ``base_width`` ...), plus the
-            task's own (``num_classes``, ``vocab_size`` ...) passed as ``network_kwargs``.
+        network_options: family arguments (``depth``, ``width``, ``base_width`` ...).
         optimizer: optimizer factory (config: ``class_path``/``init_args``); its ``lr`` and
-            ``weight_decay`` are the base values the parameter groups scale.
-        lr_scheduler: scheduler factory; schedules of :mod:`rescale_tasks.common.schedules` get
+            ``weight_decay`` are the base values the parameter groups scale. Default: SGD at lr
+            0.1, momentum 0.9, weight decay 1e-4 (:func:`~.training.optim.default_sgd`).
+        lr_scheduler: scheduler factory; schedules of :mod:`rescale_tasks.common.training.schedules` get
             ``steps_per_epoch`` and ``max_epochs`` and step every optimizer step, plain torch
             schedulers step every epoch.
         norm_weight_decay: weight decay of norm-layer weights (None: the optimizer's).
@@ -56,17 +66,22 @@ class RescaleTaskModule(L.LightningModule):
             eager GPU step and for compiling), ``folded`` (fewest passes over the activations, for
             CPUs) or ``reference``; the same function and checkpoint under each.
         compile_options: further ``torch.compile`` arguments (``backend``, ``dynamic`` ...).
+        network_kwargs: what the task module adds to the network's arguments (``num_classes``,
+            ``vocab_size`` ...: its own arguments, recorded as those, not here).
     """
 
-    def __init__(self, network: str, scheme: Optional[str] = None,
+    # handed to this constructor by the task module itself, never a configuration key
+    internal_init_arguments = ("network_kwargs",)
+
+    def __init__(self, network: str, scheme: Optional[str] = None, *,
                  scheme_options: Optional[dict[str, Any]] = None,
                  network_options: Optional[dict[str, Any]] = None,
-                 optimizer: Optional[OptimizerFactory] = None,
+                 optimizer: OptimizerFactory = default_sgd,
                  lr_scheduler: Optional[SchedulerFactory] = None,
                  norm_weight_decay: Optional[float] = None, channels_last: bool = False,
-                 compile: bool = False, network_kwargs: Optional[dict[str, Any]] = None,
-                 compile_mode: Optional[str] = None, plan: str = "auto",
-                 compile_options: Optional[dict[str, Any]] = None) -> None:
+                 compile: bool = False, compile_mode: Optional[str] = None, plan: str = "auto",
+                 compile_options: Optional[dict[str, Any]] = None,
+                 network_kwargs: Optional[dict[str, Any]] = None) -> None:
         super().__init__()
         if plan not in rescale_core.PLANS:
             raise ConfigError(f"model.init_args.plan={plan!r} is not an execution plan; use one of "
@@ -88,9 +103,13 @@ class RescaleTaskModule(L.LightningModule):
         self._label_order: Optional[torch.Tensor] = None  # data label -> network label; None: the same
         self._unlabelled_checkpoint: Optional[str] = None
         self._label_notes: set[str] = set()
+        self._may_skip_batches = True  # until setup knows the data module
         if compile:
             compile_in_place(self.compiled_part(), **{**({"mode": compile_mode} if compile_mode else {}),
                                                       **(compile_options or {})})
+        # the arguments of this constructor and of the task module's (Lightning reads both frames);
+        # the factories are rebuilt from the config, the network's task arguments are the task's own
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "network_kwargs"])
 
     def compiled_part(self) -> torch.nn.Module:
         """What ``compile`` compiles: the whole network; a task whose network holds parts that no
@@ -112,11 +131,42 @@ class RescaleTaskModule(L.LightningModule):
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return (self.as_input(x),)
 
+    # --- steps ----------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        # the same on every rank (one config): every rank votes in training_step, or none does
+        self._may_skip_batches = data_may_skip_files(self._datamodule())
+
+    def training_step(self, batch, batch_idx: int):
+        if must_skip(batch_size(batch), self._may_skip_batches):  # no sample here, or on another rank
+            return skipped_step(self)
+        return self.train_batch(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx: int):
+        return None if nothing_to_evaluate(batch) else self.evaluate_batch(batch, "val")
+
+    def test_step(self, batch, batch_idx: int):
+        return None if nothing_to_evaluate(batch) else self.evaluate_batch(batch, "test")
+
+    def predict_step(self, batch, batch_idx: int):
+        return skipped_prediction() if nothing_to_evaluate(batch) else self.predict_batch(batch)
+
+    def train_batch(self, batch, batch_idx: int):
+        """The task's training step on a batch that has samples: its loss (or Lightning's dict)."""
+        raise NotImplementedError(f"{type(self).__name__} does not train: it defines no train_batch")
+
+    def evaluate_batch(self, batch, stage: str):
+        """The task's evaluation of a batch that has samples, for ``stage`` ``"val"`` or ``"test"``."""
+        raise NotImplementedError(f"{type(self).__name__} does not evaluate: it defines no evaluate_batch")
+
+    def predict_batch(self, batch):
+        """The task's predictions for a batch that has samples."""
+        raise NotImplementedError(f"{type(self).__name__} does not predict: it defines no predict_batch")
+
     # --- checkpoints ----------------------------------------------------------------------
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse, in one line, a checkpoint of another network, scheme or task size (runs
         before the weights are loaded, which would fail with a page of key/shape mismatches),
-        then match the labels it was trained on to the data's (:mod:`.labels`)."""
+        then match the labels it was trained on to the data's (:mod:`.data.labels`)."""
         trainer = self._trainer
         path = getattr(trainer, "ckpt_path", None) if trainer is not None else None
         source = f"checkpoint {path}" if path else "the checkpoint"
@@ -173,7 +223,7 @@ class RescaleTaskModule(L.LightningModule):
         self._match_data_labels()
 
     def network_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        """The data's label indices as the network's (the checkpoint's order, :mod:`.labels`);
+        """The data's label indices as the network's (the checkpoint's order, :mod:`.data.labels`);
         unchanged when the two agree."""
         if self._label_order is None:
             return labels
@@ -187,7 +237,7 @@ class RescaleTaskModule(L.LightningModule):
         """``predictions.<split>.<ext>`` written whole in the results folder (where ``test`` writes:
         ``--output_dir``, else beside the checkpoint's run) and named in the command's closing line
         (``count`` ``unit``); returns its path. Rank 0 calls it, once the rows of every rank are
-        gathered (:mod:`.predictions`)."""
+        gathered (:mod:`.run.predictions`)."""
         name = PREDICTIONS_FILE.format(split=self.predict_split, ext=ext)
         return write_result(self.trainer, name, data, count, unit)
 

@@ -32,10 +32,9 @@ from torchvision.models.detection.backbone_utils import BackboneWithFPN
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool, LastLevelP6P7
 from torchvision.ops.misc import FrozenBatchNorm2d
 
-from rescale_tasks.common.checkpoint_compat import network_weights, state_dict_differences
-from rescale_tasks.common.checkpointing import safe_load
+from rescale_tasks.common.checkpoints import network_weights, safe_load, state_dict_differences
 from rescale_tasks.common.errors import ConfigError
-from rescale_tasks.common.networks import create_network
+from rescale_tasks.common.training import create_network
 
 __all__ = ["resnet_fpn_backbone", "freeze_stages", "convert_frozen_batchnorm", "load_backbone_checkpoint",
            "STEM_MODULES", "FPN_NORMS", "EXTRA_BLOCKS", "GN"]

@@ -25,9 +25,9 @@ Detectron2's COCO loader:
 - ``area`` is the annotation's own field (what COCO evaluation buckets by), not recomputed, and is
   not rescaled by the transforms.
 
-Images are decoded to 8-bit RGB whatever their mode (:func:`~rescale_tasks.common.images.open_rgb`:
+Images are decoded to 8-bit RGB whatever their mode (:func:`~rescale_tasks.common.data.open_rgb`:
 16-bit and float images scaled, transparency over white). An unreadable file (missing, not an image,
-or not the size the json says) raises :class:`~rescale_tasks.common.images.CorruptImageError`,
+or not the size the json says) raises :class:`~rescale_tasks.common.data.CorruptImageError`,
 or with ``skip_corrupt`` yields ``None`` (dropped by the collate function), is logged once and is
 counted in a shared-memory tensor visible across DataLoader workers.
 
@@ -58,8 +58,8 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as TF
 
+from rescale_tasks.common.data import DECODE_ERRORS, CorruptImageError, open_rgb, orientation, oriented_size
 from rescale_tasks.common.errors import DataError
-from rescale_tasks.common.images import DECODE_ERRORS, CorruptImageError, open_rgb, orientation, oriented_size
 
 __all__ = ["CocoDetection", "decode_masks", "load_coco_json", "category_labels", "mask_problem"]
 

@@ -16,8 +16,8 @@ Batches are torchvision's detection format ``(list[image float32 [3, H, W]], lis
 
 - Training: :class:`AspectRatioBatchSampler` (images grouped by orientation, as Detectron2's
   ``AspectRatioGroupedDataset``), the same batch list on every rank from ``(seed, epoch)``, sharded
-  and resumable mid-epoch (:mod:`rescale_tasks.common.batch_sampling`); augmentation runs under a
-  per-sample seed (:class:`~rescale_tasks.common.sampling.PerSampleSeed`), so it depends on
+  and resumable mid-epoch (:mod:`rescale_tasks.common.data.batch_sampling`); augmentation runs under a
+  per-sample seed (:class:`~rescale_tasks.common.data.PerSampleSeed`), so it depends on
   neither the workers nor restarts. Images without boxes are dropped (``keep_empty_train``).
 - Evaluation: :class:`SequentialBatchSampler`, natural order in chunks of ``eval_batch_size``; the
   padding that evens out the ranks repeats batches, which the evaluation merges away by image id.
@@ -39,11 +39,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from rescale_tasks.common.batch_sampling import BatchListLoader, BatchListSampler
+from rescale_tasks.common.data import (BatchListLoader, BatchListSampler, Labels, PerSampleSeed, sample_seed,
+                                       sigterm_safe_worker_init)
 from rescale_tasks.common.errors import ConfigError, DataError
-from rescale_tasks.common.labels import Labels
-from rescale_tasks.common.sampling import (PerSampleSeed, loader_workers, sample_seed,
-                                            sigterm_safe_worker_init)
+from rescale_tasks.common.system import loader_workers
 
 from .coco import CocoDetection, category_labels, load_coco_json
 from .evaluation import load_ground_truth
@@ -284,7 +283,7 @@ class CocoDataModule(L.LightningDataModule):
 
     def labels(self) -> Labels:
         """The category names by label (``__background__`` first) and their category ids: what a
-        detector's labels stand for (:mod:`rescale_tasks.common.labels`)."""
+        detector's labels stand for (:mod:`rescale_tasks.common.data.labels`)."""
         ids = [None] + [self.label_to_category[label] for label in range(1, self.num_classes)]
         return Labels(self.class_names, ids, source=f"the categories of {self._categories_source[1]}",
                       key=self._categories_key)

@@ -44,8 +44,8 @@ import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from rescale_tasks.common.distributed import gather_by_key
 from rescale_tasks.common.errors import ConfigError, DataError
+from rescale_tasks.common.system import gather_by_key
 
 from .records import ImageRecord, image_record
 from .results import coco_results

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..common.export_programs import ExportProgram, batch_dynamic
+from ..common.export import ExportProgram, batch_dynamic
 
 __all__ = ["HEADS_NOTE", "detection_programs"]
 

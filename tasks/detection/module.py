@@ -18,11 +18,11 @@ next to the FrozenBN and GN baselines).
   merged over ranks by image id, so 2 processes give what 1 gives; logged as ``val/bbox_AP`` ...
   at every validation. ``test`` and ``predict`` also write ``coco_results.<split>.json`` (original
   image and category ids, xywh boxes, RLE masks; for ``test`` the file that was scored), whole and
-  once, to the results folder (:func:`~rescale_tasks.common.config.results_folder`: beside the run
+  once, to the results folder (:func:`~rescale_tasks.common.run.results_folder`: beside the run
   of ``--ckpt_path``, or ``--output_dir``), named in the command's closing line; ``predict``
   optionally draws the first ``draw_predictions`` images there.
 - Labels: every checkpoint carries the category names and ids its labels stand for
-  (:mod:`rescale_tasks.common.labels`); on data that numbers the same categories otherwise, the
+  (:mod:`rescale_tasks.common.data.labels`); on data that numbers the same categories otherwise, the
   network's labels are mapped to the data's category ids by name (training targets, scored and
   written results), and drawings name the checkpoint's categories.
 """
@@ -33,13 +33,11 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-from ..common.checkpoint_compat import require_classification_checkpoint
-from ..common.config import note_result_file, results_folder
-from ..common.distributed import gather_objects
-from ..common.empty_batches import (data_may_skip_files, must_skip, nothing_to_evaluate,
-                                    skipped_prediction, skipped_step)
+from ..common.checkpoints import require_classification_checkpoint
 from ..common.errors import ConfigError
-from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
+from ..common.module import OptimizerFactory, RescaleTaskModule
+from ..common.run import note_result_file, results_folder
+from ..common.system import gather_objects
 from .backbones import resnet_fpn_backbone
 from .evaluation import CocoEvaluator
 from .export import detection_programs
@@ -53,7 +51,9 @@ __all__ = ["DetectionModule", "RESULTS_FILE"]
 RESULTS_FILE = "coco_results.{split}.json"
 
 
-def _default_sgd(params: Iterable) -> torch.optim.Optimizer:
+def detectron_sgd(params: Iterable) -> torch.optim.Optimizer:
+    """The detection default: SGD at lr 0.02, momentum 0.9, weight decay 1e-4 (Detectron's 1x
+    schedule at 16 images a batch)."""
     return torch.optim.SGD(params, lr=0.02, momentum=0.9, weight_decay=1e-4)
 
 
@@ -69,9 +69,13 @@ def _loss_targets(targets: list[dict], network_labels=lambda labels: labels) -> 
 
 
 class DetectionModule(RescaleTaskModule):
-    """Args:
+    """Object detection and instance segmentation on COCO; the arguments every task shares
+    (``scheme_options``, ``network_options``, ``lr_scheduler``, ``plan`` ...) are
+    :class:`~rescale_tasks.common.module.RescaleTaskModule`'s.
+
+    Args:
         network: a registered 2D ResNet/ResNeXt (``resnet50``, ``rescale50``, ``resnext50_32x4d`` ...).
-        scheme, scheme_options, network_options: the backbone's residual scheme and options.
+        scheme: the backbone's residual scheme.
         detector: ``maskrcnn``, ``fasterrcnn`` or ``retinanet``.
         num_classes: linked from the data module (categories + background).
         heads_norm: None (torchvision's v1 heads) or ``gn`` (Detectron2's GN heads, 4conv1fc).
@@ -86,11 +90,11 @@ class DetectionModule(RescaleTaskModule):
             ``box_batch_size_per_image``, ``box_detections_per_img``, ``head_channels``, ``fc_dim`` ...).
         draw_predictions: ``predict`` draws this many images with their detections (score above
             ``draw_score_threshold``) into ``predictions/`` of the results folder.
-        optimizer, lr_scheduler, norm_weight_decay, channels_last, compile, compile_mode, plan,
-            compile_options: see :class:`~rescale_tasks.common.module.RescaleTaskModule`.
+        optimizer: as for every task; the default is :func:`detectron_sgd`.
+        norm_weight_decay: as for every task; 0 by default (Detectron's recipe).
     """
 
-    throughput_unit = "images"  # training throughput in images/s (common.throughput)
+    throughput_unit = "images"  # training throughput in images/s (common.data.throughput)
 
     @staticmethod
     def throughput_items(batch) -> int:
@@ -102,22 +106,16 @@ class DetectionModule(RescaleTaskModule):
     predict_split = "predict"
 
     #: besides the common ones (network, scheme, num_classes ...): what a checkpoint's weights
-    #: are shaped by, refused with --ckpt_path (rescale_tasks.common.checkpoint_compat)
+    #: are shaped by, refused with --ckpt_path (rescale_tasks.common.checkpoints.compat)
     architecture_arguments = ("fpn_channels",)
 
-    def __init__(self, network: str = "resnet50", scheme: Optional[str] = None,
-                 scheme_options: Optional[dict[str, Any]] = None,
-                 network_options: Optional[dict[str, Any]] = None, detector: str = "maskrcnn",
+    def __init__(self, network: str = "resnet50", scheme: Optional[str] = None, *, detector: str = "maskrcnn",
                  num_classes: int = 81, heads_norm: Optional[str] = None, fpn_norm: Optional[str] = None,
                  fpn_channels: int = 256, trainable_layers: Optional[int] = None, frozen_bn: Optional[bool] = None,
                  backbone_checkpoint: Optional[str] = None, min_size: int = 800, max_size: int = 1333,
-                 detector_options: Optional[dict[str, Any]] = None,
-                 optimizer: OptimizerFactory = _default_sgd,
-                 lr_scheduler: Optional[SchedulerFactory] = None,
-                 norm_weight_decay: Optional[float] = 0.0, channels_last: bool = False,
-                 compile: bool = False, compile_mode: Optional[str] = None,
-                 plan: str = "auto", compile_options: Optional[dict[str, Any]] = None,
-                 draw_predictions: int = 0, draw_score_threshold: float = 0.5) -> None:
+                 detector_options: Optional[dict[str, Any]] = None, draw_predictions: int = 0,
+                 draw_score_threshold: float = 0.5, optimizer: OptimizerFactory = detectron_sgd,
+                 norm_weight_decay: Optional[float] = 0.0, **options: Any) -> None:
         if detector not in DETECTORS:
             raise ConfigError(f"model.detector must be one of {', '.join(DETECTORS)}, got {detector!r}")
         self.check_arguments({"backbone_checkpoint": backbone_checkpoint})
@@ -125,15 +123,12 @@ class DetectionModule(RescaleTaskModule):
                          fpn_channels=fpn_channels, trainable_layers=trainable_layers, frozen_bn=frozen_bn,
                          checkpoint=backbone_checkpoint, min_size=min_size, max_size=max_size,
                          options=dict(detector_options or {}))
-        super().__init__(network, scheme, scheme_options, network_options, optimizer, lr_scheduler,
-                         norm_weight_decay, channels_last, compile, network_kwargs={"detection": detection},
-                         compile_mode=compile_mode, plan=plan, compile_options=compile_options)
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        super().__init__(network, scheme, optimizer=optimizer, norm_weight_decay=norm_weight_decay,
+                         network_kwargs={"detection": detection}, **options)
         self.detector_kind = detector
         self.iou_types = ("bbox", "segm") if detector == "maskrcnn" else ("bbox",)
         self.draw_predictions, self.draw_score_threshold = draw_predictions, draw_score_threshold
         self.evaluator: Optional[CocoEvaluator] = None
-        self._may_skip_batches = True
         self._predicted: list[ImageRecord] = []
 
     @staticmethod
@@ -185,9 +180,6 @@ class DetectionModule(RescaleTaskModule):
         """What ``rescale export`` writes: the backbone with its FPN (:mod:`.export`)."""
         return detection_programs(self.net, batch[0])
 
-    def setup(self, stage: str) -> None:
-        self._may_skip_batches = data_may_skip_files(getattr(self.trainer, "datamodule", None))
-
     def _label_to_category(self) -> Optional[dict]:
         """The network's label -> the data's category id (the data's labels mapped by name)."""
         table = getattr(self._datamodule(), "label_to_category", None)
@@ -197,10 +189,8 @@ class DetectionModule(RescaleTaskModule):
         return dict(zip(labels, table.values()))
 
     # --- training -------------------------------------------------------------------------
-    def training_step(self, batch, batch_idx: int) -> Optional[torch.Tensor]:
+    def train_batch(self, batch, batch_idx: int) -> torch.Tensor:
         images, targets = batch
-        if must_skip(len(images), self._may_skip_batches):  # every image unreadable (common.empty_batches)
-            return skipped_step(self)
         losses = self(list(images), _loss_targets(targets, self.network_labels))
         loss = sum(losses.values())
         n = len(images)
@@ -221,9 +211,7 @@ class DetectionModule(RescaleTaskModule):
         self.evaluator = CocoEvaluator(ground_truth(split), iou_types=self.iou_types,
                                        label_to_category=self._label_to_category())
 
-    def _evaluate(self, batch) -> None:
-        if nothing_to_evaluate(batch):  # every image of it unreadable and skipped (common.empty_batches)
-            return
+    def evaluate_batch(self, batch, stage: str) -> None:
         images, targets = batch
         # the records move to the CPU themselves, masks thresholded and RLE-encoded on the device first
         self.evaluator.update(self(list(images)), targets)
@@ -242,18 +230,12 @@ class DetectionModule(RescaleTaskModule):
     def on_validation_epoch_start(self) -> None:
         self._start_evaluation("val")
 
-    def validation_step(self, batch, batch_idx: int) -> None:
-        self._evaluate(batch)
-
     def on_validation_epoch_end(self) -> None:
         if not self.trainer.sanity_checking:
             self._finish_evaluation("val", write_results=False)
 
     def on_test_epoch_start(self) -> None:
         self._start_evaluation("test")
-
-    def test_step(self, batch, batch_idx: int) -> None:
-        self._evaluate(batch)
 
     def on_test_epoch_end(self) -> None:
         self._finish_evaluation("test", write_results=True)
@@ -262,9 +244,7 @@ class DetectionModule(RescaleTaskModule):
     def on_predict_epoch_start(self) -> None:
         self._predicted = []
 
-    def predict_step(self, batch, batch_idx: int) -> list[dict] | None:
-        if nothing_to_evaluate(batch):
-            return skipped_prediction()
+    def predict_batch(self, batch) -> list[dict]:
         images, targets = batch
         predictions = [{k: v.detach().cpu() for k, v in p.items()} for p in self(list(images))]
         for image, target, prediction in zip(images, targets, predictions):

@@ -28,8 +28,8 @@ from PIL import Image
 from torchvision.ops import box_convert
 from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks
 
-from rescale_tasks.common.atomic import atomic_open
 from rescale_tasks.common.errors import DataError
+from rescale_tasks.common.system import atomic_open
 
 from .records import MASK_THRESHOLD, ImageRecord, image_record
 
@@ -87,7 +87,7 @@ def coco_results(records: Mapping[int, ImageRecord] | Iterable[ImageRecord] | Se
 
 
 def write_coco_results(path: str | os.PathLike, results: list[dict[str, Any]]) -> Path:
-    """Write ``results`` as JSON to ``path``, whole or not at all (:mod:`rescale_tasks.common.atomic`)."""
+    """Write ``results`` as JSON to ``path``, whole or not at all (:mod:`rescale_tasks.common.system.atomic`)."""
     with atomic_open(path, "wb") as f:
         f.write(json.dumps(results).encode("utf-8"))
     return Path(path)

@@ -33,10 +33,9 @@ from rescale_core import finish_measuring, mean_shift_layers
 from rescale_core.analysis import dead_relu_fraction, residual_blocks, signal_propagation
 
 from ..common.errors import UserArgumentParser as _Parser, UserError
-from ..common.figures import finish_figure, new_figure
-from ..common.network_inputs import take_samples
-from ..common.probe_plots import (SCALAR_COLUMNS, SIGNAL_COLUMNS, gain_rows, rows_by_run, scalars_figure,
-                                  signal_figure, signal_rows)
+from ..common.reporting import (SCALAR_COLUMNS, SIGNAL_COLUMNS, finish_figure, gain_rows, new_figure,
+                                rows_by_run, scalars_figure, signal_figure, signal_rows)
+from ..common.training import take_samples
 from .models import Subject, load_subject, probe_inputs, resolve_device, run_names, subjects
 from .outputs import StudyOutputs
 

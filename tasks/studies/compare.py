@@ -33,10 +33,8 @@ from rescale_core import get_scheme
 from rescale_core.registry import model_entry
 
 from ..common.errors import UserError
-from ..common.figures import new_figure
-from ..common.run_summary import MalformedSummary, find_summaries, higher_is_better, read_summary
-from ..common.wandb_logger import wandb_mode
-from ..common.wandb_offline import find_offline_runs, read_offline_run
+from ..common.reporting import find_offline_runs, new_figure, read_offline_run, wandb_mode
+from ..common.run import MalformedSummary, find_summaries, higher_is_better, read_summary
 from .outputs import StudyOutputs
 
 __all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of", "pick_metric", "METRICS",
@@ -196,7 +194,7 @@ def _plots(outputs: StudyOutputs, runs: list[dict], rows: list[dict], metric: st
 def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name=None, group=None, run_id=None,
                    project=None, state=None) -> dict:
     """A W&B run (its config, summary and history rows, online or offline) as a run summary:
-    network and scheme from the config the suite pushed (:class:`~..common.config.SaveConfigToRun`),
+    network and scheme from the config the suite pushed (:class:`~..common.run.SaveConfigToRun`),
     the curves and best validation values from the history (``trainer/global_step`` + 1: the
     summary's steps), the final values and the throughput (``throughput/<unit>_per_s``) from the
     W&B summary."""

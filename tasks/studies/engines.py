@@ -26,11 +26,10 @@ from typing import Any, Callable, Optional, TextIO
 
 import yaml
 
-from ..common.command import run_command
+from ..common.cli import run_command, run_lightning
 from ..common.errors import UserError
-from ..common.lightning_cli import run_lightning
-from ..common.lock import FolderBusy, folder_lock
-from ..common.run_summary import SUMMARY_FILE
+from ..common.run import SUMMARY_FILE
+from ..common.system import FolderBusy, folder_lock
 from .grid import GRID_FILE, LOG_FILE, OUTCOME_FILE, Grid, GridPoint, rescale_command, write_json
 
 __all__ = ["StudyInterrupted", "run_grid", "run_one", "write_slurm", "write_sweep"]
@@ -56,7 +55,7 @@ def _error_line(text: str) -> Optional[str]:
 # --- running points ---------------------------------------------------------------------------------
 def run_one(grid: Grid, point: GridPoint, in_process: bool = False, echo: bool = False) -> int:
     """Run (or resume) one point, its output appended to its ``log.txt``; returns the exit status
-    and writes ``outcome.json``. Never raises for a failing run; :class:`~..common.lock.FolderBusy`
+    and writes ``outcome.json``. Never raises for a failing run; :class:`~..common.system.FolderBusy`
     when another process is running the point."""
     with folder_lock(grid.point_dir(point), f"grid point {point.name} at",
                      "the point is running there; wait until it ends"):

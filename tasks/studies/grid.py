@@ -26,11 +26,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from ..common.config_files import load_yaml
-from ..common.config_layers import flag_values, yaml_layers
+from ..common.cli import flag_values, load_yaml, trainer_defaults, yaml_layers
 from ..common.errors import UserError
-from ..common.lightning_cli import trainer_defaults
-from ..common.run_summary import SUMMARY_FILE, read_summary
+from ..common.run import SUMMARY_FILE, read_summary
 
 __all__ = ["GridPoint", "Grid", "PointState", "GRID_FILE", "POINTS_DIR", "LOG_FILE", "OUTCOME_FILE",
            "rescale_command", "configured_logger", "wandb_project", "read_json", "write_json"]

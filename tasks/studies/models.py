@@ -3,7 +3,7 @@ optionally with the weights of a checkpoint, and the network inputs it is probed
 
 Task-independent: a study reads the LightningModule's ``net`` attribute (the network the
 probes of :mod:`rescale_core.analysis` hook) and takes the network's inputs from a batch as
-:func:`rescale_tasks.common.network_inputs.network_inputs` does (a tuple of the network's
+:func:`rescale_tasks.common.training.network_inputs` does (a tuple of the network's
 positional arguments).
 """
 from __future__ import annotations
@@ -15,11 +15,10 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
-from ..common.build_only import build_run
-from ..common.checkpoint_compat import load_into_module
-from ..common.checkpointing import checkpoint_exists, safe_load
+from ..common.checkpoints import checkpoint_exists, load_into_module, safe_load
+from ..common.cli import build_run
 from ..common.errors import DataError, UserError
-from ..common.network_inputs import batch_size_of, network_inputs, take_samples
+from ..common.training import batch_size_of, network_inputs, take_samples
 
 __all__ = ["Subject", "load_subject", "subjects", "data_inputs", "gaussian_inputs", "probe_inputs",
            "resolve_device", "run_names"]

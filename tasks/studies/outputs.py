@@ -8,8 +8,7 @@ import os
 from typing import Any, Iterable, Optional, Sequence
 
 from ..common.errors import UserError
-from ..common.wandb_logger import wandb_mode
-from ..common.wandb_offline import read_offline_run
+from ..common.reporting import read_offline_run, wandb_mode
 
 __all__ = ["write_table", "markdown_table", "format_cell", "save_figure", "log_to_wandb", "StudyOutputs"]
 

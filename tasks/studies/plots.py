@@ -8,8 +8,8 @@ import math
 
 from matplotlib.ticker import NullFormatter
 
-from ..common.figures import new_figure
-from ..common.run_summary import higher_is_better
+from ..common.reporting import new_figure
+from ..common.run import higher_is_better
 from .grid import Grid
 from .outputs import StudyOutputs
 from .seeded import mean_curve

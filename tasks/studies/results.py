@@ -8,8 +8,8 @@ import math
 import os
 from typing import Any, Optional
 
-from ..common.checkpointing import CheckpointError, peek_checkpoint
-from ..common.run_summary import higher_is_better
+from ..common.checkpoints import CheckpointError, peek_checkpoint
+from ..common.run import higher_is_better
 from .compare import pick_metric
 from .grid import Grid, GridPoint
 from .seeded import steps_to_fraction

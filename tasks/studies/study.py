@@ -24,7 +24,7 @@ their ``last.ckpt``), then writes the tables; ``slurm`` writes ``STUDY_DIR/slurm
 array, one task per point) and ``wandb`` writes ``STUDY_DIR/sweep.yaml`` (for ``wandb agent``),
 and print how to submit them; ``rescale study aggregate STUDY_DIR`` then reads the results.
 One study command at a time works in a folder (a second is refused in one line naming the first,
-:mod:`..common.lock`); the points of a SLURM array share it, each point locking its own folder.
+:mod:`..common.system.lock`); the points of a SLURM array share it, each point locking its own folder.
 """
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ import shlex
 import signal
 from typing import Optional
 
-from ..common.config_layers import check_layers, defaults_for
+from ..common.cli import check_layers, defaults_for
 from ..common.errors import UserArgumentParser as _Parser, UserError
-from ..common.lock import folder_lock
+from ..common.system import folder_lock
 from .aggregate import aggregate
 from .compare import METRICS
 from .engines import StudyInterrupted, run_grid, run_one, write_slurm, write_sweep
@@ -113,7 +113,7 @@ def _run_study(args, grid: Grid) -> int:
         print(f"study {grid.study_dir}: {len(grid.points)} points (dry run: nothing run or written)")
         run_grid(grid, dry_run=True)
         return 0
-    with folder_lock(grid.study_dir):  # one study process per folder (common.lock)
+    with folder_lock(grid.study_dir):  # one study process per folder (common.system.lock)
         return _run_locked(args, grid)
 
 
@@ -196,7 +196,7 @@ def _recipe_template(args, configs: list[str]) -> Optional[str]:
         if os.path.isfile(path):
             check_layers([path], "--recipe")
         # a recipe is an overlay: the _defaults.yaml of another experiments folder would come with
-        # it and replace the base config's network and data (common/config_layers.py)
+        # it and replace the base config's network and data (common/cli/config_layers.py)
         foreign = [d for d in defaults_for([path]) if d not in base_defaults] if os.path.isfile(path) else []
         if foreign:
             raise UserError(f"--recipe {path}: it lies under {os.path.dirname(foreign[-1])}, whose "

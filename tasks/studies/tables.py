@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from ..common.run_summary import higher_is_better
+from ..common.run import higher_is_better
 from .compare import mean_std
 from .points import KEYS
 from .results import as_float

@@ -31,10 +31,10 @@ from typing import Iterator
 import numpy as np
 import sentencepiece as spm
 
+from ..common.system import usable_cores
 from .cache import DIGEST_CHARS, digest_of, file_digest, write_atomic
 from .corpus import SplitSource
 from .vocab import UNK
-from ..common.sampling import usable_cores
 
 __all__ = ["TokenArray", "EncodedSplit", "UnknownPieces", "encode_split", "unknown_pieces", "unknown_warning",
            "CHUNK_LINES", "UNK_WARN_PERCENT"]

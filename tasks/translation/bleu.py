@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from ..common.distributed import sum_tensor_over_ranks
+from ..common.system import sum_tensor_over_ranks
 
 __all__ = ["BleuResult", "corpus_bleu", "bleu_statistics", "bleu_from_statistics", "split_compounds", "STYLES"]
 

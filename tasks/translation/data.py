@@ -29,8 +29,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch.utils.data import DataLoader
 
+from rescale_tasks.common.data import sigterm_safe_worker_init
 from rescale_tasks.common.errors import ConfigError, DataError
-from rescale_tasks.common.sampling import loader_workers, sigterm_safe_worker_init
+from rescale_tasks.common.system import loader_workers
 
 from .binarize import UNK_WARN_PERCENT, UnknownPieces, unknown_pieces, unknown_warning
 from .cleaning import CleanOptions, CleanReport, count_truncated, select_train

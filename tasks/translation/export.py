@@ -18,7 +18,7 @@ from torch import nn
 
 from rescale_core.models.incremental import KVCache
 
-from ..common.export_programs import ExportProgram, batch_dynamic
+from ..common.export import ExportProgram, batch_dynamic
 
 __all__ = ["Encoder", "DecodeStep", "translation_programs"]
 

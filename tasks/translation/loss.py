@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common.distributed import sum_over_ranks
+from ..common.system import sum_over_ranks
 
 __all__ = ["label_smoothed_nll_loss", "tokens_over_ranks"]
 

@@ -6,7 +6,7 @@ during validation, and the test set's hypotheses written beside its score.
   target tokens and divided by the target tokens of the step on every rank together, so each
   token weighs the same whatever rank and batch it is in (fairseq's normalisation; with gradient
   accumulation each micro-batch is normalised by its own tokens). Adam (0.9, 0.98) with the
-  inverse-sqrt schedule (:class:`~rescale_tasks.common.schedules.InverseSqrtLR`), clipping and
+  inverse-sqrt schedule (:class:`~rescale_tasks.common.training.InverseSqrtLR`), clipping and
   accumulation through the Trainer (``gradient_clip_val``, ``accumulate_grad_batches``), bf16 on
   GPUs with ``trainer.precision: bf16-mixed`` (the loss is computed in float32).
   Logged: ``train/loss_step``/``_epoch`` and ``train/nll_loss_step``/``_epoch`` per target token
@@ -21,7 +21,7 @@ during validation, and the test set's hypotheses written beside its score.
   folder, so any external scorer gives the same BLEU from the file.
 - Predict: the test set's translations, decoded as the test decodes them, one detokenized line
   per source line in corpus order, in ``predictions.test.txt`` where ``test`` writes
-  (:mod:`rescale_tasks.common.predictions`).
+  (:mod:`rescale_tasks.common.run.predictions`).
 
 The SentencePiece model travels inside every checkpoint (``checkpoint["sentencepiece"]``, its
 serialized bytes), so ``rescale translate --ckpt_path`` needs nothing else.
@@ -37,12 +37,11 @@ from torchmetrics.aggregation import MeanMetric
 
 from rescale_core.generation import GenerationConfig, generate
 
-from ..common.config import results_folder
-from ..common.distributed import gather_by_key, sum_tensor_over_ranks, world_size
-from ..common.empty_batches import skipped_prediction
+from ..common.data import skipped_prediction
 from ..common.errors import ConfigError
-from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
-from ..common.predictions import write_result
+from ..common.module import OptimizerFactory, RescaleTaskModule
+from ..common.run import results_folder, write_result
+from ..common.system import gather_by_key, sum_tensor_over_ranks, world_size
 from .bleu import STYLES, bleu_statistics, bleu_from_statistics
 from .export import translation_programs
 from .loss import label_smoothed_nll_loss, tokens_over_ranks
@@ -53,12 +52,18 @@ HYPOTHESES_FILE = "hypotheses.test.txt"
 BLEU_FILE = "bleu.test.json"
 
 
-def _default_adam(params: Iterable) -> torch.optim.Optimizer:
+def fairseq_adam(params: Iterable) -> torch.optim.Optimizer:
+    """The translation default: Adam at lr 7e-4 with betas (0.9, 0.98) (fairseq's Transformer
+    recipe, Ott et al. 2018)."""
     return torch.optim.Adam(params, lr=7e-4, betas=(0.9, 0.98), eps=1e-8)
 
 
 class TranslationModule(RescaleTaskModule):
-    """Args:
+    """Translation with encoder-decoder Transformers; the arguments every task shares
+    (``scheme_options``, ``lr_scheduler``, ``compile``, ``plan`` ...) are
+    :class:`~rescale_tasks.common.module.RescaleTaskModule`'s.
+
+    Args:
         network: a Transformer from ``rescale_core`` (``transformer_base``, ``transformer_big``,
             ``transformer_deep``, ``transformer_tiny``).
         scheme: ``post_ln``, ``pre_ln``, ``rescale``, ``rezero`` or ``skipinit``.
@@ -70,29 +75,22 @@ class TranslationModule(RescaleTaskModule):
             (:mod:`rescale_core.generation`; ``gnmt`` with 0.6 is Vaswani et al.'s penalty).
         val_bleu_sentences: BLEU during validation on the first N validation lines (0: off).
         bleu_style: ``sacrebleu`` or ``compound_split`` (the WMT14 En-De papers' convention).
-        optimizer, lr_scheduler, norm_weight_decay, compile, compile_mode, plan, compile_options: see
-            :class:`~rescale_tasks.common.module.RescaleTaskModule`.
+        optimizer: as for every task; the default is :func:`fairseq_adam`.
     """
 
-    throughput_unit = "target tokens"  # training throughput in target tokens/s (common.throughput)
+    throughput_unit = "target tokens"  # training throughput in target tokens/s (common.data.throughput)
 
     @staticmethod
     def throughput_items(batch: dict) -> int:
         """The target tokens of a batch, padding left out."""
         return int(batch["ntokens"])
 
-    def __init__(self, network: str = "transformer_base", scheme: Optional[str] = None,
-                 scheme_options: Optional[dict[str, Any]] = None,
-                 network_options: Optional[dict[str, Any]] = None,
-                 vocab_size: int = 32000, pad_index: int = 1, bos_index: int = 0, eos_index: int = 2,
-                 optimizer: OptimizerFactory = _default_adam,
-                 lr_scheduler: Optional[SchedulerFactory] = None,
-                 label_smoothing: float = 0.1, beam: int = 4, len_penalty: float = 1.0,
-                 length_penalty_style: str = "fairseq", max_len_a: float = 1.2, max_len_b: int = 10,
-                 val_bleu_sentences: int = 1000, bleu_style: str = "sacrebleu",
-                 norm_weight_decay: Optional[float] = None, compile: bool = False,
-                 compile_mode: Optional[str] = None, plan: str = "auto",
-                 compile_options: Optional[dict[str, Any]] = None) -> None:
+    def __init__(self, network: str = "transformer_base", scheme: Optional[str] = None, *,
+                 network_options: Optional[dict[str, Any]] = None, vocab_size: int = 32000, pad_index: int = 1,
+                 bos_index: int = 0, eos_index: int = 2, label_smoothing: float = 0.1, beam: int = 4,
+                 len_penalty: float = 1.0, length_penalty_style: str = "fairseq", max_len_a: float = 1.2,
+                 max_len_b: int = 10, val_bleu_sentences: int = 1000, bleu_style: str = "sacrebleu",
+                 optimizer: OptimizerFactory = fairseq_adam, **options: Any) -> None:
         if bleu_style not in STYLES:
             raise ConfigError(f"model.bleu_style must be one of {', '.join(STYLES)}, got {bleu_style!r}")
         if not 0.0 <= label_smoothing < 1.0:
@@ -102,13 +100,9 @@ class TranslationModule(RescaleTaskModule):
                                                len_penalty=len_penalty, length_penalty_style=length_penalty_style)
         except ValueError as err:
             raise ConfigError(f"model decoding settings: {err}") from None
-        options = dict(network_options or {})
-        options.setdefault("share_embeddings", True)  # one joint SentencePiece vocabulary
-        super().__init__(network, scheme, scheme_options, options, optimizer, lr_scheduler,
-                         norm_weight_decay, False, compile,
-                         network_kwargs={"src_vocab_size": vocab_size, "pad_index": pad_index},
-                         compile_mode=compile_mode, plan=plan, compile_options=compile_options)
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        family = {"share_embeddings": True, **(network_options or {})}  # one joint SentencePiece vocabulary
+        super().__init__(network, scheme, network_options=family, optimizer=optimizer,
+                         network_kwargs={"src_vocab_size": vocab_size, "pad_index": pad_index}, **options)
         self.label_smoothing = label_smoothing
         self.pad_index, self.bos_index, self.eos_index = pad_index, bos_index, eos_index
         self.val_bleu_sentences = val_bleu_sentences
@@ -135,6 +129,7 @@ class TranslationModule(RescaleTaskModule):
 
     # --- the subword model ----------------------------------------------------------------
     def setup(self, stage: str) -> None:
+        super().setup(stage)
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         processor = getattr(datamodule, "processor", None)
         if processor is None and datamodule is not None and hasattr(datamodule, "setup"):
@@ -161,7 +156,7 @@ class TranslationModule(RescaleTaskModule):
         return self.processor.decode(ids)
 
     # --- steps ----------------------------------------------------------------------------
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+    def train_batch(self, batch: dict, batch_idx: int) -> torch.Tensor:
         logits = self(batch["src_tokens"], batch["prev_output_tokens"])
         loss_sum, nll_sum = label_smoothed_nll_loss(logits, batch["target"], self.label_smoothing, self.pad_index)
         ntokens = int(batch["ntokens"])
@@ -216,11 +211,9 @@ class TranslationModule(RescaleTaskModule):
                            config=self.generation)
         return {int(ids[row]): self.detokenize(nbest[0].tokens) for row, nbest in zip(rows.tolist(), results)}
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step(batch, "val", self.val_bleu_sentences or None)
-
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step(batch, "test", 1 << 62)
+    def evaluate_batch(self, batch: dict, stage: str) -> None:
+        # BLEU on the first val_bleu_sentences validation lines, on every test line
+        self._eval_step(batch, stage, (self.val_bleu_sentences or None) if stage == "val" else 1 << 62)
 
     def on_validation_epoch_start(self) -> None:
         self._bleu_stats = None
@@ -272,7 +265,7 @@ class TranslationModule(RescaleTaskModule):
     def on_predict_epoch_start(self) -> None:
         self._hypotheses = {}
 
-    def predict_step(self, batch: dict, batch_idx: int) -> dict[int, str] | None:
+    def predict_batch(self, batch: dict) -> dict[int, str] | None:
         keep = batch["id"] >= 0
         if not bool(keep.any()):  # a filler batch keeping the ranks in step
             return skipped_prediction()

@@ -1,6 +1,6 @@
 """Token-budget batches spread over DDP ranks, in a seeded order that can resume mid-epoch.
 
-Built on :mod:`rescale_tasks.common.batch_sampling` (every rank builds the same batch list, pads
+Built on :mod:`rescale_tasks.common.data.batch_sampling` (every rank builds the same batch list, pads
 it to a multiple of the world size and takes batches ``r, r + R, ...``; the loader resumes
 mid-epoch). What is special to translation:
 
@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from rescale_tasks.common.batch_sampling import BatchListLoader, BatchListSampler
+from rescale_tasks.common.data import BatchListLoader, BatchListSampler
 
 from .batching import batch_by_size, length_order
 from .dataset import BatchKey, PairDataset

@@ -16,7 +16,6 @@ model never saw as sentences). Split such lines into sentences to have them tran
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 from typing import Iterable, Optional, TextIO
 
@@ -25,9 +24,9 @@ import torch
 
 from rescale_core.generation import GenerationConfig, generate
 
-from ..common.checkpoint_compat import load_into_module
-from ..common.checkpointing import safe_load
+from ..common.checkpoints import load_into_module, safe_load
 from ..common.errors import UserError
+from ..common.training import init_parameters
 from .batching import batch_by_size
 from .corpus import read_lines
 from .module import TranslationModule
@@ -41,7 +40,7 @@ def load_translator(path: str, device: str = "cpu") -> TranslationModule:
     if "sentencepiece" not in checkpoint or "hyper_parameters" not in checkpoint:
         raise UserError(f"{path} is not a translation checkpoint of this suite (no SentencePiece model "
                         "inside); give a checkpoint written by rescale fit with a TranslationModule config")
-    accepted = inspect.signature(TranslationModule.__init__).parameters
+    accepted = init_parameters(TranslationModule)  # its own arguments and the shared ones it hands on
     hparams = {k: v for k, v in checkpoint["hyper_parameters"].items() if k in accepted}
     module = TranslationModule(**hparams)
     load_into_module(module, checkpoint, f"checkpoint {path} (--ckpt_path)")

@@ -26,7 +26,7 @@ from typing import Literal
 import sentencepiece as spm
 
 from rescale_tasks.common.errors import ConfigError, DataError
-from rescale_tasks.common.sampling import usable_cores
+from rescale_tasks.common.system import usable_cores
 
 from .cache import DIGEST_CHARS, digest_of, file_digest, write_atomic
 from .corpus import SplitSource

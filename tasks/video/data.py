@@ -5,22 +5,22 @@ folder of videos, mmaction2/SlowFast list files) and serves clips (:mod:`.datase
 
 * fit: one random clip per video and training step, SlowFast's augmentation (:mod:`.transforms`),
   in a seeded order that resumes mid-epoch and is sharded over DDP ranks
-  (:class:`~rescale_tasks.common.sampling.ResumableSampler`), each sample augmented under its own
-  seed (:class:`~rescale_tasks.common.sampling.PerSampleSeed`): batches
+  (:class:`~rescale_tasks.common.data.ResumableSampler`), each sample augmented under its own
+  seed (:class:`~rescale_tasks.common.data.PerSampleSeed`): batches
   ``(clips [B, C, T, H, W], labels [B], video_index [B], clip_index [B])``.
 * validate: ``val_clips`` x ``val_crops`` views per video (default one centre view, as SlowFast
   validates during training); test and predict: ``num_clips`` x ``num_crops`` (the standard
   10 x 3): batches ``(clips [B, crops, C, T, H, W], labels, video_index, clip_index)``, in order,
-  each item to one process under DDP (:class:`~rescale_tasks.common.sampling.UnrepeatedSampler`:
+  each item to one process under DDP (:class:`~rescale_tasks.common.data.UnrepeatedSampler`:
   contiguous chunks, no padding repeats, so the module sums the views of each video and reduces
   the sums over ranks).
 
 ``num_classes`` and ``class_names`` are known right after ``__init__`` (a cheap read of the
 training split's class list: folder names, CSV labels or list labels) so a CLI can link
 ``data.num_classes`` to the model; videos are scanned in :meth:`setup`. The class list travels
-in every checkpoint (:meth:`labels`, :mod:`rescale_tasks.common.labels`) and is matched to the
+in every checkpoint (:meth:`labels`, :mod:`rescale_tasks.common.data.labels`) and is matched to the
 data's by name when a checkpoint is loaded. Bad videos are skipped and counted by kind (:meth:`data_problems`,
-:meth:`problem_files`; reported by :class:`~rescale_tasks.common.data_report.SkippedDataReport`).
+:meth:`problem_files`; reported by :class:`~rescale_tasks.common.run.SkippedDataReport`).
 """
 from __future__ import annotations
 
@@ -31,11 +31,10 @@ import lightning.pytorch as L
 import torch
 from torch.utils.data import DataLoader
 
+from rescale_tasks.common.data import (Labels, PerSampleSeed, ResumableDataLoader, ResumableSampler,
+                                       UnrepeatedSampler, sigterm_safe_worker_init)
 from rescale_tasks.common.errors import ConfigError, DataError
-from rescale_tasks.common.labels import Labels
-from rescale_tasks.common.sampling import (PerSampleSeed, ResumableDataLoader, ResumableSampler,
-                                           UnrepeatedSampler, loader_workers,
-                                           sigterm_safe_worker_init)
+from rescale_tasks.common.system import loader_workers
 
 from .dataset import DROPPED_KINDS, KINDS, VideoClipDataset, collate_drop_none
 from .layouts import class_names_of, label_samples, read_layout
@@ -185,7 +184,7 @@ class KineticsDataModule(L.LightningDataModule):
     _CLASS_LIST_KEYS = {"folders": "root", "cvdf": "train_csv", "list": "train_list"}
 
     def labels(self) -> Labels:
-        """The class list a checkpoint's labels stand for (:mod:`rescale_tasks.common.labels`)."""
+        """The class list a checkpoint's labels stand for (:mod:`rescale_tasks.common.data.labels`)."""
         key = self._CLASS_LIST_KEYS.get(self.layout, "root")
         return Labels(self.class_names, source=f"the classes of {self.layout_args.get(key)}", key=f"data.{key}")
 

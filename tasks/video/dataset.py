@@ -6,7 +6,7 @@ picks frames with :func:`~rescale_tasks.video.sampling.clip_indices` and transfo
 (:mod:`~rescale_tasks.video.transforms`).
 
 * ``mode="train"``: one item per video at a random temporal position, drawn from torch's CPU
-  generator (seeded per sample by :class:`~rescale_tasks.common.sampling.PerSampleSeed`):
+  generator (seeded per sample by :class:`~rescale_tasks.common.data.PerSampleSeed`):
   ``(clip (C, T, H, W), label, video_index, 0)``.
 * ``mode="val"``/``"test"``: one item per (video, clip ``k``) for the ``num_clips`` uniformly
   spaced clips, each with all ``num_crops`` spatial crops:

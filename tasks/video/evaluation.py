@@ -15,16 +15,16 @@ metrics and broadcasts the few numbers, so all ranks log the same values (``pred
 same sums: :meth:`MultiViewAccuracy.videos` hands rank 0 each video's softmax averaged over its
 views, as the video-level accuracy ranks it). Sums can only be reduced if no item was seen twice:
 the data module shards evaluation without repeats
-(:class:`~rescale_tasks.common.sampling.UnrepeatedSampler`); an item met by two ranks (a padding
+(:class:`~rescale_tasks.common.data.UnrepeatedSampler`); an item met by two ranks (a padding
 sampler) is one clear error, never a silently double-counted view.
 """
 from __future__ import annotations
 
 import torch
 
-from rescale_tasks.common.distributed import (broadcast_from_rank_zero, max_over_ranks, rank,
-                                              reduce_tensor_to_rank_zero)
 from rescale_tasks.common.errors import DataError
+from rescale_tasks.common.system import (broadcast_from_rank_zero, max_over_ranks, rank,
+                                         reduce_tensor_to_rank_zero)
 
 __all__ = ["MultiViewAccuracy"]
 

@@ -30,10 +30,9 @@ from typing import Any, Mapping, Optional, Union
 import torch
 from torch import nn
 
-from rescale_tasks.common.checkpoint_compat import network_weights, state_dict_differences
-from rescale_tasks.common.checkpointing import safe_load
+from rescale_tasks.common.checkpoints import network_weights, safe_load, state_dict_differences
 from rescale_tasks.common.errors import ConfigError
-from rescale_tasks.common.networks import resolved_architecture
+from rescale_tasks.common.training import resolved_architecture
 
 __all__ = ["inflate_checkpoint", "inflate_state_dict", "inflate_tensor", "Inflated",
            "CLASSIFIER_PREFIX"]

@@ -15,65 +15,51 @@ residual scheme, with the standard multi-view evaluation.
 - Prediction: ``predict`` averages the softmax over every view of a video as the test does and
   writes ``predictions.test.csv`` where ``test`` writes: per video its index, file, true class,
   view count and the top-5 classes the checkpoint names, with their probabilities
-  (:mod:`rescale_tasks.common.predictions`).
-- Labels: every checkpoint carries its class list (:mod:`rescale_tasks.common.labels`); data
+  (:mod:`rescale_tasks.common.run.predictions`).
+- Labels: every checkpoint carries its class list (:mod:`rescale_tasks.common.data.labels`); data
   listing the same classes in another order has its labels mapped to the network's by name.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 
-from ..common.checkpoint_compat import require_classification_checkpoint
-from ..common.empty_batches import (data_may_skip_files, must_skip, nothing_to_evaluate,
-                                    skipped_prediction, skipped_step)
-from ..common.module import OptimizerFactory, RescaleTaskModule, SchedulerFactory
-from ..common.predictions import class_predictions_csv, class_rows, output_names, predict_dataset
+from ..common.checkpoints import require_classification_checkpoint
+from ..common.module import RescaleTaskModule
+from ..common.run import class_predictions_csv, class_rows, output_names, predict_dataset
 from .evaluation import MultiViewAccuracy
 from .inflation import inflate_checkpoint
 
 __all__ = ["VideoClassificationModule"]
 
 
-def _default_sgd(params: Iterable) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-4)
-
-
 class VideoClassificationModule(RescaleTaskModule):
-    """Args:
+    """Video classification; the arguments every task shares (``scheme_options``,
+    ``network_options``, ``optimizer``, ``plan`` ...) are :class:`~rescale_tasks.common.module.RescaleTaskModule`'s.
+
+    Args:
         network: a 3D ResNet from ``rescale_core`` (``r3d_18``, ``r3d_50``, ``slow_r50`` ...).
-        scheme, scheme_options, network_options: as for every task (dropout before the classifier:
-            ``scheme_options: {classifier_dropout: 0.5}``, SlowFast's recipe).
+        scheme: as for every task (dropout before the classifier: ``scheme_options:
+            {classifier_dropout: 0.5}``, SlowFast's recipe).
         num_classes, in_channels: linked from the data module (the training split's classes).
         inflate_from: a 2D classification checkpoint of ``rescale fit`` (same depth and scheme)
             inflated into the 3D network before training.
         label_smoothing: of the cross entropy.
-        optimizer, lr_scheduler, norm_weight_decay, channels_last, compile, compile_mode, plan, compile_options: see
-            :class:`~rescale_tasks.common.module.RescaleTaskModule`.
     """
 
-    throughput_unit = "clips"  # training throughput in clips/s (common.throughput)
+    throughput_unit = "clips"  # training throughput in clips/s (common.data.throughput)
 
-    def __init__(self, network: str = "slow_r50", scheme: Optional[str] = None,
-                 scheme_options: Optional[dict[str, Any]] = None,
-                 network_options: Optional[dict[str, Any]] = None, num_classes: int = 400,
+    def __init__(self, network: str = "slow_r50", scheme: Optional[str] = None, *, num_classes: int = 400,
                  in_channels: int = 3, inflate_from: Optional[str] = None, label_smoothing: float = 0.0,
-                 optimizer: OptimizerFactory = _default_sgd, lr_scheduler: Optional[SchedulerFactory] = None,
-                 norm_weight_decay: Optional[float] = None, channels_last: bool = False,
-                 compile: bool = False, compile_mode: Optional[str] = None,
-                 plan: str = "auto", compile_options: Optional[dict[str, Any]] = None) -> None:
+                 **options: Any) -> None:
         self.check_arguments({"inflate_from": inflate_from})
-        super().__init__(network, scheme, scheme_options, network_options, optimizer, lr_scheduler,
-                         norm_weight_decay, channels_last, compile,
-                         network_kwargs={"num_classes": num_classes, "in_channels": in_channels},
-                         compile_mode=compile_mode, plan=plan, compile_options=compile_options)
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        super().__init__(network, scheme, network_kwargs={"num_classes": num_classes, "in_channels": in_channels},
+                         **options)
         if inflate_from is not None:
             inflate_checkpoint(self.net, inflate_from)
         self.label_smoothing = label_smoothing
-        self._may_skip_batches = True
         self.evaluation = MultiViewAccuracy()
 
     @staticmethod
@@ -86,13 +72,8 @@ class VideoClassificationModule(RescaleTaskModule):
     def forward(self, clips: torch.Tensor) -> torch.Tensor:
         return self.net(self.as_input(clips))
 
-    def setup(self, stage: str) -> None:
-        self._may_skip_batches = data_may_skip_files(getattr(self.trainer, "datamodule", None))
-
-    def training_step(self, batch, batch_idx: int) -> Optional[torch.Tensor]:
+    def train_batch(self, batch, batch_idx: int) -> torch.Tensor:
         clips, labels = batch[0], batch[1]
-        if must_skip(labels.numel(), self._may_skip_batches):  # every video bad (common.empty_batches)
-            return skipped_step(self)
         labels = self.network_labels(labels)
         logits = self(clips)
         loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
@@ -113,9 +94,7 @@ class VideoClassificationModule(RescaleTaskModule):
     def _start(self) -> None:
         self.evaluation.reset()
 
-    def _eval_step(self, batch) -> None:
-        if nothing_to_evaluate(batch):  # every video of it bad and skipped (common.empty_batches)
-            return
+    def evaluate_batch(self, batch, stage: str) -> None:
         clips, labels, videos, clip_ids = batch
         labels = self.network_labels(labels)
         logits = self._view_logits(clips)
@@ -133,18 +112,12 @@ class VideoClassificationModule(RescaleTaskModule):
     def on_validation_epoch_start(self) -> None:
         self._start()
 
-    def validation_step(self, batch, batch_idx: int) -> None:
-        self._eval_step(batch)
-
     def on_validation_epoch_end(self) -> None:
         if not self.trainer.sanity_checking:
             self._finish("val")
 
     def on_test_epoch_start(self) -> None:
         self._start()
-
-    def test_step(self, batch, batch_idx: int) -> None:
-        self._eval_step(batch)
 
     def on_test_epoch_end(self) -> None:
         metrics = self._finish("test")
@@ -156,9 +129,7 @@ class VideoClassificationModule(RescaleTaskModule):
     def on_predict_epoch_start(self) -> None:
         self._start()
 
-    def predict_step(self, batch, batch_idx: int) -> dict | None:
-        if nothing_to_evaluate(batch):
-            return skipped_prediction()
+    def predict_batch(self, batch) -> dict:
         clips, labels, videos, clip_ids = batch
         views = self._view_logits(clips).softmax(-1)
         self.evaluation.update(views, self.network_labels(labels), videos, clip_ids, torch.zeros(len(videos)))

@@ -65,7 +65,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from rescale_tasks.common.errors import ConfigError, DataError
-from rescale_tasks.common.sampling import usable_cores
+from rescale_tasks.common.system import usable_cores
 from rescale_tasks.video.decoding import (DecodeAudit, PyAVDecoder, Step, VideoDataError, display_matrix,
                                           display_steps)
 from rescale_tasks.video.layouts import VIDEO_EXTENSIONS  # the files training reads

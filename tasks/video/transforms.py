@@ -8,7 +8,7 @@ normalised with SlowFast's Kinetics statistics (mean 0.45, std 0.225 for every c
   the short side is scaled to an integer drawn uniformly from ``train_short_side`` = [256, 320],
   then a random ``crop`` x ``crop`` window and a horizontal flip with probability 0.5. All random
   draws come from torch's CPU generator, which
-  :class:`~rescale_tasks.common.sampling.PerSampleSeed` seeds per sample.
+  :class:`~rescale_tasks.common.data.PerSampleSeed` seeds per sample.
 * Testing (SlowFast ``uniform_crop``): the short side is scaled to ``test_short_side`` (256), then
   ``num_crops`` windows of ``crop`` x ``crop``: 3 = the start, centre and end of the long side
   (left/centre/right for landscape frames, top/centre/bottom for portrait), centred on the short

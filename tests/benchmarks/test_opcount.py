@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from benchmarks import opcount
 from benchmarks.opcount import FAMILIES, count_contender
@@ -140,3 +141,50 @@ def test_frozen_eval_in_float32_on_the_cpu_default():
     assert c.before.launches > 2 * floor.frozen.launches
     assert c.frozen.launches == floor.frozen.launches + 12 and c.frozen.by_op["aten.conv2d.default"] == 53
     assert c.frozen.launches < bn.frozen.launches
+
+
+# --------------------------------------------------------------- what a GPU launches: casts included
+def test_kernels_count_autocast_casts_alike_under_no_grad_and_inference_mode():
+    """Under ``torch.inference_mode`` autocast's casts reach the dispatcher as ``aten.to`` (marked
+    a view: the launch counts leave them out), under ``torch.no_grad`` as ``aten._to_copy``: the
+    kernel count sees them both ways, and an op that hands its input back (``dropout`` in eval
+    mode, seen whole under ``inference_mode``) launches nothing."""
+    conv, drop = nn.Conv2d(3, 4, 3), nn.Dropout(0.5).eval()
+    x = torch.randn(1, 3, 8, 8)
+    for mode in (torch.no_grad, torch.inference_mode):
+        counter = opcount.OpCounter()
+        with mode(), torch.autocast("cpu", dtype=torch.bfloat16), counter:
+            drop(conv(x))
+        assert (counter.kernels, counter.casts) == (4, 3), mode.__name__  # input, weight, bias; the conv
+    assert counter.launches == 2  # inference_mode: the conv and the dropout, no cast
+
+
+def test_frozen_eval_launches_no_weight_cast(evals):
+    """What a GPU launches per eval forward, casts included, the same under ``torch.no_grad`` and
+    ``torch.inference_mode``: the frozen plan keeps its folded weights in autocast's dtype, so a
+    normalization-free network casts only its input image, as few as the floor (whose frozen
+    program holds bf16 weights too), and launches fewer than BN by every cast and norm BN pays
+    (a weight cast per convolution and the classifier's two, a norm per convolution), less its
+    own shortcut pools (R3D-18: CPU autocast pools 3D in float32, two casts a pool)."""
+    for (family, name), c in evals.items():
+        assert c.frozen.kernels == c.frozen_no_grad.kernels, (family, name)
+        assert c.before.kernels == c.before_no_grad.kernels, (family, name)
+        assert c.frozen.casts == c.frozen_no_grad.casts, (family, name)
+    for family in ("ResNet-50", "R3D-18 (3D)", "VGG-11"):
+        bn = evals[(family, "baseline")].frozen_no_grad
+        floor = evals[(family, "floor")].frozen_no_grad
+        norms = sum(n for op, n in bn.by_kernel.items() if "batch_norm" in op)
+        for scheme in [s for f, s in EVAL_CASES if f == family] + ["floor"]:
+            c = evals[(family, scheme)]
+            above = ABOVE_FLOOR.get((family, scheme), 0)
+            pool_casts = 2 * above if family == "R3D-18 (3D)" else 0
+            assert c.frozen_no_grad.casts == floor.casts + pool_casts, (family, scheme, c.frozen_no_grad.casts)
+            assert c.frozen_no_grad.kernels == floor.kernels + above + pool_casts, (family, scheme)
+            assert bn.kernels - c.frozen_no_grad.kernels == (bn.casts - c.frozen_no_grad.casts) + norms - above, (
+                family, scheme)
+            assert c.frozen_no_grad.kernels < c.before_no_grad.kernels or scheme == "floor"
+        assert floor.casts == (3 if family == "R3D-18 (3D)" else 1)  # the input's (and R3D's head pool)
+    rescale50, bn50 = evals[("ResNet-50", "rescale")].frozen_no_grad, evals[("ResNet-50", "baseline")].frozen_no_grad
+    assert (rescale50.kernels, rescale50.casts) == (125, 1)
+    # BN casts its input, its 53 convolutions' weights and its classifier's weight and bias
+    assert bn50.casts == 1 + 53 + 2 and bn50.by_kernel["aten.convolution.default"] == 53

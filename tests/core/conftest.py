@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import rescale_core
 from rescale_core.models.vgg import VGG_SCHEMES
@@ -194,6 +195,29 @@ class Harness:
 @pytest.fixture
 def harness() -> type[Harness]:
     return Harness
+
+
+class CastCounter(TorchDispatchMode):
+    """The dtype conversions dispatched inside it (``casts``: ``(from, to)`` per cast), as
+    ``aten._to_copy`` (under ``torch.no_grad``) or as ``aten.to`` (under
+    ``torch.inference_mode``, where autocast's casts reach the dispatcher whole)."""
+
+    def __init__(self):
+        super().__init__()
+        self.casts: list[tuple[torch.dtype, torch.dtype]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if (func._schema.name in ("aten::_to_copy", "aten::to") and isinstance(out, torch.Tensor)
+                and out.dtype != args[0].dtype):
+            self.casts.append((args[0].dtype, out.dtype))
+        return out
+
+
+@pytest.fixture
+def count_casts():
+    """``with count_casts() as probe: ...`` then ``probe.casts``: the casts launched inside it."""
+    return CastCounter
 
 
 def pytest_generate_tests(metafunc) -> None:

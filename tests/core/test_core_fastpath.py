@@ -172,7 +172,7 @@ def test_block_float32(scheme, plan):
 
 
 def test_scaled_units_block_equals_reference():
-    """``residual_block(block, x, c_in, c_out)``: on input ``x / c_in`` the block returns its output / ``c_out``."""
+    """``folded_block(block, x, c_in, c_out)``: on input ``x / c_in`` the block returns its output / ``c_out``."""
     for scheme, kind in itertools.product(("rescale", "fixup", "skipinit"), ("basic", "bottleneck")):
         block = _block(scheme, kind, 2, 0.0).double()
         if scheme == "rescale":
@@ -181,7 +181,7 @@ def test_scaled_units_block_equals_reference():
         x = _block_input(2, "wide")
         c_in, c_out = 0.7, 0.7 * 0.9
         ref = block._forward_reference(x)
-        torch.testing.assert_close(folded.residual_block(block, x / c_in, c_in, c_out) * c_out, ref, **F64)
+        torch.testing.assert_close(folded.folded_block(block, x / c_in, c_in, c_out) * c_out, ref, **F64)
     assert not carries_scale(_block("bn", "basic", 2, 0.0))
     measuring = _block("rescale", "basic", 2, 0.0).train()
     assert not carries_scale(measuring) and carries_scale(measuring.eval())
@@ -251,18 +251,18 @@ def test_scaled_stream_is_used_and_undone():
     x = _model_input("resnet18")
     blocks = [b for _, b in rescale_core.analysis.residual_blocks(model)]
     calls = []
-    original = folded.residual_block
+    original = folded.folded_block
 
     def spy(self, x, c_in, c_out):
         calls.append((c_in, c_out))
         return original(self, x, c_in, c_out)
 
-    folded.residual_block = spy
+    folded.folded_block = spy
     try:
         with torch.no_grad():
             out = model(x)
     finally:
-        folded.residual_block = original
+        folded.folded_block = original
     alphas = [b.merge.skip_scale for b in blocks]
     c = 1.0
     for (c_in, c_out), a in zip(calls, alphas):
@@ -338,7 +338,7 @@ def test_channels_last(name, fmt, scheme):
     # every block's output keeps the layout (checked without hooks: hooks select the reference)
     for block in (b for _, b in rescale_core.analysis.residual_blocks(cl)):
         assert block.fused
-    h = cl.maxpool(folded.stem(cl, xc))
+    h = cl.maxpool(folded.folded_stem(cl, xc))
     assert h.is_contiguous(memory_format=fmt)
     for name_, block in rescale_core.analysis.residual_blocks(cl):
         h = block(h)

@@ -3,8 +3,9 @@ normalization-free network computes from weights folded once, as a plain conv/Re
 equals the reference path for every scheme and family (float64 exactly, float32 and bf16
 autocast to their rounding), before and after RescaleNet's measuring; the folds' identities;
 the cache (folded once, rebuilt after an optimizer step, ``load_state_dict``, an in-place edit,
-a new parameter, a move; dropped by ``train()``); it never runs with autograd on, declines under
-hooks, compiles, and keeps channels_last."""
+a new parameter, a move, a change of autocast's dtype; dropped by ``train()``); under autocast
+the folded weights are kept in its dtype (no cast at a call); it never runs with autograd on,
+declines under hooks, compiles, and keeps channels_last."""
 from __future__ import annotations
 
 import copy
@@ -129,6 +130,62 @@ def test_float32_and_bf16_autocast(name, scheme, fmt):
         err = float((got.float() - exact).norm() / exact.norm())
         ref_err = float((want.float() - exact).norm() / exact.norm())
         assert err <= 3 * ref_err + 2e-3, (phase, err, ref_err)
+
+
+@pytest.mark.parametrize("name, scheme", [("resnet50", "rescale"), ("resnet18", "fixup"), ("vgg11", "rescale"),
+                                          ("resnet18", "none")])
+def test_autocast_evaluation_casts_nothing(name, scheme, count_casts):
+    """Under bf16 autocast the frozen program keeps its folded weights and biases in bf16 (folded
+    in float32 and rounded once, as autocast rounds them at every call): an eval forward on a
+    bf16 input launches no cast under ``torch.no_grad`` or ``torch.inference_mode`` (a float32
+    input: one, its own), and computes the same as before the weights were kept in bf16 (the
+    frozen plan's float32 folds cast by autocast). An evaluation without autocast afterwards
+    folds again, in float32."""
+    model, x = _model(name, scheme, torch.float32), _input(name, torch.float32)
+    model.train()
+    model(x)  # measured
+    model.eval()
+    ref, x16 = _reference(model), x.bfloat16()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = ref(x)
+        model(x), model(x16)  # folds (VGG's program also knows the input's dtype)
+        state = model._frozen_state
+        for mode in (torch.no_grad, torch.inference_mode):
+            with mode(), count_casts() as probe:
+                got = model(x16)
+            assert probe.casts == [], (mode.__name__, probe.casts)
+            with mode(), count_casts() as probe:
+                model(x)
+            assert probe.casts == [(torch.float32, torch.bfloat16)], mode.__name__
+        assert got.dtype == want.dtype == torch.bfloat16
+    layers = (frozen.FrozenConv, frozen.FrozenLinear)
+    weights = [t for layer in torch.utils._pytree.tree_leaves(state.programs, is_leaf=lambda v: isinstance(v, layers))
+               if isinstance(layer, layers) for t in (layer.weight, layer.bias) if t is not None]
+    assert weights and all(t.dtype == torch.bfloat16 for t in weights)
+    exact = _eval(ref, x)
+    err = float((got.float() - exact).norm() / exact.norm())
+    ref_err = float((want.float() - exact).norm() / exact.norm())
+    assert err <= 3 * ref_err + 2e-3, (err, ref_err)
+    _close(_eval(model, x), exact, F32, "float32 after bf16")  # autocast's dtype changed: folded again
+    assert model._frozen_state is not state
+    assert all(t.dtype == torch.float32 for t in torch.utils._pytree.tree_leaves(model._frozen_state.programs)
+               if isinstance(t, torch.Tensor))
+
+
+def test_a_block_called_alone_under_autocast_casts_nothing(count_casts):
+    """A detection backbone's blocks (each its own frozen program) keep their weights in bf16 too."""
+    model = _model("resnet50", "rescale", torch.float32)
+    model.train()
+    model(_input("resnet50", torch.float32))
+    model.eval()
+    h = torch.randn(2, model.layer1[0].conv1.in_channels, 8, 8, dtype=torch.bfloat16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for block in (model.layer1[0], model.layer1[1]):
+            assert running_plan(block, h) == FROZEN
+            block(h)
+            with count_casts() as probe:
+                h = block(h)
+            assert probe.casts == []
 
 
 def _transformer(scheme: str, **options) -> nn.Module:

@@ -4,8 +4,11 @@ and modules pickled with the flags of the earlier layout."""
 from __future__ import annotations
 
 import pickle
+from typing import NamedTuple
 
+import pytest
 import torch
+from torch import nn
 
 import rescale_core
 from rescale_core import ResidualBlock, ResidualSublayer, get_scheme
@@ -79,3 +82,32 @@ def test_a_scheme_the_plans_do_not_implement_stays_on_the_reference():
     block._fast_ok = False  # as check_scheme records for an unimplemented scheme
     rescale_core.set_plan(block, "folded")
     assert running_plan(block, torch.randn(1, 8, 4, 4)) == "reference" and not block.fused
+
+
+class _LayerWithAct(NamedTuple):
+    """A branch layer with one more field than every plan computes."""
+
+    shift: nn.Module
+    conv: nn.Module
+    post: nn.Module
+    act: nn.Module
+
+
+def test_a_new_branch_layer_fails_loudly_on_every_plan(monkeypatch):
+    """The block's branch is read through ``branch_layers()`` only (no attribute names looked
+    up by the plans): a layer given one more field fails at once, in the reference and in each
+    plan, training and evaluating, instead of being silently skipped by the plans."""
+    block = _tiny().layer2[0]
+    x = torch.randn(2, block.conv1.in_channels, 8, 8)
+    layers = block.branch_layers()
+    assert [type(layer.conv) for layer in layers] == [nn.Conv2d] * 2 and layers[0].shift is block.shift1
+    monkeypatch.setattr(type(block), "branch_layers",
+                        lambda self: tuple(_LayerWithAct(*layer, nn.Identity()) for layer in layers))
+    for plan in ("reference", "folded", "lean"):
+        rescale_core.set_plan(block, plan)
+        for train in (True, False):
+            block.train(train)
+            with pytest.raises(ValueError, match="too many values to unpack"):
+                block(x)
+            with torch.no_grad(), pytest.raises(ValueError, match="too many values to unpack"):
+                block(x)  # the frozen plan, where evaluating

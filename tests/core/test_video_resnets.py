@@ -186,8 +186,8 @@ def test_fast_path_equals_reference(name, scheme):
             m.fused = False
     assert fused.fused and fused._fast_ok and all(b.fused and b._fast_ok for b in fused.layer3)
     calls = []
-    hook = folded.residual_block
-    folded.residual_block = lambda self, *a: calls.append(1) or hook(self, *a)
+    hook = folded.folded_block
+    folded.folded_block = lambda self, *a: calls.append(1) or hook(self, *a)
     try:
         x = _clip(2, frames=4, dtype=torch.float64)
         for step in range(3):
@@ -207,5 +207,5 @@ def test_fast_path_equals_reference(name, scheme):
         with torch.no_grad():
             torch.testing.assert_close(fused(x), ref(x), rtol=1e-9, atol=1e-11)
     finally:
-        folded.residual_block = hook
+        folded.folded_block = hook
     assert calls, "the fast path never ran"

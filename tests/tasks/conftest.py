@@ -52,7 +52,7 @@ def run_config():
 
 def wandb_logger(project: str, name: str, save_dir: str = "runs", **extra: Any) -> dict:
     """The trainer's ``logger`` section for an offline W&B run of the suite."""
-    return {"class_path": "rescale_tasks.common.wandb_logger.SuiteWandbLogger",
+    return {"class_path": "rescale_tasks.common.reporting.SuiteWandbLogger",
             "init_args": {"project": project, "name": name, "save_dir": str(save_dir), **extra}}
 
 
@@ -168,8 +168,8 @@ def summary_matches_wandb():
     and the same throughput (``throughput/<unit>_per_s``, the whole run's)."""
     import math
 
-    from rescale_tasks.common.run_summary import find_summaries, read_summary
-    from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
+    from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+    from rescale_tasks.common.run import find_summaries, read_summary
 
     def check(root: str = "runs") -> dict:
         (folder,) = find_offline_runs(root)
@@ -216,7 +216,7 @@ def fit_with_summary():
     import lightning.pytorch as L
     from lightning.pytorch.loggers import CSVLogger
 
-    from rescale_tasks.common.run_summary import RunSummary, read_summary
+    from rescale_tasks.common.run import RunSummary, read_summary
 
     def run(folder, module, train, val=None, max_epochs: int = 1, ckpt_path=None, **trainer_args) -> dict:
         L.seed_everything(0)
@@ -388,7 +388,7 @@ def fit_at_precision(precision_run, tmp_path):
     from torch._dynamo.utils import counters
 
     from rescale_tasks.cli import main
-    from rescale_tasks.common.run_summary import find_summaries, read_summary
+    from rescale_tasks.common.run import find_summaries, read_summary
 
     device, precision, compiled = precision_run
 

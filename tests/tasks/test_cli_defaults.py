@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.config_layers import defaults_for, flag_values, yaml_layers
+from rescale_tasks.common.cli import defaults_for, flag_values, yaml_layers
 
 
 def _touch(path: Path, text: str = "{}\n") -> Path:

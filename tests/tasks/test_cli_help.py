@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rescale_tasks.cli import SUITE_COMMANDS, main
-from rescale_tasks.common.lightning_cli import TRAINER_SUBCOMMANDS
+from rescale_tasks.common.cli import TRAINER_SUBCOMMANDS
 
 COMMANDS = ("fit", "validate", "test", "predict", "demo", "models", "schemes", "prepare-translation",
             "prepare-video", "translate", "average-checkpoints", "export", "analyze", "study", "compare")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rescale_tasks.common.build_only import build_run
+from rescale_tasks.common.cli import build_run
 
 EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments"
 BASIC_BLOCK_RESCALE = sorted([*EXPERIMENTS.glob("cifar/wrn*_rescale.yaml"),

@@ -11,9 +11,9 @@ import torch
 
 import rescale_core
 from rescale_tasks.cli import main
-from rescale_tasks.common.lightning_cli import run_lightning
-from rescale_tasks.common.optim import build_optimizer
-from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
+from rescale_tasks.common.cli import run_lightning
+from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from rescale_tasks.common.training import build_optimizer
 
 REPO = Path(__file__).resolve().parents[3]
 EXPERIMENTS = REPO / "experiments"
@@ -101,7 +101,7 @@ def test_fast_dev_run_mnist_idx_files(mnist_root):
 
 SGD_COSINE = {
     "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.0005}},
-    "lr_scheduler": {"class_path": "rescale_tasks.common.schedules.WarmupCosineLR", "init_args": {"warmup_epochs": 1}},
+    "lr_scheduler": {"class_path": "rescale_tasks.common.training.WarmupCosineLR", "init_args": {"warmup_epochs": 1}},
 }
 
 
@@ -166,7 +166,7 @@ def test_checkpoint_validate_and_resume(digits_run):
 
 
 def test_checkpoints_are_written_atomically_and_loaded_weights_only(digits_run):
-    from rescale_tasks.common.checkpointing import AtomicCheckpointIO
+    from rescale_tasks.common.checkpoints import AtomicCheckpointIO
 
     cli = run_lightning(["--config", digits_run], run=False)
     assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)

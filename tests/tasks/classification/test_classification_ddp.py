@@ -27,8 +27,8 @@ import rescale_core
 from rescale_tasks.classification.data import DigitsDataModule
 from rescale_tasks.classification.module import ClassificationModule
 from rescale_tasks.cli import main
-from rescale_tasks.common.lightning_cli import run_lightning
-from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
+from rescale_tasks.common.cli import run_lightning
+from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -41,7 +41,7 @@ def write_run(path: Path, run_config, suite_wandb_logger) -> str:
     return run_config(path, model={"init_args": {
         "scheme_options": {"measure_batches": 3},
         "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.2, "momentum": 0.9, "weight_decay": 0.0005}},
-        "lr_scheduler": {"class_path": "rescale_tasks.common.schedules.WarmupCosineLR",
+        "lr_scheduler": {"class_path": "rescale_tasks.common.training.WarmupCosineLR",
                          "init_args": {"warmup_epochs": 0.25}}}},
         data={"init_args": {"batch_size": 32}},
         trainer={"limit_train_batches": 8, "limit_val_batches": None, "log_every_n_steps": 1,
@@ -152,7 +152,7 @@ def test_fsdp_overlay_wraps_every_residual_block(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     # the Trainer itself needs CUDA with FSDP: build everything but the Trainer
-    monkeypatch.setattr("rescale_tasks.common.lightning_cli.RescaleCLI.instantiate_trainer", lambda self, **kwargs: None)
+    monkeypatch.setattr("rescale_tasks.common.cli.RescaleCLI.instantiate_trainer", lambda self, **kwargs: None)
     cli = run_lightning(["fit", "--config", str(REPO / "experiments/imagenet/rescale50.yaml"),
                          "--config", str(REPO / "experiments/cluster/fsdp.yaml"),
                          "--model.init_args.network_options", "{base_width: 8}"], run=False)

@@ -1,6 +1,6 @@
 """A validation, test or predict batch made only of corrupt files (``data.skip_corrupt``) is skipped,
 its files counted, and the metrics are those of the images that were read: the same as on the folder
-without the bad files (rescale_tasks.common.empty_batches). Passed on, a batch of two holding
+without the bad files (rescale_tasks.common.data.empty_batches). Passed on, a batch of two holding
 only a garbage file and a truncated JPEG would end validation in torchmetrics (``cannot reshape
 tensor of 0 elements``)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from rescale_tasks.classification.data import ImageFolderDataModule
 from rescale_tasks.classification.module import ClassificationModule
-from rescale_tasks.common.data_report import SkippedDataReport
+from rescale_tasks.common.run import SkippedDataReport
 
 BAD = ("a_garbage.jpg", "a_truncated.JPEG")  # sorted first in val/n001: the first batch of two
 

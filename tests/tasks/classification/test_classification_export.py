@@ -12,7 +12,7 @@ import torch
 
 from rescale_core import create_model
 from rescale_tasks.cli import main
-from rescale_tasks.common.exporters import capture, op_counts
+from rescale_tasks.common.export import capture, op_counts
 
 pytestmark = pytest.mark.usefixtures("offline_in_tmp")
 

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 import rescale_core
 from fsdp_rank import batches, sharded_rank, train
-from rescale_tasks.common.lightning_cli import run_lightning
+from rescale_tasks.common.cli import run_lightning
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -29,7 +29,7 @@ def test_two_sharded_processes_train_as_one(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     # the Trainer itself needs CUDA with FSDP: build everything but the Trainer
-    monkeypatch.setattr("rescale_tasks.common.lightning_cli.RescaleCLI.instantiate_trainer", lambda self, **kwargs: None)
+    monkeypatch.setattr("rescale_tasks.common.cli.RescaleCLI.instantiate_trainer", lambda self, **kwargs: None)
     cli = run_lightning(["fit", "--config", str(REPO / "experiments/imagenet/rescale50.yaml"),
                          "--config", str(REPO / "experiments/cluster/fsdp.yaml"), "--trainer.logger", "false",
                          "--model.init_args.network_options", "{base_width: 8}",

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.lightning_cli import run_lightning
+from rescale_tasks.common.cli import run_lightning
 
 CLASSES = ("cat", "dog", "fox")
 CSV = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "logs"}}

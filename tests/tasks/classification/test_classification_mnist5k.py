@@ -55,7 +55,7 @@ def test_resize_and_seeded_split():
 
 
 def test_the_yardstick_s_configs_build_each_scheme_at_its_recipe():
-    from rescale_tasks.common.build_only import build_run
+    from rescale_tasks.common.cli import build_run
 
     for scheme, lr, warmup in (("bn", 0.1, 1), ("rescale", 0.05, 5), ("skipinit", 0.1, 1), ("fixup", 0.1, 1)):
         cli = build_run(["--config", str(YARDSTICK / f"resnet20_{scheme}.yaml")])

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
+from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
 
 pytestmark = [pytest.mark.slow]
 
@@ -39,7 +39,7 @@ def _config(run_config, folder: Path, root: Path, name: str) -> str:
             "scheme_options": {"measure_batches": 6, "conv_dropout": 0.1}, "mixup_alpha": 0.2,
             "optimizer": {"class_path": "torch.optim.SGD",
                           "init_args": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.0005}},
-            "lr_scheduler": {"class_path": "rescale_tasks.common.schedules.WarmupCosineLR",
+            "lr_scheduler": {"class_path": "rescale_tasks.common.training.WarmupCosineLR",
                              "init_args": {"warmup_epochs": 1}}}},
         data={"class_path": "rescale_tasks.classification.data.CIFARDataModule",
               "init_args": {"root": str(root), "batch_size": 8, "num_workers": 1, "persistent_workers": False,
@@ -48,7 +48,7 @@ def _config(run_config, folder: Path, root: Path, name: str) -> str:
                  "log_every_n_steps": 1,
                  "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                                 "init_args": {"every_n_train_steps": 2, "save_top_k": -1, "filename": "{step:03d}"}}],
-                 "logger": {"class_path": "rescale_tasks.common.wandb_logger.SuiteWandbLogger",
+                 "logger": {"class_path": "rescale_tasks.common.reporting.SuiteWandbLogger",
                             "init_args": {"project": "resume-test", "name": name, "save_dir": str(folder / "runs")}}},
         last_checkpoint={"every_n_train_steps": 2})
 

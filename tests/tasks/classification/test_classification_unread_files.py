@@ -11,7 +11,7 @@ import pytest
 from rescale_tasks.classification.data import ImageFolderDataModule
 from rescale_tasks.classification.datasets import scan_image_folder
 from rescale_tasks.classification.module import ClassificationModule
-from rescale_tasks.common.data_report import SkippedDataReport
+from rescale_tasks.common.run import SkippedDataReport
 
 
 def _add_other_files(root: Path) -> set[str]:

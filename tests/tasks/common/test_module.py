@@ -8,7 +8,7 @@ import torch
 
 from rescale_tasks.common.errors import ConfigError
 from rescale_tasks.common.module import RescaleTaskModule, accepts
-from rescale_tasks.common.schedules import WarmupCosineLR
+from rescale_tasks.common.training import WarmupCosineLR
 
 
 def tiny(**kwargs) -> RescaleTaskModule:

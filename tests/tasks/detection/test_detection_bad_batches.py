@@ -1,4 +1,4 @@
-"""A truncated JPEG in a batch of one is no step (``rescale_tasks.common.empty_batches``): `rescale
+"""A truncated JPEG in a batch of one is no step (``rescale_tasks.common.data.empty_batches``): `rescale
 fit` with ``--data.skip_corrupt true --data.batch_size 1`` over three epochs whose seed puts the bad
 image first, in the middle and last, with gradient accumulation over two batches. Before the fix:
 Lightning's "`training_step` returned `None`" warning, then ``KeyError: 'loss'`` in the divergence
@@ -14,7 +14,7 @@ from PIL import Image
 from test_detection_cli import tiny_config
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
+from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
 from rescale_tasks.detection.data import CocoDataModule
 
 EPOCHS = 3

@@ -17,9 +17,9 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.lightning_cli import run_lightning
-from rescale_tasks.common.schedules import IterationMultiStepLR
-from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
+from rescale_tasks.common.cli import run_lightning
+from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from rescale_tasks.common.training import IterationMultiStepLR
 from rescale_tasks.detection.evaluation import STAT_NAMES
 from rescale_tasks.detection.module import DetectionModule
 
@@ -50,7 +50,7 @@ def tiny_config(path: Path, root: Path, **model) -> Path:
             "pin_memory": False, "persistent_workers": False}},
         "trainer": {"max_steps": 3, "max_epochs": -1, "accelerator": "cpu", "devices": 1,
                     "enable_progress_bar": False, "num_sanity_val_steps": 0, "log_every_n_steps": 1,
-                    "logger": {"class_path": "rescale_tasks.common.wandb_logger.SuiteWandbLogger",
+                    "logger": {"class_path": "rescale_tasks.common.reporting.SuiteWandbLogger",
                                "init_args": {"save_dir": "runs", "project": "coco-test"}}},
     }
     path.write_text(yaml.safe_dump(config))

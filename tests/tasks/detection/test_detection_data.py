@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import ExifTags, Image
 
-from rescale_tasks.common.batch_sampling import BatchListLoader
+from rescale_tasks.common.data import BatchListLoader
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.detection.coco import CocoDetection
 from rescale_tasks.detection.data import (AspectRatioBatchSampler, BatchOfSamples, CocoDataModule,

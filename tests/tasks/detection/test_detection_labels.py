@@ -10,8 +10,8 @@ import lightning.pytorch as L
 import pytest
 import torch
 
-from rescale_tasks.common.config import ResultsFolder
 from rescale_tasks.common.errors import DataError
+from rescale_tasks.common.run import ResultsFolder
 from rescale_tasks.detection.data import CocoDataModule
 from rescale_tasks.detection.module import RESULTS_FILE, DetectionModule
 

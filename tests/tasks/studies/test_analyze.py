@@ -14,12 +14,11 @@ import torch
 
 from rescale_core.analysis import signal_propagation
 from rescale_tasks.cli import main
-from rescale_tasks.common.lightning_cli import run_lightning
-from rescale_tasks.common.analysis_logger import AnalysisPlotsLogger
-from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
+from rescale_tasks.common.cli import run_lightning
+from rescale_tasks.common.reporting import AnalysisPlotsLogger, find_offline_runs, read_offline_run
 
 VARIANCES = ["var_skip", "var_branch", "var_sum", "var_out", "eta"]
-PLOTS_LOGGER = "rescale_tasks.common.analysis_logger.AnalysisPlotsLogger"
+PLOTS_LOGGER = "rescale_tasks.common.reporting.AnalysisPlotsLogger"
 EVERY_STEP = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
               "--trainer.callbacks.init_args.every_n_train_steps", "1",
               "--trainer.callbacks.init_args.save_top_k", "-1", "--trainer.callbacks.init_args.filename", "{step}"]

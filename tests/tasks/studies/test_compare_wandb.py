@@ -7,7 +7,7 @@ import csv
 import pytest
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.run_summary import find_summaries, read_summary
+from rescale_tasks.common.run import find_summaries, read_summary
 
 
 @pytest.fixture(autouse=True)

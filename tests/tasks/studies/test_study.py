@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.run_summary import read_summary
-from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
+from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from rescale_tasks.common.run import read_summary
 from rescale_tasks.studies.grid import Grid
 from rescale_tasks.studies.points import parse_lr_grid
 from rescale_tasks.studies.study import build_parser
@@ -282,7 +282,7 @@ def test_a_point_running_elsewhere_is_neither_run_again_nor_waited_for(tmp_path,
     """The points of a SLURM array share the study folder; each locks its own point folder, and a
     point whose lock is held (here by this process, as another run-point would hold it) is refused
     by run-point and skipped by a local study, which runs the others."""
-    from rescale_tasks.common.lock import folder_lock
+    from rescale_tasks.common.system import folder_lock
 
     config = tiny(run_config, tmp_path / "seeds.yaml")
     study = ["study", "seeds", "--config", config, "--seeds", "2", "--out", "seeds"]

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rescale_tasks.common.lightning_cli import run_lightning
-from rescale_tasks.common.schedules import InverseSqrtLR
+from rescale_tasks.common.cli import run_lightning
+from rescale_tasks.common.training import InverseSqrtLR
 
 WMT = Path(__file__).resolve().parents[3] / "experiments/wmt"
 CONFIGS = sorted(p for p in WMT.glob("*.yaml") if not p.name.startswith("_"))

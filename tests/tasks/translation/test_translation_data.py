@@ -21,8 +21,8 @@ import torch
 from lightning.fabric.utilities.types import _Stateful
 from torch.utils.data import DistributedSampler
 
+from rescale_tasks.common.data import ResumeMismatch
 from rescale_tasks.common.errors import ConfigError, DataError
-from rescale_tasks.common.sampling import ResumeMismatch
 from rescale_tasks.translation import binarize, prepare
 from rescale_tasks.translation.batching import padding_efficiency
 from rescale_tasks.translation.data import TranslationDataModule

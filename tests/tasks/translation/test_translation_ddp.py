@@ -49,7 +49,7 @@ def test_two_processes_agree_and_score_every_sentence_once(tmp_path, handful_roo
     assert bleu == ranks[1]["metrics"]["val/bleu"]
 
     # one process, every validation sentence, the same weights and search
-    from rescale_tasks.common.lightning_cli import run_lightning
+    from rescale_tasks.common.cli import run_lightning
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -12,8 +12,8 @@ import sacrebleu
 import torch
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.checkpointing import safe_load
-from rescale_tasks.common.run_summary import find_summaries, read_summary
+from rescale_tasks.common.checkpoints import safe_load
+from rescale_tasks.common.run import find_summaries, read_summary
 from rescale_tasks.translation.module import BLEU_FILE, HYPOTHESES_FILE
 from rescale_tasks.translation.translate import load_translator
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.run_summary import find_summaries, read_summary
-from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
+from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from rescale_tasks.common.run import find_summaries, read_summary
 
 REPO = Path(__file__).resolve().parents[3]
 

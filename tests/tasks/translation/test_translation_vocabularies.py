@@ -19,7 +19,7 @@ import sentencepiece as spm
 import torch
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.checkpointing import safe_load
+from rescale_tasks.common.checkpoints import safe_load
 from rescale_tasks.common.errors import ConfigError
 from rescale_tasks.translation import binarize
 from rescale_tasks.translation.catalogues import write_parallel_files

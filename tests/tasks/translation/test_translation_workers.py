@@ -1,5 +1,5 @@
 """Translation's loaders take their worker count from the common cap: at most the
-usable cores (tests/tasks/common/test_loader_workers.py covers the other tasks)."""
+usable cores (tests/tasks/common/system/test_loader_workers.py covers the other tasks)."""
 from __future__ import annotations
 
 import os

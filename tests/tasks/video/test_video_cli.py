@@ -11,9 +11,9 @@ import torch
 import yaml
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.lightning_cli import run_lightning
-from rescale_tasks.common.schedules import WarmupCosineLR
-from rescale_tasks.common.wandb_offline import find_offline_runs, read_offline_run
+from rescale_tasks.common.cli import run_lightning
+from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from rescale_tasks.common.training import WarmupCosineLR
 from rescale_tasks.video.module import VideoClassificationModule
 
 REPO = Path(__file__).resolve().parents[3]
@@ -42,7 +42,7 @@ def tiny_config(path: Path, clips, root: Path | None = None, **data) -> Path:
             "persistent_workers": False, **data}},
         "trainer": {"max_epochs": 1, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False,
                     "num_sanity_val_steps": 0, "log_every_n_steps": 1,
-                    "logger": {"class_path": "rescale_tasks.common.wandb_logger.SuiteWandbLogger",
+                    "logger": {"class_path": "rescale_tasks.common.reporting.SuiteWandbLogger",
                                "init_args": {"save_dir": "runs", "project": "kinetics-test"}}},
     }
     path.write_text(yaml.safe_dump(config))

@@ -11,9 +11,9 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
-from rescale_tasks.common.data_report import PROBLEMS_FILE, SkippedDataReport
+from rescale_tasks.common.data import PerSampleSeed
 from rescale_tasks.common.errors import ConfigError
-from rescale_tasks.common.sampling import PerSampleSeed
+from rescale_tasks.common.run import PROBLEMS_FILE, SkippedDataReport
 from rescale_tasks.video.data import KineticsDataModule
 from rescale_tasks.video.dataset import BadVideoError, VideoClipDataset, collate_drop_none
 from rescale_tasks.video.decoding import make_decoder
@@ -184,7 +184,7 @@ def test_datamodule_knows_classes_at_init_and_says_what_its_labels_are(kinetics_
                          ("list", dict(train_list=str(k.train_list), val_list=str(k.val_list),
                                        list_prefix=str(k.list_prefix)))):
         assert _dm(k, layout=layout, root=None, **args).class_names == k.classes
-    # what checkpoints carry and match by name (common.labels; tests/tasks/video/test_video_labels.py)
+    # what checkpoints carry and match by name (common.data.labels; tests/tasks/video/test_video_labels.py)
     labels = dm.labels()
     assert labels.names == tuple(k.classes) and labels.key == "data.root" and str(k.root) in labels.source
     with pytest.raises(ConfigError, match="data.crop"):

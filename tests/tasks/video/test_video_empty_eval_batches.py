@@ -1,6 +1,6 @@
 """A validation or predict batch made only of bad videos (a zero-byte mp4 and a text file renamed
 ``.avi``) is skipped, its files counted, and the scores are those of the videos that were read: the
-same as on the folder without the bad files (rescale_tasks.common.empty_batches), where an empty
+same as on the folder without the bad files (rescale_tasks.common.data.empty_batches), where an empty
 batch reaching the metrics would end ``rescale predict`` in ``cannot reshape tensor of 0
 elements``."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import lightning.pytorch as L
 import pytest
 import torch
 
-from rescale_tasks.common.data_report import SkippedDataReport
+from rescale_tasks.common.run import SkippedDataReport
 from rescale_tasks.video.data import KineticsDataModule
 from rescale_tasks.video.module import VideoClassificationModule
 

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from rescale_tasks.common.data import UnrepeatedSampler
 from rescale_tasks.common.errors import DataError
-from rescale_tasks.common.sampling import UnrepeatedSampler
 from rescale_tasks.video.evaluation import MultiViewAccuracy
 
 

@@ -1,0 +1,27 @@
+"""Checkpoints a multi-day run can trust: files written atomically and loaded safely, when a run
+writes them and how it resumes from them exactly, whether one belongs to the architecture a run
+builds, and ``rescale average-checkpoints``.
+
+- ``files``: checkpoint files written atomically and loaded without running code (local or fsspec URLs)
+- ``callbacks``: ``last.ckpt`` and epoch checkpoints: when they are written, and an exact resume
+- ``compat``: does a checkpoint belong to the architecture this run builds? one line saying what differs
+- ``averaging``: ``rescale average-checkpoints``: the weights of a run's last N checkpoints, averaged
+"""
+from .files import (SAFE_GLOBALS, AtomicCheckpointIO, CheckpointError, CheckpointInfo, checkpoint_exists,
+                    is_remote, peek_checkpoint, safe_load)
+from .callbacks import (LAST_NAME, EpochCheckpoint, LastCheckpoint, ResumeState, checkpoint_folder,
+                        logger_folder, preempted_message, stop_signal)
+from .compat import (ARCHITECTURE_KEYS, CONFIG_KEYS, MISMATCH_FIX, NETWORK_PREFIX,
+                     check_checkpoint_compatible, check_config_against_checkpoint, hparam_differences,
+                     load_into_module, network_weights, require_classification_checkpoint,
+                     run_arguments_over_checkpoint, state_dict_differences, typed_model_arguments)
+from .averaging import average_checkpoints
+
+__all__ = ["SAFE_GLOBALS", "AtomicCheckpointIO", "CheckpointError", "CheckpointInfo", "checkpoint_exists",
+           "is_remote", "peek_checkpoint", "safe_load", "LAST_NAME", "EpochCheckpoint", "LastCheckpoint",
+           "ResumeState", "checkpoint_folder", "logger_folder", "preempted_message", "stop_signal",
+           "ARCHITECTURE_KEYS", "CONFIG_KEYS", "MISMATCH_FIX", "NETWORK_PREFIX",
+           "check_checkpoint_compatible", "check_config_against_checkpoint", "hparam_differences",
+           "load_into_module", "network_weights", "require_classification_checkpoint",
+           "run_arguments_over_checkpoint", "state_dict_differences", "typed_model_arguments",
+           "average_checkpoints"]

@@ -1,0 +1,445 @@
+"""When a run writes its checkpoints, and how it resumes from them exactly.
+
+- :class:`ResumeState`: stores the random-number streams of every library and the W&B run id in
+  the checkpoint and restores the streams when training restarts, so a resumed run draws the
+  same dropout masks and mixup coefficients as an uninterrupted one.
+- :class:`LastCheckpoint`: the one writer of ``last.ckpt``: at epoch ends, every n steps or
+  minutes, and on SIGTERM (cluster preemption, ``scancel``, ``kill``), Ctrl-C, a closed terminal
+  and the other stop signals of :mod:`..system.stop_signals`, where Lightning finishes the current step and
+  raises. Together with the resumable training loader (:mod:`rescale_tasks.common.data.sampling`) the
+  run resumes at the next batch of the same epoch; a validation the signal cut is done again,
+  whole, before training goes on (:func:`resume_point`).
+- :class:`EpochCheckpoint`: ``epoch<NNN>.ckpt`` for every completed epoch, never for one cut short.
+
+The files themselves (atomic writes, safe loading): :mod:`.files`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import threading
+import time
+from typing import Any, Optional
+
+import lightning.pytorch as L
+import numpy as np
+import torch
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers.logger import DummyLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from ..errors import UserError
+from ..system import POLITE_SIGNALS, drop_gone_terminal, max_over_ranks, signal_label
+from ..training import DivergenceMonitor
+
+__all__ = ["ResumeState", "LastCheckpoint", "EpochCheckpoint", "preempted_message", "stop_signal",
+           "checkpoint_folder", "logger_folder", "LAST_NAME"]
+
+LAST_NAME = ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION  # last.ckpt
+
+
+def _rng_states() -> dict[str, Any]:
+    states = {"torch": torch.get_rng_state(), "numpy": _numpy_state(), "python": _python_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _numpy_state() -> dict:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached": float(cached)}
+
+
+def _python_state() -> dict:
+    version, internal, gauss = random.getstate()
+    return {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss}
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    n = states["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    p = states["python"]
+    random.setstate((p["version"], tuple(int(v) for v in p["internal"].tolist()), p["gauss"]))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+class ResumeState(L.Callback):
+    """Random streams and the W&B run id, saved with every checkpoint and restored on resume.
+
+    The streams are restored when training starts (after Lightning has set up the data and run
+    any sanity check), i.e. exactly where the uninterrupted run stood after the saved step.
+    Only tensors and plain values are stored, so ``weights_only`` loading accepts them.
+    """
+
+    def __init__(self) -> None:
+        self._pending: Optional[dict[str, Any]] = None
+        self.run_id: Optional[str] = None
+
+    @property
+    def state_key(self) -> str:
+        return "ResumeState"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": _rng_states(), "run_id": self.run_id}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pending = state_dict.get("rng")
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for logger in trainer.loggers:
+            version = getattr(logger, "version", None)
+            if version is not None and isinstance(logger, WandbLogger):
+                self.run_id = str(version)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        _load_train_loader_state(trainer)
+        if self._pending is not None:
+            _set_rng_states(self._pending)
+            self._pending = None
+
+
+def _load_train_loader_state(trainer: L.Trainer) -> None:
+    """Hand the saved training-loader position to the loader in use.
+
+    Lightning (2.6) applies saved loader states only when it builds the training loader after
+    restoring the loops; a module that reads ``trainer.estimated_stepping_batches`` in
+    ``configure_optimizers`` (per-step schedules) builds it before, and the saved position is
+    silently dropped. Our loaders iterate lazily, so loading here, before the first batch, is
+    still in time.
+    """
+    loop = trainer.fit_loop
+    states = getattr(loop, "_combined_loader_states_to_load", None)
+    if states and loop._combined_loader is not None:
+        loop._combined_loader._load_state_dicts(states)
+        loop._combined_loader_states_to_load = []
+
+
+class LastCheckpoint(L.Callback):
+    """The one writer of ``last.ckpt``: at every epoch end, every ``every_n_train_steps`` steps
+    and every ``every_minutes`` minutes of training (mid-epoch resume points for long epochs),
+    and when the run is stopped by a signal (preemption, Ctrl-C, a closed terminal).
+
+    Lightning turns SIGTERM into ``SIGTERMException`` at the end of the current training step
+    (or validation batch); this callback saves then, so nothing already trained is lost, and
+    ``--ckpt_path <file>`` (or ``--ckpt_path last`` with a fixed run id) resumes at the next batch,
+    after redoing a validation the signal cut. The other stop signals of :mod:`..system.stop_signals`
+    (SIGHUP, SIGUSR1 ...) are handed to Lightning's SIGTERM handler, so they stop the run the same
+    way, and so is the first Ctrl-C (SIGINT) while training (Lightning's own reaction, a
+    ``KeyboardInterrupt`` wherever the step happens to be, saves nothing); the same signal again
+    stops at once. Other exceptions are left alone: a diverged or crashed run must not overwrite
+    its last good checkpoint.
+    The file goes beside the run's other checkpoints (the ModelCheckpoint folder), where
+    Lightning's ``ckpt_path="last"`` looks for it.
+
+    Args:
+        every_n_train_steps: also save every n optimizer steps (0: off).
+        every_minutes: also save after this many minutes of training since the last save (0: off).
+        on_preemption: save on SIGTERM, the first Ctrl-C and the other stop signals.
+        dirpath: where the run's checkpoints go (``last.ckpt`` and the epoch checkpoints of the
+            suite's ModelCheckpoint): a local folder or an fsspec URL (``s3://bucket/ckpts``), in a
+            subfolder named by the run id (the logger's version) so runs never share one.
+            None: the run's own folder.
+    """
+
+    def __init__(self, every_n_train_steps: int = 0, every_minutes: float = 0.0, on_preemption: bool = True,
+                 dirpath: Optional[str] = None) -> None:
+        if every_n_train_steps < 0 or every_minutes < 0:
+            raise UserError(f"last_checkpoint.every_n_train_steps ({every_n_train_steps}) and "
+                            f"last_checkpoint.every_minutes ({every_minutes}) must be 0 (off) or positive")
+        self.dirpath = dirpath
+        self.every_n_train_steps = every_n_train_steps
+        self.every_minutes = every_minutes
+        self.on_preemption = on_preemption
+        self.saved_path: Optional[str] = None
+        self.stopped_by: Optional[signal.Signals] = None  # the signal taken over that stopped the run
+        self._stopped_in: Optional[str] = None  # saving for a stop "validation", "after validation"
+        self._validated_at: Optional[int] = None  # the step of the training loop's last validation
+        self._lightning_stop = None  # Lightning's SIGTERM handler
+        self._handler = None  # ours, for every stop signal
+        self._stop_voted = False  # several processes: they agreed to stop
+        self._last_save = time.monotonic()
+
+    def folder(self, trainer: L.Trainer) -> Optional[str]:
+        """``dirpath/<run id>`` (None without a ``dirpath``)."""
+        if not self.dirpath:
+            return None
+        version = getattr(trainer.logger, "version", None) if trainer.logger is not None else None
+        return self.dirpath.rstrip("/") + (f"/{version}" if version else "")
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Point the ModelCheckpoints without a folder of their own at ``dirpath`` (before their
+        own setup: Lightning runs checkpoint callbacks last)."""
+        folder = self.folder(trainer)
+        if folder is None:
+            return
+        for checkpoint in trainer.checkpoint_callbacks:
+            if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath is None:
+                checkpoint.dirpath = folder
+                checkpoint._fs = get_filesystem(folder)  # chosen in its __init__ from its dirpath then
+
+    def path(self, trainer: L.Trainer) -> str:
+        return os.path.join(checkpoint_folder(trainer), LAST_NAME)
+
+    def save(self, trainer: L.Trainer) -> None:
+        # never overwrite the last good checkpoint with a diverged model (divergence monitors
+        # read their device-side record only every few steps: make them read it now)
+        monitors = [cb for cb in trainer.callbacks if isinstance(cb, DivergenceMonitor)]
+        if not all([m.healthy(trainer, trainer.lightning_module) for m in monitors]):
+            return
+        self.saved_path = self.path(trainer)
+        trainer.save_checkpoint(self.saved_path, weights_only=False)  # the full state: a resume point
+        self._last_save = time.monotonic()
+
+    # --- stop signals -------------------------------------------------------------------------
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.on_preemption:
+            self._take_over_signals(trainer, training=False)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last_save = time.monotonic()
+        if self.on_preemption:
+            self._take_over_signals(trainer, training=True)
+
+    def _take_over_signals(self, trainer: L.Trainer, training: bool) -> None:
+        """Handle SIGTERM and the other stop signals of :mod:`..system.stop_signals` from the sanity check
+        on, SIGINT once training runs (a Ctrl-C while the data is set up stops at once). Lightning
+        registered its SIGTERM handler (which makes the loops stop after the current training step
+        or validation batch and raise ``SIGTERMException``) just before, and puts every handler back
+        as it found it when the run ends. A signal with a handler of the user's own, or one ignored
+        (``nohup``, a background job), is left alone.
+
+        One process: a signal goes to Lightning's handler at once. Several: the handler only
+        records it (Lightning's would run a collective inside the handler, which deadlocks when
+        the other processes are in another collective), and all processes decide together, after
+        each optimizer step, whether any of them got one (:meth:`_vote`)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        current = signal.getsignal(signal.SIGTERM)
+        if callable(current) and current is not self._handler:
+            self._lightning_stop = current
+        if self._lightning_stop is None:
+            return
+        self._handler = self._handler or self._signal_handler(trainer)
+        for signum in (signal.SIGTERM, *((signal.SIGINT,) if training else ()), *POLITE_SIGNALS):
+            if signal.getsignal(signum) in (_untouched(signum), self._lightning_stop):
+                signal.signal(signum, self._handler)
+
+    def _signal_handler(self, trainer: L.Trainer):
+        pid, say, distributed = os.getpid(), trainer.is_global_zero, trainer.world_size > 1
+        launcher = trainer.strategy.launcher
+
+        def stop_after_this_step(signum, frame) -> None:
+            if os.getpid() != pid:  # a data worker forked with this handler: the main process stops
+                return
+            if signum == signal.SIGINT:
+                signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C again: stop at once
+            drop_gone_terminal()
+            first = self.stopped_by is None
+            if first:
+                self.stopped_by = signal.Signals(signum)
+                if say:  # os.write: a print could re-enter a write the signal interrupted
+                    again = " (Ctrl-C again: stop now, without saving)" if signum == signal.SIGINT else ""
+                    with contextlib.suppress(OSError):
+                        os.write(2, f"\n{signal_label(signum)}: stopping after this step and saving "
+                                    f"last.ckpt{again}\n".encode())
+            if not distributed:
+                self._lightning_stop(signum, frame)
+            elif first and launcher is not None:
+                launcher.kill(signum)  # the processes Lightning started, if it started them
+
+        return stop_after_this_step
+
+    def _vote(self, trainer: L.Trainer) -> None:
+        """Several processes: after each optimizer step and each validation, every process says
+        whether it got a stop signal; if any did, all of them stop together where no collective is
+        under way: at the end of this step's validation if it has one, else after the next step
+        (:meth:`_stop_together`). A validation is never cut: a signal that comes during one takes
+        effect when it ends."""
+        if self._handler is None or trainer.world_size == 1 or self._stop_voted:
+            return
+        self._stop_voted = bool(max_over_ranks(int(self.stopped_by is not None)))
+
+    def _stop_together(self, trainer: L.Trainer) -> None:
+        """Every process calls Lightning's SIGTERM handler at the same point (its collective is
+        then matched), so each stops after the same step and saves together."""
+        self._stop_voted = False
+        signum = self.stopped_by or signal.SIGTERM
+        self.stopped_by = signum
+        self._lightning_stop(signum, None)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn != "fit" or trainer.sanity_checking:
+            return
+        self._validated_at = trainer.global_step
+        self._vote(trainer)  # a signal that came during the validation stops the run right after it
+        if self._stop_voted:
+            self._stop_together(trainer)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        # the step's last batch, so that no accumulated gradient is lost
+        if self._stop_voted and not trainer.fit_loop.epoch_loop._should_accumulate():
+            self._stop_together(trainer)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        if self._stopped_in is not None:
+            resume_point(checkpoint, self._stopped_in)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.sanity_checking or trainer.fit_loop.epoch_loop._should_accumulate():
+            return
+        self._vote(trainer)
+        due = bool(self.every_n_train_steps) and trainer.global_step % self.every_n_train_steps == 0
+        if self.every_minutes:
+            # rank 0's clock decides for everyone, so all ranks enter the collective save together
+            late = time.monotonic() - self._last_save >= 60 * self.every_minutes
+            due = due or bool(trainer.strategy.broadcast(late))
+        if due:
+            self.save(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.save(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not self.on_preemption or not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
+            return
+        # where in its step the run stopped decides how the resumed run takes it up (resume_point)
+        if trainer.validating and not trainer.sanity_checking:
+            self._stopped_in = "validation"
+        elif self._validated_at == trainer.global_step and not _epoch_complete(trainer):
+            self._stopped_in = "after validation"
+        try:
+            self.save(trainer)
+        finally:
+            self._stopped_in = None
+        # for the exit line and status
+        exception.checkpoint_path, exception.step = self.saved_path, trainer.global_step
+        exception.signal = self.stopped_by or signal.SIGTERM
+
+
+# Lightning 2.6's keys in a checkpoint's loops.fit_loop
+_VAL_PROGRESS, _EPOCH_STATE = "epoch_loop.val_loop.batch_progress", "epoch_loop.state_dict"
+
+
+def resume_point(checkpoint: dict, stopped_in: str) -> None:
+    """Make a checkpoint saved when a signal stopped a training step resume exactly where an
+    uninterrupted run goes on, as Lightning's restart logic reads its loops' counters.
+
+    - ``"validation"``: stopped between two batches of a validation (one process stops after the
+      current batch). Lightning would skip that validation on resume: its training batch is done,
+      so the checkpoint looks like one saved once the validation ended. It reruns a validation only
+      when the checkpoint holds one batch started and not processed: the validation loop's
+      counters are set to exactly that, at its first batch (what the cut validation had
+      accumulated lived in the metrics' state, which no checkpoint holds).
+    - ``"after validation"``: stopped at the end of a step that ran its validation (several
+      processes finish it before they stop together; one process when the signal came during
+      the last validation batch). Lightning takes such a checkpoint for one saved at the
+      validation's end, before the step's count of stepped batches (the loggers' step) is raised,
+      and raises it on resume: the count is stored as it was then.
+
+    ``tests/tasks/common/checkpoints/test_resume_life.py`` compares resumed runs with uninterrupted ones,
+    eagerly and under DDP: it fails if a Lightning release changes these counters.
+    """
+    loops = checkpoint.get("loops", {}).get("fit_loop", {})
+    progress, state = loops.get(_VAL_PROGRESS), loops.get(_EPOCH_STATE)
+    if not isinstance(progress, dict) or not {"total", "current"} <= progress.keys() \
+            or not isinstance(state, dict) or "_batches_that_stepped" not in state:
+        raise RuntimeError(f"this Lightning version's checkpoints hold no {_VAL_PROGRESS} or {_EPOCH_STATE}: the "
+                           "step the signal stopped cannot be taken up where an uninterrupted run goes on")
+    if stopped_in == "validation":
+        before = progress["total"]["completed"] - progress["current"]["completed"]  # earlier validations' batches
+        progress["total"].update(ready=before + 1, started=before + 1, processed=before, completed=before)
+        progress["current"].update(ready=1, started=1, processed=0, completed=0)
+        progress["is_last_batch"] = False
+    elif stopped_in == "after validation":
+        state["_batches_that_stepped"] -= 1
+
+
+def _untouched(signum: int):
+    """A signal's disposition before anyone took it over: Python's Ctrl-C handler, or the default."""
+    return signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+
+
+def stop_signal(exception: BaseException) -> signal.Signals:
+    """The signal that stopped a run (``SIGTERMException``): the one :class:`LastCheckpoint` took
+    over (SIGINT, SIGHUP ...), else SIGTERM."""
+    return getattr(exception, "signal", signal.SIGTERM)
+
+
+def preempted_message(exception: BaseException) -> str:
+    """The one line a run stopped by a signal ends with: where it stopped and how to resume it."""
+    by = signal_label(stop_signal(exception))
+    path = getattr(exception, "checkpoint_path", None)
+    if path is None:
+        return f"stopped by {by} before a checkpoint could be written; resume from the last checkpoint"
+    return (f"stopped by {by} at step {exception.step}; saved {path}. Resume with the same command "
+            f"plus --ckpt_path {path}")
+
+
+def checkpoint_folder(trainer: L.Trainer) -> str:
+    """The folder of the run's checkpoints (``last.ckpt``, the epoch checkpoints), known before
+    the run starts: the first ModelCheckpoint's ``dirpath`` once set, ``last_checkpoint.dirpath/<run
+    id>``, or where that ModelCheckpoint will put them, as Lightning resolves it:
+    ``<save_dir>/<logger name>/<version>/checkpoints`` (W&B: ``runs/<project>/<run id>/checkpoints``)."""
+    checkpoint = trainer.checkpoint_callback
+    if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath:
+        return checkpoint.dirpath
+    last = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)
+    if last is not None and last.folder(trainer):
+        return last.folder(trainer)
+    folder = logger_folder(trainer)
+    if isinstance(checkpoint, ModelCheckpoint) and folder is not None:
+        return os.path.join(folder, "checkpoints")
+    return os.path.join(trainer.default_root_dir, "checkpoints")
+
+
+def logger_folder(trainer: L.Trainer) -> Optional[str]:
+    """``<save_dir>/<logger name>/<version>`` of the first logger, the folder Lightning gives a
+    run's checkpoints (W&B: ``runs/<project>/<run id>``); None without a logger (or with
+    ``fast_dev_run``'s stand-in, which has no folder)."""
+    logger = trainer.loggers[0] if trainer.loggers else None
+    if logger is None or isinstance(logger, DummyLogger) or logger.version in (None, ""):
+        return None
+    version = logger.version
+    return os.path.join(logger.save_dir or trainer.default_root_dir, str(logger.name),
+                        version if isinstance(version, str) else f"version_{version}")
+
+
+class EpochCheckpoint(ModelCheckpoint):
+    """``epoch<NNN>.ckpt`` (Lightning's ModelCheckpoint, keeping the newest) at the end of every
+    epoch the run completed. An epoch cut short (``max_steps`` reached mid-epoch, a mid-epoch
+    validation) writes none: the file would carry the name of an epoch it does not hold;
+    ``last.ckpt`` is the resume point there."""
+
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("filename", "epoch{epoch:03d}")
+        kwargs.setdefault("auto_insert_metric_name", False)
+        super().__init__(**kwargs)
+
+    @property
+    def state_key(self) -> str:
+        # ModelCheckpoint's key, so checkpoints written before this class existed resume into it
+        return ModelCheckpoint.__qualname__ + super().state_key[len(type(self).__qualname__):]
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if _epoch_complete(trainer):
+            super().on_train_epoch_end(trainer, pl_module)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if _epoch_complete(trainer):
+            super().on_validation_end(trainer, pl_module)
+
+
+def _epoch_complete(trainer: L.Trainer) -> bool:
+    """Whether every batch of the current training epoch has run (as Lightning's epoch loop
+    decides it: the loader is exhausted, or the epoch's batch count reached)."""
+    if trainer.state.fn != "fit" or trainer.sanity_checking:
+        return False
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    return progress.is_last_batch or progress.current.ready >= trainer.num_training_batches

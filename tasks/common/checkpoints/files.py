@@ -1,0 +1,270 @@
+"""Checkpoint files a multi-day run can trust: atomic writes and safe loading.
+
+- :class:`AtomicCheckpointIO`: writes ``<file>.tmp-<pid>``, fsyncs it and renames it over the
+  target, so a crash while saving never leaves a truncated ``last.ckpt``; loads with
+  ``torch.load(weights_only=True)`` (never runs code from the file), our own classes allow-listed.
+  Remote folders (``s3://``, ``gs://``, any fsspec URL) go through Lightning's fsspec writer (one
+  upload: the object appears whole or not at all) and load just as safely; ``s3://`` needs
+  ``s3fs`` and ``gs://`` needs ``gcsfs``, which are not installed with the suite.
+- :func:`safe_load`, :func:`peek_checkpoint`, :func:`checkpoint_exists`: reading a checkpoint
+  (or only its hyper-parameters and run id), every problem one :class:`CheckpointError` line.
+
+When a run writes them and how it resumes from them: :mod:`.callbacks`.
+"""
+from __future__ import annotations
+
+import functools
+import io
+import os
+import pickle
+from dataclasses import dataclass
+from pathlib import Path, PosixPath, WindowsPath
+from typing import Any, Optional
+
+import torch
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol, get_filesystem
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from rescale_core.schemes import Scheme
+
+from ..errors import UserError
+
+__all__ = ["AtomicCheckpointIO", "safe_load", "SAFE_GLOBALS", "CheckpointError", "CheckpointInfo",
+           "peek_checkpoint", "is_remote", "checkpoint_exists"]
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be used: missing, truncated, or holding code."""
+
+
+def _safe_globals() -> list:
+    """Classes a checkpoint of this suite may hold besides tensors and plain containers."""
+    return [Scheme, PosixPath, WindowsPath]
+
+
+SAFE_GLOBALS = _safe_globals()
+
+
+def safe_load(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = False) -> dict:
+    """``torch.load`` that never executes code from the file; errors are one clear line.
+
+    ``mmap=True`` maps the tensors instead of reading them: cheap when only the metadata
+    (hyper-parameters, run id) of a large checkpoint is needed. Remote URLs (``s3://...``) are
+    read whole through fsspec (nothing to map) and loaded with the same allow-list.
+    """
+    path = str(path)
+    if is_remote(path):
+        source, mmap = io.BytesIO(_read_remote(path)), False
+    elif not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint not found: {path} (--ckpt_path). Pass the path of a .ckpt "
+                              "file written by this suite, e.g. runs/<project>/<run id>/checkpoints/last.ckpt")
+    else:
+        source = path
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:
+        reason = _first_line(err)
+        if "weights_only" in str(err) or "global" in str(err).lower():
+            raise CheckpointError(
+                f"refusing to load {path}: it holds Python objects that could run code "
+                f"({_first_global(str(err))}); only checkpoints written by this suite load safely") from None
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason}); "
+                              "resume from an earlier checkpoint in the same folder") from None
+    except (RuntimeError, EOFError, OSError) as err:
+        reason = _first_line(err)
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason}); "
+                              "resume from an earlier checkpoint in the same folder") from None
+
+
+def is_remote(path: str | os.PathLike) -> bool:
+    """True for fsspec URLs that are not the local disk (``s3://``, ``gs://``, ``memory://``...)."""
+    return not _is_local_file_protocol(path)
+
+
+def checkpoint_exists(path: str | os.PathLike) -> bool:
+    """Whether ``path`` (a local path or a remote URL) is a checkpoint file, not a name such as ``last``."""
+    if not is_remote(path):
+        return os.path.isfile(path)
+    try:
+        return _filesystem(str(path)).isfile(str(path))
+    except OSError:  # unreachable or forbidden: loading it says why, in one line
+        return True
+
+
+def _filesystem(path: str, storage_options: Optional[Any] = None):
+    """The fsspec filesystem of a remote URL; a missing package or a rejected option is one line
+    (option names only: their values may be credentials)."""
+    protocol = path.split("://", 1)[0].split("::", 1)[0]
+    try:
+        return get_filesystem(path, **(storage_options or {}))  # TypeError when not a mapping
+    except ImportError as err:  # fsspec: "Install s3fs to access S3"
+        raise CheckpointError(f"cannot open checkpoint {path}: {_first_line(err)}. Remote checkpoint folders "
+                              "need the fsspec package of their storage, e.g. pip install s3fs (s3://) or "
+                              "gcsfs (gs://)") from None
+    except (TypeError, ValueError) as err:
+        what = "the URL is"
+        if storage_options:
+            what = (f"storage_options {sorted(storage_options)} are" if isinstance(storage_options, dict)
+                    else "storage_options (not a dict of fsspec options) are")
+        raise CheckpointError(f"cannot open checkpoint {path}: {what} not accepted by the {protocol}:// "
+                              f"filesystem ({_first_line(err)})") from None
+
+
+def _read_remote(path: str) -> bytes:
+    fs = _filesystem(path)
+    try:
+        if not fs.isfile(path):
+            raise CheckpointError(f"checkpoint not found: {path} (--ckpt_path). Pass the URL of a .ckpt file "
+                                  "written by this suite, e.g. s3://<bucket>/<run id>/checkpoints/last.ckpt")
+        return fs.cat_file(path)  # one download; torch.load would otherwise seek through the remote file
+    except OSError as err:
+        raise CheckpointError(f"cannot read checkpoint {path} ({_first_line(err)}); check the URL and the "
+                              "credentials of its storage") from None
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def _first_global(message: str) -> str:
+    for line in message.splitlines():
+        if "GLOBAL" in line or "Unsupported global" in line:
+            return line.strip()
+    return message.strip().splitlines()[0]
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """TorchCheckpointIO with atomic saves (temp file + fsync + rename) and ``weights_only`` loads.
+
+    Remote URLs (``s3://``, ``gs://``...) are written by Lightning's fsspec IO; ``storage_options``
+    (``trainer.save_checkpoint(..., storage_options=...)``) are passed to their fsspec filesystem.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
+        if is_remote(path):
+            self._save_remote(checkpoint, str(path), storage_options)
+            return
+        if storage_options:  # they configure an fsspec filesystem; the local write uses none
+            raise CheckpointError(f"storage_options apply to remote checkpoint URLs (s3://, gs://...) only; "
+                                  f"{path} is a local file: save it without them")
+        target = Path(path)
+        tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as handle:
+                torch.save(checkpoint, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)  # atomic on POSIX: readers see the old file or the new one
+        except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
+            raise CheckpointError(_write_failed(target, err)) from err
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        _fsync_dir(target.parent)
+        _remove_stale_temps(target)
+
+    def _save_remote(self, checkpoint: dict[str, Any], path: str, storage_options: Optional[Any]) -> None:
+        # an object store has no rename; one upload (multipart on S3/GCS) only appears once complete
+        if not storage_options:
+            super().save_checkpoint(checkpoint, path)  # Lightning's fsspec writer, tuned per store
+            return
+        fs = _filesystem(path, storage_options)  # Lightning's writer takes no options: its write, our fs
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        fs.makedirs(os.path.dirname(path), exist_ok=True)
+        with fs.transaction:
+            fs.pipe_file(path, buffer.getvalue())
+
+    def load_checkpoint(self, path, map_location: Any = None, weights_only: Optional[bool] = None) -> dict:
+        return safe_load(path, map_location=map_location if map_location is not None else "cpu")
+
+
+def _write_failed(target: Path, err: BaseException) -> str:
+    """The line for a checkpoint that could not be written (a full disk, a quota, a file size
+    limit): why, and which earlier checkpoint is intact (the temporary file was removed and the
+    target never touched)."""
+    cause = next((e for e in (err, err.__cause__, err.__context__) if isinstance(e, OSError)), None)
+    reason = (f"{cause.strerror} ([Errno {cause.errno}])" if cause is not None and cause.strerror
+              else _first_line(err))
+    folder = target.parent
+    kept = target if target.is_file() else max(
+        (p for p in folder.glob("*.ckpt") if p.is_file()), key=lambda p: p.stat().st_mtime, default=None)
+    intact = (f"the last good checkpoint, {kept}, is intact: free space (or set last_checkpoint.dirpath to "
+              f"another disk) and resume with --ckpt_path {kept}" if kept is not None
+              else "no checkpoint of this run had been written yet: free space and start again")
+    return f"cannot write checkpoint {target}: {reason}; {intact}"
+
+
+def _remove_stale_temps(target: Path) -> None:
+    """Delete ``*.tmp-<pid>`` files of writers that no longer run in ``target``'s folder (a run
+    killed with SIGKILL in the middle of a save leaves one; the checkpoint itself was never
+    touched). Any file of the folder, not only ``target``'s: the killed save may have been of a
+    step checkpoint the resumed run never writes again."""
+    for tmp in target.parent.glob("*.ckpt.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename itself durable (a power cut right after it keeps the new file)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What the CLI needs to know about a checkpoint before building anything."""
+
+    hyper_parameters: dict
+    run_id: Optional[str]
+
+
+def peek_checkpoint(path: str | os.PathLike) -> CheckpointInfo:
+    """Hyper-parameters and W&B run id of a checkpoint, read once per file version (local tensors
+    are memory-mapped, not read; a remote file is downloaded once): the CLI's several checks share
+    one load."""
+    path = str(path)
+    return _peek(path, *_file_version(path))
+
+
+def _file_version(path: str) -> tuple:
+    """What changes when the file is rewritten: local mtime and size, or the remote store's metadata."""
+    if not is_remote(path):
+        stat = os.stat(path) if os.path.isfile(path) else None
+        return (stat.st_mtime_ns, stat.st_size) if stat else (None, None)
+    try:
+        info = _filesystem(path).info(path)
+    except OSError:  # missing or unreachable: safe_load says which, uncached
+        return None, None
+    stamp = next((info[k] for k in ("ETag", "etag", "md5Hash", "LastModified", "mtime", "updated", "created")
+                  if info.get(k) is not None), None)
+    return (None if stamp is None else str(stamp)), info.get("size")
+
+
+@functools.lru_cache(maxsize=4)
+def _peek(path: str, version: Any, size: Optional[int]) -> CheckpointInfo:
+    state = safe_load(path, mmap=True)
+    run_id = next((value.get("run_id") for key, value in state.get("callbacks", {}).items()
+                   if key.startswith("ResumeState") and isinstance(value, dict)), None)
+    return CheckpointInfo(dict(state.get("hyper_parameters") or {}), run_id)

@@ -1,0 +1,86 @@
+"""The layers of a run's configuration, in the order the ``rescale`` command applies them.
+
+A run config holds only what differs from the ``_defaults.yaml`` files of its folder and the folders
+above it up to ``experiments/`` (applied first, nearest last), then come the ``--config`` files in
+their order, then the ``--key value`` overrides. :func:`defaults_for` finds the defaults;
+:func:`check_layers` refuses, in one line, a config or defaults file that is no config (a key given
+twice included); :func:`yaml_layers` reads the files in that order and :func:`flag_values` the
+overrides, for a caller that needs a setting without building the run (a study resolving its
+points' logger).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import yaml
+
+from ..errors import UserError
+from .config_files import check_config_file, load_yaml
+
+__all__ = ["DEFAULTS_NAME", "CONFIG_FLAGS", "defaults_for", "check_layers", "flag_values", "yaml_layers"]
+
+DEFAULTS_NAME = "_defaults.yaml"
+CONFIG_FLAGS = ("--config", "-c")
+
+
+def defaults_for(config_paths: Sequence[str]) -> list[str]:
+    """``_defaults.yaml`` files that apply to the given run configs, outermost first: those of
+    the config's folder and its parents up to the ``experiments`` folder holding it, or of the
+    config's own folder alone outside an ``experiments`` tree (an unrelated ``_defaults.yaml``
+    higher up, in a home or scratch folder, is never applied)."""
+    found: list[str] = []
+    for cfg in config_paths:
+        folder = Path(cfg).resolve().parent
+        parents = [folder, *folder.parents]
+        top = next((i for i, p in enumerate(parents) if p.name == "experiments"), 0)
+        chain = []
+        for parent in parents[:top + 1]:
+            candidate = parent / DEFAULTS_NAME
+            if candidate.is_file() and candidate != Path(cfg).resolve():
+                chain.append(str(candidate))
+        for path in reversed(chain):
+            if path not in found:
+                found.append(path)
+    return found
+
+
+def check_layers(configs: Sequence[str], where: str = "--config") -> list[str]:
+    """Check the run configs and the ``_defaults.yaml`` files applied to them
+    (:func:`~.config_files.check_config_file`: one :class:`UserError` line naming the file);
+    returns those defaults, outermost first. ``where``: how the configs were given."""
+    for path in configs:
+        check_config_file(path, where)
+    defaults = defaults_for(configs)
+    for path in defaults:
+        check_config_file(path, f"the {DEFAULTS_NAME} applied to the run configs below its folder")
+    return defaults
+
+
+def flag_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """Every value ``argv`` gives one of ``flags``, in order: ``--flag value`` and ``--flag=value``
+    (a flag at the end, with no value after it, gives none)."""
+    found = []
+    for i, arg in enumerate(argv):
+        key, sep, value = arg.partition("=")
+        if key not in flags:
+            continue
+        if sep:
+            found.append(value)
+        elif i + 1 < len(argv):
+            found.append(argv[i + 1])
+    return found
+
+
+def yaml_layers(configs: Sequence[str]) -> Iterator[dict]:
+    """The YAML mappings the command applies in order: the ``_defaults.yaml`` files, then the
+    configs; a missing or broken file (one that gives a key twice included) is skipped (the run
+    itself reports it)."""
+    for path in [*defaults_for(configs), *configs]:
+        try:
+            with open(path) as f:
+                data = load_yaml(f.read(), path) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, UserError):
+            continue
+        if isinstance(data, dict):
+            yield data

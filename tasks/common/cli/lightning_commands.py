@@ -1,0 +1,232 @@
+"""The suite's LightningCLI: how ``rescale fit|validate|test|predict`` builds and runs a task.
+
+:func:`run_lightning` applies the ``_defaults.yaml`` files of the run configs' folders
+(:mod:`.config_layers`), checks the config files, then builds :class:`RescaleCLI`: Lightning's CLI
+with the data -> model links every task needs, the always-on callbacks (each with its own config
+section), one-line errors for bad configs, a checkpoint of another architecture refused before it
+is loaded, and one closing line per command. Networks, optimizers, schedulers, data modules and
+loggers are chosen by ``class_path``/``init_args``.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from typing import Optional
+
+import lightning.pytorch as L
+from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.cli import LightningCLI
+
+from ..checkpoints import (EpochCheckpoint, LastCheckpoint, ResumeState, check_config_against_checkpoint,
+                           peek_checkpoint, run_arguments_over_checkpoint, typed_model_arguments)
+from ..module import RescaleTaskModule
+from ..reporting import label_runs, use_line_progress
+from ..run import (ResultsFolder, RunSummary, SaveConfigToRun, SkippedDataReport, check_run_outputs,
+                   claim_run_folder, evaluation_report, fit_report, resume_point)
+from ..system import require_writable
+from ..training import (DivergenceMonitor, LearnedScalarsLogger, check_network, check_optimization, class_of,
+                        resolved_architecture)
+from .config_files import refuse_duplicate_keys
+from .config_layers import CONFIG_FLAGS, check_layers, flag_values
+from .moved_modules import follow_moved_modules
+from .parse_errors import config_errors, trainer_config_errors
+from .quiet import quiet_evaluation, quiet_libraries
+
+__all__ = ["RescaleCLI", "run_lightning", "trainer_defaults", "resume_wandb_run", "LoggedLearningRate",
+           "TRAINER_SUBCOMMANDS"]
+
+TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+class RescaleCLI(LightningCLI):
+    """LightningCLI with the data -> model links every classification-style task needs."""
+
+    # --- one-line errors (parsers are built with exit_on_error=False, see run_lightning) ---
+    def parse_arguments(self, parser, args) -> None:
+        argv = sys.argv[1:] if args is None else args
+        self._argv = [str(a) for a in argv] if isinstance(argv, (list, tuple)) else []  # for the closing line
+        self._typed_model_arguments = typed_model_arguments(argv if isinstance(argv, (list, tuple)) else ())
+        parsers = getattr(self, "_subcommand_parsers", {})
+        sub = next((parsers[a] for a in argv if isinstance(a, str) and a in parsers), parser) \
+            if isinstance(argv, (list, tuple)) else parser
+        with config_errors(sub):  # the subcommand's parser knows the valid keys
+            super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """Refuse a checkpoint of another architecture before Lightning replaces the configured
+        model with the checkpoint's hyper-parameters (which would hide the mismatch); then put
+        back the model arguments the user set, which win over the checkpoint's
+        (:func:`~rescale_tasks.common.checkpoints.run_arguments_over_checkpoint`)."""
+        sub = self.config.get("subcommand")
+        before = None
+        if sub:
+            section = self.config[sub]
+            check_config_against_checkpoint(section.get("model"), section.get("ckpt_path"),
+                                            normalize=resolved_architecture)
+            before = copy.deepcopy(section.get("model"))
+        with config_errors(self.parser):
+            super()._parse_ckpt_path()
+        if sub and before is not None and self.config[sub].get("ckpt_path"):
+            restored = run_arguments_over_checkpoint(before, self.config[sub].get("model"), self.config[sub].ckpt_path,
+                                                     typed=getattr(self, "_typed_model_arguments", ()))
+            for key, value in restored.items():
+                self.config[sub].model.init_args[key] = value
+
+    def instantiate_classes(self) -> None:
+        with config_errors():  # a UserError raised in a constructor, unwrapped from jsonargparse's report
+            super().instantiate_classes()
+        if self.trainer is not None:  # (None: a caller that builds everything but the Trainer)
+            label_runs(self.trainer.loggers, self.datamodule)  # run name/group {labels} from the data
+
+    def instantiate_trainer(self, **kwargs):
+        with trainer_config_errors():
+            trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks.append(ResultsFolder(self._get(self.config_init, "output_dir")))
+        return use_line_progress(trainer)  # a line every N steps where the output is a file
+
+    def add_arguments_to_parser(self, parser) -> None:
+        for key in ("num_classes", "in_channels", "vocab_size", "pad_index", "bos_index", "eos_index"):
+            parser.link_arguments(f"data.{key}", f"model.init_args.{key}", apply_on="instantiate")
+        # always-on callbacks, each with its own config section, e.g.
+        # `last_checkpoint: {every_n_train_steps: N, every_minutes: M}`, `divergence: {check_every_n_steps: 25}`
+        parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
+        parser.add_lightning_class_args(DivergenceMonitor, "divergence")
+        parser.add_lightning_class_args(LearnedScalarsLogger, "learned_scalars")
+        parser.add_lightning_class_args(RunSummary, "run_summary")  # run_summary.json for compare/studies
+        parser.add_argument("--output_dir", type=Optional[str], default=None,
+                            help="where test/predict write their result files (default: results/<checkpoint "
+                                 "name>/ in the folder of the run that wrote --ckpt_path; see results_folder)")
+
+    def before_instantiate_classes(self) -> None:
+        """Check network and scheme names before anything is built, so a typo is one clear line
+        (jsonargparse would otherwise wrap the error in its own multi-line report)."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        init = config.get("model", {}).get("init_args", {}) or {}
+        if "network" in init:
+            check_network(init.get("network"), init.get("scheme"), init.get("scheme_options"))
+        model_class = class_of(config.get("model", {}).get("class_path"))
+        if hasattr(model_class, "check_arguments"):  # e.g. a missing checkpoint file, before any data work
+            model_class.check_arguments(init)
+        if self.subcommand in (None, "fit") and _is_task_module(model_class):  # torch's own value checks
+            check_optimization(init, config.get("trainer"))
+        if self.subcommand == "fit":
+            resume_wandb_run(config)
+
+    # --- the subcommands: their output folders checked before any data work, one closing line ---
+    def fit(self, **kwargs) -> None:
+        config = self.config["fit"]
+        check_run_outputs(self.trainer, config.get("run_summary", {}).get("path"))
+        kwargs["ckpt_path"] = resume_point(self.trainer, kwargs.get("ckpt_path"), _run_id_given(config))
+        with claim_run_folder(self.trainer):
+            self.trainer.fit(**kwargs)
+        self._closing_line(fit_report(self.trainer, self._argv))
+
+    def validate(self, **kwargs) -> None:
+        self._evaluate("validate", **kwargs)
+
+    def test(self, **kwargs) -> None:
+        self._evaluate("test", **kwargs)
+
+    def predict(self, **kwargs) -> None:
+        # the task writes its predictions to a file as they come (common.run.predictions): Lightning
+        # need not keep every batch's outputs in memory too
+        kwargs["return_predictions"] = False
+        self._evaluate("predict", **kwargs)
+
+    def _evaluate(self, command: str, **kwargs) -> None:
+        output_dir = self._get(self.config_init, "output_dir")
+        if output_dir:
+            require_writable(output_dir, "--output_dir", "give --output_dir a folder you can write")
+        with quiet_evaluation():
+            getattr(self.trainer, command)(**kwargs)
+        self._closing_line(evaluation_report(command, self.trainer, self._argv, kwargs.get("ckpt_path")))
+
+    def _closing_line(self, line: str) -> None:
+        if self.trainer.is_global_zero:
+            print(line, flush=True)
+
+
+def _run_id_given(config) -> bool:
+    """Whether the run's id is fixed by the user, so that each start of the same command is the
+    same run (a run without a logger, or with Lightning's default one, has a fixed folder too)."""
+    logger = config.get("trainer", {}).get("logger")
+    if not hasattr(logger, "get"):
+        return True
+    init = logger.get("init_args") or {}
+    return bool(init.get("id")) or init.get("version") is not None
+
+
+def _is_task_module(model_class) -> bool:
+    """Whether a model class builds its optimizer and schedule as the suite's task modules do."""
+    return isinstance(model_class, type) and issubclass(model_class, RescaleTaskModule)
+
+
+def resume_wandb_run(config) -> None:
+    """``fit --ckpt_path <file>``: continue the W&B run the checkpoint was written under (same
+    run id, hence the same run and checkpoint folder) instead of starting a second run."""
+    ckpt = config.get("ckpt_path")
+    logger = config.get("trainer", {}).get("logger")
+    if not ckpt or ckpt in ("last", "best", "hpc", "registry") or not hasattr(logger, "get"):
+        return
+    init = logger.get("init_args")
+    if not str(logger.get("class_path", "")).endswith("WandbLogger") or init is None or init.get("id"):
+        return
+    run_id = peek_checkpoint(ckpt).run_id
+    if run_id:
+        init["id"] = run_id
+
+
+class LoggedLearningRate(LearningRateMonitor):
+    """Lightning's LearningRateMonitor, silent when the run has no logger (``trainer.logger:
+    false``), where Lightning's own refuses to start the run."""
+
+    def on_train_start(self, trainer: L.Trainer, *args, **kwargs) -> None:
+        if trainer.loggers:
+            super().on_train_start(trainer, *args, **kwargs)
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args, **kwargs) -> None:
+        if trainer.loggers:
+            super().on_train_batch_start(trainer, *args, **kwargs)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *args, **kwargs) -> None:
+        if trainer.loggers:
+            super().on_train_epoch_start(trainer, *args, **kwargs)
+
+
+def trainer_defaults() -> dict:
+    """The Trainer settings every run starts from: the suite's W&B logger, the callbacks always
+    present and atomic checkpoint saves."""
+    return {
+        "logger": {"class_path": "rescale_tasks.common.reporting.SuiteWandbLogger",
+                   "init_args": {"save_dir": "runs", "project": "rescale"}},
+        # persistent callbacks: always present, whatever the config says
+        # (and LastCheckpoint, DivergenceMonitor, LearnedScalarsLogger: see add_arguments_to_parser)
+        "callbacks": [ResumeState(), SkippedDataReport(),
+                      EpochCheckpoint(),  # epoch<NNN>.ckpt, completed epochs only
+                      LoggedLearningRate(logging_interval="step")],
+        # atomic saves; loading never runs code from the file
+        "plugins": [{"class_path": "rescale_tasks.common.checkpoints.AtomicCheckpointIO"}],
+    }
+
+
+def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = False) -> RescaleCLI:
+    """Run ``rescale fit|validate|test|predict`` with ``argv`` once its config files are checked and
+    their ``_defaults.yaml`` applied. ``run=False``: parse and instantiate only (no subcommand), for
+    tests, notebooks and the studies; ``from_command_line``: LightningCLI reads ``sys.argv``."""
+    refuse_duplicate_keys()  # in YAML values on the command line too
+    follow_moved_modules()  # the class paths of configs written before the modules moved
+    defaults = check_layers(flag_values(argv, CONFIG_FLAGS))
+    quiet_libraries()  # before the Trainer is built: it prints an advert
+    if any(a == "--print_config" or a.startswith("--print_config=") for a in argv):
+        # stderr: the printed YAML on stdout stays a config that can be saved and reused
+        print("# defaults applied (outermost first): " + (", ".join(defaults) or "none"), file=sys.stderr)
+    if run:
+        parser_kwargs = {cmd: {"default_config_files": defaults} for cmd in TRAINER_SUBCOMMANDS}
+        parser_kwargs["exit_on_error"] = False  # raise, for one-line errors (subcommands inherit it)
+    else:  # parse and instantiate only (no subcommand): tests, notebooks, tools
+        parser_kwargs = {"default_config_files": defaults, "exit_on_error": False}
+        argv = argv[1:] if argv and argv[0] in TRAINER_SUBCOMMANDS else argv
+    return RescaleCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
+                      subclass_mode_data=True, save_config_callback=SaveConfigToRun,
+                      seed_everything_default=0, trainer_defaults=trainer_defaults(),
+                      parser_kwargs=parser_kwargs, args=None if from_command_line else argv, run=run)

@@ -1,0 +1,29 @@
+"""What every task's data pipeline shares: the training order that resumes mid-epoch and matches
+across process counts, whole batches spread over DDP ranks, batches left empty by bad files, the
+throughput unit, images as the networks read them, and what the labels mean.
+
+- ``sampling``: seeded samplers and loaders that resume mid-epoch; per-sample seeds; resume checks
+- ``batch_sampling``: whole batches built by a task (token budgets, aspect-ratio groups) over DDP ranks
+- ``empty_batches``: a batch left empty by bad files is no step and no score
+- ``throughput``: a task's throughput unit (images, clips, tokens) and its count per batch
+- ``images``: any image Pillow opens, as 8-bit RGB with its tones kept and its orientation applied
+- ``labels``: what a network's outputs mean, carried by checkpoints and matched to the data by name
+"""
+from .sampling import (PerSampleSeed, ResumableDataLoader, ResumableSampler, ResumeMismatch,
+                       UnrepeatedSampler, check_resume, refused_resume, sample_seed, sigterm_safe_worker_init,
+                       worker_init)
+from .batch_sampling import BatchListLoader, BatchListSampler
+from .empty_batches import (SKIPPED, data_may_skip_files, is_skipped, must_skip, nothing_to_evaluate,
+                            skipped_prediction, skipped_step)
+from .throughput import batch_size, items_in, metric_key, unit_of
+from .images import (DECODE_ERRORS, HIGH_DEPTH_MODES, CorruptImageError, full_scale, open_rgb, orientation,
+                     oriented_size, to_rgb)
+from .labels import LABELS_KEY, Labels, checkpoint_labels, data_labels, match_labels
+
+__all__ = ["PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMismatch", "UnrepeatedSampler",
+           "check_resume", "refused_resume", "sample_seed", "sigterm_safe_worker_init", "worker_init",
+           "BatchListLoader", "BatchListSampler", "SKIPPED", "data_may_skip_files", "is_skipped", "must_skip",
+           "nothing_to_evaluate", "skipped_prediction", "skipped_step", "batch_size", "items_in",
+           "metric_key", "unit_of", "DECODE_ERRORS", "HIGH_DEPTH_MODES", "CorruptImageError", "full_scale",
+           "open_rgb", "orientation", "oriented_size", "to_rgb", "LABELS_KEY", "Labels", "checkpoint_labels",
+           "data_labels", "match_labels"]

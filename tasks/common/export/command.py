@@ -1,0 +1,181 @@
+"""``rescale export``: a trained network written as a plain one (ONNX, a ``torch.export``
+ExportedProgram, TorchScript) and checked against the PyTorch model on real inputs of its task.
+
+    rescale export --config experiments/imagenet/rescale50.yaml --data.root /data/imagenet \\
+        --ckpt_path runs/rescale-imagenet/<id>/checkpoints/last.ckpt --format onnx exported-program
+
+The config builds the task's module as ``rescale fit`` would (its ``_defaults.yaml`` applied;
+further ``--key value`` arguments are Lightning overrides, e.g. ``--data.batch_size 8``), the
+checkpoint's weights are loaded (a checkpoint of another task or network is one error line), and
+the network is captured in evaluation, autograd off: the computation ``rescale test`` runs, on
+the network's inference plan, with none of the schemes' modules or Python-side hooks left in the
+file. Each file is read back by its own runtime (:mod:`.formats`) and run on the first batch
+of the config's training data (images, clips, token ids); the largest absolute difference from
+the PyTorch model is printed, and above ``--tolerance`` (relative to the outputs' largest
+magnitude, at least 1) the command fails.
+
+What is exported per task (:func:`~.programs.export_programs`): the network
+(classification, video); a module whose task needs more says so with an ``export_programs(batch)``
+method (translation: the encoder and one decoding step; detection: the backbone with its FPN, and
+one line on what of the detector does not export). Files go to ``--out`` (a path whose suffix is replaced by the
+format's), by default ``export/<checkpoint name>`` in the folder of the run that wrote the
+checkpoint; a task with several programs gets one file each, ``<name>.<program><suffix>``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Optional
+
+import torch
+
+from ..checkpoints import check_config_against_checkpoint, load_into_module, peek_checkpoint, safe_load
+from ..cli import build_run
+from ..errors import DataError, UserArgumentParser, UserError
+from ..system import require_writable
+from ..training import resolved_architecture
+from .formats import (FORMATS, capture, evaluating, max_difference, op_counts, require_packages, tensors_of,
+                      varying_sizes)
+from .programs import ExportProgram, export_programs
+
+__all__ = ["export_paths", "ExportCheckFailed", "main"]
+
+#: The network is not compiled: the export captures its own graph.
+NOT_COMPILED = ["--model.init_args.compile", "false"]
+CONFIG_FIX = ("Give the --config the checkpoint was trained with (its run folder keeps it as rescale_config.yaml), "
+              "with the same overrides.")
+
+
+class ExportCheckFailed(UserError):
+    """An exported file whose outputs differ from the PyTorch model's beyond the tolerance."""
+
+    exit_code = 1
+
+
+# --- where the files go ---------------------------------------------------------------------------
+
+def export_paths(ckpt_path: str, out: Optional[str], formats: list[str], programs: list[str]) -> dict:
+    """``{(format, program): path}``: ``--out`` (its suffix replaced by each format's), else
+    ``export/<checkpoint name>`` in the folder of the run that wrote the checkpoint (the folder
+    holding its ``checkpoints/``; for a checkpoint elsewhere, its own folder). Several programs:
+    ``<stem>.<program><suffix>``."""
+    if out is None:
+        folder = os.path.dirname(os.path.abspath(ckpt_path))
+        if os.path.basename(folder) == "checkpoints":
+            folder = os.path.dirname(folder)
+        stem = os.path.join(folder, "export", os.path.splitext(os.path.basename(ckpt_path))[0])
+    else:
+        stem = out
+        for suffix in sorted((f.suffix for f in FORMATS.values()), key=len, reverse=True):
+            if stem.endswith(suffix):
+                stem = stem[:-len(suffix)]
+                break
+    return {(f, p): f"{stem}{'' if len(programs) == 1 else '.' + p}{FORMATS[f].suffix}"
+            for f in formats for p in programs}
+
+
+# --- the command -----------------------------------------------------------------------------------
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0:  # refuses nan too
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _parser() -> UserArgumentParser:
+    p = UserArgumentParser(prog="rescale export", description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                           epilog="Other --key value arguments override the config, as for rescale fit "
+                                  "(e.g. --data.batch_size 8: the batch the files are checked on).")
+    p.add_argument("--config", action="append", required=True,
+                   help="the run config the checkpoint was trained with (repeatable, as for rescale fit)")
+    p.add_argument("--ckpt_path", required=True, help="a checkpoint written by rescale fit")
+    p.add_argument("--format", nargs="+", required=True, choices=list(FORMATS),
+                   help="one or more of: " + ", ".join(FORMATS))
+    p.add_argument("--out", help="the file to write (its suffix is the format's; default: export/<checkpoint "
+                                 "name> in the run folder of the checkpoint)")
+    p.add_argument("--tolerance", type=_tolerance, default=1e-4,
+                   help="largest difference from the PyTorch model allowed, relative to the outputs' largest "
+                        "magnitude (at least 1) (default 1e-4)")
+    return p
+
+
+def _build(configs: list[str], overrides: list[str], ckpt_path: str):
+    """The module (the checkpoint's weights loaded, eval mode) and data module of the configs."""
+    peek_checkpoint(ckpt_path)  # a missing or unreadable file: one line before anything is built
+    cli = build_run([a for c in configs for a in ("--config", c)] + overrides + NOT_COMPILED)
+    check_config_against_checkpoint(cli.config.get("model"), ckpt_path, normalize=resolved_architecture,
+                                    fix=CONFIG_FIX)
+    load_into_module(cli.model, safe_load(ckpt_path), f"checkpoint {ckpt_path} (--ckpt_path)", fix=CONFIG_FIX)
+    return cli.model.eval(), cli.datamodule
+
+
+def _first_batch(datamodule, where: str):
+    """The first batch of the data module's training loader (real inputs of the task)."""
+    if datamodule is None or not hasattr(datamodule, "train_dataloader"):
+        raise UserError(f"{where} has no data module to take real inputs from; give the run config the "
+                        "checkpoint was trained with")
+    datamodule.setup("fit")
+    for batch in datamodule.train_dataloader():
+        return batch
+    raise DataError(f"the training data of {where} is empty: no batch to check the exported network on")
+
+
+def _describe(inputs: tuple) -> str:
+    """Shapes (and the dtype of what is not floating point): ``64x3x224x224, 64x26 int64``."""
+    return ", ".join("x".join(map(str, t.shape)) + ("" if t.is_floating_point() else " " + str(t.dtype)[6:])
+                     for t in tensors_of(inputs))
+
+
+def _capture(program: ExportProgram, dynamic_shapes) -> "torch.export.ExportedProgram":
+    try:
+        return capture(program.module, program.inputs, dynamic_shapes)
+    except Exception as err:  # torch.export's reasons are pages long: the first line, traceback on request
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        error = UserError(f"cannot export the {program.name} with torch.export: {first}")
+        error.original = err
+        raise error from None
+
+
+def _export_one(program: ExportProgram, formats: list[str], paths: dict, tolerance: float) -> None:
+    with torch.no_grad():  # first: the inference plan folds the weights the capture then reads
+        reference = evaluating(program.module)(*program.inputs)
+    captured = {False: _capture(program, program.dynamic_shapes)}
+    free = varying_sizes(captured[False])
+    print(f"{program.name}: {sum(op_counts(captured[False]).values())} ops, checked on a real batch "
+          f"({_describe(program.inputs)}); " + (f"sizes that may vary: {free}" if free else "every input size fixed"),
+          flush=True)
+    scale = max([1.0] + [float(t.abs().max()) for t in tensors_of(reference) if t.numel() and t.is_floating_point()])
+    for name in formats:
+        fmt, path = FORMATS[name], paths[(name, program.name)]
+        if fmt.static and True not in captured:
+            captured[True] = _capture(program, None)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        difference = max_difference(fmt.save_and_load(captured[fmt.static], program.inputs, path), reference)
+        line = (f"{path}: the {program.name}{' at these sizes' if fmt.static and free else ''} read back by "
+                f"{fmt.runtime}: max |difference| from PyTorch {difference:.2e}")
+        if difference > tolerance * scale:
+            raise ExportCheckFailed(f"{line}, above the tolerance {tolerance:g} x {scale:.3g}; the file is kept "
+                                    "for inspection (--tolerance sets the bound)")
+        print(line, flush=True)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args, overrides = _parser().parse_known_args(argv)
+    require_packages(args.format)
+    folder = os.path.dirname(os.path.abspath(next(iter(export_paths(args.ckpt_path, args.out, args.format,
+                                                                    ["network"]).values()))))
+    require_writable(folder, "--out" if args.out else "the export folder",
+                     "give --out a path in a folder you can write")
+    module, datamodule = _build(args.config, overrides, args.ckpt_path)
+    where = " ".join(f"--config {c}" for c in args.config)
+    programs = export_programs(module, _first_batch(datamodule, where))
+    paths = export_paths(args.ckpt_path, args.out, args.format, [p.name for p in programs])
+    for program in programs:
+        if program.note:
+            print(f"{program.name}: {program.note}", flush=True)
+        _export_one(program, args.format, paths, args.tolerance)
+    return 0

@@ -1,0 +1,184 @@
+"""The three formats ``rescale export`` writes, each written, read back and run on real inputs.
+
+Every format starts from one :func:`torch.export.export` capture of the network in evaluation
+(an :class:`~torch.export.ExportedProgram`: ATen operators only, no Python modules or hooks):
+
+- ``onnx``: converted by ``torch.onnx.export`` (its ExportedProgram-based exporter, which needs
+  ``onnx`` and ``onnxscript``), saved, and run in ``onnxruntime`` on the CPU;
+- ``exported-program``: ``torch.export.save``, read back with ``torch.export.load``;
+- ``torchscript``: the module of an ExportedProgram captured at the real inputs' sizes, traced by
+  ``torch.jit.trace`` (a graph of ATen calls, so nothing of the suite's Python code is left to
+  script; the tracer cannot follow symbolic sizes), saved and read back with ``torch.jit.load``.
+  torch 2.14 marks TorchScript deprecated; it is here for runtimes that still read it (LibTorch).
+
+:data:`FORMATS` maps each name to its :class:`Format`; :func:`require_packages` refuses, in one
+line, a format whose packages are not installed.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+from ..errors import UserError
+
+__all__ = ["Format", "FORMATS", "INSTALL_HINT", "require_packages", "evaluating", "capture", "op_counts",
+           "varying_sizes", "tensors_of", "max_difference"]
+
+INSTALL_HINT = 'pip install "rescale-suite[export]" (from a clone: pip install -e ".[export]", or make install)'
+
+
+@dataclass(frozen=True)
+class Format:
+    """One export format: the file suffix, the packages it needs, what runs the file read back,
+    ``save_and_load(program, inputs, path) -> outputs`` (the file's outputs on ``inputs``), and
+    whether it needs the program captured at the inputs' sizes (``static``)."""
+
+    suffix: str
+    packages: tuple[str, ...]
+    runtime: str
+    save_and_load: Callable[[torch.export.ExportedProgram, tuple, str], Any]
+    static: bool = False
+
+
+def require_packages(names: list[str]) -> None:
+    """One :class:`UserError` line naming the packages the formats ``names`` need and lack."""
+    missing = []
+    for name in names:
+        for package in FORMATS[name].packages:
+            try:
+                importlib.import_module(package)
+            except ImportError:
+                if package not in missing:
+                    missing.append(package)
+    if missing:
+        raise UserError(f"rescale export --format {' '.join(names)} needs {', '.join(missing)}, not installed in "
+                        f"this environment: {INSTALL_HINT}")
+
+
+def evaluating(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` in eval mode; left as it is when it already is (switching modes drops the weights
+    the inference plan folded, which a capture then reads as constants)."""
+    if any(m.training for m in module.modules()):
+        module.eval()
+    return module
+
+
+def capture(module: torch.nn.Module, inputs: tuple, dynamic_shapes: Any = None) -> torch.export.ExportedProgram:
+    """``module(*inputs)`` captured by :func:`torch.export.export` as it computes in evaluation:
+    eval mode, autograd off, so the network runs its inference plan (from the weights it folded on
+    an earlier evaluation call, if any: a plain network with folded constants)."""
+    with torch.no_grad():
+        return torch.export.export(evaluating(module), inputs, dynamic_shapes=dynamic_shapes)
+
+
+def op_counts(program: torch.export.ExportedProgram) -> Counter:
+    """The ATen operators an ExportedProgram calls, by name (``aten.conv2d.default`` ...),
+    without the tuple unpacking (``getitem``) that is no operation."""
+    return Counter(str(node.target) for node in program.graph.nodes
+                   if node.op == "call_function" and getattr(node.target, "__name__", "") != "getitem")
+
+
+def varying_sizes(program: torch.export.ExportedProgram) -> str:
+    """The input sizes ``program`` leaves free, each named once by its first input, with the range
+    it may take (``x[0] 2-7``, ``src_tokens[1] 2+``), ``;``-separated; empty when every size is
+    fixed. A network that computes differently by size (a plan choosing its ops by the tensors'
+    sizes) bounds the ranges."""
+    user_inputs = set(program.graph_signature.user_inputs)
+    parts, named = [], set()
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or node.name not in user_inputs:
+            continue
+        for dim, size in enumerate(getattr(node.meta.get("val"), "shape", ())):
+            expr = size.node.expr if isinstance(size, torch.SymInt) else None
+            if expr is None or expr.free_symbols <= named:
+                continue
+            named |= expr.free_symbols
+            bounds = program.range_constraints.get(expr)
+            low, high = (bounds.lower, bounds.upper) if bounds is not None else (1, None)
+            upper = "+" if high is None or not str(high).isdigit() else f"-{high}"
+            parts.append(f"{node.name}[{dim}] {low}{upper}")
+    return "; ".join(parts)
+
+
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """The tensors of a nested output (tensors, tuples, lists, dicts in their order)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in tensors_of(item)]
+    return []
+
+
+def max_difference(outputs: Any, reference: Any) -> float:
+    """The largest absolute difference between two nested outputs of the same structure (for
+    outputs other than floating point, 1 where any element differs)."""
+    mine, theirs = tensors_of(outputs), tensors_of(reference)
+    if len(mine) != len(theirs):
+        raise UserError(f"the exported file gives {len(mine)} outputs where the PyTorch model gives {len(theirs)}")
+    worst = 0.0
+    for a, b in zip(mine, theirs):
+        a = torch.as_tensor(a)
+        if tuple(a.shape) != tuple(b.shape):
+            raise UserError(f"the exported file gives an output of shape {tuple(a.shape)} where the PyTorch model "
+                            f"gives {tuple(b.shape)}")
+        if b.numel():  # masks and token ids: 1 where any differs
+            worst = max(worst, float((a.double() - b.double()).abs().max()) if b.is_floating_point()
+                        else float(bool((a != b).any())))
+    return worst
+
+
+# --- the formats -------------------------------------------------------------------------------------
+
+def _onnx(program: torch.export.ExportedProgram, inputs: tuple, path: str) -> list:
+    # an optional dependency (the export extra): imported only when this format is asked for
+    import onnxruntime
+
+    with contextlib.redirect_stdout(io.StringIO()):  # the exporter's progress lines
+        onnx_program = torch.onnx.export(program, inputs, dynamo=True, verbose=False)
+    onnx_program.save(path)
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    # the graph's inputs by name: an input the computation does not read is not one of them
+    wanted = {arg.name for arg in session.get_inputs()}
+    feeds = {name: t.detach().cpu().numpy() for name, t in zip(program.graph_signature.user_inputs, inputs)
+             if name in wanted}
+    return [torch.from_numpy(out) for out in session.run(None, feeds)]
+
+
+def _exported_program(program: torch.export.ExportedProgram, inputs: tuple, path: str) -> Any:
+    torch.export.save(program, path)
+    with torch.no_grad():
+        return torch.export.load(path).module()(*inputs)
+
+
+@contextlib.contextmanager
+def _quiet_torchscript() -> Iterator[None]:
+    """torch 2.14's deprecation notice on every ``torch.jit`` call, and the tracer's notice on the
+    ExportedProgram's own shape checks (host reads it records as constants, as they are)."""
+    with warnings.catch_warnings():
+        for call in ("trace", "trace_method", "save", "load"):
+            warnings.filterwarnings("ignore", message=rf"`torch\.jit\.{call}` is deprecated")
+        warnings.filterwarnings("ignore", message="Converting a tensor to a Python boolean might cause the trace")
+        yield
+
+
+def _torchscript(program: torch.export.ExportedProgram, inputs: tuple, path: str) -> Any:
+    with _quiet_torchscript(), torch.no_grad():
+        traced = torch.jit.trace(program.module(), inputs, strict=False)
+        torch.jit.save(traced, path)
+        return torch.jit.load(path)(*inputs)
+
+
+FORMATS: dict[str, Format] = {
+    "onnx": Format(".onnx", ("onnx", "onnxscript", "onnxruntime"), "onnxruntime", _onnx),
+    "exported-program": Format(".pt2", (), "torch.export.load", _exported_program),
+    "torchscript": Format(".torchscript.pt", (), "torch.jit.load", _torchscript, static=True),
+}

@@ -1,0 +1,123 @@
+"""A run's own folder, settled before ``rescale fit`` starts its work.
+
+``<save_dir>/<logger name>/<version>``, for the suite's W&B logger ``runs/<project>/<run id>/``,
+holds the run's ``checkpoints/`` and ``results/``:
+
+- :func:`claim_run_folder`: one process trains a run id at a time; a second ``rescale fit``
+  with the same id (two jobs given one ``--trainer.logger.init_args.id``, or a resume of a run
+  that is still training) is refused in one line naming the first, before it writes a
+  checkpoint or opens a second W&B run of that id (:mod:`..system.lock`; the system lets go of the lock
+  however its holder ends, so a killed run never blocks its own resume).
+- :func:`resume_point`: what ``--ckpt_path last`` resumes. It means "this run's ``last.ckpt``",
+  which exists only for a run id that stays the same from one start to the next (the
+  requeue-safe command). Without one every start is a new run with a new folder, and "the
+  newest run under the project" may be another config's or another person's: the command is
+  refused with the newest candidate's path to pass instead, never resumed from a guess.
+- :func:`check_run_outputs`: every local folder the run will write, checked first.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import time
+from typing import Iterator, Optional
+
+import lightning.pytorch as L
+from lightning.pytorch.loggers.logger import DummyLogger
+from lightning.pytorch.utilities import rank_zero_only
+
+from ..checkpoints import LAST_NAME, checkpoint_exists, checkpoint_folder, is_remote, logger_folder
+from ..errors import UserError
+from ..system import folder_lock, require_writable
+
+__all__ = ["run_folder", "claim_run_folder", "resume_point", "check_run_outputs", "shown_path"]
+
+
+def shown_path(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it (shorter to read and to
+    paste), else as it is."""
+    if is_remote(path):
+        return path
+    relative = os.path.relpath(os.path.abspath(path))
+    return path if relative.startswith("..") else relative
+
+
+def run_folder(trainer: L.Trainer) -> Optional[str]:
+    """The run's local folder (:func:`~..checkpoints.callbacks.logger_folder`); None for a run without a
+    logger or whose logger writes to a remote store."""
+    folder = logger_folder(trainer)
+    return None if folder is None or is_remote(folder) else folder
+
+
+@contextlib.contextmanager
+def claim_run_folder(trainer: L.Trainer) -> Iterator[Optional[str]]:
+    """Hold the run folder's lock for the ``with`` block (rank 0 holds it for every process of
+    the run); :class:`~..system.lock.FolderBusy` when another process trains the same run."""
+    folder = run_folder(trainer)
+    if folder is None or rank_zero_only.rank != 0:
+        yield folder
+        return
+    with folder_lock(folder, "run folder", "one process at a time trains a run id: wait until that one ends, "
+                                           "or give this run another id (--trainer.logger.init_args.id)"):
+        yield folder
+
+
+def resume_point(trainer: L.Trainer, ckpt_path: Optional[str], id_given: bool) -> Optional[str]:
+    """The ``ckpt_path`` to hand Lightning for ``fit --ckpt_path <ckpt_path>`` (see the module
+    docstring): ``last`` with a ``last.ckpt`` to resume, None (with a line saying so) for a run of
+    a fixed id that has none yet, a :class:`UserError` for a new run id; anything else unchanged."""
+    if ckpt_path != "last":
+        return ckpt_path
+    folder = checkpoint_folder(trainer)
+    if checkpoint_exists(os.path.join(folder, LAST_NAME)):
+        return ckpt_path
+    version = str(trainer.loggers[0].version) if trainer.loggers else None
+    if id_given or not version:
+        if rank_zero_only.rank == 0:
+            print(f"--ckpt_path last: no {LAST_NAME} in {shown_path(folder)} yet; starting this run afresh "
+                  "(the same command resumes it)", flush=True)
+        return None
+    where, earlier = _other_runs(folder, version)
+    where = shown_path(where)
+    what = (f"--ckpt_path last resumes the {LAST_NAME} of this run's id, and this run has a new id ({version}), "
+            "so there is nothing to resume")
+    if not earlier:
+        raise UserError(f"{what}, and no earlier run beside it ({where}) has a {LAST_NAME}; drop --ckpt_path last "
+                        "to start a new run, or give it an id that the same command resumes later "
+                        "(--trainer.logger.init_args.id ID --ckpt_path last)")
+    newest = shown_path(earlier[0])
+    written = time.strftime("%Y-%m-%d %H:%M", time.localtime(os.path.getmtime(earlier[0])))
+    which = "the only earlier run" if len(earlier) == 1 else f"the newest of {len(earlier)} earlier runs"
+    raise UserError(f"{what}; {which} beside it is {newest} (written {written}): "
+                    f"resume it with --ckpt_path {newest}, or give runs an id that the same command resumes "
+                    "(--trainer.logger.init_args.id ID --ckpt_path last)")
+
+
+def _other_runs(folder: str, version: str) -> tuple[str, list[str]]:
+    """The folder holding the runs laid out as this one (``runs/<project>``) and the ``last.ckpt``
+    of each, newest first: ``folder`` with its run id as a wildcard."""
+    parts = folder.rstrip("/").split("/")
+    if version not in parts:
+        return os.path.dirname(folder), []
+    index = len(parts) - 1 - parts[::-1].index(version)
+    where = "/".join(parts[:index])
+    if is_remote(folder):
+        return where, []
+    pattern = os.path.join(glob.escape(where), "*", *map(glob.escape, parts[index + 1:]), LAST_NAME)
+    return where, sorted(glob.glob(pattern), key=os.path.getmtime, reverse=True)
+
+
+def check_run_outputs(trainer: L.Trainer, summary_path: Optional[str] = None) -> None:
+    """Every local folder ``fit`` will write, refused in one line before any data work when it
+    cannot be written: the loggers' folders, the checkpoint folder, ``run_summary.path``'s."""
+    targets = [(logger.save_dir, "the logger folder", "give trainer.logger.init_args.save_dir a folder you can write")
+               for logger in trainer.loggers if not isinstance(logger, DummyLogger) and logger.save_dir]
+    targets.append((checkpoint_folder(trainer), "the checkpoint folder",
+                    "give last_checkpoint.dirpath (or the logger's save_dir) a folder you can write"))
+    if summary_path:
+        targets.append((os.path.dirname(os.path.abspath(summary_path)), "the run summary folder",
+                        "give run_summary.path a folder you can write"))
+    for folder, what, fix in targets:
+        if not is_remote(folder):
+            require_writable(folder, what, fix)

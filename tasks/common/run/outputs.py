@@ -1,0 +1,144 @@
+"""Where a run's files go: its own folder (the resolved config, the run summary), the folder
+``test`` and ``predict`` write their result files to (:func:`results_folder`), and the files they
+wrote there (:func:`note_result_file`), which the command's closing line names."""
+from __future__ import annotations
+
+import os
+from typing import NamedTuple, Optional
+
+import lightning.pytorch as L
+from lightning.pytorch.cli import SaveConfigCallback
+
+from ..reporting import started
+
+__all__ = ["SaveConfigToRun", "run_directory", "results_folder", "ResultsFolder", "ResultFile",
+           "note_result_file", "result_files"]
+
+
+def run_directory(logger, start: bool = True) -> str | None:
+    """The directory that belongs to this run alone: the W&B run's ``files`` folder (synced with
+    the run), or a CSV/TensorBoard logger's versioned ``log_dir``. ``start=False``: None rather
+    than starting a W&B run that has not started (a command that failed its checks)."""
+    if not start and not started(logger):
+        return None
+    experiment = getattr(logger, "experiment", None)
+    directory = getattr(experiment, "dir", None) if hasattr(experiment, "summary") else None
+    if not isinstance(directory, str):  # fast_dev_run's DummyLogger answers every name with a no-op
+        directory = getattr(logger, "log_dir", None)
+    return directory if isinstance(directory, str) else None
+
+
+class ResultFile(NamedTuple):
+    """A result file a command wrote: where, and what it holds (``count`` ``unit``: 270 predictions)."""
+
+    path: str
+    count: Optional[int]
+    unit: str
+
+
+class ResultsFolder(L.Callback):
+    """Holds ``--output_dir`` of ``rescale test|predict`` for :func:`results_folder`, and the
+    result files the command wrote there (:func:`note_result_file`)."""
+
+    def __init__(self, output_dir: Optional[str] = None) -> None:
+        self.output_dir = output_dir
+        self.written: list[ResultFile] = []
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.written = []
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.written = []
+
+
+def _results_callback(trainer: L.Trainer) -> Optional[ResultsFolder]:
+    return next((c for c in trainer.callbacks if isinstance(c, ResultsFolder)), None)
+
+
+def note_result_file(trainer: L.Trainer, path: str, count: Optional[int], unit: str) -> None:
+    """Record that this command wrote ``path`` (``count`` ``unit``, e.g. 270 predictions; None: no
+    count), for its closing line (:func:`~.report.evaluation_report`). A Trainer without the
+    CLI's :class:`ResultsFolder` keeps no record."""
+    callback = _results_callback(trainer)
+    if callback is not None:
+        callback.written.append(ResultFile(path, count, unit))
+
+
+def result_files(trainer: L.Trainer) -> list[ResultFile]:
+    """The result files this command wrote, in order (:func:`note_result_file`)."""
+    callback = _results_callback(trainer)
+    return list(callback.written) if callback is not None else []
+
+
+def results_folder(trainer: L.Trainer) -> str:
+    """The one place ``test`` and ``predict`` write their result files (predictions, hypotheses,
+    BLEU, COCO results, drawings), the same whichever logger the command has:
+
+    - ``--output_dir`` when given;
+    - with ``--ckpt_path``: ``results/<checkpoint name>/`` in the folder of the run that wrote the
+      checkpoint (the folder holding its ``checkpoints/``; for a checkpoint elsewhere, e.g. an
+      averaged one, its own folder): ``runs/<project>/<run id>/results/last/`` for
+      ``runs/<project>/<run id>/checkpoints/last.ckpt``, never the folder of the new W&B run the
+      command opens, so the results of every checkpoint of a run sit together beside it;
+    - otherwise (no checkpoint, or a remote one) this run's own folder (:func:`run_directory`).
+    """
+    callback = _results_callback(trainer)
+    if callback is not None and callback.output_dir:
+        return os.path.abspath(os.path.expanduser(callback.output_dir))
+    checkpoint = trainer.ckpt_path
+    if checkpoint and os.path.isfile(str(checkpoint)):
+        folder = os.path.dirname(os.path.abspath(str(checkpoint)))
+        if os.path.basename(folder) == "checkpoints":
+            folder = os.path.dirname(folder)
+        name = os.path.splitext(os.path.basename(str(checkpoint)))[0]
+        return os.path.join(folder, "results", name)
+    folder = run_directory(trainer.logger) if trainer.logger is not None else None
+    return folder or trainer.default_root_dir
+
+
+class SaveConfigToRun(SaveConfigCallback):
+    """Writes the resolved ``config.yaml`` into each run's own directory (never a shared folder,
+    so runs cannot collide) and pushes the whole config, not only the module's hyper-parameters,
+    to every logger (the W&B run config).
+
+    Saved when the run starts (fit, validate, test or predict), not at ``setup`` as Lightning's
+    callback does: by then the data, the module and the checkpoint have passed their checks, so a
+    command that fails them creates no W&B run."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["save_to_log_dir"] = False
+        # W&B keeps its own run config in files/config.yaml: use a name of our own
+        kwargs.setdefault("config_filename", "rescale_config.yaml")
+        super().__init__(*args, **kwargs)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        pass  # see the class docstring
+
+    def _save_once(self, trainer, pl_module) -> None:
+        super().setup(trainer, pl_module, str(trainer.state.fn))  # once; every rank calls it (a broadcast)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._save_once(trainer, pl_module)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._save_once(trainer, pl_module)
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._save_once(trainer, pl_module)
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        self._save_once(trainer, pl_module)
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        config = self.config.as_dict()
+        for logger in trainer.loggers:
+            logger.log_hyperparams(config)
+            directory = run_directory(logger)
+            if directory:
+                os.makedirs(directory, exist_ok=True)
+                self.parser.save(self.config, os.path.join(directory, self.config_filename),
+                                 skip_none=False, overwrite=True, multifile=False)
+        if not trainer.loggers and trainer.default_root_dir:
+            os.makedirs(trainer.default_root_dir, exist_ok=True)
+            self.parser.save(self.config, os.path.join(trainer.default_root_dir, self.config_filename),
+                             skip_none=False, overwrite=True, multifile=False)

@@ -1,0 +1,28 @@
+"""Process and file plumbing every command stands on: host memory, CPU cores, files written whole,
+one process per folder, writable output folders, the signals that stop a run, and the decisions all
+processes of a distributed run take together.
+
+- ``allocator``: keep the memory the C allocator frees, so a CPU step reuses its pages
+- ``cores``: the CPU cores this process may use, and the DataLoader workers started on them
+- ``atomic``: result files written whole or not at all
+- ``lock``: one process at a time in a folder (an ``flock`` the system releases)
+- ``writable``: output folders checked before a command starts its work
+- ``stop_signals``: the signals that stop a run, and what each process does with them
+- ``distributed``: decisions every process of a run takes together (host-integer votes, gathers)
+"""
+from .allocator import ENV, host_allocator, keep_freed_memory
+from .cores import loader_workers, usable_cores
+from .atomic import atomic_open, write_atomically
+from .lock import LOCK_FILE, FolderBusy, folder_lock
+from .writable import require_writable
+from .stop_signals import POLITE_SIGNALS, STOP_SIGNALS, drop_gone_terminal, ignore_in_worker, signal_label
+from .distributed import (broadcast_from_rank_zero, every_rank_has_samples, gather_by_key, gather_objects,
+                          max_over_ranks, rank, reduce_tensor_to_rank_zero, sum_over_ranks,
+                          sum_tensor_over_ranks, world_size, zero_loss)
+
+__all__ = ["ENV", "host_allocator", "keep_freed_memory", "loader_workers", "usable_cores", "atomic_open",
+           "write_atomically", "LOCK_FILE", "FolderBusy", "folder_lock", "require_writable", "POLITE_SIGNALS",
+           "STOP_SIGNALS", "drop_gone_terminal", "ignore_in_worker", "signal_label",
+           "broadcast_from_rank_zero", "every_rank_has_samples", "gather_by_key", "gather_objects",
+           "max_over_ranks", "rank", "reduce_tensor_to_rank_zero", "sum_over_ranks", "sum_tensor_over_ranks",
+           "world_size", "zero_loss"]

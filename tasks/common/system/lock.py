@@ -1,0 +1,59 @@
+"""One process at a time in a folder: a study folder (two ``rescale study`` commands on one
+``--out`` would run the same points and write over each other's files) or a run's folder (two
+``rescale fit`` with one run id would write over each other's checkpoints and share a W&B run id).
+
+:func:`folder_lock` holds an exclusive ``flock`` on ``<folder>/.lock`` while the command works
+and writes who holds it (pid, host, start, command) into the file; a second process is refused at
+once with one line naming the first. The operating system releases the lock when its holder ends,
+however it ends (a SIGKILL or a crash leaves no stale lock: the file stays, unheld).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shlex
+import socket
+import sys
+import time
+from typing import Iterator
+
+from ..errors import UserError
+
+__all__ = ["folder_lock", "FolderBusy", "LOCK_FILE"]
+
+LOCK_FILE = ".lock"
+
+
+class FolderBusy(UserError):
+    """Another process holds the folder's lock; ``holder`` says which."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str, what: str = "study folder",
+                fix: str = "wait until it ends, or give this study another --out folder") -> Iterator[str]:
+    """Hold ``<folder>/.lock`` (created if needed) for the ``with`` block; :class:`FolderBusy`
+    (one line: ``<what> <folder> is in use by <holder>; <fix>``) when another process holds it."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, LOCK_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
+            raise FolderBusy(f"{what} {folder} is in use by {holder}; {fix}", holder) from None
+        me = (f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')} "
+              f"({shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]])})")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, me.encode("utf-8") + b"\n", 0)
+        try:
+            yield path
+        finally:
+            os.ftruncate(fd, 0)  # the lock goes with the descriptor; the file stays, empty
+    finally:
+        os.close(fd)

@@ -1,0 +1,28 @@
+"""Output folders checked before a command starts its work: a folder that cannot be written is
+one line then, not a traceback after an epoch (or a W&B run quietly moved to a temporary folder)."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+from ..errors import UserError
+
+__all__ = ["require_writable"]
+
+
+def require_writable(path: str, what: str, fix: str) -> None:
+    """Refuse ``path`` (a folder, created later if missing) in one :class:`UserError` line
+    (``cannot write <what> <path>: <why>; <fix>``) when it cannot be written: a part of it is a
+    file, or its nearest existing folder refuses a new file. Nothing is left behind: the probe is
+    an anonymous temporary file, a real write (permission bits alone misjudge the root user)."""
+    path = os.path.abspath(os.path.expanduser(str(path)))
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UserError(f"cannot write {what} {path}: {existing} is a file, not a folder; {fix}")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise UserError(f"cannot write {what} {path}: {err.strerror or err} in {existing}; {fix}") from None

@@ -1,0 +1,27 @@
+"""What training a task's network takes: the network built by name, the optimizer over the core's
+parameter groups and its schedule (both checked before any data work), the speed switches, the
+callbacks every run has, and the network's inputs taken from a batch.
+
+- ``networks``: ``rescale_core`` networks built from a task config, one-line errors for bad names
+- ``optim``: the optimizer over the core's parameter groups, and its learning-rate schedule
+- ``schedules``: learning-rate schedules stepped every optimizer step (warm-up, multi-step, cosine)
+- ``class_paths``: the class a config's ``class_path`` names
+- ``optim_check``: the configured optimizer and schedule, checked before any data work
+- ``acceleration``: channels_last and ``torch.compile`` of the network, checkpoint keys kept
+- ``callbacks``: divergence detection and learned-scalar logging
+- ``inputs``: the network's positional inputs taken from a batch, whatever the task
+"""
+from .networks import check_network, create_network, default_scheme, resolved_architecture
+from .optim import accepts, build_optimizer, build_scheduler, default_sgd
+from .schedules import ConstantLR, InverseSqrtLR, IterationMultiStepLR, WarmupCosineLR, WarmupMultiStepLR
+from .class_paths import class_of, init_parameters
+from .optim_check import check_optimization
+from .acceleration import as_memory_format, compile_in_place, memory_format_of, use_channels_last
+from .callbacks import DivergenceMonitor, LearnedScalarsLogger, TrainingDiverged
+from .inputs import batch_size_of, network_inputs, take_samples
+
+__all__ = ["check_network", "create_network", "default_scheme", "resolved_architecture", "accepts",
+           "build_optimizer", "build_scheduler", "default_sgd", "ConstantLR", "InverseSqrtLR", "IterationMultiStepLR",
+           "WarmupCosineLR", "WarmupMultiStepLR", "class_of", "init_parameters", "check_optimization", "as_memory_format",
+           "compile_in_place", "memory_format_of", "use_channels_last", "DivergenceMonitor",
+           "LearnedScalarsLogger", "TrainingDiverged", "batch_size_of", "network_inputs", "take_samples"]

@@ -1,0 +1,110 @@
+"""The configured optimizer and learning-rate schedule, checked before any data work.
+
+torch (and :mod:`.schedules`) check their own values when an optimizer or a schedule is built,
+which a task module does only once training starts, after the data is set up. Building both
+here on a throw-away parameter runs those same checks at once, with the other argument checks;
+a value they refuse becomes one :class:`~..errors.ConfigError` line naming its config key.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..errors import ConfigError
+from .class_paths import class_of
+from .optim import build_scheduler
+
+__all__ = ["check_optimization"]
+
+OPTIMIZER_KEY = "model.init_args.optimizer"
+SCHEDULER_KEY = "model.init_args.lr_scheduler"
+# given by the task module when it builds the schedule, whatever the config says
+_RUN_LENGTH = ("steps_per_epoch", "max_epochs")
+
+
+def _as_dict(value: Any) -> dict:
+    if hasattr(value, "as_dict"):  # a jsonargparse Namespace
+        return value.as_dict()
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _defaults(target: Callable) -> dict:
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
+def _refusal(build: Callable[[dict], Any], args: dict) -> Optional[ValueError]:
+    """The ValueError ``build(args)`` raises, if any. Other errors are left to the real build: a
+    setting that needs the run's device (a fused optimizer, say) is no bad value."""
+    try:
+        build(args)
+    except ValueError as err:
+        return err
+    except Exception:  # noqa: BLE001 - not a refused value; the task module's build decides
+        return None
+    return None
+
+
+def _check(section: Any, key: str, build: Callable[[Callable, dict], Any], fixed: tuple = ()) -> Any:
+    """Build the ``class_path``/``init_args`` section with ``build(target, init_args)``; on a
+    refused value, the key whose value, set back to its default, is accepted is named."""
+    section = _as_dict(section)
+    name = section.get("class_path")
+    target = class_of(name)
+    if target is None:
+        return None
+    args = {k: v for k, v in _as_dict(section.get("init_args")).items() if k not in fixed}
+    error = _refusal(lambda a: build(target, a), args)
+    if error is None:
+        return build(target, args)
+    message = " ".join(str(error).split())
+    what = message if message.startswith(target.__qualname__) else f"{name}: {message}"
+    defaults = _defaults(target)
+    for arg, value in args.items():
+        if arg in defaults and value != defaults[arg] and _refusal(lambda a: build(target, a),
+                                                                   {**args, arg: defaults[arg]}) is None:
+            full = f"{key}.init_args.{arg}"
+            raise ConfigError(f"bad value for {full}: {value!r} ({what}); set it with --{full} or in the "
+                              "model: section of the config")
+    how = "" if "set " in message else f"; check its init_args (--{key}.init_args.* or the config's model: section)"
+    raise ConfigError(f"bad {key} ({name}): {message}{how}")
+
+
+def _max_epochs(trainer: dict) -> Optional[int]:
+    """``trainer.max_epochs`` as the Trainer will resolve it (None: no epoch limit), the way the
+    task module hands it to the schedule."""
+    if trainer.get("fast_dev_run"):
+        return 1
+    epochs = trainer.get("max_epochs")
+    if epochs is None:  # Lightning's default: 1000 epochs unless the run is bounded otherwise
+        bounded = trainer.get("max_steps") not in (None, -1) or trainer.get("max_time")
+        epochs = -1 if bounded else 1000
+    return epochs if epochs > 0 else None
+
+
+def check_optimization(init_args: Any, trainer: Any) -> None:
+    """Refuse, in one line, an optimizer or schedule value torch or the schedule would refuse,
+    and a negative ``norm_weight_decay``. ``init_args``: the model's parsed ``init_args``;
+    ``trainer``: the parsed ``trainer`` section."""
+    init = _as_dict(init_args)
+    norm_weight_decay = init.get("norm_weight_decay")
+    if norm_weight_decay is not None and norm_weight_decay < 0:
+        raise ConfigError(f"bad value for model.init_args.norm_weight_decay: {norm_weight_decay!r} (weight decay "
+                          "must be >= 0); set it with --model.init_args.norm_weight_decay or null for the "
+                          "optimizer's")
+    optimizer = _check(init.get("optimizer"), OPTIMIZER_KEY,
+                       lambda target, args: target([torch.nn.Parameter(torch.zeros(1))], **args))
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return
+    max_epochs = _max_epochs(_as_dict(trainer))
+    _check(init.get("lr_scheduler"), SCHEDULER_KEY,
+           lambda target, args: build_scheduler(functools.partial(target, **args), copy.deepcopy(optimizer), 1,
+                                                 max_epochs),
+           fixed=_RUN_LENGTH)

@@ -1,0 +1,107 @@
+"""`rescale average-checkpoints` on the checkpoints of a real (tiny) run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rescale_tasks.cli import main
+from rescale_tasks.common.checkpoints import safe_load
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, run_config) -> Path:
+    """The checkpoints folder of a tiny digits run of 3 epochs x 3 steps saving every 2 steps, as
+    the WMT recipe saves every 5000: s002, s004, s006, s008, and beside them the suite's epoch
+    checkpoint and last.ckpt, both at step 9 (off that schedule, as a SIGTERM save would be)."""
+    import os
+
+    folder = tmp_path_factory.mktemp("avg")
+    config = run_config(folder / "run.yaml", trainer={
+        "max_epochs": 3, "limit_train_batches": 3, "default_root_dir": str(folder / "root"), "logger": False,
+        "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                       "init_args": {"save_top_k": -1, "filename": "s{step:03d}", "auto_insert_metric_name": False,
+                                     "every_n_train_steps": 2}}]})
+    old = os.getcwd()
+    os.chdir(folder)
+    try:
+        assert main(["fit", "--config", str(config)]) == 0
+    finally:
+        os.chdir(old)
+    return folder / "root" / "checkpoints"
+
+
+def test_the_last_n_scheduled_are_averaged_by_global_step(checkpoints, tmp_path, capsys):
+    files = sorted(checkpoints.glob("*.ckpt"))
+    steps = {f.name: safe_load(f)["global_step"] for f in files}
+    assert steps == {"s002.ckpt": 2, "s004.ckpt": 4, "s006.ckpt": 6, "s008.ckpt": 8, "epoch002.ckpt": 9,
+                     "last.ckpt": 9}
+    out = tmp_path / "avg.ckpt"
+    assert main(["average-checkpoints", str(checkpoints), "--num", "2", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 1 and "global steps 6, 8;" in printed[0], printed  # not step 9
+    assert "epoch002.ckpt at step 9 (off the every-2-steps schedule)" in printed[0]
+    assert "last.ckpt at step 9 (the resume point)" in printed[0]
+    averaged = safe_load(out)
+    newest = [safe_load(checkpoints / name) for name in ("s006.ckpt", "s008.ckpt")]
+    for key, value in averaged["state_dict"].items():
+        a, b = (c["state_dict"][key] for c in newest)
+        if value.is_floating_point():
+            torch.testing.assert_close(value, ((a.double() + b.double()) / 2).to(a.dtype))
+        else:  # counters: the newest checkpoint's
+            assert torch.equal(value, newest[1]["state_dict"][key])
+    assert "optimizer_states" not in averaged and averaged["hyper_parameters"]["network"] == "cifar_resnet"
+    # files named one by one are taken as they are
+    assert main(["average-checkpoints", str(checkpoints / "s008.ckpt"), str(checkpoints / "last.ckpt"),
+                 "--output", str(tmp_path / "named.ckpt")]) == 0
+    assert "global steps 8, 9)" in capsys.readouterr().out
+
+
+def test_averaging_refuses_what_cannot_be_averaged(checkpoints, tmp_path, capsys):
+    assert main(["average-checkpoints", str(checkpoints), "--num", "9", "--output", str(tmp_path / "a.ckpt")]) == 2
+    assert "--num 9: 4 checkpoint(s) at distinct steps found on the save schedule" in capsys.readouterr().err
+    other = safe_load(next(checkpoints.glob("s*.ckpt")))
+    other["state_dict"] = {k + "_x": v for k, v in other["state_dict"].items()}
+    torch.save(other, tmp_path / "other.ckpt")
+    assert main(["average-checkpoints", str(checkpoints), str(tmp_path / "other.ckpt"),
+                 "--output", str(tmp_path / "b.ckpt")]) == 2
+    assert "their parameters differ" in capsys.readouterr().err
+
+
+def test_a_file_at_the_same_step_is_named_as_left_out(checkpoints, tmp_path, capsys):
+    # epoch002.ckpt and last.ckpt both hold step 9: averaging both would count that state twice
+    names = ("s006.ckpt", "epoch002.ckpt", "last.ckpt")
+    assert main(["average-checkpoints", *(str(checkpoints / n) for n in names),
+                 "--output", str(tmp_path / "avg.ckpt")]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == (f"averaged 2 checkpoints (global steps 6, 9; left out last.ckpt at step 9 (the same step as "
+                       f"epoch002.ckpt)) -> {tmp_path / 'avg.ckpt'}")
+    averaged = safe_load(tmp_path / "avg.ckpt")
+    assert [(Path(x["path"]).name, x["global_step"]) for x in averaged["averaged_from"]] == [
+        ("s006.ckpt", 6), ("epoch002.ckpt", 9)]
+
+
+def test_checkpoints_of_other_labels_or_networks_are_not_averaged(checkpoints, tmp_path, error_line):
+    """The same weights' shapes are not enough: outputs that mean other classes, or another
+    scheme's forward pass, are refused in one line naming the two files."""
+    newest = checkpoints / "s008.ckpt"
+    digits = safe_load(checkpoints / "s006.ckpt")
+    assert digits["labels"]["class_names"] == list("0123456789")  # recorded by every checkpoint
+    other_order = {**digits, "labels": {"class_names": list("9876543210")}}
+    torch.save(other_order, tmp_path / "other_labels.ckpt")
+    assert main(["average-checkpoints", str(tmp_path / "other_labels.ckpt"), str(newest),
+                 "--output", str(tmp_path / "a.ckpt")]) == 2
+    assert error_line() == (
+        f"cannot average {tmp_path / 'other_labels.ckpt'} with {newest}: their labels differ (other_labels.ckpt: "
+        "10 labels '9', '8', '7' and 7 more; s008.ckpt: 10 labels '0', '1', '2' and 7 more), so the same outputs "
+        "stand for other classes; average checkpoints of one run only, or of runs on one data set (the same "
+        "label names in the same order)")
+    other_scheme = {**digits, "hyper_parameters": {**digits["hyper_parameters"], "scheme": "skipinit"}}
+    torch.save(other_scheme, tmp_path / "skipinit.ckpt")
+    assert main(["average-checkpoints", str(tmp_path / "skipinit.ckpt"), str(newest),
+                 "--output", str(tmp_path / "b.ckpt")]) == 2
+    assert error_line() == (f"cannot average {tmp_path / 'skipinit.ckpt'} with {newest}: they were saved from other "
+                            "networks (scheme 'skipinit' in skipinit.ckpt, 'rescale' in s008.ckpt); average "
+                            "checkpoints of one run only")
+    assert not (tmp_path / "a.ckpt").exists() and not (tmp_path / "b.ckpt").exists()

@@ -1,0 +1,175 @@
+"""A run stopped by a signal and resumed reports exactly what an uninterrupted run reports.
+
+Real ``rescale fit`` runs (in this process, and as two DDP processes over gloo) of a digits
+ResNet validating every 3 steps, with offline W&B runs, step checkpoints and a best-so-far
+checkpoint; a probe callback (``signal_probe.py``) sends SIGTERM to the run itself in training, in
+the middle of a validation, or in the validation at an epoch's end. The resumed run's
+``run_summary.json`` (every validation, best and final values, steps, samples), its checkpoint
+files and weights, and its W&B history must be the uninterrupted run's. Resuming mid-epoch with
+another batch size is refused in one line and changes nothing.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rescale_tasks.cli import main
+from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from rescale_tasks.common.run import find_summaries, read_summary
+
+HERE = Path(__file__).resolve().parent
+RUN_ID = "life1"
+# where the signal comes: after training step 4; as the 2nd batch of the validation at step 3
+# (mid-epoch) or at step 6 (the epoch's end); as the last batch of the validation at step 3 (it
+# ends, then the run stops)
+CUTS = {"training": {"where": "train", "step": 4},
+        "validation": {"where": "val", "step": 3},
+        "epoch-end validation": {"where": "val", "step": 6},
+        "last validation batch": {"where": "val", "step": 3, "val_batch": 2}}
+# what differs between two identical runs: wall-clock figures and where the files are
+TIMING = ("train_seconds", "samples_per_second", "path", "checkpoint", "error")
+
+
+def _config(run_config, suite_wandb_logger, folder: Path, cut: dict | None = None) -> str:
+    callbacks = [
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+         "init_args": {"every_n_train_steps": 2, "save_top_k": -1, "filename": "step{step:03d}",
+                       "auto_insert_metric_name": False}},
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+         "init_args": {"monitor": "val/acc1", "mode": "max", "save_top_k": 1, "filename": "best{step:03d}",
+                       "auto_insert_metric_name": False}}]
+    if cut is not None:
+        callbacks.append({"class_path": "signal_probe.SignalAt",
+                          "init_args": {**cut, "marker": str(folder / "signalled")}})
+    return run_config(folder / "run.yaml", seed_everything=3, data={"init_args": {"batch_size": 16}},
+                      trainer={"max_epochs": 2, "limit_train_batches": 6, "limit_val_batches": 3,
+                               "val_check_interval": 3, "log_every_n_steps": 1, "callbacks": callbacks,
+                               "logger": suite_wandb_logger("life", "digits", save_dir=str(folder / "runs"),
+                                                            id=RUN_ID)})
+
+
+def _fit(folder: Path, *args: str) -> int:
+    old = os.getcwd()
+    os.chdir(folder)
+    try:
+        return main(["fit", *args])
+    finally:
+        os.chdir(old)
+
+
+def _summary(folder: Path) -> dict:
+    """The newest segment's summary (a resumed run writes one per segment)."""
+    return read_summary(find_summaries(str(folder / "runs" / "wandb"))[-1])
+
+
+def _comparable(summary: dict) -> dict:
+    out = {k: v for k, v in summary.items() if k not in TIMING}
+    out["final"] = {k: v for k, v in summary["final"].items() if not k.startswith("throughput/")}
+    return out
+
+
+def _checkpoints(folder: Path) -> Path:
+    return folder / "runs" / "life" / RUN_ID / "checkpoints"
+
+
+def _val_history(folder: Path) -> dict[int, float]:
+    """val/acc1 by W&B step over every offline segment of the run."""
+    rows = [row for run in find_offline_runs(str(folder / "runs")) for row in read_offline_run(run).history]
+    return {row["trainer/global_step"]: row["val/acc1"] for row in rows if "val/acc1" in row}
+
+
+def _assert_same_run(whole: Path, resumed: Path) -> None:
+    assert _comparable(_summary(resumed)) == _comparable(_summary(whole))
+    assert sorted(os.listdir(_checkpoints(resumed))) == sorted(os.listdir(_checkpoints(whole)))
+    a, b = (torch.load(_checkpoints(f) / "last.ckpt", weights_only=True) for f in (whole, resumed))
+    assert a["global_step"] == b["global_step"] == 12
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    assert _val_history(resumed) == _val_history(whole)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, run_config, suite_wandb_logger) -> Path:
+    folder = tmp_path_factory.mktemp("whole")
+    os.environ.setdefault("WANDB_MODE", "offline")
+    assert _fit(folder, "--config", _config(run_config, suite_wandb_logger, folder)) == 0
+    return folder
+
+
+@pytest.mark.parametrize("cut", list(CUTS))
+def test_a_run_stopped_and_resumed_reports_what_an_uninterrupted_run_does(cut, uninterrupted, tmp_path,
+                                                                          run_config, suite_wandb_logger):
+    config = _config(run_config, suite_wandb_logger, tmp_path, CUTS[cut])
+    assert _fit(tmp_path, "--config", config) == 143
+    stopped = _summary(tmp_path)
+    assert stopped["status"] == "interrupted" and stopped["steps"] == CUTS[cut]["step"]
+    assert _fit(tmp_path, "--config", config, "--ckpt_path", "last") == 0
+    _assert_same_run(uninterrupted, tmp_path)
+    # one run, however many segments: compare counts it once, with the whole run's best value
+    assert main(["compare", str(tmp_path / "runs"), "--out", str(tmp_path / "cmp")]) == 0
+    table = (tmp_path / "cmp" / "compare.csv").read_text().splitlines()
+    assert len(table) == 2 and ",1,val/acc1," in table[1], table
+    assert float(table[1].split(",val/acc1,")[1].split(",")[0]) == _summary(uninterrupted)["best"]["val/acc1"]
+    if cut == "validation":  # the offline W&B segments too: one run, its history theirs together
+        assert main(["compare", "--wandb_project", "life", "--wandb_dir", str(tmp_path / "runs"),
+                     "--out", str(tmp_path / "cmp-wandb")]) == 0
+        assert (tmp_path / "cmp-wandb" / "compare.csv").read_text().splitlines()[1:] == table[1:]
+
+
+def test_resuming_mid_epoch_with_another_batch_size_is_refused_in_one_line(tmp_path, run_config,
+                                                                          suite_wandb_logger, capsys):
+    config = _config(run_config, suite_wandb_logger, tmp_path, CUTS["training"])
+    assert _fit(tmp_path, "--config", config) == 143
+    before = {p: Path(p).read_bytes() for p in glob.glob(str(tmp_path / "runs" / "**" / "*.*"), recursive=True)
+              if p.endswith((".ckpt", "run_summary.json")) and "latest-run" not in p}
+    capsys.readouterr()
+    assert _fit(tmp_path, "--config", config, "--ckpt_path", "last", "--data.init_args.batch_size", "32") == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, lines
+    assert "in the middle of epoch 0" in lines[0] and "4 batches into it with batch_size 16" in lines[0]
+    assert "this run has batch_size 32" in lines[0] and "--data.init_args.batch_size 16" in lines[0]
+    after = {p: Path(p).read_bytes() for p in before}
+    assert after == before  # nothing written over: the checkpoints and the run's summary are as they were
+    assert [p for p in find_summaries(str(tmp_path / "runs")) if p not in before] == []
+
+
+def test_after_an_epoch_end_the_batch_size_may_change(tmp_path, run_config, suite_wandb_logger):
+    config = _config(run_config, suite_wandb_logger, tmp_path)
+    assert _fit(tmp_path, "--config", config, "--trainer.max_epochs", "1") == 0
+    assert _fit(tmp_path, "--config", config, "--ckpt_path", "last", "--data.init_args.batch_size", "32") == 0
+    assert _summary(tmp_path)["status"] == "finished"
+
+
+def _rescale_ddp(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    env.pop("WANDB_SERVICE", None)  # this process's W&B service: the runs get their own
+    return subprocess.run([sys.executable, "-m", "rescale_tasks.cli", "fit", *args, "--trainer.devices", "2",
+                           "--trainer.strategy", "ddp"], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_under_ddp_a_validation_cut_by_sigterm_is_done_again_on_resume(tmp_path, run_config, suite_wandb_logger):
+    """SIGTERM to the main process in the middle of a validation (Lightning forwards it to the
+    process it started): both processes stop, the resumed pair reruns that validation."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    whole.mkdir()
+    cut.mkdir()
+    done = _rescale_ddp(["--config", _config(run_config, suite_wandb_logger, whole)], whole)
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = _config(run_config, suite_wandb_logger, cut, CUTS["validation"])
+    stopped = _rescale_ddp(["--config", config], cut)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    resumed = _rescale_ddp(["--config", config, "--ckpt_path", "last"], cut)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _assert_same_run(whole, cut)
+    assert json.loads(Path(find_summaries(str(cut / "runs" / "wandb"))[-1]).read_text())["world_size"] == 2

@@ -1,0 +1,108 @@
+"""A ``--config`` (or an applied ``_defaults.yaml``) that cannot be a config ends the command with
+one line naming the file: binary, not UTF-8, a folder, YAML that is no mapping of sections, or a
+mapping that gives a key twice (also in YAML given on the command line)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rescale_tasks.cli import main
+from rescale_tasks.common.cli import load_yaml
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+
+
+@pytest.mark.parametrize("content,expected", [
+    (bytes(range(256)), "bad.yaml is a binary file, not a YAML config (--config)"),
+    ("model:\n  init_args:\n    scheme: rescale  # café\n".encode("latin-1"),
+     "config file bad.yaml is not UTF-8 text: byte 0xe9 at line 3, column 27 (--config); save it as UTF-8"),
+    (b"just some words\n", "config file bad.yaml holds a single str value ('just some words'), not a mapping of "
+                           "sections (model:, data:, trainer: ...) (--config)"),
+    (b"- model\n- data\n", "config file bad.yaml holds a YAML list, not a mapping of sections"),
+    (b"# nothing yet\n", "config file bad.yaml holds no settings (it is empty or only comments)"),
+])
+def test_a_file_that_is_no_config_is_one_line(content, expected, error_line):
+    Path("bad.yaml").write_bytes(content)
+    assert main(["fit", "--config", "bad.yaml"]) == 2
+    assert error_line().startswith(expected)
+
+
+def test_a_folder_is_not_reported_missing(error_line):
+    Path("runs.yaml").mkdir()
+    assert main(["fit", "--config", "runs.yaml"]) == 2
+    assert error_line().startswith("runs.yaml is a folder, not a config file (--config); give one of its YAML files")
+
+
+def test_an_applied_defaults_file_is_named(run_config, error_line):
+    config = run_config(Path("experiments/digits/run.yaml"))
+    Path("experiments/_defaults.yaml").write_bytes("trainer: {max_epochs: 1}  # \xe9\n".encode("latin-1"))
+    assert main(["fit", "--config", config]) == 2
+    assert error_line().startswith(f"config file {Path('experiments/_defaults.yaml').resolve()} is not UTF-8 text: "
+                                   "byte 0xe9 at line 1, column 29 (the _defaults.yaml applied to the run configs "
+                                   "below its folder)")
+
+
+# --- a key given twice in one mapping: refused, naming the file and both lines ----------------------
+
+@pytest.mark.parametrize("old,new,expected", [
+    ("trainer:\n", "trainer:\n  max_epochs: 3\ntrainer:\n", "key 'trainer' is given twice in the same mapping"),
+    ("    scheme: rescale\n", "    scheme: rescale\n    scheme: bn\n",
+     "key 'scheme' is given twice in the same mapping"),
+    ("  max_epochs: 1\n", "  max_epochs: 1\n  logger: false\n  max_epochs: 2\n",
+     "key 'max_epochs' is given twice in the same mapping"),
+])
+def test_a_key_given_twice_is_one_line_naming_both_lines(run_config, old, new, expected, error_line):
+    """The last one would win: a second `trainer:` block drops the first whole, a second `scheme:`
+    silently trains another scheme."""
+    path = Path(run_config(Path("run.yaml")))
+    text = path.read_text()
+    assert old in text
+    text = text.replace(old, new, 1)
+    path.write_text(text)
+    lines = text.splitlines()
+    key = expected.split("'")[1]
+    first, second = [i + 1 for i, line in enumerate(lines) if line.strip().startswith(f"{key}:")][:2]
+    assert main(["fit", "--config", "run.yaml"]) == 2
+    assert error_line() == f"run.yaml:{second}: {expected} (first at line {first}); keep one"
+
+
+def test_a_key_given_twice_in_an_applied_defaults_file_is_named(run_config, error_line):
+    config = run_config(Path("experiments/digits/run.yaml"))
+    Path("experiments/_defaults.yaml").write_text("trainer:\n  max_epochs: 1\n  max_epochs: 2\n")
+    assert main(["fit", "--config", config]) == 2
+    assert error_line() == (f"{Path('experiments/_defaults.yaml').resolve()}:3: key 'max_epochs' is given twice "
+                            "in the same mapping (first at line 2); keep one")
+
+
+def test_a_key_given_twice_in_yaml_on_the_command_line_is_one_line(run_config, error_line):
+    code = main(["fit", "--config", run_config(Path("run.yaml")), "--model.init_args.scheme_options",
+                 "{c: 1, c: 2}"])
+    assert code == 2
+    assert error_line() == "the YAML value '{c: 1, c: 2}': key 'c' is given twice in the same mapping; keep one"
+
+
+def test_a_study_refuses_a_config_with_a_key_given_twice_before_any_point(run_config, error_line):
+    path = Path(run_config(Path("run.yaml")))
+    path.write_text(path.read_text() + "model:\n  init_args: {scheme: bn}\n")
+    assert main(["study", "depth", "--config", "run.yaml", "--depths", "8", "--schemes", "bn", "--out", "study",
+                 "--dry_run"]) == 2
+    line = error_line()
+    assert line.startswith("run.yaml:") and "key 'model' is given twice in the same mapping" in line
+    assert not Path("study").exists()
+
+
+def test_keys_repeated_only_across_mappings_or_over_a_merge_still_load(run_config, capsys):
+    """`init_args:` under model and data, `<<: *anchor` then a key it brings: no duplicate."""
+    text = "base: &base {lr: 0.1, momentum: 0.9}\nsgd:\n  <<: *base\n  lr: 0.2\nother: {lr: 0.3}\n"
+    assert load_yaml(text, "x.yaml") == {"base": {"lr": 0.1, "momentum": 0.9}, "sgd": {"lr": 0.2, "momentum": 0.9},
+                                         "other": {"lr": 0.3}}
+    with pytest.raises(SystemExit) as done:  # --print_config prints the parsed config and exits
+        main(["fit", "--config", run_config(Path("run.yaml")), "--model.init_args.scheme_options",
+              "{c: 1, gain: vector}", "--print_config"])
+    printed = capsys.readouterr().out
+    assert done.value.code == 0 and "scheme: rescale" in printed and "gain: vector" in printed

@@ -1,0 +1,127 @@
+"""What a run writes and says: its closing line, checkpoints named by what they hold, folders that
+cannot be written refused before the run starts, and ``--ckpt_path last`` without a run id.
+
+Real ``rescale fit``/``test`` commands on the embedded digits (offline W&B runs), a few steps each.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shlex
+import warnings
+from pathlib import Path
+
+import pytest
+
+from rescale_tasks.cli import main
+from rescale_tasks.common.checkpoints import safe_load
+
+
+@contextlib.contextmanager
+def _in(folder: Path):
+    old = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, run_config, suite_wandb_logger):
+    """A fit of 3 steps over epochs of 2: the first epoch completes, the second is cut short."""
+    folder = tmp_path_factory.mktemp("finished")
+    config = run_config(folder / "run.yaml", trainer={"max_epochs": 2, "max_steps": 3, "limit_val_batches": 0,
+                                                      "num_sanity_val_steps": 0,
+                                                      "logger": suite_wandb_logger("outputs", "finished")})
+    out = io.StringIO()
+    with _in(folder), contextlib.redirect_stdout(out):
+        os.environ.setdefault("WANDB_MODE", "offline")
+        assert main(["fit", "--config", config, "--model.init_args.network_options", "{depth: 8, base_width: 4}"]) == 0
+    (last,) = (folder / "runs" / "outputs").glob("*/checkpoints/last.ckpt")
+    return {"folder": folder, "config": config, "out": out.getvalue(), "last": last}
+
+
+def test_fit_ends_with_its_run_folder_checkpoint_and_the_next_command(finished):
+    line = finished["out"].strip().splitlines()[-1]
+    relative = os.path.relpath(finished["last"], finished["folder"])
+    assert line.startswith("fit finished at step 3: run folder runs/wandb/offline-run-"), line
+    run_folder = line.split("run folder ", 1)[1].split(";", 1)[0]
+    assert (finished["folder"] / run_folder / "rescale_config.yaml").is_file()
+    assert (finished["folder"] / run_folder / "run_summary.json").is_file()
+    assert f"; checkpoint {relative}; next: rescale test --config {finished['config']} " in line
+    # the network changed on the command line is built again, so the printed command loads the weights
+    next_command = shlex.split(line.split("; next: ", 1)[1])
+    assert next_command[-2:] == ["--ckpt_path", relative] and "{depth: 8, base_width: 4}" in next_command
+    out = io.StringIO()
+    with _in(finished["folder"]), contextlib.redirect_stdout(out), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(next_command[1:]) == 0
+    assert not [str(w.message) for w in caught if "dirpath has changed" in str(w.message)]
+    assert not [str(w.message) for w in caught if "LeafSpec" in str(w.message)]
+    tested = out.getvalue().strip().splitlines()[-1]
+    assert tested.startswith("test finished: run folder runs/wandb/offline-run-") and "next: rescale compare runs" in tested
+
+
+@pytest.mark.parametrize("command, then", [("validate", "next: rescale test --config "),
+                                           ("predict", "next: rescale compare runs")], ids=["validate", "predict"])
+def test_validate_and_predict_end_with_their_run_folder_and_the_next_command(finished, command, then):
+    out = io.StringIO()
+    with _in(finished["folder"]), contextlib.redirect_stdout(out):
+        assert main([command, "--config", finished["config"], "--ckpt_path", str(finished["last"]),
+                     "--model.init_args.network_options", "{depth: 8, base_width: 4}"]) == 0
+    line = out.getvalue().strip().splitlines()[-1]
+    assert line.startswith(f"{command} finished: run folder runs/wandb/offline-run-") and then in line, line
+
+
+def test_epoch_checkpoints_are_written_for_completed_epochs_only(finished):
+    folder = finished["last"].parent
+    assert sorted(p.name for p in folder.glob("*.ckpt")) == ["epoch000.ckpt", "last.ckpt"]
+    assert safe_load(folder / "epoch000.ckpt")["global_step"] == 2  # the whole first epoch
+    assert safe_load(finished["last"])["global_step"] == 3  # the second epoch, cut short, only here
+
+
+def test_ckpt_path_last_without_a_run_id_names_the_run_to_resume(finished, error_line):
+    with _in(finished["folder"]):
+        assert main(["fit", "--config", finished["config"], "--ckpt_path", "last"]) == 2
+    message = error_line()
+    relative = os.path.relpath(finished["last"], finished["folder"])
+    assert message.startswith("--ckpt_path last resumes the last.ckpt of this run's id, and this run has a new id")
+    assert f"the only earlier run beside it is {relative} " in message and f"--ckpt_path {relative}," in message
+
+
+def test_ckpt_path_last_without_a_run_id_or_an_earlier_run_says_how_to_start(tmp_path, run_config,
+                                                                             suite_wandb_logger, error_line):
+    config = run_config(tmp_path / "run.yaml", trainer={"logger": suite_wandb_logger("outputs", "none")})
+    with _in(tmp_path):
+        assert main(["fit", "--config", config, "--ckpt_path", "last"]) == 2
+    message = error_line()
+    assert "no earlier run beside it (runs/outputs) has a last.ckpt; drop --ckpt_path last" in message
+    assert not list(tmp_path.glob("runs/outputs/*"))  # refused before the run began
+
+
+@pytest.mark.parametrize("args, what", [
+    (["--trainer.logger.init_args.save_dir", "file/runs"], "the W&B run folder (trainer.logger.init_args.save_dir)"),
+    (["--last_checkpoint.dirpath", "file/checkpoints"], "the checkpoint folder"),
+    (["--run_summary.path", "file/summary.json"], "the run summary folder"),
+], ids=["logger", "checkpoints", "summary"])
+def test_a_folder_that_cannot_be_written_is_refused_before_fit_starts(tmp_path, run_config, suite_wandb_logger,
+                                                                      error_line, args, what):
+    """A part of the path is a file: no folder can be made there, for root as for anyone."""
+    (tmp_path / "file").write_text("")
+    config = run_config(tmp_path / "run.yaml", trainer={"logger": suite_wandb_logger("outputs", "unwritable")})
+    with _in(tmp_path):
+        assert main(["fit", "--config", config, *args]) == 2
+    message = error_line()
+    assert message.startswith(f"cannot write {what} {tmp_path / 'file'}") and "is a file, not a folder" in message
+    assert not list(tmp_path.glob("runs/wandb/*run-*"))  # no W&B run began, here or elsewhere
+
+
+def test_an_output_dir_that_cannot_be_written_is_refused_before_test_starts(finished, error_line, tmp_path):
+    (tmp_path / "file").write_text("")
+    with _in(finished["folder"]):
+        assert main(["test", "--config", finished["config"], "--ckpt_path", str(finished["last"]),
+                     "--model.init_args.network_options", "{depth: 8, base_width: 4}",
+                     "--output_dir", str(tmp_path / "file" / "results")]) == 2
+    assert error_line().startswith(f"cannot write --output_dir {tmp_path / 'file' / 'results'}: ")
