@@ -38,14 +38,13 @@ import importlib.metadata
 import os
 import platform
 import re
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from rescale_tasks.common.system import host_allocator, usable_cores
+from rescale_tasks.common.system import describe_code, host_allocator, usable_cores
 
 from .models import resnet3d_suite, resnet50_suite, transformer_suite
 from .toolkit import SectionResult, Settings, Table
@@ -255,18 +254,6 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _git_commit() -> str:
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (head + (" (uncommitted changes)" if dirty else "")) if head else "unknown"
-
-
 def environment(settings: Settings, argv: list[str] | None = None) -> list[tuple[str, str]]:
     """(key, value) rows: date, command, machine, versions and run settings."""
     usable = usable_cores()
@@ -286,7 +273,7 @@ def environment(settings: Settings, argv: list[str] | None = None) -> list[tuple
         ("versions", f"python {platform.python_version()}, torch {torch.__version__}, torchvision "
                      f"{_version('torchvision')}, timm {_version('timm')}, lightning {_version('lightning')}, "
                      f"numpy {_version('numpy')}, pillow {_version('pillow')}"),
-        ("code", f"rescale-suite {_version('rescale-suite')}, commit {_git_commit()}"),
+        ("code", f"rescale-suite {describe_code()}"),
         ("settings", f"{settings.run_config.label()}; ResNet-50 batch {settings.batch} at "
                      f"{settings.image_size} px; >= {settings.warmup} warm-up train steps per contender; "
                      f"repeats " + ", ".join(f"{k} {v}" for k, v in settings.repeats.items())

@@ -11,6 +11,10 @@ Nothing here imports Lightning, W&B or data code; every task builds its networks
 :func:`create_model`. :mod:`rescale_core.generation` translates with a Transformer (greedy
 and beam search over cached keys/values).
 """
+import importlib.metadata
+import re
+from pathlib import Path
+
 from . import analysis, generation, models  # noqa: F401  (models registers every family)
 from .blocks import ResidualBlock, ResidualMerge, ResidualSublayer
 from .generation import beam_search, greedy_search
@@ -27,6 +31,22 @@ __all__ = [
     "MeanShiftBias", "ScalarBias", "Gain", "mean_shift_layers", "finish_measuring",
     "reference_path", "generation", "greedy_search", "beam_search", "PLANS", "set_plan", "plan_of",
 ]
+
+
+def _suite_version() -> str:
+    """The installed distribution's version (pyproject.toml's ``version``); run from a checkout
+    that is not installed, its pyproject.toml's; ``unknown`` when neither says."""
+    try:
+        return importlib.metadata.version("rescale-suite")
+    except importlib.metadata.PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        text = pyproject.read_text(encoding="utf-8") if pyproject.is_file() else ""
+        found = re.search(r'^name = "rescale-suite"\n(?:.*\n)*?version = "([^"]+)"', text, re.M)
+        return found.group(1) if found else "unknown"
+
+
+#: the suite's version (``rescale_tasks.__version__`` is the same)
+__version__ = _suite_version()
 
 
 def mean_shift_layers(model):

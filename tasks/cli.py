@@ -4,6 +4,8 @@
     rescale demo [--epochs N] [--out DIR]
     rescale models [PATTERN] | rescale schemes
     rescale --help                                  (every command, one line each)
+    rescale --version                               (the suite's version; in a git checkout, its commit)
+    rescale --quiet|--verbose <command> ...         (warnings and errors only | debug messages too)
 
 This module holds the command table, the help and :func:`main`. How a Lightning command is built
 and run: :mod:`rescale_tasks.common.cli.lightning_commands` (the ``_defaults.yaml`` layers of a run config:
@@ -19,10 +21,13 @@ from typing import Callable, Optional
 import rescale_core
 
 from .common.cli import run_command, run_lightning
-from .common.errors import UserArgumentParser
-from .common.system import keep_freed_memory
+from .common.errors import UserArgumentParser, UserError
+from .common.system import command_logging, describe_code, keep_freed_memory, log_level
 
-__all__ = ["main", "SUITE_COMMANDS", "COMMAND_HELP"]
+__all__ = ["main", "SUITE_COMMANDS", "COMMAND_HELP", "LOG_FLAGS"]
+
+# before the command: `rescale --quiet fit ...` (warnings and errors only), `rescale --verbose ...` (debug)
+LOG_FLAGS = ("--quiet", "--verbose")
 
 
 def _cmd_models(argv: list[str]) -> int:
@@ -97,20 +102,38 @@ COMMAND_HELP: dict[str, str] = {
 
 def print_help() -> None:
     width = max(map(len, COMMAND_HELP))
-    lines = ["usage: rescale <command> [options]    (rescale <command> --help: its options)", "",
-             "commands:"]
+    lines = ["usage: rescale [--quiet|--verbose] <command> [options]    (rescale <command> --help: its options)",
+             "", "commands:"]
     lines += [f"  {name.ljust(width)}  {text}" for name, text in COMMAND_HELP.items()]
-    lines += ["", "New here? `rescale demo`, then the commands it prints; the README's quick start."]
+    lines += ["", "rescale --version: the suite's version (and commit, run from a git checkout).",
+              "New here? `rescale demo`, then the commands it prints; the README's quick start."]
     print("\n".join(lines))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``rescale <command> [options]``: the exit status; an error is one line on stderr."""
+    """``rescale [--quiet|--verbose] <command> [options]``: the exit status; an error is one line on
+    stderr. The command's messages go through ``logging`` (:mod:`rescale_tasks.common.system.logs`)."""
     from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
+    levels = {flag: False for flag in LOG_FLAGS}
+    while argv and argv[0] in LOG_FLAGS:
+        levels[argv.pop(0)] = True
+    try:
+        level = log_level(quiet=levels["--quiet"], verbose=levels["--verbose"])
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    with command_logging(level):
+        return _main(argv, from_command_line)
+
+
+def _main(argv: list[str], from_command_line: bool) -> int:
     keep_freed_memory()  # a CPU step then reuses its tensors' pages (common/system/allocator.py)
     if not argv or argv[0] in ("-h", "--help"):
         print_help()
+        return 0
+    if argv[0] == "--version":
+        print(f"rescale {describe_code()}")
         return 0
     if argv[0] in SUITE_COMMANDS:
         return run_command(lambda: SUITE_COMMANDS[argv[0]](argv[1:]))

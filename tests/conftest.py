@@ -19,6 +19,16 @@ def _host_memory_as_the_rescale_command_keeps_it():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _messages_as_the_rescale_command_writes_them():
+    """The suite's log messages written to stdout (warnings to stderr) as the ``rescale`` command
+    writes them (``rescale_tasks.common.system.logs``), for tests that call its functions directly
+    and read what a user would see; ``caplog`` sees them too."""
+    from rescale_tasks.common.system import command_logging
+    with command_logging():
+        yield
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread():
     """One intra-op thread for the whole test session: on a small shared machine two OpenMP
     threads that wait for each other make the tiny test models ~10x slower (measured 1.3 s vs

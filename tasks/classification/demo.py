@@ -20,6 +20,7 @@ commands to try.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -31,12 +32,14 @@ import torch
 from ..common.errors import ConfigError, UserArgumentParser
 from ..common.reporting import SuiteWandbLogger, use_line_progress
 from ..common.run import SUMMARY_FILE, RunSummary
-from ..common.system import require_writable
+from ..common.system import atomic_open, require_writable
 from ..common.training import DivergenceMonitor, WarmupCosineLR, create_network
 from .data import DigitsDataModule
 from .module import ClassificationModule
 
 __all__ = ["DemoSettings", "check_settings", "run_demo", "main"]
+
+log = logging.getLogger(__name__)
 
 DEMO_SCHEMES = ("bn", "rescale", "skipinit", "fixup", "none")
 # RescaleNet's basic-block recipe (docs/studies.md, the basic-block yardstick): signal-preserving
@@ -220,17 +223,17 @@ def run_demo(settings: DemoSettings) -> list[DemoResult]:
     data = DigitsDataModule(batch_size=settings.batch_size, seed=settings.seed)
     results = []
     for scheme in settings.schemes:
-        print(f"\n=== {scheme}: cifar_resnet depth {settings.depth}, {settings.epochs} epochs ===", flush=True)
+        log.info(f"\n=== {scheme}: cifar_resnet depth {settings.depth}, {settings.epochs} epochs ===")
         results.append(_train_one(settings, scheme, data))
     table = format_table(results)
     png = plot_curves(results, os.path.join(settings.out, "learning_curves.png"))
-    with open(os.path.join(settings.out, "results.json"), "w") as f:
+    with atomic_open(os.path.join(settings.out, "results.json")) as f:
         json.dump([{**asdict(r), "status": r.status} for r in results], f, indent=2)
-    print(f"\nDigits (1,797 real 8x8 images, embedded), cifar_resnet depth {settings.depth}:\n")
-    print(table)
-    print(f"\nlearning curves: {png}\nW&B runs: {os.path.join(settings.out, 'runs', 'wandb')} "
-          f"(upload with `wandb sync`)")
-    print("\n" + next_commands(settings))
+    log.info(f"\nDigits (1,797 real 8x8 images, embedded), cifar_resnet depth {settings.depth}:\n")
+    print(table)  # the demo's result
+    log.info(f"\nlearning curves: {png}\nW&B runs: {os.path.join(settings.out, 'runs', 'wandb')} "
+             f"(upload with `wandb sync`)")
+    log.info("\n" + next_commands(settings))
     return results
 
 

@@ -9,6 +9,7 @@ writes goes where ``test`` writes, named by the split it predicted (:meth:`Resca
 """
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Callable, Iterable, Optional
 
@@ -22,10 +23,13 @@ from .data import (LABELS_KEY, Labels, batch_size, checkpoint_labels, data_label
                    match_labels, must_skip, nothing_to_evaluate, skipped_prediction, skipped_step)
 from .errors import ConfigError
 from .run import PREDICTIONS_FILE, write_result
+from .system import CODE_KEY, code_version
 from .training import (accepts, as_memory_format, build_optimizer, build_scheduler, compile_in_place,
                        create_network, default_sgd, resolved_architecture, use_channels_last)
 
 __all__ = ["RescaleTaskModule", "OptimizerFactory", "SchedulerFactory", "accepts"]
+
+log = logging.getLogger(__name__)
 
 OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
 SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
@@ -177,6 +181,9 @@ class RescaleTaskModule(L.LightningModule):
         self._match_data_labels()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Record the labels the network was trained on, and the code that trained it (under
+        ``code``: :func:`~.system.provenance.code_version`; a checkpoint written before has none)."""
+        checkpoint[CODE_KEY] = code_version()
         labels = self.trained_labels or data_labels(self._datamodule())
         if labels is not None:
             checkpoint[LABELS_KEY] = labels.to_checkpoint()
@@ -205,9 +212,9 @@ class RescaleTaskModule(L.LightningModule):
             self._say(note)
 
     def _say(self, line: str) -> None:
-        """Print ``line`` once per run, on the first process."""
+        """Log ``line`` once per run, on the first process."""
         if line not in self._label_notes and (self._trainer is None or self._trainer.is_global_zero):
-            print(line)
+            log.info(line)
         self._label_notes.add(line)
 
     def on_fit_start(self) -> None:

@@ -28,6 +28,7 @@ next to the FrozenBN and GN baselines).
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Iterable, Optional
 
@@ -47,6 +48,8 @@ from .records import ImageRecord, image_record
 from .results import coco_results, save_drawn, write_coco_results
 
 __all__ = ["DetectionModule", "RESULTS_FILE"]
+
+log = logging.getLogger(__name__)
 
 RESULTS_FILE = "coco_results.{split}.json"
 
@@ -225,7 +228,7 @@ class DetectionModule(RescaleTaskModule):
                      prog_bar=name in ("bbox/AP", "segm/AP"))
         if write_results and self.trainer.is_global_zero:
             path = self._write_results(prefix, results)
-            print(f"{prefix}: {len(results)} detections written to {path} (COCO results format)")
+            log.info(f"{prefix}: {len(results)} detections written to {path} (COCO results format)")
 
     def on_validation_epoch_start(self) -> None:
         self._start_evaluation("val")

@@ -4,13 +4,15 @@
     rescale compare --wandb_project <entity>/<project> [--wandb_dir runs]   (a W&B project's runs)
 
 Runs are read from the ``run_summary.json`` every ``rescale fit`` writes (found under the given
-folders, wherever the runs ran), or from a W&B project: through its API when logged in, else
-its offline runs (``<--wandb_dir>/wandb/offline-run-*``, the suite logger's ``save_dir``). They are grouped by
-experiment (the W&B group, e.g. ``imagenet-resnet50``; else the network) and, inside one, by
-variant (scheme plus its options); several runs of a variant are seeds, shown as mean +- std
-(sample std, n-1). A run resumed after an interruption is one run however many segments it has
-(one per run id: :func:`latest_segments`). Each variant is set against the experiment's baseline: the normalized scheme
-named by ``--baseline`` or, by default, the first of bn, gn, post_ln, pre_ln present.
+folders, wherever the runs ran), or from a W&B project: through its API when logged in, else the
+summaries of the project's runs under ``--wandb_dir`` (the suite logger's ``save_dir``: an offline
+run keeps its summary in ``wandb/offline-run-*/files``); W&B's own run files are never read
+(``wandb sync`` uploads offline runs). They are grouped by experiment (the W&B group, e.g.
+``imagenet-resnet50``; else the network) and, inside one, by variant (scheme plus its options);
+several runs of a variant are seeds, shown as mean +- std (sample std, n-1). A run resumed after an
+interruption is one run however many segments it has (one per run id: :func:`latest_segments`).
+Each variant is set against the experiment's baseline: the normalized scheme named by
+``--baseline`` or, by default, the first of bn, gn, post_ln, pre_ln present.
 
 Writes ``compare.csv/.md`` (one row per experiment and variant: n, the task's metric mean and
 std, its difference to the baseline, final train loss, throughput and its ratio to the
@@ -21,11 +23,11 @@ bars over seeds).
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import re
 import statistics
-import sys
 from collections import defaultdict
 from typing import Iterable, Optional
 
@@ -33,12 +35,14 @@ from rescale_core import get_scheme
 from rescale_core.registry import model_entry
 
 from ..common.errors import UserError
-from ..common.reporting import find_offline_runs, new_figure, read_offline_run, wandb_mode
+from ..common.reporting import new_figure, wandb_mode
 from ..common.run import MalformedSummary, find_summaries, higher_is_better, read_summary
 from .outputs import StudyOutputs
 
 __all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of", "pick_metric", "METRICS",
            "latest_segments", "run_identity"]
+
+log = logging.getLogger(__name__)
 
 # the task's metric, by what the runs logged: classification, detection, translation
 METRICS = ("val/acc1", "val/bbox_AP", "val/map", "val/bleu", "val/acc")
@@ -193,7 +197,7 @@ def _plots(outputs: StudyOutputs, runs: list[dict], rows: list[dict], metric: st
 
 def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name=None, group=None, run_id=None,
                    project=None, state=None) -> dict:
-    """A W&B run (its config, summary and history rows, online or offline) as a run summary:
+    """A W&B run read through W&B's API (its config, summary and history rows) as a run summary:
     network and scheme from the config the suite pushed (:class:`~..common.run.SaveConfigToRun`),
     the curves and best validation values from the history (``trainer/global_step`` + 1: the
     summary's steps), the final values and the throughput (``throughput/<unit>_per_s``) from the
@@ -225,40 +229,23 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
     }
 
 
-def _offline_wandb_runs(project: str, wandb_dir: str) -> list[dict]:
-    """The offline W&B runs of ``project`` (``entity/project`` or ``project``) under
-    ``wandb_dir`` (the suite logger's ``save_dir``: ``<wandb_dir>/wandb/offline-run-*``). The
-    segments of a resumed run (offline, one folder each, the same run id; ``wandb sync`` makes
-    them one run) are one run here too: their histories in the order they ran, the last one's
-    config, summary and state."""
+def _project_summaries(project: str, wandb_dir: str) -> list[dict]:
+    """The run summaries of ``project`` (``entity/project`` or ``project``) under ``wandb_dir``
+    (the suite logger's ``save_dir``; a resumed run's segments are one run: :func:`latest_segments`)."""
     name = project.rsplit("/", 1)[-1]
-    segments: dict[str, list] = defaultdict(list)
-    for folder in find_offline_runs(wandb_dir):  # sorted: offline-run-<start time>-<id>
-        try:
-            run = read_offline_run(folder, wait_s=0)
-        except (FileNotFoundError, ValueError):  # a folder without its run file, or not one
-            continue
-        if run.project == name:
-            segments[run.run_id or folder].append(run)
-    out = []
-    for parts in segments.values():
-        run = parts[-1]
-        out.append(run_from_wandb(config=run.config, summary=run.summary,
-                                  history=[row for part in parts for row in part.history], name=run.name,
-                                  group=run.group or None, run_id=run.run_id, project=run.project,
-                                  state="finished" if run.finished else "running"))
-    return out
+    runs, _ = _read_summaries([wandb_dir]) if os.path.isdir(wandb_dir) else ([], 0)
+    return [run for run in runs if run.get("project") == name]
 
 
 def _wandb_runs(project: str, wandb_dir: str) -> list[dict]:
-    """The runs of a W&B project: from W&B's servers when logged in, else the offline runs
-    under ``wandb_dir``."""
+    """The runs of a W&B project: from W&B's servers when logged in, else the summaries of its
+    runs under ``wandb_dir``."""
     if wandb_mode() != "online":
-        runs = _offline_wandb_runs(project, wandb_dir)
+        runs = _project_summaries(project, wandb_dir)
         if not runs:
-            raise UserError(f"--wandb_project {project}: no offline W&B run of project "
-                            f"{project.rsplit('/', 1)[-1]} under {os.path.join(wandb_dir, 'wandb')} (point "
-                            "--wandb_dir at the logger's save_dir); reading the project from W&B's servers "
+            raise UserError(f"--wandb_project {project}: no run_summary.json of project "
+                            f"{project.rsplit('/', 1)[-1]} under {wandb_dir} (point --wandb_dir at the logger's "
+                            "save_dir, or give the runs' folders); reading the project from W&B's servers "
                             "needs a login (wandb login)")
         return runs
     import wandb
@@ -312,10 +299,10 @@ def _read_summaries(folders: list[str]) -> tuple[list[dict], int]:
         except (MalformedSummary, OSError) as err:
             skipped += 1
             why = f"cannot read {path}: {err.strerror}" if isinstance(err, OSError) else str(err)
-            print(f"warning: skipped {why}", file=sys.stderr)
+            log.warning(f"warning: skipped {why}")
     if skipped and runs:
-        print(f"warning: skipped {skipped} of {skipped + len(runs)} run_summary.json files as malformed (named "
-              "above)", file=sys.stderr)
+        log.warning(f"warning: skipped {skipped} of {skipped + len(runs)} run_summary.json files as malformed "
+                    "(named above)")
     return latest_segments(runs), skipped
 
 
@@ -323,9 +310,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="rescale compare", description=__doc__.split("\n\n")[0])
     p.add_argument("folders", nargs="*", help="folders holding run_summary.json files (searched recursively)")
     p.add_argument("--wandb_project", help="entity/project: compare its runs, through the W&B API when logged in, "
-                                           "else its offline runs under --wandb_dir")
-    p.add_argument("--wandb_dir", default="runs", help="where the offline W&B runs are: the logger's save_dir "
-                                                       "(default: runs, holding wandb/offline-run-*)")
+                                           "else the run summaries of the project under --wandb_dir")
+    p.add_argument("--wandb_dir", default="runs", help="where the project's runs are when not logged in: the "
+                                                       "logger's save_dir (default: runs)")
     p.add_argument("--metric", help=f"the metric to compare (default: the first logged of {', '.join(METRICS)})")
     p.add_argument("--use", choices=("best", "final"), default="best", help="best or final validation value")
     p.add_argument("--baseline", help="the baseline variant (default: bn, gn, post_ln or pre_ln)")
@@ -338,8 +325,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if missing:
         raise UserError(f"rescale compare: no such folder {missing[0]}")
     runs, skipped = _read_summaries(args.folders)
-    if args.wandb_project:
-        runs += _wandb_runs(args.wandb_project, args.wandb_dir)
+    if args.wandb_project:  # a run under both the folders and --wandb_dir counts once
+        runs = latest_segments(runs + _wandb_runs(args.wandb_project, args.wandb_dir))
     if not runs:
         which = f"readable run_summary.json ({skipped} malformed, named above)" if skipped else "run_summary.json"
         raise UserError(f"no {which} under {', '.join(args.folders)}: every `rescale fit` writes one beside its "

@@ -29,10 +29,12 @@ import yaml
 from ..common.cli import run_command, run_lightning
 from ..common.errors import UserError
 from ..common.run import SUMMARY_FILE
-from ..common.system import FolderBusy, folder_lock
+from ..common.system import FolderBusy, atomic_open, folder_lock, write_atomically
 from .grid import GRID_FILE, LOG_FILE, OUTCOME_FILE, Grid, GridPoint, rescale_command, write_json
 
 __all__ = ["StudyInterrupted", "run_grid", "run_one", "write_slurm", "write_sweep"]
+
+logger = logging.getLogger(__name__)
 
 
 class StudyInterrupted(Exception):
@@ -174,7 +176,7 @@ def _run_subprocess(command: list[str], log: TextIO, cwd: Optional[str], echo: b
 
 
 def run_grid(grid: Grid, in_process: bool = False, dry_run: bool = False, echo: bool = False,
-             say: Callable[[str], None] = print) -> dict[str, int]:
+             say: Callable[[str], None] = logger.info) -> dict[str, int]:
     """The local engine: every point not done, one after another; returns counts per outcome
     (``skipped``, ``ran``, ``resumed``, ``failed``, ``busy``: run by another process meanwhile). Raises :class:`StudyInterrupted` when a signal
     stopped the running point (the study resumes when run again)."""
@@ -252,8 +254,7 @@ def write_slurm(grid: Grid, partition: Optional[str] = None, gres: Optional[str]
               'if [ "$status" -eq 143 ]; then scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"; fi',
               'exit "$status"', ""]
     path = os.path.join(grid.study_dir, "slurm.sbatch")
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
+    write_atomically(path, "\n".join(lines))
     os.chmod(path, 0o755)
     return path
 
@@ -276,7 +277,7 @@ def write_sweep(grid: Grid, project: Optional[str] = None) -> str:
     if project:
         sweep["project"] = project
     path = os.path.join(grid.study_dir, "sweep.yaml")
-    with open(path, "w") as f:
+    with atomic_open(path) as f:
         f.write(f"# wandb sweep {shlex.quote(path)}; then wandb agent <entity>/<project>/<sweep id>\n")
         yaml.safe_dump(sweep, f, sort_keys=False)
     return path

@@ -29,6 +29,7 @@ from typing import Any, Optional
 from ..common.cli import flag_values, load_yaml, trainer_defaults, yaml_layers
 from ..common.errors import UserError
 from ..common.run import SUMMARY_FILE, read_summary
+from ..common.system import atomic_open
 
 __all__ = ["GridPoint", "Grid", "PointState", "GRID_FILE", "POINTS_DIR", "LOG_FILE", "OUTCOME_FILE",
            "rescale_command", "configured_logger", "wandb_project", "read_json", "write_json"]
@@ -270,8 +271,6 @@ def read_json(path: str) -> Optional[dict]:
 
 
 def write_json(path: str, data: dict) -> None:
-    """``data`` as JSON in ``path``, written whole or not at all (a temporary file renamed over it)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
+    """``data`` as JSON in ``path``, written whole or not at all (:func:`~..common.system.atomic_open`)."""
+    with atomic_open(path) as f:
         json.dump(data, f, indent=1)
-    os.replace(tmp, path)

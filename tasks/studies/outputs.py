@@ -3,14 +3,20 @@ run when one is named (``--wandb_run``)."""
 from __future__ import annotations
 
 import csv
+import glob
+import logging
 import math
 import os
 from typing import Any, Iterable, Optional, Sequence
 
+import yaml
+
 from ..common.errors import UserError
-from ..common.reporting import read_offline_run, wandb_mode
+from ..common.reporting import wandb_mode
 
 __all__ = ["write_table", "markdown_table", "format_cell", "save_figure", "log_to_wandb", "StudyOutputs"]
+
+log = logging.getLogger(__name__)
 
 
 def format_cell(value: Any) -> str:
@@ -79,13 +85,8 @@ def log_to_wandb(run: str, tables: dict[str, Sequence[dict]], images: dict[str, 
 
     save_dir = None
     if os.path.isdir(run):
-        try:
-            info = read_offline_run(run, wait_s=0)
-        except (FileNotFoundError, ValueError) as err:
-            raise UserError(f"--wandb_run {run}: not a W&B run directory ({err}); give a "
-                            "runs/wandb/offline-run-* folder or a run id with --wandb_project") from None
-        run_id = info.run_id
-        project = project or info.config.get("trainer", {}).get("logger", {}).get("init_args", {}).get("project")
+        run_id, logged_to = _run_of_folder(run)
+        project = project or logged_to
         save_dir = os.path.dirname(os.path.dirname(os.path.abspath(run)))  # <save_dir>/wandb/<run>
     else:
         run_id = run
@@ -103,6 +104,27 @@ def log_to_wandb(run: str, tables: dict[str, Sequence[dict]], images: dict[str, 
             payload[f"plots/{name}"] = wandb.Image(path)
         wb.log(payload)
     return run_id
+
+
+def _run_of_folder(folder: str) -> tuple[str, Optional[str]]:
+    """The run id and project of a run folder of this suite (``<save_dir>/wandb/offline-run-<time>-<id>``
+    or ``run-<time>-<id>``): the id from the name W&B gives the run's file (``run-<id>.wandb``), the
+    project from the config the run saved beside its files (``files/rescale_config.yaml``; None when
+    it has none)."""
+    found = sorted(glob.glob(os.path.join(folder, "run-*.wandb")))
+    if not found:
+        raise UserError(f"--wandb_run {folder}: not a W&B run directory (no run-<id>.wandb file in it); give a "
+                        "runs/wandb/offline-run-* folder or a run id with --wandb_project")
+    run_id = os.path.basename(found[0])[len("run-"):-len(".wandb")]
+    try:
+        with open(os.path.join(folder, "files", "rescale_config.yaml")) as f:
+            config = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return run_id, None
+    logger = ((config or {}).get("trainer") or {}).get("logger") if isinstance(config, dict) else None
+    init = (logger.get("init_args") or {}) if isinstance(logger, dict) else {}
+    project = init.get("project")
+    return run_id, project if isinstance(project, str) else None
 
 
 class StudyOutputs:
@@ -129,10 +151,11 @@ class StudyOutputs:
 
     def finish(self, wandb_run: Optional[str] = None, wandb_project: Optional[str] = None,
                echo: Iterable[str] = ()) -> None:
-        """Print the markdown of the tables named in ``echo`` and the files written; log to W&B."""
+        """Print the markdown of the tables named in ``echo`` (the command's output), log the files
+        written; log to W&B."""
         for name in echo:
             print(markdown_table(self.tables[name]))
         if wandb_run:
             run_id = log_to_wandb(wandb_run, self.tables, self.images, wandb_project)
-            print(f"logged to W&B run {run_id}")
-        print("wrote " + ", ".join(self.files))
+            log.info(f"logged to W&B run {run_id}")
+        log.info("wrote " + ", ".join(self.files))

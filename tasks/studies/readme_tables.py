@@ -14,12 +14,16 @@ block differs from its file (what a test or CI runs, so that a figure edited by 
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 
 from ..common.errors import UserError
+from ..common.system import write_atomically
 
 __all__ = ["fill_tables", "update_document"]
+
+log = logging.getLogger(__name__)
 
 _BLOCK = re.compile(r"(<!-- study-table: (?P<path>[^>]+?) -->\n)(?P<body>.*?)(<!-- /study-table -->)", re.S)
 
@@ -56,13 +60,12 @@ def update_document(document: str, check: bool = False) -> int:
     new, changed, seen = fill_tables(text, os.path.dirname(os.path.abspath(document)))
     if check:
         for rel in changed:
-            print(f"{document}: the table from {rel} differs from the file (run rescale study tables)")
+            log.info(f"{document}: the table from {rel} differs from the file (run rescale study tables)")
         if not changed:
-            print(f"{document}: {len(seen)} study tables, all equal to their files")
+            log.info(f"{document}: {len(seen)} study tables, all equal to their files")
         return 1 if changed else 0
     if changed:
-        with open(document, "w", encoding="utf-8") as f:
-            f.write(new)
-    print(f"{document}: {len(seen)} study tables, {len(changed)} updated"
-          + (f" ({', '.join(changed)})" if changed else ""))
+        write_atomically(document, new)
+    log.info(f"{document}: {len(seen)} study tables, {len(changed)} updated"
+             + (f" ({', '.join(changed)})" if changed else ""))
     return 0

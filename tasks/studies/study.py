@@ -29,6 +29,7 @@ One study command at a time works in a folder (a second is refused in one line n
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shlex
 import signal
@@ -46,6 +47,8 @@ from .points import (BATCH_LR_CONFIG, BATCH_LR_SCHEMES, BATCH_SIZES, DEFAULT_SEE
 from .readme_tables import update_document
 
 __all__ = ["main", "build_parser", "split_overrides"]
+
+log = logging.getLogger(__name__)
 
 
 def _add_common(p: argparse.ArgumentParser, kind: str) -> None:
@@ -110,7 +113,7 @@ def _configs(args, default: Optional[str]) -> list[str]:
 
 def _run_study(args, grid: Grid) -> int:
     if args.dry_run:
-        print(f"study {grid.study_dir}: {len(grid.points)} points (dry run: nothing run or written)")
+        log.info(f"study {grid.study_dir}: {len(grid.points)} points (dry run: nothing run or written)")
         run_grid(grid, dry_run=True)
         return 0
     with folder_lock(grid.study_dir):  # one study process per folder (common.system.lock)
@@ -123,37 +126,37 @@ def _run_locked(args, grid: Grid) -> int:
     if args.engine == "slurm":
         path = write_slurm(grid, args.partition, args.gres or None, args.time, args.cpus_per_task,
                            args.max_parallel, tuple(args.sbatch))
-        print(f"wrote {grid.path} ({n} points) and {path}\nsubmit: sbatch {shlex.quote(path)}\n"
-              f"results: rescale study aggregate {shlex.quote(grid.study_dir)}")
+        log.info(f"wrote {grid.path} ({n} points) and {path}\nsubmit: sbatch {shlex.quote(path)}\n"
+                 f"results: rescale study aggregate {shlex.quote(grid.study_dir)}")
         return 0
     if args.engine == "wandb":
         logger = grid.logger_class(grid.points[0])
         if not logger or "wandb" not in logger.lower():
-            print(f"warning: the points log with {logger or 'no logger'}, not W&B: the sweep's runs will "
-                  f"report nothing to it (the results are still in {grid.study_dir})")
+            log.warning(f"warning: the points log with {logger or 'no logger'}, not W&B: the sweep's runs will "
+                        f"report nothing to it (the results are still in {grid.study_dir})")
         project = wandb_project(grid)
         path = write_sweep(grid, project)
-        print(f"wrote {grid.path} ({n} points) and {path}\n"
-              f"submit: wandb sweep --project {shlex.quote(project)} {shlex.quote(path)}   (prints the sweep id)\n"
-              f"then, on each machine: wandb agent <entity>/{project}/<sweep id>\n"
-              f"results: rescale study aggregate {shlex.quote(grid.study_dir)}")
+        log.info(f"wrote {grid.path} ({n} points) and {path}\n"
+                 f"submit: wandb sweep --project {shlex.quote(project)} {shlex.quote(path)}   (prints the sweep id)\n"
+                 f"then, on each machine: wandb agent <entity>/{project}/<sweep id>\n"
+                 f"results: rescale study aggregate {shlex.quote(grid.study_dir)}")
         return 0
-    print(f"study {grid.study_dir}: {n} points, one after another "
-          f"({'in this process' if args.in_process else 'each a rescale fit subprocess'})", flush=True)
+    log.info(f"study {grid.study_dir}: {n} points, one after another "
+             f"({'in this process' if args.in_process else 'each a rescale fit subprocess'})")
     try:
         counts = run_grid(grid, in_process=args.in_process, echo=args.echo,
-                          say=lambda line: print(line, flush=True))
+                          say=log.info)
     except StudyInterrupted as stop:
-        print(f"error: study interrupted while running {stop.point} (its last.ckpt is kept); run the same "
-              f"command again to resume it")
+        log.error(f"error: study interrupted while running {stop.point} (its last.ckpt is kept); run the same "
+                  f"command again to resume it")
         return stop.returncode or 128 + signal.SIGTERM
     busy = f", {counts['busy']} running elsewhere" if counts["busy"] else ""
-    print(f"points: {counts['ran']} run, {counts['resumed']} resumed, {counts['skipped']} already done, "
-          f"{counts['failed']} failed{busy}", flush=True)
+    log.info(f"points: {counts['ran']} run, {counts['resumed']} resumed, {counts['skipped']} already done, "
+             f"{counts['failed']} failed{busy}")
     aggregate(grid, metric=args.metric, wandb_run=args.wandb_run, wandb_project_name=args.wandb_project)
     if counts["failed"]:
-        print(f"error: {counts['failed']} of {n} points failed (the table says which and why; their "
-              f"{LOG_FILE} has the output); run the same command again to retry them")
+        log.error(f"error: {counts['failed']} of {n} points failed (the table says which and why; their "
+                  f"{LOG_FILE} has the output); run the same command again to retry them")
         return 1
     return 0
 
@@ -258,16 +261,16 @@ def _cmd_run_point(args, overrides: list[str]) -> int:
     point = grid.point(key)
     state = grid.state(point)
     if state.state == "done":
-        print(f"{point.name}: done ({state.summary.get('status')}), nothing to run")
+        log.info(f"{point.name}: done ({state.summary.get('status')}), nothing to run")
         return 0
-    print(f"{point.name}: {'resuming from ' + str(state.checkpoint) if state.state == 'partial' else 'running'}\n"
-          f"$ {shlex.join([*rescale_command(), *grid.point_argv(point)])}", flush=True)
+    log.info(f"{point.name}: {'resuming from ' + str(state.checkpoint) if state.state == 'partial' else 'running'}\n"
+             f"$ {shlex.join([*rescale_command(), *grid.point_argv(point)])}")
     try:
         code = run_one(grid, point, in_process=args.in_process, echo=not args.in_process)
     except StudyInterrupted as stop:
         return stop.returncode or 128 + signal.SIGTERM
     if code:
-        print(f"error: {point.name} failed (exit status {code}): see {os.path.join(grid.point_dir(point), LOG_FILE)}")
+        log.error(f"error: {point.name} failed (exit status {code}): see {os.path.join(grid.point_dir(point), LOG_FILE)}")
     return code
 
 

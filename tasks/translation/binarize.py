@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import tempfile
+import logging
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
@@ -31,13 +30,16 @@ from typing import Iterator
 import numpy as np
 import sentencepiece as spm
 
-from ..common.system import usable_cores
+from ..common.reporting import CountProgress
+from ..common.system import atomic_open, usable_cores
 from .cache import DIGEST_CHARS, digest_of, file_digest, write_atomic
 from .corpus import SplitSource
 from .vocab import UNK
 
 __all__ = ["TokenArray", "EncodedSplit", "UnknownPieces", "encode_split", "unknown_pieces", "unknown_warning",
            "CHUNK_LINES", "UNK_WARN_PERCENT"]
+
+log = logging.getLogger(__name__)
 
 CHUNK_LINES = 50_000  # lines encoded per SentencePiece call (bounded memory on any corpus size)
 _FORMAT = 1  # bump when the stored layout changes
@@ -160,27 +162,29 @@ def _load_side(stem: Path) -> TokenArray | None:
     return array
 
 
+def _side_name(source: SplitSource, side: int) -> str:
+    """``train.en``, or ``train.tsv (target)`` for a TSV corpus: the text a progress line is about."""
+    if source.layout == "files":
+        return source.paths[side].name
+    return f"{source.paths[0].name} ({'source' if side == 0 else 'target'})"
+
+
 def _encode_side(source: SplitSource, side: int, processor: spm.SentencePieceProcessor,
-                 stem: Path) -> TokenArray:
+                 stem: Path, pairs: int | None = None) -> TokenArray:
     tokens_path, offsets_path, meta_path = _paths(stem)
     dtype = np.uint16 if processor.piece_size() <= np.iinfo(np.uint16).max + 1 else np.int32
     lengths: list[np.ndarray] = []
     unknown = 0
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=stem.parent, prefix=f".{stem.name}.", suffix=".bin.tmp")
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for chunk in _chunks(source.lines(side), CHUNK_LINES):
-                ids = processor.encode(chunk, out_type=int, num_threads=usable_cores())
-                sizes = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-                flat = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(sizes.sum()))
-                out.write(flat.tobytes())
-                lengths.append(sizes)
-                unknown += int(np.count_nonzero(flat == UNK))
-        os.replace(tmp, tokens_path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_open(tokens_path, "wb") as out, CountProgress(f"encoding {_side_name(source, side)}", pairs,
+                                                              "sentences", log) as progress:
+        for chunk in _chunks(source.lines(side), CHUNK_LINES):
+            ids = processor.encode(chunk, out_type=int, num_threads=usable_cores())
+            sizes = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+            flat = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(sizes.sum()))
+            out.write(flat.tobytes())
+            lengths.append(sizes)
+            unknown += int(np.count_nonzero(flat == UNK))
+            progress.advance(len(chunk))
     sizes = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
     offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
@@ -208,7 +212,7 @@ def encode_split(source: SplitSource, processor: spm.SentencePieceProcessor, mod
         stems.append(cache_dir / "tokens" / f"{source.split}-{key}")
     arrays = [_load_side(stem) for stem in stems]
     if any(array is None for array in arrays):
-        source.check()
-        arrays = [array if array is not None else _encode_side(source, side, processor, stem)
+        pairs = source.check()
+        arrays = [array if array is not None else _encode_side(source, side, processor, stem, pairs)
                   for side, (array, stem) in enumerate(zip(arrays, stems))]
     return EncodedSplit(source.split, *arrays)

@@ -16,10 +16,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from rescale_tasks.common.errors import DataError
+from rescale_tasks.common.system import write_atomically
 
 __all__ = ["resolve_cache_dir", "user_cache_dir", "file_digest", "digest_of", "write_atomic", "DIGEST_CHARS"]
 
@@ -95,13 +95,6 @@ def _read_memo(cache_dir: Path | None) -> dict:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename
+    (:func:`~rescale_tasks.common.system.write_atomically`)."""
+    write_atomically(path, data)

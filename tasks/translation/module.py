@@ -29,6 +29,7 @@ serialized bytes), so ``rescale translate --ckpt_path`` needs nothing else.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Iterable, Optional
 
 import sentencepiece as spm
@@ -47,6 +48,8 @@ from .export import translation_programs
 from .loss import label_smoothed_nll_loss, tokens_over_ranks
 
 __all__ = ["TranslationModule", "HYPOTHESES_FILE", "BLEU_FILE"]
+
+log = logging.getLogger(__name__)
 
 HYPOTHESES_FILE = "hypotheses.test.txt"
 BLEU_FILE = "bleu.test.json"
@@ -139,6 +142,7 @@ class TranslationModule(RescaleTaskModule):
             self.processor = processor
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
         if self.processor is not None:
             checkpoint["sentencepiece"] = self.processor.serialized_model_proto()
 
@@ -230,7 +234,7 @@ class TranslationModule(RescaleTaskModule):
         result = bleu_from_statistics(stats.tolist(), self.bleu_style)
         self.log(key, result.score, sync_dist=False)  # the same on every rank (summed statistics)
         if not self._signature_shown and self.trainer.is_global_zero:
-            print(f"sacreBLEU signature: {result.signature}")
+            log.info(f"sacreBLEU signature: {result.signature}")
             for logger in self.trainer.loggers:
                 summary = getattr(getattr(logger, "experiment", None), "summary", None)
                 if summary is not None:
@@ -252,8 +256,8 @@ class TranslationModule(RescaleTaskModule):
         score = {"bleu": result.score, "signature": result.signature, "style": self.bleu_style,
                  "statistics": result.statistics, "sentences": count, "hypotheses": HYPOTHESES_FILE}
         write_result(self.trainer, BLEU_FILE, json.dumps(score, indent=1), None, "BLEU score")
-        print(f"test BLEU {result.score:.2f} ({result.signature}); written to {results_folder(self.trainer)}: "
-              f"{HYPOTHESES_FILE}, {BLEU_FILE}")
+        log.info(f"test BLEU {result.score:.2f} ({result.signature}); written to {results_folder(self.trainer)}: "
+                 f"{HYPOTHESES_FILE}, {BLEU_FILE}")
 
     @staticmethod
     def _lines(by_line: dict[int, str], count: int) -> str:

@@ -4,7 +4,8 @@
 
 Does what ``TranslationDataModule.prepare_data`` does (the same caches, so a later run starts
 at once) and prints the model, each split's size and what the cleaning options would drop from
-``train``, plus the ``--data.*`` flags to use. The languages, the model and its vocabulary size are
+``train``, plus the ``--data.*`` flags to use. Reading and encoding the text show progress (a live
+line in a terminal, a line every 30 s in a log), SentencePiece training a line when it starts and ends. The languages, the model and its vocabulary size are
 recorded beside the caches (:mod:`.prepared`), where ``rescale fit`` reads them. Cleaning is applied when the data are loaded, so
 other cleaning options later need no new preparation. Options are the DataModule's names.
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rescale_tasks.common.errors import ConfigError, UserError
+from rescale_tasks.common.errors import ConfigError
 
 from .batching import batch_by_size, length_order, padding_efficiency
 from .binarize import UNK_WARN_PERCENT, UnknownPieces, unknown_pieces, unknown_warning
@@ -92,25 +93,25 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     prepared = prepare_corpus(settings, flags="--")  # errors in this command's flags
     limits = (args.max_source_positions, args.max_target_positions)
-    print(f"SentencePiece model: {prepared.spm_model} ({prepared.processor.piece_size()} pieces)")
-    print(f"cache: {prepared.cache_dir}")
+    log.info(f"SentencePiece model: {prepared.spm_model} ({prepared.processor.piece_size()} pieces)")
+    log.info(f"cache: {prepared.cache_dir}")
     unknown = unknown_pieces(prepared.encoded, (args.src_lang, args.tgt_lang))
     for name, encoded in prepared.encoded.items():
         src, tgt = encoded.src.sizes, encoded.tgt.sizes
         s_unk, t_unk = (c for c in unknown if c.split == name)
-        print(f"{name}: {len(encoded)} pairs, {int(src.sum())} + {int(tgt.sum())} tokens, <unk> {s_unk.unknown} + "
-              f"{t_unk.unknown} ({s_unk.percent:.2f}% + {t_unk.percent:.2f}%)")
+        log.info(f"{name}: {len(encoded)} pairs, {int(src.sum())} + {int(tgt.sum())} tokens, "
+                 f"<unk> {s_unk.unknown} + {t_unk.unknown} ({s_unk.percent:.2f}% + {t_unk.percent:.2f}%)")
         if name == "train":
             where = " and ".join(str(p) for p in prepared.sources[name].paths)
             kept, report = select_train(src, tgt, clean, *limits, args.max_tokens, where)
             s, t = (sizes + 1 for sizes in (src, tgt))
             order = length_order(kept, s, t, 0)
             batches = batch_by_size(order, np.maximum(s, t)[order], args.max_tokens)
-            print(f"  cleaning: {report.line()}")
-            print(f"  {len(batches)} batches of up to {args.max_tokens} tokens per epoch (one process), "
-                  f"padding efficiency {padding_efficiency(batches, s, t):.3f}")
+            log.info(f"  cleaning: {report.line()}")
+            log.info(f"  {len(batches)} batches of up to {args.max_tokens} tokens per epoch (one process), "
+                     f"padding efficiency {padding_efficiency(batches, s, t):.3f}")
         elif truncated := count_truncated(src, tgt, *limits):
-            print(f"  {truncated} pairs longer than the position limits (truncated when loaded)")
+            log.info(f"  {truncated} pairs longer than the position limits (truncated when loaded)")
     for count in unknown:
         if count.percent > args.unk_warn_percent:
             log.warning(unknown_warning(count, prepared.spm_model, args.unk_warn_percent, "--unk_warn_percent",
@@ -118,16 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     record = record_prepared(args.root, prepared.cache_dir,
                              Prepared(args.src_lang, args.tgt_lang, prepared.processor.piece_size(),
                                       str(Path(prepared.spm_model).resolve())))
-    print(f"recorded in {record}: {args.src_lang}-{args.tgt_lang}, vocabulary {prepared.processor.piece_size()} "
-          "(`rescale fit` reads them: no --data.src_lang/--data.tgt_lang/--data.vocab_size to repeat)")
-    print(f"done in {time.perf_counter() - start:.1f} s; train with --data.root {args.root}"
-          + (f" --data.cache_dir {args.cache_dir}" if args.cache_dir else ""))
+    log.info(f"recorded in {record}: {args.src_lang}-{args.tgt_lang}, vocabulary "
+             f"{prepared.processor.piece_size()} (`rescale fit` reads them: no --data.src_lang/--data.tgt_lang/--data.vocab_size to repeat)")
+    log.info(f"done in {time.perf_counter() - start:.1f} s; train with --data.root {args.root}"
+             + (f" --data.cache_dir {args.cache_dir}" if args.cache_dir else ""))
     return 0
 
 
 if __name__ == "__main__":  # python -m rescale_tasks.translation.prepare
-    try:
-        sys.exit(main())
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
+    from rescale_tasks.cli import main as rescale  # the command: its logging, its one-line errors
+
+    sys.exit(rescale(["prepare-translation", *sys.argv[1:]]))

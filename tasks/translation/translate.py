@@ -16,6 +16,7 @@ model never saw as sentences). Split such lines into sentences to have them tran
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Iterable, Optional, TextIO
 
@@ -26,12 +27,15 @@ from rescale_core.generation import GenerationConfig, generate
 
 from ..common.checkpoints import load_into_module, safe_load
 from ..common.errors import UserError
+from ..common.system import atomic_open
 from ..common.training import init_parameters
 from .batching import batch_by_size
 from .corpus import read_lines
 from .module import TranslationModule
 
 __all__ = ["load_translator", "translate_lines", "cut_lines", "cut_warning", "main"]
+
+log = logging.getLogger(__name__)
 
 
 def load_translator(path: str, device: str = "cpu") -> TranslationModule:
@@ -139,11 +143,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     cut = cut_lines(module, lines)
     if cut:
         where = "standard input" if args.input == "-" else f"{args.input} (--input)"
-        print(cut_warning(cut, len(lines), module.net.config.max_positions, where), file=sys.stderr, flush=True)
+        log.warning(cut_warning(cut, len(lines), module.net.config.max_positions, where))
     translations = translate_lines(module, lines, config, args.max_tokens)
     if args.output == "-":
         _write(translations, sys.stdout)
     else:
-        with open(args.output, "w", encoding="utf-8") as f:
+        with atomic_open(args.output) as f:
             _write(translations, f)
     return 0

@@ -16,8 +16,10 @@ version: a second call with the same text and options returns the stored model u
 from __future__ import annotations
 
 import io
+import logging
 import os
 import re
+import time
 from dataclasses import asdict, dataclass
 from itertools import chain
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Literal
 import sentencepiece as spm
 
 from rescale_tasks.common.errors import ConfigError, DataError
+from rescale_tasks.common.reporting import CountProgress
 from rescale_tasks.common.system import usable_cores
 
 from .cache import DIGEST_CHARS, digest_of, file_digest, write_atomic
@@ -33,6 +36,8 @@ from .corpus import SplitSource
 
 __all__ = ["BOS", "PAD", "EOS", "UNK", "SPECIAL_IDS", "MODEL_TYPES", "SpmOptions", "train_spm",
            "load_spm"]
+
+log = logging.getLogger(__name__)
 
 BOS, PAD, EOS, UNK = 0, 1, 2, 3
 SPECIAL_IDS = {"bos": BOS, "pad": PAD, "eos": EOS, "unk": UNK}
@@ -73,17 +78,29 @@ def train_spm(train: SplitSource, options: SpmOptions, cache_dir: Path, flags: s
     path = _model_path(train, options, cache_dir)
     if path.is_file():
         return path
-    train.check()  # line-aligned before spending minutes on it
+    pairs = train.check()  # line-aligned before spending minutes on it
     failures: list[DataError] = []
+    where = " and ".join(p.name for p in train.paths)
+    log.info(f"SentencePiece: reading {where} to train a {options.model_type} model of {options.vocab_size} "
+             f"pieces -> {path.name}")
 
     def sentences():
-        try:
-            yield from (line for line in chain(train.lines(0), train.lines(1)) if line.strip())
-        except DataError as err:  # SentencePiece would wrap it into a RuntimeError with a traceback
-            failures.append(err)
+        kept = 0
+        with CountProgress(f"reading {where}", 2 * pairs, "lines", log) as progress:
+            try:
+                for line in chain(train.lines(0), train.lines(1)):
+                    progress.advance(1)
+                    if line.strip():
+                        kept += 1
+                        yield line
+            except DataError as err:  # SentencePiece would wrap it into a RuntimeError with a traceback
+                failures.append(err)
+        sample = min(kept, options.input_sentence_size or kept)
+        log.info(f"SentencePiece: training on {sample} of {kept} sentences (its own log is silenced)")
 
     model = io.BytesIO()
     spm.set_random_generator_seed(options.seed)  # the sample of input_sentence_size
+    started = time.perf_counter()
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=sentences(), model_writer=model, vocab_size=options.vocab_size,
@@ -99,6 +116,7 @@ def train_spm(train: SplitSource, options: SpmOptions, cache_dir: Path, flags: s
     if failures:
         raise failures[0]
     write_atomic(path, model.getvalue())
+    log.info(f"SentencePiece: model trained in {time.perf_counter() - started:.1f} s")
     return path
 
 

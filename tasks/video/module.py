@@ -21,6 +21,7 @@ residual scheme, with the standard multi-view evaluation.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional
 
 import torch
@@ -33,6 +34,8 @@ from .evaluation import MultiViewAccuracy
 from .inflation import inflate_checkpoint
 
 __all__ = ["VideoClassificationModule"]
+
+log = logging.getLogger(__name__)
 
 
 class VideoClassificationModule(RescaleTaskModule):
@@ -122,8 +125,8 @@ class VideoClassificationModule(RescaleTaskModule):
     def on_test_epoch_end(self) -> None:
         metrics = self._finish("test")
         if self.trainer.is_global_zero:
-            print(f"test: {int(metrics['videos'])} videos, {int(metrics['views'])} views: video top-1 "
-                  f"{metrics['acc1']:.4f}, top-5 {metrics['acc5']:.4f}; clip top-1 {metrics['clip_acc1']:.4f}")
+            log.info(f"test: {int(metrics['videos'])} videos, {int(metrics['views'])} views: video top-1 "
+                     f"{metrics['acc1']:.4f}, top-5 {metrics['acc5']:.4f}; clip top-1 {metrics['clip_acc1']:.4f}")
 
     # --- prediction: the views of each video averaged, as the test does ---------------------
     def on_predict_epoch_start(self) -> None:

@@ -52,6 +52,7 @@ time with ``--threads`` FFmpeg threads (default 1: the processes already fill th
 from __future__ import annotations
 
 import argparse
+import logging
 import multiprocessing
 import os
 import signal
@@ -65,13 +66,15 @@ from typing import Iterator, Optional
 import numpy as np
 
 from rescale_tasks.common.errors import ConfigError, DataError
-from rescale_tasks.common.system import usable_cores
+from rescale_tasks.common.system import atomic_path, usable_cores, write_atomically
 from rescale_tasks.video.decoding import (DecodeAudit, PyAVDecoder, Step, VideoDataError, display_matrix,
                                           display_steps)
 from rescale_tasks.video.layouts import VIDEO_EXTENSIONS  # the files training reads
 
 __all__ = ["VIDEO_EXTENSIONS", "CODECS", "Job", "Outcome", "find_videos", "output_path", "scaled_size",
            "pick_codec", "encode_video", "prepare_tree", "main"]
+
+logger = logging.getLogger(__name__)
 
 CODECS = ("auto", "libx264", "mpeg4")
 FAILED_TSV = "failed.tsv"
@@ -221,18 +224,16 @@ def encode_video(job: Job) -> int:
     import av
 
     dst = Path(job.dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}{PARTIAL}")
     count = 0
     audit = DecodeAudit(indexed_frames(job.src)) if job.max_frames is None and job.loop_to is None else None
-    try:
+    with atomic_path(dst, temporary=f".{dst.name}{PARTIAL}") as tmp:
         with av.open(job.src, "r") as inp:
             if not inp.streams.video:
                 raise DataError("no video stream")
             vin = inp.streams.video[0]
             vin.thread_count = job.threads
             rate = _rate(vin)
-            with av.open(str(tmp), "w", format="mp4") as out:
+            with av.open(tmp, "w", format="mp4") as out:
                 vout = graph = None
                 frames = _frames(job, inp, vin)
                 for frame in (audit.count(frames) if audit is not None else frames):
@@ -262,10 +263,6 @@ def encode_video(job: Job) -> int:
                 if vout is None:
                     raise DataError("no video frames decoded")
                 out.mux(vout.encode())
-        os.replace(tmp, dst)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return count
 
 
@@ -367,7 +364,7 @@ def prepare_tree(src: str | Path, dst: str | Path, *, short_side: int = 256, gop
         raise DataError(f"no videos ({' '.join(VIDEO_EXTENSIONS)}) under {src}; pass the folder "
                         "holding them")
     dst.mkdir(parents=True, exist_ok=True)
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log = log or logger.info
     summary = Summary()
     jobs, claimed = [], {}
     for video in videos:
@@ -439,7 +436,7 @@ def _write_failed(dst: Path, failed: list) -> None:
             path.unlink()
         return
     lines = ["path\treason"] + [f"{p}\t{' '.join(r.split())}" for p, r in sorted(failed)]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_atomically(path, "\n".join(lines) + "\n")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -465,17 +462,13 @@ def main(argv: list[str] | None = None) -> int:
                            threads=args.threads)
     where = f"; see {Path(args.dst) / FAILED_TSV}" if summary.failed else ""
     if summary.interrupted:
-        print(f"interrupted: {summary.line()}; run the same command again to resume", flush=True)
+        logger.info(f"interrupted: {summary.line()}; run the same command again to resume")
         return 130
-    print(f"{summary.line()} in {time.monotonic() - started:.0f} s{where}", flush=True)
+    logger.info(f"{summary.line()} in {time.monotonic() - started:.0f} s{where}")
     return 1 if summary.failed else 0
 
 
 if __name__ == "__main__":  # pragma: no cover
-    from rescale_tasks.common.errors import UserError
+    from rescale_tasks.cli import main as rescale  # the command: its logging, its one-line errors
 
-    try:
-        sys.exit(main())
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
+    sys.exit(rescale(["prepare-video", *sys.argv[1:]]))

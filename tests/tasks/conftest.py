@@ -63,14 +63,16 @@ def suite_wandb_logger():
 
 @pytest.fixture
 def error_line(capsys):
-    """``error_line()``: asserts stderr holds exactly one non-empty line, an ``error: ...`` line
-    without traceback or usage dump, and returns its message (without ``error: ``)."""
+    """``error_line()``: asserts stderr ends in one ``error: ...`` line, without traceback or
+    usage dump (the lines before it, if any, are the run's logged warnings, each one line), and
+    returns its message (without ``error: ``)."""
     def read() -> str:
         err = capsys.readouterr().err
         lines = [line for line in err.splitlines() if line.strip()]
-        assert len(lines) == 1, err
-        assert lines[0].startswith("error: ") and "Traceback" not in err and "usage:" not in err, err
-        return lines[0][len("error: "):]
+        errors = [line for line in lines if line.startswith("error")]
+        assert len(errors) == 1 and lines[-1] == errors[0], err
+        assert "Traceback" not in err and "usage:" not in err, err
+        return lines[-1][len("error: "):]
     return read
 
 
@@ -168,7 +170,7 @@ def summary_matches_wandb():
     and the same throughput (``throughput/<unit>_per_s``, the whole run's)."""
     import math
 
-    from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+    from wandb_runs import find_offline_runs, read_offline_run
     from rescale_tasks.common.run import find_summaries, read_summary
 
     def check(root: str = "runs") -> dict:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import glob
 import hashlib
+import logging
 import os
 import re
 from typing import Optional
@@ -43,6 +44,8 @@ from .compat import ARCHITECTURE_KEYS, hparam_differences
 from .files import AtomicCheckpointIO, CheckpointError, safe_load
 
 __all__ = ["average_checkpoints", "main"]
+
+log = logging.getLogger(__name__)
 
 _TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks", "MixedPrecision")
 _SENTENCEPIECE = "sentencepiece"  # the translation module's SentencePiece model (serialized) in its checkpoints
@@ -230,5 +233,5 @@ def main(argv: Optional[list[str]] = None) -> int:
     AtomicCheckpointIO().save_checkpoint(checkpoint, args.output)
     steps = ", ".join(str(item["global_step"]) for item in checkpoint["averaged_from"])
     skipped = f"; left out {_left_out_text(checkpoint['left_out'])}" if checkpoint["left_out"] else ""
-    print(f"averaged {len(checkpoint['averaged_from'])} checkpoints (global steps {steps}{skipped}) -> {args.output}")
+    log.info(f"averaged {len(checkpoint['averaged_from'])} checkpoints (global steps {steps}{skipped}) -> {args.output}")
     return 0

@@ -10,6 +10,7 @@ loggers are chosen by ``class_path``/``init_args``.
 from __future__ import annotations
 
 import copy
+import logging
 import sys
 from typing import Optional
 
@@ -37,6 +38,8 @@ __all__ = ["RescaleCLI", "run_lightning", "trainer_defaults", "resume_wandb_run"
 
 TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
+log = logging.getLogger(__name__)
+
 
 class RescaleCLI(LightningCLI):
     """LightningCLI with the data -> model links every classification-style task needs."""
@@ -46,7 +49,7 @@ class RescaleCLI(LightningCLI):
         argv = sys.argv[1:] if args is None else args
         self._argv = [str(a) for a in argv] if isinstance(argv, (list, tuple)) else []  # for the closing line
         self._typed_model_arguments = typed_model_arguments(argv if isinstance(argv, (list, tuple)) else ())
-        parsers = getattr(self, "_subcommand_parsers", {})
+        parsers = getattr(self, "_subcommand_parsers", {})  # Lightning's (system.private_apis)
         sub = next((parsers[a] for a in argv if isinstance(a, str) and a in parsers), parser) \
             if isinstance(argv, (list, tuple)) else parser
         with config_errors(sub):  # the subcommand's parser knows the valid keys
@@ -56,7 +59,10 @@ class RescaleCLI(LightningCLI):
         """Refuse a checkpoint of another architecture before Lightning replaces the configured
         model with the checkpoint's hyper-parameters (which would hide the mismatch); then put
         back the model arguments the user set, which win over the checkpoint's
-        (:func:`~rescale_tasks.common.checkpoints.run_arguments_over_checkpoint`)."""
+        (:func:`~rescale_tasks.common.checkpoints.run_arguments_over_checkpoint`). Lightning's own
+        step (listed in :mod:`~rescale_tasks.common.system.private_apis`): the public hooks come before
+        it (``parse_arguments``) or after it (``before_instantiate_classes``), and neither would turn a
+        checkpoint whose hyper-parameters do not parse into one line."""
         sub = self.config.get("subcommand")
         before = None
         if sub:
@@ -72,6 +78,10 @@ class RescaleCLI(LightningCLI):
             for key, value in restored.items():
                 self.config[sub].model.init_args[key] = value
 
+    def _setting(self, key: str):
+        """``key`` of the running subcommand's config (of the whole config without a subcommand)."""
+        return self.config_init.get(str(self.subcommand), self.config_init).get(key)
+
     def instantiate_classes(self) -> None:
         with config_errors():  # a UserError raised in a constructor, unwrapped from jsonargparse's report
             super().instantiate_classes()
@@ -81,7 +91,7 @@ class RescaleCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs):
         with trainer_config_errors():
             trainer = super().instantiate_trainer(**kwargs)
-        trainer.callbacks.append(ResultsFolder(self._get(self.config_init, "output_dir")))
+        trainer.callbacks.append(ResultsFolder(self._setting("output_dir")))
         return use_line_progress(trainer)  # a line every N steps where the output is a file
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -134,7 +144,7 @@ class RescaleCLI(LightningCLI):
         self._evaluate("predict", **kwargs)
 
     def _evaluate(self, command: str, **kwargs) -> None:
-        output_dir = self._get(self.config_init, "output_dir")
+        output_dir = self._setting("output_dir")
         if output_dir:
             require_writable(output_dir, "--output_dir", "give --output_dir a folder you can write")
         with quiet_evaluation():
@@ -143,7 +153,7 @@ class RescaleCLI(LightningCLI):
 
     def _closing_line(self, line: str) -> None:
         if self.trainer.is_global_zero:
-            print(line, flush=True)
+            log.info(line)
 
 
 def _run_id_given(config) -> bool:
@@ -217,6 +227,7 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
     follow_moved_modules()  # the class paths of configs written before the modules moved
     defaults = check_layers(flag_values(argv, CONFIG_FLAGS))
     quiet_libraries()  # before the Trainer is built: it prints an advert
+    log.debug("defaults applied (outermost first): %s", ", ".join(defaults) or "none")
     if any(a == "--print_config" or a.startswith("--print_config=") for a in argv):
         # stderr: the printed YAML on stdout stays a config that can be saved and reused
         print("# defaults applied (outermost first): " + (", ".join(defaults) or "none"), file=sys.stderr)

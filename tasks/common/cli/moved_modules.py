@@ -63,7 +63,6 @@ MOVED_MODULES = {f"rescale_tasks.common.{old}": f"rescale_tasks.common.{new}" fo
     "stop_signals": "system.stop_signals",
     "throughput": "data.throughput",
     "wandb_logger": "reporting.wandb_logger",
-    "wandb_offline": "reporting.wandb_offline",
     "writable": "system.writable",
 }.items()}
 

@@ -24,6 +24,7 @@ checkpoint; a task with several programs gets one file each, ``<name>.<program><
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from typing import Optional
 
@@ -39,6 +40,8 @@ from .formats import (FORMATS, capture, evaluating, max_difference, op_counts, r
 from .programs import ExportProgram, export_programs
 
 __all__ = ["export_paths", "ExportCheckFailed", "main"]
+
+log = logging.getLogger(__name__)
 
 #: The network is not compiled: the export captures its own graph.
 NOT_COMPILED = ["--model.init_args.compile", "false"]
@@ -145,9 +148,8 @@ def _export_one(program: ExportProgram, formats: list[str], paths: dict, toleran
         reference = evaluating(program.module)(*program.inputs)
     captured = {False: _capture(program, program.dynamic_shapes)}
     free = varying_sizes(captured[False])
-    print(f"{program.name}: {sum(op_counts(captured[False]).values())} ops, checked on a real batch "
-          f"({_describe(program.inputs)}); " + (f"sizes that may vary: {free}" if free else "every input size fixed"),
-          flush=True)
+    log.info(f"{program.name}: {sum(op_counts(captured[False]).values())} ops, checked on a real batch "
+             f"({_describe(program.inputs)}); " + (f"sizes that may vary: {free}" if free else "every input size fixed"))
     scale = max([1.0] + [float(t.abs().max()) for t in tensors_of(reference) if t.numel() and t.is_floating_point()])
     for name in formats:
         fmt, path = FORMATS[name], paths[(name, program.name)]
@@ -160,7 +162,7 @@ def _export_one(program: ExportProgram, formats: list[str], paths: dict, toleran
         if difference > tolerance * scale:
             raise ExportCheckFailed(f"{line}, above the tolerance {tolerance:g} x {scale:.3g}; the file is kept "
                                     "for inspection (--tolerance sets the bound)")
-        print(line, flush=True)
+        log.info(line)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -176,6 +178,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     paths = export_paths(args.ckpt_path, args.out, args.format, [p.name for p in programs])
     for program in programs:
         if program.note:
-            print(f"{program.name}: {program.note}", flush=True)
+            log.info(f"{program.name}: {program.note}")
         _export_one(program, args.format, paths, args.tolerance)
     return 0

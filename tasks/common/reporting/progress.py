@@ -9,11 +9,18 @@ steps (and at the end of each epoch) and one per validation::
     epoch 1/3  step 150/300  train/loss 0.8123  412.5 images/s  elapsed 0:00:37  ETA 0:00:37
     validation at step 150: val/acc1 0.9132  val/loss 0.3051
 
-:func:`use_line_progress` makes the choice for a trainer (``rescale fit``'s and the demo's).
+:func:`use_line_progress` makes the choice for a trainer (``rescale fit``'s and the demo's). The lines
+go through the ``logging`` logger of this module (the ``rescale`` command writes them on stdout).
+
+:class:`CountProgress` is the same for counted work outside a Trainer (``prepare-translation``
+reading and encoding a corpus): a live line on stderr in a terminal, else one log line per interval::
+
+    encoding train.de: 1200000/4500000 sentences (27%)  61234 sentences/s  elapsed 0:00:19  ETA 0:00:53
 """
 from __future__ import annotations
 
 import datetime
+import logging
 import math
 import os
 import sys
@@ -21,12 +28,14 @@ import time
 from typing import Any, Optional, TextIO
 
 import lightning.pytorch as L
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 
 from ..data import items_in, metric_key, unit_of
 
-__all__ = ["LineProgress", "interactive", "use_line_progress"]
+__all__ = ["LineProgress", "CountProgress", "interactive", "use_line_progress"]
+
+log = logging.getLogger(__name__)
 
 
 def interactive() -> bool:
@@ -56,7 +65,7 @@ class LineProgress(ProgressBar):
     Args:
         every_n_steps: a line every this many optimizer steps (None: the trainer's
             ``log_every_n_steps``), and at the end of each epoch.
-        stream: where the lines go (default: stdout).
+        stream: where the lines go (default: this module's logger, at INFO).
     """
 
     def __init__(self, every_n_steps: Optional[int] = None, stream: Optional[TextIO] = None) -> None:
@@ -80,8 +89,12 @@ class LineProgress(ProgressBar):
         self._enabled = True
 
     def _write(self, line: str) -> None:
-        if self._enabled and self.trainer.is_global_zero:
-            print(line, file=self.stream or sys.stdout, flush=True)
+        if not (self._enabled and self.trainer.is_global_zero):
+            return
+        if self.stream is None:
+            log.info(line)
+        else:
+            print(line, file=self.stream, flush=True)
 
     # --- training ---------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -135,10 +148,74 @@ class LineProgress(ProgressBar):
 
 def use_line_progress(trainer: L.Trainer, every_n_steps: Optional[int] = None) -> L.Trainer:
     """Where the output is not a terminal (:func:`interactive`), put :class:`LineProgress` in
-    place of Lightning's default bar; a run without a bar, or with a bar of the user's own kind,
+    place of Lightning's default bar (TQDM's, or Rich's where ``rich`` is installed); a run without a bar, or with a bar of the user's own kind,
     keeps what it has."""
     bar = trainer.progress_bar_callback
-    if type(bar) is TQDMProgressBar and not interactive():
+    if type(bar) in (TQDMProgressBar, RichProgressBar) and not interactive():  # Lightning's default: Rich if installed
         callbacks = trainer.callbacks
         callbacks[callbacks.index(bar)] = LineProgress(every_n_steps)
     return trainer
+
+
+class CountProgress:
+    """Progress of counted work outside a Trainer: ``what`` done so far out of ``total`` (None:
+    unknown) ``unit``, its rate, elapsed time and ETA. Where :func:`interactive`, one line on
+    stderr redrawn in place (at most every 0.2 s); elsewhere one ``logger`` INFO line every
+    ``every`` seconds. On leaving the ``with`` block the live line is cleared and one closing
+    line logged (the count, the time, the rate)::
+
+        with CountProgress("encoding train.en", total, "sentences", log) as progress:
+            for chunk in chunks:
+                ...
+                progress.advance(len(chunk))
+    """
+
+    def __init__(self, what: str, total: Optional[int], unit: str, logger: logging.Logger = log,
+                 every: float = 30.0) -> None:
+        self.what, self.total, self.unit, self.logger, self.every = what, total, unit, logger, every
+        self.done = 0
+        self._live = interactive() and logger.isEnabledFor(logging.INFO)
+        self._start = self._last = time.perf_counter()
+        self._width = 0
+
+    def __enter__(self) -> "CountProgress":
+        self._start = self._last = time.perf_counter()
+        return self
+
+    def advance(self, count: int) -> None:
+        self.done += count
+        now = time.perf_counter()
+        if now - self._last < (0.2 if self._live else self.every):
+            return
+        self._last = now
+        line = self.line(now)
+        if self._live:
+            self._draw(line)
+        else:
+            self.logger.info(line)
+
+    def line(self, now: Optional[float] = None) -> str:
+        """``what: done/total unit (percent)  rate unit/s  elapsed  ETA``."""
+        elapsed = (now or time.perf_counter()) - self._start
+        rate = self.done / elapsed if elapsed > 0 else float("nan")
+        if self.total:
+            eta = (self.total - self.done) / rate if rate > 0 else float("nan")
+            count = f"{self.done}/{self.total} {self.unit} ({100 * self.done / self.total:.0f}%)"
+            return (f"{self.what}: {count}  {_number(rate)} {self.unit}/s  elapsed {_duration(elapsed)}  "
+                    f"ETA {_duration(eta)}")
+        return f"{self.what}: {self.done} {self.unit}  {_number(rate)} {self.unit}/s  elapsed {_duration(elapsed)}"
+
+    def _draw(self, line: str) -> None:
+        sys.stderr.write("\r" + line.ljust(self._width))
+        sys.stderr.flush()
+        self._width = len(line)
+
+    def __exit__(self, *exc) -> None:
+        if self._live and self._width:
+            self._draw("")
+            sys.stderr.write("\r")
+            sys.stderr.flush()
+        if exc[0] is None:
+            elapsed = time.perf_counter() - self._start
+            rate = f", {_number(self.done / elapsed)} {self.unit}/s" if elapsed > 0 and self.done else ""
+            self.logger.info(f"{self.what}: {self.done} {self.unit} in {elapsed:.1f} s{rate}")

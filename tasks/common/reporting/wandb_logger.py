@@ -10,6 +10,9 @@ folder asked for), never while Lightning sets up: a command whose data paths, mo
 checkpoint fail their checks leaves no empty run behind. Its id is chosen at
 construction, so the checkpoint folder (``<save_dir>/<project>/<run id>/checkpoints``) is known
 before the run exists.
+
+The Lightning internals this needs (``WandbLogger._experiment``, ``_wandb_init``, ``_name``) are
+listed, with the versions they were checked on, in :mod:`..system.private_apis`.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from ..errors import ConfigError
 from ..system import require_writable
 
-__all__ = ["SuiteWandbLogger", "wandb_mode", "started", "label_runs"]
+__all__ = ["SuiteWandbLogger", "wandb_mode", "started", "current_run", "label_runs"]
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +107,7 @@ class SuiteWandbLogger(WandbLogger):
             except Exception as err:  # wandb raises ServerResponseError("run ID ... is in use")
                 if "is in use" not in str(err) or time.monotonic() > deadline:
                     raise
-                log.info("W&B run %s is still held by the previous process's service; waiting", self._id)
+                log.info("W&B run %s is still held by the previous process's service; waiting", self.version)
                 time.sleep(1.0)
 
     RUN_ID_RELEASE_S = 120.0
@@ -127,6 +130,12 @@ def started(logger) -> bool:
     return bool(getattr(logger, "started", True))
 
 
+def current_run(logger):
+    """The W&B run of a W&B logger when it has started, else None: never starts one (Lightning's
+    ``WandbLogger.experiment`` would)."""
+    return logger._experiment if isinstance(logger, WandbLogger) else None
+
+
 def _new_run_id() -> str:
     """A fresh run id as wandb.init draws one (8 base-36 characters)."""
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
@@ -146,9 +155,9 @@ def label_runs(loggers, data) -> None:
     text), before the run starts; an unknown label is a one-line error."""
     labels = dict(data.run_labels()) if hasattr(data, "run_labels") else {}
     for logger in loggers or ():
-        init = getattr(logger, "_wandb_init", None)
-        if not isinstance(logger, SuiteWandbLogger) or logger.started or init is None:
+        if not isinstance(logger, SuiteWandbLogger) or logger.started:
             continue
+        init = logger._wandb_init
         for key in ("name", "group"):
             value = init.get(key)
             if not isinstance(value, str) or "{" not in value:

@@ -29,7 +29,7 @@ import lightning.pytorch as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from ..system import gather_objects
+from ..system import atomic_open, gather_objects
 from .outputs import run_directory
 
 __all__ = ["PROBLEMS_FILE", "SkippedDataReport", "problems_line", "unread_line"]
@@ -162,7 +162,7 @@ class SkippedDataReport(L.Callback):
             directories = directories or ([trainer.default_root_dir] if trainer.default_root_dir else [])
             for directory in directories:
                 os.makedirs(directory, exist_ok=True)
-                with open(os.path.join(directory, PROBLEMS_FILE), "w", encoding="utf-8") as f:
+                with atomic_open(os.path.join(directory, PROBLEMS_FILE)) as f:
                     f.write("path\tkind\n")
                     f.writelines(f"{path}\t{kind}\n" for path, kind in self.files)
             if directories:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import logging
 import os
 import time
 from typing import Iterator, Optional
@@ -32,6 +33,8 @@ from ..errors import UserError
 from ..system import folder_lock, require_writable
 
 __all__ = ["run_folder", "claim_run_folder", "resume_point", "check_run_outputs", "shown_path"]
+
+log = logging.getLogger(__name__)
 
 
 def shown_path(path: str) -> str:
@@ -75,8 +78,8 @@ def resume_point(trainer: L.Trainer, ckpt_path: Optional[str], id_given: bool) -
     version = str(trainer.loggers[0].version) if trainer.loggers else None
     if id_given or not version:
         if rank_zero_only.rank == 0:
-            print(f"--ckpt_path last: no {LAST_NAME} in {shown_path(folder)} yet; starting this run afresh "
-                  "(the same command resumes it)", flush=True)
+            log.info(f"--ckpt_path last: no {LAST_NAME} in {shown_path(folder)} yet; starting this run afresh "
+                     "(the same command resumes it)")
         return None
     where, earlier = _other_runs(folder, version)
     where = shown_path(where)

@@ -17,6 +17,8 @@ throughput: ``samples`` and ``samples_per_second`` counted in the task's unit, n
 whole run's (the summary's value) when training ends. A step is the number of optimizer steps
 done (``trainer.global_step``); Lightning's
 loggers record the same points counting from 0 (W&B's ``trainer/global_step`` is one less).
+``code``: the code that wrote it (``version``, and ``commit`` and ``dirty`` run from a git checkout;
+:func:`~..system.provenance.code_version`), as every checkpoint of the run records it.
 """
 from __future__ import annotations
 
@@ -29,13 +31,14 @@ from typing import Any, Optional
 
 import lightning.pytorch as L
 import torch
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..checkpoints import LastCheckpoint, preempted_message
 from ..data import is_skipped, items_in, metric_key, unit_of
 from ..errors import DataError, UserError
-from ..reporting import started
-from ..system import write_atomically
+from ..reporting import current_run, started
+from ..system import CODE_KEY, code_version, write_atomically
 from ..training import DivergenceMonitor
 from .outputs import run_directory
 
@@ -231,14 +234,15 @@ class RunSummary(L.Callback):
             group = optimizer.param_groups[0]
             lr = group.get("initial_lr", group.get("lr"))
         logger = trainer.logger
-        experiment = getattr(logger, "_experiment", None)  # never start a W&B run here
+        experiment = current_run(logger)  # never starts a W&B run
         final = self._final(trainer)
         rate = self.rate if self.rate is not None else (self.samples / self.seconds if self.seconds > 0 else None)
         if rate is not None:
             final[metric_key(pl_module)] = rate  # the whole run's, as the loggers last received it
         return {
             "name": _text(getattr(experiment, "name", None)) or _text(getattr(logger, "name", None)),
-            "project": _text(getattr(experiment, "project", None)) or _text(getattr(logger, "_project", None)),
+            "project": _text(getattr(experiment, "project", None))
+            or _text(logger.name if isinstance(logger, WandbLogger) else None),
             "group": _text(getattr(experiment, "group", None)),
             "run_id": _text(getattr(experiment, "id", None)),
             "task": type(pl_module).__name__,
@@ -265,6 +269,7 @@ class RunSummary(L.Callback):
             "best": {k: self._best(k) for k in self.val_curve},
             "curves": {"train/loss": self.train_curve, **self.val_curve},
             "checkpoint": _last_checkpoint(trainer),
+            CODE_KEY: code_version(),
         }
 
     def write(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str,
@@ -315,7 +320,7 @@ _TEXT = ("name", "project", "group", "run_id", "task", "network", "scheme", "sta
          "checkpoint")
 _NUMBER = ("num_classes", "seed", "lr", "batch_size", "global_batch", "world_size", "diverged_step", "steps",
            "epochs", "train_seconds", "samples", "samples_per_second")
-_MAPPING = ("scheme_options", "network_options")
+_MAPPING = ("scheme_options", "network_options", CODE_KEY)
 _METRICS = ("final", "best")  # metric name -> number
 
 

@@ -5,24 +5,29 @@ processes of a distributed run take together.
 - ``allocator``: keep the memory the C allocator frees, so a CPU step reuses its pages
 - ``cores``: the CPU cores this process may use, and the DataLoader workers started on them
 - ``atomic``: result files written whole or not at all
+- ``provenance``: which code made a result (the suite's version, the git commit of a checkout)
 - ``lock``: one process at a time in a folder (an ``flock`` the system releases)
 - ``writable``: output folders checked before a command starts its work
 - ``stop_signals``: the signals that stop a run, and what each process does with them
 - ``distributed``: decisions every process of a run takes together (host-integer votes, gathers)
+- ``logs``: the suite's messages through one ``logging`` hierarchy, configured by the command only
 """
 from .allocator import ENV, host_allocator, keep_freed_memory
 from .cores import loader_workers, usable_cores
-from .atomic import atomic_open, write_atomically
+from .atomic import atomic_open, atomic_path, write_atomically
+from .provenance import CODE_KEY, CodeVersion, code_version, describe_code
 from .lock import LOCK_FILE, FolderBusy, folder_lock
 from .writable import require_writable
 from .stop_signals import POLITE_SIGNALS, STOP_SIGNALS, drop_gone_terminal, ignore_in_worker, signal_label
 from .distributed import (broadcast_from_rank_zero, every_rank_has_samples, gather_by_key, gather_objects,
                           max_over_ranks, rank, reduce_tensor_to_rank_zero, sum_over_ranks,
                           sum_tensor_over_ranks, world_size, zero_loss)
+from .logs import LEVEL_ENV, StdStreams, command_logging, log_level, rank_zero_log
 
 __all__ = ["ENV", "host_allocator", "keep_freed_memory", "loader_workers", "usable_cores", "atomic_open",
-           "write_atomically", "LOCK_FILE", "FolderBusy", "folder_lock", "require_writable", "POLITE_SIGNALS",
+           "atomic_path", "write_atomically", "CODE_KEY", "CodeVersion", "code_version", "describe_code",
+           "LOCK_FILE", "FolderBusy", "folder_lock", "require_writable", "POLITE_SIGNALS",
            "STOP_SIGNALS", "drop_gone_terminal", "ignore_in_worker", "signal_label",
            "broadcast_from_rank_zero", "every_rank_has_samples", "gather_by_key", "gather_objects",
            "max_over_ranks", "rank", "reduce_tensor_to_rank_zero", "sum_over_ranks", "sum_tensor_over_ranks",
-           "world_size", "zero_loss"]
+           "world_size", "zero_loss", "LEVEL_ENV", "StdStreams", "command_logging", "log_level", "rank_zero_log"]

@@ -1,6 +1,7 @@
 """Callbacks every task uses: divergence detection and learned-scalar logging."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Optional
 
@@ -11,8 +12,11 @@ from rescale_core.analysis import learned_scalars
 
 from ..data import is_skipped
 from ..errors import ConfigError
+from ..system import rank_zero_log
 
 __all__ = ["DivergenceMonitor", "LearnedScalarsLogger", "TrainingDiverged"]
+
+log = logging.getLogger(__name__)
 
 
 class TrainingDiverged(RuntimeError):
@@ -144,7 +148,7 @@ class DivergenceMonitor(L.Callback):
         trainer.should_stop = True
         if self.raise_error:
             raise TrainingDiverged(self.message)
-        print(self.message)
+        rank_zero_log(log, logging.WARNING, self.message)  # every process diverged at the same step: one line
 
     def state_dict(self) -> dict:
         return {"diverged_at": self.diverged_at}

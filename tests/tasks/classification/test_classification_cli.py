@@ -12,7 +12,7 @@ import torch
 import rescale_core
 from rescale_tasks.cli import main
 from rescale_tasks.common.cli import run_lightning
-from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.common.training import build_optimizer
 
 REPO = Path(__file__).resolve().parents[3]

@@ -28,7 +28,7 @@ from rescale_tasks.classification.data import DigitsDataModule
 from rescale_tasks.classification.module import ClassificationModule
 from rescale_tasks.cli import main
 from rescale_tasks.common.cli import run_lightning
-from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from wandb_runs import find_offline_runs, read_offline_run
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]

@@ -10,7 +10,7 @@ import pytest
 from rescale_tasks.classification.demo import DemoSettings, format_table, run_demo
 from rescale_tasks.cli import main
 from rescale_tasks.common.errors import ConfigError
-from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.common.run import find_summaries, read_summary
 
 

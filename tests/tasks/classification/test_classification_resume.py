@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from wandb_runs import find_offline_runs, read_offline_run
 
 pytestmark = [pytest.mark.slow]
 

@@ -10,7 +10,7 @@ import pytest
 from test_detection_cli import tiny_config
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from wandb_runs import find_offline_runs, read_offline_run
 
 
 @pytest.fixture(scope="module")

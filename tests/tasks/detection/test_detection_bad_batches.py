@@ -14,7 +14,7 @@ from PIL import Image
 from test_detection_cli import tiny_config
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.detection.data import CocoDataModule
 
 EPOCHS = 3

@@ -18,7 +18,7 @@ from pycocotools.cocoeval import COCOeval
 
 from rescale_tasks.cli import main
 from rescale_tasks.common.cli import run_lightning
-from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.common.training import IterationMultiStepLR
 from rescale_tasks.detection.evaluation import STAT_NAMES
 from rescale_tasks.detection.module import DetectionModule

@@ -15,7 +15,8 @@ import torch
 from rescale_core.analysis import signal_propagation
 from rescale_tasks.cli import main
 from rescale_tasks.common.cli import run_lightning
-from rescale_tasks.common.reporting import AnalysisPlotsLogger, find_offline_runs, read_offline_run
+from rescale_tasks.common.reporting import AnalysisPlotsLogger
+from wandb_runs import find_offline_runs, read_offline_run
 
 VARIANCES = ["var_skip", "var_branch", "var_sum", "var_out", "eta"]
 PLOTS_LOGGER = "rescale_tasks.common.reporting.AnalysisPlotsLogger"

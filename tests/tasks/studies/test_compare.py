@@ -78,7 +78,7 @@ def test_compare_names_its_baseline_and_metric(runs, tmp_path):
     ([], "needs run folders"),
     (["nowhere"], "no such folder nowhere"),
     (["empty"], "no run_summary.json under empty"),
-    (["--wandb_project", "me/proj"], "no offline W&B run of project proj under runs/wandb"),
+    (["--wandb_project", "me/proj"], "no run_summary.json of project proj under runs"),
 ])
 def test_compare_bad_input_is_one_line(args, expected, tmp_path, capsys):
     (tmp_path / "empty").mkdir()

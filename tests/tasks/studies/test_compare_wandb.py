@@ -1,13 +1,18 @@
 """`rescale compare --wandb_project` on the offline W&B runs of real `rescale fit` runs: the same
-table as from their run folders' run_summary.json files."""
+table as from their run folders' run_summary.json files, read from those files (never from W&B's
+own run files); a table logged to an offline run named by its folder."""
 from __future__ import annotations
 
 import csv
+import glob
+import os
+import shutil
 
 import pytest
 
 from rescale_tasks.cli import main
 from rescale_tasks.common.run import find_summaries, read_summary
+from wandb_runs import find_offline_runs, read_offline_run
 
 
 @pytest.fixture(autouse=True)
@@ -75,4 +80,38 @@ def test_compare_a_project_with_no_offline_runs_is_one_line(wandb_runs, capsys):
     assert main(["compare", "--wandb_project", "me/nothing", "--wandb_dir", str(wandb_runs / "runs")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: "), err
-    assert "no offline W&B run of project nothing under" in err[0] and "wandb login" in err[0], err[0]
+    assert "no run_summary.json of project nothing under" in err[0] and "wandb login" in err[0], err[0]
+
+
+def test_compare_of_a_project_reads_the_run_summaries_not_wandbs_run_files(wandb_runs, tmp_path):
+    """The project's offline runs with W&B's binary run files removed: the same table, from the
+    run_summary.json each run keeps in its W&B run folder."""
+    copy = tmp_path / "runs"
+    shutil.copytree(wandb_runs / "runs", copy)
+    for path in glob.glob(str(copy / "wandb" / "offline-run-*" / "*.wandb")):
+        os.remove(path)
+    runs = str(wandb_runs / "runs")
+    assert main(["compare", "--wandb_project", "rescale-test", "--wandb_dir", runs, "--out", "with_files"]) == 0
+    assert main(["compare", "--wandb_project", "rescale-test", "--wandb_dir", str(copy), "--out", "without"]) == 0
+    assert _table("without/compare.csv") == _table("with_files/compare.csv")
+    assert [r["variant"] for r in _table("without/compare.csv")] == ["bn", "rescale"]
+    # a run found both among the folders and under --wandb_dir counts once
+    assert main(["compare", str(copy), "--wandb_project", "rescale-test", "--wandb_dir", str(copy),
+                 "--out", "both"]) == 0
+    assert {r["variant"]: r["runs"] for r in _table("both/compare.csv")} == {"bn": "1", "rescale": "1", "skipinit": "1"}
+
+
+def test_compare_logs_its_table_to_the_run_its_folder_names(wandb_runs, tmp_path):
+    """``--wandb_run <offline run folder>``: the table goes to that run (its id, its project)."""
+    copy = tmp_path / "runs"
+    shutil.copytree(wandb_runs / "runs", copy)
+    folder = next(f for f in find_offline_runs(str(copy))
+                  if "rescale-test" in open(os.path.join(f, "files", "rescale_config.yaml")).read())
+    first = read_offline_run(folder)
+    assert main(["compare", str(copy), "--out", "logged", "--wandb_run", folder]) == 0
+    (again,) = [f for f in find_offline_runs(str(copy)) if f.endswith(f"-{first.run_id}") and f != folder]
+    logged = read_offline_run(again)
+    assert logged.run_id == first.run_id
+    assert logged.project == first.project == "rescale-test"
+    assert logged.metric("tables/compare/_type") == ["table-file"]
+    assert logged.metric("plots/digits-tiny_curves/_type") == ["image-file"]

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.common.run import read_summary
 from rescale_tasks.studies.grid import Grid
 from rescale_tasks.studies.points import parse_lr_grid

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from wandb_runs import find_offline_runs, read_offline_run
 
 REPO = Path(__file__).resolve().parents[3]
 

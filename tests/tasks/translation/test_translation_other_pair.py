@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.translation.catalogues import write_parallel_files
 from rescale_tasks.translation.data import TranslationDataModule
 from rescale_tasks.translation.prepared import RECORD

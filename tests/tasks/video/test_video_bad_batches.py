@@ -16,7 +16,7 @@ from test_video_cli import tiny_config
 
 from rescale_tasks.cli import main
 from rescale_tasks.common.data import ResumableSampler
-from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from wandb_runs import find_offline_runs, read_offline_run
 
 BAD = ("zz_empty.mp4", "zz_notes.avi")
 EPOCHS = 3  # the bad batch is batch 0, 1, 2 of epochs 0, 1, 2 (first, middle, last)

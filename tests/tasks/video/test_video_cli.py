@@ -12,7 +12,7 @@ import yaml
 
 from rescale_tasks.cli import main
 from rescale_tasks.common.cli import run_lightning
-from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.common.training import WarmupCosineLR
 from rescale_tasks.video.module import VideoClassificationModule
 

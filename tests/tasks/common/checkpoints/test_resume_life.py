@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.common.run import find_summaries, read_summary
 
 HERE = Path(__file__).resolve().parent

@@ -53,7 +53,8 @@ def test_a_terminal_keeps_the_bar_a_file_gets_lines(monkeypatch):
         with open(tty_fd, "w", closefd=False) as tty:
             monkeypatch.setattr("sys.stdout", tty)
             monkeypatch.setattr("sys.stderr", tty)
-            assert type(use_line_progress(_trainer()).progress_bar_callback) is TQDMProgressBar
+            default_bar = type(_trainer().progress_bar_callback)  # TQDM's, or Rich's where rich is installed
+            assert type(use_line_progress(_trainer()).progress_bar_callback) is default_bar
             monkeypatch.setattr("sys.stdout", io.StringIO())  # `> log.txt`
             assert type(use_line_progress(_trainer()).progress_bar_callback) is LineProgress
             monkeypatch.setattr("sys.stdout", tty)

@@ -19,7 +19,7 @@ def test_a_run_starts_without_wandbs_deprecation_warnings(tmp_path, monkeypatch,
 
 
 def _offline_runs(root):
-    from rescale_tasks.common.reporting import find_offline_runs
+    from wandb_runs import find_offline_runs
 
     return find_offline_runs(str(root)) if root.is_dir() else []
 
@@ -32,7 +32,7 @@ def test_a_command_failing_its_checks_leaves_no_wandb_run(tmp_path, monkeypatch,
     import torch
 
     from rescale_tasks.cli import main
-    from rescale_tasks.common.reporting import read_offline_run
+    from wandb_runs import read_offline_run
     from rescale_tasks.common.run import find_summaries, read_summary
 
     monkeypatch.chdir(tmp_path)

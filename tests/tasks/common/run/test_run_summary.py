@@ -7,7 +7,7 @@ import math
 import pytest
 
 from rescale_tasks.cli import main
-from rescale_tasks.common.reporting import find_offline_runs
+from wandb_runs import find_offline_runs
 from rescale_tasks.common.run import find_summaries, read_summary
 
 

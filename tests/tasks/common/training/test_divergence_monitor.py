@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from rescale_tasks.cli import main
 from rescale_tasks.common.errors import ConfigError
-from rescale_tasks.common.reporting import find_offline_runs, read_offline_run
+from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.common.training import DivergenceMonitor, TrainingDiverged
 
 

@@ -1,0 +1,101 @@
+"""The suite's messages: one :mod:`logging` hierarchy, configured by the ``rescale`` command only.
+
+Every module logs to ``logging.getLogger(__name__)``, a child of the ``rescale_tasks`` logger
+(:data:`ROOT`). Importing the package installs no handler (a library leaves logging to its user):
+``logging.getLogger("rescale_tasks").setLevel(logging.WARNING)``, a handler of one's own or
+:mod:`logging.config` decide what a notebook sees. The ``rescale`` command wraps its run in
+:func:`command_logging`, which writes each message as the suite's lines always read
+(``%(message)s``): INFO and DEBUG on stdout, warnings and errors on stderr, at the level
+``--quiet`` (WARNING, and Lightning's INFO lines too), ``--verbose`` (DEBUG) or ``RESCALE_LOG_LEVEL``
+sets (default INFO, or the level a configuration gave the ``rescale_tasks`` logger).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from typing import Iterator, Optional
+
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from ..errors import ConfigError
+
+__all__ = ["ROOT", "LEVEL_ENV", "LIBRARY_LOGGERS", "StdStreams", "command_logging", "log_level",
+           "rank_zero_log"]
+
+ROOT = "rescale_tasks"
+LEVEL_ENV = "RESCALE_LOG_LEVEL"
+# Lightning's own loggers (their INFO lines: accelerator, model summary ...), quieted by --quiet
+LIBRARY_LOGGERS = ("lightning.pytorch", "lightning.fabric")
+
+
+class StdStreams(logging.Handler):
+    """Records below WARNING to ``sys.stdout``, the others to ``sys.stderr``, each looked up when
+    the record is written (so a redirection made after the command started, pytest's ``capsys``
+    or :func:`contextlib.redirect_stdout` receive the lines)."""
+
+    def __init__(self, level: int = logging.NOTSET) -> None:
+        super().__init__(level)
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            stream = sys.stdout if record.levelno < logging.WARNING else sys.stderr
+            stream.write(self.format(record) + "\n")
+            stream.flush()
+        except Exception:  # noqa: BLE001 - logging's own policy: report, never raise
+            self.handleError(record)
+
+
+def log_level(quiet: bool = False, verbose: bool = False) -> Optional[int]:
+    """The level the command runs at: ``--quiet`` WARNING, ``--verbose`` DEBUG, else
+    ``RESCALE_LOG_LEVEL`` (a name such as ``WARNING`` or a number); None: none of them is set."""
+    if quiet:
+        return logging.WARNING
+    if verbose:
+        return logging.DEBUG
+    value = os.environ.get(LEVEL_ENV, "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return int(value)
+    level = logging.getLevelName(value.upper())
+    if not isinstance(level, int):
+        raise ConfigError(f"{LEVEL_ENV}={value!r} is not a logging level; use DEBUG, INFO, WARNING or ERROR.")
+    return level
+
+
+@contextlib.contextmanager
+def command_logging(level: Optional[int] = None) -> Iterator[None]:
+    """The ``rescale`` command's logging for the ``with`` block: the ``rescale_tasks`` logger at
+    ``level`` (None: as configured, INFO when not) writing through :class:`StdStreams` (unless a
+    handler of one's own is on it), and Lightning's loggers at WARNING when ``level`` is above
+    INFO. Everything is put back afterwards."""
+    suite = logging.getLogger(ROOT)
+    before = suite.level
+    if level is not None:
+        suite.setLevel(level)
+    elif suite.level == logging.NOTSET:
+        suite.setLevel(logging.INFO)
+    handler = None if suite.handlers else StdStreams()
+    if handler is not None:
+        suite.addHandler(handler)
+    libraries = {name: logging.getLogger(name).level for name in LIBRARY_LOGGERS}
+    if level is not None and level > logging.INFO:
+        for name in LIBRARY_LOGGERS:
+            logging.getLogger(name).setLevel(level)
+    try:
+        yield
+    finally:
+        if handler is not None:
+            suite.removeHandler(handler)
+        suite.setLevel(before)
+        for name, old in libraries.items():
+            logging.getLogger(name).setLevel(old)
+
+
+def rank_zero_log(logger: logging.Logger, level: int, message: str) -> None:
+    """``message`` from the first process of a distributed run only (one line per run)."""
+    if rank_zero_only.rank == 0:
+        logger.log(level, message, stacklevel=2)

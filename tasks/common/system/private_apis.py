@@ -1,0 +1,108 @@
+"""The private names of Lightning, W&B, jsonargparse and torch the suite relies on, in one place.
+
+Each entry says what is used, where, and why no public API does it. They hold on the versions the
+suite pins (:data:`PINS`, pyproject.toml); ``tests/tasks/common/test_private_apis.py`` checks every
+entry on the installed versions (that the name exists, a method's parameters, a checkpoint key),
+so an upgrade that moves one fails that test first, naming the entry, before the behaviour built
+on it breaks somewhere deeper. Nothing here is imported by the suite at run time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+__all__ = ["PrivateApi", "PRIVATE_APIS", "PINS"]
+
+#: the distributions whose private names are used, as pyproject.toml pins them, and the version the
+#: entries were checked on
+PINS = {
+    "lightning": "lightning>=2.6,<2.7 (checked on 2.6.6)",
+    "wandb": "wandb>=0.31,<0.40 (checked on 0.31.0)",
+    "jsonargparse": "jsonargparse[signatures]>=4.40,<5",
+    "torch": "torch==2.14.1",
+}
+
+
+@dataclass(frozen=True)
+class PrivateApi:
+    """One private name: ``owner.name`` (``owner`` a module or a class, by its import path)."""
+
+    owner: str
+    name: str
+    kind: str  # "method", "function", "attribute" (of an instance), "name" (of a module) or "checkpoint key"
+    used_by: str  # the suite's code that relies on it
+    why: str  # why no public API does it
+    parameters: Optional[tuple[str, ...]] = None  # a method's or function's parameter names
+
+    @property
+    def distribution(self) -> str:
+        """The distribution :data:`PINS` pins it by."""
+        return self.owner.split(".")[0]
+
+
+PRIVATE_APIS = (
+    PrivateApi("lightning.pytorch.cli.LightningCLI", "_parse_ckpt_path", "method",
+               "common/cli/lightning_commands.py: RescaleCLI._parse_ckpt_path",
+               "the one step between parsing and instantiation where the configured model can be checked "
+               "against --ckpt_path before Lightning replaces it with the checkpoint's hyper-parameters, "
+               "and the user's own model arguments put back after", ("self",)),
+    PrivateApi("lightning.pytorch.cli.LightningCLI", "_subcommand_parsers", "attribute",
+               "common/cli/lightning_commands.py: RescaleCLI.parse_arguments",
+               "the subcommand's parser, whose keys a one-line parse error suggests"),
+    PrivateApi("lightning.pytorch.loggers.WandbLogger", "_experiment", "attribute",
+               "common/reporting/wandb_logger.py: SuiteWandbLogger.started, .experiment, current_run "
+               "(common/run/summary.py)",
+               "whether the W&B run has started, without starting it (the public experiment starts it)"),
+    PrivateApi("lightning.pytorch.loggers.WandbLogger", "_wandb_init", "attribute",
+               "common/reporting/wandb_logger.py: SuiteWandbLogger.__init__, label_runs",
+               "the wandb.init arguments: the run name and group filled from the data's labels before the "
+               "run starts, and Lightning's anonymous=None left out (W&B warns about it at every run)"),
+    PrivateApi("lightning.pytorch.loggers.WandbLogger", "_name", "attribute",
+               "common/reporting/wandb_logger.py: label_runs",
+               "the run name Lightning keeps beside _wandb_init, set to the filled-in name"),
+    PrivateApi("lightning.pytorch.callbacks.ModelCheckpoint", "_fs", "attribute",
+               "common/checkpoints/callbacks.py: LastCheckpoint (a ModelCheckpoint without dirpath)",
+               "the filesystem ModelCheckpoint chose from its dirpath in __init__: set again with the "
+               "dirpath the suite gives it later"),
+    PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", "_combined_loader", "attribute",
+               "common/checkpoints/callbacks.py: _load_train_loader_state",
+               "the training loader in use, to hand it the saved loader position Lightning drops when a "
+               "module builds the loader before the loops are restored"),
+    PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", "_combined_loader_states_to_load", "attribute",
+               "common/checkpoints/callbacks.py: _load_train_loader_state", "the saved loader position"),
+    PrivateApi("lightning.pytorch.utilities.combined_loader.CombinedLoader", "_load_state_dicts", "method",
+               "common/checkpoints/callbacks.py: _load_train_loader_state", "loads the saved loader position",
+               ("self", "states")),
+    PrivateApi("lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "_should_accumulate", "method",
+               "common/checkpoints/callbacks.py: LastCheckpoint.on_train_batch_start/_end",
+               "whether the batch ends an optimizer step: a stop signal waits for the step's last batch",
+               ("self",)),
+    PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", "epoch_loop.state_dict/_batches_that_stepped",
+               "checkpoint key", "common/checkpoints/callbacks.py: resume_point",
+               "the loggers' step in a checkpoint taken mid-step by a stop signal, set to where an "
+               "uninterrupted run goes on"),
+    PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", "epoch_loop.val_loop.batch_progress", "checkpoint key",
+               "common/checkpoints/callbacks.py: resume_point",
+               "the validation progress in a checkpoint taken during a validation, set so a resume redoes it"),
+    PrivateApi("lightning.pytorch.trainer.connectors.signal_connector._SignalConnector", "register_signal_handlers",
+               "method", "common/checkpoints/callbacks.py: LastCheckpoint._take_over_signals",
+               "Lightning installs its SIGTERM handler here, before the sanity check and training start, "
+               "where the suite takes the stop signals over and forwards them to it", ("self",)),
+    PrivateApi("lightning.fabric.utilities.cloud_io", "_is_local_file_protocol", "function",
+               "common/checkpoints/files.py", "whether a checkpoint path is a local file (not s3://, gs://)",
+               ("path",)),
+    PrivateApi("lightning.pytorch.LightningModule", "_trainer", "attribute",
+               "common/module.py, translation/module.py",
+               "the trainer when one is attached, None otherwise (the public trainer raises when none is)"),
+    PrivateApi("lightning.pytorch.LightningDataModule", "_hparams_initial", "attribute",
+               "translation/data.py", "the hyper-parameters the data module reports, completed by what it "
+               "read from its data"),
+    PrivateApi("jsonargparse.ArgumentParser", "_subcommands_action", "attribute",
+               "common/cli/parse_errors.py: _subcommands", "the subcommand names a parse error lists"),
+    PrivateApi("jsonargparse.ArgumentParser", "_actions", "attribute", "common/cli/parse_errors.py: _parser_keys",
+               "the option keys a parse error suggests (argparse's list of a parser's actions)"),
+    PrivateApi("torch", "_foreach_norm", "name", "common/training/callbacks.py: DivergenceMonitor",
+               "the norms of all gradients in one fused call (one host sync for the finiteness check)"),
+    PrivateApi("torch.nn.modules.conv", "_ConvNd", "name", "common/training/acceleration.py",
+               "the base class of every convolution (1d, 2d, 3d, transposed)"),
+)
