@@ -32,7 +32,7 @@ import torch
 from ..common.errors import ConfigError, UserArgumentParser
 from ..common.reporting import SuiteWandbLogger, use_line_progress
 from ..common.run import SUMMARY_FILE, RunSummary
-from ..common.system import atomic_open, require_writable
+from ..common.system import atomic_open, atomic_path, require_writable
 from ..common.training import DivergenceMonitor, WarmupCosineLR, create_network
 from .data import DigitsDataModule
 from .module import ClassificationModule
@@ -212,7 +212,8 @@ def plot_curves(results: list[DemoResult], path: str) -> str:
         ax.legend()
     fig.suptitle("Same deep ResNet, five residual schemes (embedded digits)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format=os.path.splitext(path)[1][1:] or "png")
     plt.close(fig)
     return path
 

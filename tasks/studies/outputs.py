@@ -13,6 +13,7 @@ import yaml
 
 from ..common.errors import UserError
 from ..common.reporting import wandb_mode
+from ..common.system import atomic_open, atomic_path
 
 __all__ = ["write_table", "markdown_table", "format_cell", "save_figure", "log_to_wandb", "StudyOutputs"]
 
@@ -53,11 +54,11 @@ def write_table(rows: Sequence[dict], stem: str, columns: Optional[Sequence[str]
     """``<stem>.csv`` (full precision) and ``<stem>.md`` (rounded, with an optional title line)."""
     cols = _columns(rows, columns)
     os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
-    with open(stem + ".csv", "w", newline="") as f:
+    with atomic_open(stem + ".csv", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         writer.writeheader()
         writer.writerows([{c: ("" if row.get(c) is None else row.get(c)) for c in cols} for row in rows])
-    with open(stem + ".md", "w") as f:
+    with atomic_open(stem + ".md") as f:
         f.write((f"{title}\n\n" if title else "") + markdown_table(rows, cols))
     return stem + ".csv", stem + ".md"
 
@@ -71,7 +72,8 @@ def save_figure(fig, path: str) -> str:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format=os.path.splitext(path)[1][1:] or "png")
     plt.close(fig)
     return path
 
