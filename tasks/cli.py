@@ -20,7 +20,6 @@ from typing import Callable, Optional
 
 import rescale_core
 
-from .common.cli import run_command, run_lightning
 from .common.errors import UserArgumentParser, UserError
 from .common.system import command_logging, describe_code, keep_freed_memory, log_level
 
@@ -135,12 +134,17 @@ def _main(argv: list[str], from_command_line: bool) -> int:
     if argv[0] == "--version":
         print(f"rescale {describe_code()}")
         return 0
+    # how a command ends: Lightning loads with it (~6 s), never for --help and --version
+    from .common.cli import run_command
+
     if argv[0] in SUITE_COMMANDS:
         return run_command(lambda: SUITE_COMMANDS[argv[0]](argv[1:]))
     return run_command(lambda: _lightning(argv, from_command_line))
 
 
 def _lightning(argv: list[str], from_command_line: bool) -> None:
+    from .common.cli import run_lightning  # Lightning, for a Lightning command only
+
     run_lightning(argv, from_command_line=from_command_line)
 
 

@@ -10,7 +10,7 @@
   switches, the callbacks every run has, a batch's network inputs
 - ``checkpoints/``: checkpoint files, when a run writes them and how it resumes, architecture checks,
   ``rescale average-checkpoints``
-- ``reporting/``: the W&B logger and offline runs, progress lines, the probes' figures
+- ``reporting/``: the W&B logger, progress lines, the probes' figures
 - ``run/``: where a run's files go, its folder, ``run_summary.json``, its closing line, predictions
 - ``module``: :class:`~.module.RescaleTaskModule`, the base of every task's LightningModule
 - ``cli/``: ``rescale fit|validate|test|predict``: the suite's LightningCLI and its config handling

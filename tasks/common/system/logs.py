@@ -17,8 +17,6 @@ import os
 import sys
 from typing import Iterator, Optional
 
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
-
 from ..errors import ConfigError
 
 __all__ = ["ROOT", "LEVEL_ENV", "LIBRARY_LOGGERS", "StdStreams", "command_logging", "log_level",
@@ -97,5 +95,8 @@ def command_logging(level: Optional[int] = None) -> Iterator[None]:
 
 def rank_zero_log(logger: logging.Logger, level: int, message: str) -> None:
     """``message`` from the first process of a distributed run only (one line per run)."""
+    # Lightning only when a run logs: `rescale --version` and `--help` never load it
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
     if rank_zero_only.rank == 0:
         logger.log(level, message, stacklevel=2)
