@@ -62,6 +62,15 @@ def suite_wandb_logger():
 
 
 @pytest.fixture
+def offline_in_tmp(tmp_path, monkeypatch):
+    """The test runs in its own ``tmp_path``, with W&B offline and silent."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    return tmp_path
+
+
+@pytest.fixture
 def error_line(capsys):
     """``error_line()``: asserts stderr ends in one ``error: ...`` line, without traceback or
     usage dump (the lines before it, if any, are the run's logged warnings, each one line), and

@@ -30,10 +30,8 @@ CPU = ["--trainer.accelerator", "cpu", "--trainer.devices", "1"]
 
 
 @pytest.fixture(autouse=True)
-def _in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
+def _in_tmp(offline_in_tmp):
+    """Each test in a folder of its own, W&B offline (tests/tasks/conftest.py)."""
 
 
 def test_experiment_folders_hold_the_papers_rows():

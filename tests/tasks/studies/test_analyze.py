@@ -26,10 +26,8 @@ EVERY_STEP = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint"
 
 
 @pytest.fixture(autouse=True)
-def _in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
+def _in_tmp(offline_in_tmp):
+    """Each test in a folder of its own, W&B offline (tests/tasks/conftest.py)."""
 
 
 def read_csv(path) -> list[dict]:

@@ -16,10 +16,8 @@ from wandb_runs import find_offline_runs, read_offline_run
 
 
 @pytest.fixture(autouse=True)
-def _in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
+def _in_tmp(offline_in_tmp):
+    """Each test in a folder of its own, W&B offline (tests/tasks/conftest.py)."""
 
 
 @pytest.fixture(scope="module")

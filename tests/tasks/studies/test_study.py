@@ -29,10 +29,8 @@ from rescale_tasks.studies.study import build_parser
 
 
 @pytest.fixture(autouse=True)
-def _in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
+def _in_tmp(offline_in_tmp, monkeypatch):
+    """Each test in a folder of its own, W&B offline (tests/tasks/conftest.py)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the subprocess runs: one thread each, as this process
 
 

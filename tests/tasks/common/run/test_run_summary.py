@@ -12,10 +12,8 @@ from rescale_tasks.common.run import find_summaries, read_summary
 
 
 @pytest.fixture(autouse=True)
-def _in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
+def _in_tmp(offline_in_tmp):
+    """Each test in a folder of its own, W&B offline (tests/tasks/conftest.py)."""
 
 
 def test_fit_writes_its_summary_next_to_its_config(tmp_path, run_config, suite_wandb_logger, summary_matches_wandb):
