@@ -6,8 +6,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # only tests that need a CUDA device may skip; no test reaches the network; real parallel text
-# comes with the suite (see each module)
-pytest_plugins = ["skip_policy", "no_network", "parallel_text"]
+# comes with the suite; the longest files start first (see each module)
+pytest_plugins = ["skip_policy", "no_network", "parallel_text", "file_order"]
 
 
 @pytest.fixture(autouse=True, scope="session")

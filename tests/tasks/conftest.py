@@ -3,6 +3,7 @@ digits, two steps, on the CPU), written as YAML with per-test overrides."""
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
@@ -134,19 +135,23 @@ def fit_checkpoint():
 
 @pytest.fixture
 def rescale_processes():
-    """``run(args, devices) -> CompletedProcess``: the ``rescale`` command in a fresh Python
-    process on ``devices`` CPU processes (``ddp`` over gloo when more than one; one thread each),
+    """``run(args, devices) -> CompletedProcess``: the ``rescale`` command in processes of its own
+    on ``devices`` CPU processes (``ddp`` over gloo when more than one, the ranks started as
+    ``torchrun`` starts them; one thread each), forked from the suite's zygote (``tests/forked.py``),
     for tests comparing a multi-process run with a single-process one."""
     import os
-    import subprocess
-    import sys
 
-    def run(args: list[str], devices: int = 1) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "rescale_tasks.cli", *args, "--trainer.devices", str(devices)]
+    import forked
+
+    def run(args: list[str], devices: int = 1):
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        args = [*args, "--trainer.devices", str(devices)]
         if devices > 1:
-            command += ["--trainer.strategy", "ddp"]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+            done = forked.ddp_run("rescale_tasks.cli", [*args, "--trainer.strategy", "ddp"], devices, env=env,
+                                  timeout=300)
+        else:
+            done = forked.run([sys.executable, "-m", "rescale_tasks.cli", *args], capture_output=True, text=True,
+                              timeout=300, env=env)
         assert done.returncode == 0, done.stderr[-2000:]
         return done
 
@@ -332,15 +337,6 @@ def frozen_calls(monkeypatch):
         if impl is not None:
             monkeypatch.setattr(cls, "plan_implementations", {**cls.plan_implementations, FROZEN: spy(impl)})
     return calls
-
-
-@pytest.fixture
-def offline_in_tmp(tmp_path, monkeypatch):
-    """The test runs in its own temporary folder, W&B offline and silent (``pytestmark =
-    pytest.mark.usefixtures("offline_in_tmp")``)."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
 
 
 # ------------------------------------------------ mixed precision, eager and compiled (make bench-gpu)

@@ -42,7 +42,22 @@ log = logging.getLogger(__name__)
 
 
 class RescaleCLI(LightningCLI):
-    """LightningCLI with the data -> model links every classification-style task needs."""
+    """LightningCLI with the data -> model links every classification-style task needs.
+
+    ``subcommands``: the subcommands whose parsers are built (None: Lightning's four). A command
+    line names one, and each parser costs about as much as the rest of a tiny run's start (the
+    trainer's, model's and data's arguments from their signatures): ``rescale fit`` builds fit's
+    alone."""
+
+    def __init__(self, *args, subcommands: Optional[tuple[str, ...]] = None, **kwargs) -> None:
+        self._built_subcommands = subcommands
+        super().__init__(*args, **kwargs)
+
+    def subcommands(self) -> dict[str, set[str]]:  # Lightning's is static; every call is ``self.subcommands()``
+        every = LightningCLI.subcommands()
+        if not self._built_subcommands:
+            return every
+        return {name: skip for name, skip in every.items() if name in self._built_subcommands}
 
     # --- one-line errors (parsers are built with exit_on_error=False, see run_lightning) ---
     def parse_arguments(self, parser, args) -> None:
@@ -232,7 +247,9 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
         # stderr: the printed YAML on stdout stays a config that can be saved and reused
         print("# defaults applied (outermost first): " + (", ".join(defaults) or "none"), file=sys.stderr)
     if run:
-        parser_kwargs = {cmd: {"default_config_files": defaults} for cmd in TRAINER_SUBCOMMANDS}
+        # the subcommand the command line names gets a parser; all four only for a line that names none
+        built = (argv[0],) if argv and argv[0] in TRAINER_SUBCOMMANDS else TRAINER_SUBCOMMANDS
+        parser_kwargs = {cmd: {"default_config_files": defaults} for cmd in built}
         parser_kwargs["exit_on_error"] = False  # raise, for one-line errors (subcommands inherit it)
     else:  # parse and instantiate only (no subcommand): tests, notebooks, tools
         parser_kwargs = {"default_config_files": defaults, "exit_on_error": False}
@@ -240,4 +257,5 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
     return RescaleCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
                       subclass_mode_data=True, save_config_callback=SaveConfigToRun,
                       seed_everything_default=0, trainer_defaults=trainer_defaults(),
-                      parser_kwargs=parser_kwargs, args=None if from_command_line else argv, run=run)
+                      parser_kwargs=parser_kwargs, args=None if from_command_line else argv, run=run,
+                      subcommands=built if run else None)

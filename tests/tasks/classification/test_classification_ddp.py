@@ -15,7 +15,6 @@ Every rank writes its final state through the probe callback in `rank_state_prob
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from rescale_tasks.classification.data import DigitsDataModule
 from rescale_tasks.classification.module import ClassificationModule
 from rescale_tasks.cli import main
 from rescale_tasks.common.cli import run_lightning
+import forked
 from wandb_runs import find_offline_runs, read_offline_run
 
 HERE = Path(__file__).resolve().parent
@@ -53,8 +53,10 @@ def rescale(args: list[str], cwd: Path, launcher: list[str] = (), timeout: int =
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     env.pop("WANDB_SERVICE", None)  # a service of this test process: the run gets its own
-    done = subprocess.run([*launcher, str(BIN / "rescale"), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    # the command as `python -m` forked from the suite's zygote (tests/forked.py); under a launcher,
+    # the installed `rescale` the launcher starts
+    command = [*launcher, str(BIN / "rescale"), *args] if launcher else [sys.executable, "-m", "rescale_tasks.cli", *args]
+    done = forked.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
 
 

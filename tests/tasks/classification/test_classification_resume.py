@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import forked
 from wandb_runs import find_offline_runs, read_offline_run
 
 pytestmark = [pytest.mark.slow]
@@ -67,15 +68,14 @@ def _rescale(*args, cwd):
 
 
 def _run(args, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(_rescale(*args, cwd=cwd), cwd=cwd, env=_env(), capture_output=True, text=True,
-                          timeout=600)
+    return forked.run(_rescale(*args, cwd=cwd), cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
 
 
 def _start_and_signal(args, cwd: Path, when: str, sig: int) -> subprocess.Popen:
     """Start a run, wait until the checkpoint file ``when`` exists, then send ``sig`` to its whole
     process group (data workers included), as a cluster scheduler does."""
-    proc = subprocess.Popen(_rescale(*args, cwd=cwd), cwd=cwd, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = forked.popen(_rescale(*args, cwd=cwd), cwd=cwd, env=_env(), stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 300
     while not glob.glob(str(cwd / "runs" / "resume-test" / "*" / "checkpoints" / when)):
         assert proc.poll() is None, proc.communicate()[1][-3000:]

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from rescale_tasks.cli import main
+import forked
 from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.common.run import read_summary
 from rescale_tasks.studies.grid import Grid
@@ -257,8 +258,8 @@ def test_a_second_study_on_the_same_folder_is_refused_naming_the_first(tmp_path,
 
     config = tiny(run_config, tmp_path / "seeds.yaml")
     study = ["study", "seeds", "--config", config, "--seeds", "2", "--out", "seeds", "--in_process"]
-    first = subprocess.Popen([sys.executable, "-m", "rescale_tasks.cli", *study], cwd=tmp_path,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = forked.popen([sys.executable, "-m", "rescale_tasks.cli", *study], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lock, deadline = tmp_path / "seeds" / ".lock", time.monotonic() + 120
         while not (lock.is_file() and f"pid {first.pid} " in lock.read_text()):

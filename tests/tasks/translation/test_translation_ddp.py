@@ -4,13 +4,12 @@ summed from each rank's share of the sentences, equals one process scoring every
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import forked
 from rescale_core.generation import generate
 from rescale_tasks.translation.bleu import corpus_bleu
 from rescale_tasks.translation.loss import label_smoothed_nll_loss
@@ -38,8 +37,8 @@ def test_two_processes_agree_and_score_every_sentence_once(tmp_path, handful_roo
             "--trainer.precision", "32-true", "--trainer.max_steps", "150", "--trainer.val_check_interval", "150",
             "--trainer.enable_progress_bar", "false"]
     probe = ["--trainer.callbacks+=rank_state_probe.SaveRankState", "--trainer.callbacks.init_args.folder", "state"]
-    done = subprocess.run([str(Path(sys.executable).parent / "rescale"), *args, *probe], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    # both ranks forked from the suite's zygote, started as torchrun starts them (tests/forked.py)
+    done = forked.ddp_run("rescale_tasks.cli", [*args, *probe], 2, cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     ranks = [torch.load(tmp_path / "state" / f"rank{r}.pt", weights_only=False) for r in range(2)]
     assert ranks[0]["world_size"] == 2 and ranks[0]["global_step"] == ranks[1]["global_step"] == 150

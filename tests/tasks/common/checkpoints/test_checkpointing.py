@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import forked
 from rescale_tasks.common.checkpoints import AtomicCheckpointIO, CheckpointError, ResumeState, safe_load
 
 
@@ -338,7 +339,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_naming_the_intact_one(t
                                                         "num_sanity_val_steps": 0})
     env = dict(os.environ, OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "rescale_tasks.cli", "fit", "--config", config]
-    first = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    first = forked.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     last = tmp_path / "checkpoints" / "last.ckpt"
     good = last.read_bytes()

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from rescale_tasks.cli import main
+import forked
 from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.common.run import find_summaries, read_summary
 
@@ -151,7 +152,7 @@ def _rescale_ddp(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     env.pop("WANDB_SERVICE", None)  # this process's W&B service: the runs get their own
-    return subprocess.run([sys.executable, "-m", "rescale_tasks.cli", "fit", *args, "--trainer.devices", "2",
+    return forked.run([sys.executable, "-m", "rescale_tasks.cli", "fit", *args, "--trainer.devices", "2",
                            "--trainer.strategy", "ddp"], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=300)
 

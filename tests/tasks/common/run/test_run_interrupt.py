@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from rescale_tasks.cli import main
+import forked
 from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.common.run import find_summaries, read_summary
 
@@ -32,13 +33,6 @@ def _env() -> dict:
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", OMP_NUM_THREADS="1")
     env.pop("WANDB_SERVICE", None)  # this process's W&B service, advertised to children
     return env
-
-
-def _terminal_sigint() -> None:
-    """The run gets Ctrl-C as a terminal's foreground job does. A suite started in the background
-    (sh's ``&``, ``nohup``) ignores SIGINT, its children inherit that, and a run that ignores
-    SIGINT rightly leaves it ignored (a background job): the test would wait out its timeout."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +46,10 @@ def interrupted(tmp_path_factory, run_config, suite_wandb_logger):
                        "init_args": {"every_n_train_steps": 2, "save_top_k": -1, "filename": "step{step:03d}",
                                      "auto_insert_metric_name": False}}]})
     command = ["fit", "--config", config, "--trainer.logger.init_args.id", RUN_ID]
-    proc = subprocess.Popen([sys.executable, "-m", "rescale_tasks.cli", *command], cwd=folder, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=_terminal_sigint)
+    # forked from the suite's zygote (tests/forked.py), which gives the child the Ctrl-C handler of
+    # a terminal's foreground job even when this suite runs in the background (which ignores SIGINT)
+    proc = forked.popen([sys.executable, "-m", "rescale_tasks.cli", *command], cwd=folder, env=_env(),
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     checkpoints = folder / "runs" / "lifecycle" / RUN_ID / "checkpoints"
     try:
         deadline = time.time() + 300

@@ -1,0 +1,141 @@
+"""The process the suite forks its ``rescale`` commands from (``tests/forked.py``).
+
+Started once per test worker, it imports torch, Lightning, W&B and the suite (~9 s on 2 cores, what
+every ``python -m rescale_tasks.cli`` pays before its first line), then serves requests on a Unix
+socket: each names a module to run as ``python -m`` would, its arguments, working folder and
+environment, and brings the three standard streams as file descriptors. It forks, and the child
+runs the module as ``__main__`` (``runpy``) with those streams, in that folder and environment, and
+exits as a fresh interpreter would (``sys.exit`` at the top level: atexit handlers, W&B's
+included, run). The server tells the requester the child's pid, and its wait status once it has
+reaped it.
+
+Run as ``python tests/zygote.py SOCKET``; it prints ``ready`` once it listens.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+
+PRELOAD = ("torch", "torchvision", "lightning.pytorch", "wandb", "rescale_core",
+           "rescale_tasks.cli", "rescale_tasks.common.cli.command", "rescale_tasks.classification.module",
+           "rescale_tasks.classification.data")
+
+
+def send_message(conn: socket.socket, message: dict, fds: list[int] = ()) -> None:
+    data = json.dumps(message).encode()
+    payload = struct.pack("!I", len(data)) + data
+    if fds:
+        socket.send_fds(conn, [payload], list(fds))
+    else:
+        conn.sendall(payload)
+
+
+def read_message(conn: socket.socket, nfds: int = 0) -> tuple[dict, list[int]]:
+    """One length-prefixed JSON message and the descriptors that came with its first bytes."""
+    fds: list[int] = []
+    if nfds:
+        head, fds, _, _ = socket.recv_fds(conn, 4, nfds)
+    else:
+        head = conn.recv(4)
+    while len(head) < 4:
+        more = conn.recv(4 - len(head))
+        if not more:
+            raise EOFError("the peer closed the connection")
+        head += more
+    (size,) = struct.unpack("!I", head)
+    data = b""
+    while len(data) < size:
+        more = conn.recv(size - len(data))
+        if not more:
+            raise EOFError("the peer closed the connection")
+        data += more
+    return json.loads(data), fds
+
+
+def _serve(path: str) -> tuple[dict, list[int]]:
+    """Serve until the listener closes; returns (in a forked child only) the request it runs."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    print("ready", flush=True)
+    waiting: dict[int, socket.socket] = {}
+    while True:
+        readable, _, _ = select.select([listener, sys.stdin], [], [], 0.05)
+        if sys.stdin in readable and not sys.stdin.readline():
+            return {}, []  # the test worker went away
+        if listener in readable:
+            conn, _ = listener.accept()
+            request, fds = read_message(conn, 3)
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                for other in waiting.values():
+                    other.close()
+                conn.close()
+                return request, fds
+            for fd in fds:
+                os.close(fd)
+            send_message(conn, {"pid": pid})
+            waiting[pid] = conn
+        while waiting:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = waiting.pop(pid, None)
+            if conn is not None:
+                try:
+                    send_message(conn, {"status": status})
+                except OSError:
+                    pass
+                conn.close()
+
+
+def _become(request: dict, fds: list[int]) -> None:
+    """This forked child as the process the request describes, before its module runs."""
+    if request.get("new_session"):
+        os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    # a fresh interpreter's signal dispositions: Ctrl-C raises KeyboardInterrupt, the rest default
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    sys.stdin = open(0, closefd=False)
+    sys.stdout = open(1, "w", closefd=False, buffering=1 if os.isatty(1) else -1)
+    sys.stderr = open(2, "w", closefd=False, buffering=1)
+    if "numpy" in sys.modules:  # a fresh process seeds numpy's global generator from the OS
+        sys.modules["numpy"].random.seed()
+    # ``python -m``'s path: the working folder, then PYTHONPATH, then the installation's (this
+    # script's own folder, the zygote's first entry, is not a child's)
+    extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:1] = [os.getcwd(), *extra]
+    sys.argv = [request["module"], *request["args"]]
+
+
+def main() -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # read once, when torch's OpenMP loads
+    import importlib
+    for name in PRELOAD:
+        importlib.import_module(name)
+    request, fds = _serve(sys.argv[1])
+    if not request:
+        return
+    _become(request, fds)
+    import runpy
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
