@@ -32,7 +32,12 @@ launch them:
   (:mod:`rescale_core.plans.frozen`: once per evaluation), and again with the frozen plan off
   (``set_frozen(model, False)``: the plan set on the model evaluates, as before the frozen plan
   existed), both under bf16 autocast and channels_last and in float32 on contiguous tensors (the
-  CPU default).
+  CPU default);
+- one adaptive gradient clipping call (:mod:`rescale_core.agc`, the ``agc_clip`` training option)
+  on the parameters it clips in training (all but the output layer), next to the lean train step
+  and to timm's per-parameter ``adaptive_clip_grad``: its launches include its one in-place
+  ``_foreach_copy_``, which returns nothing (:class:`WriteCounter`; the train-step counts leave
+  such ops out: SGD's three in-place foreach updates).
 
 Families: ResNet-50 (bottleneck), ResNeXt-50 32x4d (grouped bottleneck), ResNet-18 (basic),
 Wide-ResNet 16-4, the R3D-18 video ResNet, VGG-11 and the Transformer (``transformer_tiny``),
@@ -56,11 +61,14 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rescale_core
+from rescale_core.agc import adaptive_clip_grad_, unit_size
+from rescale_tasks.common.training import output_layers
 
 from .toolkit import SectionResult, Settings, Table
 
 __all__ = ["OpCounter", "Family", "FAMILIES", "StepCount", "count_step", "count_contender",
-           "op_counts", "op_table", "EvalCount", "count_eval", "eval_counts", "eval_table", "section_ops", "main"]
+           "op_counts", "op_table", "EvalCount", "count_eval", "eval_counts", "eval_table", "WriteCounter",
+           "AgcCount", "count_agc", "agc_table", "section_ops", "main"]
 
 
 class OpCounter(TorchDispatchMode):
@@ -371,6 +379,67 @@ def eval_table(counts: list[EvalCount]) -> tuple[list[str], list[list[str]]]:
     return columns, rows
 
 
+# --------------------------------------------------------------- adaptive gradient clipping
+class WriteCounter(OpCounter):
+    """:class:`OpCounter` that also counts, as launches, the aten ops that write their arguments
+    and return nothing (the in-place foreach ops: ``_foreach_copy_``, ``_foreach_mul_`` ...)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func.namespace == "aten" and func._schema.is_mutable and not func._schema.returns:
+            self.launches += 1
+            self.by_op[str(func)] += 1
+        return out
+
+
+@dataclass
+class AgcCount:
+    family: str
+    name: str            # scheme label
+    parameters: int      # the parameters clipped (all but the output layer's)
+    unit_sizes: int      # their distinct unit sizes (rescale_core.agc.unit_size)
+    launches: int        # one adaptive_clip_grad_ call, its in-place foreach copy included
+    timm: int | None     # timm's per-parameter adaptive_clip_grad on the same parameters (None: no timm)
+
+
+def count_agc(family: Family, scheme: str, options: dict | None = None, plan: str = "lean") -> AgcCount:
+    """The launches of one AGC call on the parameters of ``family`` under ``scheme`` that AGC
+    clips in training (the output layer left out, :func:`rescale_tasks.common.training.output_layers`),
+    with gradients in the layout a train step leaves them (the weights', channels_last for the
+    conv families)."""
+    model, _, _ = _built(family, scheme, options, plan)
+    skip = {id(p) for m in output_layers(model) for p in m.parameters()}
+    params = [p for p in model.parameters() if id(p) not in skip]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    counter = WriteCounter()
+    with counter:
+        adaptive_clip_grad_(params, 0.01)
+    timm = None
+    try:
+        from timm.utils.agc import adaptive_clip_grad  # an optional dependency (the bench extra)
+    except ImportError:
+        pass
+    else:
+        loop = WriteCounter()
+        with loop:
+            adaptive_clip_grad(params, 0.01)
+        timm = loop.launches
+    return AgcCount(family.name, scheme, len(params), len({unit_size(p) for p in params}), counter.launches, timm)
+
+
+def agc_table(agc: list[AgcCount], counts: list[ContenderCount]) -> tuple[list[str], list[list[str]]]:
+    """Columns and rows: one AGC call's launches against the lean train step of the same network."""
+    columns = ["family", "contender", "parameters clipped", "unit sizes", "AGC launches", "x lean train step",
+               "timm's loop"]
+    rows = []
+    for a in agc:
+        train = next(c for c in counts if c.family == a.family and c.name == a.name and c.plan == "lean")
+        rows.append([a.family, a.name, str(a.parameters), str(a.unit_sizes), str(a.launches),
+                     f"{a.launches / train.train.launches:.3f}", "-" if a.timm is None else str(a.timm)])
+    return columns, rows
+
+
 def section_ops(settings: Settings) -> SectionResult:
     """``make bench``'s op-count section (device independent: counted on the CPU)."""
     counts = op_counts()
@@ -388,6 +457,20 @@ def section_ops(settings: Settings) -> SectionResult:
         if c.role == "scheme":
             floor = next(o for o in counts if o.family == c.family and o.role == "floor")
             result.metrics[f"ops {c.family} {c.name} {c.plan} x floor"] = c.train.launches / floor.train.launches
+    agc = [count_agc(FAMILIES[name], "rescale") for name in FAMILIES]
+    columns, rows = agc_table(agc, counts)
+    result.tables.append(Table(
+        "Adaptive gradient clipping: launches of one call (rescale_core.agc, --model.init_args.agc_clip) on the "
+        "parameters it clips, against the lean train step", columns, rows,
+        notes=["AGC launches: one gather of every gradient and weight, a norm and a scaling per unit size, the "
+               "clipping factors (6 ops) and one foreach copy back: 2 x unit sizes + 9, whatever the number of "
+               "parameters; timm's adaptive_clip_grad: about 10 per parameter",
+               "x lean train step: against the step's launches in the first table (which leaves out SGD's three "
+               "in-place foreach updates; the AGC count includes its in-place copy)",
+               "parameters clipped: all but the output layer's (the paper's final linear layer; agc_clip_classifier "
+               "clips it too)"]))
+    for a, row in zip(agc, rows):
+        result.metrics[f"ops agc {a.family} {a.name} x lean train step"] = float(row[5])
     for autocast, setting in ((True, "bf16 autocast, channels_last"), (False, "float32, contiguous: the CPU default")):
         evals = eval_counts(autocast=autocast, channels_last=autocast)
         columns, rows = eval_table(evals)

@@ -9,13 +9,15 @@ SkipInit (De & Smith 2020), Fixup (Zhang et al. 2019) and ReZero (Bachlechner et
 
 Nothing here imports Lightning, W&B or data code; every task builds its networks through
 :func:`create_model`. :mod:`rescale_core.generation` translates with a Transformer (greedy
-and beam search over cached keys/values).
+and beam search over cached keys/values); :func:`adaptive_clip_grad_` is Adaptive Gradient
+Clipping (Brock et al. 2021) in a few launches (:mod:`rescale_core.agc`).
 """
 import importlib.metadata
 import re
 from pathlib import Path
 
-from . import analysis, generation, models  # noqa: F401  (models registers every family)
+from . import agc, analysis, generation, models  # noqa: F401  (models registers every family)
+from .agc import adaptive_clip_grad_
 from .blocks import ResidualBlock, ResidualMerge, ResidualSublayer
 from .generation import beam_search, greedy_search
 from .layers import Gain, MeanShiftBias, ScalarBias
@@ -30,6 +32,7 @@ __all__ = [
     "Scheme", "param_groups", "analysis", "ResidualBlock", "ResidualMerge", "ResidualSublayer",
     "MeanShiftBias", "ScalarBias", "Gain", "mean_shift_layers", "finish_measuring",
     "reference_path", "generation", "greedy_search", "beam_search", "PLANS", "set_plan", "plan_of",
+    "agc", "adaptive_clip_grad_",
 ]
 
 

@@ -5,7 +5,8 @@ Zhang et al. 2019).
 - :class:`ResidualMerge`: ``block_scale * (skip_scale * s + branch_scale * gain * f + bias)``.
   The analysis probe hooks this module: its two inputs are the skip and branch terms.
 - :class:`ResidualBlock`: basic (2 convs) or bottleneck (3 convs) branch, 1D/2D/3D, projection
-  shortcut; attribute names follow torchvision (``conv1``, ``bn1``, ..., ``downsample``) so a
+  shortcut, in the ResNet v1 layout or NF-ResNet's pre-activation one (``Scheme.layout``,
+  Brock et al. 2021); attribute names follow torchvision (``conv1``, ``bn1``, ..., ``downsample``) so a
   ``bn`` ResNet loads torchvision's state dicts and torchvision's FPN/detectors wrap it.
   Pre-conv biases (mean-shift or Fixup scalars) are ``shift1``..``shiftm``. Those names are the
   state dict's; code reads the branch through :meth:`ResidualBlock.branch_layers` (one
@@ -31,12 +32,12 @@ import torch
 from torch import nn
 
 from .init import init_branch, init_shortcut, rescale_conv_multiplier
-from .layers import (Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_shape, conv_nd,
-                     dropout_nd, make_norm)
+from .layers import (RELU_GAMMA, Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_shape, conv_nd,
+                     dropout_nd, make_norm, scaled_std_conv_nd)
 from .plans.dispatch import Planned, implementation
 from .schemes import Scheme
 
-__all__ = ["ResidualMerge", "BranchLayer", "ResidualBlock", "ResidualSublayer", "pre_conv_bias"]
+__all__ = ["ResidualMerge", "BranchLayer", "ResidualBlock", "ResidualSublayer", "pre_conv_bias", "scheme_conv"]
 
 
 class ResidualMerge(nn.Module):
@@ -87,6 +88,15 @@ def _strided(stride) -> bool:
     return any(s != 1 for s in stride) if isinstance(stride, (tuple, list)) else stride != 1
 
 
+def scheme_conv(scheme: Scheme, spatial_dims: int, *args, **kwargs) -> nn.Module:
+    """A convolution as ``scheme`` builds them: :func:`~.layers.conv_nd`, or under ``scaled_ws`` a
+    Scaled Weight Standardized one with ReLU's gamma folded in (Brock et al. 2021, Sec. 4.2; as
+    timm's ``NormFreeNet``, every conv of the network gets gamma, the stem's included)."""
+    if scheme.scaled_ws:
+        return scaled_std_conv_nd(spatial_dims, *args, gamma=RELU_GAMMA, **kwargs)
+    return conv_nd(spatial_dims, *args, **kwargs)
+
+
 def pre_conv_bias(scheme: Scheme, channels: int, spatial_dims: int) -> nn.Module:
     """What a scheme puts in front of a convolution: mean-shift bias, Fixup scalar, or nothing."""
     if scheme.mean_shift:
@@ -117,7 +127,10 @@ class BranchLayer(NamedTuple):
 
 
 class ResidualBlock(Planned):
-    """``relu(merge(shortcut(x), F(x)))`` with F a basic or bottleneck branch.
+    """``relu(merge(shortcut(x), F(x)))`` with F a basic or bottleneck branch (``layout="v1"``), or
+    NF-ResNet's pre-activation block ``merge(shortcut, F(h))``, ``h = relu(x) / beta`` with the
+    shortcut ``x`` or, on a transition (projection) block, ``downsample(h)`` (``layout="preact"``,
+    Brock et al. 2021, Sec. 3 and Fig. 2; timm's ``NormFreeBlock``; docs/nf_resnets.md).
 
     Args:
         scheme: the residual scheme.
@@ -134,18 +147,25 @@ class ResidualBlock(Planned):
             ``stride`` may be a tuple per dim, e.g. ``(1, 2, 2)``: no temporal downsampling.
             The folded plan folds an input offset only into convs without padding, so a padded
             ``3 x 1 x 1`` conv gets it added to its input, as the reference does.
+        input_var: ``layout="preact"``: the analytic variance ``beta^2`` of the stream entering
+            the block (the model chains :attr:`output_var`); ignored in the v1 layout.
     """
 
     expansions = {"basic": 1, "bottleneck": 4}
+    # the v1 layout's values: what a block built (or pickled) without the NF layout holds
+    preact = False
+    input_var = input_scale = output_var = 1.0
 
     def __init__(self, scheme: Scheme, in_channels: int, planes: int, stride: "int | tuple[int, ...]" = 1,
                  kind: str = "basic", k: int = 1, L: int = 1, spatial_dims: int = 2,
                  groups: int = 1, base_width: int = 64, conv_dropout: float = 0.0,
-                 temporal_kernels: "tuple[int | None, ...] | None" = None) -> None:
+                 temporal_kernels: "tuple[int | None, ...] | None" = None,
+                 input_var: float = 1.0) -> None:
         super().__init__()
         if kind not in self.expansions:
             raise ValueError(f"unknown block kind {kind!r}; expected basic or bottleneck")
         self.kind, self.k, self.L = kind, k, L
+        self.preact = scheme.layout == "preact"
         out_channels = planes * self.expansions[kind]
         if kind == "basic":
             if groups != 1 or base_width != 64:
@@ -169,8 +189,8 @@ class ResidualBlock(Planned):
             # an int kernel where the default applies: the very modules (and init) of before
             ks = ks if kt is None else (kt, ks, ks)
             padding = ks // 2 if isinstance(ks, int) else tuple(k // 2 for k in ks)
-            conv = conv_nd(spatial_dims, cin, cout, ks, stride=s, padding=padding, groups=g,
-                           bias=scheme.conv_bias)
+            conv = scheme_conv(scheme, spatial_dims, cin, cout, ks, stride=s, padding=padding, groups=g,
+                               bias=scheme.conv_bias)
             setattr(self, f"conv{i}", conv)
             norm = _post_conv(scheme, cout, spatial_dims, last=i == m)
             setattr(self, f"bn{i}", norm)
@@ -183,6 +203,17 @@ class ResidualBlock(Planned):
             self.downsample = self._shortcut(scheme, in_channels, out_channels, stride, spatial_dims)
         self.merge = ResidualMerge(scheme, k, L, channel_shape(out_channels, spatial_dims))
         self.merge_norm = make_norm("bn", out_channels, spatial_dims) if scheme.merge_norm else nn.Identity()
+        # NF-ResNet (Brock et al. 2021, Sec. 3): the input is divided by its expected std beta; a
+        # transition's shortcut sees that unit-variance input, so the stream restarts at variance 1,
+        # and every block adds alpha^2 (its branch has unit variance at init)
+        self.input_var = float(input_var) if self.preact else 1.0
+        self.input_scale = 1.0 / self.input_var ** 0.5
+        if self.preact:
+            self.preact_relu = nn.ReLU()
+            restart = 1.0 if self.downsample is not None else self.input_var
+            self.output_var = restart + self.merge.branch_scale ** 2
+        else:
+            self.output_var = 1.0
         init_branch(scheme, convs, norms, k, L, dropout=conv_dropout)
         self.check_scheme(scheme)
 
@@ -193,9 +224,12 @@ class ResidualBlock(Planned):
             layers = [StridedAvgPool(stride, spatial_dims)] if _strided(stride) else []
             layers += [MeanShiftBias(cin, spatial_dims, scheme.measure_batches),
                        conv_nd(spatial_dims, cin, cout, 1, bias=False)]
+        elif scheme.layout == "preact":  # timm's NormFreeBlock (DownsampleAvg): avgpool(stride) -> conv1x1
+            layers = [StridedAvgPool(stride, spatial_dims)] if _strided(stride) else []
+            layers.append(scheme_conv(scheme, spatial_dims, cin, cout, 1, bias=scheme.conv_bias))
         else:
             layers = [ScalarBias()] if scheme.scalar_biases else []
-            layers.append(conv_nd(spatial_dims, cin, cout, 1, stride=stride, bias=scheme.conv_bias))
+            layers.append(scheme_conv(scheme, spatial_dims, cin, cout, 1, stride=stride, bias=scheme.conv_bias))
             if scheme.norm in ("bn", "gn"):
                 layers.append(make_norm(scheme.norm, cout, spatial_dims))
         shortcut = nn.Sequential(*layers)
@@ -224,6 +258,10 @@ class ResidualBlock(Planned):
         return self._forward_reference(x)
 
     def _forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        if self.preact:
+            h = self.preact_relu(x) * self.input_scale
+            shortcut = x if self.downsample is None else self.downsample(h)
+            return self.merge(shortcut, self.branch(h))
         shortcut = x if self.downsample is None else self.downsample(x)
         out = self.merge(shortcut, self.branch(x))
         return self.relu(self.merge_norm(out))

@@ -1,5 +1,10 @@
-"""Initialisers (He et al. 2015; RescaleNet, Shao et al. 2020; Fixup, Zhang et al. 2019), each citing
-the equation it implements.
+"""Initialisers (He et al. 2015; RescaleNet, Shao et al. 2020; Fixup, Zhang et al. 2019; NF-ResNets,
+Brock et al. 2021), each citing the equation it implements.
+
+``init="nf"`` (timm's ``NormFreeNet`` and the official JAX code): every conv N(0, 1/fan_in), the
+classifier N(0, 0.01^2), zero biases. Scaled Weight Standardization makes a conv's function
+independent of its raw weight's scale; that scale sets only the size of the updates relative to
+the weight (the gradient of a standardized weight is inversely proportional to its std).
 
 Called once by the blocks and model families at construction time (never from ``forward``).
 """
@@ -68,10 +73,14 @@ def init_branch(scheme: Scheme, convs: list[nn.Module], norms: list[nn.Module], 
                 he_normal_(conv.weight, "fan_out", multiplier=fixup_multiplier(L, m))
         elif scheme.init == "he_fan_in":
             he_normal_(conv.weight, "fan_in")
+        elif scheme.init == "nf":
+            he_normal_(conv.weight, "fan_in", gain=1.0)
         else:  # torchvision's ResNet: kaiming_normal_(mode="fan_out", nonlinearity="relu")
             he_normal_(conv.weight, "fan_out")
         if getattr(conv, "bias", None) is not None:
             conv.bias.zero_()
+        if isinstance(getattr(conv, "gain", None), nn.Parameter):  # Scaled WS: the conv's own scale
+            conv.gain.fill_(0.0 if (scheme.zero_gamma and last) else 1.0)
     for i, norm in enumerate(norms):
         if getattr(norm, "weight", None) is not None and isinstance(norm.weight, nn.Parameter):
             if isinstance(norm, (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)):
@@ -85,8 +94,8 @@ def init_shortcut(scheme: Scheme, conv: nn.Module) -> None:
     Fixup's fan-out He normal, torchvision's fan-out He normal otherwise. ``scheme.shortcut_gain``
     replaces the gain (the signal-preserving transition of docs/studies.md, the basic-block
     yardstick)."""
-    mode, gain = {"rescale": ("fan_in", 1.0), "he_fan_in": ("fan_in", math.sqrt(2.0))}.get(
-        scheme.init, ("fan_out", math.sqrt(2.0)))
+    mode, gain = {"rescale": ("fan_in", 1.0), "he_fan_in": ("fan_in", math.sqrt(2.0)),
+                  "nf": ("fan_in", 1.0)}.get(scheme.init, ("fan_out", math.sqrt(2.0)))
     he_normal_(conv.weight, mode, gain=gain if scheme.shortcut_gain is None else scheme.shortcut_gain)
     if getattr(conv, "bias", None) is not None:
         conv.bias.zero_()
@@ -94,14 +103,18 @@ def init_shortcut(scheme: Scheme, conv: nn.Module) -> None:
 
 @torch.no_grad()
 def init_stem(scheme: Scheme, conv: nn.Module) -> None:
-    he_normal_(conv.weight, "fan_out" if scheme.init in ("he_fan_out", "fixup") else "fan_in")
+    if scheme.init == "nf":
+        he_normal_(conv.weight, "fan_in", gain=1.0)
+    else:
+        he_normal_(conv.weight, "fan_out" if scheme.init in ("he_fan_out", "fixup") else "fan_in")
     if getattr(conv, "bias", None) is not None:
         conv.bias.zero_()
 
 
 @torch.no_grad()
 def init_classifier(scheme: Scheme, fc: nn.Linear) -> None:
-    """Fixup: zeros (rule 1). RescaleNet: He normal with gain 1 (official code). Otherwise
+    """Fixup: zeros (rule 1). RescaleNet: He normal with gain 1 (official code). NF-ResNets:
+    N(0, 0.01^2) (timm's ``NormFreeNet``, the official code's default ``fc_init``). Otherwise
     PyTorch's default Linear init, as torchvision's ResNet. ``scheme.classifier_gain``: He normal
     (fan-in) with that gain instead (the signal-preserving head of docs/studies.md, the
     basic-block yardstick)."""
@@ -111,4 +124,7 @@ def init_classifier(scheme: Scheme, fc: nn.Linear) -> None:
     elif scheme.classifier_gain is not None or scheme.init == "rescale":
         gain = 1.0 if scheme.classifier_gain is None else scheme.classifier_gain
         he_normal_(fc.weight, "fan_in", gain=gain)
+        fc.bias.zero_()
+    elif scheme.init == "nf":
+        fc.weight.normal_(0.0, 0.01)
         fc.bias.zero_()

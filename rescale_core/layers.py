@@ -5,7 +5,11 @@
   mean of ``x`` measured over the first ``measure_batches`` training batches.
 - :class:`ScalarBias` / :class:`Gain`: Fixup's scalar biases and the learnable branch
   multipliers (scalar or per-channel) of RescaleNet, SkipInit, Fixup and ReZero.
-- :func:`make_norm`, :func:`conv_nd`: factories so one block serves 1D/2D/3D and every norm.
+- :class:`ScaledStdConv1d` / ``2d`` / ``3d``: Scaled Weight Standardization (Brock, De & Smith,
+  ICLR 2021, Sec. 4.2, Eq. 1): the convolution with ``gain * gamma * (W - mean) / (std * sqrt(fan_in))``
+  per output channel; :data:`RELU_GAMMA` is ReLU's gamma (docs/nf_resnets.md).
+- :func:`make_norm`, :func:`conv_nd`, :func:`scaled_std_conv_nd`: factories so one block serves
+  1D/2D/3D and every norm.
 
 Under autocast these layers act in the dtype of the activation they receive (their float32
 parameters are cast to it, as autocast casts a convolution's weight and bias, and as a BatchNorm
@@ -43,7 +47,8 @@ from torch import nn
 from .compat import mean_shift_state
 
 __all__ = ["MeanShiftBias", "ScalarBias", "Gain", "channel_shape", "make_norm", "conv_nd", "pool_nd",
-           "dropout_nd", "StridedAvgPool"]
+           "dropout_nd", "StridedAvgPool", "RELU_GAMMA", "RELU_GAMMA_EXACT", "ScaledStdConv1d", "ScaledStdConv2d",
+           "ScaledStdConv3d", "scaled_std_conv_nd"]
 
 
 def channel_shape(num_channels: int, spatial_dims: int) -> tuple[int, ...]:
@@ -215,6 +220,74 @@ def make_norm(kind: str | None, num_channels: int, spatial_dims: int = 2,
 
 def conv_nd(spatial_dims: int, *args, **kwargs) -> nn.Module:
     return {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[spatial_dims](*args, **kwargs)
+
+
+#: ReLU's gamma in closed form (Brock et al. 2021, Sec. 4.2): ``1 / std(relu(z))`` for
+#: ``z ~ N(0, 1)``. ``E[relu(z)] = 1/sqrt(2 pi)`` and ``E[relu(z)^2] = 1/2``, so
+#: ``Var[relu(z)] = (1 - 1/pi) / 2`` and ``gamma = sqrt(2 / (1 - 1/pi)) = 1.7128585...``.
+RELU_GAMMA_EXACT = math.sqrt(2.0 / (1.0 - 1.0 / math.pi))
+#: The ReLU gamma the NF networks use: the official code's constant (timm's too), a numerical
+#: estimate 0.064% above :data:`RELU_GAMMA_EXACT`. The published results and pretrained weights
+#: were obtained with it, and our outputs equal timm's only with it (docs/nf_resnets.md).
+RELU_GAMMA = 1.7139588594436646
+
+
+class _ScaledStd:
+    """Scaled Weight Standardization of a convolution's weight (Brock et al. 2021, Sec. 4.2, Eq. 1),
+    mixed into ``nn.Conv1d`` / ``nn.Conv2d`` / ``nn.Conv3d``: the convolution runs with
+
+        ``W_hat[o] = gain[o] * gamma * (W[o] - mean(W[o])) / (sqrt(var(W[o]) + eps) * sqrt(fan_in))``
+
+    where ``W[o]`` is the weight of output channel ``o`` (``fan_in`` values: input channels of
+    its group times the kernel), ``var`` the biased variance, ``gain`` a learnable per-channel
+    scale (init 1; no weight decay, :func:`rescale_core.param_groups`) and ``gamma`` the
+    nonlinearity's constant that the paper puts in the activation before the conv (for ReLU,
+    :data:`RELU_GAMMA`; ReLU is positively homogeneous, so the product is the same). ``eps``
+    sits beside the variance, 1e-5 as timm's ``NfCfg.std_conv_eps`` (the official JAX code
+    clamps ``var * fan_in`` at 1e-4 instead: docs/nf_resnets.md). The standardized weight is
+    computed in every forward, from the raw weight the optimizer updates."""
+
+    def __init__(self, *args, gamma: float = 1.0, eps: float = 1e-5, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gamma, self.eps = float(gamma), float(eps)
+        self.fan_in = self.weight[0].numel()
+        self.gain = nn.Parameter(torch.ones(self.out_channels, dtype=self.weight.dtype,
+                                            device=self.weight.device))
+
+    def standardized_weight(self) -> torch.Tensor:
+        """``W_hat``: one batch-norm over each output channel's ``fan_in`` weights (the weight seen
+        as a batch of one with ``out_channels`` channels), the per-channel scale
+        ``gain * gamma / sqrt(fan_in)`` as its affine weight: one fused kernel each way."""
+        scale = self.gain * (self.gamma / math.sqrt(self.fan_in))
+        flat = self.weight.reshape(1, self.out_channels, self.fan_in)
+        return nn.functional.batch_norm(flat, None, None, weight=scale, training=True, momentum=0.0,
+                                        eps=self.eps).reshape_as(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._conv_forward(x, self.standardized_weight(), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, gamma={self.gamma:.6g}, eps={self.eps:g}"
+
+
+class ScaledStdConv1d(_ScaledStd, nn.Conv1d):
+    """``nn.Conv1d`` with Scaled Weight Standardization (:class:`_ScaledStd`)."""
+
+
+class ScaledStdConv2d(_ScaledStd, nn.Conv2d):
+    """``nn.Conv2d`` with Scaled Weight Standardization (:class:`_ScaledStd`); timm's
+    ``ScaledStdConv2d`` computes the same function (its gain is shaped ``(C, 1, 1, 1)``)."""
+
+
+class ScaledStdConv3d(_ScaledStd, nn.Conv3d):
+    """``nn.Conv3d`` with Scaled Weight Standardization (:class:`_ScaledStd`)."""
+
+
+def scaled_std_conv_nd(spatial_dims: int, *args, gamma: float = 1.0, eps: float = 1e-5,
+                       **kwargs) -> nn.Module:
+    """:func:`conv_nd` with Scaled Weight Standardization."""
+    cls = {1: ScaledStdConv1d, 2: ScaledStdConv2d, 3: ScaledStdConv3d}[spatial_dims]
+    return cls(*args, gamma=gamma, eps=eps, **kwargs)
 
 
 def pool_nd(kind: str, spatial_dims: int, *args, **kwargs) -> nn.Module:

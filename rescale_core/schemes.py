@@ -30,6 +30,16 @@ The merge every scheme reduces to (block k of L, k = 1..L)::
 - SkipInit's counter-examples (rebuttal): ``bn_scaled`` (a BN ResNet whose blocks output
   ``alpha (x + F(x))``, alpha = sqrt(1/2)), ``bn_head`` (one BN before the classifier only),
   ``bn_merge`` (BN on the branch plus a BN after the merge).
+- ``nf``: NF-ResNet (Brock, De & Smith, ICLR 2021, Sec. 3-4, the layout of their Fig. 2 and
+  timm's ``nf_resnet50``): ``layout="preact"``, ``x_{l+1} = x_l + alpha * F_l(relu(x_l) / beta_l)``
+  with ``alpha = nf_alpha`` (0.2) and ``beta_l`` the analytic std of the stream (1 after every
+  transition block, ``beta_{l+1}^2 = beta_l^2 + alpha^2`` after each other block), the transition's
+  projection shortcut on the scaled activation; Scaled Weight Standardization on every conv
+  (``scaled_ws``, :class:`rescale_core.layers.ScaledStdConv2d`) with ReLU's gamma folded into it
+  and conv biases; the last conv gain of each branch zero-initialised (``zero_gamma``, timm's
+  default); ``init="nf"``. ``nf_skipinit``: that gain starts at 1 and a scalar SkipInit gain, init
+  0, ends each branch (timm's ``skipinit=True``). Formulas, layout and where we differ from timm
+  and from the official JAX code: docs/nf_resnets.md.
 - Transformer sublayers: ``post_ln`` and ``pre_ln`` beside ``rescale``, ``rezero``, ``skipinit``.
 
 Every field is typed: an override whose value does not fit (``mean_shift="flase"``,
@@ -44,8 +54,9 @@ handle it (a new value of a categorical field: to its tuple there). Until then t
 the reference path (:func:`rescale_core.plans.implements`): under every scheme for a field not
 listed, under the schemes that use it for a value not listed.
 
-Deviation (all schemes, conv families): blocks use the ResNet v1 layout (ReLU after the merge),
-including the Wide-ResNets that are pre-activation in Zagoruyko & Komodakis (2016).
+Deviation (all schemes but ``nf``, conv families): blocks use the ResNet v1 layout (ReLU after the
+merge, ``layout="v1"``), including the Wide-ResNets that are pre-activation in Zagoruyko &
+Komodakis (2016).
 """
 from __future__ import annotations
 
@@ -70,8 +81,9 @@ _CHOICES: dict[str, tuple] = {
     "norm": (None, "bn", "gn", "ln"),
     "merge": ("add", "rescale"),
     "gain": (None, "scalar", "vector"),
-    "init": ("he_fan_out", "he_fan_in", "rescale", "fixup"),
+    "init": ("he_fan_out", "he_fan_in", "rescale", "fixup", "nf"),
     "norm_position": ("post", "pre"),
+    "layout": ("v1", "preact"),
 }
 
 
@@ -175,7 +187,7 @@ class Scheme:
     families: tuple[str, ...] = ("conv",)
     # --- the branch -----------------------------------------------------------------------
     norm: Optional[str] = None            # "bn" | "gn" | "ln" | None: after each branch layer
-    zero_gamma: bool = False              # last norm weight of each branch starts at 0
+    zero_gamma: bool = False              # last norm weight (scaled_ws: conv gain) of a branch starts at 0
     norm_position: str = "post"           # transformers: "post" (LN after merge) | "pre"
     mean_shift: bool = False              # RescaleNet: bias - mu0 before every conv
     measure_batches: int = 8              # batches averaged into mu0
@@ -183,6 +195,7 @@ class Scheme:
     conv_bias: bool = False               # ordinary per-channel conv biases
     conv_dropout: float = 0.0             # dropout after each branch conv ...
     conv_dropout_stages: tuple[int, ...] = (3, 4)  # ... in these stages (1-based)
+    scaled_ws: bool = False               # NF: Scaled Weight Standardization on every conv
     # --- the merge ------------------------------------------------------------------------
     merge: str = "add"                    # "add" | "rescale"
     c: Optional[float] = None             # rescale: None -> L (the paper's choice)
@@ -191,6 +204,8 @@ class Scheme:
     gain_init: float = 1.0
     block_scale: float = 1.0              # counter-example: x_k = block_scale * (x + F(x))
     merge_norm: bool = False              # counter-example: a norm after the merge
+    layout: str = "v1"                    # "v1" (ReLU after the merge) | "preact" (NF-ResNet)
+    nf_alpha: Optional[float] = None      # preact: x + nf_alpha * F(relu(x) / beta)
     # --- the network ----------------------------------------------------------------------
     head_norm: bool = False               # counter-example: BN before the classifier only
     classifier_dropout: float = 0.0
@@ -224,6 +239,17 @@ class Scheme:
             raise ValueError(f"scheme {self.name!r}: classifier_gain has no effect with zero_classifier=True")
         if self.measure_batches < 1:
             raise SchemeOptionError("measure_batches", self.measure_batches, "an integer >= 1", name)
+        if self.layout == "preact":
+            alpha = self.nf_alpha
+            if alpha is None or not (math.isfinite(alpha) and alpha > 0):
+                raise SchemeOptionError("nf_alpha", alpha, "a positive number under layout preact", name)
+            clashes = [f"{k}={getattr(self, k)!r}" for k, ok in (("merge", self.merge == "add"),
+                       ("mean_shift", not self.mean_shift), ("merge_norm", not self.merge_norm)) if not ok]
+            if clashes:
+                raise ValueError(f"scheme {self.name!r}: layout 'preact' merges x + nf_alpha * F(x) "
+                                 f"(Brock et al. 2021), which {', '.join(clashes)} would change")
+        elif self.nf_alpha is not None:
+            raise SchemeOptionError("nf_alpha", self.nf_alpha, "null outside layout preact", name)
 
     # --- the merge rule, per block ----------------------------------------------------------
     def skip_scale(self, k: int, L: int) -> float:
@@ -237,6 +263,8 @@ class Scheme:
         """Fixed multiplier of the branch of block k (the learnable gain comes on top)."""
         if self.merge == "rescale":
             return L ** -0.5 if self.fixed_beta else (k + self.c_for(L)) ** -0.5
+        if self.layout == "preact":
+            return float(self.nf_alpha)
         return 1.0
 
     def c_for(self, L: int) -> float:
@@ -298,5 +326,9 @@ register_scheme(Scheme("rezero", families=_CONV_TF, gain="scalar", gain_init=0.0
 register_scheme(Scheme("bn_scaled", norm="bn", block_scale=math.sqrt(0.5)))
 register_scheme(Scheme("bn_head", head_norm=True, init="he_fan_in"))
 register_scheme(Scheme("bn_merge", norm="bn", merge_norm=True))
+register_scheme(Scheme("nf", layout="preact", nf_alpha=0.2, scaled_ws=True, conv_bias=True,
+                       zero_gamma=True, init="nf"))
+register_scheme(Scheme("nf_skipinit", layout="preact", nf_alpha=0.2, scaled_ws=True, conv_bias=True,
+                       gain="scalar", gain_init=0.0, init="nf"))
 register_scheme(Scheme("post_ln", families=("transformer",), norm="ln", norm_position="post"))
 register_scheme(Scheme("pre_ln", families=("transformer",), norm="ln", norm_position="pre"))

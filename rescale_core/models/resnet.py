@@ -21,8 +21,15 @@ multipliers along the stages and fold the stem's and the head's offsets
 (:func:`rescale_core.plans.folded.folded_resnet`, :func:`rescale_core.plans.lean.lean_resnet`); the
 frozen plan evaluates it as a plain network (:func:`rescale_core.plans.frozen.frozen_resnet`).
 
+NF-ResNets (``Scheme.layout="preact"``, Brock et al. 2021; timm's ``NormFreeNet`` for
+``nf_resnet50``): the stem is its conv (Scaled WS) and max-pool, no activation; each block receives
+the analytic variance of the stream (:attr:`ResidualBlock.output_var` of the block before, 1 at the
+first); the head applies ReLU (``final_act``) before global pooling. Every family builds them
+(docs/nf_resnets.md).
+
 Deviations: Wide-ResNets and CIFAR ResNets use the v1 (post-activation) block with a projection
-shortcut; Wide-ResNet depth counts 6n+4 layers as in the WRN paper, CIFAR ResNet 6n+2.
+shortcut, except under ``layout="preact"``; Wide-ResNet depth counts 6n+4 layers as in the WRN
+paper, CIFAR ResNet 6n+2.
 """
 from __future__ import annotations
 
@@ -31,9 +38,9 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from ..blocks import ResidualBlock
+from ..blocks import ResidualBlock, scheme_conv
 from ..init import init_classifier, init_stem
-from ..layers import MeanShiftBias, ScalarBias, conv_nd, make_norm, pool_nd
+from ..layers import MeanShiftBias, ScalarBias, make_norm, pool_nd
 from ..plans.conditions import eager_while_measuring
 from ..plans.dispatch import Planned, implementation
 from ..registry import register_model
@@ -114,6 +121,8 @@ class ResNet(Planned):
         in_channels: input channels (3 for RGB, 1 for digits/MNIST).
     """
 
+    preact = False  # NF layout: the head activates the stream (final_act); what a pickled v1 model holds
+
     def __init__(self, config: ResNetConfig, scheme: "str | Scheme" = "bn",
                  scheme_options: dict | None = None, num_classes: int = 1000,
                  in_channels: int = 3) -> None:
@@ -125,7 +134,7 @@ class ResNet(Planned):
         d = config.spatial_dims
         self.num_blocks = L = sum(config.layers)
         self._build_stem(config, scheme, in_channels)
-        inplanes, k = config.stem_width, 1
+        inplanes, k, stream_var = config.stem_width, 1, 1.0
         expansion = ResidualBlock.expansions[config.block]
         self.stage_names, self.out_channels_per_stage = [], []
         for s, (planes, n) in enumerate(zip(config.widths, config.layers), start=1):
@@ -141,12 +150,16 @@ class ResNet(Planned):
                 blocks.append(ResidualBlock(scheme, inplanes, planes, stride if j == 0 else 1,
                                             config.block, k, L, d, config.groups,
                                             config.width_per_group, drop,
-                                            config.block_temporal_kernels(s, j)))
-                inplanes, k = planes * expansion, k + 1
+                                            config.block_temporal_kernels(s, j), stream_var))
+                inplanes, k, stream_var = planes * expansion, k + 1, blocks[-1].output_var
             setattr(self, f"layer{s}", nn.Sequential(*blocks))
             self.stage_names.append(f"layer{s}")
             self.out_channels_per_stage.append(inplanes)
         self.num_features = inplanes
+        # NF-ResNets: the stream is pre-activation, so the head activates it (timm's final_act)
+        self.preact = scheme.layout == "preact"
+        if self.preact:
+            self.final_act = nn.ReLU()
         self.pool_shift = MeanShiftBias(inplanes, d, scheme.measure_batches) if scheme.mean_shift else nn.Identity()
         self.avgpool = _global_pool(d)
         self.head_norm = nn.BatchNorm1d(inplanes) if scheme.head_norm else nn.Identity()
@@ -159,17 +172,19 @@ class ResNet(Planned):
 
     def _build_stem(self, config: ResNetConfig, scheme: Scheme, in_channels: int) -> None:
         d, w = config.spatial_dims, config.stem_width
+        bias = scheme.conv_bias and scheme.scaled_ws  # timm's NF stem conv has a bias; torchvision's none
         if config.stem == "imagenet":
             kernel = config.stem_kernel or ((3, 7, 7) if d == 3 else 7)
             stride = config.stem_stride or ((1, 2, 2) if d == 3 else 2)
             padding = kernel // 2 if isinstance(kernel, int) else tuple(k // 2 for k in kernel)
-            self.conv1 = conv_nd(d, in_channels, w, kernel, stride=stride, padding=padding, bias=False)
+            self.conv1 = scheme_conv(scheme, d, in_channels, w, kernel, stride=stride, padding=padding, bias=bias)
         elif config.stem == "cifar":
-            self.conv1 = conv_nd(d, in_channels, w, 3, stride=1, padding=1, bias=False)
+            self.conv1 = scheme_conv(scheme, d, in_channels, w, 3, stride=1, padding=1, bias=bias)
         else:
             raise ValueError(f"unknown stem {config.stem!r}; expected imagenet or cifar")
         self.bn1 = _stem_post(scheme, w, d)
-        self.relu = nn.ReLU(inplace=True)
+        # the NF stem ends at its conv (and pool): the first block activates its input
+        self.relu = nn.Identity() if scheme.layout == "preact" else nn.ReLU(inplace=True)
         if config.stem != "imagenet" or config.stem_pool == "none":
             self.maxpool = nn.Identity()
         elif config.stem_pool == "max_spatial":  # SlowFast: pool1 1x3x3, stride (1, 2, 2)
@@ -219,6 +234,8 @@ class ResNet(Planned):
                 for s, name in enumerate(self.stage_names, start=1)]
 
     def pooled(self, x: torch.Tensor) -> torch.Tensor:
+        if self.preact:
+            x = self.final_act(x)
         return torch.flatten(self.avgpool(self.pool_shift(x)), 1)
 
     def classify(self, x: torch.Tensor) -> torch.Tensor:

@@ -57,6 +57,7 @@ IMPLEMENTED_FIELDS: dict[str, tuple | None] = {
     "conv_bias": _BOOL,           # conv.bias enters every folded bias (scaled when carrying)
     "conv_dropout": None,         # self.drop applied; the folds dropout would change are skipped
     "conv_dropout_stages": None,  # which blocks get dropout: construction
+    "scaled_ws": (False,),        # plain convs only: the plans fold and run conv.weight as it is
     # --- the merge
     "merge": ("add", "rescale"),  # ResidualMerge.skip_scale / branch_scale
     "c": None,                    # a number inside skip_scale / branch_scale
@@ -65,6 +66,8 @@ IMPLEMENTED_FIELDS: dict[str, tuple | None] = {
     "gain_init": None,            # init value of the gain
     "block_scale": None,          # inside skip_scale / branch_scale (Fixup's bias unscaled on both)
     "merge_norm": _BOOL,          # merge_norm runs as a module; no scale is carried through it
+    "layout": ("v1",),            # ReLU after the merge; NF's pre-activation blocks run the reference
+    "nf_alpha": None,             # read only under layout "preact" (the branch_scale it gives)
     # --- the network
     "head_norm": _BOOL,           # runs as a module in the ResNet head on every plan
     "classifier_dropout": None,   # runs as a module in the head on every plan

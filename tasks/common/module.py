@@ -15,8 +15,10 @@ from typing import Any, Callable, Iterable, Optional
 
 import lightning.pytorch as L
 import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 
 import rescale_core
+from rescale_core.agc import adaptive_clip_grad_
 
 from .checkpoints import check_checkpoint_compatible
 from .data import (LABELS_KEY, Labels, batch_size, checkpoint_labels, data_labels, data_may_skip_files,
@@ -24,8 +26,9 @@ from .data import (LABELS_KEY, Labels, batch_size, checkpoint_labels, data_label
 from .errors import ConfigError
 from .run import PREDICTIONS_FILE, write_result
 from .system import CODE_KEY, code_version
-from .training import (accepts, as_memory_format, build_optimizer, build_scheduler, compile_in_place,
-                       create_network, default_sgd, resolved_architecture, use_channels_last)
+from .training import (accepts, as_memory_format, build_optimizer, build_scheduler, check_agc_options,
+                       clipped_parameters, compile_in_place, create_network, default_sgd, output_layers,
+                       resolved_architecture, use_channels_last)
 
 __all__ = ["RescaleTaskModule", "OptimizerFactory", "SchedulerFactory", "accepts"]
 
@@ -70,6 +73,14 @@ class RescaleTaskModule(L.LightningModule):
             eager GPU step and for compiling), ``folded`` (fewest passes over the activations, for
             CPUs) or ``reference``; the same function and checkpoint under each.
         compile_options: further ``torch.compile`` arguments (``backend``, ``dynamic`` ...).
+        agc_clip: Adaptive Gradient Clipping (Brock et al., ICML 2021; :mod:`rescale_core.agc`) at
+            this threshold lambda (the paper's 0.01 at batch 4096, larger at smaller batches); None:
+            off. Applied to the final gradients before every optimizer step
+            (:meth:`configure_gradient_clipping`), before the Trainer's ``gradient_clip_val``, if set.
+        agc_eps: the floor of a unit's weight norm in AGC (1e-3: a zero-initialised gain still
+            learns).
+        agc_clip_classifier: clip the network's output layers too (:meth:`output_layers`: the
+            final linear layer, which the paper leaves unclipped; a detector's predictors).
         network_kwargs: what the task module adds to the network's arguments (``num_classes``,
             ``vocab_size`` ...: its own arguments, recorded as those, not here).
     """
@@ -84,12 +95,15 @@ class RescaleTaskModule(L.LightningModule):
                  lr_scheduler: Optional[SchedulerFactory] = None,
                  norm_weight_decay: Optional[float] = None, channels_last: bool = False,
                  compile: bool = False, compile_mode: Optional[str] = None, plan: str = "auto",
-                 compile_options: Optional[dict[str, Any]] = None,
+                 compile_options: Optional[dict[str, Any]] = None, agc_clip: Optional[float] = None,
+                 agc_eps: float = 1e-3, agc_clip_classifier: bool = False,
                  network_kwargs: Optional[dict[str, Any]] = None) -> None:
         super().__init__()
         if plan not in rescale_core.PLANS:
             raise ConfigError(f"model.init_args.plan={plan!r} is not an execution plan; use one of "
                               f"{', '.join(rescale_core.PLANS)} (auto: lean on a GPU, folded on the CPU)")
+        check_agc_options(agc_clip, agc_eps)
+        self.agc_clip, self.agc_eps, self.agc_clip_classifier = agc_clip, agc_eps, agc_clip_classifier
         kwargs = dict(network_options or {}, **(network_kwargs or {}))
         if scheme is not None:
             kwargs["scheme"] = scheme
@@ -139,6 +153,8 @@ class RescaleTaskModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         # the same on every rank (one config): every rank votes in training_step, or none does
         self._may_skip_batches = data_may_skip_files(self._datamodule())
+        if stage == "fit" and self.agc_clip is not None:
+            self._check_agc_strategy(self.trainer.strategy)
 
     def training_step(self, batch, batch_idx: int):
         if must_skip(batch_size(batch), self._may_skip_batches):  # no sample here, or on another rank
@@ -261,6 +277,55 @@ class RescaleTaskModule(L.LightningModule):
         steps_per_epoch = self._steps_per_epoch()
         scheduler, interval = build_scheduler(factory, optimizer, steps_per_epoch, max_epochs)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
+
+    # --- adaptive gradient clipping ----------------------------------------------------------
+    def output_layers(self) -> list[torch.nn.Module]:
+        """The layers whose outputs are the network's outputs, which AGC leaves unclipped unless
+        ``agc_clip_classifier`` (the paper's final linear layer): by default the network's last
+        ``nn.Linear`` (:func:`~.training.clipping.output_layers`: ``fc``, VGG's
+        ``classifier[-1]``, the Transformer's ``output_projection``); a task whose network ends
+        otherwise (a detector's predictors) names its own."""
+        return output_layers(self.net)
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer,
+                                    gradient_clip_val: Optional[float] = None,
+                                    gradient_clip_algorithm: Optional[str] = None) -> None:
+        """AGC (``agc_clip``), then the Trainer's own clipping (``gradient_clip_val``), on the
+        gradients the optimizer is about to step with.
+
+        Why this hook (Lightning 2.6, ``plugins/precision/precision.py`` ``Precision._after_closure``
+        and ``amp.py`` ``MixedPrecision.optimizer_step``): Lightning calls it once per optimizer
+        step, inside ``optimizer.step``'s closure wrapper, after the closure has run every
+        backward of the step; after ``scaler.unscale_`` under fp16 AMP (a GradScaler's step
+        then still skips a step whose unscaled gradients were not finite: ``unscale_`` recorded
+        that before AGC ran; bf16 and fp32 have no scaler); and after every callback's and this
+        module's ``on_before_optimizer_step`` (the divergence monitor checks the raw gradients).
+        With gradient accumulation it runs only at the step that closes the window, on the
+        accumulated gradients (the batch gradient the paper clips). Under DDP the gradients are
+        all-reduced by DDP's bucket hooks during the last backward of the window, the one run by
+        this step's closure (``loops/optimization/automatic.py``: only the earlier backwards of
+        the window run under ``_block_parallel_sync_behavior``, i.e. DDP's ``no_sync``), so
+        every rank clips the same averaged gradients and the ranks stay identical (the 2-process
+        test in ``tests/tasks/common/training/test_plans_and_compile.py`` trains with AGC and
+        ends with the weights of one process given the global batch). The module's
+        ``on_before_optimizer_step`` sees the same gradients; this hook is the one meant for
+        changing them, and it takes the Trainer's clipping settings, so both clippings run here
+        in a stated order. Not called under manual optimization (no task
+        uses it) nor under DeepSpeed, which clips itself: sharded strategies are refused at fit
+        start (:meth:`_check_agc_strategy`)."""
+        if self.agc_clip is not None:
+            excluded = None if self.agc_clip_classifier else self.output_layers()
+            adaptive_clip_grad_(clipped_parameters(optimizer, excluded), self.agc_clip, self.agc_eps)
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    @staticmethod
+    def _check_agc_strategy(strategy: Any) -> None:
+        """Refuse AGC under a strategy whose ranks hold shards of the parameters (FSDP, DeepSpeed,
+        model parallel): a unit's norm needs the whole unit."""
+        if isinstance(strategy, (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)):
+            raise ConfigError(f"model.init_args.agc_clip: adaptive gradient clipping needs whole parameters on "
+                              f"every rank, and {type(strategy).__name__} shards them; train with ddp, or set "
+                              "agc_clip: null")
 
     def _steps_per_epoch(self) -> int:
         """Optimizer steps in one epoch of the training data (1 where it has no length). Counted from

@@ -162,6 +162,16 @@ class DetectionModule(RescaleTaskModule):
         install_padding_aware_measurement(net)
         return net
 
+    #: the last part of the names of the layers whose outputs are a torchvision detector's predictions
+    PREDICTORS = ("cls_logits", "bbox_pred", "cls_score", "mask_fcn_logits", "bbox_reg")
+
+    def output_layers(self) -> list[torch.nn.Module]:
+        """What adaptive gradient clipping leaves alone unless ``agc_clip_classifier``: the layers
+        whose outputs are the detector's predictions, its counterpart of the classifier the paper
+        does not clip (the RPN's objectness and box deltas, the box predictor's class scores and
+        box deltas, the mask predictor's logits; RetinaNet's class logits and box regression)."""
+        return [m for name, m in self.net.named_modules() if name.rsplit(".", 1)[-1] in self.PREDICTORS]
+
     def compiled_part(self) -> torch.nn.Module:
         """The backbone with its FPN. The rest of a detector changes shape with every image's
         objects (proposals, RoI sampling, NMS): compiled whole, it broke into graphs that

@@ -99,6 +99,24 @@ def test_measuring_step_is_counted_for_rescale():
     assert count_contender(FAMILIES["VGG-11"], "none", None, "lean").measuring is None
 
 
+# --------------------------------------------------------------- adaptive gradient clipping
+def test_agc_launches_grow_with_the_unit_sizes_not_the_parameters():
+    """One AGC call on RescaleNet-50's clipped parameters (all but the classifier): a gather, a norm
+    and a scaling per unit size, six ops of clipping factors and one foreach copy back; timm's
+    loop launches about ten per parameter. Against the lean train step: under a tenth."""
+    fam = FAMILIES["ResNet-50"]
+    agc = opcount.count_agc(fam, "rescale")
+    assert agc.launches == 2 * agc.unit_sizes + 9 and agc.unit_sizes <= 16
+    assert agc.timm >= 9 * agc.parameters > 30 * agc.launches
+    train = count_contender(fam, "rescale", None, "lean")
+    columns, rows = opcount.agc_table([agc], [train])
+    assert rows[0][:2] == ["ResNet-50", "rescale"] and float(rows[0][columns.index("x lean train step")]) < 0.1
+    counter = opcount.WriteCounter()
+    with counter:
+        torch._foreach_mul_([torch.ones(2)], 2.0)
+    assert counter.launches == 2  # ones, and the in-place foreach op OpCounter leaves out
+
+
 # --------------------------------------------------------------- eval forwards: the frozen plan
 @pytest.fixture(scope="module")
 def evals():

@@ -50,9 +50,10 @@ def test_block_shapes_and_layout(scheme, kind, planes, out):
     torch.manual_seed(0)
     block = ResidualBlock(get_scheme(scheme), 6, planes, stride=2, kind=kind, k=2, L=5)
     y = block(torch.randn(2, 6, 9, 9))
-    assert y.shape == (2, out, 5, 5) and torch.all(y >= 0)  # ReLU after the merge (v1)
-    assert block.downsample is not None and block.num_convs == (2 if kind == "basic" else 3)
     s = get_scheme(scheme)
+    assert y.shape == (2, out, 5, 5)
+    assert torch.all(y >= 0) == (s.layout == "v1")  # ReLU after the merge (v1), none in NF's pre-activation
+    assert block.downsample is not None and block.num_convs == (2 if kind == "basic" else 3)
     shift = block.shift1
     expected = MeanShiftBias if s.mean_shift else ScalarBias if s.scalar_biases else nn.Identity
     assert type(shift) is expected

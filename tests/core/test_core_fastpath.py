@@ -704,13 +704,19 @@ def _clipped(name: str = "rescale") -> ClippedScheme:
     return ClippedScheme(**vars(get_scheme(name)), branch_clip=0.5)
 
 
+# the shipped schemes the fast plans were not written for yet, and the fields that say so: they
+# run the reference on every plan (tests/core/test_nf_resnet.py)
+REFERENCE_ONLY = {"nf": ["scaled_ws", "layout", "init"], "nf_skipinit": ["scaled_ws", "layout", "init"]}
+
+
 def test_registered_schemes_are_implemented():
-    """Every shipped scheme runs the fast path: ``IMPLEMENTED_FIELDS`` lists exactly the fields
-    of ``Scheme`` (a field added without a decision on the fast path fails here)."""
+    """Every shipped scheme but NF-ResNet's runs the fast path: ``IMPLEMENTED_FIELDS`` lists
+    exactly the fields of ``Scheme`` (a field added without a decision on the fast path fails
+    here)."""
     assert set(plans.IMPLEMENTED_FIELDS) == {f.name for f in dataclasses.fields(Scheme)}
     for name in rescale_core.list_schemes():
-        assert plans.unimplemented(get_scheme(name)) == [], name
-        assert plans.implements(get_scheme(name))
+        assert plans.unimplemented(get_scheme(name)) == REFERENCE_ONLY.get(name, []), name
+        assert plans.implements(get_scheme(name)) == (name not in REFERENCE_ONLY)
 
 
 def _count_paths(monkeypatch) -> collections.Counter:

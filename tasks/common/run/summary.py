@@ -6,7 +6,8 @@ says (the studies put it in each grid point's folder). ``rescale compare`` and t
 aggregations read these files wherever the runs ran (this machine, a SLURM array, a sweep
 agent), so they need neither W&B's servers nor its file format.
 
-Contents: the run's identity (project, group, name, network, scheme, seed, lr, global batch),
+Contents: the run's identity (project, group, name, network, scheme, seed, lr, the adaptive
+gradient clipping threshold ``agc_clip`` (null: off), global batch),
 ``status`` (``finished``, ``diverged``, ``interrupted``), the final value of every logged scalar,
 the best validation values, curves (``[step, value]`` pairs: ``train/loss`` at the logged steps,
 every validation metric once per validation with the value the loggers received, also mid-epoch
@@ -253,6 +254,7 @@ class RunSummary(L.Callback):
             "num_classes": hparams.get("num_classes"),
             "seed": int(os.environ["PL_GLOBAL_SEED"]) if os.environ.get("PL_GLOBAL_SEED") else None,
             "lr": lr,
+            "agc_clip": hparams.get("agc_clip"),
             "batch_size": batch,
             "global_batch": batch * trainer.world_size * trainer.accumulate_grad_batches if batch else None,
             "world_size": trainer.world_size,
@@ -318,7 +320,7 @@ class MalformedSummary(DataError, ValueError):
 # the fields readers use, by the type RunSummary writes them (each may also be null or absent)
 _TEXT = ("name", "project", "group", "run_id", "task", "network", "scheme", "status", "error", "throughput_unit",
          "checkpoint")
-_NUMBER = ("num_classes", "seed", "lr", "batch_size", "global_batch", "world_size", "diverged_step", "steps",
+_NUMBER = ("num_classes", "seed", "lr", "agc_clip", "batch_size", "global_batch", "world_size", "diverged_step", "steps",
            "epochs", "train_seconds", "samples", "samples_per_second")
 _MAPPING = ("scheme_options", "network_options", CODE_KEY)
 _METRICS = ("final", "best")  # metric name -> number

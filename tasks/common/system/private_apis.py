@@ -103,6 +103,8 @@ PRIVATE_APIS = (
                "the option keys a parse error suggests (argparse's list of a parser's actions)"),
     PrivateApi("torch", "_foreach_norm", "name", "common/training/callbacks.py: DivergenceMonitor",
                "the norms of all gradients in one fused call (one host sync for the finiteness check)"),
+    PrivateApi("torch", "_foreach_copy_", "name", "rescale_core/agc.py: adaptive_clip_grad_ (the agc_clip option)",
+               "every clipped gradient written back from the one buffer AGC gathers them in, in one call"),
     PrivateApi("torch.nn.modules.conv", "_ConvNd", "name", "common/training/acceleration.py",
                "the base class of every convolution (1d, 2d, 3d, transposed)"),
 )

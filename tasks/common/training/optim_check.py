@@ -16,6 +16,7 @@ import torch
 
 from ..errors import ConfigError
 from .class_paths import class_of
+from .clipping import check_agc_options
 from .optim import build_scheduler
 
 __all__ = ["check_optimization"]
@@ -91,7 +92,8 @@ def _max_epochs(trainer: dict) -> Optional[int]:
 
 def check_optimization(init_args: Any, trainer: Any) -> None:
     """Refuse, in one line, an optimizer or schedule value torch or the schedule would refuse,
-    and a negative ``norm_weight_decay``. ``init_args``: the model's parsed ``init_args``;
+    a negative ``norm_weight_decay``, and an ``agc_clip`` or ``agc_eps`` that is not a positive
+    number. ``init_args``: the model's parsed ``init_args``;
     ``trainer``: the parsed ``trainer`` section."""
     init = _as_dict(init_args)
     norm_weight_decay = init.get("norm_weight_decay")
@@ -99,6 +101,7 @@ def check_optimization(init_args: Any, trainer: Any) -> None:
         raise ConfigError(f"bad value for model.init_args.norm_weight_decay: {norm_weight_decay!r} (weight decay "
                           "must be >= 0); set it with --model.init_args.norm_weight_decay or null for the "
                           "optimizer's")
+    check_agc_options(init.get("agc_clip"), init.get("agc_eps", 1e-3))
     optimizer = _check(init.get("optimizer"), OPTIMIZER_KEY,
                        lambda target, args: target([torch.nn.Parameter(torch.zeros(1))], **args))
     if not isinstance(optimizer, torch.optim.Optimizer):

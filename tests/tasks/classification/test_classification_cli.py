@@ -38,11 +38,11 @@ def test_experiment_folders_hold_the_papers_rows():
     names = {p.stem for p in (EXPERIMENTS / "imagenet").glob("*.yaml")}
     for required in ["resnet50_bn", "resnet50_gn", "resnet50_bn_zero_gamma", "rescale50", "rescale101",
                      "rescale152", "rescalex101_32x8d", "fixup50", "skipinit50", "vgg19_bn",
-                     "vgg19_rescale", "rescale50_mixup", "rescale50_cosine"]:
+                     "vgg19_rescale", "rescale50_mixup", "rescale50_cosine", "nf_resnet50"]:
         assert required in names
     cifar = {p.stem for p in (EXPERIMENTS / "cifar").glob("*.yaml")}
     for depth in ["wrn16-4", "wrn28-10", "wrn100-2", "wrn1000-2"]:
-        for scheme in ["bn", "rescale", "skipinit", "fixup", "none"]:
+        for scheme in ["bn", "rescale", "skipinit", "fixup", "none", "nf"]:
             assert f"{depth}_{scheme}" in cifar
 
 

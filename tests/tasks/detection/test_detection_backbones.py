@@ -13,7 +13,7 @@ from rescale_core.layers import MeanShiftBias
 from rescale_tasks.common.errors import ConfigError
 from rescale_tasks.detection.backbones import resnet_fpn_backbone
 
-SCHEMES = ["bn", "gn", "rescale", "fixup", "skipinit", "none"]
+SCHEMES = ["bn", "gn", "rescale", "fixup", "skipinit", "none", "nf"]
 TINY = {"base_width": 8}
 
 

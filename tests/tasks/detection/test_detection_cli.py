@@ -262,7 +262,7 @@ def test_the_backbone_starts_from_a_classification_checkpoint(classification_che
 
 def test_the_comparison_grid_is_there():
     names = {p.stem for p in COCO_CONFIGS}
-    backbones = ("bn", "gn", "rescale50", "fixup50", "skipinit50")
+    backbones = ("bn", "gn", "rescale50", "fixup50", "skipinit50", "nf")
     expected = {f"{d}_r50_fpn_1x_{b}" for d in ("maskrcnn", "fasterrcnn", "retinanet") for b in backbones}
     assert names == expected | {"maskrcnn_r50_fpn_3x_gn_scratch"}
 

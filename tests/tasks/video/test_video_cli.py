@@ -137,7 +137,7 @@ def test_a_2d_checkpoint_is_inflated_into_the_video_network(classification_check
 
 def test_the_comparison_grid_is_there():
     names = {str(p.relative_to(KINETICS).with_suffix("")) for p in CONFIGS}
-    schemes = ("bn", "gn", "rescale", "fixup", "skipinit")
+    schemes = ("bn", "gn", "rescale", "fixup", "skipinit", "nf")
     assert names == {f"{n}_8x8_{s}" for n in ("slow_r50", "r3d_50") for s in schemes} | {"subset/r3d_18_rescale"}
 
 

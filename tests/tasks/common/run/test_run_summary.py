@@ -52,11 +52,13 @@ def test_a_diverged_run_says_so(tmp_path, run_config):
 
 def test_a_run_without_a_logger_trains_and_still_writes_its_summary(tmp_path, run_config):
     """``trainer.logger: false``: the suite's learning-rate monitor stays quiet (Lightning's own
-    refuses to start without a logger) and the summary goes to the root folder."""
-    config = run_config(tmp_path / "run.yaml", trainer={"default_root_dir": str(tmp_path / "root")})
+    refuses to start without a logger) and the summary goes to the root folder. The summary
+    records the run's adaptive gradient clipping threshold."""
+    config = run_config(tmp_path / "run.yaml", trainer={"default_root_dir": str(tmp_path / "root")},
+                        model={"init_args": {"agc_clip": 0.02}})
     assert main(["fit", "--config", config]) == 0  # TINY_RUN has logger: false
     s = read_summary(str(tmp_path / "root"))
-    assert s["status"] == "finished" and s["steps"] == 2 and s["num_classes"] == 10
+    assert s["status"] == "finished" and s["steps"] == 2 and s["num_classes"] == 10 and s["agc_clip"] == 0.02
 
 
 # --- every validation once, at its step, with the value the logger received ---------------------

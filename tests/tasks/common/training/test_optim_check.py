@@ -35,6 +35,12 @@ def _in_tmp(tmp_path, monkeypatch):
     ([SCHEDULE + "warmup_epochs", "-5"], "lr_scheduler.init_args.warmup_epochs: -5.0 (WarmupMultiStepLR: "
                                          "warmup_epochs (-5.0) must be >= 0)"),
     (["--model.init_args.norm_weight_decay", "-1"], "bad value for model.init_args.norm_weight_decay: -1.0"),
+    (["--model.init_args.agc_clip", "0"], "bad value for model.init_args.agc_clip: 0.0 (a positive number: AGC's "
+                                          "clipping threshold lambda, e.g. 0.01; null turns AGC off); set it with "
+                                          "--model.init_args.agc_clip"),
+    (["--model.init_args.agc_clip", "0.01", "--model.init_args.agc_eps", "-1"],
+     "bad value for model.init_args.agc_eps: -1.0 (a positive number"),
+    (["--model.init_args.agc_clip", "x"], "bad value for model.init_args.agc_clip: expected float or null, got 'x'"),
 ])
 def test_a_refused_optimizer_or_schedule_value_is_one_line(args, expected, error_line):
     assert main(["fit", "--config", RESCALE50, *args, "--trainer.accelerator", "cpu", "--trainer.devices", "1"]) == 2

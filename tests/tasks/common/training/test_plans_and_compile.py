@@ -1,7 +1,7 @@
 """``model.init_args.plan``, ``compile``, ``compile_mode`` and ``compile_options`` of every task
 module: the plan reaches the network, a bad plan is one line, a checkpoint saved by a
 compiled module loads into an eager one and back, and a compiled lean run under 2-process DDP
-(gloo) trains as one process does."""
+(gloo), with adaptive gradient clipping, trains as one process does."""
 from __future__ import annotations
 
 import os
@@ -90,9 +90,12 @@ def test_compiled_lean_training_under_two_process_ddp(tmp_path, monkeypatch, run
     ranks measure eagerly (the statistics averaged over the ranks), then train compiled (Dynamo
     captured the network in each process, breaking the graph only where measuring runs eagerly,
     and never recompiling), and end with the weights of one eager process given the global batch
-    of 128; the checkpoint has the plain module's keys and finished measuring."""
+    of 128; the checkpoint has the plain module's keys and finished measuring. Both runs clip
+    their gradients with AGC (``agc_clip``), which is not linear in them: the ranks agree with
+    the one process only if each clips the all-reduced gradients, as the one process clips its
+    batch's."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
-    init_args = {"plan": "lean", "scheme_options": {"measure_batches": 1},
+    init_args = {"plan": "lean", "scheme_options": {"measure_batches": 1}, "agc_clip": 0.01,
                  "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.05}}}
     probe = {"class_path": "compile_probe.SaveCompileState", "init_args": {"folder": str(tmp_path / "state")}}
     trainer = {"max_steps": 3, "limit_train_batches": 3, "limit_val_batches": 0}
