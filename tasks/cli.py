@@ -18,8 +18,6 @@ import importlib
 import sys
 from typing import Callable, Optional
 
-import rescale_core
-
 from .common.errors import UserArgumentParser, UserError
 from .common.system import command_logging, describe_code, keep_freed_memory, log_level
 
@@ -35,6 +33,8 @@ def _cmd_models(argv: list[str]) -> int:
                    help="a shell-style pattern, e.g. 'rescale*', or a part of the name, e.g. resnet5 "
                         "(default: all)")
     pattern = p.parse_args(argv).pattern
+    import rescale_core  # torch: the commands that list its registries only (not --version, --help)
+
     if not any(c in pattern for c in "*?["):
         pattern = f"*{pattern}*"  # no wildcard: a part of the name
     names = rescale_core.list_models(pattern)
@@ -48,6 +48,8 @@ def _cmd_models(argv: list[str]) -> int:
 
 def _cmd_schemes(argv: list[str]) -> int:
     UserArgumentParser(prog="rescale schemes", description=COMMAND_HELP["schemes"]).parse_args(argv)
+    import rescale_core  # torch: the commands that list its registries only (not --version, --help)
+
     for name in rescale_core.list_schemes():
         print(name)
     return 0

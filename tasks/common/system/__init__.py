@@ -19,9 +19,6 @@ from .provenance import CODE_KEY, CodeVersion, code_version, describe_code
 from .lock import LOCK_FILE, FolderBusy, folder_lock
 from .writable import require_writable
 from .stop_signals import POLITE_SIGNALS, STOP_SIGNALS, drop_gone_terminal, ignore_in_worker, signal_label
-from .distributed import (broadcast_from_rank_zero, every_rank_has_samples, gather_by_key, gather_objects,
-                          max_over_ranks, rank, reduce_tensor_to_rank_zero, sum_over_ranks,
-                          sum_tensor_over_ranks, world_size, zero_loss)
 from .logs import LEVEL_ENV, StdStreams, command_logging, log_level, rank_zero_log
 
 __all__ = ["ENV", "host_allocator", "keep_freed_memory", "loader_workers", "usable_cores", "atomic_open",
@@ -31,3 +28,17 @@ __all__ = ["ENV", "host_allocator", "keep_freed_memory", "loader_workers", "usab
            "broadcast_from_rank_zero", "every_rank_has_samples", "gather_by_key", "gather_objects",
            "max_over_ranks", "rank", "reduce_tensor_to_rank_zero", "sum_over_ranks", "sum_tensor_over_ranks",
            "world_size", "zero_loss", "LEVEL_ENV", "StdStreams", "command_logging", "log_level", "rank_zero_log"]
+
+# torch's: imported with the first of these names a caller asks for (``rescale --version`` and
+# ``rescale --help`` use this package and load no torch)
+_DISTRIBUTED = ("broadcast_from_rank_zero", "every_rank_has_samples", "gather_by_key", "gather_objects",
+                "max_over_ranks", "rank", "reduce_tensor_to_rank_zero", "sum_over_ranks", "sum_tensor_over_ranks",
+                "world_size", "zero_loss")
+
+
+def __getattr__(name: str):
+    if name in _DISTRIBUTED:
+        from . import distributed  # torch, when a name of it is first asked for (above)
+
+        return getattr(distributed, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

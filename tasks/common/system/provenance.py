@@ -3,19 +3,18 @@
 :func:`code_version` is what ``run_summary.json`` and every checkpoint record (under
 :data:`CODE_KEY`), and :func:`describe_code` the line ``rescale --version`` and the benchmarks'
 header print. The version is ``rescale_core.__version__`` (pyproject.toml's, read from the installed
-distribution); the commit and whether tracked files differ from it are asked of git in the folder
+distribution; read here without importing torch, so that ``rescale --version`` answers at once); the commit and whether tracked files differ from it are asked of git in the folder
 holding the suite's packages, only when that folder is a checkout (an installed copy reports none),
 and are None where git is missing, refuses the folder or does not answer within seconds.
 """
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import os
 import subprocess
 from pathlib import Path
 from typing import Optional, TypedDict
-
-from rescale_core import __version__
 
 __all__ = ["CODE_KEY", "CodeVersion", "code_version", "describe_code"]
 
@@ -60,11 +59,23 @@ def _checkout() -> tuple[Optional[str], Optional[bool]]:
     return commit, None if status is None else bool(status)
 
 
+@functools.lru_cache(maxsize=1)
+def _version() -> str:
+    """``rescale_core.__version__``: the installed distribution's, asked of its metadata; a checkout
+    that is not installed, rescale_core's own reading of its pyproject.toml."""
+    try:
+        return importlib.metadata.version("rescale-suite")
+    except importlib.metadata.PackageNotFoundError:
+        from rescale_core import __version__  # torch, for a checkout that was never installed only
+
+        return __version__
+
+
 def code_version() -> CodeVersion:
     """The suite's version, and the commit (and whether tracked files were changed) when it runs
     from a git checkout."""
     commit, dirty = _checkout()
-    return {"version": __version__, "commit": commit, "dirty": dirty}
+    return {"version": _version(), "commit": commit, "dirty": dirty}
 
 
 def describe_code(code: Optional[CodeVersion] = None) -> str:
