@@ -18,7 +18,8 @@ dict; they differ only in which ops they launch:
 In evaluation without autograd (eval mode under ``torch.no_grad`` or ``torch.inference_mode``)
 every fast plan hands the call to the frozen plan first (:mod:`.frozen`): weights folded once
 and kept on the module in the dtype autocast computes in, a plain conv/ReLU network's ops
-(:func:`set_frozen` turns it off).
+(:func:`set_frozen` turns it off). It implements more schemes than the training plans
+(:data:`~.conditions.PLAN_FIELDS`: NF-ResNets, whose training runs the reference).
 
 One module per plan, each holding one function per module type (``ResidualBlock``,
 ``ResidualSublayer``, ``ResNet``, ``VGG``) under the reference it must equal, named after its
@@ -37,13 +38,13 @@ Select a plan with :func:`set_plan` (``create_model(..., plan=...)`` calls it) o
 of code, :func:`reference_path`.
 """
 from .cache import module_tree_version
-from .conditions import (IMPLEMENTED_FIELDS, eager_while_measuring, has_hooks, has_hooks_below, has_hooks_in,
-                         implements, measuring_step, unimplemented)
+from .conditions import (IMPLEMENTED_FIELDS, PLAN_FIELDS, eager_while_measuring, has_hooks, has_hooks_below,
+                         has_hooks_in, implements, measuring_step, unimplemented)
 from .dispatch import (FROZEN, PLANS, Planned, check_plan, implementation, plan_of, reference_path, register,
                        running_plan, set_frozen, set_plan, wants_lean)
 
 __all__ = ["PLANS", "FROZEN", "check_plan", "set_plan", "plan_of", "running_plan", "reference_path", "set_frozen",
            "wants_lean",
-           "Planned", "implementation", "register", "IMPLEMENTED_FIELDS", "implements", "unimplemented",
+           "Planned", "implementation", "register", "IMPLEMENTED_FIELDS", "PLAN_FIELDS", "implements", "unimplemented",
            "measuring_step", "eager_while_measuring", "has_hooks", "has_hooks_in", "has_hooks_below",
            "module_tree_version"]

@@ -7,7 +7,9 @@ measuring steps (``docs/design.md``, "When a module runs the reference").
   :data:`IMPLEMENTED_FIELDS` with its value among the listed ones. Anything else (a new switch,
   a new merge rule) computes the reference function, never a fast one that silently ignores the
   switch. A field is listed once both fast plans and the frozen plan handle it (block, shortcut,
-  stem, head, the scale carried along a ResNet and the offsets riding in its stream).
+  stem, head, the scale carried along a ResNet and the offsets riding in its stream). A plan
+  that implements more than that lists the difference in :data:`PLAN_FIELDS` (the frozen plan:
+  NF-ResNet's Scaled WS and pre-activation layout); ``implements(scheme, plan)`` reads both.
 - **Hooks.** The fast plans do not call the modules they fold, so a hook on one of them (the
   analysis probes hook the merge, the mean-shift layers and the ReLUs), a global module hook or
   ``torch.fx`` symbolic tracing (which records module calls and cannot branch on shapes)
@@ -30,7 +32,7 @@ from ..layers import MeanShiftBias
 from ..schemes import Scheme
 from .cache import MEAN_SHIFT_SLOT, kept
 
-__all__ = ["IMPLEMENTED_FIELDS", "implements", "unimplemented", "global_hooks", "has_hooks",
+__all__ = ["IMPLEMENTED_FIELDS", "PLAN_FIELDS", "implements", "unimplemented", "global_hooks", "has_hooks",
            "has_hooks_in", "has_hooks_below", "is_updating", "measuring_step",
            "eager_while_measuring"]
 
@@ -66,7 +68,7 @@ IMPLEMENTED_FIELDS: dict[str, tuple | None] = {
     "gain_init": None,            # init value of the gain
     "block_scale": None,          # inside skip_scale / branch_scale (Fixup's bias unscaled on both)
     "merge_norm": _BOOL,          # merge_norm runs as a module; no scale is carried through it
-    "layout": ("v1",),            # ReLU after the merge; NF's pre-activation blocks run the reference
+    "layout": ("v1",),            # ReLU after the merge; NF's pre-activation blocks train on the reference
     "nf_alpha": None,             # read only under layout "preact" (the branch_scale it gives)
     # --- the network
     "head_norm": _BOOL,           # runs as a module in the ResNet head on every plan
@@ -79,33 +81,47 @@ IMPLEMENTED_FIELDS: dict[str, tuple | None] = {
     "scalar_lr_factor": None,     # optimizer only (param_groups)
 }
 
+# What one plan implements beyond :data:`IMPLEMENTED_FIELDS`: {plan: {field: values}}, each entry
+# replacing that field's entry for that plan alone (the other plans still run the reference).
+PLAN_FIELDS: dict[str, dict[str, tuple | None]] = {
+    "frozen": {
+        "scaled_ws": _BOOL,       # each conv's standardized weight computed once, when it freezes
+        "layout": ("v1", "preact"),  # preact: relu(x) * input_scale before the branch (the scale
+        #                           folded into the first conv and the shortcut's), no ReLU after
+        #                           the merge, none after the stem, the head's before pooling
+        "init": ("he_fan_out", "he_fan_in", "rescale", "fixup", "nf"),
+    },
+}
+
 _logged: set = set()
 
 
-def unimplemented(scheme: Scheme) -> list[str]:
-    """The fields of ``scheme`` (a ``Scheme`` or a subclass) the fast plans were not written for:
-    not in :data:`IMPLEMENTED_FIELDS`, or with a value it does not list."""
+def unimplemented(scheme: Scheme, plan: str | None = None) -> list[str]:
+    """The fields of ``scheme`` (a ``Scheme`` or a subclass) the fast plans (or ``plan``, with its
+    :data:`PLAN_FIELDS`) were not written for: not listed, or with a value not listed."""
+    table = {**IMPLEMENTED_FIELDS, **PLAN_FIELDS.get(plan, {})}
     out = []
     for f in dataclasses.fields(scheme):
-        if f.name not in IMPLEMENTED_FIELDS:
+        if f.name not in table:
             out.append(f.name)
             continue
-        values = IMPLEMENTED_FIELDS[f.name]
+        values = table[f.name]
         if values is not None and getattr(scheme, f.name) not in values:
             out.append(f.name)
     return out
 
 
-def implements(scheme: Scheme) -> bool:
-    """Whether the fast plans compute ``scheme``'s function (:func:`unimplemented` is empty).
-    Logs once per scheme name and set of unimplemented fields (INFO) when they do not."""
-    missing = unimplemented(scheme)
-    if missing:
-        key = (type(scheme).__qualname__, scheme.name, tuple(missing))
+def implements(scheme: Scheme, plan: str | None = None, log: bool = True) -> bool:
+    """Whether the fast plans (or ``plan``) compute ``scheme``'s function (:func:`unimplemented`
+    is empty). ``log``: where they do not, log it once per scheme name, plan and set of
+    unimplemented fields (INFO)."""
+    missing = unimplemented(scheme, plan)
+    if missing and log:
+        key = (type(scheme).__qualname__, scheme.name, plan, tuple(missing))
         if key not in _logged:
             _logged.add(key)
-            _logger.info("scheme %r: the fast plans do not implement %s; its modules run the "
-                         "reference path", scheme.name,
+            _logger.info("scheme %r: %s not implement %s; its modules run the reference path there",
+                         scheme.name, f"the {plan} plan does" if plan else "the fast plans do",
                          ", ".join(f"{n}={getattr(scheme, n)!r}" for n in missing))
     return not missing
 

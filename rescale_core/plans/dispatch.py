@@ -78,7 +78,9 @@ class Planned(nn.Module):
     at construction): for any other the module computes its reference whatever plan is set.
     ``fused`` reads whether a fast plan is selected; setting it False selects the reference,
     True the default plan where the reference was selected. ``frozen``: whether evaluation
-    without autograd asks the :data:`FROZEN` plan first (:func:`set_frozen`)."""
+    without autograd asks the :data:`FROZEN` plan first (:func:`set_frozen`); it runs where
+    :attr:`frozen_ok` (its own fields, :data:`~.conditions.PLAN_FIELDS`), even for a scheme the
+    other fast plans leave to the reference."""
 
     plan = "auto"
     frozen = True
@@ -88,12 +90,17 @@ class Planned(nn.Module):
     # whether the fast plans implement the module's scheme; the class default for modules
     # pickled before the check, which ran the fast plans (rescale_core.compat)
     _fast_ok = True
+    # whether the frozen plan implements it (None: as _fast_ok, what a pickle from before holds)
+    _frozen_ok = None
     # {plan: Implementation}, filled per module type by :func:`register`
     plan_implementations: dict[str, Implementation] = {}
 
     def check_scheme(self, scheme: Scheme) -> None:
-        """Record whether the fast plans implement ``scheme`` (:func:`~.conditions.implements`)."""
+        """Record whether the fast plans, and the frozen plan, implement ``scheme``
+        (:func:`~.conditions.implements`)."""
         self._fast_ok = implements(scheme)
+        # what the frozen plan lacks the fast plans lack too (PLAN_FIELDS only adds): logged above
+        self._frozen_ok = implements(scheme, FROZEN, log=False)
 
     @property
     def fused(self) -> bool:
@@ -105,6 +112,12 @@ class Planned(nn.Module):
             self.plan = "reference"
         elif self.plan == "reference":
             self.plan = "auto"
+
+    @property
+    def frozen_ok(self) -> bool:
+        """Whether evaluation without autograd may run the :data:`FROZEN` plan: a fast plan is
+        set and the frozen plan implements the module's scheme."""
+        return self.plan != "reference" and (self._fast_ok if self._frozen_ok is None else self._frozen_ok)
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(planned_state(state))  # an earlier layout's pickle
@@ -171,12 +184,14 @@ def wants_lean(module: Planned, x: torch.Tensor) -> bool:
 
 def _selected(module: Planned, x: torch.Tensor) -> tuple[str, Implementation] | None:
     # global hooks (and fx tracing, whose proxies have no device) first: they are cheap to ask
-    if not module.fused or global_hooks():
+    if module.plan == "reference" or global_hooks():
         return None
-    if module.frozen and not module.training and not torch.is_grad_enabled():
+    if module.frozen and not module.training and not torch.is_grad_enabled() and module.frozen_ok:
         impl = module.plan_implementations.get(FROZEN)
         if impl is not None and impl.applies(module, x):
             return FROZEN, impl
+    if not module.fused:
+        return None
     plan = _concrete(module.plan, x)
     while plan is not None:
         impl = module.plan_implementations.get(plan)
@@ -188,11 +203,11 @@ def _selected(module: Planned, x: torch.Tensor) -> tuple[str, Implementation] | 
 
 def implementation(module: Planned, x: torch.Tensor) -> Callable | None:
     """The function that computes ``module`` on input ``x`` now (``run(module, x, *args)``), or
-    None: the module's reference. None where the reference is selected or the fast plans do not
-    implement the module's scheme, under global hooks and fx tracing; else, in evaluation
-    without autograd, the frozen plan where it applies; else the plan set on the module
-    (``auto``: lean for ``x`` on an accelerator, folded on the CPU), or its fallback where that
-    plan declines."""
+    None: the module's reference. None where the reference is selected, under global hooks and
+    fx tracing; else, in evaluation without autograd, the frozen plan where it implements the
+    module's scheme (:attr:`Planned.frozen_ok`) and applies; else None where the fast plans do
+    not implement the scheme; else the plan set on the module (``auto``: lean for ``x`` on an
+    accelerator, folded on the CPU), or its fallback where that plan declines."""
     selected = _selected(module, x)
     return None if selected is None else selected[1].run
 

@@ -25,6 +25,12 @@ Every fold is one of the identities of :mod:`rescale_core.plans.folds`, and one 
 - the offset before global average pooling and Fixup's bias before the classifier fold into the
   classifier's bias: ``fc(avgpool(y) + e) = fc(avgpool(y)) + W e`` (4, then 1).
 
+NF-ResNets (Brock et al. 2021; :data:`~rescale_core.plans.conditions.PLAN_FIELDS`, docs/nf_resnets.md):
+each Scaled WS convolution's standardized weight is computed once and used as a plain weight;
+the pre-activation block is ``relu(s)``, its ``1 / beta`` folded into the weights of the first
+convolution and of the projection shortcut's, the branch, one add of the skip (no ReLU after);
+the stem has no ReLU, the head one before pooling.
+
 RescaleNet's skip multiplier is the ``alpha`` of the merge's add (``f.add_(skip, alpha)``, one op
 as a plain add), not carried.
 
@@ -153,6 +159,13 @@ def _frozen_conv(conv: nn.Module, weight: torch.Tensor, bias: torch.Tensor | Non
     return FrozenConv(conv, as_autocast(weight, dtype), _bias(bias, conv.out_channels, dtype))
 
 
+def _conv_weight(conv: nn.Module) -> torch.Tensor:
+    """The weight ``conv`` convolves with: a Scaled WS convolution's standardized one (gain and
+    gamma in it), computed once here; any other's own."""
+    standardized = getattr(conv, "standardized_weight", None)
+    return conv.weight if standardized is None else standardized()
+
+
 # --------------------------------------------------------------- ResidualBlock
 # reference: relu(merge_norm(merge(downsample(x), branch(x)))), where the branch runs
 # post(drop(conv(shift(h)))) per layer with a ReLU between layers, and the merge is
@@ -160,7 +173,9 @@ def _frozen_conv(conv: nn.Module, weight: torch.Tensor, bias: torch.Tensor | Non
 class FrozenBlock(NamedTuple):
     """A residual block as a plain one: ``relu(conv_m(...relu(conv_1(s + pre))...) + alpha
     * skip)``, each ReLU with its floor (None: a plain ReLU), ``skip`` the stream or the
-    shortcut's steps on it."""
+    shortcut's steps on it. ``preact`` (NF-ResNet): ``conv_m(...relu(conv_1(a))...) + alpha *
+    skip`` with ``a = relu(s)``, ``skip`` the stream or the shortcut's steps on ``a`` (the
+    block's ``input_scale`` is in the first conv's and the shortcut's weights), no ReLU after."""
 
     pre: torch.Tensor | None
     convs: tuple
@@ -168,6 +183,7 @@ class FrozenBlock(NamedTuple):
     shortcut: tuple | None
     alpha: float
     floor: torch.Tensor | None
+    preact: bool = False
 
 
 def _carries_input_offset(block: ResidualBlock) -> bool:
@@ -189,8 +205,11 @@ def freeze_block(block: ResidualBlock, carried: bool, floor: torch.Tensor | None
     e1 = offset_of(layers[0].shift)
     carried = carried and e1 is not None
     pre, convs, floors = None, [], []
+    scale = block.input_scale if block.preact else 1.0  # relu(x) * input_scale: into the weights
     for i, (shift, conv, post) in enumerate(layers):
-        weight, bias = conv.weight, conv.bias
+        weight, bias = _conv_weight(conv), conv.bias
+        if i == 0 and scale != 1.0:
+            weight = weight * scale
         e = offset_of(shift)
         if i == 0 and e is not None and not carried and pads(conv):
             pre = _channels(e, dims, in_dtype)
@@ -217,14 +236,15 @@ def freeze_block(block: ResidualBlock, carried: bool, floor: torch.Tensor | None
         convs.append(_frozen_conv(conv, weight, bias, weight_dtype))
     shortcut = None
     if block.downsample is not None:
-        shortcut = _freeze_shortcut(block.downsample, -e1 if carried else None, dims, dtype, weight_dtype)
-    return FrozenBlock(pre, tuple(convs), tuple(floors), shortcut, alpha, floor)
+        shortcut = _freeze_shortcut(block.downsample, -e1 if carried else None, dims, dtype, weight_dtype, scale)
+    return FrozenBlock(pre, tuple(convs), tuple(floors), shortcut, alpha, floor, block.preact)
 
 
 def _freeze_shortcut(seq: nn.Sequential, pending: torch.Tensor | None, dims: int, dtype: torch.dtype,
-                     weight_dtype: torch.dtype | None) -> tuple:
+                     weight_dtype: torch.dtype | None, scale: float = 1.0) -> tuple:
     """The shortcut's steps, every offset (and the stream's ``pending`` one) folded into the
-    bias of the convolution after it (1; an average pool in between commutes with it, 4)."""
+    bias of the convolution after it (1; an average pool in between commutes with it, 4), and
+    ``scale`` (a multiplier of its input) into the weight of its first convolution."""
     steps = []
     for mod in seq:
         if isinstance(mod, nn.modules.conv._ConvNd):
@@ -234,7 +254,10 @@ def _freeze_shortcut(seq: nn.Sequential, pending: torch.Tensor | None, dims: int
             else:
                 bias = fold_input_offset(mod, bias, pending)
             pending = None
-            steps.append(_frozen_conv(mod, mod.weight, bias, weight_dtype))
+            weight = _conv_weight(mod)
+            if scale != 1.0:
+                weight, scale = weight * scale, 1.0
+            steps.append(_frozen_conv(mod, weight, bias, weight_dtype))
         elif is_offset_module(mod):
             pending = add_bias(pending, offset_of(mod))
         elif isinstance(mod, StridedAvgPool) and mod.spatial_dims == 3:
@@ -249,15 +272,28 @@ def _freeze_shortcut(seq: nn.Sequential, pending: torch.Tensor | None, dims: int
 def run_frozen_block(block: FrozenBlock, s: torch.Tensor) -> torch.Tensor:
     """A frozen block on the stream ``s``."""
     h = s if block.pre is None else s + block.pre.to(s.dtype)
+    if block.preact:
+        h = torch.relu(h)  # not in place: the stream is the skip
+    a = h
     for step, floor in zip(block.convs, block.floors):
         h = _relu(_conv(step, h), floor)
     f = _conv(block.convs[-1], h)
-    skip = s if block.shortcut is None else run_frozen_steps(block.shortcut, s)
-    return _relu(add_skip(f, skip, block.alpha), block.floor)
+    skip = s if block.shortcut is None else run_frozen_steps(block.shortcut, a if block.preact else s)
+    out = add_skip(f, skip, block.alpha)
+    return out if block.preact else _relu(out, block.floor)
+
+
+def _frozen_plain(block: ResidualBlock) -> bool:
+    """Whether the frozen plan computes ``block``: a :func:`plain_block`; in the pre-activation
+    layout one without offsets or Fixup's scalar biases (nothing folds across its first ReLU)."""
+    if not plain_block(block):
+        return False
+    return not block.preact or (block.merge.bias is None and all(
+        isinstance(shift, nn.Identity) and isinstance(post, nn.Identity) for shift, _, post in block.branch_layers()))
 
 
 def _block_applies(block: ResidualBlock, x: torch.Tensor) -> bool:
-    return not has_hooks_below(block) and plain_block(block)
+    return not has_hooks_below(block) and _frozen_plain(block)
 
 
 @register(FROZEN, ResidualBlock, applies=_block_applies)
@@ -280,6 +316,7 @@ class FrozenHead(NamedTuple):
     dropout: nn.Module
     linear: FrozenLinear | None
     after: torch.Tensor | None       # Fixup's classifier bias without a classifier
+    act: bool = False                # NF-ResNet's ReLU before pooling (final_act)
 
 
 class FrozenNet(NamedTuple):
@@ -288,12 +325,14 @@ class FrozenNet(NamedTuple):
     stem_pool: nn.Module
     stages: tuple                    # (temporal pool or None, blocks) per stage
     head: FrozenHead
+    stem_act: bool = True            # the stem's ReLU (none in NF-ResNet's)
 
 
 def _plain_resnet(model: ResNet) -> bool:
     return (is_offset_module(model.bn1) and is_offset_module(model.pool_shift)
             and is_offset_module(model.fc_bias) and isinstance(model.fc, (nn.Linear, nn.Identity))
-            and all(isinstance(b, ResidualBlock) and b.fused and plain_block(b)
+            and isinstance(model.relu, nn.Identity if model.preact else nn.ReLU)
+            and all(isinstance(b, ResidualBlock) and b.frozen_ok and _frozen_plain(b) and b.preact == model.preact
                     for _, stage in model.stage_modules() for b in stage))
 
 
@@ -313,7 +352,7 @@ def _freeze_head(model: ResNet, dtype: torch.dtype, weight_dtype: torch.dtype | 
     elif fc_bias is not None:
         after = fc_bias.detach().to(dtype)
     shift = None if e is None else e.detach().reshape(1, -1).to(dtype)
-    return FrozenHead(model.avgpool, shift, model.head_norm, model.dropout, linear, after)
+    return FrozenHead(model.avgpool, shift, model.head_norm, model.dropout, linear, after, model.preact)
 
 
 def _freeze_resnet(model: ResNet, apart: bool, dtype: torch.dtype, weight_dtype: torch.dtype | None) -> FrozenNet:
@@ -335,12 +374,12 @@ def _freeze_resnet(model: ResNet, apart: bool, dtype: torch.dtype, weight_dtype:
     for tpool, stage in model.stage_modules():
         stages.append((tpool, tuple(frozen[j:j + len(stage)])))
         j += len(stage)
-    return FrozenNet(_frozen_conv(conv, conv.weight, bias, weight_dtype), floor, model.maxpool, tuple(stages),
-                     _freeze_head(model, dtype, weight_dtype))
+    return FrozenNet(_frozen_conv(conv, _conv_weight(conv), bias, weight_dtype), floor, model.maxpool,
+                     tuple(stages), _freeze_head(model, dtype, weight_dtype), not model.preact)
 
 
 def _run_frozen_head(head: FrozenHead, x: torch.Tensor) -> torch.Tensor:
-    v = torch.flatten(head.pool(x), 1)
+    v = torch.flatten(head.pool(torch.relu(x) if head.act else x), 1)
     if head.shift is not None:
         v = v + head.shift.to(v.dtype)
     v = head.dropout(head.norm(v))
@@ -363,7 +402,8 @@ def frozen_resnet(model: ResNet, x: torch.Tensor, part: str, stages: list | None
                          lambda: _freeze_resnet(model, stages is not None, dtype, autocast_dtype(x)))
     if part == "head":
         return _run_frozen_head(net.head, x)
-    h = net.stem_pool(_relu(_conv(net.stem, x), net.stem_floor))
+    h = _conv(net.stem, x)
+    h = net.stem_pool(_relu(h, net.stem_floor) if net.stem_act else h)
     h, _ = run_stages(net.stages, h, _frozen_stage, stages)
     return h if part == "features" else _run_frozen_head(net.head, h)
 

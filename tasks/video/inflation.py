@@ -7,6 +7,11 @@ and the network its 2D function. Everything that is not a conv weight carries ov
 one singleton dim longer where it broadcasts over space: BatchNorm weights and statistics,
 RescaleNet's mean-shift ``bias``/``mu0`` ((1, C, 1, 1) -> (1, C, 1, 1, 1)) and its ``count``
 (a finished measurement stays finished, Shao et al. 2020 Sec. 4.4), gains and Fixup scalars.
+A Scaled WS convolution (NF-ResNets, Brock et al. 2021) computes with its standardized weight,
+``gain * gamma * (W - mean) / (std * sqrt(fan_in))``: its raw weight is repeated ``kt`` times
+undivided (same mean and variance, so the same standardization, ``eps`` included) and its gain
+divided by ``sqrt(kt)``, which with ``fan_in`` grown ``kt``-fold makes the 3D standardized
+weight the 2D one repeated and divided by ``kt``, as above (docs/nf_resnets.md).
 The classifier (``fc.*``) is kept when its shape fits (same classes; ``keep_classifier``) and
 otherwise left as the 3D network built it (its scheme's classifier init).
 
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Collection, Mapping, Optional, Union
 
 import torch
 from torch import nn
@@ -80,10 +85,35 @@ def _flat_2d_shape(shape3: tuple[int, ...], t2: Optional[torch.Tensor]) -> tuple
     return shape3
 
 
+def _standardized_time_kernel(key: str, target: Mapping[str, torch.Tensor],
+                              standardized: Collection[str]) -> Optional[int]:
+    """For the ``weight`` or ``gain`` of a Scaled WS convolution (one of ``standardized``, module
+    names) of ``target``: its time kernel ``kt``; else None."""
+    name, _, leaf = key.rpartition(".")
+    if name not in standardized or leaf not in ("weight", "gain"):
+        return None
+    weight = target[f"{name}.weight"]
+    return weight.shape[2] if weight.dim() == 5 else 1
+
+
+def _inflate_entry(key: str, t2: torch.Tensor, target: Mapping[str, torch.Tensor],
+                   standardized: Collection[str]) -> torch.Tensor:
+    kt = _standardized_time_kernel(key, target, standardized)
+    shape3 = tuple(target[key].shape)
+    if kt is None or tuple(t2.shape) == shape3 and key.endswith(".weight"):
+        return inflate_tensor(t2, shape3)
+    if key.endswith(".gain"):
+        return t2 / kt ** 0.5
+    return t2.unsqueeze(2).expand(shape3).clone()  # a Scaled WS weight: repeated, undivided
+
+
 def inflate_state_dict(state_2d: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor], *,
                        keep_classifier: bool = True, source: str = "the checkpoint",
-                       network: str = "this network") -> tuple[dict[str, torch.Tensor], Inflated]:
-    """The entries of ``target`` (a 3D network's state dict) computed from ``state_2d``.
+                       network: str = "this network",
+                       standardized: Collection[str] = ()) -> tuple[dict[str, torch.Tensor], Inflated]:
+    """The entries of ``target`` (a 3D network's state dict) computed from ``state_2d``;
+    ``standardized``: the names of the 3D network's Scaled WS convolutions (their weight repeated
+    undivided, their gain divided by ``sqrt(kt)``).
 
     Returns the inflated entries (dtype and device of ``target``) and what was done. Raises
     :class:`ConfigError` (one line) on any key without a counterpart (classifier aside) or a
@@ -110,7 +140,7 @@ def inflate_state_dict(state_2d: Mapping[str, torch.Tensor], target: Mapping[str
                 keep_classifier and t2 is not None and tuple(t2.shape) == tuple(t3.shape)):
             report.reinitialised.append(key)
             continue
-        out[key] = inflate_tensor(t2, t3.shape).to(dtype=t3.dtype, device=t3.device)
+        out[key] = _inflate_entry(key, t2, target, standardized).to(dtype=t3.dtype, device=t3.device)
         report.loaded.append(key)
     return out, report
 
@@ -153,8 +183,9 @@ def inflate_checkpoint(model_3d: nn.Module, checkpoint: Checkpoint, *, keep_clas
     _check_scheme(checkpoint, model_3d, source, name)
     state_2d = network_weights(checkpoint, source, "model.inflate_from", bare=True)
     target = model_3d.state_dict()
+    standardized = {n for n, m in model_3d.named_modules() if hasattr(m, "standardized_weight")}
     inflated, report = inflate_state_dict(state_2d, target, keep_classifier=keep_classifier,
-                                          source=source, network=name)
+                                          source=source, network=name, standardized=standardized)
     # every entry: inflated, or the network's own (the re-initialised classifier)
     model_3d.load_state_dict({**target, **inflated}, strict=True)
     return report

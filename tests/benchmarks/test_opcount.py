@@ -151,6 +151,23 @@ def test_frozen_eval_launches_a_plain_networks_ops(evals, family, scheme):
     assert evals[(family, "floor")].before.launches == floor  # nothing to fold in the floor
 
 
+@pytest.mark.parametrize("family", ["ResNet-50", "R3D-18 (3D)"])
+def test_frozen_eval_of_nf_networks_standardizes_no_weight(evals, family):
+    """NF-ResNets evaluate at RescaleNet's launches and casts (the floor's, plus the average pools
+    of the three projection shortcuts): each Scaled WS convolution's weight is standardized once,
+    when the plan freezes, so evaluation launches no standardization (a batch-norm over the
+    weight, one per convolution on the training plan evaluating, frozen plan off)."""
+    c = opcount.count_eval(FAMILIES[family], "nf")
+    rescale, floor, bn = (evals[(family, k)] for k in ("rescale", "floor", "baseline"))
+    assert c.frozen.launches == rescale.frozen.launches == floor.frozen.launches + 3
+    assert (c.frozen_no_grad.kernels, c.frozen_no_grad.casts) == (rescale.frozen_no_grad.kernels,
+                                                                 rescale.frozen_no_grad.casts)
+    assert c.frozen.launches < bn.frozen.launches and c.frozen.launches < c.before.launches
+    convs = sum(n for op, n in c.frozen_no_grad.by_kernel.items() if "convolution" in op)
+    assert not any("batch_norm" in op for op in c.frozen_no_grad.by_kernel)
+    assert sum(n for op, n in c.before_no_grad.by_kernel.items() if "batch_norm" in op) == convs
+
+
 def test_frozen_eval_in_float32_on_the_cpu_default():
     """float32 on contiguous tensors (the CPU default): RescaleNet-50 from 316 launches to the
     floor's 121 plus its three shortcut pools, each a few strided sums there (12), below BN's."""

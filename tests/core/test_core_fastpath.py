@@ -704,19 +704,24 @@ def _clipped(name: str = "rescale") -> ClippedScheme:
     return ClippedScheme(**vars(get_scheme(name)), branch_clip=0.5)
 
 
-# the shipped schemes the fast plans were not written for yet, and the fields that say so: they
-# run the reference on every plan (tests/core/test_nf_resnet.py)
+# the shipped schemes the training plans (lean, folded) were not written for yet, and the fields
+# that say so: they train on the reference and evaluate on the frozen plan (tests/core/test_nf_resnet.py)
 REFERENCE_ONLY = {"nf": ["scaled_ws", "layout", "init"], "nf_skipinit": ["scaled_ws", "layout", "init"]}
 
 
 def test_registered_schemes_are_implemented():
-    """Every shipped scheme but NF-ResNet's runs the fast path: ``IMPLEMENTED_FIELDS`` lists
-    exactly the fields of ``Scheme`` (a field added without a decision on the fast path fails
-    here)."""
+    """Every shipped scheme but NF-ResNet's runs the fast path, and every one the frozen plan:
+    ``IMPLEMENTED_FIELDS`` lists exactly the fields of ``Scheme`` (a field added without a
+    decision on the fast path fails here), ``PLAN_FIELDS`` only some of them."""
     assert set(plans.IMPLEMENTED_FIELDS) == {f.name for f in dataclasses.fields(Scheme)}
+    for fields in plans.PLAN_FIELDS.values():  # a plan's table only adds to the common one
+        for name, values in fields.items():
+            common = plans.IMPLEMENTED_FIELDS[name]
+            assert values is None or (common is not None and set(common) <= set(values)), name
     for name in rescale_core.list_schemes():
         assert plans.unimplemented(get_scheme(name)) == REFERENCE_ONLY.get(name, []), name
         assert plans.implements(get_scheme(name)) == (name not in REFERENCE_ONLY)
+        assert plans.unimplemented(get_scheme(name), plans.FROZEN) == [], name
 
 
 def _count_paths(monkeypatch) -> collections.Counter:

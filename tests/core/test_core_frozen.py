@@ -26,12 +26,12 @@ F32 = dict(rtol=1e-4, atol=1e-4)
 
 TINY = {"cifar_resnet": dict(depth=8, base_width=8), "wide_resnet": dict(depth=10, width=2, base_width=4),
         "resnext50_32x4d": dict(base_width=16), "vgg11": dict(base_width=8, hidden_dim=16)}
-PLAIN = ("rescale", "fixup", "skipinit", "rezero", "skipinit_reg", "none", "bn_head")
+PLAIN = ("rescale", "fixup", "skipinit", "rezero", "skipinit_reg", "none", "bn_head", "nf", "nf_skipinit")
 # every conv scheme on a basic and a bottleneck ResNet; the normalization-free ones on every family
 CASES = ([("resnet18", s) for s in rescale_core.list_schemes("conv")]
          + [("resnet50", s) for s in ("rescale", "fixup", "skipinit", "rezero", "skipinit_reg", "none", "bn_merge")]
          + [(n, s) for n in ("resnext50_32x4d", "wide_resnet", "cifar_resnet", "r3d_18", "slow_r50", "i3d_r50",
-                             "resnet3d_18") for s in ("rescale", "fixup", "skipinit")]
+                             "resnet3d_18") for s in ("rescale", "fixup", "skipinit", "nf")]
          + [("vgg11", s) for s in ("rescale", "none", "bn")])
 
 
@@ -83,7 +83,7 @@ def test_frozen_equals_reference(name, scheme):
         assert not any(m.measuring for m in rescale_core.mean_shift_layers(model))
 
 
-@pytest.mark.parametrize("scheme", ["rescale", "fixup", "skipinit"])
+@pytest.mark.parametrize("scheme", ["rescale", "fixup", "skipinit", "nf"])
 def test_backbone_through_torchvision_layer_getter(scheme):
     """A detection backbone: torchvision's ``IntermediateLayerGetter`` calls the stem's modules
     and each block on its own (never ``ResNet.forward``): each block runs its own frozen plan,
@@ -105,7 +105,7 @@ def test_backbone_through_torchvision_layer_getter(scheme):
 
 @pytest.mark.parametrize("name, scheme, fmt", [
     ("resnet50", "rescale", torch.channels_last), ("resnet18", "fixup", None),
-    ("r3d_18", "rescale", None), ("vgg11", "rescale", None)])
+    ("r3d_18", "rescale", None), ("vgg11", "rescale", None), ("resnet50", "nf", torch.channels_last)])
 def test_float32_and_bf16_autocast(name, scheme, fmt):
     """float32 to its rounding; under bf16 autocast (the folds made in float32, cast by autocast
     as a convolution's weights are) as close to a float32 run as the reference under the same

@@ -2,7 +2,8 @@
 Scaled Weight Standardization in 1D/2D/3D, ReLU's gamma, the ``nf`` / ``nf_skipinit`` schemes'
 fields, the same function as timm's ``NormFreeNet`` (outputs and every gradient in float64 on
 real photos, and 50 SGD steps in lockstep on the digits), the stream variance following the
-analytic ``beta_l^2`` at init, and every execution plan falling back to the reference."""
+analytic ``beta_l^2`` at init, the training plans falling back to the reference and the frozen
+plan evaluating them."""
 from __future__ import annotations
 
 import copy
@@ -228,14 +229,16 @@ def test_stream_variance_follows_the_analytic_beta_squared():
 # --------------------------------------------------------------- every plan: the reference
 @pytest.mark.parametrize("scheme", ["nf", "nf_skipinit"])
 def test_every_plan_computes_the_reference(scheme):
-    """The fast plans do not implement the NF fields: under every plan (and the frozen plan's
-    evaluation without autograd) the network runs its reference, bit for bit the same training
-    step (logits, every gradient) and evaluation as under :func:`rescale_core.reference_path`."""
+    """The training plans do not implement the NF fields: under every plan the network trains on
+    its reference, bit for bit the same step (logits, every gradient) as under
+    :func:`rescale_core.reference_path`; evaluation without autograd runs the frozen plan on
+    every fast plan, equal to the reference's to rounding."""
     torch.manual_seed(0)
     model = rescale_core.create_model("resnet18", scheme=scheme, base_width=8, num_classes=5)
     randomise_(model)
     model = model.to(F64)
-    assert not any(m.fused for m in model.modules() if isinstance(m, plans.Planned))
+    planned = [m for m in model.modules() if isinstance(m, plans.Planned)]
+    assert not any(m.fused for m in planned) and all(m.frozen_ok for m in planned)
     x, y = nf_timm_check.photos(), torch.tensor([0, 1, 2, 3])
 
     def run(net):
@@ -246,14 +249,50 @@ def test_every_plan_computes_the_reference(scheme):
         net.eval()
         with torch.no_grad():
             evaluated = net(x)
-        return [out.detach(), evaluated, *(p.grad for p in net.parameters())]
+        return evaluated, [out.detach(), *(p.grad for p in net.parameters())]
 
     ref = copy.deepcopy(model)
     with rescale_core.reference_path(ref):
-        want = run(ref)
+        want_eval, want = run(ref)
     for plan in plans.PLANS:
         net = rescale_core.set_plan(copy.deepcopy(model), plan)
+        assert plans.running_plan(net.train(), x) == "reference"
         with torch.no_grad():
-            assert plans.running_plan(net.eval(), x) == "reference"
-        got = run(net)
+            assert plans.running_plan(net.eval(), x) == ("reference" if plan == "reference" else plans.FROZEN)
+        got_eval, got = run(net)
         assert all(torch.equal(a, b) for a, b in zip(got, want)), plan
+        torch.testing.assert_close(got_eval, want_eval, rtol=1e-12, atol=1e-12)
+
+
+FROZEN_NETS = [("resnet50", dict(base_width=8), (2, 3, 32, 32)),
+               ("cifar_resnet", dict(depth=8), (2, 3, 16, 16)),
+               ("r3d_18", dict(base_width=8), (2, 3, 4, 16, 16))]
+
+
+@pytest.mark.parametrize("scheme", ["nf", "nf_skipinit"])
+@pytest.mark.parametrize("arch, kwargs, shape", FROZEN_NETS, ids=[a for a, _, _ in FROZEN_NETS])
+def test_frozen_plan_evaluates_nf_networks(arch, kwargs, shape, scheme):
+    """The frozen plan (each conv's standardized weight computed once, the pre-activation layout
+    as a plain conv/ReLU network) equals the reference in float64 on a bottleneck ResNet, a CIFAR
+    ResNet and a 3D ResNet: logits, features, every stage's output (a detection backbone's) and a
+    block called on its own; a weight or gain changed after a forward is seen by the next."""
+    torch.manual_seed(0)
+    model = rescale_core.create_model(arch, scheme=scheme, num_classes=5, **kwargs)
+    randomise_(model)
+    model = model.to(F64).eval()
+    x = torch.randn(shape, dtype=F64)
+    block = model.layer2[0]
+    with torch.no_grad():
+        with rescale_core.reference_path(model):
+            want = model(x), model.forward_features(x), model.stage_outputs(x)
+            h = want[2][0]  # layer1's output: layer2[0]'s input
+            want_block = block(h)
+        assert plans.running_plan(model, x) == plans.FROZEN and plans.running_plan(block, h) == plans.FROZEN
+        got = model(x), model.forward_features(x), model.stage_outputs(x)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(block(h), want_block, rtol=1e-12, atol=1e-12)
+        model.conv1.gain.mul_(1.5)
+        model.layer1[0].conv1.weight.add_(0.1)
+        with rescale_core.reference_path(model):
+            want = model(x)
+        torch.testing.assert_close(model(x), want, rtol=1e-12, atol=1e-12)

@@ -1,7 +1,8 @@
-"""`rescale export` on the classification task: a CIFAR ResNet, a 2D ResNet and a VGG trained a step on
-the embedded digits, written in every format and each file checked against the PyTorch model on real
-digits; evaluation (`rescale validate|test|predict`) on the inference plan; and the one-line errors
-(a bad format, a checkpoint of another task, an exporter not installed, an unwritable --out)."""
+"""`rescale export` on the classification task: a CIFAR ResNet (RescaleNet and NF-ResNet), a 2D ResNet
+and a VGG trained a step on the embedded digits, written in every format and each file checked against
+the PyTorch model on real digits; evaluation (`rescale validate|test|predict`) on the inference plan; and
+the one-line errors (a bad format, a checkpoint of another task, an exporter not installed, an unwritable
+--out)."""
 from __future__ import annotations
 
 import sys
@@ -20,6 +21,9 @@ pytestmark = pytest.mark.usefixtures("offline_in_tmp")
 FAMILIES = {
     "cifar_resnet": {"model": {"init_args": {"network": "cifar_resnet", "scheme": "rescale",
                                              "network_options": {"depth": 8, "base_width": 8}}}},
+    # NF-ResNet: Scaled WS convs standardized once, the pre-activation layout as a plain network
+    "cifar_resnet_nf": {"model": {"init_args": {"network": "cifar_resnet", "scheme": "nf",
+                                                "network_options": {"depth": 8, "base_width": 8}}}},
     "resnet18": {"model": {"init_args": {"network": "resnet18", "scheme": "fixup",
                                          "network_options": {"depth": None, "base_width": 8}}}},
     # five 2x2 pools: the digits at 32x32 pixels
@@ -54,18 +58,21 @@ def test_every_format_is_written_read_back_and_matches_pytorch(family, trained, 
     assert max(written.values()) < 1e-4, written
 
 
-def test_the_export_is_a_plain_network_beside_the_run(trained, export_files):
+@pytest.mark.parametrize("family", ["cifar_resnet", "cifar_resnet_nf"])
+def test_the_export_is_a_plain_network_beside_the_run(family, trained, export_files):
     """The written graph holds the ops of the same network without normalization (the floor) and no
     scheme's: RescaleNet's offsets fold into biases and ReLU floors (``max(z + e, e)``), its gains into
-    weights; its shortcut's average pools are the architecture's own. Without --out the file goes to
-    export/ in the run's folder."""
-    config, ckpt = trained("cifar_resnet")
+    weights; NF-ResNet's standardized weights are constants (no batch-norm over a weight), its
+    pre-activation ReLUs out of place (the stream is the skip); the shortcuts' average pools are the
+    architecture's own. Without --out the file goes to export/ in the run's folder."""
+    config, ckpt = trained(family)
     [path], _ = export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "exported-program"])
     assert Path(path) == ckpt.parent.parent / "export" / "last.pt2"
     written = op_counts(torch.export.load(path))
     floor = create_model("cifar_resnet", scheme="none", depth=8, base_width=8, num_classes=10, in_channels=1)
     plain = op_counts(capture(floor, (torch.zeros(2, 1, 8, 8),)))
-    assert set(written) - set(plain) <= {"aten.maximum.default", "aten.avg_pool2d.default"}, written
+    assert set(written) - set(plain) <= {"aten.maximum.default", "aten.avg_pool2d.default",
+                                         "aten.relu.default"}, written
     assert written["aten.conv2d.default"] == plain["aten.conv2d.default"] == 9
 
 

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import rescale_core
 from rescale_core.models.resnet import VIDEO_RESNETS, ResNet
+from rescale_core.testing import randomise_
 from rescale_tasks.classification.module import ClassificationModule
 from rescale_tasks.common.errors import ConfigError
 from rescale_tasks.video.inflation import inflate_checkpoint, inflate_tensor
@@ -45,13 +46,16 @@ def _repeat(frame: torch.Tensor, frames: int) -> torch.Tensor:
     return frame.unsqueeze(2).expand(-1, -1, frames, -1, -1).contiguous()
 
 
-@pytest.mark.parametrize("scheme", ["bn", "rescale", "fixup"])
+@pytest.mark.parametrize("scheme", ["bn", "rescale", "fixup", "nf", "nf_skipinit"])
 def test_repeated_frame_video_gives_the_2d_logits(scheme):
-    """The I3D property. Without temporal padding (every time kernel 1: no border effects) the
+    """The I3D property (NF-ResNets: each Scaled WS weight repeated undivided, its gain divided by
+    ``sqrt(kt)``). Without temporal padding (every time kernel 1: no border effects) the
     whole clip's logits are the frame's; with SlowOnly's 3x1x1 convs (9 of them in res4/res5),
     the features of a frame 9 frames from both ends are the 2D features, and the head on them
     gives the 2D logits."""
     net2d = _trained_2d(scheme)
+    if scheme.startswith("nf"):  # branches far from their init (NF's start at zero): the borders differ
+        randomise_(net2d)
     frame = torch.randn(2, 3, 32, 32) + 0.3
     with torch.no_grad():
         want_logits, want_feats = net2d(frame), net2d.forward_features(frame)
@@ -95,6 +99,23 @@ def test_weights_are_repeated_over_time_and_divided():
     torch.testing.assert_close(slow.layer4[2].merge.gain.weight, net2d.layer4[2].merge.gain.weight)
     assert inflate_tensor(torch.ones(4, 2, 3, 3), (4, 2, 3, 5, 5)) is None  # only time may be added
     assert inflate_tensor(torch.ones(8), (1, 8, 1, 1, 1)) is None
+
+
+def test_scaled_ws_weights_standardize_to_the_2d_ones_repeated_and_divided():
+    """A Scaled WS conv's raw weight is repeated undivided and its gain divided by ``sqrt(kt)``:
+    the 3D standardized weight is the 2D one repeated over time and divided by ``kt``, exactly
+    (float64; ``eps`` included); with ``kt = 1`` the gain is kept."""
+    net2d = _trained_2d("nf").double()
+    slow = rescale_core.create_model("slow_r50", scheme="nf", base_width=8, num_classes=5).double()
+    inflate_checkpoint(slow, net2d.state_dict())
+    conv2, conv3 = net2d.layer3[0].conv1, slow.layer3[0].conv1
+    assert conv3.weight.shape[2] == 3
+    torch.testing.assert_close(conv3.weight[:, :, 1], conv2.weight, rtol=0, atol=0)
+    torch.testing.assert_close(conv3.gain, conv2.gain / 3 ** 0.5, rtol=1e-15, atol=0)
+    w2, w3 = conv2.standardized_weight().detach(), conv3.standardized_weight().detach()
+    for t in range(3):
+        torch.testing.assert_close(w3[:, :, t], w2 / 3, rtol=1e-13, atol=1e-15)
+    torch.testing.assert_close(slow.conv1.gain, net2d.conv1.gain, rtol=0, atol=0)  # 1x7x7: kt = 1
 
 
 def test_classifier_kept_or_left_as_built():
