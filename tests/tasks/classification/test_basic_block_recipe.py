@@ -50,6 +50,19 @@ def test_each_ablation_overlay_builds_the_rescale_network_it_names():
     assert len(seen) == len(ABLATIONS)  # no two overlays train the same thing
 
 
+AGC_OVERLAYS = sorted((EXPERIMENTS / "mnist5k" / "agc").glob("*.yaml"))
+
+
+def test_each_agc_overlay_builds_the_scheme_it_names_with_agc_where_its_name_says():
+    """The rows of the AGC study (docs/studies.md): ``<scheme>[_warmup1][_agc].yaml`` after the
+    yardstick's bn config; AGC at the paper's lambda 0.01 exactly in the ``_agc`` rows."""
+    assert len(AGC_OVERLAYS) == 10  # bn itself is the base config
+    for overlay in AGC_OVERLAYS:
+        cli = build_run(["--config", str(EXPERIMENTS / "mnist5k/resnet20_bn.yaml"), "--config", str(overlay)])
+        assert cli.model.net.scheme.name == overlay.stem.split("_")[0], overlay.name
+        assert cli.model.hparams.agc_clip == (0.01 if overlay.stem.endswith("_agc") else None), overlay.name
+
+
 def test_the_demo_trains_rescale_at_the_recipe_its_digits_config_carries():
     from rescale_tasks.classification.demo import SCHEME_OPTIONS
 

@@ -24,8 +24,9 @@ EXPERIMENTS = REPO / "experiments"
 RUN_CONFIGS = sorted(p for p in EXPERIMENTS.rglob("*.yaml")
                      if not p.name.startswith("_")
                      and p.relative_to(EXPERIMENTS).parts[0] not in ("cluster", "wmt", "coco", "kinetics")
-                     and "recipes" not in p.parts and "ablations" not in p.parts)
-# recipes/ and ablations/: overlays given after a run config (tests/tasks/classification/test_basic_block_recipe.py)
+                     and not {"recipes", "ablations", "agc"} & set(p.parts))
+# recipes/, ablations/ and agc/: overlays given after a run config (tests/tasks/classification/test_basic_block_recipe.py,
+# the AGC study of docs/studies.md)
 CPU = ["--trainer.accelerator", "cpu", "--trainer.devices", "1"]
 
 
