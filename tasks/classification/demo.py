@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 import lightning.pytorch as L
 import torch
 
+from ..common.cli import quiet_libraries
 from ..common.errors import ConfigError, UserArgumentParser
 from ..common.reporting import SuiteWandbLogger, use_line_progress
 from ..common.run import SUMMARY_FILE, RunSummary
@@ -220,6 +221,7 @@ def plot_curves(results: list[DemoResult], path: str) -> str:
 
 def run_demo(settings: DemoSettings) -> list[DemoResult]:
     check_settings(settings)
+    quiet_libraries()  # no Lightning advert or dependency warning before each scheme's run, as `rescale fit`
     os.makedirs(settings.out, exist_ok=True)
     data = DigitsDataModule(batch_size=settings.batch_size, seed=settings.seed)
     results = []
