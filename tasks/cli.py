@@ -15,6 +15,7 @@ and run: :mod:`rescale_tasks.common.cli.lightning_commands` (the ``_defaults.yam
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from typing import Callable, Optional
 
@@ -22,6 +23,8 @@ from .common.errors import UserArgumentParser, UserError
 from .common.system import command_logging, describe_code, keep_freed_memory, log_level
 
 __all__ = ["main", "SUITE_COMMANDS", "COMMAND_HELP", "LOG_FLAGS"]
+
+log = logging.getLogger("rescale_tasks.cli")  # the same name under `python -m rescale_tasks.cli`
 
 # before the command: `rescale --quiet fit ...` (warnings and errors only), `rescale --verbose ...` (debug)
 LOG_FLAGS = ("--quiet", "--verbose")
@@ -39,7 +42,7 @@ def _cmd_models(argv: list[str]) -> int:
         pattern = f"*{pattern}*"  # no wildcard: a part of the name
     names = rescale_core.list_models(pattern)
     if not names:
-        print(f"error: no registered network matches {pattern!r} (rescale models: all of them)", file=sys.stderr)
+        log.error("error: no registered network matches %r (rescale models: all of them)", pattern)
         return 1
     for name in names:
         print(name)
@@ -122,7 +125,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         level = log_level(quiet=levels["--quiet"], verbose=levels["--verbose"])
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
+        with command_logging():  # the level the flags asked for is the error
+            log.error("error: %s", err)
         return err.exit_code
     with command_logging(level):
         return _main(argv, from_command_line)

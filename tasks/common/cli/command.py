@@ -1,27 +1,30 @@
 """How every command of the suite ends: its errors as one line, an exit status, W&B flushed.
 
 :func:`run_command` runs one command (``rescale fit``, ``rescale study`` ... or a study's point run
-in-process) so that a :class:`~..errors.UserError` or a diverged run prints ``error: <line>`` on
-stderr (``RESCALE_TRACEBACK=1``: with the traceback behind it), a stop by SIGTERM, Ctrl-C or
+in-process) so that a :class:`~..errors.UserError` or a diverged run logs ``error: <line>`` (an
+ERROR record of this module's logger: on stderr under the command's logging) (``RESCALE_TRACEBACK=1``: with the traceback behind it), a stop by SIGTERM, Ctrl-C or
 another stop signal while training says where it saved (once, from the first process) and exits
 ``128 + signal``, and the W&B run the command opened is
 closed so its history and summary reach the disk.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import traceback
 from collections.abc import Callable
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from ..checkpoints import preempted_message, stop_signal
 from ..errors import UserError
+from ..system import rank_zero_log
 from ..training import TrainingDiverged
 
 __all__ = ["run_command"]
+
+log = logging.getLogger(__name__)
 
 
 def run_command(command: Callable[[], int | None]) -> int:
@@ -32,11 +35,11 @@ def run_command(command: Callable[[], int | None]) -> int:
     except (UserError, TrainingDiverged) as err:
         if os.environ.get("RESCALE_TRACEBACK", "") not in ("", "0"):  # the error behind the line
             traceback.print_exception(getattr(err, "original", None) or err, file=sys.stderr)
-        print(f"error: {err}", file=sys.stderr)
+        log.error("error: %s", err)
         return getattr(err, "exit_code", 1)
     except SIGTERMException as err:  # a stop signal while training (checkpoints.callbacks.LastCheckpoint)
-        if rank_zero_only.rank == 0:  # every process stopped at the same step: one line for the run
-            print(f"error: {preempted_message(err)}", file=sys.stderr)
+        # every process stopped at the same step: one line for the run
+        rank_zero_log(log, logging.ERROR, f"error: {preempted_message(err)}")
         return 128 + stop_signal(err)
     finally:
         _finish_wandb()
