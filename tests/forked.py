@@ -53,7 +53,6 @@ def _zygote() -> str:
     line = _server.stdout.readline()
     if line.strip() != "ready":
         raise RuntimeError(f"the zygote did not start (exit {_server.wait()})")
-    atexit.register(_stop)
     return _socket_path
 
 
@@ -64,6 +63,9 @@ def _stop() -> None:
             _server.wait(timeout=10)
         except subprocess.TimeoutExpired:
             _server.kill()
+
+
+atexit.register(_stop)
 
 
 def _module_of(command: list[str]) -> Optional[tuple[str, list[str]]]:
@@ -81,33 +83,23 @@ class ForkedProcess:
         self.args = [sys.executable, "-m", module, *args]
         self.returncode: Optional[int] = None
         self._text = text
-        ours, theirs = [], []
-        streams = []
+        theirs: list[int] = []   # the child's stdin, stdout, stderr
+        streams: list = []       # this process's end of each pipe (None: not a pipe)
         for spec, default in ((stdin, 0), (stdout, 1), (stderr, 2)):
+            mine = None
             if spec == subprocess.PIPE:
                 r, w = os.pipe()
                 mine, child = (w, r) if default == 0 else (r, w)
-                ours.append(mine)
-                theirs.append(child)
-                streams.append(mine)
             elif spec == subprocess.DEVNULL:
-                fd = os.open(os.devnull, os.O_RDWR)
-                theirs.append(fd)
-                ours.append(None)
-                streams.append(None)
+                child = os.open(os.devnull, os.O_RDWR)
             elif spec == subprocess.STDOUT:
-                theirs.append(os.dup(theirs[1]))
-                ours.append(None)
-                streams.append(None)
+                child = os.dup(theirs[1])
             elif spec is None:
-                theirs.append(os.dup(default))
-                ours.append(None)
-                streams.append(None)
+                child = os.dup(default)
             else:
-                fd = spec if isinstance(spec, int) else spec.fileno()
-                theirs.append(os.dup(fd))
-                ours.append(None)
-                streams.append(None)
+                child = os.dup(spec if isinstance(spec, int) else spec.fileno())
+            theirs.append(child)
+            streams.append(mine)
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._conn.connect(_zygote())
         request = {"module": module, "args": args, "cwd": str(cwd or os.getcwd()),

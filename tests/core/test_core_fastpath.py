@@ -16,7 +16,6 @@ import logging
 import pytest
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 import rescale_core
 from rescale_core import (MeanShiftBias, ResidualBlock, ResidualSublayer, Scheme, get_scheme,

@@ -10,7 +10,6 @@
 """
 from __future__ import annotations
 
-import os
 import statistics
 from pathlib import Path
 
