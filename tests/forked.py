@@ -5,12 +5,15 @@ session, its signals, its exit status) running ``python -m <module> <args>`` as 
 would, with the environment, working folder and standard streams given here.
 
 - :func:`popen` / :func:`run` take the same command lists as :mod:`subprocess`:
-  ``[sys.executable, "-m", module, *args]``; any other command goes to :mod:`subprocess` itself.
+  ``[sys.executable, "-m", module, *args]``, or this environment's ``rescale`` or ``torchrun``
+  script (run as its module); any other command goes to :mod:`subprocess` itself.
 - :func:`ddp_run` starts the ranks of a one-node DDP run as ``torchrun`` would (each rank forked,
   ``LOCAL_RANK``/``RANK``/``WORLD_SIZE``/``MASTER_*`` set), which Lightning takes as processes
-  created outside it; ``rescale fit --trainer.devices 2`` launching its own second rank is tested
-  where the launch itself matters (``tests/tasks/common/checkpoints/test_resume_life.py``,
-  ``tests/tasks/classification/test_classification_ddp.py``).
+  created outside it.
+- ``rescale fit --trainer.devices 2`` run through :func:`run` launches its other ranks itself, as
+  Lightning does (its launcher's command line, environment and ``Popen``), and those are forked from
+  the same zygote (:func:`attach`, called in each forked child by ``tests/zygote.py``), and so
+  are the workers of ``torchrun`` run through :func:`run`.
 
 What a forked child does not get afresh: malloc's environment (glibc reads ``MALLOC_*`` at process
 start; ``tests/tasks/common/system/test_allocator.py`` runs fresh interpreters) and the hash seed
@@ -28,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any, Optional
 
@@ -36,11 +40,30 @@ from zygote import read_message, send_message
 _ZYGOTE = Path(__file__).with_name("zygote.py")
 _server: Optional[subprocess.Popen] = None
 _socket_path: Optional[str] = None
+_attached: Optional[str] = None  # a forked child's: the socket of the zygote it was forked from
+
+
+def attach(socket_path: str) -> None:
+    """In a child forked from the zygote at ``socket_path``: the commands this process starts
+    through :func:`popen`, and the ranks Lightning's subprocess launcher starts, are forked from
+    that zygote too (Lightning's launcher calls ``subprocess.Popen`` with ``[python, -m, module,
+    *args]``: :func:`popen` takes the same arguments and starts anything else as it would)."""
+    global _attached
+    _attached = socket_path
+    from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
+    from lightning.pytorch.strategies.launchers import subprocess_script as trainer_launcher
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+
+    for launcher in (fabric_launcher, trainer_launcher):
+        launcher.subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": popen})
+    subprocess_handler.Popen = popen  # torchrun's workers: Popen(args=(entrypoint, *args), ...)
 
 
 def _zygote() -> str:
     """The socket of this process's zygote, started on first use."""
     global _server, _socket_path
+    if _attached is not None:
+        return _attached
     if _server is not None and _server.poll() is None:
         return _socket_path
     folder = tempfile.mkdtemp(prefix="zygote-")
@@ -68,18 +91,36 @@ def _stop() -> None:
 atexit.register(_stop)
 
 
-def _module_of(command: list[str]) -> Optional[tuple[str, list[str]]]:
-    """``(module, args)`` of ``[python, -m, module, *args]`` run by this interpreter, else None."""
-    if len(command) >= 3 and command[0] == sys.executable and command[1] == "-m":
-        return command[2], [str(a) for a in command[3:]]
+# this environment's console scripts of the suite and of torch: each runs its module's ``main``, as
+# ``python -m`` of that module does
+_SCRIPTS = {str(Path(sys.executable).parent / "rescale"): "rescale_tasks.cli",
+            str(Path(sys.executable).parent / "torchrun"): "torch.distributed.run"}
+
+
+def _module_of(command) -> Optional[tuple[str, list[str]]]:
+    """``(module, args)`` of ``[python, -m, module, *args]`` run by this interpreter, or of one of
+    this environment's console scripts (``_SCRIPTS``), else None."""
+    command = [str(a) for a in command]
+    if command and command[0] == sys.executable:
+        command = command[1:]
+        if command[:1] == ["-u"]:  # (torchrun's workers: unbuffered output; the streams are pipes or files)
+            command = command[1:]
+        if len(command) >= 2 and command[0] == "-m":
+            return command[1], command[2:]
+    if command and command[0] in _SCRIPTS:  # the script itself, or this interpreter running it
+        return _SCRIPTS[command[0]], command[1:]
     return None
 
 
 class ForkedProcess:
-    """The :class:`subprocess.Popen` surface the suite's tests use, for a forked child."""
+    """The :class:`subprocess.Popen` surface the suite's tests use, for a forked child.
+    ``controlling_terminal``: the child leads a new session whose controlling terminal is its
+    standard input (a terminal), as a login shell's job is. ``rlimits``: the child's resource
+    limits (``{"RLIMIT_FSIZE": (soft, hard)}``), set before its module runs."""
 
     def __init__(self, module: str, args: list[str], *, cwd=None, env=None, stdout=None, stderr=None,
-                 stdin=subprocess.DEVNULL, text: bool = False, start_new_session: bool = False):
+                 stdin=subprocess.DEVNULL, text: bool = False, start_new_session: bool = False,
+                 controlling_terminal: bool = False, rlimits: Optional[dict] = None):
         self.args = [sys.executable, "-m", module, *args]
         self.returncode: Optional[int] = None
         self._text = text
@@ -103,7 +144,8 @@ class ForkedProcess:
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._conn.connect(_zygote())
         request = {"module": module, "args": args, "cwd": str(cwd or os.getcwd()),
-                   "env": dict(os.environ if env is None else env), "new_session": start_new_session}
+                   "env": dict(os.environ if env is None else env), "new_session": start_new_session,
+                   "controlling_terminal": controlling_terminal, "rlimits": dict(rlimits or {})}
         try:
             send_message(self._conn, request, theirs)
             reply, _ = read_message(self._conn)
@@ -169,8 +211,10 @@ class ForkedProcess:
         self.send_signal(9)
 
 
-def popen(command: list[str], **kwargs: Any):
+def popen(command: Optional[list[str]] = None, **kwargs: Any):
     """:class:`subprocess.Popen` for ``command``, forked from the zygote where it is a module run."""
+    if command is None:
+        command = kwargs.pop("args")
     module = _module_of(command)
     if module is None or kwargs.get("preexec_fn") is not None:  # code to run in the child: a real fork
         return subprocess.Popen(command, **kwargs)

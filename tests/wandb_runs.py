@@ -11,15 +11,17 @@ import glob
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
+import forked
+
 __all__ = ["OfflineRun", "read_offline_run", "find_offline_runs"]
 
-# the W&B command line of the interpreter running the tests (its wandb is the one that wrote the runs)
-WANDB = [sys.executable, "-c", "import sys; from wandb.cli.cli import cli; sys.exit(cli())"]
+# the W&B command line of the interpreter running the tests (its wandb is the one that wrote the runs),
+# forked from the suite's zygote (tests/forked.py), which has imported W&B
+WANDB = [sys.executable, "-m", "wandb"]
 _NUMBERS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}  # how the inspector spells them
 
 
@@ -65,8 +67,8 @@ def _media_keys(item: dict) -> dict:
 
 
 def _records(path: str) -> list[dict]:
-    done = subprocess.run([*WANDB, "leet", "inspect", "--json", path], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "WANDB_SILENT": "true"})
+    done = forked.run([*WANDB, "leet", "inspect", "--json", path], capture_output=True, text=True,
+                      timeout=120, env={**os.environ, "WANDB_SILENT": "true"})
     if done.returncode != 0:
         raise RuntimeError(f"wandb leet inspect {path} failed: {done.stderr.strip() or done.stdout.strip()}")
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -53,9 +53,9 @@ def rescale(args: list[str], cwd: Path, launcher: list[str] = (), timeout: int =
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     env.pop("WANDB_SERVICE", None)  # a service of this test process: the run gets its own
-    # the command as `python -m` forked from the suite's zygote (tests/forked.py); under a launcher,
-    # the installed `rescale` the launcher starts
-    command = [*launcher, str(BIN / "rescale"), *args] if launcher else [sys.executable, "-m", "rescale_tasks.cli", *args]
+    # the installed `rescale` (optionally under the installed launcher), its processes forked from
+    # the suite's zygote as their console scripts' modules (tests/forked.py)
+    command = [*launcher, str(BIN / "rescale"), *args]
     done = forked.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
 

@@ -19,6 +19,7 @@ import pytest
 from rescale_tasks.cli import main as rescale_main
 from rescale_tasks.video.samples import sample_video_dir
 from rescale_tasks.video.prepare import Job, encode_video, scaled_size
+import forked
 
 
 def main(argv: list[str]) -> int:
@@ -130,7 +131,7 @@ def test_killed_run_leaves_no_partial_file_and_resumes(tmp_path):
     shutil.copy(DATA / "bigbuckbunny.mp4", src / "big.mp4")  # 1280x720: seconds to encode
     cmd = [sys.executable, "-m", "rescale_tasks.video.prepare", str(src), str(dst), "--short_side", "480",
            "--preset", "medium", "--workers", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = forked.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # (tests/forked.py)
     deadline = time.monotonic() + 60
     while not partials(dst) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -332,7 +332,6 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_naming_the_intact_one(t
     temporary file left behind."""
     import os
     import resource
-    import subprocess
     import sys
 
     config = run_config(tmp_path / "run.yaml", trainer={"max_epochs": None, "max_steps": 2, "limit_val_batches": 0,
@@ -344,11 +343,10 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_naming_the_intact_one(t
     last = tmp_path / "checkpoints" / "last.ckpt"
     good = last.read_bytes()
 
-    def small_files():  # in the child: writes past this size fail with EFBIG, as on a full disk with ENOSPC
-        resource.setrlimit(resource.RLIMIT_FSIZE, (len(good) // 2, resource.RLIM_INFINITY))
-
-    full = subprocess.run([*command, "--ckpt_path", str(last), "--trainer.max_steps", "4"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300, preexec_fn=small_files)
+    # in the child: writes past this size fail with EFBIG, as on a full disk with ENOSPC
+    small_files = {"RLIMIT_FSIZE": (len(good) // 2, resource.RLIM_INFINITY)}
+    full = forked.run([*command, "--ckpt_path", str(last), "--trainer.max_steps", "4"], cwd=tmp_path, env=env,
+                      capture_output=True, text=True, timeout=300, rlimits=small_files)
     lines = [line for line in full.stderr.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("error:")]
     assert full.returncode == 2 and len(errors) == 1 and "Traceback" not in full.stderr, full.stderr[-3000:]

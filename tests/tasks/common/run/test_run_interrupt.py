@@ -132,11 +132,9 @@ def test_a_closed_terminal_stops_the_run_as_sigterm_does(tmp_path, run_config, s
     """A run in the terminal of an ssh session that closes: the kernel hangs the terminal up and
     sends SIGHUP; every later write to it fails. The run (its progress bar on that terminal, a data
     worker in its group) finishes its step, saves ``last.ckpt``, writes its summary and exits 129."""
-    import fcntl
     import glob
     import pty
     import select
-    import termios
 
     config = run_config(tmp_path / "run.yaml", data={"init_args": {"num_workers": 1}}, trainer={
         "max_epochs": None, "max_steps": 100000, "limit_val_batches": 0, "num_sanity_val_steps": 0,
@@ -145,15 +143,10 @@ def test_a_closed_terminal_stops_the_run_as_sigterm_does(tmp_path, run_config, s
                        "init_args": {"every_n_train_steps": 2, "save_top_k": -1, "filename": "step{step:03d}",
                                      "auto_insert_metric_name": False}}]})
     terminal, session_side = pty.openpty()
-
-    def own_session_on_the_terminal():  # a login shell's job: the terminal is its controlling terminal
-        os.setsid()
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-    proc = subprocess.Popen([sys.executable, "-m", "rescale_tasks.cli", "fit", "--config", config,
-                             "--trainer.logger.init_args.id", "hangup1"], cwd=tmp_path, env=_env(),
-                            stdin=session_side, stdout=session_side, stderr=session_side,
-                            preexec_fn=own_session_on_the_terminal)
+    # its own session, the terminal its controlling terminal (a login shell's job)
+    proc = forked.popen([sys.executable, "-m", "rescale_tasks.cli", "fit", "--config", config,
+                         "--trainer.logger.init_args.id", "hangup1"], cwd=tmp_path, env=_env(),
+                        stdin=session_side, stdout=session_side, stderr=session_side, controlling_terminal=True)
     os.close(session_side)
     checkpoints = tmp_path / "runs" / "lifecycle" / "hangup1" / "checkpoints"
     try:
