@@ -31,11 +31,11 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .init import init_branch, init_shortcut, rescale_conv_multiplier
+from .init import TransformerStack, init_branch, init_shortcut, init_transformer_branch, rescale_conv_multiplier
 from .layers import (RELU_GAMMA, Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_shape, conv_nd,
                      dropout_nd, make_norm, scaled_std_conv_nd)
 from .plans.dispatch import Planned, implementation
-from .schemes import Scheme
+from .schemes import Scheme, list_schemes
 
 __all__ = ["ResidualMerge", "BranchLayer", "ResidualBlock", "ResidualSublayer", "pre_conv_bias", "scheme_conv"]
 
@@ -267,26 +267,44 @@ class ResidualBlock(Planned):
         return self.relu(self.merge_norm(out))
 
 
+def sublayer_norm(scheme: Scheme, d_model: int, position: str, site: str) -> nn.Module:
+    """The norm a Transformer scheme puts at ``position`` (``pre``: on the branch's input,
+    ``post``: after the merge, ``final``: on a stack's output under a pre-norm scheme) of a
+    sublayer whose branch is ``site`` (``attention`` or ``ffn``): a LayerNorm, a pointwise
+    :class:`~.layers.PointwiseNorm` (``dyt``, ``derf``) or Identity."""
+    wanted = "pre" if position == "final" else position
+    if scheme.norm is None or scheme.norm_position != wanted:
+        return nn.Identity()
+    alpha = scheme.norm_alpha_at("final" if position == "final" else site)
+    return make_norm(scheme.norm, d_model, spatial_dims=None, alpha_init=alpha)
+
+
 class ResidualSublayer(Planned):
     """A Transformer residual sublayer ``x -> merge(x, dropout(fn(x, ...)))`` under a scheme.
 
     ``post_ln``: ``LN(x + F(x))`` (Vaswani et al. 2017). ``pre_ln``: ``x + F(LN(x))``
     (Xiong et al. 2020). ``rescale``: ``alpha_k x + beta g_k F(x)`` with the weights listed in
     ``scaled_layers`` multiplied by the RescaleNet init multiplier (m = their number).
-    ``rezero`` / ``skipinit``: ``x + a_k F(x)``, ``a_k = 0`` at init.
+    ``rezero`` / ``skipinit``: ``x + a_k F(x)``, ``a_k = 0`` at init. ``dyt`` / ``derf``:
+    ``pre_ln`` with the pointwise layer in place of the LayerNorm (its alpha's init per ``site``).
+    ``deepnorm``: ``LN(alpha x + F(x))``; ``tfixup``: ``x + F(x)``; both re-initialise ``fn``'s
+    layers by the rules of :mod:`~.init`, which read ``stack`` (the sublayer's stack and both
+    stacks' depths; the scheme's ``skip_alpha`` already resolved for it: :func:`~.init.stack_scheme`).
     """
 
     def __init__(self, scheme: Scheme, d_model: int, fn: nn.Module, k: int, L: int,
-                 dropout: float = 0.0, scaled_layers: list[nn.Module] | None = None) -> None:
+                 dropout: float = 0.0, scaled_layers: list[nn.Module] | None = None,
+                 site: str = "ffn", stack: TransformerStack | None = None) -> None:
         super().__init__()
         if not scheme.supports("transformer"):
             raise ValueError(f"scheme {scheme.name!r} has no Transformer form; use one of "
-                             "post_ln, pre_ln, rescale, rezero, skipinit")
+                             f"{', '.join(list_schemes('transformer'))}")
         self.fn = fn
-        self.pre_norm = make_norm("ln", d_model) if scheme.norm == "ln" and scheme.norm_position == "pre" else nn.Identity()
-        self.post_norm = make_norm("ln", d_model) if scheme.norm == "ln" and scheme.norm_position == "post" else nn.Identity()
+        self.pre_norm = sublayer_norm(scheme, d_model, "pre", site)
+        self.post_norm = sublayer_norm(scheme, d_model, "post", site)
         self.dropout = nn.Dropout(dropout)
         self.merge = ResidualMerge(scheme, k, L, (d_model,))  # features last
+        init_transformer_branch(scheme, fn, stack)  # DeepNorm's and T-Fixup's rules
         if scheme.init == "rescale" and scaled_layers:
             mult = rescale_conv_multiplier(k, L, len(scaled_layers), scheme.c, 0.0, scheme.fixed_beta)
             with torch.no_grad():

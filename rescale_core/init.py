@@ -1,6 +1,20 @@
 """Initialisers (He et al. 2015; RescaleNet, Shao et al. 2020; Fixup, Zhang et al. 2019; NF-ResNets,
 Brock et al. 2021), each citing the equation it implements.
 
+Transformer rules, applied on top of fairseq's Xavier init of each sublayer's linear layers
+(:class:`TransformerStack`: N encoder and M decoder layers; docs/transformers.md):
+
+- ``init="deepnorm"`` (DeepNet, Wang et al. 2022, Sec. 2.3 and Fig. 2, encoder-decoder column):
+  ``x_{l+1} = LN(alpha x_l + F(x_l))`` with encoder ``alpha = 0.81 (N^4 M)^(1/16)``, decoder
+  ``alpha = (3M)^(1/4)``; ``v_proj``, ``out_proj``, ``fc1``, ``fc2`` Xavier-normal with gain
+  ``beta`` (encoder ``0.87 (N^4 M)^(-1/16)``, decoder ``(12M)^(-1/4)``), ``q_proj``/``k_proj``
+  Xavier-normal with gain 1.
+- ``init="tfixup"`` (T-Fixup, Huang et al., ICML 2020, Sec. 3.2; layer6ai-labs/T-Fixup's
+  ``fixup_initialization``): encoder ``out_proj``/``fc1``/``fc2`` times ``0.67 N^(-1/4)`` and
+  ``v_proj`` times ``0.67 N^(-1/4) sqrt(2)``, decoder (self- and cross-attention) the same with
+  ``(9M)^(-1/4)``; token embeddings times ``(9N)^(-1/4)`` (encoder, and a shared matrix) and
+  ``(9M)^(-1/4)`` (decoder). ``q_proj``/``k_proj`` keep their init.
+
 ``init="nf"`` (timm's ``NormFreeNet`` and the official JAX code): every conv N(0, 1/fan_in), the
 classifier N(0, 0.01^2), zero biases. Scaled Weight Standardization makes a conv's function
 independent of its raw weight's scale; that scale sets only the size of the updates relative to
@@ -11,6 +25,7 @@ Called once by the blocks and model families at construction time (never from ``
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -18,7 +33,10 @@ from torch import nn
 from .schemes import Scheme
 
 __all__ = ["he_normal_", "rescale_conv_multiplier", "fixup_multiplier", "init_branch",
-           "init_shortcut", "init_stem", "init_classifier"]
+           "init_shortcut", "init_stem", "init_classifier", "TransformerStack", "deepnorm_constants",
+           "tfixup_multiplier", "stack_scheme", "init_transformer_branch", "init_transformer_embeddings"]
+
+TRANSFORMER_INITS = ("deepnorm", "tfixup")  # the rules that read a TransformerStack
 
 
 def _fans(weight: torch.Tensor) -> tuple[int, int]:
@@ -128,3 +146,74 @@ def init_classifier(scheme: Scheme, fc: nn.Linear) -> None:
     elif scheme.init == "nf":
         fc.weight.normal_(0.0, 0.01)
         fc.bias.zero_()
+
+
+# --------------------------------------------------------------- Transformers
+class TransformerStack(NamedTuple):
+    """Where a Transformer sublayer sits: its stack (``side``: ``encoder`` or ``decoder``) and
+    the depths of both stacks, in layers (N, M), which DeepNorm's and T-Fixup's constants read."""
+    side: str
+    encoder_layers: int
+    decoder_layers: int
+
+
+def deepnorm_constants(stack: TransformerStack) -> tuple[float, float]:
+    """``(alpha, beta)`` of DeepNet's encoder-decoder (Wang et al. 2022, Fig. 2): the skip
+    multiplier and the init gain of ``v_proj``, ``out_proj``, ``fc1``, ``fc2``."""
+    N, M = stack.encoder_layers, stack.decoder_layers
+    if stack.side == "encoder":
+        return 0.81 * (N ** 4 * M) ** (1 / 16), 0.87 * (N ** 4 * M) ** (-1 / 16)
+    return (3 * M) ** 0.25, (12 * M) ** -0.25
+
+
+def tfixup_multiplier(stack: TransformerStack) -> float:
+    """T-Fixup's multiplier of a stack's ``out_proj``, ``fc1`` and ``fc2`` (``v_proj``: times
+    sqrt(2) more): encoder ``0.67 N^(-1/4)``, decoder ``(9M)^(-1/4)``."""
+    if stack.side == "encoder":
+        return 0.67 * stack.encoder_layers ** -0.25
+    return (9 * stack.decoder_layers) ** -0.25
+
+
+def stack_scheme(scheme: Scheme, stack: TransformerStack) -> Scheme:
+    """The scheme one stack's sublayers are built with: under ``init="deepnorm"`` its
+    ``skip_alpha`` is the stack's DeepNorm alpha (unless the scheme sets one)."""
+    if scheme.init == "deepnorm" and scheme.skip_alpha is None:
+        return scheme.replace(skip_alpha=deepnorm_constants(stack)[0])
+    return scheme
+
+
+@torch.no_grad()
+def init_transformer_branch(scheme: Scheme, fn: nn.Module, stack: TransformerStack | None) -> None:
+    """Rewrite the init of a sublayer's branch ``fn`` (attention: ``q_proj``, ``k_proj``,
+    ``v_proj``, ``out_proj``; feed-forward: ``fc1``, ``fc2``) under DeepNorm or T-Fixup; other
+    schemes keep fairseq's init (rescale scales its layers in the sublayer)."""
+    if scheme.init not in TRANSFORMER_INITS:
+        return
+    if stack is None:
+        raise ValueError(f"init {scheme.init!r} needs the sublayer's stack and depths (TransformerStack)")
+    layers = {name: getattr(fn, name) for name in ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
+              if isinstance(getattr(fn, name, None), nn.Linear)}
+    if scheme.init == "deepnorm":
+        beta = deepnorm_constants(stack)[1]
+        for name, layer in layers.items():
+            nn.init.xavier_normal_(layer.weight, gain=1.0 if name in ("q_proj", "k_proj") else beta)
+            if layer.bias is not None:
+                layer.bias.zero_()
+    else:
+        mult = tfixup_multiplier(stack)
+        for name, layer in layers.items():
+            if name != "q_proj" and name != "k_proj":
+                layer.weight.mul_(mult * math.sqrt(2.0) if name == "v_proj" else mult)
+
+
+@torch.no_grad()
+def init_transformer_embeddings(scheme: Scheme, src: nn.Embedding, tgt: nn.Embedding,
+                                encoder_layers: int, decoder_layers: int) -> None:
+    """T-Fixup's token-embedding multipliers: ``(9N)^(-1/4)`` on the source (or shared) matrix,
+    ``(9M)^(-1/4)`` on a separate target matrix (layer6ai-labs/T-Fixup scales a shared one once,
+    with the encoder's)."""
+    if scheme.init != "tfixup":
+        return
+    src.weight.mul_((9 * encoder_layers) ** -0.25)
+    if tgt is not src:
+        tgt.weight.mul_((9 * decoder_layers) ** -0.25)

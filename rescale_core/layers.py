@@ -8,6 +8,10 @@
 - :class:`ScaledStdConv1d` / ``2d`` / ``3d``: Scaled Weight Standardization (Brock, De & Smith,
   ICLR 2021, Sec. 4.2, Eq. 1): the convolution with ``gain * gamma * (W - mean) / (std * sqrt(fan_in))``
   per output channel; :data:`RELU_GAMMA` is ReLU's gamma (docs/nf_resnets.md).
+- :class:`PointwiseNorm`: a normalization layer replaced by a pointwise function with no
+  statistics, ``weight * f(alpha * x + shift) + bias``: DyT (``f = tanh``, no shift; Zhu, Chen, He,
+  LeCun & Liu, CVPR 2025, "Transformers without Normalization") and Derf (``f = erf``; Chen, Lu,
+  Zhu, Sun & Liu 2025, "Stronger Normalization-Free Transformers", arXiv:2512.10938).
 - :func:`make_norm`, :func:`conv_nd`, :func:`scaled_std_conv_nd`: factories so one block serves
   1D/2D/3D and every norm.
 
@@ -46,7 +50,8 @@ from torch import nn
 
 from .compat import mean_shift_state
 
-__all__ = ["MeanShiftBias", "ScalarBias", "Gain", "channel_shape", "make_norm", "conv_nd", "pool_nd",
+__all__ = ["MeanShiftBias", "ScalarBias", "Gain", "PointwiseNorm", "POINTWISE_NORMS", "channel_shape", "make_norm",
+           "conv_nd", "pool_nd",
            "dropout_nd", "StridedAvgPool", "RELU_GAMMA", "RELU_GAMMA_EXACT", "ScaledStdConv1d", "ScaledStdConv2d",
            "ScaledStdConv3d", "scaled_std_conv_nd"]
 
@@ -200,11 +205,57 @@ class Gain(nn.Module):
         return x * self.weight.to(x.dtype)
 
 
+#: The pointwise replacements of a norm layer: their function, and whether they learn a shift
+#: (Derf's ``s``; DyT has none). Their public code's default ``alpha`` init is 0.5 for both.
+POINTWISE_NORMS = {"dyt": (torch.tanh, False), "derf": (torch.erf, True)}
+
+
+class PointwiseNorm(nn.Module):
+    """``weight * f(alpha * x + shift) + bias`` in place of a normalization layer: no statistics,
+    ``alpha`` (and ``shift``, Derf only) one learnable scalar, ``weight`` (ones) and ``bias``
+    (zeros) one value per feature, as the layer it replaces had.
+
+    ``kind``: ``"dyt"`` (``f = tanh``; the public ``DynamicTanh``, jiachenzhu/DyT) or ``"derf"``
+    (``f = erf``, ``shift`` init ``shift_init``; the public ``Dynamic_erf``, zlab-princeton/Derf).
+    The parameter names are theirs, so their state dicts load. ``spatial_dims``: None for
+    features-last inputs (a Transformer's ``[..., d]``), else the features are dim 1 of
+    ``(N, C, *spatial)`` (a conv net's BatchNorm replaced, as DyT's ``channels_last=False``).
+    """
+
+    def __init__(self, kind: str, num_features: int, alpha_init: float = 0.5, shift_init: float = 0.0,
+                 spatial_dims: int | None = None) -> None:
+        super().__init__()
+        if kind not in POINTWISE_NORMS:
+            raise ValueError(f"unknown pointwise norm {kind!r}; expected one of {', '.join(POINTWISE_NORMS)}")
+        self.kind, self.num_features, self.spatial_dims = kind, num_features, spatial_dims
+        self.fn, has_shift = POINTWISE_NORMS[kind]
+        self.alpha = nn.Parameter(torch.full((1,), float(alpha_init)))
+        self.shift = nn.Parameter(torch.full((1,), float(shift_init))) if has_shift else None
+        self.weight = nn.Parameter(torch.ones(num_features))
+        self.bias = nn.Parameter(torch.zeros(num_features))
+        self._shape = (num_features,) if spatial_dims is None else channel_shape(num_features, spatial_dims)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha = self.alpha.to(x.dtype)
+        z = x * alpha if self.shift is None else torch.addcmul(self.shift.to(x.dtype), x, alpha)
+        return torch.addcmul(self.bias.to(x.dtype).view(self._shape), self.fn(z),
+                             self.weight.to(x.dtype).view(self._shape))
+
+    def extra_repr(self) -> str:
+        where = "features last" if self.spatial_dims is None else f"channels dim 1, {self.spatial_dims}d"
+        return f"{self.kind}, {self.num_features}, {where}"
+
+
 def make_norm(kind: str | None, num_channels: int, spatial_dims: int = 2,
-              groups: int = 32) -> nn.Module:
-    """BatchNorm{1,2,3}d, GroupNorm (``groups`` groups, fewer when C is small), LayerNorm or Identity."""
+              groups: int = 32, alpha_init: float | None = None) -> nn.Module:
+    """BatchNorm{1,2,3}d, GroupNorm (``groups`` groups, fewer when C is small), LayerNorm, a
+    :class:`PointwiseNorm` (``dyt``, ``derf``: channels dim 1 of ``(N, C, *spatial)``, or features
+    last with ``spatial_dims=None``; ``alpha_init``: None for 0.5) or Identity."""
     if kind is None or kind == "none":
         return nn.Identity()
+    if kind in POINTWISE_NORMS:
+        return PointwiseNorm(kind, num_channels, 0.5 if alpha_init is None else alpha_init,
+                             spatial_dims=spatial_dims)
     if kind == "bn":
         return {0: nn.BatchNorm1d, 1: nn.BatchNorm1d, 2: nn.BatchNorm2d,
                 3: nn.BatchNorm3d}[spatial_dims](num_channels)
@@ -215,7 +266,7 @@ def make_norm(kind: str | None, num_channels: int, spatial_dims: int = 2,
         return nn.GroupNorm(g, num_channels)
     if kind == "ln":
         return nn.LayerNorm(num_channels)
-    raise ValueError(f"unknown norm {kind!r}; expected one of bn, gn, ln, none")
+    raise ValueError(f"unknown norm {kind!r}; expected one of bn, gn, ln, dyt, derf, none")
 
 
 def conv_nd(spatial_dims: int, *args, **kwargs) -> nn.Module:

@@ -40,7 +40,19 @@ The merge every scheme reduces to (block k of L, k = 1..L)::
   default); ``init="nf"``. ``nf_skipinit``: that gain starts at 1 and a scalar SkipInit gain, init
   0, ends each branch (timm's ``skipinit=True``). Formulas, layout and where we differ from timm
   and from the official JAX code: docs/nf_resnets.md.
-- Transformer sublayers: ``post_ln`` and ``pre_ln`` beside ``rescale``, ``rezero``, ``skipinit``.
+- Transformer sublayers: ``post_ln`` and ``pre_ln`` beside ``rescale``, ``rezero``, ``skipinit``;
+  ``dyt`` (Zhu et al., CVPR 2025) and ``derf`` (Chen et al. 2025): ``pre_ln`` with every
+  LayerNorm, the stacks' final ones included, replaced by the pointwise
+  :class:`~rescale_core.layers.PointwiseNorm` (``gamma * tanh(alpha x) + beta``,
+  ``gamma * erf(alpha x + s) + beta``); ``norm_alpha`` (and ``norm_alpha_attention``,
+  ``norm_alpha_ffn``, ``norm_alpha_final`` per site) sets alpha's init, 0.5 by default as in both
+  public codes.
+  ``deepnorm`` (Wang et al. 2022, "DeepNet"): ``post_ln`` with an up-weighted shortcut,
+  ``LN(alpha x + F(x))``, and the branch's value/output/feed-forward weights initialised with gain
+  ``beta``, the encoder-decoder constants of the paper per stack (``init="deepnorm"``;
+  ``skip_alpha`` overrides alpha). ``tfixup`` (Huang et al., ICML 2020): no LayerNorm at all,
+  ``x + F(x)``, and T-Fixup's init (``init="tfixup"``), trained without warm-up. Constants:
+  :mod:`rescale_core.init`.
 
 Every field is typed: an override whose value does not fit (``mean_shift="flase"``,
 ``shortcut_gain="two"``, a list for a number) raises :class:`SchemeOptionError` (a ``TypeError``
@@ -78,10 +90,10 @@ _KINDS = {bool: ("a boolean (true or false)", "booleans"), int: ("an integer", "
           float: ("a number", "numbers"), str: ("a string", "strings")}
 # the values a categorical field accepts
 _CHOICES: dict[str, tuple] = {
-    "norm": (None, "bn", "gn", "ln"),
+    "norm": (None, "bn", "gn", "ln", "dyt", "derf"),
     "merge": ("add", "rescale"),
     "gain": (None, "scalar", "vector"),
-    "init": ("he_fan_out", "he_fan_in", "rescale", "fixup", "nf"),
+    "init": ("he_fan_out", "he_fan_in", "rescale", "fixup", "nf", "deepnorm", "tfixup"),
     "norm_position": ("post", "pre"),
     "layout": ("v1", "preact"),
 }
@@ -196,6 +208,10 @@ class Scheme:
     conv_dropout: float = 0.0             # dropout after each branch conv ...
     conv_dropout_stages: tuple[int, ...] = (3, 4)  # ... in these stages (1-based)
     scaled_ws: bool = False               # NF: Scaled Weight Standardization on every conv
+    norm_alpha: Optional[float] = None    # dyt / derf: alpha's init at every site (None: 0.5)
+    norm_alpha_attention: Optional[float] = None  # ... before attention (None: norm_alpha)
+    norm_alpha_ffn: Optional[float] = None        # ... before feed-forward (None: norm_alpha)
+    norm_alpha_final: Optional[float] = None      # ... the stacks' final norms (None: norm_alpha)
     # --- the merge ------------------------------------------------------------------------
     merge: str = "add"                    # "add" | "rescale"
     c: Optional[float] = None             # rescale: None -> L (the paper's choice)
@@ -203,13 +219,16 @@ class Scheme:
     gain: Optional[str] = None            # "scalar" | "vector" | None
     gain_init: float = 1.0
     block_scale: float = 1.0              # counter-example: x_k = block_scale * (x + F(x))
+    skip_alpha: Optional[float] = None    # x_k = skip_alpha * x + F(x) (DeepNorm's alpha; None: 1,
+    #                                       or under init deepnorm each stack's constant)
     merge_norm: bool = False              # counter-example: a norm after the merge
     layout: str = "v1"                    # "v1" (ReLU after the merge) | "preact" (NF-ResNet)
     nf_alpha: Optional[float] = None      # preact: x + nf_alpha * F(relu(x) / beta)
     # --- the network ----------------------------------------------------------------------
     head_norm: bool = False               # counter-example: BN before the classifier only
     classifier_dropout: float = 0.0
-    init: str = "he_fan_out"              # "he_fan_out" | "he_fan_in" | "rescale" | "fixup"
+    init: str = "he_fan_out"              # "he_fan_out" | "he_fan_in" | "rescale" | "fixup" | "nf"
+    #                                       | "deepnorm" | "tfixup" (Transformers: rescale_core.init)
     zero_classifier: bool = False
     shortcut_gain: Optional[float] = None    # He gain of projection shortcuts (None: the init's)
     classifier_gain: Optional[float] = None  # He gain of the classifier (None: the init's)
@@ -237,6 +256,18 @@ class Scheme:
                 raise SchemeOptionError(key, value, "a positive number or null", name)
         if self.classifier_gain is not None and self.zero_classifier:
             raise ValueError(f"scheme {self.name!r}: classifier_gain has no effect with zero_classifier=True")
+        for key in ("norm_alpha", "norm_alpha_attention", "norm_alpha_ffn", "norm_alpha_final"):
+            value = getattr(self, key)
+            if value is not None and self.norm not in ("dyt", "derf"):
+                raise SchemeOptionError(key, value, "null unless norm is dyt or derf", name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise SchemeOptionError(key, value, "a positive number or null", name)
+        if self.skip_alpha is not None:
+            if not (math.isfinite(self.skip_alpha) and self.skip_alpha > 0):
+                raise SchemeOptionError("skip_alpha", self.skip_alpha, "a positive number or null", name)
+            if self.merge == "rescale":
+                raise ValueError(f"scheme {self.name!r}: skip_alpha replaces the shortcut multiplier "
+                                 "that merge 'rescale' sets (alpha_k); use one or the other")
         if self.measure_batches < 1:
             raise SchemeOptionError("measure_batches", self.measure_batches, "an integer >= 1", name)
         if self.layout == "preact":
@@ -254,6 +285,8 @@ class Scheme:
     # --- the merge rule, per block ----------------------------------------------------------
     def skip_scale(self, k: int, L: int) -> float:
         """Multiplier of the shortcut of block k (1-based) of L, before ``block_scale``."""
+        if self.skip_alpha is not None:
+            return float(self.skip_alpha)
         if self.merge == "rescale":
             c = self.c_for(L)
             return math.sqrt((k - 1 + c) / (k + c))
@@ -266,6 +299,13 @@ class Scheme:
         if self.layout == "preact":
             return float(self.nf_alpha)
         return 1.0
+
+    def norm_alpha_at(self, site: str) -> Optional[float]:
+        """The init of a pointwise norm's alpha (``dyt``, ``derf``) at ``site``: ``attention``,
+        ``ffn`` or ``final`` (None: the layer's default, 0.5)."""
+        specific = {"attention": self.norm_alpha_attention, "ffn": self.norm_alpha_ffn,
+                    "final": self.norm_alpha_final}[site]
+        return self.norm_alpha if specific is None else specific
 
     def c_for(self, L: int) -> float:
         return float(L) if self.c is None else float(self.c)
@@ -332,3 +372,8 @@ register_scheme(Scheme("nf_skipinit", layout="preact", nf_alpha=0.2, scaled_ws=T
                        gain="scalar", gain_init=0.0, init="nf"))
 register_scheme(Scheme("post_ln", families=("transformer",), norm="ln", norm_position="post"))
 register_scheme(Scheme("pre_ln", families=("transformer",), norm="ln", norm_position="pre"))
+register_scheme(Scheme("deepnorm", families=("transformer",), norm="ln", norm_position="post",
+                       init="deepnorm"))
+register_scheme(Scheme("tfixup", families=("transformer",), init="tfixup"))
+register_scheme(Scheme("dyt", families=("transformer",), norm="dyt", norm_position="pre"))
+register_scheme(Scheme("derf", families=("transformer",), norm="derf", norm_position="pre"))

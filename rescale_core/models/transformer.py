@@ -61,11 +61,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..blocks import ResidualSublayer
+from ..blocks import ResidualSublayer, sublayer_norm
 from ..plans.folds import scaled_linear
 from ..generation import greedy_search
+from ..init import TransformerStack, init_transformer_embeddings, stack_scheme
 from .incremental import IncrementalState, KVCache, cached_self_attn_mask, check_masks
-from ..layers import make_norm
 from ..registry import register_model
 from ..schemes import Scheme, get_scheme, list_schemes
 
@@ -261,16 +261,21 @@ def _key_padding_attn_mask(padding_mask: torch.Tensor | None, check: bool = True
 
 
 # --- layers and stacks --------------------------------------------------------------------------
-def _attention_sublayer(cfg: TransformerConfig, scheme: Scheme, k: int, L: int) -> ResidualSublayer:
+def _stack(cfg: TransformerConfig, side: str) -> TransformerStack:
+    return TransformerStack(side, cfg.num_encoder_layers, cfg.num_decoder_layers)
+
+
+def _attention_sublayer(cfg: TransformerConfig, scheme: Scheme, k: int, L: int, side: str) -> ResidualSublayer:
     attn = MultiheadAttention(cfg.d_model, cfg.nhead, cfg.attention_dropout)
     return ResidualSublayer(scheme, cfg.d_model, attn, k, L, cfg.dropout,
-                            scaled_layers=[attn.v_proj, attn.out_proj])
+                            scaled_layers=[attn.v_proj, attn.out_proj], site="attention",
+                            stack=_stack(cfg, side))
 
 
-def _ffn_sublayer(cfg: TransformerConfig, scheme: Scheme, k: int, L: int) -> ResidualSublayer:
+def _ffn_sublayer(cfg: TransformerConfig, scheme: Scheme, k: int, L: int, side: str) -> ResidualSublayer:
     ffn = FeedForward(cfg.d_model, cfg.dim_feedforward, cfg.activation_dropout)
     return ResidualSublayer(scheme, cfg.d_model, ffn, k, L, cfg.dropout,
-                            scaled_layers=[ffn.fc1, ffn.fc2])
+                            scaled_layers=[ffn.fc1, ffn.fc2], site="ffn", stack=_stack(cfg, side))
 
 
 class TransformerEncoderLayer(nn.Module):
@@ -278,8 +283,8 @@ class TransformerEncoderLayer(nn.Module):
 
     def __init__(self, cfg: TransformerConfig, scheme: Scheme, k: int, L: int) -> None:
         super().__init__()
-        self.self_attn = _attention_sublayer(cfg, scheme, k, L)
-        self.ffn = _ffn_sublayer(cfg, scheme, k + 1, L)
+        self.self_attn = _attention_sublayer(cfg, scheme, k, L, "encoder")
+        self.ffn = _ffn_sublayer(cfg, scheme, k + 1, L, "encoder")
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.ffn(self.self_attn(x, attn_mask=attn_mask))
@@ -290,9 +295,9 @@ class TransformerDecoderLayer(nn.Module):
 
     def __init__(self, cfg: TransformerConfig, scheme: Scheme, k: int, L: int) -> None:
         super().__init__()
-        self.self_attn = _attention_sublayer(cfg, scheme, k, L)
-        self.cross_attn = _attention_sublayer(cfg, scheme, k + 1, L)
-        self.ffn = _ffn_sublayer(cfg, scheme, k + 2, L)
+        self.self_attn = _attention_sublayer(cfg, scheme, k, L, "decoder")
+        self.cross_attn = _attention_sublayer(cfg, scheme, k + 1, L, "decoder")
+        self.ffn = _ffn_sublayer(cfg, scheme, k + 2, L, "decoder")
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None,
                 memory_mask: torch.Tensor | None = None, self_mask: torch.Tensor | None = None,
@@ -305,13 +310,16 @@ class TransformerDecoderLayer(nn.Module):
 
 
 def _final_norm(scheme: Scheme, d_model: int) -> nn.Module | None:
-    return make_norm("ln", d_model) if scheme.norm == "ln" and scheme.norm_position == "pre" else None
+    """A pre-norm scheme's norm on a stack's output (LayerNorm, or DyT's / Derf's pointwise layer)."""
+    norm = sublayer_norm(scheme, d_model, "final", "final")
+    return None if isinstance(norm, nn.Identity) else norm
 
 
 class TransformerEncoder(nn.Module):
     def __init__(self, cfg: TransformerConfig, scheme: Scheme, embed_tokens: nn.Embedding) -> None:
         super().__init__()
         self.num_blocks = L = 2 * cfg.num_encoder_layers
+        scheme = stack_scheme(scheme, _stack(cfg, "encoder"))  # (DeepNorm: this stack's alpha)
         self.embed = TransformerEmbedding(embed_tokens, cfg.max_positions, cfg.dropout)
         self.layers = nn.ModuleList(TransformerEncoderLayer(cfg, scheme, 2 * i + 1, L)
                                     for i in range(cfg.num_encoder_layers))
@@ -333,6 +341,7 @@ class TransformerDecoder(nn.Module):
     def __init__(self, cfg: TransformerConfig, scheme: Scheme, embed_tokens: nn.Embedding) -> None:
         super().__init__()
         self.num_blocks = L = 3 * cfg.num_decoder_layers
+        scheme = stack_scheme(scheme, _stack(cfg, "decoder"))
         self.embed = TransformerEmbedding(embed_tokens, cfg.max_positions, cfg.dropout)
         self.layers = nn.ModuleList(TransformerDecoderLayer(cfg, scheme, 3 * i + 1, L)
                                     for i in range(cfg.num_decoder_layers))
@@ -443,6 +452,8 @@ class Transformer(nn.Module):
         d = config.d_model
         src_embed = _embedding(src_vocab_size, d, pad_index)
         tgt_embed = src_embed if share_embeddings else _embedding(tgt_vocab_size, d, pad_index)
+        init_transformer_embeddings(scheme, src_embed, tgt_embed, config.num_encoder_layers,
+                                    config.num_decoder_layers)  # T-Fixup's multipliers
         self.encoder = TransformerEncoder(config, scheme, src_embed)
         self.decoder = TransformerDecoder(config, scheme, tgt_embed)
         self.output_projection = nn.Linear(d, tgt_vocab_size, bias=False)

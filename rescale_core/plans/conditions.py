@@ -49,8 +49,13 @@ IMPLEMENTED_FIELDS: dict[str, tuple | None] = {
     "name": None,                 # a label
     "families": None,             # checked at construction
     # --- the branch
-    "norm": (None, "bn", "gn", "ln"),  # norm layers run as modules; nothing folds across them,
-    #                               no scale is carried through them (shared.carries_scale)
+    "norm": (None, "bn", "gn", "ln", "dyt", "derf"),  # norm layers (DyT's and Derf's pointwise
+    #                               ones too) run as modules; nothing folds across them, no scale is
+    #                               carried through them (shared.carries_scale)
+    "norm_alpha": None,           # init of a pointwise norm's alpha: construction only
+    "norm_alpha_attention": None,
+    "norm_alpha_ffn": None,
+    "norm_alpha_final": None,
     "zero_gamma": _BOOL,          # init only
     "norm_position": ("post", "pre"),  # the sublayer's plans call pre_norm and post_norm
     "mean_shift": _BOOL,          # MeanShiftBias folded (1, 2, 4): blocks, shortcut, stem, head, VGG
@@ -67,13 +72,14 @@ IMPLEMENTED_FIELDS: dict[str, tuple | None] = {
     "gain": (None, "scalar", "vector"),  # the branch multiplier: none, one or per-channel values
     "gain_init": None,            # init value of the gain
     "block_scale": None,          # inside skip_scale / branch_scale (Fixup's bias unscaled on both)
+    "skip_alpha": None,           # inside skip_scale (DeepNorm's alpha), which the plans read
     "merge_norm": _BOOL,          # merge_norm runs as a module; no scale is carried through it
     "layout": ("v1",),            # ReLU after the merge; NF's pre-activation blocks train on the reference
     "nf_alpha": None,             # read only under layout "preact" (the branch_scale it gives)
     # --- the network
     "head_norm": _BOOL,           # runs as a module in the ResNet head on every plan
     "classifier_dropout": None,   # runs as a module in the head on every plan
-    "init": ("he_fan_out", "he_fan_in", "rescale", "fixup"),  # construction only; by value, as
+    "init": ("he_fan_out", "he_fan_in", "rescale", "fixup", "deepnorm", "tfixup"),  # construction only; by value, as
     #                               a new rule may build something forward has to know about
     "zero_classifier": _BOOL,     # init only
     "shortcut_gain": None,        # init only
@@ -89,7 +95,7 @@ PLAN_FIELDS: dict[str, dict[str, tuple | None]] = {
         "layout": ("v1", "preact"),  # preact: relu(x) * input_scale before the branch (the scale
         #                           folded into the first conv and the shortcut's), no ReLU after
         #                           the merge, none after the stem, the head's before pooling
-        "init": ("he_fan_out", "he_fan_in", "rescale", "fixup", "nf"),
+        "init": ("he_fan_out", "he_fan_in", "rescale", "fixup", "nf", "deepnorm", "tfixup"),
     },
 }
 

@@ -69,7 +69,8 @@ class TranslationModule(RescaleTaskModule):
     Args:
         network: a Transformer from ``rescale_core`` (``transformer_base``, ``transformer_big``,
             ``transformer_deep``, ``transformer_tiny``).
-        scheme: ``post_ln``, ``pre_ln``, ``rescale``, ``rezero`` or ``skipinit``.
+        scheme: a Transformer scheme (``rescale schemes``): ``post_ln``, ``pre_ln``, ``rescale``, ``rezero``,
+            ``skipinit``, ``tfixup``, ``deepnorm``, ``dyt`` or ``derf`` (docs/transformers.md).
         network_options: :class:`~rescale_core.models.transformer.TransformerConfig` fields
             (``num_encoder_layers: 60``, ``dropout: 0.3`` ...) and ``share_embeddings``.
         vocab_size, pad_index, bos_index, eos_index: linked from the data module by the CLI.

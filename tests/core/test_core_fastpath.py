@@ -544,7 +544,7 @@ def test_bf16_autocast_fast_path_matches_reference(name, scheme, fmt, plan):
 
 
 # --------------------------------------------------------------- Transformer
-TF_SCHEMES = ["rescale", "rezero", "skipinit", "post_ln", "pre_ln"]
+TF_SCHEMES = rescale_core.list_schemes("transformer")
 
 
 def _transformer(scheme: str, **kw):

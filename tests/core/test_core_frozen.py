@@ -196,7 +196,8 @@ def _transformer(scheme: str, **options) -> nn.Module:
 
 
 @pytest.mark.parametrize("scheme, options", [("rescale", {"gain": "vector"}), ("rescale", {}), ("rezero", {}),
-                                             ("skipinit", {}), ("post_ln", {}), ("pre_ln", {})])
+                                             ("skipinit", {}), ("post_ln", {}), ("pre_ln", {}), ("deepnorm", {}),
+                                             ("tfixup", {}), ("dyt", {}), ("derf", {"norm_alpha": 0.8})])
 def test_transformer_sublayers(scheme, options):
     """Every sublayer with its branch's last linear layer folded once: the forward and
     incremental decoding (``decode_step``) equal the reference's."""

@@ -64,7 +64,7 @@ def test_families():
     tf = list_schemes("transformer")
     assert {"bn", "gn", "none", "rescale", "skipinit", "skipinit_reg", "fixup", "rezero",
             "bn_scaled", "bn_head", "bn_merge", "nf", "nf_skipinit"} == set(conv)
-    assert {"post_ln", "pre_ln", "rescale", "rezero", "skipinit"} == set(tf)
+    assert {"post_ln", "pre_ln", "rescale", "rezero", "skipinit", "deepnorm", "tfixup", "dyt", "derf"} == set(tf)
     assert set(list_schemes()) == set(conv) | set(tf)
     assert get_scheme("pre_ln").supports("transformer") and not get_scheme("pre_ln").supports("conv")
 

@@ -105,18 +105,27 @@ class InverseSqrtLR(_MethodLambdaLR):
     """The Transformer schedule (Vaswani et al. 2017; fairseq's ``inverse_sqrt``), in updates:
     linear warm-up from ``warmup_init_factor * lr`` to ``lr`` over ``warmup_updates``, then
     ``lr * sqrt(warmup_updates / update)``. Update ``u`` (1-based) is the one being taken.
+    ``decay_period`` P (with ``warmup_updates: 0``): no warm-up, ``lr * sqrt(P / (P + u - 1))`` from
+    the first update at ``lr`` (T-Fixup's ``inverse_sqrt_nowarmup``, layer6ai-labs/T-Fixup).
     ``steps_per_epoch``/``max_epochs`` are accepted (the task module passes them) and unused."""
 
     def __init__(self, optimizer: Optimizer, warmup_updates: int = 4000, warmup_init_factor: float = 0.0,
-                 steps_per_epoch: int = 1, max_epochs: int | None = None, last_epoch: int = -1) -> None:
+                 decay_period: int | None = None, steps_per_epoch: int = 1, max_epochs: int | None = None,
+                 last_epoch: int = -1) -> None:
         if warmup_updates < 0 or not 0.0 <= warmup_init_factor <= 1.0:
             raise ValueError(f"InverseSqrtLR: warmup_updates ({warmup_updates}) must be >= 0 and "
                              f"warmup_init_factor ({warmup_init_factor}) in [0, 1]")
+        if decay_period is not None and (decay_period < 1 or warmup_updates != 0):
+            raise ValueError(f"InverseSqrtLR: decay_period ({decay_period}) must be >= 1, with warmup_updates 0 "
+                             f"(got {warmup_updates}): it replaces the warm-up")
         self.warmup_updates = int(warmup_updates)
         self.warmup_init_factor = float(warmup_init_factor)
+        self.decay_period = None if decay_period is None else int(decay_period)
         super().__init__(optimizer, self._factor, last_epoch=last_epoch)
 
     def _factor(self, step: int) -> float:
+        if self.decay_period is not None:
+            return math.sqrt(self.decay_period / (self.decay_period + step))
         update = step + 1
         if update < self.warmup_updates:
             return self.warmup_init_factor + update * (1.0 - self.warmup_init_factor) / self.warmup_updates

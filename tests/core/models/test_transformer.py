@@ -32,7 +32,7 @@ def sublayers(stack: nn.Module) -> list[ResidualSublayer]:
 
 
 def test_schemes_and_registry():
-    assert SCHEMES == ["post_ln", "pre_ln", "rescale", "rezero", "skipinit"]
+    assert SCHEMES == ["deepnorm", "derf", "dyt", "post_ln", "pre_ln", "rescale", "rezero", "skipinit", "tfixup"]
     assert set(rescale_core.list_models(family="transformer")) == set(TRANSFORMERS)
     assert TRANSFORMERS["transformer_tiny"].d_model == 32
     base, big, deep = (TRANSFORMERS[f"transformer_{n}"] for n in ("base", "big", "deep"))

@@ -19,7 +19,8 @@ NARROW = ["--model.init_args.network_options.d_model", "16", "--model.init_args.
 
 def test_the_papers_grid_is_there():
     names = {p.stem for p in CONFIGS}
-    assert names == {f"{s}{d}" for s in ("post_ln", "pre_ln", "rescale", "rezero", "skipinit") for d in LAYERS}
+    assert names == {f"{s}{d}" for s in ("post_ln", "pre_ln", "rescale", "rezero", "skipinit", "tfixup", "deepnorm",
+                                          "dyt", "derf") for d in LAYERS}
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
@@ -37,7 +38,11 @@ def test_every_wmt_config_builds_its_recipe(config, tmp_path, monkeypatch):
     adam = module.optimizer_factory(module.net.parameters())
     scheduler = module.scheduler_factory(adam, steps_per_epoch=10, max_epochs=None)
     assert isinstance(adam, torch.optim.Adam) and adam.defaults["betas"] == (0.9, 0.98)
-    assert isinstance(scheduler, InverseSqrtLR) and scheduler.warmup_updates == 4000
+    if scheme == "tfixup":  # no warm-up: T-Fixup's inverse_sqrt_nowarmup from its script's 5e-4
+        assert scheduler.warmup_updates == 0 and scheduler.decay_period == 4000 and adam.defaults["lr"] == 5e-4
+        assert scheduler.get_last_lr() == [5e-4] and not any(isinstance(m, torch.nn.LayerNorm) for m in net.modules())
+    else:
+        assert isinstance(scheduler, InverseSqrtLR) and scheduler.warmup_updates == 4000
     assert cli.trainer.logger._wandb_init["group"] == f"en-de-{depth}L"  # the languages of the data
     kept = [c for c in cli.trainer.checkpoint_callbacks if c._every_n_train_steps == 5000]
     assert len(kept) == 1 and kept[0].save_top_k == -1  # the checkpoints average-checkpoints averages

@@ -49,3 +49,15 @@ def test_translate_runs_on_the_inference_plan(trained, tmp_path, frozen_calls):
                  "--max_len_b", "4"]) == 0
     assert len(Path("out.de").read_text(encoding="utf-8").splitlines()) == 2
     assert frozen_calls and {(grad, training) for _, grad, training in frozen_calls} == {(False, False)}
+
+
+@pytest.mark.parametrize("scheme", ["derf", "deepnorm"])
+def test_layer_norm_free_schemes_export_in_every_format(scheme, tmp_path, handful_root, fit_checkpoint,
+                                                        export_files):
+    """Derf's pointwise layers (erf with a learned shift, the final one included) and DeepNorm's
+    up-weighted shortcut, in the encoder and the decoding step of every format."""
+    args = [*run_args(handful_root), "--model.init_args.scheme", scheme]
+    ckpt = fit_checkpoint(tmp_path, [*args, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0"])
+    written, _ = export_files([*args, "--ckpt_path", str(ckpt), "--format", "onnx", "exported-program",
+                               "torchscript", "--out", f"{scheme}.onnx"])
+    assert len(written) == 6 and max(written.values()) < 1e-4, written

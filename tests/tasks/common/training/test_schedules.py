@@ -36,6 +36,16 @@ def test_inverse_sqrt_warms_up_linearly_then_decays_as_fairseq():
     assert max(got) == pytest.approx(5e-4)
 
 
+def test_inverse_sqrt_without_warmup_is_t_fixups_schedule():
+    """layer6ai-labs/T-Fixup's inverse_sqrt_nowarmup: lr * sqrt(P / (P + num_updates)), the
+    first update at lr (num_updates 0)."""
+    opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=5e-4, betas=(0.9, 0.98))
+    got = lrs(InverseSqrtLR(opt, warmup_updates=0, decay_period=4), 9)
+    assert got == pytest.approx([5e-4 * math.sqrt(4 / (4 + n)) for n in range(9)])
+    with pytest.raises(ValueError, match="decay_period .* with warmup_updates 0"):
+        InverseSqrtLR(opt, warmup_updates=10, decay_period=4)
+
+
 def test_inverse_sqrt_resumes_from_its_state():
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     first = InverseSqrtLR(opt, warmup_updates=3, warmup_init_factor=0.1)

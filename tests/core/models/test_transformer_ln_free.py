@@ -1,0 +1,190 @@
+"""The LayerNorm-free and LayerNorm-taming Transformer schemes: ``tfixup`` (Huang et al. 2020),
+``deepnorm`` (Wang et al. 2022), ``dyt`` (Zhu et al. 2025) and ``derf`` (Chen et al. 2025).
+
+Each constant and each placement is checked against the rule its public code implements
+(docs/transformers.md names the file and line of each): the init statistics of every weight
+group (std within sampling error), the merge and the norms' placement, the pointwise layers'
+formula and parameter names. The forward, incremental decoding, plans and export of every
+Transformer scheme are tested with the others (test_transformer.py, test_transformer_decoding.py,
+tests/core/test_core_fastpath.py, tests/core/test_core_frozen.py)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from rescale_core import ResidualSublayer, create_model, get_scheme
+from rescale_core.init import TransformerStack, deepnorm_constants, tfixup_multiplier
+from rescale_core.layers import PointwiseNorm
+from rescale_core.schemes import SchemeOptionError
+
+V, PAD = 40, 1
+D, FF, N, M = 128, 512, 3, 4  # a width where a weight's sample std is within ~1% of its init's
+
+
+def model(scheme: str, seed: int = 0, **kwargs) -> nn.Module:
+    torch.manual_seed(seed)
+    kwargs.setdefault("src_vocab_size", V)
+    return create_model("transformer_tiny", scheme=scheme, d_model=D, dim_feedforward=FF, nhead=4,
+                        num_encoder_layers=N, num_decoder_layers=M, **kwargs)
+
+
+def sublayers(stack: nn.Module) -> list[ResidualSublayer]:
+    return [m for m in stack.modules() if isinstance(m, ResidualSublayer)]
+
+
+def xavier_std(layer: nn.Linear, gain: float = 1.0) -> float:
+    fan_out, fan_in = layer.weight.shape
+    return gain * math.sqrt(2.0 / (fan_in + fan_out))
+
+
+def tokens(batch: int, length: int, seed: int) -> torch.Tensor:
+    return torch.randint(3, V, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+# --------------------------------------------------------------- DyT and Derf
+@pytest.mark.parametrize("kind", ["dyt", "derf"])
+def test_pointwise_norm_is_the_public_formula_with_its_parameter_names(kind):
+    torch.manual_seed(0)
+    layer = PointwiseNorm(kind, 6, alpha_init=0.7, shift_init=0.1)
+    assert layer.alpha.shape == (1,) and layer.alpha.item() == pytest.approx(0.7)
+    assert torch.equal(layer.weight, torch.ones(6)) and torch.equal(layer.bias, torch.zeros(6))
+    names = {"alpha", "weight", "bias"} | ({"shift"} if kind == "derf" else set())
+    assert set(layer.state_dict()) == names  # DynamicTanh's / Dynamic_erf's names: their weights load
+    with torch.no_grad():
+        layer.weight.normal_()
+        layer.bias.normal_()
+    x = torch.randn(2, 5, 6)
+    if kind == "dyt":  # jiachenzhu/DyT dynamic_tanh.py: tanh(alpha x) * weight + bias
+        want = torch.tanh(layer.alpha * x) * layer.weight + layer.bias
+    else:  # zlab-princeton/Derf dynamic_erf.py: erf(alpha x + shift) * weight + bias
+        want = torch.erf(layer.alpha * x + layer.shift) * layer.weight + layer.bias
+    torch.testing.assert_close(layer(x), want)
+    # channels at dim 1 (a conv net's BatchNorm replaced; DyT's channels_last=False)
+    conv_layer = PointwiseNorm(kind, 6, spatial_dims=2)
+    conv_layer.load_state_dict(layer.state_dict())
+    image = torch.randn(2, 6, 3, 3)
+    torch.testing.assert_close(conv_layer(image), layer(image.movedim(1, -1)).movedim(-1, 1))
+
+
+@pytest.mark.parametrize("scheme", ["dyt", "derf"])
+def test_every_layer_norm_is_replaced_and_alpha_is_set_per_site(scheme):
+    net = model(scheme, scheme_options={"norm_alpha_attention": 0.8, "norm_alpha_ffn": 0.2,
+                                        "norm_alpha_final": 0.3})
+    assert not any(isinstance(m, nn.LayerNorm) for m in net.modules())
+    for sub in sublayers(net):  # pre-norm: the pointwise layer on the branch's input only
+        assert isinstance(sub.pre_norm, PointwiseNorm) and isinstance(sub.post_norm, nn.Identity)
+        assert sub.pre_norm.kind == scheme
+        want = 0.8 if hasattr(sub.fn, "q_proj") else 0.2
+        assert sub.pre_norm.alpha.item() == pytest.approx(want)
+    for stack in (net.encoder, net.decoder):  # and in place of each stack's final LayerNorm
+        assert isinstance(stack.layer_norm, PointwiseNorm) and stack.layer_norm.alpha.item() == pytest.approx(0.3)
+    default = model(scheme)
+    assert {m.alpha.item() for m in default.modules() if isinstance(m, PointwiseNorm)} == {0.5}
+    # the rest of the network is pre_ln's, weight for weight
+    pre = model("pre_ln").state_dict()
+    ours = default.state_dict()
+    for key, value in pre.items():
+        if "norm" not in key:
+            assert torch.equal(ours[key], value), key
+
+
+def test_pointwise_options_are_refused_where_they_mean_nothing():
+    with pytest.raises(SchemeOptionError, match="norm_alpha: 0.5 is not null unless norm is dyt or derf"):
+        get_scheme("pre_ln", norm_alpha=0.5)
+    with pytest.raises(SchemeOptionError, match="norm_alpha_final: -1"):
+        get_scheme("dyt", norm_alpha_final=-1.0)
+
+
+# --------------------------------------------------------------- DeepNorm
+def test_deepnorm_constants_are_the_papers_encoder_decoder_column():
+    enc, dec = TransformerStack("encoder", 6, 6), TransformerStack("decoder", 6, 6)
+    assert deepnorm_constants(enc) == pytest.approx((0.81 * (6 ** 5) ** (1 / 16), 0.87 * (6 ** 5) ** (-1 / 16)))
+    assert deepnorm_constants(dec) == pytest.approx(((3 * 6) ** 0.25, (12 * 6) ** -0.25))
+    # torchscale prints these for N = M = 6 (alpha) ...
+    assert deepnorm_constants(enc)[0] == pytest.approx(1.4179, abs=1e-4)
+    assert deepnorm_constants(dec) == pytest.approx((2.0598, 0.3433), abs=1e-4)
+    # ... and its encoder beta is 1.15 (N^4 M)^(-1/16), the paper's 0.87 inverted (docs/transformers.md)
+    assert 1.15 * (6 ** 5) ** (-1 / 16) / deepnorm_constants(enc)[1] == pytest.approx(1.15 / 0.87)
+
+
+def test_deepnorm_merges_alpha_x_plus_f_then_layer_norm_and_inits_with_beta():
+    net = model("deepnorm", seed=1)
+    assert net.encoder.layer_norm is None and net.decoder.layer_norm is None  # no final LayerNorm
+    for side, stack in (("encoder", net.encoder), ("decoder", net.decoder)):
+        alpha, beta = deepnorm_constants(TransformerStack(side, N, M))
+        for sub in sublayers(stack):
+            assert isinstance(sub.post_norm, nn.LayerNorm) and isinstance(sub.pre_norm, nn.Identity)
+            assert sub.merge.skip_scale == pytest.approx(alpha) and sub.merge.branch_scale == 1.0
+            gains = ({"q_proj": 1.0, "k_proj": 1.0, "v_proj": beta, "out_proj": beta}
+                     if hasattr(sub.fn, "q_proj") else {"fc1": beta, "fc2": beta})
+            for name, gain in gains.items():  # Xavier-normal with gain beta (q, k: gain 1)
+                layer = getattr(sub.fn, name)
+                assert layer.weight.std().item() == pytest.approx(xavier_std(layer, gain), rel=0.03), (side, name)
+                assert layer.weight.mean().abs().item() < 0.1 * xavier_std(layer, gain)
+                assert layer.bias.abs().max().item() == 0.0
+    sub = net.encoder.layers[0].ffn.eval()
+    x = torch.randn(2, 5, D)
+    with torch.no_grad():  # LN(alpha x + F(x))
+        want = sub.post_norm(sub.merge.skip_scale * x + sub.fn(x))
+        torch.testing.assert_close(sub(x), want)
+
+
+def test_a_skip_alpha_given_is_kept_and_one_clashing_with_rescale_is_refused():
+    net = model("deepnorm", scheme_options={"skip_alpha": 3.0})
+    assert {sub.merge.skip_scale for sub in sublayers(net)} == {3.0}
+    with pytest.raises(ValueError, match="skip_alpha replaces the shortcut multiplier"):
+        get_scheme("rescale", skip_alpha=2.0)
+
+
+# --------------------------------------------------------------- T-Fixup
+def test_tfixup_has_no_layer_norm_and_scales_as_its_code_does():
+    net, plain = model("tfixup", seed=2), model("skipinit", seed=2)  # the same draws before T-Fixup's scaling
+    assert not any(isinstance(m, (nn.LayerNorm, PointwiseNorm)) for m in net.modules())
+    assert net.encoder.layer_norm is None and net.decoder.layer_norm is None
+    for side, stack, ref in (("encoder", net.encoder, plain.encoder), ("decoder", net.decoder, plain.decoder)):
+        mult = tfixup_multiplier(TransformerStack(side, N, M))
+        assert mult == pytest.approx(0.67 * N ** -0.25 if side == "encoder" else (9 * M) ** -0.25)
+        for sub, base in zip(sublayers(stack), sublayers(ref)):
+            assert sub.merge.skip_scale == 1.0 and sub.merge.gain is None  # x + F(x)
+            factors = ({"q_proj": 1.0, "k_proj": 1.0, "v_proj": mult * math.sqrt(2), "out_proj": mult}
+                       if hasattr(sub.fn, "q_proj") else {"fc1": mult, "fc2": mult})
+            for name, factor in factors.items():
+                torch.testing.assert_close(getattr(sub.fn, name).weight,
+                                           getattr(base.fn, name).weight * factor, rtol=1e-6, atol=0)
+        # v_proj: fairseq's Xavier gain 1/sqrt(2) times sqrt(2): Xavier gain 1 times the multiplier
+        v = stack.layers[0].self_attn.fn.v_proj
+        assert v.weight.std().item() == pytest.approx(mult * xavier_std(v), rel=0.03)
+    # token embeddings: N(0, d^-1/2) times (9N)^(-1/4) (source) and (9M)^(-1/4) (target), pad row 0
+    src, tgt = net.encoder.embed.embed_tokens.weight, net.decoder.embed.embed_tokens.weight
+    assert src.std().item() == pytest.approx(D ** -0.5 * (9 * N) ** -0.25, rel=0.03)
+    assert tgt.std().item() == pytest.approx(D ** -0.5 * (9 * M) ** -0.25, rel=0.03)
+    assert src[PAD].abs().max().item() == tgt[PAD].abs().max().item() == 0.0
+    shared = model("tfixup", seed=2, share_embeddings=True)  # one matrix, scaled once (the encoder's)
+    assert shared.encoder.embed.embed_tokens.weight.std().item() == pytest.approx(
+        D ** -0.5 * (9 * N) ** -0.25, rel=0.03)
+
+
+@pytest.mark.parametrize("scheme", ["tfixup", "deepnorm", "dyt", "derf"])
+def test_a_few_adam_steps_without_warmup_lower_the_loss(scheme):
+    """Each trains from its init at a constant learning rate (T-Fixup's point: no warm-up)."""
+    net = model(scheme, seed=3)
+    src, tgt = tokens(8, 7, 4), tokens(8, 6, 5)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3, betas=(0.9, 0.98))
+    losses = []
+    for _ in range(12):
+        opt.zero_grad()
+        logits = net(src, tgt[:, :-1])
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < 0.7 * losses[0], losses
+
+
+@pytest.mark.parametrize("scheme", ["tfixup", "deepnorm", "dyt", "derf"])
+def test_conv_networks_refuse_them_in_one_line(scheme):
+    with pytest.raises(ValueError, match=f"^scheme '{scheme}' is for Transformers, not ResNets"):
+        create_model("resnet18", scheme=scheme, num_classes=3)
