@@ -195,7 +195,8 @@ def resnet3d_suite(arch: str = "resnet3d_50", frames: int = 16, image_size: int 
 # --- Transformer --------------------------------------------------------------------------------
 TRANSFORMER_SCHEMES = {"post_ln": ("post-LN", None), "pre_ln": ("pre-LN", None),
                        "rescale": ("T rescale", None), "rezero": ("T rezero", None),
-                       "skipinit": ("T skipinit", None),
+                       "skipinit": ("T skipinit", None), "tfixup": ("T-Fixup", None),
+                       "deepnorm": ("DeepNorm", None), "dyt": ("DyT", None), "derf": ("Derf", None),
                        "floor": ("T floor (no LN)", ("skipinit", {"gain": None}))}
 
 

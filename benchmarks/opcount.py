@@ -192,7 +192,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("VGG-11", _conv("vgg11", base_width=8, hidden_dim=32), _images(32), "bn", ("none", None),
            ("rescale",)),
     Family("Transformer", _transformer, _tokens, "post_ln", ("skipinit", {"gain": None}),
-           ("rescale", "rezero", "skipinit"), conv=False, loss=_seq_loss),
+           ("rescale", "rezero", "skipinit", "tfixup", "deepnorm", "dyt", "derf"), conv=False, loss=_seq_loss),
 ]}
 
 
