@@ -235,10 +235,14 @@ class PointwiseNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(num_features))
         self._shape = (num_features,) if spatial_dims is None else channel_shape(num_features, spatial_dims)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def unscaled(self, x: torch.Tensor) -> torch.Tensor:
+        """``f(alpha * x + shift)``: the layer without ``weight`` and ``bias`` (the frozen plan folds
+        those into the linear layers that read it)."""
         alpha = self.alpha.to(x.dtype)
-        z = x * alpha if self.shift is None else torch.addcmul(self.shift.to(x.dtype), x, alpha)
-        return torch.addcmul(self.bias.to(x.dtype).view(self._shape), self.fn(z),
+        return self.fn(x * alpha if self.shift is None else torch.addcmul(self.shift.to(x.dtype), x, alpha))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(self.bias.to(x.dtype).view(self._shape), self.unscaled(x),
                              self.weight.to(x.dtype).view(self._shape))
 
     def extra_repr(self) -> str:

@@ -16,7 +16,8 @@ Float64 throughout; each lockstep prints the largest relative difference of the 
 run. torchscale computes its feed-forward activation in float32 whatever the input's dtype, so
 its float64 run differs from ours by float32's rounding from the first step; its check passes
 when the losses agree within 100 times the drift of a control (torchscale's stacks against a copy
-moved by 1e-8 of each weight, trained alike), as ``tools/nf_timm_check.py`` does for timm. T-Fixup's code (layer6ai-labs/T-Fixup) is a fairseq fork, which does not install on this
+moved by 1e-8 of each weight, trained alike), as ``tools/nf_timm_check.py`` does for timm.
+T-Fixup's code (layer6ai-labs/T-Fixup) is a fairseq fork, which does not install on this
 stack: its rules are checked against their code's lines by ``tests/core/models/test_transformer_ln_free.py``.
 
 ``python -m tools.transformer_public_check --dyt DyT/dynamic_tanh.py --derf Derf/ViT/dynamic_erf.py``
@@ -183,7 +184,8 @@ def _map_deepnorm(theirs, ours) -> None:
         for t, o in zip(theirs.decoder.layers, ours.decoder.layers):
             pairs = [(t.self_attn, o.self_attn.fn, _ATTN), (t.encoder_attn, o.cross_attn.fn, _ATTN),
                      (t.ffn, o.ffn.fn, ("fc1", "fc2")), (t.self_attn_layer_norm, o.self_attn.post_norm, None),
-                     (t.encoder_attn_layer_norm, o.cross_attn.post_norm, None), (t.final_layer_norm, o.ffn.post_norm, None)]
+                     (t.encoder_attn_layer_norm, o.cross_attn.post_norm, None),
+                     (t.final_layer_norm, o.ffn.post_norm, None)]
             _copy(pairs)
 
 
@@ -222,7 +224,7 @@ def check_deepnorm(steps: int, d: int = 64, layers: int = 3,
     """(the largest relative difference, 100 times the control's drift)"""
     theirs = _torchscale(d, layers, float32_softmax)
     ours = _ours("deepnorm", d, layers)
-    stack = {"encoder": TransformerStack("encoder", layers, layers), "decoder": TransformerStack("decoder", layers, layers)}
+    stack = {side: TransformerStack(side, layers, layers) for side in ("encoder", "decoder")}
     for side in ("encoder", "decoder"):
         alpha, beta = deepnorm_constants(stack[side])
         their_alpha = getattr(theirs, side).layers[0].alpha
@@ -232,7 +234,8 @@ def check_deepnorm(steps: int, d: int = 64, layers: int = 3,
         for role, names in (("attention", _ATTN), ("ffn", ("fc1", "fc2"))):
             t_layer = getattr(theirs, side).layers[0]
             t_mod = t_layer.self_attn if role == "attention" else t_layer.ffn
-            o_sub = getattr(ours, side).layers[0].self_attn if role == "attention" else getattr(ours, side).layers[0].ffn
+            o_layer = getattr(ours, side).layers[0]
+            o_sub = o_layer.self_attn if role == "attention" else o_layer.ffn
             for name in names:
                 log.info("  init std %s %s.%s: ours %.4f, torchscale %.4f", side, role, name,
                          getattr(o_sub.fn, name).weight.std().item(), getattr(t_mod, name).weight.std().item())

@@ -118,11 +118,14 @@ class MultiheadAttention(nn.Module):
     appended to it and the queries attend to all of them (the caller passes the mask that
     places them after the cached keys). ``out_scale`` multiplies the output, folded into
     ``out_proj`` (the residual sublayer's folded plan), or is ``out_proj``'s weight and bias
-    with the multiplier folded in once (its frozen plan).
+    with the multiplier folded in once (its frozen plan). ``in_layers`` (the frozen plan): a
+    :class:`~rescale_core.plans.folds.FrozenLinear` per projection of ``x`` to use in its place
+    (a pointwise norm's ``weight`` and ``bias`` folded in); ``memory`` keeps the layers'.
     """
 
     supports_out_scale = True
     out_scale_layer = "out_proj"  # the layer ``out_scale`` acts on
+    in_layers = ("q_proj", "k_proj", "v_proj")  # the layers that read x (``in_layers``)
 
     def __init__(self, d_model: int, nhead: int, dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
@@ -153,14 +156,16 @@ class MultiheadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
                 attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                cache: "KVCache | None" = None, out_scale=None) -> torch.Tensor:
-        q = self._heads(self.q_proj(x))
+                cache: "KVCache | None" = None, out_scale=None, in_layers: dict | None = None) -> torch.Tensor:
+        folded = in_layers or {}
+        q = self._heads(scaled_linear(self.q_proj, x, folded.get("q_proj")))
         if cache is not None and cache.static:  # cross-attention, memory projected once
             k, v = cache.k, cache.v
         elif memory is not None:
             k, v = self.memory_kv(memory)
         else:  # self-attention
-            k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+            k = self._heads(scaled_linear(self.k_proj, x, folded.get("k_proj")))
+            v = self._heads(scaled_linear(self.v_proj, x, folded.get("v_proj")))
             if cache is not None:
                 k, v = cache.append(k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
@@ -178,6 +183,7 @@ class FeedForward(nn.Module):
 
     supports_out_scale = True
     out_scale_layer = "fc2"  # the layer ``out_scale`` acts on
+    in_layers = ("fc1",)  # the layer that reads x (``in_layers``: it, folded, in its place)
 
     def __init__(self, d_model: int, dim_feedforward: int, activation_dropout: float = 0.0) -> None:
         super().__init__()
@@ -190,8 +196,9 @@ class FeedForward(nn.Module):
                 nn.init.xavier_uniform_(fc.weight)
                 fc.bias.zero_()
 
-    def forward(self, x: torch.Tensor, out_scale=None) -> torch.Tensor:
-        return scaled_linear(self.fc2, self.activation_dropout(self.activation(self.fc1(x))), out_scale)
+    def forward(self, x: torch.Tensor, out_scale=None, in_layers: dict | None = None) -> torch.Tensor:
+        hidden = scaled_linear(self.fc1, x, (in_layers or {}).get("fc1"))
+        return scaled_linear(self.fc2, self.activation_dropout(self.activation(hidden)), out_scale)
 
 
 class SinusoidalPositions(nn.Module):

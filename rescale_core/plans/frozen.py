@@ -65,7 +65,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..blocks import ResidualBlock, ResidualSublayer
-from ..layers import MeanShiftBias, ScalarBias, StridedAvgPool
+from ..layers import MeanShiftBias, PointwiseNorm, ScalarBias, StridedAvgPool
 from ..models.resnet import ResNet
 from ..models.vgg import VGG
 from .cache import FROZEN_SLOT, WeightStamp, kept
@@ -490,8 +490,31 @@ def _freeze_out_layer(sub: ResidualSublayer, weight_dtype: torch.dtype | None) -
     return FrozenLinear(as_autocast(weight, weight_dtype), as_autocast(bias, weight_dtype))
 
 
+def _freeze_in_layers(sub: ResidualSublayer, names: tuple[str, ...],
+                      weight_dtype: torch.dtype | None) -> dict[str, FrozenLinear]:
+    """The layers that read the pre-norm's output with its ``weight`` (gamma) and ``bias``
+    (beta) folded in: ``W (gamma * t + beta) + b = (W diag(gamma)) t + (W beta + b)``."""
+    norm, out = sub.pre_norm, {}
+    for name in names:
+        layer = getattr(sub.fn, name)
+        weight = layer.weight * norm.weight
+        bias = torch.mv(layer.weight, norm.bias) + (0.0 if layer.bias is None else layer.bias)
+        out[name] = FrozenLinear(as_autocast(weight, weight_dtype), as_autocast(bias, weight_dtype))
+    return out
+
+
 @register(FROZEN, ResidualSublayer, applies=_sublayer_applies)
 def frozen_sublayer(sub: ResidualSublayer, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    """The sublayer with its branch's last linear layer folded once, then one add of the skip."""
-    program = frozen_program(sub, "sublayer", x, lambda: _freeze_out_layer(sub, autocast_dtype(x)))
-    return scaled_sublayer(sub, x, program, *args, **kwargs)
+    """The sublayer with its branch's last linear layer folded once, then one add of the skip.
+    Under DyT and Derf, the pre-norm's ``weight`` and ``bias`` are folded into the layers that
+    read its output (attention's projections of ``x``, not of ``memory``; the feed-forward's
+    ``fc1``), and the pointwise function alone runs."""
+    weight_dtype = autocast_dtype(x)
+    if not (isinstance(sub.pre_norm, PointwiseNorm) and getattr(sub.fn, "in_layers", None)):
+        program = frozen_program(sub, "sublayer", x, lambda: _freeze_out_layer(sub, weight_dtype))
+        return scaled_sublayer(sub, x, program, *args, **kwargs)
+    names = sub.fn.in_layers[:1] if "memory" in kwargs else sub.fn.in_layers  # cross-attention: q only
+    out_layer, in_layers = frozen_program(sub, f"sublayer {len(names)}", x, lambda: (
+        _freeze_out_layer(sub, weight_dtype), _freeze_in_layers(sub, names, weight_dtype)))
+    out = sub.dropout(sub.fn(sub.pre_norm.unscaled(x), *args, out_scale=out_layer, in_layers=in_layers, **kwargs))
+    return sub.post_norm(add_skip(out, x, sub.merge.skip_scale))

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+import rescale_core
 from rescale_core import ResidualSublayer, create_model, get_scheme
 from rescale_core.init import TransformerStack, deepnorm_constants, tfixup_multiplier
 from rescale_core.layers import PointwiseNorm
@@ -89,6 +90,35 @@ def test_every_layer_norm_is_replaced_and_alpha_is_set_per_site(scheme):
     for key, value in pre.items():
         if "norm" not in key:
             assert torch.equal(ours[key], value), key
+
+
+@pytest.mark.parametrize("scheme", ["dyt", "derf"])
+def test_the_frozen_plan_folds_the_pointwise_affine_into_the_layers_reading_it(scheme, monkeypatch):
+    """Evaluation runs ``f(alpha x + s)`` alone, its ``weight``/``bias`` folded into q/k/v (of x,
+    not of the memory) and fc1; the outputs and a decoding step are the reference's (float64)."""
+    net = model(scheme, seed=4).double().eval()
+    with torch.no_grad():  # weights off their init, so that the folding has something to fold
+        for layer in net.modules():
+            if isinstance(layer, PointwiseNorm):
+                layer.weight.normal_(1.0, 0.3)
+                layer.bias.normal_(0.0, 0.3)
+    src, tgt = tokens(2, 7, 6), tokens(2, 5, 7)
+    with torch.no_grad():
+        rescale_core.set_plan(net, "reference")
+        want = net(src, tgt)
+        rescale_core.set_plan(net, "auto")
+        calls = []
+        whole = PointwiseNorm.forward
+
+        def spied(self, x):
+            calls.append(self)
+            return whole(self, x)
+
+        monkeypatch.setattr(PointwiseNorm, "forward", spied)
+        got = net(src, tgt)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    finals = {net.encoder.layer_norm, net.decoder.layer_norm}
+    assert calls and set(calls) <= finals  # the sublayers' pointwise layers never ran whole
 
 
 def test_pointwise_options_are_refused_where_they_mean_nothing():
