@@ -202,7 +202,7 @@ def init_transformer_branch(scheme: Scheme, fn: nn.Module, stack: TransformerSta
     else:
         mult = tfixup_multiplier(stack)
         for name, layer in layers.items():
-            if name != "q_proj" and name != "k_proj":
+            if name not in ("q_proj", "k_proj"):
                 layer.weight.mul_(mult * math.sqrt(2.0) if name == "v_proj" else mult)
 
 

@@ -50,8 +50,8 @@ from torch import nn
 
 from .compat import mean_shift_state
 
-__all__ = ["MeanShiftBias", "ScalarBias", "Gain", "PointwiseNorm", "POINTWISE_NORMS", "channel_shape", "make_norm",
-           "conv_nd", "pool_nd",
+__all__ = ["MeanShiftBias", "ScalarBias", "Gain", "PointwiseNorm", "POINTWISE_NORMS", "POINTWISE_ALPHA_INIT",
+           "channel_shape", "make_norm", "conv_nd", "pool_nd",
            "dropout_nd", "StridedAvgPool", "RELU_GAMMA", "RELU_GAMMA_EXACT", "ScaledStdConv1d", "ScaledStdConv2d",
            "ScaledStdConv3d", "scaled_std_conv_nd"]
 
@@ -208,6 +208,7 @@ class Gain(nn.Module):
 #: The pointwise replacements of a norm layer: their function, and whether they learn a shift
 #: (Derf's ``s``; DyT has none). Their public code's default ``alpha`` init is 0.5 for both.
 POINTWISE_NORMS = {"dyt": (torch.tanh, False), "derf": (torch.erf, True)}
+POINTWISE_ALPHA_INIT = 0.5
 
 
 class PointwiseNorm(nn.Module):
@@ -222,7 +223,7 @@ class PointwiseNorm(nn.Module):
     ``(N, C, *spatial)`` (a conv net's BatchNorm replaced, as DyT's ``channels_last=False``).
     """
 
-    def __init__(self, kind: str, num_features: int, alpha_init: float = 0.5, shift_init: float = 0.0,
+    def __init__(self, kind: str, num_features: int, alpha_init: float = POINTWISE_ALPHA_INIT, shift_init: float = 0.0,
                  spatial_dims: int | None = None) -> None:
         super().__init__()
         if kind not in POINTWISE_NORMS:
@@ -258,7 +259,7 @@ def make_norm(kind: str | None, num_channels: int, spatial_dims: int = 2,
     if kind is None or kind == "none":
         return nn.Identity()
     if kind in POINTWISE_NORMS:
-        return PointwiseNorm(kind, num_channels, 0.5 if alpha_init is None else alpha_init,
+        return PointwiseNorm(kind, num_channels, POINTWISE_ALPHA_INIT if alpha_init is None else alpha_init,
                              spatial_dims=spatial_dims)
     if kind == "bn":
         return {0: nn.BatchNorm1d, 1: nn.BatchNorm1d, 2: nn.BatchNorm2d,

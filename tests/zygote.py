@@ -14,13 +14,16 @@ Run as ``python tests/zygote.py SOCKET``; it prints ``ready`` once it listens.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import resource
 import select
 import signal
 import socket
 import struct
 import sys
+import termios
 
 # what a child would otherwise import after the fork: the suite and every task, the parts of W&B
 # that its run start imports (its launch inputs, ~1.4 s) and of scikit-learn the digits split with
@@ -111,11 +114,8 @@ def _become(request: dict, fds: list[int]) -> None:
         os.dup2(fd, target)
         os.close(fd)
     for name, limits in request.get("rlimits", {}).items():  # e.g. RLIMIT_FSIZE: a full disk
-        import resource
         resource.setrlimit(getattr(resource, name), tuple(limits))
     if request.get("controlling_terminal"):  # a login shell's job: its terminal (stdin) controls it
-        import fcntl
-        import termios
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
     os.chdir(request["cwd"])
     os.environ.clear()

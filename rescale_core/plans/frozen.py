@@ -516,5 +516,4 @@ def frozen_sublayer(sub: ResidualSublayer, x: torch.Tensor, *args, **kwargs) -> 
     names = sub.fn.in_layers[:1] if "memory" in kwargs else sub.fn.in_layers  # cross-attention: q only
     out_layer, in_layers = frozen_program(sub, f"sublayer {len(names)}", x, lambda: (
         _freeze_out_layer(sub, weight_dtype), _freeze_in_layers(sub, names, weight_dtype)))
-    out = sub.dropout(sub.fn(sub.pre_norm.unscaled(x), *args, out_scale=out_layer, in_layers=in_layers, **kwargs))
-    return sub.post_norm(add_skip(out, x, sub.merge.skip_scale))
+    return scaled_sublayer(sub, x, out_layer, *args, in_layers=in_layers, **kwargs)

@@ -156,10 +156,16 @@ def takes_out_scale(sub: ResidualSublayer, x: torch.Tensor) -> bool:
             and not has_hooks_below(sub))
 
 
-def scaled_sublayer(sub: ResidualSublayer, x: torch.Tensor, out_scale, *args, **kwargs) -> torch.Tensor:
+def scaled_sublayer(sub: ResidualSublayer, x: torch.Tensor, out_scale, *args, in_layers: dict | None = None,
+                    **kwargs) -> torch.Tensor:
     """The sublayer (``post_norm(merge(x, dropout(fn(pre_norm(x)))))``) with ``out_scale`` (its
     merge's branch multiplier, or the branch's last layer with it folded in:
     :class:`~rescale_core.plans.folds.FrozenLinear`) handed to its branch (dropout commutes with
-    the scaling), then one in-place add of the skip."""
-    out = sub.dropout(sub.fn(sub.pre_norm(x), *args, out_scale=out_scale, **kwargs))
-    return sub.post_norm(add_skip(out, x, sub.merge.skip_scale))
+    the scaling), then one in-place add of the skip. ``in_layers`` (the frozen plan, a pointwise
+    pre-norm): the layers that read the pre-norm's output with its ``weight`` and ``bias`` folded
+    in, so that only its function runs (``PointwiseNorm.unscaled``)."""
+    if in_layers is None:
+        out = sub.fn(sub.pre_norm(x), *args, out_scale=out_scale, **kwargs)
+    else:
+        out = sub.fn(sub.pre_norm.unscaled(x), *args, out_scale=out_scale, in_layers=in_layers, **kwargs)
+    return sub.post_norm(add_skip(sub.dropout(out), x, sub.merge.skip_scale))

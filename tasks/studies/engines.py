@@ -131,7 +131,7 @@ def _run_in_process(argv: list[str], log: TextIO) -> int:
             if isinstance(err, SystemExit):
                 return err.code if isinstance(err.code, int) else 1
             traceback.print_exc(file=log)
-            print(f"error: {type(err).__name__}: {err}", file=log)
+            log.write(f"error: {type(err).__name__}: {err}\n")  # the point's own log file
             return 1
 
 

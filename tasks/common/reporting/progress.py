@@ -94,7 +94,8 @@ class LineProgress(ProgressBar):
         if self.stream is None:
             log.info(line)
         else:
-            print(line, file=self.stream, flush=True)
+            self.stream.write(line + "\n")  # the stream asked for: a file or a terminal of one's own
+            self.stream.flush()
 
     # --- training ---------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
