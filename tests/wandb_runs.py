@@ -114,5 +114,12 @@ def read_offline_run(run_dir_or_file: str, wait_s: float = 60.0) -> OfflineRun:
 
 
 def find_offline_runs(save_dir: str) -> list[str]:
-    """Offline run directories under ``save_dir`` (``<save_dir>/wandb/offline-run-*``), oldest first."""
-    return sorted(glob.glob(os.path.join(save_dir, "wandb", "offline-run-*")))
+    """Offline run directories under ``save_dir`` (``<save_dir>/wandb/offline-run-*``), oldest first:
+    by the start time in the name, then the count W&B appends to the name of a run started in the
+    same second as another of the same id (``offline-run-<time>-<id>-1`` after ``...-<id>``)."""
+    runs = glob.glob(os.path.join(save_dir, "wandb", "offline-run-*"))
+
+    def started(path: str) -> tuple[str, int]:
+        base, _, count = path.rpartition("-")
+        return (base, int(count)) if count.isdigit() and base in runs else (path, 0)
+    return sorted(runs, key=started)

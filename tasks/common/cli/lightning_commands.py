@@ -15,6 +15,7 @@ import sys
 from typing import Optional
 
 import lightning.pytorch as L
+import yaml
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import LightningCLI
 
@@ -92,6 +93,20 @@ class RescaleCLI(LightningCLI):
                                                      typed=getattr(self, "_typed_model_arguments", ()))
             for key, value in restored.items():
                 self.config[sub].model.init_args[key] = value
+
+    def _dump_config(self) -> None:
+        """Lightning's (:mod:`~rescale_tasks.common.system.private_apis`): the config as a
+        checkpoint's hyper-parameters record it, for ``load_from_checkpoint``. Dumped without
+        checking it again (``skip_validation``): it was checked when it was parsed (and
+        ``_parse_ckpt_path`` puts back only values that were), and the second check cost as much
+        as the parse."""
+        if hasattr(self, "config_dump"):
+            return
+        dumped = self.parser.dump(self.config, skip_link_targets=False, skip_none=False, format="yaml",
+                                  skip_validation=True)
+        self.config_dump = yaml.safe_load(dumped)
+        if "subcommand" in self.config:
+            self.config_dump = self.config_dump[self.config.subcommand]
 
     def _setting(self, key: str):
         """``key`` of the running subcommand's config (of the whole config without a subcommand)."""

@@ -130,6 +130,8 @@ class SaveConfigToRun(SaveConfigCallback):
         self._save_once(trainer, pl_module)
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
+        """Written without jsonargparse checking the config again (``skip_validation``): it was
+        checked when it was parsed, and a second check of a whole run config costs about as much."""
         config = self.config.as_dict()
         for logger in trainer.loggers:
             logger.log_hyperparams(config)
@@ -137,8 +139,8 @@ class SaveConfigToRun(SaveConfigCallback):
             if directory:
                 os.makedirs(directory, exist_ok=True)
                 self.parser.save(self.config, os.path.join(directory, self.config_filename),
-                                 skip_none=False, overwrite=True, multifile=False)
+                                 skip_none=False, overwrite=True, multifile=False, skip_validation=True)
         if not trainer.loggers and trainer.default_root_dir:
             os.makedirs(trainer.default_root_dir, exist_ok=True)
             self.parser.save(self.config, os.path.join(trainer.default_root_dir, self.config_filename),
-                             skip_none=False, overwrite=True, multifile=False)
+                             skip_none=False, overwrite=True, multifile=False, skip_validation=True)

@@ -46,6 +46,13 @@ PRIVATE_APIS = (
                "the one step between parsing and instantiation where the configured model can be checked "
                "against --ckpt_path before Lightning replaces it with the checkpoint's hyper-parameters, "
                "and the user's own model arguments put back after", ("self",)),
+    PrivateApi("lightning.pytorch.cli.LightningCLI", "_dump_config", "method",
+               "common/cli/lightning_commands.py: RescaleCLI._dump_config",
+               "where Lightning dumps the parsed config for the checkpoint's hyper-parameters, checking it "
+               "a second time (as long as the parse itself): no public hook or option skips that", ("self",)),
+    PrivateApi("lightning.pytorch.cli.LightningCLI", "config_dump", "attribute",
+               "common/cli/lightning_commands.py: RescaleCLI._dump_config",
+               "the dumped config that Lightning's instantiators read the model's and data's arguments from"),
     PrivateApi("lightning.pytorch.cli.LightningCLI", "_subcommand_parsers", "attribute",
                "common/cli/lightning_commands.py: RescaleCLI.parse_arguments",
                "the subcommand's parser, whose keys a one-line parse error suggests"),

@@ -65,9 +65,15 @@ def _fit(folder: Path, *args: str) -> int:
         os.chdir(old)
 
 
+def _newest_summary(folder: Path) -> str:
+    """The newest segment's summary file (a resumed run writes one per segment). Last written,
+    not last by name: W&B names a segment started in the same second as the one before it
+    ``<that folder's name>-1``, which sorts first."""
+    return max(find_summaries(str(folder)), key=os.path.getmtime)
+
+
 def _summary(folder: Path) -> dict:
-    """The newest segment's summary (a resumed run writes one per segment)."""
-    return read_summary(find_summaries(str(folder / "runs" / "wandb"))[-1])
+    return read_summary(_newest_summary(folder / "runs" / "wandb"))
 
 
 def _comparable(summary: dict) -> dict:
@@ -173,4 +179,4 @@ def test_under_ddp_a_validation_cut_by_sigterm_is_done_again_on_resume(tmp_path,
     resumed = _rescale_ddp(["--config", config, "--ckpt_path", "last"], cut)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_same_run(whole, cut)
-    assert json.loads(Path(find_summaries(str(cut / "runs" / "wandb"))[-1]).read_text())["world_size"] == 2
+    assert json.loads(Path(_newest_summary(cut / "runs" / "wandb")).read_text())["world_size"] == 2
