@@ -50,11 +50,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/rescale demo
 
+# with bytecode written even where PYTHONDONTWRITEBYTECODE is set: pytest keeps each test module as it
+# rewrote it for its asserts, so the second worker (and the next run) loads it instead of rewriting
+# it again (collection measured 6.4 s against 11 s per worker)
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
+
 test: $(STAMP) $(IMGAUG_WHEEL)
-	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(PYTEST) $(XDIST) $(PYTEST_ARGS)
 
 test-fast: $(STAMP) $(IMGAUG_WHEEL)
-	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
+	$(PYTEST) $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks --markdown benchmarks/RESULTS.md $(BENCH_ARGS)

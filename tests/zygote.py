@@ -144,8 +144,9 @@ def main() -> None:
     import forked  # this script's folder is still the first on the path
     socket_path = sys.argv[1]
     request, fds = _serve(socket_path)
-    if not request:
-        return
+    if not request:  # the test worker went away: no teardown either (see _exit)
+        sys.stdout.flush()
+        os._exit(0)
     _become(request, fds)
     forked.attach(socket_path)
     # as in a fresh interpreter, the module run as __main__ is not also an imported module (a preloaded
