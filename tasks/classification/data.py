@@ -16,13 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-import lightning.pytorch as L
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
-from rescale_tasks.common.data import (Labels, PerSampleSeed, ResumableDataLoader, ResumableSampler,
+from rescale_tasks.common.data import (Labels, PerSampleSeed, ResumableDataLoader, ResumableSampler, TaskDataModule,
                                        sigterm_safe_worker_init)
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.system import loader_workers
@@ -59,7 +58,7 @@ def _to_float(mean, std) -> list:
     return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std), v2.ToPureTensor()]
 
 
-class ClassificationDataModule(L.LightningDataModule):
+class ClassificationDataModule(TaskDataModule):
     """Shared loader logic: seeded shuffling for train, ``drop_last`` only when it leaves a batch.
 
     Subclasses set ``num_classes``/``in_channels``/``image_size`` in ``__init__`` and fill

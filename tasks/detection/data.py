@@ -34,13 +34,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from rescale_tasks.common.data import (BatchListLoader, BatchListSampler, Labels, PerSampleSeed, sample_seed,
-                                       sigterm_safe_worker_init)
+from rescale_tasks.common.data import (BatchListLoader, BatchListSampler, Labels, PerSampleSeed, TaskDataModule,
+                                       sample_seed, sigterm_safe_worker_init)
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.system import loader_workers
 
@@ -163,7 +162,7 @@ def collate_detection(samples: list) -> tuple[list[torch.Tensor], list[dict[str,
 _STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
 
 
-class CocoDataModule(L.LightningDataModule):
+class CocoDataModule(TaskDataModule):
     """COCO-format data for the detection task; see the module docstring.
 
     Args:

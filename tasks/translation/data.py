@@ -23,13 +23,12 @@ import os
 from pathlib import Path
 from typing import Literal, Sequence
 
-import lightning.pytorch as L
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch.utils.data import DataLoader
 
-from rescale_tasks.common.data import sigterm_safe_worker_init
+from rescale_tasks.common.data import TaskDataModule, sigterm_safe_worker_init
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.system import loader_workers
 
@@ -55,7 +54,7 @@ def _warn(line: str) -> None:
     log.warning(line)
 
 
-class TranslationDataModule(L.LightningDataModule):
+class TranslationDataModule(TaskDataModule):
     """Parallel text under ``root`` (``<split>.<lang>`` files or ``<split>.tsv``; :mod:`.corpus`).
 
     Args:

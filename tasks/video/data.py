@@ -27,11 +27,10 @@ from __future__ import annotations
 import functools
 from typing import Literal
 
-import lightning.pytorch as L
 import torch
 from torch.utils.data import DataLoader
 
-from rescale_tasks.common.data import (Labels, PerSampleSeed, ResumableDataLoader, ResumableSampler,
+from rescale_tasks.common.data import (Labels, PerSampleSeed, ResumableDataLoader, ResumableSampler, TaskDataModule,
                                        UnrepeatedSampler, sigterm_safe_worker_init)
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.system import loader_workers
@@ -44,7 +43,7 @@ from .transforms import eval_transform, train_transform
 __all__ = ["KineticsDataModule"]
 
 
-class KineticsDataModule(L.LightningDataModule):
+class KineticsDataModule(TaskDataModule):
     """Kinetics (or any labelled video set) in one of three layouts.
 
     Args:
