@@ -6,9 +6,10 @@ socket: each names a module to run as ``python -m`` would, its arguments, workin
 environment, and brings the three standard streams as file descriptors. It forks, and the child
 runs the module as ``__main__`` (``runpy``) with those streams, in that folder and environment, and
 exits as a fresh interpreter would (its exit status; other threads joined, atexit handlers,
-W&B's included, run, open files flushed) but for the interpreter's teardown (``_exit``). The server tells the requester the child's pid, and its wait status once it has
-reaped it. A child's own module runs (Lightning launching a run's other ranks) are forked from here
-too (``forked.attach``).
+W&B's included, run, open files flushed) but for the interpreter's teardown (``_exit``). The
+server tells the requester the child's pid, and its wait status once it has reaped it. A child's
+own module runs (Lightning launching a run's other ranks) are forked from here too
+(``forked.attach``).
 
 Run as ``python tests/zygote.py SOCKET``; it prints ``ready`` once it listens.
 """
@@ -182,6 +183,7 @@ def _exit(status: int, interrupted: bool) -> None:
     import io
     import threading
 
+    # CPython's own steps (private names of the interpreter, not of a pinned library)
     threading._shutdown()  # what the interpreter does first: waits for the non-daemon threads
     atexit._run_exitfuncs()
     for obj in gc.get_objects():
