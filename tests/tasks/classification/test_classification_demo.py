@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from rescale_tasks.classification.demo import DemoSettings, format_table, run_demo
 from rescale_tasks.cli import main
@@ -22,8 +23,10 @@ def _offline(monkeypatch, tmp_path):
 
 def test_demo_end_to_end_on_a_reduced_budget(tmp_path, capsys):
     out = tmp_path / "demo"
+    fill = torch.utils.deterministic.fill_uninitialized_memory
     results = run_demo(DemoSettings(schemes=("bn", "rescale", "none"), depth=20, epochs=2,
                                     limit_train_batches=4, out=str(out)))
+    assert torch.utils.deterministic.fill_uninitialized_memory == fill  # left off only while it trained
     printed, err = capsys.readouterr()
     assert [r.scheme for r in results] == ["bn", "rescale", "none"]
     # its log in a file: a progress line every 5 steps and at each epoch's end, no redrawn bar
