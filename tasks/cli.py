@@ -20,7 +20,7 @@ import sys
 from typing import Callable, Optional
 
 from .common.errors import UserArgumentParser, UserError
-from .common.system import command_logging, describe_code, keep_freed_memory, log_level
+from .common.system import command_logging, describe_code, keep_freed_memory, log_level, write_output
 
 __all__ = ["main", "SUITE_COMMANDS", "COMMAND_HELP", "LOG_FLAGS"]
 
@@ -45,7 +45,7 @@ def _cmd_models(argv: list[str]) -> int:
         log.error("error: no registered network matches %r (rescale models: all of them)", pattern)
         return 1
     for name in names:
-        print(name)
+        write_output(name)
     return 0
 
 
@@ -54,7 +54,7 @@ def _cmd_schemes(argv: list[str]) -> int:
     import rescale_core  # torch: the commands that list its registries only (not --version, --help)
 
     for name in rescale_core.list_schemes():
-        print(name)
+        write_output(name)
     return 0
 
 
@@ -111,7 +111,7 @@ def print_help() -> None:
     lines += [f"  {name.ljust(width)}  {text}" for name, text in COMMAND_HELP.items()]
     lines += ["", "rescale --version: the suite's version (and commit, run from a git checkout).",
               "New here? `rescale demo`, then the commands it prints; the README's quick start."]
-    print("\n".join(lines))
+    write_output("\n".join(lines))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -138,7 +138,7 @@ def _main(argv: list[str], from_command_line: bool) -> int:
         print_help()
         return 0
     if argv[0] == "--version":
-        print(f"rescale {describe_code()}")
+        write_output(f"rescale {describe_code()}")
         return 0
     # how a command ends: Lightning loads with it (~6 s), never for --help and --version
     from .common.cli import run_command

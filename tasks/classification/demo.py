@@ -34,7 +34,7 @@ from ..common.cli import quiet_libraries
 from ..common.errors import ConfigError, UserArgumentParser
 from ..common.reporting import SuiteWandbLogger, use_line_progress
 from ..common.run import SUMMARY_FILE, RunSummary
-from ..common.system import atomic_open, atomic_path, require_writable
+from ..common.system import atomic_open, atomic_path, require_writable, write_output
 from ..common.training import DivergenceMonitor, WarmupCosineLR, create_network
 from .data import DigitsDataModule
 from .module import ClassificationModule
@@ -249,7 +249,7 @@ def run_demo(settings: DemoSettings) -> list[DemoResult]:
     with atomic_open(os.path.join(settings.out, "results.json")) as f:
         json.dump([{**asdict(r), "status": r.status} for r in results], f, indent=2)
     log.info(f"\nDigits (1,797 real 8x8 images, embedded), cifar_resnet depth {settings.depth}:\n")
-    print(table)  # the demo's result
+    write_output(table)  # the demo's result
     log.info(f"\nlearning curves: {png}\nW&B runs: {os.path.join(settings.out, 'runs', 'wandb')} "
              f"(upload with `wandb sync`)")
     log.info("\n" + next_commands(settings))

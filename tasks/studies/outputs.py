@@ -13,7 +13,7 @@ import yaml
 
 from ..common.errors import UserError
 from ..common.reporting import wandb_mode
-from ..common.system import atomic_open, atomic_path
+from ..common.system import atomic_open, atomic_path, write_output
 
 __all__ = ["write_table", "markdown_table", "format_cell", "save_figure", "log_to_wandb", "StudyOutputs"]
 
@@ -156,7 +156,7 @@ class StudyOutputs:
         """Print the markdown of the tables named in ``echo`` (the command's output), log the files
         written; log to W&B."""
         for name in echo:
-            print(markdown_table(self.tables[name]))
+            write_output(markdown_table(self.tables[name]))
         if wandb_run:
             run_id = log_to_wandb(wandb_run, self.tables, self.images, wandb_project)
             log.info(f"logged to W&B run {run_id}")

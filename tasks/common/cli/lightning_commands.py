@@ -25,7 +25,7 @@ from ..module import RescaleTaskModule
 from ..reporting import label_runs, use_line_progress
 from ..run import (ResultsFolder, RunSummary, SaveConfigToRun, SkippedDataReport, check_run_outputs,
                    claim_run_folder, evaluation_report, fit_report, resume_point)
-from ..system import require_writable
+from ..system import require_writable, write_output
 from ..training import (DivergenceMonitor, LearnedScalarsLogger, check_network, check_optimization, class_of,
                         resolved_architecture)
 from .config_files import refuse_duplicate_keys
@@ -259,8 +259,9 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
     quiet_libraries()  # before the Trainer is built: it prints an advert
     log.debug("defaults applied (outermost first): %s", ", ".join(defaults) or "none")
     if any(a == "--print_config" or a.startswith("--print_config=") for a in argv):
-        # stderr: the printed YAML on stdout stays a config that can be saved and reused
-        print("# defaults applied (outermost first): " + (", ".join(defaults) or "none"), file=sys.stderr)
+        # a comment beside the printed config, on stderr: the YAML on stdout stays a config that can be
+        # saved and reused
+        write_output("# defaults applied (outermost first): " + (", ".join(defaults) or "none"), sys.stderr)
     if run:
         # the subcommand the command line names gets a parser; all four only for a line that names none
         built = (argv[0],) if argv and argv[0] in TRAINER_SUBCOMMANDS else TRAINER_SUBCOMMANDS

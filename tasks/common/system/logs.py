@@ -20,7 +20,7 @@ from typing import Iterator, Optional
 from ..errors import ConfigError
 
 __all__ = ["ROOT", "LEVEL_ENV", "LIBRARY_LOGGERS", "StdStreams", "command_logging", "log_level",
-           "rank_zero_log"]
+           "rank_zero_log", "write_output"]
 
 ROOT = "rescale_tasks"
 LEVEL_ENV = "RESCALE_LOG_LEVEL"
@@ -100,3 +100,13 @@ def rank_zero_log(logger: logging.Logger, level: int, message: str) -> None:
 
     if rank_zero_only.rank == 0:
         logger.log(level, message, stacklevel=2)
+
+
+def write_output(text: str, stream=None) -> None:
+    """A command's result, as a line of its own on stdout (``stream``: another), whatever the log
+    level: what the command was asked for (a listing, its help, the version, a table, a config),
+    which a pipe or a file keeps, as opposed to the messages about its work, which go through
+    :mod:`logging` and which ``--quiet`` silences."""
+    stream = sys.stdout if stream is None else stream
+    stream.write(text + "\n")
+    stream.flush()

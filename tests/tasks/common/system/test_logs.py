@@ -32,3 +32,12 @@ def test_a_bad_log_level_is_one_error_line(monkeypatch, error_line):
     monkeypatch.setenv("RESCALE_LOG_LEVEL", "LOUD")
     assert main(["schemes"]) == 2
     assert error_line().startswith("RESCALE_LOG_LEVEL='LOUD' is not a logging level")
+
+
+def test_a_command_s_result_is_written_whatever_the_log_level(capsys):
+    """`--quiet` silences the messages, not what the command was asked for (``write_output``)."""
+    assert main(["--quiet", "schemes"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "rescale" in out and "bn" in out
+    assert main(["--quiet", "--version"]) == 0
+    assert capsys.readouterr().out.startswith("rescale ")
