@@ -5,8 +5,11 @@ its no-normalization floor and the model the goals are about.
   every norm layer replaced by ``nn.Identity`` (the cheapest a normalization-free ResNet-50 can
   be: no scheme adds less than nothing); timm's ``nf_resnet50`` (NF-ResNet, Brock et al. 2021;
   left out where timm is not installed); this suite's ``rescale50`` (on the device's default
-  plan, and on each plan by name: ``rescale50 lean``, ``rescale50 folded``), ``skipinit50`` and
-  ``fixup50`` from :func:`rescale_core.create_model`.
+  plan, and on each plan by name: ``rescale50 lean``, ``rescale50 folded``), ``skipinit50``,
+  ``fixup50`` and ``nf50`` (scheme ``nf``: Scaled WS, the pre-activation block) from
+  :func:`rescale_core.create_model`, and ``nf50 + AGC``: ``nf50`` with adaptive gradient clipping
+  (:mod:`rescale_core.agc`, lambda 0.01, the classifier excluded, as ``agc_clip`` trains) between
+  the backward and the optimizer step.
 - ``resnet50_plans``: the baseline, the floor and ``rescale50`` under each execution plan by name,
   the reference plan included (the ``plans`` section).
 - ``resnet3d``: this suite's 3D ResNet (``resnet3d_50`` by default, Hara et al. 2018) under ``bn``
@@ -18,8 +21,9 @@ its no-normalization floor and the model the goals are about.
   ``x + F(x)``, no LayerNorm).
 - ``translation``: the translation task's network (``transformer_base``, shared embeddings,
   :class:`rescale_tasks.translation.module.TranslationModule`'s) under ``post_ln`` (the
-  baseline), ``pre_ln`` and ``rescale``, trained with the task's label-smoothed loss and Adam on
-  real token-budget batches (several per timed call, :attr:`Suite.multi_batch`); no floor.
+  baseline), ``pre_ln``, ``rescale``, ``tfixup``, ``deepnorm``, ``dyt`` and ``derf``, trained
+  with the task's label-smoothed loss and Adam on real token-budget batches (several per timed
+  call, :attr:`Suite.multi_batch`); no floor.
 
 A :class:`Suite` also knows how to make a batch for its models and the training loss.
 """
@@ -33,17 +37,22 @@ import torch.nn.functional as F
 from torch import nn
 
 import rescale_core
+from rescale_core.agc import adaptive_clip_grad_
 
 __all__ = ["Contender", "Suite", "resnet50_suite", "resnet50_plans_suite", "RESNET50_PLANS", "resnet3d_suite",
            "transformer_suite", "translation_suite", "TRANSLATION_SCHEMES", "torchvision_resnet50",
-           "resnet50_floor", "image_batch"]
+           "resnet50_floor", "image_batch", "agc_but_classifier"]
 
 
 @dataclass(frozen=True)
 class Contender:
+    """``after_backward(model)``: what a train step does between the backward and the optimizer
+    step (gradient clipping), timed with the step."""
+
     name: str
     build: Callable[[], nn.Module]
     note: str = ""
+    after_backward: Callable[[nn.Module], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,14 @@ def _ours(name: str, num_classes: int, plan: str = "auto", **kwargs):
     return lambda: rescale_core.create_model(name, num_classes=num_classes, plan=plan, **kwargs)
 
 
+def agc_but_classifier(clip: float) -> Callable[[nn.Module], None]:
+    """Adaptive gradient clipping of every parameter but the classifier's (``fc``), as the
+    ``agc_clip`` training option clips a ResNet."""
+    def clip_(model: nn.Module) -> None:
+        adaptive_clip_grad_([p for n, p in model.named_parameters() if not n.startswith("fc.")], clip)
+    return clip_
+
+
 def image_batch(image_size: int, num_classes: int, frames: int | None = None):
     """``make_batch`` of an image (or clip, with ``frames``) suite: seeded normal images, random labels."""
     def make(batch: int, device: torch.device):
@@ -148,6 +165,9 @@ def resnet50_suite(image_size: int = 224, num_classes: int = 1000,
         Contender("rescale50 folded", _ours("rescale50", num_classes, "folded", **ours), "plan folded"),
         Contender("skipinit50", _ours("skipinit50", num_classes, **ours)),
         Contender("fixup50", _ours("fixup50", num_classes, **ours)),
+        Contender("nf50", _ours("resnet50", num_classes, scheme="nf", **ours), "NF-ResNet, plan auto"),
+        Contender("nf50 + AGC", _ours("resnet50", num_classes, scheme="nf", **ours), "lambda 0.01, fc unclipped",
+                  after_backward=agc_but_classifier(0.01)),
     )
     return Suite("resnet50", "ResNet-50", contenders, baseline="resnet50 BN", floor="floor (no norm)",
                  target="rescale50", make_batch=image_batch(image_size, num_classes),
@@ -231,7 +251,7 @@ def transformer_suite(arch: str = "transformer_small", src_len: int = 32, tgt_le
 
 
 # --- the translation task's Transformer -----------------------------------------------------------
-TRANSLATION_SCHEMES = ("post_ln", "pre_ln", "rescale")
+TRANSLATION_SCHEMES = ("post_ln", "pre_ln", "rescale", "tfixup", "deepnorm", "dyt", "derf")
 
 
 def translation_suite(batches: list[dict], vocab_size: int, arch: str = "transformer_base",

@@ -179,7 +179,9 @@ def _transformer(scheme: str, options: dict | None = None) -> nn.Module:
                                      src_vocab_size=100)
 
 
-_CONV_SCHEMES = ("rescale", "skipinit", "fixup", "rezero")
+# the normalization-free schemes, then NF-ResNet's and DyT's (BatchNorm's place taken by the pointwise
+# layer: the counter-example of docs/studies.md)
+_CONV_SCHEMES = ("rescale", "skipinit", "fixup", "rezero", "nf", "dyt")
 FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("ResNet-50", _conv("resnet50", base_width=8), _images(64), "bn", ("none", None), _CONV_SCHEMES),
     Family("ResNeXt-50 32x4d", _conv("resnext50_32x4d", base_width=16), _images(64), "bn", ("none", None),

@@ -115,6 +115,7 @@ def prepare(suite: Suite, contender: Contender | str, batch_size: int, config: R
     runner = torch.compile(model, backend=config.compile_backend) if config.compile else model
     sync = device.type == "cuda"
     amp = config.amp_dtype
+    clip = contender.after_backward
 
     def train_step() -> None:
         for inputs, targets in batches:
@@ -122,6 +123,8 @@ def prepare(suite: Suite, contender: Contender | str, batch_size: int, config: R
             with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
                 loss = suite.loss(runner(*inputs), targets)
             loss.backward()
+            if clip is not None:
+                clip(model)
             optimizer.step()
         if sync:
             torch.cuda.synchronize(device)

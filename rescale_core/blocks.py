@@ -37,7 +37,11 @@ from .layers import (RELU_GAMMA, Gain, MeanShiftBias, ScalarBias, StridedAvgPool
 from .plans.dispatch import Planned, implementation
 from .schemes import Scheme, list_schemes
 
-__all__ = ["ResidualMerge", "BranchLayer", "ResidualBlock", "ResidualSublayer", "pre_conv_bias", "scheme_conv"]
+__all__ = ["ResidualMerge", "BranchLayer", "ResidualBlock", "ResidualSublayer", "pre_conv_bias", "scheme_conv",
+           "conv_norm", "CONV_NORMS"]
+
+#: the norm layers a conv network can put after its convolutions (``Scheme.norm``)
+CONV_NORMS = ("bn", "gn", "dyt", "derf")
 
 
 class ResidualMerge(nn.Module):
@@ -106,10 +110,20 @@ def pre_conv_bias(scheme: Scheme, channels: int, spatial_dims: int) -> nn.Module
     return nn.Identity()
 
 
+def conv_norm(scheme: Scheme, channels: int, spatial_dims: int) -> "nn.Module | None":
+    """The norm layer a conv network puts after a convolution under ``scheme``: BatchNorm,
+    GroupNorm, or DyT's pointwise layer in BatchNorm's place (``norm="dyt"``, alpha's init
+    ``norm_alpha``); None without one."""
+    if scheme.norm in CONV_NORMS:
+        return make_norm(scheme.norm, channels, spatial_dims, alpha_init=scheme.norm_alpha)
+    return None
+
+
 def _post_conv(scheme: Scheme, channels: int, spatial_dims: int, last: bool) -> nn.Module:
     """After a branch conv: its norm layer, or Fixup's pre-activation scalar bias."""
-    if scheme.norm in ("bn", "gn"):
-        return make_norm(scheme.norm, channels, spatial_dims)
+    norm = conv_norm(scheme, channels, spatial_dims)
+    if norm is not None:
+        return norm
     if scheme.scalar_biases and not last:
         return ScalarBias()
     return nn.Identity()
@@ -230,8 +244,9 @@ class ResidualBlock(Planned):
         else:
             layers = [ScalarBias()] if scheme.scalar_biases else []
             layers.append(scheme_conv(scheme, spatial_dims, cin, cout, 1, stride=stride, bias=scheme.conv_bias))
-            if scheme.norm in ("bn", "gn"):
-                layers.append(make_norm(scheme.norm, cout, spatial_dims))
+            norm = conv_norm(scheme, cout, spatial_dims)
+            if norm is not None:
+                layers.append(norm)
         shortcut = nn.Sequential(*layers)
         conv = next(m for m in shortcut if isinstance(m, nn.modules.conv._ConvNd))
         init_shortcut(scheme, conv)

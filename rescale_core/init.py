@@ -30,6 +30,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from .layers import PointwiseNorm
 from .schemes import Scheme
 
 __all__ = ["he_normal_", "rescale_conv_multiplier", "fixup_multiplier", "init_branch",
@@ -101,7 +102,7 @@ def init_branch(scheme: Scheme, convs: list[nn.Module], norms: list[nn.Module], 
             conv.gain.fill_(0.0 if (scheme.zero_gamma and last) else 1.0)
     for i, norm in enumerate(norms):
         if getattr(norm, "weight", None) is not None and isinstance(norm.weight, nn.Parameter):
-            if isinstance(norm, (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)):
+            if isinstance(norm, (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, PointwiseNorm)):
                 norm.weight.fill_(0.0 if (scheme.zero_gamma and i == len(norms) - 1) else 1.0)
                 norm.bias.zero_()
 

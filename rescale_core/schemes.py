@@ -46,7 +46,9 @@ The merge every scheme reduces to (block k of L, k = 1..L)::
   :class:`~rescale_core.layers.PointwiseNorm` (``gamma * tanh(alpha x) + beta``,
   ``gamma * erf(alpha x + s) + beta``); ``norm_alpha`` (and ``norm_alpha_attention``,
   ``norm_alpha_ffn``, ``norm_alpha_final`` per site) sets alpha's init, 0.5 by default as in both
-  public codes.
+  public codes. In a conv network ``dyt`` replaces every BatchNorm of ``bn`` (branch, shortcut,
+  stem) by the pointwise layer over channels: the counter-example of the DyT paper's own
+  ConvNet trial, which lost accuracy against BN (docs/studies.md, DyT on ResNets).
   ``deepnorm`` (Wang et al. 2022, "DeepNet"): ``post_ln`` with an up-weighted shortcut,
   ``LN(alpha x + F(x))``, and the branch's value/output/feed-forward weights initialised with gain
   ``beta``, the encoder-decoder constants of the paper per stack (``init="deepnorm"``;
@@ -198,7 +200,7 @@ class Scheme:
     name: str
     families: tuple[str, ...] = ("conv",)
     # --- the branch -----------------------------------------------------------------------
-    norm: Optional[str] = None            # "bn" | "gn" | "ln" | None: after each branch layer
+    norm: Optional[str] = None            # "bn" | "gn" | "ln" | "dyt" | "derf" | None: after each branch layer
     zero_gamma: bool = False              # last norm weight (scaled_ws: conv gain) of a branch starts at 0
     norm_position: str = "post"           # transformers: "post" (LN after merge) | "pre"
     mean_shift: bool = False              # RescaleNet: bias - mu0 before every conv
@@ -375,5 +377,5 @@ register_scheme(Scheme("pre_ln", families=("transformer",), norm="ln", norm_posi
 register_scheme(Scheme("deepnorm", families=("transformer",), norm="ln", norm_position="post",
                        init="deepnorm"))
 register_scheme(Scheme("tfixup", families=("transformer",), init="tfixup"))
-register_scheme(Scheme("dyt", families=("transformer",), norm="dyt", norm_position="pre"))
+register_scheme(Scheme("dyt", families=_CONV_TF, norm="dyt", norm_position="pre"))
 register_scheme(Scheme("derf", families=("transformer",), norm="derf", norm_position="pre"))

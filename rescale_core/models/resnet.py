@@ -38,9 +38,9 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from ..blocks import ResidualBlock, scheme_conv
+from ..blocks import ResidualBlock, conv_norm, scheme_conv
 from ..init import init_classifier, init_stem
-from ..layers import MeanShiftBias, ScalarBias, make_norm, pool_nd
+from ..layers import MeanShiftBias, ScalarBias, pool_nd
 from ..plans.conditions import eager_while_measuring
 from ..plans.dispatch import Planned, implementation
 from ..registry import register_model
@@ -102,8 +102,9 @@ class ResNetConfig:
 
 
 def _stem_post(scheme: Scheme, channels: int, spatial_dims: int) -> nn.Module:
-    if scheme.norm in ("bn", "gn"):
-        return make_norm(scheme.norm, channels, spatial_dims)
+    norm = conv_norm(scheme, channels, spatial_dims)
+    if norm is not None:
+        return norm
     if scheme.mean_shift:
         return MeanShiftBias(channels, spatial_dims, scheme.measure_batches)
     if scheme.scalar_biases:

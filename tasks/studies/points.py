@@ -15,11 +15,11 @@ __all__ = ["depth_points", "batch_lr_points", "seed_points", "parse_lr_grid", "K
            "DEPTH_CONFIG", "DEPTH_DEPTHS", "BATCH_LR_CONFIG", "BATCH_LR_SCHEMES", "BATCH_SIZES", "LR_GRID",
            "DEFAULT_SEEDS"]
 
-DEPTH_SCHEMES = ("bn", "bn_scaled", "bn_head", "bn_merge", "skipinit", "rescale", "fixup", "none")
+DEPTH_SCHEMES = ("bn", "bn_scaled", "bn_head", "bn_merge", "skipinit", "rescale", "fixup", "nf", "none")
 DEPTH_CONFIG = "experiments/cifar/wrn100-2_bn.yaml"      # Wide-ResNet n-2, SkipInit's depth study
 DEPTH_DEPTHS = (16, 40, 100, 1000)
 BATCH_LR_CONFIG = "experiments/cifar/wrn16-4_bn.yaml"    # SkipInit's batch-size study: WRN 16-4
-BATCH_LR_SCHEMES = ("bn", "skipinit", "rescale")
+BATCH_LR_SCHEMES = ("bn", "skipinit", "rescale", "nf")
 BATCH_SIZES = (64, 256, 1024, 4096)
 LR_GRID = "0.0125:6.4:2"
 DEFAULT_SEEDS = 6                                          # the rebuttal's 6 runs

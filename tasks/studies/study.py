@@ -9,9 +9,9 @@ Common: ``--out STUDY_DIR`` (default ``studies/<kind>``), ``--engine local|slurm
 ``--dry-run``, ``--wandb_run RUN`` (log the tables and plots), and ``rescale fit`` overrides after
 ``--``, applied to every point (``-- --trainer.max_epochs 2 --data.root /data/cifar10``).
 
-- ``depth``: SkipInit's depth study: a network of several depths under ``bn``, the counter-examples
-  (``bn_scaled``, ``bn_head``, ``bn_merge``), ``skipinit``, ``rescale``, ``fixup`` and ``none``,
-  each with the same budget. Table: trained / diverged at step s / failed to learn / failed, final
+- ``depth``: SkipInit's depth study: a network of several depths under ``bn``, the
+  counter-examples (``bn_scaled``, ``bn_head``, ``bn_merge``), ``skipinit``, ``rescale``,
+  ``fixup``, ``nf`` and ``none``, each with the same budget. Table: trained / diverged at step s / failed to learn / failed, final
   train loss, final validation loss and metric, best metric; plot: metric against depth.
 - ``batch-lr``: for every batch size a grid of learning rates per scheme; the optimal and the
   largest stable learning rate per batch size (table), plotted against the batch size (log-log).

@@ -258,3 +258,31 @@ def test_stage_attributes():
     assert model.stage_names == ["layer1", "layer2", "layer3", "layer4"]
     assert model.out_channels_per_stage == [32, 64, 128, 256]
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 256)
+
+
+@pytest.mark.parametrize("name, kwargs", [("resnet50", {"base_width": 8}), ("cifar_resnet", {"depth": 8}),
+                                          ("resnet3d_18", {"base_width": 8})])
+def test_dyt_puts_the_pointwise_layer_where_bn_has_batchnorm(name, kwargs):
+    """DyT's ConvNet form (Zhu et al. 2025; the counter-example of docs/studies.md): every
+    BatchNorm of the ``bn`` network (branch, projection shortcut, stem) is a channels-first
+    ``PointwiseNorm`` with alpha at 0.5 (or ``norm_alpha``), weight 1 and bias 0; nothing else
+    differs, the convolutions start equal."""
+    from rescale_core.layers import PointwiseNorm
+
+    torch.manual_seed(0)
+    bn = rescale_core.create_model(name, scheme="bn", num_classes=3, **kwargs)
+    torch.manual_seed(0)
+    dyt = rescale_core.create_model(name, scheme="dyt", num_classes=3, **kwargs)
+    norms = {n: type(m) for n, m in bn.named_modules() if isinstance(m, nn.modules.batchnorm._NormBase)}
+    pointwise = {n: m for n, m in dyt.named_modules() if isinstance(m, PointwiseNorm)}
+    assert norms and sorted(norms) == sorted(pointwise)
+    for n, m in pointwise.items():
+        assert m.kind == "dyt" and m.spatial_dims == int(norms[n].__name__[-2])  # BatchNorm2d: 2
+        assert m.alpha.item() == 0.5 and bool((m.weight == 1).all()) and bool((m.bias == 0).all())
+    convs = {n: p for n, p in dyt.named_parameters() if p.dim() > 2}
+    assert convs and all(torch.equal(p, bn.get_parameter(n)) for n, p in convs.items())
+    x = torch.randn(2, 3, *((4, 32, 32) if name.startswith("resnet3d") else (32, 32)))
+    dyt.train()
+    assert torch.isfinite(dyt(x)).all()
+    again = rescale_core.create_model(name, scheme="dyt", scheme_options={"norm_alpha": 1.5}, num_classes=3, **kwargs)
+    assert {m.alpha.item() for m in again.modules() if isinstance(m, PointwiseNorm)} == {1.5}

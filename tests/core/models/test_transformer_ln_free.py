@@ -214,7 +214,8 @@ def test_a_few_adam_steps_without_warmup_lower_the_loss(scheme):
     assert all(math.isfinite(v) for v in losses) and losses[-1] < 0.7 * losses[0], losses
 
 
-@pytest.mark.parametrize("scheme", ["tfixup", "deepnorm", "dyt", "derf"])
+@pytest.mark.parametrize("scheme", ["tfixup", "deepnorm", "derf"])
 def test_conv_networks_refuse_them_in_one_line(scheme):
+    """``dyt`` alone has a conv form, the BatchNorms replaced (``tests/core/models/test_resnet.py``)."""
     with pytest.raises(ValueError, match=f"^scheme '{scheme}' is for Transformers, not ResNets"):
         create_model("resnet18", scheme=scheme, num_classes=3)

@@ -3,6 +3,7 @@ RescaleNet configs carry, and every overlay of the yardstick's ablation builds t
 names over the yardstick's base config."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -50,17 +51,24 @@ def test_each_ablation_overlay_builds_the_rescale_network_it_names():
     assert len(seen) == len(ABLATIONS)  # no two overlays train the same thing
 
 
-AGC_OVERLAYS = sorted((EXPERIMENTS / "mnist5k" / "agc").glob("*.yaml"))
+AGC_OVERLAYS = {"mnist5k/resnet20_bn.yaml": sorted((EXPERIMENTS / "mnist5k" / "agc").glob("*.yaml")),
+                "digits/resnet56_bn.yaml": sorted((EXPERIMENTS / "digits" / "agc").glob("*.yaml"))}
+AGC_NAME = re.compile(r"(?P<scheme>.+?)(?:_warmup1)?(?:_agc(?P<digits>\d*))?")
 
 
-def test_each_agc_overlay_builds_the_scheme_it_names_with_agc_where_its_name_says():
-    """The rows of the AGC study (docs/studies.md): ``<scheme>[_warmup1][_agc].yaml`` after the
-    yardstick's bn config; AGC at the paper's lambda 0.01 exactly in the ``_agc`` rows."""
-    assert len(AGC_OVERLAYS) == 10  # bn itself is the base config
-    for overlay in AGC_OVERLAYS:
-        cli = build_run(["--config", str(EXPERIMENTS / "mnist5k/resnet20_bn.yaml"), "--config", str(overlay)])
-        assert cli.model.net.scheme.name == overlay.stem.split("_")[0], overlay.name
-        assert cli.model.hparams.agc_clip == (0.01 if overlay.stem.endswith("_agc") else None), overlay.name
+@pytest.mark.parametrize("base, count", [("mnist5k/resnet20_bn.yaml", 13), ("digits/resnet56_bn.yaml", 7)])
+def test_each_agc_overlay_builds_the_scheme_it_names_with_agc_where_its_name_says(base, count):
+    """The rows of the AGC studies (docs/studies.md): ``<scheme>[_warmup1][_agc[NN]].yaml`` after
+    the base config (bn itself is the base): AGC exactly in the ``_agc`` rows, at the paper's lambda
+    0.01, or at 0.NN where the name says (the lambda sweep)."""
+    overlays = AGC_OVERLAYS[base]
+    assert len(overlays) == count
+    for overlay in overlays:
+        cli = build_run(["--config", str(EXPERIMENTS / base), "--config", str(overlay)])
+        name = AGC_NAME.fullmatch(overlay.stem)
+        assert cli.model.net.scheme.name == name["scheme"], overlay.name
+        clip = None if name["digits"] is None else float(f"0.{name['digits'] or '01'}")
+        assert cli.model.hparams.agc_clip == clip, overlay.name
 
 
 def test_the_demo_trains_rescale_at_the_recipe_its_digits_config_carries():

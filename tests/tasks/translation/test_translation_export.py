@@ -51,11 +51,12 @@ def test_translate_runs_on_the_inference_plan(trained, tmp_path, frozen_calls):
     assert frozen_calls and {(grad, training) for _, grad, training in frozen_calls} == {(False, False)}
 
 
-@pytest.mark.parametrize("scheme", ["derf", "deepnorm"])
+@pytest.mark.parametrize("scheme", ["derf", "dyt", "deepnorm", "tfixup"])
 def test_layer_norm_free_schemes_export_in_every_format(scheme, tmp_path, handful_root, fit_checkpoint,
                                                         export_files):
-    """Derf's pointwise layers (erf with a learned shift, the final one included) and DeepNorm's
-    up-weighted shortcut, in the encoder and the decoding step of every format."""
+    """Derf's and DyT's pointwise layers (erf with a learned shift, tanh; the final ones included),
+    DeepNorm's up-weighted shortcut and T-Fixup's sublayers without any norm, in the encoder and the
+    decoding step of every format."""
     args = [*run_args(handful_root), "--model.init_args.scheme", scheme]
     ckpt = fit_checkpoint(tmp_path, [*args, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0"])
     written, _ = export_files([*args, "--ckpt_path", str(ckpt), "--format", "onnx", "exported-program",
