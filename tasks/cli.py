@@ -20,7 +20,7 @@ import sys
 from typing import Callable, Optional
 
 from .common.errors import UserArgumentParser, UserError
-from .common.system import command_logging, describe_code, keep_freed_memory, log_level, write_output
+from .common.system import command_logging, describe_code, keep_freed_memory, log_level, output_closed, write_output
 
 __all__ = ["main", "SUITE_COMMANDS", "COMMAND_HELP", "LOG_FLAGS"]
 
@@ -129,7 +129,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             log.error("error: %s", err)
         return err.exit_code
     with command_logging(level):
-        return _main(argv, from_command_line)
+        try:
+            return _main(argv, from_command_line)
+        except BrokenPipeError:  # whoever read the output stopped reading: not an error of the command
+            return output_closed()
 
 
 def _main(argv: list[str], from_command_line: bool) -> int:

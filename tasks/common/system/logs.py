@@ -20,7 +20,7 @@ from typing import Iterator, Optional
 from ..errors import ConfigError
 
 __all__ = ["ROOT", "LEVEL_ENV", "LIBRARY_LOGGERS", "StdStreams", "command_logging", "log_level",
-           "rank_zero_log", "write_output"]
+           "rank_zero_log", "write_output", "output_closed"]
 
 ROOT = "rescale_tasks"
 LEVEL_ENV = "RESCALE_LOG_LEVEL"
@@ -42,6 +42,9 @@ class StdStreams(logging.Handler):
             stream = sys.stdout if record.levelno < logging.WARNING else sys.stderr
             stream.write(self.format(record) + "\n")
             stream.flush()
+        except BrokenPipeError:  # whoever read the messages stopped reading: the work goes on, unlogged
+            if stream is sys.stdout:
+                output_closed()
         except Exception:  # noqa: BLE001 - logging's own policy: report, never raise
             self.handleError(record)
 
@@ -110,3 +113,18 @@ def write_output(text: str, stream=None) -> None:
     stream = sys.stdout if stream is None else stream
     stream.write(text + "\n")
     stream.flush()
+
+
+def output_closed() -> int:
+    """What a command does when the reader of its output went away (``rescale schemes | head -1``:
+    a ``BrokenPipeError``): no traceback, stdout pointed at the null device so that the
+    interpreter's last flush of what is left does not fail again, and exit status 1 (Python's own
+    on a broken pipe; the signal module's documentation, "Note on SIGPIPE")."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file: nothing flushes it at exit
+        return 1
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    return 1
