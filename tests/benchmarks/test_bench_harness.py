@@ -273,16 +273,16 @@ def test_translation_section_on_real_pairs(tmp_path, en_de_pairs):
                             "pairs": en_de_pairs,
                             "vocab_size": 300, "workers": (0,), "overrides": TINY_TRANSFORMER,
                             "train_max_tokens": 256, "train_batches": 2, "decode_batch": 2,
-                            "lengths": (3, 6), "beam": 2}
+                            "lengths": (3, 6), "beam": 2, "schemes": ("post_ln", "pre_ln", "rescale", "dyt")}
     res = section_translation(settings)
     loader, train, decode = res.tables
     assert loader.columns[:2] == ["setting", "tok/s"] and [r[0] for r in loader.rows] == ["workers=0"]
-    assert [r[0] for r in train.rows] == ["post-LN", "pre-LN", "T rescale"]
+    assert [r[0] for r in train.rows] == ["post-LN", "pre-LN", "T rescale", "DyT"]
     assert train.rows[0][3] == "1.000 [1.000, 1.000]"  # the baseline against itself
     m = res.metrics
     assert 0 < m["translation.padding_efficiency"] <= 1
     assert m["translation.loader.per_second.workers=0"] > 0
-    for name in ("post-LN", "pre-LN", "T rescale"):
+    for name in ("post-LN", "pre-LN", "T rescale", "DyT"):
         assert m[f"translation.train.per_second.{name}"] > 0
         assert m[f"translation.train.tokens_vs_baseline.{name}"].n == 2
     assert [(r[0], r[1]) for r in decode.rows] == [(n, s) for n in ("3", "6") for s in

@@ -63,7 +63,7 @@ def test_families():
     conv = list_schemes("conv")
     tf = list_schemes("transformer")
     assert {"bn", "gn", "none", "rescale", "skipinit", "skipinit_reg", "fixup", "rezero",
-            "bn_scaled", "bn_head", "bn_merge", "nf", "nf_skipinit"} == set(conv)
+            "bn_scaled", "bn_head", "bn_merge", "nf", "nf_skipinit", "dyt"} == set(conv)
     assert {"post_ln", "pre_ln", "rescale", "rezero", "skipinit", "deepnorm", "tfixup", "dyt", "derf"} == set(tf)
     assert set(list_schemes()) == set(conv) | set(tf)
     assert get_scheme("pre_ln").supports("transformer") and not get_scheme("pre_ln").supports("conv")
