@@ -132,10 +132,19 @@ def _ours(name: str, num_classes: int, plan: str = "auto", **kwargs):
 
 
 def agc_but_classifier(clip: float) -> Callable[[nn.Module], None]:
-    """Adaptive gradient clipping of every parameter but the classifier's (``fc``), as the
-    ``agc_clip`` training option clips a ResNet."""
+    """Adaptive gradient clipping of every parameter but the output layer's, as the ``agc_clip``
+    training option clips (the parameters chosen once per model, by the option's own
+    ``output_layers``, not in every step)."""
+    chosen: dict[int, list[torch.Tensor]] = {}
+
     def clip_(model: nn.Module) -> None:
-        adaptive_clip_grad_([p for n, p in model.named_parameters() if not n.startswith("fc.")], clip)
+        if id(model) not in chosen:
+            # the task package only when used: the harness also runs on a GPU machine's own torch
+            from rescale_tasks.common.training.clipping import output_layers
+
+            skip = {id(p) for layer in output_layers(model) for p in layer.parameters()}
+            chosen[id(model)] = [p for p in model.parameters() if id(p) not in skip]
+        adaptive_clip_grad_(chosen[id(model)], clip)
     return clip_
 
 
@@ -166,7 +175,7 @@ def resnet50_suite(image_size: int = 224, num_classes: int = 1000,
         Contender("skipinit50", _ours("skipinit50", num_classes, **ours)),
         Contender("fixup50", _ours("fixup50", num_classes, **ours)),
         Contender("nf50", _ours("resnet50", num_classes, scheme="nf", **ours), "NF-ResNet, plan auto"),
-        Contender("nf50 + AGC", _ours("resnet50", num_classes, scheme="nf", **ours), "lambda 0.01, fc unclipped",
+        Contender("nf50 + AGC", _ours("resnet50", num_classes, scheme="nf", **ours), "lambda 0.01, output layer unclipped",
                   after_backward=agc_but_classifier(0.01)),
     )
     return Suite("resnet50", "ResNet-50", contenders, baseline="resnet50 BN", floor="floor (no norm)",
