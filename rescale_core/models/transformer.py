@@ -529,10 +529,17 @@ _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(TransformerConfig))
 def transformer(arch: str = "transformer_base", scheme: "str | Scheme" = "post_ln",
                 scheme_options: dict | None = None, src_vocab_size: int | None = None,
                 tgt_vocab_size: int | None = None, share_embeddings: bool = False,
-                tie_output: bool = True, pad_index: int = 1, **overrides) -> Transformer:
+                tie_output: bool = True, pad_index: int = 1, depth: int | None = None,
+                **overrides) -> Transformer:
     """A named Transformer (:data:`TRANSFORMERS`); ``overrides`` replace
     :class:`TransformerConfig` fields, e.g. ``transformer("transformer_base", dropout=0.3,
-    num_encoder_layers=12)``."""
+    num_encoder_layers=12)``. ``depth``: the layers of each side (encoder and decoder alike), the
+    key ``rescale study depth`` sets, as it sets a ResNet's depth."""
+    if depth is not None:
+        clash = sorted({"num_encoder_layers", "num_decoder_layers"} & set(overrides))
+        if clash:
+            raise TypeError(f"give depth (the layers of each side) or {' / '.join(clash)}, not both")
+        overrides.update(num_encoder_layers=depth, num_decoder_layers=depth)
     if "num_classes" in overrides:
         raise ValueError("Transformers take src_vocab_size / tgt_vocab_size, not num_classes")
     unknown = sorted(set(overrides) - set(_CONFIG_FIELDS))

@@ -20,7 +20,7 @@ from jsonargparse import get_loader, set_loader
 
 from ..errors import ConfigError, UserError
 
-__all__ = ["check_config_file", "load_yaml", "refuse_duplicate_keys", "UniqueKeyLoader", "DuplicateKeyError"]
+__all__ = ["check_config_file", "load_yaml", "refuse_duplicate_keys", "SafeLoader", "UniqueKeyLoader", "DuplicateKeyError"]
 
 _EXAMPLE = "Run configs live in experiments/<task>/, e.g. experiments/imagenet/rescale50.yaml"
 
@@ -59,7 +59,11 @@ def _refuse_repeated_keys(constructor: yaml.constructor.BaseConstructor, node: y
             continue
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
+#: PyYAML's safe loader, its parser in C where PyYAML was built with libyaml (as its wheels are)
+SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class UniqueKeyLoader(SafeLoader):
     """PyYAML's safe loader whose mappings refuse a key given twice (:class:`DuplicateKeyError`)."""
 
     def construct_mapping(self, node, deep=False):
@@ -92,6 +96,8 @@ def refuse_duplicate_keys() -> None:
         return
 
     def load(stream: str, path: str = "") -> Any:
+        if not any(mark in stream for mark in ":{?"):  # no mapping, so no key to repeat
+            return jsonargparse_load(stream)
         try:
             yaml.load(stream, Loader=UniqueKeyLoader)
         except DuplicateKeyError as err:

@@ -28,7 +28,7 @@ from ..run import (ResultsFolder, RunSummary, SaveConfigToRun, SkippedDataReport
 from ..system import require_writable, write_output
 from ..training import (DivergenceMonitor, LearnedScalarsLogger, check_network, check_optimization, class_of,
                         resolved_architecture)
-from .config_files import refuse_duplicate_keys
+from .config_files import SafeLoader, refuse_duplicate_keys
 from .config_layers import CONFIG_FLAGS, check_layers, flag_values
 from .moved_modules import follow_moved_modules
 from .parse_errors import config_errors, trainer_config_errors
@@ -104,7 +104,7 @@ class RescaleCLI(LightningCLI):
             return
         dumped = self.parser.dump(self.config, skip_link_targets=False, skip_none=False, format="yaml",
                                   skip_validation=True)
-        self.config_dump = yaml.safe_load(dumped)
+        self.config_dump = yaml.load(dumped, Loader=SafeLoader)
         if "subcommand" in self.config:
             self.config_dump = self.config_dump[self.config.subcommand]
 

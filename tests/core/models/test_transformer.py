@@ -66,6 +66,12 @@ def test_create_model_and_builder_arguments():
         create_model("transformer_tiny", src_vocab_size=V, d_modle=64)
     with pytest.raises(ValueError, match="divisible"):
         create_model("transformer_tiny", src_vocab_size=V, nhead=3)
+    # depth: the layers of each side, the key `rescale study depth` sets (network_options.depth)
+    deep = create_model("transformer_tiny", scheme="tfixup", src_vocab_size=V, depth=3)
+    assert (len(deep.encoder.layers), len(deep.decoder.layers)) == (3, 3)
+    assert deep.config.num_encoder_layers == deep.config.num_decoder_layers == 3
+    with pytest.raises(TypeError, match=r"give depth \(the layers of each side\) or num_decoder_layers, not both"):
+        create_model("transformer_tiny", src_vocab_size=V, depth=3, num_decoder_layers=2)
     # scheme options reach the scheme
     model = tiny("rescale", scheme_options={"c": 10.0, "gain": "vector"})
     assert model.scheme.c == 10.0 and model.scheme.gain == "vector"

@@ -50,13 +50,17 @@ def test_experiment_folders_hold_the_papers_rows():
 @pytest.mark.slow
 @pytest.mark.parametrize("config", RUN_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_every_experiment_config_instantiates_without_data(config):
-    cli = run_lightning(["fit", "--config", str(config)], run=False)
+    """Built on the meta device: every module and parameter of the full-size network, no memory
+    filled (VGG-19's 140M weights took 2.6 s to initialise, against 0.3 s); the initialisations
+    themselves are checked on real weights by every registered model's tests (tests/core)."""
+    with torch.device("meta"):
+        cli = run_lightning(["fit", "--config", str(config)], run=False)
     module, data = cli.model, cli.datamodule
     assert module.hparams.num_classes == data.num_classes
     assert any(isinstance(m, rescale_core.ResidualMerge) for m in module.net.modules()) or "vgg" in config.stem
     optimizer = build_optimizer(module.net, module.optimizer_factory)
     seen = [p for g in optimizer.param_groups for p in g["params"]]
-    assert len(seen) == len(list(module.net.parameters()))
+    assert len(seen) == len(list(module.net.parameters())) and seen[0].is_meta
     scheduler = module.scheduler_factory(optimizer, steps_per_epoch=10, max_epochs=cli.trainer.max_epochs)
     optimizer.step()
     scheduler.step()

@@ -167,7 +167,7 @@ def test_rescale_traceback_shows_what_a_translated_line_hides(digits_config, mon
 
 @pytest.mark.parametrize("text,where,what", [
     ("trainer:\n  max_epochs: {1\nmodel:\n  x: 1\n", ":3:6:", "while parsing a flow mapping"),
-    ("a: 1\n b: 2\n", ":2:3:", "mapping values are not allowed here"),
+    ("a: 1\n b: 2\n", ":2:3:", "mapping values are not allowed"),  # libyaml: "in this context"
 ])
 def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path, text, where, what, error_line):
     config = tmp_path / "broken.yaml"
