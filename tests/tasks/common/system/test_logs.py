@@ -3,6 +3,11 @@
 tests/tasks/translation/test_translation_prepare_progress.py)."""
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import sys
+
 from rescale_tasks.cli import main
 
 
@@ -43,43 +48,37 @@ def test_a_command_s_result_is_written_whatever_the_log_level(capsys):
     assert capsys.readouterr().out.startswith("rescale ")
 
 
-def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback(monkeypatch, capfd):
-    """``rescale schemes | head -1``: the write into a pipe whose reader is gone raises
-    BrokenPipeError; the command ends with status 1 and no traceback, and its stdout now points at
-    the null device, so the interpreter's last flush cannot fail again."""
-    import os
-    import sys
-
+@contextlib.contextmanager
+def stdout_to_a_closed_pipe(monkeypatch):
+    """``sys.stdout`` writing into a pipe whose reader is gone (``rescale schemes | head -1`` once
+    ``head`` has its line): a write that reaches the pipe raises BrokenPipeError. Entered in the
+    test itself: pytest's capture puts its own stdout back when the test's call begins."""
     read_end, write_end = os.pipe()
     os.close(read_end)
     stream = os.fdopen(write_end, "w")
     monkeypatch.setattr(sys, "stdout", stream)
     try:
+        yield stream
+    finally:
+        stream.close()
+
+
+def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback(monkeypatch, capfd):
+    """The command ends with status 1 and no traceback, and its stdout now points at the null
+    device, so the interpreter's last flush cannot fail again."""
+    with stdout_to_a_closed_pipe(monkeypatch) as stream:
         assert main(["schemes"]) == 1
         stream.write("what is left\n")
         stream.flush()  # the null device now: no second error
-    finally:
-        stream.close()
     assert "Traceback" not in capfd.readouterr().err
 
 
 def test_messages_to_a_reader_that_stopped_reading_are_dropped_and_the_work_goes_on(monkeypatch, capfd):
-    """An INFO message (on stdout) into a pipe whose reader is gone: no "--- Logging error ---"
-    report, no exception into the command; the messages after it go to the null device."""
-    import logging
-    import os
-    import sys
-
+    """An INFO message (on stdout) into the pipe: no "--- Logging error ---" report, no exception
+    into the command; the messages after it go to the null device."""
     from rescale_tasks.common.system import command_logging
 
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    stream = os.fdopen(write_end, "w")
-    monkeypatch.setattr(sys, "stdout", stream)
-    try:
-        with command_logging(logging.INFO):
-            logging.getLogger("rescale_tasks.test").info("into a closed pipe")
-            logging.getLogger("rescale_tasks.test").info("and after it")
-    finally:
-        stream.close()
+    with stdout_to_a_closed_pipe(monkeypatch), command_logging(logging.INFO):
+        logging.getLogger("rescale_tasks.test").info("into a closed pipe")
+        logging.getLogger("rescale_tasks.test").info("and after it")
     assert capfd.readouterr().err == ""
