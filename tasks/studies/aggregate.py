@@ -26,14 +26,16 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
     not_done = [r for r in rows if r["status"] in ("not run", "interrupted", "failed")]
     note = f"; {len(not_done)} of {len(rows)} points not done" if not_done else ""
     seeded = any("seed" in r for r in rows)
+    unit = next((r["throughput_unit"] for r in rows if r.get("throughput_unit")), "samples")
+    speed = f"; throughput: training {unit} per second"
     axis = depth_axis(settings.get("depth_key"))
     if grid.kind == "depth" and seeded:
         collapsed, wide = depth_seed_tables(rows, metric, axis)
         outputs.table("depth_runs", depth_tables(rows, metric, axis)[0],
                       title=f"Depth study: one row per run (final values; steps_to_90: first step at 90% of "
-                      f"the run's final {metric}){note}")
+                      f"the run's final {metric}{speed}){note}")
         outputs.table("depth", collapsed, title=f"Depth study over seeds: mean, std (n-1) and n of the runs that "
-                      f"did not diverge, per scheme and depth{note}")
+                      f"did not diverge (throughput: of every run; {unit} per second), per scheme and depth{note}")
         outputs.table("depth_grid", wide, title=f"Depth study: final {metric}, mean ± std over seeds (diverged "
                       f"runs counted apart; 90% at s: mean first step at 90% of the final {metric}){note}")
         # the plot's marks: a mean where some seed trained (some others may have diverged), hollow
@@ -46,7 +48,7 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
     elif grid.kind == "depth":
         ordered, wide = depth_tables(rows, metric, axis)
         outputs.table("depth", ordered, title=f"Depth study: one row per run (final values; failed to learn: "
-                      f"final {metric} not above chance + {margin:g}){note}")
+                      f"final {metric} not above chance + {margin:g}{speed}){note}")
         outputs.table("depth_grid", wide, title=f"Depth study: final {metric} per scheme and depth "
                       f"(diverged@s: diverged at step s){note}")
         depth_plot(outputs, ordered, metric, axis)

@@ -55,6 +55,7 @@ def _num_classes(grid: Grid, point: GridPoint, summary: dict) -> Optional[int]:
 def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -> tuple[list[dict], str]:
     """One row per grid point: its params, status and final/best values; and the metric used.
 
+    ``throughput``: the run's training samples (or target tokens: ``throughput_unit``) per second.
     status: ``trained``; ``diverged at step s``; ``failed to learn`` (finished, but an accuracy
     metric not above chance (1/classes) + ``margin``, or, where the chance level is unknown, a final
     training loss not below the first logged one); ``failed`` (the run stopped with an error,
@@ -71,7 +72,8 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
         row: dict[str, Any] = dict(point.params)
         row.update({"status": None, "diverged_step": None, "steps": s.get("steps"), "train_loss": None,
                     "val_loss": None, f"final {metric}": None, f"best {metric}": None, "steps_to_90": None,
-                    "train_seconds": s.get("train_seconds"), "error": None, "point": point.name})
+                    "train_seconds": s.get("train_seconds"), "throughput": as_float(s.get("samples_per_second")),
+                    "throughput_unit": s.get("throughput_unit"), "error": None, "point": point.name})
         if state.state == "done":
             diverged = s.get("status") == "diverged"
             row["train_loss"] = _train_loss(s)

@@ -70,6 +70,7 @@ def test_depth_study_none_diverges_deep_where_rescale_and_skipinit_train(tmp_pat
         row = rows[scheme, 44]
         assert row["status"] == "trained" and int(row["steps"]) == 45 and float(row["final val/acc1"]) > 0.3, row
         assert float(row["train_loss"]) < 2.0
+        assert row["throughput_unit"] == "images" and float(row["throughput"]) > 0  # training images/s
     wide = {r["scheme"]: r for r in read_csv(tmp_path / "depth/depth_grid.csv")}
     assert list(wide) == ["none", "rescale", "skipinit"]
     assert wide["none"]["depth 44"] == f"diverged@{deep['diverged_step']}"

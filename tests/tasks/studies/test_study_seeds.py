@@ -54,7 +54,7 @@ def test_steps_to_ninety_percent_of_the_final_value():
 def _row(scheme, depth, seed, status="trained", final=None, steps=None, diverged_step=None):
     return {"scheme": scheme, "depth": depth, "seed": seed, "status": status, f"final {M}": final,
             f"best {M}": final, "train_loss": 0.01, "steps_to_90": steps, "diverged_step": diverged_step,
-            "point": f"d{depth}-{scheme}-s{seed}"}
+            "throughput": 100.0 * (seed + 1), "point": f"d{depth}-{scheme}-s{seed}"}
 
 
 def test_seeds_collapse_into_mean_std_with_diverged_runs_apart():
@@ -70,6 +70,9 @@ def test_seeds_collapse_into_mean_std_with_diverged_runs_apart():
     assert bn[f"final {M} n"] == 3 and bn["steps_to_90"] == pytest.approx(120) and bn["status"] == "trained"
     assert none["status"] == "partly diverged" and none["diverged"] == 2 and none[f"final {M} n"] == 1
     assert none["diverged_steps"] == "3 5" and fixup["status"] == "diverged"
+    # the throughput of every run that ran, diverged or not: a diverged run's speed was measured all the same
+    assert bn["throughput"] == none["throughput"] == pytest.approx(200.0) and none["throughput n"] == 3
+    assert fixup["throughput"] == pytest.approx(150.0) and fixup["throughput n"] == 2
     cells = {r["scheme"]: r["depth 20"] for r in wide}
     assert cells["bn"] == "0.920 ± 0.020 (90% at 120)"
     assert cells["none"] == "0.500 (2/3 diverged; 90% at 400)"

@@ -57,3 +57,27 @@ def test_the_big_recipe_sits_over_the_base_one(scheme, tmp_path, monkeypatch):
     assert module.optimizer_factory(module.net.parameters()).defaults["lr"] == 1e-3
     assert cli.datamodule.max_tokens == 3584 and cli.config.trainer.accumulate_grad_batches == 16
     assert module.label_smoothing == 0.1  # the rest from ../_defaults.yaml
+
+
+@pytest.mark.parametrize("scheme", ["post_ln", "tfixup"])
+def test_the_cpu_depth_study_config_and_its_recipe(scheme, tmp_path, monkeypatch):
+    """experiments/wmt/cpu/: the narrow Transformer of the CPU depth study, each side's layers set by
+    the study's key (network_options.depth) without losing the config's width, T-Fixup's recipe
+    (no warm-up, its decay period scaled to the budget) applied over it."""
+    monkeypatch.chdir(tmp_path)
+    cpu = WMT / "cpu"
+    recipe = ["--config", str(cpu / "recipes" / f"{scheme}.yaml")] if (cpu / "recipes" / f"{scheme}.yaml").exists() else []
+    cli = run_lightning(["fit", "--config", str(cpu / "depth.yaml"), *recipe, "--model.init_args.scheme", scheme,
+                         "--model.init_args.network_options.depth", "3", "--data.init_args.vocab_size", "64"],
+                        run=False)
+    module, data, net = cli.model, cli.datamodule, cli.model.net
+    assert module.scheme_name == scheme and net.config.d_model == 64 and net.config.dim_feedforward == 256
+    assert (len(net.encoder.layers), len(net.decoder.layers)) == (3, 3)
+    assert data.settings.tgt_lang == "fr" and data.max_tokens == 1024 and cli.config.trainer.max_steps == 1000
+    adam = module.optimizer_factory(module.net.parameters())
+    scheduler = module.scheduler_factory(adam, steps_per_epoch=10, max_epochs=None)
+    if scheme == "tfixup":
+        assert scheduler.warmup_updates == 0 and scheduler.decay_period == 200 and adam.defaults["lr"] == 5e-4
+    else:
+        assert scheduler.warmup_updates == 200 and adam.defaults["lr"] == 7e-4
+    assert module.label_smoothing == 0.1 and module.generation.beam == 4  # the rest from ../_defaults.yaml
