@@ -29,6 +29,7 @@ A :class:`Suite` also knows how to make a batch for its models and the training 
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -134,17 +135,18 @@ def _ours(name: str, num_classes: int, plan: str = "auto", **kwargs):
 def agc_but_classifier(clip: float) -> Callable[[nn.Module], None]:
     """Adaptive gradient clipping of every parameter but the output layer's, as the ``agc_clip``
     training option clips (the parameters chosen once per model, by the option's own
-    ``output_layers``, not in every step)."""
-    chosen: dict[int, list[torch.Tensor]] = {}
+    ``output_layers``, not in every step; kept while the model lives, so that a model built later
+    at the same address gets its own)."""
+    chosen: "weakref.WeakKeyDictionary[nn.Module, list[torch.Tensor]]" = weakref.WeakKeyDictionary()
 
     def clip_(model: nn.Module) -> None:
-        if id(model) not in chosen:
+        if model not in chosen:
             # the task package only when used: the harness also runs on a GPU machine's own torch
             from rescale_tasks.common.training.clipping import output_layers
 
             skip = {id(p) for layer in output_layers(model) for p in layer.parameters()}
-            chosen[id(model)] = [p for p in model.parameters() if id(p) not in skip]
-        adaptive_clip_grad_(chosen[id(model)], clip)
+            chosen[model] = [p for p in model.parameters() if id(p) not in skip]
+        adaptive_clip_grad_(chosen[model], clip)
     return clip_
 
 

@@ -294,3 +294,30 @@ def test_translation_section_on_real_pairs(tmp_path, en_de_pairs):
     marks = {r.goal.key: r.status for r in report.evaluate_goals(m, "cpu")}
     assert marks["translation.padding_efficiency"] in ("PASS", "FAIL")
     assert marks["translation.decode.cached_vs_recomputed.6"].split()[0] in ("PASS", "FAIL")
+
+
+def test_the_agc_step_clips_the_model_it_is_given_even_one_built_where_a_dead_one_was():
+    """``nf50 + AGC``'s clipping step chooses each model's parameters once, for that model: a model
+    built after another died (at the same address, as CPython often reuses it) is clipped itself,
+    its output layer excluded, never the dead model's tensors."""
+    import gc
+
+    from benchmarks.models import agc_but_classifier
+
+    clip_ = agc_but_classifier(0.01)
+    seen, reused = set(), False
+    for _ in range(50):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        reused |= id(model) in seen
+        seen.add(id(model))
+        for p in model.parameters():
+            p.grad = torch.full_like(p, 100.0)  # far above 0.01 x the weights' norms
+        clip_(model)
+        hidden, output = model[0], model[2]
+        assert hidden.weight.grad.abs().max() < 1.0 and hidden.bias.grad.abs().max() < 100.0
+        assert torch.equal(output.weight.grad, torch.full_like(output.weight, 100.0))  # the classifier's own
+        del model, hidden, output
+        gc.collect()
+        if reused:
+            break
+    assert reused, "no model was built where a dead one was: the test is void"
