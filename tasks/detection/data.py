@@ -147,7 +147,8 @@ class BatchOfSamples(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, key: Sequence) -> list:
-        return [self.dataset[k] for k in key]
+        many = getattr(self.dataset, "__getitems__", None)  # PerSampleSeed's: the random state saved once a batch
+        return many(list(key)) if many is not None else [self.dataset[k] for k in key]
 
 
 def collate_detection(samples: list) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:

@@ -102,6 +102,39 @@ def test_per_sample_seeds_make_augmentation_independent_of_workers_and_restarts(
     assert len(set(in_process.values())) == 12
 
 
+class _ThreeStreams(torch.utils.data.Dataset):
+    """A sample drawn from every global stream an augmentation may use: torch's, Python's, NumPy's."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        import random
+
+        import numpy as np
+        return float(torch.rand(())), random.random(), float(np.random.rand()), i
+
+
+def test_a_batch_is_the_samples_one_by_one_and_restores_every_stream_once():
+    """The loader's fetcher takes a batch at once (``__getitems__``): the caller's three streams are
+    saved and restored once around it, and each sample is what ``dataset[key]`` alone gives."""
+    import random
+
+    import numpy as np
+    data = PerSampleSeed(_ThreeStreams())
+    keys = [(i, sample_seed(0, 1, i)) for i in (3, 7, 7, 0)]
+    torch.manual_seed(1), random.seed(1), np.random.seed(1)
+    before = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    batch = data.__getitems__(keys)
+    assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
+    assert all(np.array_equal(a, b) for a, b in zip(np.random.get_state(), before[2]))
+    assert batch == [data[key] for key in keys] and batch[1] == batch[2] and batch[0] != batch[1]
+    torch.manual_seed(2), random.seed(2), np.random.seed(2)  # keys without a seed: the caller's streams
+    unseeded = data.__getitems__([5, 6])
+    torch.manual_seed(2), random.seed(2), np.random.seed(2)
+    assert unseeded == [data[5], data[6]] != data.__getitems__([5, 6])
+
+
 def test_sample_seed_is_stable_and_spread():
     assert sample_seed(0, 1, 2) == sample_seed(0, 1, 2)
     seeds = {sample_seed(s, e, i) for s in range(3) for e in range(3) for i in range(50)}
