@@ -31,6 +31,20 @@ def test_he_normal_grouped_conv_counts_one_group():
     assert float(conv.weight.detach().std()) == pytest.approx(math.sqrt(2 / (8 * 9)), rel=0.02)
 
 
+def test_a_weight_on_the_meta_device_draws_nothing(monkeypatch):
+    """A network built on the meta device (the config checks build every full-size network so) has
+    no values to draw: the init leaves its weights alone instead of running PyTorch's Python
+    reference of ``normal_`` on them; a real weight is drawn as before."""
+    drawn = []
+    real_normal = torch.Tensor.normal_
+    monkeypatch.setattr(torch.Tensor, "normal_", lambda self, *a, **k: drawn.append(self.device.type)
+                        or real_normal(self, *a, **k))
+    w = torch.empty(8, 4, 3, 3, device="meta")
+    assert he_normal_(w) is w and w.is_meta and drawn == []
+    he_normal_(torch.empty(8, 4, 3, 3))
+    assert drawn == ["cpu"]
+
+
 def test_rescale_conv_multiplier():
     L = 16
     for k in (1, 8, 16):
