@@ -58,7 +58,9 @@ def _error_line(text: str) -> Optional[str]:
 def run_one(grid: Grid, point: GridPoint, in_process: bool = False, echo: bool = False) -> int:
     """Run (or resume) one point, its output appended to its ``log.txt``; returns the exit status
     and writes ``outcome.json``. Never raises for a failing run; :class:`~..common.system.FolderBusy`
-    when another process is running the point."""
+    when another process is running the point; :class:`UserError` when its configs were edited
+    since the grid was written (:meth:`Grid.check_configs`)."""
+    grid.check_configs(point)
     with folder_lock(grid.point_dir(point), f"grid point {point.name} at",
                      "the point is running there; wait until it ends"):
         return _run_one(grid, point, in_process, echo)

@@ -20,6 +20,7 @@ attempt exited with an error and left nothing to resume (it is tried again), els
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import sys
@@ -55,6 +56,7 @@ class GridPoint:
     overrides: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
     group: Optional[str] = None
+    config_digest: Optional[str] = None  # what its configs said when the grid was written (configs_digest)
 
     def __post_init__(self) -> None:
         if not self.name or not set(self.name) <= _NAME_OK or self.name.startswith("."):
@@ -132,20 +134,48 @@ class Grid:
     def _signature(self, point: GridPoint) -> list:
         return [point.configs, self.seed, self.overrides, point.overrides]
 
+    def configs_digest(self, point: GridPoint) -> str:
+        """A digest of what ``point``'s configs say: the YAML mappings the command applies (the
+        ``_defaults.yaml`` files above them, then the configs), so an edited value changes it and
+        a comment or the layout does not."""
+        paths = [os.path.join(self.cwd, c) for c in point.configs]
+        layers = json.dumps(list(yaml_layers(paths)), sort_keys=True, default=str)
+        return hashlib.sha256(layers.encode()).hexdigest()[:16]
+
+    def _ran_otherwise(self, old: "Grid", before: GridPoint, point: GridPoint) -> bool:
+        """The point ran with other settings than ``point`` has (a grid written before configs'
+        digests were recorded compares without them)."""
+        if old._signature(before) != self._signature(point):
+            return True
+        return None not in (before.config_digest, point.config_digest) and before.config_digest != point.config_digest
+
+    def check_configs(self, point: GridPoint) -> None:
+        """Refuse to run ``point`` when its configs say something else than when the grid was
+        written: its run would not be the study's (the points that ran read the old values)."""
+        if point.config_digest is not None and self.configs_digest(point) != point.config_digest:
+            raise UserError(
+                f"the configs of grid point {point.name} changed since {self.path} was written "
+                f"({', '.join(point.configs)} or a _defaults.yaml above them): put them back as they were, "
+                f"or run the study again with another --out")
+
     def save(self) -> str:
-        """Write ``grid.json``; refuse when the folder holds a point of the same name that ran with
-        other settings (its results would be mixed up with this grid's)."""
+        """Write ``grid.json`` with each point's :meth:`configs_digest`; refuse when the folder
+        holds a point of the same name that ran with other settings (its results would be mixed up
+        with this grid's), an edited config included."""
+        for point in self.points:
+            if point.config_digest is None:
+                point.config_digest = self.configs_digest(point)
         if os.path.isfile(self.path):
             old = Grid.load(self.study_dir)
             by_name = {p.name: p for p in old.points}
             for point in self.points:
                 before = by_name.get(point.name)
-                if before is not None and old._signature(before) != self._signature(point) \
+                if before is not None and self._ran_otherwise(old, before, point) \
                         and os.path.isdir(self.point_dir(point)):
                     raise UserError(
                         f"{self.study_dir} already holds point {point.name} run with other settings "
-                        f"(configs, seed or overrides differ); give the study another --out folder, or "
-                        f"delete {self.point_dir(point)} to run it again")
+                        f"(configs, their values, seed or overrides differ); give the study another --out "
+                        f"folder, or delete {self.point_dir(point)} to run it again")
         os.makedirs(self.study_dir, exist_ok=True)
         write_json(self.path, self.to_dict())
         return self.path

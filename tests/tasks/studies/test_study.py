@@ -250,6 +250,27 @@ def test_bad_input_is_one_line(tmp_path, run_config, error_line):
     assert parse_lr_grid("0.0125:0.1:2") == [0.0125, 0.025, 0.05, 0.1]
 
 
+def test_a_config_edited_after_points_ran_is_refused_a_comment_is_not(tmp_path, run_config, error_line):
+    """The grid records what its configs say: a value edited after a point ran would mix two
+    settings in one study, so writing the grid again and running a point are refused in one line;
+    a comment or the layout is no setting."""
+    config = Path(tiny(run_config, tmp_path / "tiny.yaml"))
+    study = ["study", "seeds", "--config", str(config), "--seeds", "2", "--out", "s", "--engine", "slurm"]
+    assert main(study) == 0
+    (tmp_path / "s/points/seed0").mkdir(parents=True)  # seed0 ran with the config as it was
+    text = config.read_text()
+    assert "log_every_n_steps: 1\n" in text
+    config.write_text("# the digits, two steps\n" + text)
+    assert main(study) == 0
+    config.write_text(text.replace("log_every_n_steps: 1\n", "log_every_n_steps: 2\n"))
+    assert main(["study", "run-point", "s", "1"]) == 2
+    assert error_line().startswith("the configs of grid point seed1 changed since")
+    assert main(study) == 2
+    assert "already holds point seed0 run with other settings" in error_line()
+    config.write_text(text)  # put back: the study goes on
+    assert main(study) == 0
+
+
 def test_a_second_study_on_the_same_folder_is_refused_naming_the_first(tmp_path, run_config, error_line):
     """Two `rescale study` processes on one --out would run the same points at once: the second is
     refused in one line naming the first (its pid), and the folder stays the first's alone."""
