@@ -26,7 +26,8 @@ The merge every scheme reduces to (block k of L, k = 1..L)::
 - ``fixup``: Fixup (Zhang et al., ICLR 2019): last branch layer and classifier zero-initialised,
   the other branch layers' He std scaled by ``L^(-1/(2m-2))``, scalar biases before each conv,
   activation and the classifier, one scalar multiplier per branch; scalars at lr/10.
-- ``rezero``: ReZero (Bachlechner et al. 2020): ``x + a F(x)``, ``a = 0`` at init.
+- ``rezero``: ReZero (Bachlechner et al. 2020): ``x + a F(x)``, ``a = 0`` at init: the fields of
+  ``skipinit``, under the name its paper gives it (the same network, seed for seed).
 - SkipInit's counter-examples (rebuttal): ``bn_scaled`` (a BN ResNet whose blocks output
   ``alpha (x + F(x))``, alpha = sqrt(1/2)), ``bn_head`` (one BN before the classifier only),
   ``bn_merge`` (BN on the branch plus a BN after the merge).
