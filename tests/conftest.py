@@ -1,6 +1,7 @@
 """Suite-wide test settings."""
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -15,6 +16,33 @@ pytest_plugins = ["skip_policy", "no_network", "parallel_text", "file_order"]
 # the metadata of the whole environment: 0.3 s a run, 22 s of the suite's runs (measured with
 # py-spy); no test reads that list. Child processes (the CLI tests, DDP ranks) inherit it.
 os.environ.setdefault("WANDB__SAVE_REQUIREMENTS", "false")
+
+
+# The cyclic garbage collector: a full collection traverses every object the worker holds (torch,
+# Lightning, W&B, the suite, the test modules, the parsers and models the tests keep cached: some
+# 10^6), 0.4-0.5 s a time, 14% of the CPU time of five classification and core test files
+# (measured with gc.callbacks). What has lived through collection, or through a test file and its
+# fixtures, lives as long as the worker: it is moved out of the collector's generations
+# (gc.freeze), and full collections wait for 100 younger ones instead of 10 (Python's default),
+# each then finding more garbage at once: 4.7 s of full collections there instead of 12 s, the
+# files' CPU time 9% lower, their peak memory 4% higher.
+FULL_COLLECTION_EVERY = 100
+
+
+def pytest_collection_finish(session) -> None:
+    gc.collect()
+    gc.freeze()
+    gen0, gen1, _ = gc.get_threshold()
+    gc.set_threshold(gen0, gen1, FULL_COLLECTION_EVERY)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    # after a test file's last test (and its fixtures' teardown)
+    if nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None):
+        gc.collect()
+        gc.freeze()
 
 
 @pytest.fixture(autouse=True, scope="session")

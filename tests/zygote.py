@@ -16,6 +16,7 @@ Run as ``python tests/zygote.py SOCKET``; it prints ``ready`` once it listens.
 from __future__ import annotations
 
 import fcntl
+import gc
 import json
 import os
 import resource
@@ -143,6 +144,10 @@ def main() -> None:
     for name in PRELOAD:
         importlib.import_module(name)
     import forked  # this script's folder is still the first on the path
+    # what the preloading made is never garbage: moved out of the collector's generations, so a
+    # child's collections do not traverse it and its exit looks for open files among what it made
+    gc.collect()
+    gc.freeze()
     socket_path = sys.argv[1]
     request, fds = _serve(socket_path)
     if not request:  # the test worker went away: no teardown either (see _exit)
@@ -180,15 +185,14 @@ def _exit(status: int, interrupted: bool) -> None:
     imported, more than most runs the suite forks."""
     import _io
     import atexit
-    import gc
     import threading
 
     # CPython's own steps (private names of the interpreter, not of a pinned library)
     threading._shutdown()  # what the interpreter does first: waits for the non-daemon threads
     atexit._run_exitfuncs()
-    # every file object, found among the half million objects torch, Lightning and W&B make: a
-    # subclass of io.IOBase's C base (io.IOBase's own ABC check took 1 s a process, this 0.2 s);
-    # type(): isinstance would look into weak proxies
+    # every file object the child made (the zygote's own are frozen, out of gc.get_objects()): a
+    # subclass of io.IOBase's C base (io.IOBase's own ABC check took 1 s a process); type():
+    # isinstance would look into weak proxies
     for obj in gc.get_objects():
         if issubclass(type(obj), _io._IOBase):
             try:
