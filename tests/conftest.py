@@ -19,8 +19,8 @@ os.environ.setdefault("WANDB__SAVE_REQUIREMENTS", "false")
 
 
 # The cyclic garbage collector: a full collection traverses every object the worker holds (torch,
-# Lightning, W&B, the suite, the test modules, the parsers and models the tests keep cached: some
-# 10^6), 0.4-0.5 s a time, 14% of the CPU time of five classification and core test files
+# Lightning, W&B, the suite, the test modules, the parsers and models the tests keep cached: half a
+# million objects and more), 0.4-0.5 s a time, 14% of the CPU time of five classification and core test files
 # (measured with gc.callbacks). What has lived through collection, or through a test file and its
 # fixtures, lives as long as the worker: it is moved out of the collector's generations
 # (gc.freeze), and full collections wait for 100 younger ones instead of 10 (Python's default),
