@@ -59,11 +59,19 @@ def attach(socket_path: str) -> None:
     subprocess_handler.Popen = popen  # torchrun's workers: Popen(args=(entrypoint, *args), ...)
 
 
+_starting = threading.Lock()  # threads forking at once (a study's workers) start one zygote
+
+
 def _zygote() -> str:
     """The socket of this process's zygote, started on first use."""
-    global _server, _socket_path
     if _attached is not None:
         return _attached
+    with _starting:
+        return _start_zygote()
+
+
+def _start_zygote() -> str:
+    global _server, _socket_path
     if _server is not None and _server.poll() is None:
         return _socket_path
     folder = tempfile.mkdtemp(prefix="zygote-")

@@ -1,15 +1,14 @@
-"""The engines that run a study's grid (:mod:`.grid`); no scheduler of our own.
+"""The local engine: a study's grid (:mod:`.grid`) run here, no scheduler of our own (the
+cluster engines, SLURM and W&B sweeps, write files for a scheduler: :mod:`.cluster`).
 
-- local (:func:`run_grid`): the todo, failed and partial points one after another, each as a
-  subprocess of the installed ``rescale`` (``in_process=True``: in this process, for tests);
-  finished points are never repeated, so running the study again resumes where it stopped.
-  SIGINT (Ctrl-C) and SIGTERM are passed to the running point as SIGTERM: it saves its
-  ``last.ckpt`` and the study stops, to be resumed by the same command.
-- SLURM (:func:`write_slurm`): ``<study_dir>/slurm.sbatch``, a job array with one task per
-  point running ``rescale study run-point <study_dir> $SLURM_ARRAY_TASK_ID`` (requeued on
-  preemption, resuming from ``last.ckpt``).
-- W&B sweep (:func:`write_sweep`): ``<study_dir>/sweep.yaml``, a grid sweep over the point
-  index for ``wandb agent``, running the same ``run-point`` command.
+:func:`run_grid` runs the todo, failed and partial points, each as a subprocess of the installed
+``rescale`` (``in_process=True``: in this process, for tests), one after another or ``workers``
+at once; seed by seed (the first seed of every point before the second), so a study stopped
+half-way has whole tables of its first seeds. Finished points are never repeated, so running the
+study again resumes where it stopped. SIGINT (Ctrl-C) and SIGTERM are passed to every running
+point as SIGTERM: each saves its ``last.ckpt`` and the study stops, to be resumed by the same
+command. :func:`run_one` runs one point (``rescale study run-point``: a SLURM array task, a sweep
+agent's run).
 """
 from __future__ import annotations
 
@@ -20,19 +19,18 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
-from typing import Any, Callable, Optional, TextIO
-
-import yaml
+from typing import Callable, Optional, TextIO
 
 from ..common.cli import run_command, run_lightning
 from ..common.errors import UserError
 from ..common.run import SUMMARY_FILE
-from ..common.system import FolderBusy, atomic_open, folder_lock, write_atomically
-from .grid import GRID_FILE, LOG_FILE, OUTCOME_FILE, Grid, GridPoint, rescale_command, write_json
+from ..common.system import FolderBusy, folder_lock
+from .grid import LOG_FILE, OUTCOME_FILE, Grid, GridPoint, rescale_command, write_json
 
-__all__ = ["StudyInterrupted", "run_grid", "run_one", "write_slurm", "write_sweep"]
+__all__ = ["StudyInterrupted", "check_workers", "run_grid", "run_one", "run_order"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,18 +53,72 @@ def _error_line(text: str) -> Optional[str]:
 
 
 # --- running points ---------------------------------------------------------------------------------
-def run_one(grid: Grid, point: GridPoint, in_process: bool = False, echo: bool = False) -> int:
+class _Forwarder:
+    """The points' processes running now, and the stop signals this process got while they ran:
+    the first SIGINT or SIGTERM reaches every one of them as SIGTERM (each saves its
+    ``last.ckpt``), a second as SIGKILL; a point starting after a signal gets it at once."""
+
+    def __init__(self) -> None:
+        self.children: set[subprocess.Popen] = set()
+        self.received: list[int] = []
+        self._sent: dict[subprocess.Popen, int] = {}  # how many of the signals each child got
+        self._lock = threading.Lock()  # (never taken by the handler: it may interrupt its holder)
+
+    def _send(self, proc: subprocess.Popen) -> None:
+        level = len(self.received)
+        if self._sent.get(proc, 0) >= level:  # the handler and add() both saw this child
+            return
+        self._sent[proc] = level
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM if level == 1 else signal.SIGKILL)
+
+    def forward(self, signum, frame) -> None:
+        self.received.append(signum)
+        for proc in list(self.children):
+            self._send(proc)
+
+    def add(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self.children.add(proc)
+        if self.received:
+            self._send(proc)
+
+    def remove(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self.children.discard(proc)
+            self._sent.pop(proc, None)
+
+    @contextlib.contextmanager
+    def installed(self):
+        """This forwarder as the process's SIGINT and SIGTERM handler (in the main thread only;
+        elsewhere the caller's handlers stay)."""
+        previous = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread: no handlers
+                previous[signum] = signal.signal(signum, self.forward)
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+def run_one(grid: Grid, point: GridPoint, in_process: bool = False, echo: bool = False,
+            forwarder: Optional[_Forwarder] = None, threads: Optional[int] = None) -> int:
     """Run (or resume) one point, its output appended to its ``log.txt``; returns the exit status
     and writes ``outcome.json``. Never raises for a failing run; :class:`~..common.system.FolderBusy`
     when another process is running the point; :class:`UserError` when its configs were edited
-    since the grid was written (:meth:`Grid.check_configs`)."""
+    since the grid was written (:meth:`Grid.check_configs`). ``forwarder``: the signal forwarding
+    of a study running several points at once (else the point's own); ``threads``: the run's
+    ``OMP_NUM_THREADS`` where the environment sets none."""
     grid.check_configs(point)
     with folder_lock(grid.point_dir(point), f"grid point {point.name} at",
                      "the point is running there; wait until it ends"):
-        return _run_one(grid, point, in_process, echo)
+        return _run_one(grid, point, in_process, echo, forwarder, threads)
 
 
-def _run_one(grid: Grid, point: GridPoint, in_process: bool, echo: bool) -> int:
+def _run_one(grid: Grid, point: GridPoint, in_process: bool, echo: bool,
+             forwarder: Optional[_Forwarder] = None, threads: Optional[int] = None) -> int:
     folder = grid.point_dir(point)
     argv = grid.point_argv(point)
     resumed = argv[argv.index("--ckpt_path") + 1] if "--ckpt_path" in argv else None
@@ -82,7 +134,8 @@ def _run_one(grid: Grid, point: GridPoint, in_process: bool, echo: bool) -> int:
             if in_process:
                 code = _run_in_process(argv, log)
             else:
-                code = _run_subprocess(command, log, cwd=grid.cwd if os.path.isdir(grid.cwd) else None, echo=echo)
+                code = _run_subprocess(command, log, cwd=grid.cwd if os.path.isdir(grid.cwd) else None, echo=echo,
+                                       forwarder=forwarder, threads=threads)
         except StudyInterrupted as stop:
             stop.point = point.name
             log.write(f"=== stopped by a signal (exit status {stop.returncode}) after {time.time() - start:.1f} s\n")
@@ -141,145 +194,146 @@ def _fit(argv: list[str]) -> None:
     run_lightning(list(argv))
 
 
-def _run_subprocess(command: list[str], log: TextIO, cwd: Optional[str], echo: bool) -> int:
+def _run_subprocess(command: list[str], log: TextIO, cwd: Optional[str], echo: bool,
+                    forwarder: Optional[_Forwarder] = None, threads: Optional[int] = None) -> int:
     """The run as a child in its own session, its output streamed to the log (and the console with
     ``echo``); SIGINT and SIGTERM reaching this process reach it as SIGTERM (it saves ``last.ckpt``)."""
     env = dict(os.environ)
     env.pop("WANDB_SERVICE", None)  # a W&B service of this process: the run starts its own
     env.setdefault("PYTHONUNBUFFERED", "1")
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd, env=env,
-                            start_new_session=True)
-    received: list[int] = []
-
-    def forward(signum, frame) -> None:
-        received.append(signum)
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM if len(received) == 1 else signal.SIGKILL)
-
-    previous = {}
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(ValueError):  # not the main thread: no handlers
-            previous[signum] = signal.signal(signum, forward)
-    try:
-        assert proc.stdout is not None
-        for raw in iter(proc.stdout.readline, b""):
-            line = raw.decode("utf-8", errors="replace")
-            log.write(line)
-            if echo:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-        code = proc.wait()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    if received:
-        raise StudyInterrupted("", code if code else 128 + received[0])
+    if threads:
+        env.setdefault("OMP_NUM_THREADS", str(threads))
+    own = forwarder is None
+    forwarder = forwarder or _Forwarder()
+    with forwarder.installed() if own else contextlib.nullcontext():
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd, env=env,
+                                start_new_session=True)
+        forwarder.add(proc)
+        try:
+            assert proc.stdout is not None
+            for raw in iter(proc.stdout.readline, b""):
+                line = raw.decode("utf-8", errors="replace")
+                log.write(line)
+                if echo:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+            code = proc.wait()
+        finally:
+            forwarder.remove(proc)
+            proc.stdout.close()
+    if forwarder.received:
+        raise StudyInterrupted("", code if code else 128 + forwarder.received[0])
     return code
 
 
+def run_order(grid: Grid) -> list[GridPoint]:
+    """The points seed by seed: every point's first seed (in grid order), then every second seed
+    ...; a grid without seeds in its points keeps its order."""
+    seeds = list(dict.fromkeys(p.params.get("seed") for p in grid.points))
+    rank = {seed: i for i, seed in enumerate(seeds)}
+    return sorted(grid.points, key=lambda p: rank[p.params.get("seed")])  # stable: grid order within a seed
+
+
+def _cores() -> int:
+    """The cores this process may run on (a SLURM allocation's, not the machine's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def check_workers(workers: int, in_process: bool) -> None:
+    """Refuse ``workers`` the local engine cannot run, in one line."""
+    if workers < 1:
+        raise UserError(f"--workers {workers}: give 1 or more")
+    if workers > 1 and in_process:
+        raise UserError(f"--workers {workers} runs each point as a subprocess: drop --in_process "
+                        "(one process trains one point at a time)")
+
+
 def run_grid(grid: Grid, in_process: bool = False, dry_run: bool = False, echo: bool = False,
-             say: Callable[[str], None] = logger.info) -> dict[str, int]:
-    """The local engine: every point not done, one after another; returns counts per outcome
-    (``skipped``, ``ran``, ``resumed``, ``failed``, ``busy``: run by another process meanwhile). Raises :class:`StudyInterrupted` when a signal
-    stopped the running point (the study resumes when run again)."""
+             say: Callable[[str], None] = logger.info, workers: int = 1) -> dict[str, int]:
+    """The local engine: every point not done (:func:`run_order`), ``workers`` at a time; returns
+    counts per outcome (``skipped``, ``ran``, ``resumed``, ``failed``, ``busy``: run by another
+    process meanwhile). Raises :class:`StudyInterrupted` when a signal stopped the running points
+    (the study resumes when run again), after every running point saved its ``last.ckpt``.
+    ``workers`` > 1 runs subprocesses only; each gets ``OMP_NUM_THREADS`` = its share of the
+    cores where the environment sets none."""
+    check_workers(workers, in_process)
     counts = {"skipped": 0, "ran": 0, "resumed": 0, "failed": 0, "busy": 0}
-    n = len(grid.points)
-    for i, point in enumerate(grid.points):
+    order = run_order(grid)
+    n = len(order)
+    forwarder = _Forwarder() if workers > 1 else None
+    threads = max(1, _cores() // workers) if workers > 1 else None
+    lock = threading.Lock()
+
+    def count(outcome: str) -> None:
+        with lock:
+            counts[outcome] += 1
+
+    def attempt(position: int, point: GridPoint) -> None:
         state = grid.state(point)
-        tag = f"[{i + 1}/{n}] {point.name}"
+        tag = f"[{position + 1}/{n}] {point.name}"
         if state.state == "done":
-            counts["skipped"] += 1
+            count("skipped")
             say(f"{tag}: done ({state.summary.get('status')}), skipped")
-            continue
+            return
         if dry_run:
             say(f"{tag}: {state.state}\n  {shlex.join([*rescale_command(), *grid.point_argv(point)])}")
-            continue
+            return
         resuming = state.state == "partial"
         say(f"{tag}: {'resuming from ' + str(state.checkpoint) if resuming else 'running'} "
             f"(log: {os.path.join(grid.point_dir(point), LOG_FILE)})")
         start = time.time()
         try:
-            code = run_one(grid, point, in_process=in_process, echo=echo)  # StudyInterrupted: stop here
+            code = run_one(grid, point, in_process=in_process, echo=echo, forwarder=forwarder, threads=threads)
         except FolderBusy as busy:  # a SLURM task or another study runs it: leave it to them
-            counts["busy"] += 1
+            count("busy")
             say(f"{tag}: running in another process ({busy.holder}), skipped")
-            continue
+            return
         after = grid.state(point)
         if code == 0 and after.state == "done":
-            counts["resumed" if resuming else "ran"] += 1
+            count("resumed" if resuming else "ran")
             status = after.summary.get("status")
             if status == "diverged":
                 status += f" at step {after.summary.get('diverged_step')}"
             say(f"{tag}: {status} ({time.time() - start:.1f} s)")
         else:
-            counts["failed"] += 1
+            count("failed")
             error = (after.outcome or {}).get("error")
             say(f"{tag}: failed (exit status {code}): {error}")
+
+    if forwarder is None or dry_run:
+        for position, point in enumerate(order):
+            attempt(position, point)  # StudyInterrupted: stop here
+        return counts
+    _in_parallel(list(enumerate(order)), attempt, workers, forwarder)
     return counts
 
 
-# --- cluster engines ----------------------------------------------------------------------------------
-def write_slurm(grid: Grid, partition: Optional[str] = None, gres: Optional[str] = "gpu:1",
-                time_limit: str = "24:00:00", cpus_per_task: int = 8, max_parallel: Optional[int] = None,
-                extra: tuple[str, ...] = (), job_name: Optional[str] = None) -> str:
-    """``<study_dir>/slurm.sbatch``: one array task per grid point (task id = point index), each
-    running or resuming its point; SIGTERM two minutes before the time limit, requeued on
-    preemption (143). Submitting it again only runs the points not done."""
-    n = len(grid.points)
-    if n == 0:
-        raise UserError("the grid has no points: nothing to submit")
-    os.makedirs(os.path.join(grid.study_dir, "slurm"), exist_ok=True)
-    array = f"0-{n - 1}" + (f"%{max_parallel}" if max_parallel else "")
-    lines = ["#!/bin/bash",
-             f"# rescale study {grid.kind}: {n} grid points, one array task each ({GRID_FILE} lists them).",
-             "# A task runs its point, or resumes it from last.ckpt; a point already done exits at once,",
-             "# so the script can be submitted again to finish a study. Results: rescale study aggregate "
-             + shlex.quote(grid.study_dir),
-             f"#SBATCH --job-name={job_name or 'rescale-' + grid.kind}",
-             f"#SBATCH --array={array}"]
-    if partition:
-        lines.append(f"#SBATCH --partition={partition}")
-    if gres:
-        lines.append(f"#SBATCH --gres={gres}")
-    lines += [f"#SBATCH --cpus-per-task={cpus_per_task}",
-              f"#SBATCH --time={time_limit}",
-              f"#SBATCH --output={os.path.join(grid.study_dir, 'slurm', '%A_%a.out')}",
-              "#SBATCH --signal=TERM@120",
-              "#SBATCH --requeue",
-              "#SBATCH --open-mode=append"]
-    lines += [f"#SBATCH {option}" for option in extra]
-    lines += ["",
-              f"cd {shlex.quote(grid.cwd)}",
-              f"srun {shlex.join(rescale_command())} study run-point {shlex.quote(grid.study_dir)} "
-              '"$SLURM_ARRAY_TASK_ID"',
-              "status=$?",
-              'if [ "$status" -eq 143 ]; then scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"; fi',
-              'exit "$status"', ""]
-    path = os.path.join(grid.study_dir, "slurm.sbatch")
-    write_atomically(path, "\n".join(lines))
-    os.chmod(path, 0o755)
-    return path
+def _in_parallel(items: list, attempt: Callable, workers: int, forwarder: _Forwarder) -> None:
+    """``attempt(*item)`` for every item, ``workers`` threads taking the next item as they are
+    free; none taken after a signal or an error, which is raised once every thread has ended."""
+    pending, lock, stops = iter(items), threading.Lock(), []
 
+    def work() -> None:
+        while True:
+            with lock:
+                item = None if stops or forwarder.received else next(pending, None)
+            if item is None:
+                return
+            try:
+                attempt(*item)
+            except BaseException as err:  # noqa: BLE001 - raised in the main thread below
+                with lock:
+                    stops.append(err)
+                return
 
-def write_sweep(grid: Grid, project: Optional[str] = None) -> str:
-    """``<study_dir>/sweep.yaml``: a W&B grid sweep over the point index. ``wandb agent`` runs
-    ``rescale study run-point <study_dir> --point=<i>`` (``${args}`` expands to ``--point=<i>``),
-    and the run joins the sweep through the agent's ``WANDB_RUN_ID``."""
-    if not grid.points:
-        raise UserError("the grid has no points: nothing to sweep")
-    program, *rest = rescale_command()
-    sweep: dict[str, Any] = {
-        "name": f"rescale-study-{grid.kind}-{os.path.basename(grid.study_dir)}",
-        "description": f"rescale study {grid.kind}: {len(grid.points)} grid points of {grid.path}",
-        "program": program,
-        "method": "grid",
-        "parameters": {"point": {"values": list(range(len(grid.points)))}},
-        "command": ["${env}", "${program}", *rest, "study", "run-point", grid.study_dir, "${args}"],
-    }
-    if project:
-        sweep["project"] = project
-    path = os.path.join(grid.study_dir, "sweep.yaml")
-    with atomic_open(path) as f:
-        f.write(f"# wandb sweep {shlex.quote(path)}; then wandb agent <entity>/<project>/<sweep id>\n")
-        yaml.safe_dump(sweep, f, sort_keys=False)
-    return path
+    threads = [threading.Thread(target=work, name=f"study-worker-{i}", daemon=True) for i in range(workers)]
+    with forwarder.installed():
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    interrupted = [e for e in stops if isinstance(e, StudyInterrupted)]
+    if stops:
+        raise (interrupted or stops)[0]

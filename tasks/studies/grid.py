@@ -162,9 +162,13 @@ class Grid:
         """Write ``grid.json`` with each point's :meth:`configs_digest`; refuse when the folder
         holds a point of the same name that ran with other settings (its results would be mixed up
         with this grid's), an edited config included."""
+        digests: dict[tuple, str] = {}  # points share configs: read each set of YAML layers once
         for point in self.points:
             if point.config_digest is None:
-                point.config_digest = self.configs_digest(point)
+                key = tuple(point.configs)
+                if key not in digests:
+                    digests[key] = self.configs_digest(point)
+                point.config_digest = digests[key]
         if os.path.isfile(self.path):
             old = Grid.load(self.study_dir)
             by_name = {p.name: p for p in old.points}

@@ -18,9 +18,9 @@ Common: ``--out STUDY_DIR`` (default ``studies/<kind>``), ``--engine local|slurm
 - ``seeds``: any config over N seeds; every final and best metric as mean, sample std (n-1), n,
   min and max, and the diverged runs.
 
-The engines: ``local`` runs the points one after another here (each a ``rescale fit``
-subprocess; running the command again skips finished points and resumes interrupted ones from
-their ``last.ckpt``), then writes the tables; ``slurm`` writes ``STUDY_DIR/slurm.sbatch`` (a job
+The engines: ``local`` runs the points here, one after another or ``--workers N`` at once, seed
+by seed (each a ``rescale fit`` subprocess; running the command again skips finished points and
+resumes interrupted ones from their ``last.ckpt``), then writes the tables; ``slurm`` writes ``STUDY_DIR/slurm.sbatch`` (a job
 array, one task per point) and ``wandb`` writes ``STUDY_DIR/sweep.yaml`` (for ``wandb agent``),
 and print how to submit them; ``rescale study aggregate STUDY_DIR`` then reads the results.
 One study command at a time works in a folder (a second is refused in one line naming the first,
@@ -40,7 +40,8 @@ from ..common.errors import UserArgumentParser as _Parser, UserError
 from ..common.system import folder_lock
 from .aggregate import aggregate
 from .compare import METRICS
-from .engines import StudyInterrupted, run_grid, run_one, write_slurm, write_sweep
+from .cluster import write_slurm, write_sweep
+from .engines import StudyInterrupted, check_workers, run_grid, run_one
 from .grid import LOG_FILE, Grid, GridPoint, rescale_command, wandb_project
 from .points import (BATCH_LR_CONFIG, BATCH_LR_SCHEMES, BATCH_SIZES, DEFAULT_SEEDS, DEPTH_CONFIG, DEPTH_DEPTHS,
                      DEPTH_SCHEMES, KEYS, LR_GRID, batch_lr_points, depth_points, parse_lr_grid, seed_points)
@@ -64,6 +65,9 @@ def _add_common(p: argparse.ArgumentParser, kind: str) -> None:
     g.add_argument("--in_process", action="store_true",
                    help="local engine: run the points in this process instead of one subprocess each "
                         "(saves the start-up per point; tests and notebooks)")
+    g.add_argument("--workers", type=int, default=1,
+                   help="local engine: run this many points at once, each a rescale fit subprocess with its "
+                        "share of the cores as OMP_NUM_THREADS where none is set (default: %(default)s)")
     g.add_argument("--echo", action="store_true", help="local engine: show the runs' output (always in their log.txt)")
     g.add_argument("--seed", type=int, default=0, help="--seed_everything of every point (default: %(default)s)")
     g.add_argument("--budget_epochs", type=int, help="training budget of every point: --trainer.max_epochs")
@@ -112,6 +116,7 @@ def _configs(args, default: Optional[str]) -> list[str]:
 
 
 def _run_study(args, grid: Grid) -> int:
+    check_workers(args.workers, args.in_process)
     if args.dry_run:
         log.info(f"study {grid.study_dir}: {len(grid.points)} points (dry run: nothing run or written)")
         run_grid(grid, dry_run=True)
@@ -141,14 +146,15 @@ def _run_locked(args, grid: Grid) -> int:
                  f"then, on each machine: wandb agent <entity>/{project}/<sweep id>\n"
                  f"results: rescale study aggregate {shlex.quote(grid.study_dir)}")
         return 0
-    log.info(f"study {grid.study_dir}: {n} points, one after another "
+    at_once = "one after another" if args.workers == 1 else f"{args.workers} at once"
+    log.info(f"study {grid.study_dir}: {n} points, {at_once} "
              f"({'in this process' if args.in_process else 'each a rescale fit subprocess'})")
     try:
-        counts = run_grid(grid, in_process=args.in_process, echo=args.echo,
-                          say=log.info)
+        counts = run_grid(grid, in_process=args.in_process, echo=args.echo, say=log.info, workers=args.workers)
     except StudyInterrupted as stop:
-        log.error(f"error: study interrupted while running {stop.point} (its last.ckpt is kept); run the same "
-                  f"command again to resume it")
+        log.error(f"error: study interrupted while running {stop.point} (its last.ckpt is kept"
+                  f"{'; so are those of the points running beside it' if args.workers > 1 else ''}); "
+                  f"run the same command again to resume")
         return stop.returncode or 128 + signal.SIGTERM
     busy = f", {counts['busy']} running elsewhere" if counts["busy"] else ""
     log.info(f"points: {counts['ran']} run, {counts['resumed']} resumed, {counts['skipped']} already done, "

@@ -318,3 +318,68 @@ def test_a_point_running_elsewhere_is_neither_run_again_nor_waited_for(tmp_path,
         assert f"[1/2] seed0: running in another process (pid {os.getpid()} " in out
         assert "points: 1 run, 0 resumed, 0 already done, 0 failed, 1 running elsewhere" in out
     assert [grid.status(p) for p in grid.points] == ["todo", "done"]
+
+
+def test_a_study_over_seeds_runs_seed_by_seed(tmp_path, run_config, capsys, error_line):
+    """The local engine runs every point's first seed before any second seed (a study stopped
+    half-way has whole tables of its first seeds); --workers it cannot run is one line."""
+    config = tiny(run_config, tmp_path / "tiny.yaml")
+    study = ["study", "depth", "--config", config, "--depths", "8", "14", "--schemes", "none", "rescale",
+             "--seeds", "2", "--out", "depth"]
+    assert main([*study, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    names = [line.split("] ")[1].split(":")[0] for line in out.splitlines() if line.startswith("[")]
+    assert names == ["d8-none-s0", "d14-none-s0", "d8-rescale-s0", "d14-rescale-s0",
+                     "d8-none-s1", "d14-none-s1", "d8-rescale-s1", "d14-rescale-s1"]
+    assert main([*study, "--workers", "2", "--in_process"]) == 2
+    assert error_line() == "--workers 2 runs each point as a subprocess: drop --in_process (one process trains " \
+                           "one point at a time)"
+    assert main([*study, "--workers", "0"]) == 2
+    assert error_line() == "--workers 0: give 1 or more"
+    assert not (tmp_path / "depth").exists()  # refused before anything was written
+
+
+def test_workers_run_points_at_once_and_a_signal_stops_and_resumes_them_all(tmp_path, run_config, monkeypatch,
+                                                                           capsys):
+    """--workers 2: two points train at the same time, each a ``rescale fit`` process (forked from
+    the suite's zygote, as the engine's ``subprocess.Popen`` would start it); the probe makes both
+    meet at step 3 (they never would one after another) and then sends SIGTERM to the study, which
+    passes it to both: each saves its last.ckpt at step 3 and the study ends with 143. The same
+    command resumes both to the end."""
+    import signal
+    import subprocess
+    import types
+
+    from rescale_tasks.studies import engines
+
+    monkeypatch.setattr(engines, "subprocess", types.SimpleNamespace(**{**vars(subprocess), "Popen": forked.popen}))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # stop_probe.py, for the points' processes
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    probe = {"class_path": "stop_probe.StopTogether",
+             "init_args": {"step": 3, "folder": str(meet), "parties": 2, "pid": os.getpid()}}
+    config = tiny(run_config, tmp_path / "seeds.yaml", max_epochs=2, limit_train_batches=6, callbacks=[probe])
+    study = ["study", "seeds", "--config", config, "--seeds", "2", "--out", "seeds"]
+    handler = signal.getsignal(signal.SIGTERM)
+
+    assert main([*study, "--workers", "2"]) == 128 + signal.SIGTERM
+    out = capsys.readouterr()
+    assert "2 points, 2 at once (each a rescale fit subprocess)" in out.out
+    assert "error: study interrupted while running seed" in out.err and "so are those of the points" in out.err
+    assert signal.getsignal(signal.SIGTERM) is handler  # the study's forwarding is gone with it
+    assert len(list(meet.glob("at-*"))) == 2 and (meet / "sent").is_file()
+    grid = Grid.load("seeds")
+    assert [grid.status(p) for p in grid.points] == ["partial", "partial"]
+    for point in grid.points:
+        import torch
+
+        assert torch.load(grid.last_checkpoint(point), weights_only=True)["global_step"] == 3
+        log = (tmp_path / "seeds" / "points" / point.name / "log.txt").read_text()
+        assert log.count("=== ") == 2 and "stopped by a signal (exit status 143)" in log, log
+
+    assert main([*study, "--in_process"]) == 0
+    assert "points: 0 run, 2 resumed, 0 already done, 0 failed" in capsys.readouterr().out
+    for point in grid.points:
+        done = read_summary(f"seeds/points/{point.name}")
+        assert done["status"] == "finished" and done["steps"] == 12
+        assert [s for s, _ in done["curves"]["train/loss"]] == list(range(1, 13))  # both segments
