@@ -339,13 +339,14 @@ def test_a_study_over_seeds_runs_seed_by_seed(tmp_path, run_config, capsys, erro
     assert not (tmp_path / "depth").exists()  # refused before anything was written
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_workers_run_points_at_once_and_a_signal_stops_and_resumes_them_all(tmp_path, run_config, monkeypatch,
-                                                                           capsys):
+                                                                           capsys, workers):
     """--workers 2: two points train at the same time, each a ``rescale fit`` process (forked from
     the suite's zygote, as the engine's ``subprocess.Popen`` would start it); the probe makes both
     meet at step 3 (they never would one after another) and then sends SIGTERM to the study, which
     passes it to both: each saves its last.ckpt at step 3 and the study ends with 143. The same
-    command resumes both to the end."""
+    command resumes both to the end. --workers 1 (the default): the same with one point."""
     import signal
     import subprocess
     import types
@@ -357,19 +358,21 @@ def test_workers_run_points_at_once_and_a_signal_stops_and_resumes_them_all(tmp_
     meet = tmp_path / "meet"
     meet.mkdir()
     probe = {"class_path": "stop_probe.StopTogether",
-             "init_args": {"step": 3, "folder": str(meet), "parties": 2, "pid": os.getpid()}}
+             "init_args": {"step": 3, "folder": str(meet), "parties": workers, "pid": os.getpid()}}
     config = tiny(run_config, tmp_path / "seeds.yaml", max_epochs=2, limit_train_batches=6, callbacks=[probe])
-    study = ["study", "seeds", "--config", config, "--seeds", "2", "--out", "seeds"]
+    study = ["study", "seeds", "--config", config, "--seeds", str(workers), "--out", "seeds"]
     handler = signal.getsignal(signal.SIGTERM)
 
-    assert main([*study, "--workers", "2"]) == 128 + signal.SIGTERM
+    assert main([*study, "--workers", str(workers)]) == 128 + signal.SIGTERM
     out = capsys.readouterr()
-    assert "2 points, 2 at once (each a rescale fit subprocess)" in out.out
-    assert "error: study interrupted while running seed" in out.err and "so are those of the points" in out.err
+    at_once = "2 points, 2 at once" if workers == 2 else "1 points, one after another"
+    assert f"{at_once} (each a rescale fit subprocess)" in out.out
+    assert "error: study interrupted while running seed" in out.err
+    assert ("so are those of the points" in out.err) == (workers == 2)
     assert signal.getsignal(signal.SIGTERM) is handler  # the study's forwarding is gone with it
-    assert len(list(meet.glob("at-*"))) == 2 and (meet / "sent").is_file()
+    assert len(list(meet.glob("at-*"))) == workers and (meet / "sent").is_file()
     grid = Grid.load("seeds")
-    assert [grid.status(p) for p in grid.points] == ["partial", "partial"]
+    assert [grid.status(p) for p in grid.points] == ["partial"] * workers
     for point in grid.points:
         import torch
 
@@ -378,7 +381,7 @@ def test_workers_run_points_at_once_and_a_signal_stops_and_resumes_them_all(tmp_
         assert log.count("=== ") == 2 and "stopped by a signal (exit status 143)" in log, log
 
     assert main([*study, "--in_process"]) == 0
-    assert "points: 0 run, 2 resumed, 0 already done, 0 failed" in capsys.readouterr().out
+    assert f"points: 0 run, {workers} resumed, 0 already done, 0 failed" in capsys.readouterr().out
     for point in grid.points:
         done = read_summary(f"seeds/points/{point.name}")
         assert done["status"] == "finished" and done["steps"] == 12
