@@ -59,16 +59,15 @@ class _Forwarder:
     ``last.ckpt``), a second as SIGKILL; a point starting after a signal gets it at once."""
 
     def __init__(self) -> None:
-        self.children: set[subprocess.Popen] = set()
+        self.children: dict[subprocess.Popen, int] = {}  # each running point: how many signals it got
         self.received: list[int] = []
-        self._sent: dict[subprocess.Popen, int] = {}  # how many of the signals each child got
         self._lock = threading.Lock()  # (never taken by the handler: it may interrupt its holder)
 
     def _send(self, proc: subprocess.Popen) -> None:
-        level = len(self.received)
-        if self._sent.get(proc, 0) >= level:  # the handler and add() both saw this child
+        level, sent = len(self.received), self.children.get(proc)
+        if sent is None or sent >= level:  # ended, or the handler and add() both saw it
             return
-        self._sent[proc] = level
+        self.children[proc] = level
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM if level == 1 else signal.SIGKILL)
 
@@ -79,14 +78,13 @@ class _Forwarder:
 
     def add(self, proc: subprocess.Popen) -> None:
         with self._lock:
-            self.children.add(proc)
+            self.children[proc] = 0
         if self.received:
             self._send(proc)
 
     def remove(self, proc: subprocess.Popen) -> None:
         with self._lock:
-            self.children.discard(proc)
-            self._sent.pop(proc, None)
+            self.children.pop(proc, None)
 
     @contextlib.contextmanager
     def installed(self):
