@@ -3,11 +3,11 @@ cluster engines, SLURM and W&B sweeps, write files for a scheduler: :mod:`.clust
 
 :func:`run_grid` runs the todo, failed and partial points, each as a subprocess of the installed
 ``rescale`` (``in_process=True``: in this process, for tests), one after another or ``workers``
-at once; seed by seed (the first seed of every point before the second), so a study stopped
-half-way has whole tables of its first seeds. Finished points are never repeated, so running the
-study again resumes where it stopped. SIGINT (Ctrl-C) and SIGTERM are passed to every running
-point as SIGTERM: each saves its ``last.ckpt`` and the study stops, to be resumed by the same
-command. :func:`run_one` runs one point (``rescale study run-point``: a SLURM array task, a sweep
+at once (each with its share of the cores and of the GPUs); seed by seed (the first seed of
+every point before the second), so a study stopped half-way has whole tables of its first
+seeds. Finished points are never repeated, so running the study again resumes where it stopped.
+SIGINT (Ctrl-C) and SIGTERM are passed to every running point as SIGTERM: each saves its
+``last.ckpt`` and the study stops, to be resumed by the same command. :func:`run_one` runs one point (``rescale study run-point``: a SLURM array task, a sweep
 agent's run).
 """
 from __future__ import annotations
@@ -30,7 +30,8 @@ from ..common.run import SUMMARY_FILE
 from ..common.system import FolderBusy, folder_lock
 from .grid import LOG_FILE, OUTCOME_FILE, Grid, GridPoint, rescale_command, write_json
 
-__all__ = ["StudyInterrupted", "check_workers", "run_grid", "run_one", "run_order"]
+__all__ = ["StudyInterrupted", "check_workers", "run_grid", "run_one", "run_order", "visible_gpus",
+           "worker_devices"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,21 +103,24 @@ class _Forwarder:
 
 
 def run_one(grid: Grid, point: GridPoint, in_process: bool = False, echo: bool = False,
-            forwarder: Optional[_Forwarder] = None, threads: Optional[int] = None) -> int:
+            forwarder: Optional[_Forwarder] = None, threads: Optional[int] = None,
+            devices: Optional[str] = None) -> int:
     """Run (or resume) one point, its output appended to its ``log.txt``; returns the exit status
     and writes ``outcome.json``. Never raises for a failing run; :class:`~..common.system.FolderBusy`
     when another process is running the point; :class:`UserError` when its configs were edited
     since the grid was written (:meth:`Grid.check_configs`). ``forwarder``: the signal forwarding
     of a study running several points at once (else the point's own); ``threads``: the run's
-    ``OMP_NUM_THREADS`` where the environment sets none."""
+    ``OMP_NUM_THREADS`` where the environment sets none; ``devices``: its ``CUDA_VISIBLE_DEVICES``
+    (:func:`worker_devices`)."""
     grid.check_configs(point)
     with folder_lock(grid.point_dir(point), f"grid point {point.name} at",
                      "the point is running there; wait until it ends"):
-        return _run_one(grid, point, in_process, echo, forwarder, threads)
+        return _run_one(grid, point, in_process, echo, forwarder, threads, devices)
 
 
 def _run_one(grid: Grid, point: GridPoint, in_process: bool, echo: bool,
-             forwarder: Optional[_Forwarder] = None, threads: Optional[int] = None) -> int:
+             forwarder: Optional[_Forwarder] = None, threads: Optional[int] = None,
+             devices: Optional[str] = None) -> int:
     folder = grid.point_dir(point)
     argv = grid.point_argv(point)
     resumed = argv[argv.index("--ckpt_path") + 1] if "--ckpt_path" in argv else None
@@ -133,7 +137,7 @@ def _run_one(grid: Grid, point: GridPoint, in_process: bool, echo: bool,
                 code = _run_in_process(argv, log)
             else:
                 code = _run_subprocess(command, log, cwd=grid.cwd if os.path.isdir(grid.cwd) else None, echo=echo,
-                                       forwarder=forwarder, threads=threads)
+                                       forwarder=forwarder, threads=threads, devices=devices)
         except StudyInterrupted as stop:
             stop.point = point.name
             log.write(f"=== stopped by a signal (exit status {stop.returncode}) after {time.time() - start:.1f} s\n")
@@ -193,7 +197,8 @@ def _fit(argv: list[str]) -> None:
 
 
 def _run_subprocess(command: list[str], log: TextIO, cwd: Optional[str], echo: bool,
-                    forwarder: Optional[_Forwarder] = None, threads: Optional[int] = None) -> int:
+                    forwarder: Optional[_Forwarder] = None, threads: Optional[int] = None,
+                    devices: Optional[str] = None) -> int:
     """The run as a child in its own session, its output streamed to the log (and the console with
     ``echo``); SIGINT and SIGTERM reaching this process reach it as SIGTERM (it saves ``last.ckpt``)."""
     env = dict(os.environ)
@@ -201,6 +206,8 @@ def _run_subprocess(command: list[str], log: TextIO, cwd: Optional[str], echo: b
     env.setdefault("PYTHONUNBUFFERED", "1")
     if threads:
         env.setdefault("OMP_NUM_THREADS", str(threads))
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = devices
     own = forwarder is None
     forwarder = forwarder or _Forwarder()
     with forwarder.installed() if own else contextlib.nullcontext():
@@ -239,6 +246,43 @@ def _cores() -> int:
     return os.cpu_count() or 1
 
 
+def visible_gpus() -> list[str]:
+    """The GPUs this process's children may use: the entries of ``CUDA_VISIBLE_DEVICES`` where
+    it is set (up to the first that hides the rest, as ``-1`` does), else every GPU torch counts."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    gpus = []
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry or entry.startswith("-"):
+            break
+        gpus.append(entry)
+    return gpus
+
+
+def worker_devices(workers: int, gpus: list[str]) -> tuple[list[Optional[str]], Optional[str]]:
+    """Each worker's ``CUDA_VISIBLE_DEVICES`` (None: left as it is) and a line saying how the
+    GPUs were shared (None without GPUs or with one worker). Every worker gets as many GPUs as
+    every other, so that each point trains on the same devices (a GPU count changes
+    ``devices: auto``'s batch): ``len(gpus) // workers`` each, those left over unused; with fewer
+    GPUs than workers, one each in turn, shared."""
+    if workers < 2 or not gpus:
+        return [None] * workers, None
+    if len(gpus) >= workers:
+        share = len(gpus) // workers
+        chosen = [",".join(gpus[i * share:(i + 1) * share]) for i in range(workers)]
+        unused = gpus[workers * share:]
+        note = f"unused: {','.join(unused)} ({len(gpus)} GPUs do not split evenly over {workers} workers)" \
+            if unused else f"{share} each"
+    else:
+        chosen = [gpus[i % len(gpus)] for i in range(workers)]
+        note = f"{workers} workers share {len(gpus)} GPUs"
+    return chosen, "GPUs (CUDA_VISIBLE_DEVICES) per worker: " + "; ".join(
+        f"{i + 1}: {d}" for i, d in enumerate(chosen)) + f" ({note})"
+
+
 def check_workers(workers: int, in_process: bool) -> None:
     """Refuse ``workers`` the local engine cannot run, in one line."""
     if workers < 1:
@@ -255,20 +299,24 @@ def run_grid(grid: Grid, in_process: bool = False, dry_run: bool = False, echo: 
     process meanwhile). Raises :class:`StudyInterrupted` when a signal stopped the running points
     (the study resumes when run again), after every running point saved its ``last.ckpt``.
     ``workers`` > 1 runs subprocesses only; each gets ``OMP_NUM_THREADS`` = its share of the
-    cores where the environment sets none."""
+    cores where the environment sets none, and its share of the GPUs as ``CUDA_VISIBLE_DEVICES``
+    (:func:`worker_devices`)."""
     check_workers(workers, in_process)
     counts = {"skipped": 0, "ran": 0, "resumed": 0, "failed": 0, "busy": 0}
     order = run_order(grid)
     n = len(order)
     forwarder = _Forwarder() if workers > 1 else None
     threads = max(1, _cores() // workers) if workers > 1 else None
+    devices, shared = worker_devices(workers, visible_gpus() if workers > 1 and not dry_run else [])
+    if shared:
+        say(shared)
     lock = threading.Lock()
 
     def count(outcome: str) -> None:
         with lock:
             counts[outcome] += 1
 
-    def attempt(position: int, point: GridPoint) -> None:
+    def attempt(position: int, point: GridPoint, worker: int = 0) -> None:
         state = grid.state(point)
         tag = f"[{position + 1}/{n}] {point.name}"
         if state.state == "done":
@@ -279,11 +327,13 @@ def run_grid(grid: Grid, in_process: bool = False, dry_run: bool = False, echo: 
             say(f"{tag}: {state.state}\n  {shlex.join([*rescale_command(), *grid.point_argv(point)])}")
             return
         resuming = state.state == "partial"
-        say(f"{tag}: {'resuming from ' + str(state.checkpoint) if resuming else 'running'} "
+        gpus = f" on GPU {devices[worker]}" if devices[worker] is not None else ""
+        say(f"{tag}: {'resuming from ' + str(state.checkpoint) if resuming else 'running'}{gpus} "
             f"(log: {os.path.join(grid.point_dir(point), LOG_FILE)})")
         start = time.time()
         try:
-            code = run_one(grid, point, in_process=in_process, echo=echo, forwarder=forwarder, threads=threads)
+            code = run_one(grid, point, in_process=in_process, echo=echo, forwarder=forwarder, threads=threads,
+                           devices=devices[worker])
         except FolderBusy as busy:  # a SLURM task or another study runs it: leave it to them
             count("busy")
             say(f"{tag}: running in another process ({busy.holder}), skipped")
@@ -304,29 +354,37 @@ def run_grid(grid: Grid, in_process: bool = False, dry_run: bool = False, echo: 
         for position, point in enumerate(order):
             attempt(position, point)  # StudyInterrupted: stop here
         return counts
-    _in_parallel(list(enumerate(order)), attempt, workers, forwarder)
+    todo = []
+    for position, point in enumerate(order):  # the finished points said here, in order, not by the workers
+        if grid.state(point).state == "done":
+            attempt(position, point)
+        else:
+            todo.append((position, point))
+    _in_parallel(todo, attempt, workers, forwarder)
     return counts
 
 
 def _in_parallel(items: list, attempt: Callable, workers: int, forwarder: _Forwarder) -> None:
-    """``attempt(*item)`` for every item, ``workers`` threads taking the next item as they are
-    free; none taken after a signal or an error, which is raised once every thread has ended."""
+    """``attempt(*item, worker)`` for every item, ``workers`` threads (``worker``: 0, 1, ...)
+    taking the next item as they are free; none taken after a signal or an error, which is raised
+    once every thread has ended."""
     pending, lock, stops = iter(items), threading.Lock(), []
 
-    def work() -> None:
+    def work(worker: int) -> None:
         while True:
             with lock:
                 item = None if stops or forwarder.received else next(pending, None)
             if item is None:
                 return
             try:
-                attempt(*item)
+                attempt(*item, worker)
             except BaseException as err:  # noqa: BLE001 - raised in the main thread below
                 with lock:
                     stops.append(err)
                 return
 
-    threads = [threading.Thread(target=work, name=f"study-worker-{i}", daemon=True) for i in range(workers)]
+    threads = [threading.Thread(target=work, args=(i,), name=f"study-worker-{i}", daemon=True)
+               for i in range(workers)]
     with forwarder.installed():
         for thread in threads:
             thread.start()

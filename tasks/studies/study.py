@@ -67,7 +67,8 @@ def _add_common(p: argparse.ArgumentParser, kind: str) -> None:
                         "(saves the start-up per point; tests and notebooks)")
     g.add_argument("--workers", type=int, default=1,
                    help="local engine: run this many points at once, each a rescale fit subprocess with its "
-                        "share of the cores as OMP_NUM_THREADS where none is set (default: %(default)s)")
+                        "share of the cores as OMP_NUM_THREADS where none is set and of the GPUs as "
+                        "CUDA_VISIBLE_DEVICES (default: %(default)s)")
     g.add_argument("--echo", action="store_true", help="local engine: show the runs' output (always in their log.txt)")
     g.add_argument("--seed", type=int, default=0, help="--seed_everything of every point (default: %(default)s)")
     g.add_argument("--budget_epochs", type=int, help="training budget of every point: --trainer.max_epochs")

@@ -12,7 +12,8 @@ import lightning.pytorch as L
 
 
 class StopTogether(L.Callback):
-    """After training step ``step``, each run leaves a mark in ``folder`` and waits (at most
+    """After training step ``step``, each run leaves a mark in ``folder`` (holding the
+    ``CUDA_VISIBLE_DEVICES`` it was given, ``-`` for none) and waits (at most
     ``timeout`` s) until ``parties`` runs have; the first to see them all sends ``signum`` to
     ``pid``, and every run then waits ``linger`` s for what the signal brings. Once: a run that
     finds the signal sent (a resumed one) does nothing."""
@@ -26,7 +27,8 @@ class StopTogether(L.Callback):
         sent = os.path.join(self.folder, "sent")
         if trainer.global_step != self.step or os.path.exists(sent):
             return
-        open(os.path.join(self.folder, f"at-{os.getpid()}"), "w").close()
+        with open(os.path.join(self.folder, f"at-{os.getpid()}"), "w") as mark:
+            mark.write(os.environ.get("CUDA_VISIBLE_DEVICES", "-"))
         deadline = time.monotonic() + self.timeout
         while sum(name.startswith("at-") for name in os.listdir(self.folder)) < self.parties:
             if time.monotonic() > deadline:

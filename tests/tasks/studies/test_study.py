@@ -339,6 +339,23 @@ def test_a_study_over_seeds_runs_seed_by_seed(tmp_path, run_config, capsys, erro
     assert not (tmp_path / "depth").exists()  # refused before anything was written
 
 
+def test_workers_get_equal_shares_of_the_gpus(monkeypatch):
+    from rescale_tasks.studies.engines import visible_gpus, worker_devices
+
+    eight = [str(i) for i in range(8)]
+    assert worker_devices(4, eight)[0] == ["0,1", "2,3", "4,5", "6,7"]
+    chosen, line = worker_devices(3, eight)
+    assert chosen == ["0,1", "2,3", "4,5"] and "unused: 6,7" in line  # equal shares: no point on 3 GPUs
+    chosen, line = worker_devices(3, ["0", "1"])
+    assert chosen == ["0", "1", "0"] and "3 workers share 2 GPUs" in line
+    assert worker_devices(1, eight) == ([None], None)  # one worker: every GPU, as it is
+    assert worker_devices(2, []) == ([None, None], None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-ab12, 3,-1,5")
+    assert visible_gpus() == ["GPU-ab12", "3"]  # as CUDA reads it: up to the first entry hiding the rest
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == []
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_workers_run_points_at_once_and_a_signal_stops_and_resumes_them_all(tmp_path, run_config, monkeypatch,
                                                                            capsys, workers):
@@ -346,7 +363,9 @@ def test_workers_run_points_at_once_and_a_signal_stops_and_resumes_them_all(tmp_
     the suite's zygote, as the engine's ``subprocess.Popen`` would start it); the probe makes both
     meet at step 3 (they never would one after another) and then sends SIGTERM to the study, which
     passes it to both: each saves its last.ckpt at step 3 and the study ends with 143. The same
-    command resumes both to the end. --workers 1 (the default): the same with one point."""
+    command resumes both to the end. Each worker is given its share of the GPUs named in
+    CUDA_VISIBLE_DEVICES (the probe writes down what its run saw; a GPU-less host runs the same
+    on its CPU). --workers 1 (the default): the same with one point, which sees them all."""
     import signal
     import subprocess
     import types
@@ -363,14 +382,18 @@ def test_workers_run_points_at_once_and_a_signal_stops_and_resumes_them_all(tmp_
     study = ["study", "seeds", "--config", config, "--seeds", str(workers), "--out", "seeds"]
     handler = signal.getsignal(signal.SIGTERM)
 
-    assert main([*study, "--workers", str(workers)]) == 128 + signal.SIGTERM
+    with monkeypatch.context() as gpus:  # the points' GPUs, not this process's (the resume below)
+        gpus.setenv("CUDA_VISIBLE_DEVICES", "4,7")
+        assert main([*study, "--workers", str(workers)]) == 128 + signal.SIGTERM
     out = capsys.readouterr()
     at_once = "2 points, 2 at once" if workers == 2 else "1 points, one after another"
     assert f"{at_once} (each a rescale fit subprocess)" in out.out
     assert "error: study interrupted while running seed" in out.err
     assert ("so are those of the points" in out.err) == (workers == 2)
     assert signal.getsignal(signal.SIGTERM) is handler  # the study's forwarding is gone with it
-    assert len(list(meet.glob("at-*"))) == workers and (meet / "sent").is_file()
+    assert sorted(mark.read_text() for mark in meet.glob("at-*")) == (["4", "7"] if workers == 2 else ["4,7"])
+    assert (meet / "sent").is_file()
+    assert ("GPUs (CUDA_VISIBLE_DEVICES) per worker: 1: 4; 2: 7 (1 each)" in out.out) == (workers == 2)
     grid = Grid.load("seeds")
     assert [grid.status(p) for p in grid.points] == ["partial"] * workers
     for point in grid.points:
@@ -386,3 +409,9 @@ def test_workers_run_points_at_once_and_a_signal_stops_and_resumes_them_all(tmp_
         done = read_summary(f"seeds/points/{point.name}")
         assert done["status"] == "finished" and done["steps"] == 12
         assert [s for s, _ in done["curves"]["train/loss"]] == list(range(1, 13))  # both segments
+
+    handed = []  # finished points are said in order by the study, not handed to its workers
+    monkeypatch.setattr(engines, "_in_parallel", lambda items, *args: handed.extend(items))
+    assert main([*study, "--workers", "2"]) == 0
+    said = [line.split("]")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert handed == [] and said == [f"[{k}/{workers}" for k in range(1, workers + 1)]
