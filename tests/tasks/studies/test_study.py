@@ -373,11 +373,12 @@ def test_workers_run_points_at_once_and_a_signal_stops_and_resumes_them_all(tmp_
     from rescale_tasks.studies import engines
 
     monkeypatch.setattr(engines, "subprocess", types.SimpleNamespace(**{**vars(subprocess), "Popen": forked.popen}))
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # stop_probe.py, for the points' processes
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[2]))  # signal_probe.py, for the points' processes
     meet = tmp_path / "meet"
     meet.mkdir()
-    probe = {"class_path": "stop_probe.StopTogether",
-             "init_args": {"step": 3, "folder": str(meet), "parties": workers, "pid": os.getpid()}}
+    probe = {"class_path": "signal_probe.SignalAt",
+             "init_args": {"step": 3, "marker": str(meet / "sent"), "parties": workers, "pid": os.getpid(),
+                           "linger": 2.0}}
     config = tiny(run_config, tmp_path / "seeds.yaml", max_epochs=2, limit_train_batches=6, callbacks=[probe])
     study = ["study", "seeds", "--config", config, "--seeds", str(workers), "--out", "seeds"]
     handler = signal.getsignal(signal.SIGTERM)

@@ -2,7 +2,7 @@
 
 Real ``rescale fit`` runs (in this process, and as two DDP processes over gloo) of a digits
 ResNet validating every 3 steps, with offline W&B runs, step checkpoints and a best-so-far
-checkpoint; a probe callback (``signal_probe.py``) sends SIGTERM to the run itself in training, in
+checkpoint; a probe callback (``tests/signal_probe.py``) sends SIGTERM to the run itself in training, in
 the middle of a validation, or in the validation at an epoch's end. The resumed run's
 ``run_summary.json`` (every validation, best and final values, steps, samples), its checkpoint
 files and weights, and its W&B history must be the uninterrupted run's. Resuming mid-epoch with
@@ -25,7 +25,7 @@ import forked
 from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.common.run import find_summaries, read_summary
 
-HERE = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[3]  # signal_probe.py, for the DDP processes
 RUN_ID = "life1"
 # where the signal comes: after training step 4; as the 2nd batch of the validation at step 3
 # (mid-epoch) or at step 6 (the epoch's end); as the last batch of the validation at step 3 (it
@@ -156,7 +156,7 @@ def test_after_an_epoch_end_the_batch_size_may_change(tmp_path, run_config, suit
 
 def _rescale_ddp(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     env.pop("WANDB_SERVICE", None)  # this process's W&B service: the runs get their own
     return forked.run([sys.executable, "-m", "rescale_tasks.cli", "fit", *args, "--trainer.devices", "2",
                            "--trainer.strategy", "ddp"], cwd=cwd, env=env, capture_output=True, text=True,
