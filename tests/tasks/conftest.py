@@ -381,12 +381,13 @@ def _csv_log(metrics_csv: Path) -> dict[str, list[float]]:
 
 @pytest.fixture
 def fit_at_precision(precision_run, tmp_path):
-    """``fit(args, steps, undefined=None) -> logged``: ``rescale fit *args`` on ``precision_run``'s
+    """``fit(args, steps, undefined=None, name="") -> logged``: ``rescale fit *args`` on ``precision_run``'s
     device, precision and compilation, logging every step to CSV. The run must end ``finished``
     after ``steps`` optimizer steps and at least one validation, with every logged training loss and
     validation number finite (NaN allowed for the validation keys matching the regular expression
     ``undefined``: a metric the data leaves undefined), finite weights in its checkpoint, and,
-    compiled, at least one graph compiled. Returns what was logged, ``{key: [values]}``."""
+    compiled, at least one graph compiled. Returns what was logged, ``{key: [values]}``. ``name``
+    tells apart the runs of one test (each in its own folder)."""
     import json
     import math
     import re
@@ -399,8 +400,8 @@ def fit_at_precision(precision_run, tmp_path):
 
     device, precision, compiled = precision_run
 
-    def fit(args: list[str], steps: int, undefined: Optional[str] = None) -> dict[str, list[float]]:
-        out = tmp_path / f"{device}-{precision}-{'compiled' if compiled else 'eager'}"
+    def fit(args: list[str], steps: int, undefined: Optional[str] = None, name: str = "") -> dict[str, list[float]]:
+        out = tmp_path / f"{device}-{precision}-{'compiled' if compiled else 'eager'}{name and '-' + name}"
         logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(out)}}
         torch._dynamo.reset()
         counters.clear()

@@ -68,11 +68,15 @@ def test_compiled_channels_last_run_through_the_cli(tmp_path, run_config, monkey
     torch._dynamo.reset()
 
 
-def test_mixed_precision_fit(fit_at_precision, run_config, tmp_path, monkeypatch):
+def test_mixed_precision_fit(fit_at_precision, precision_run, run_config, tmp_path, monkeypatch):
     """A channels_last RescaleNet trained past its measuring step under autocast (bf16; on a GPU also
-    fp16 with gradient scaling), eager and compiled: finite losses, validation and weights."""
+    fp16 with gradient scaling), eager and compiled: finite losses, validation and weights; the
+    NF-ResNet with AGC eager."""
     monkeypatch.chdir(tmp_path)
     config = run_config(tmp_path / "run.yaml",
                         model={"init_args": {"channels_last": True, "scheme_options": {"measure_batches": 1}}},
                         trainer={"limit_train_batches": 3, "limit_val_batches": 1})
     fit_at_precision(["--config", config], steps=3)
+    if not precision_run.compiled:
+        fit_at_precision(["--config", config, "--model.init_args.scheme", "nf", "--model.init_args.scheme_options",
+                          "{}", "--model.init_args.agc_clip", "0.01"], steps=3, name="nf-agc")

@@ -155,12 +155,15 @@ def test_a_checkpoint_of_another_vocabulary_is_one_line(trained, monkeypatch, ca
     assert code == 2 and len(err) == 1 and "vocab_size=400" in err[0] and "vocab_size=380" in err[0]
 
 
-def test_mixed_precision_fit(fit_at_precision, handful_root, tmp_path, monkeypatch):
+def test_mixed_precision_fit(fit_at_precision, precision_run, handful_root, tmp_path, monkeypatch):
     """A Transformer without LayerNorm trained and BLEU-validated under autocast (bf16; on a GPU also
-    fp16 with gradient scaling), eager and compiled: finite losses, scores and weights."""
+    fp16 with gradient scaling), eager and compiled: finite losses, scores and weights. RescaleNet
+    in every case, the LayerNorm-free schemes (each at its config's recipe) eager."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
-    fit_at_precision(["--config", str(REPO / "experiments/wmt/rescale6.yaml"), *TINY,
-                      "--data.init_args.root", str(handful_root), "--data.init_args.max_tokens", "48",
-                      "--model.init_args.val_bleu_sentences", "4", "--trainer.max_steps", "3",
-                      "--trainer.val_check_interval", "3", "--trainer.limit_val_batches", "1"], steps=3)
+    for scheme in ["rescale", *([] if precision_run.compiled else ["tfixup", "deepnorm", "dyt", "derf"])]:
+        fit_at_precision(["--config", str(REPO / f"experiments/wmt/{scheme}6.yaml"), *TINY,
+                          "--data.init_args.root", str(handful_root), "--data.init_args.max_tokens", "48",
+                          "--model.init_args.val_bleu_sentences", "4", "--trainer.max_steps", "3",
+                          "--trainer.val_check_interval", "3", "--trainer.limit_val_batches", "1"], steps=3,
+                         name=scheme)
