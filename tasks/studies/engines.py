@@ -7,8 +7,8 @@ at once (each with its share of the cores and of the GPUs); seed by seed (the fi
 every point before the second), so a study stopped half-way has whole tables of its first
 seeds. Finished points are never repeated, so running the study again resumes where it stopped.
 SIGINT (Ctrl-C) and SIGTERM are passed to every running point as SIGTERM: each saves its
-``last.ckpt`` and the study stops, to be resumed by the same command. :func:`run_one` runs one point (``rescale study run-point``: a SLURM array task, a sweep
-agent's run).
+``last.ckpt`` and the study stops, to be resumed by the same command. :func:`run_one` runs one
+point (``rescale study run-point``: a SLURM array task, a sweep agent's run).
 """
 from __future__ import annotations
 
