@@ -37,11 +37,15 @@ logger = logging.getLogger(__name__)
 
 
 class StudyInterrupted(Exception):
-    """The running point was stopped by a signal (it saved its ``last.ckpt``)."""
+    """The running point was stopped by a signal (it saved its ``last.ckpt``, where it had
+    started training). ``returncode``: the study's exit status, 128 + the first signal it got
+    (130: SIGINT, 143: SIGTERM); ``child``: the point's own (a run killed before it could save
+    anything, ``-N`` from ``Popen``, is told as ``128 + N``)."""
 
-    def __init__(self, point: str, returncode: int) -> None:
+    def __init__(self, point: str, returncode: int, child: Optional[int] = None) -> None:
         super().__init__(point)
         self.point, self.returncode = point, returncode
+        self.child = returncode if child is None else (128 - child if child < 0 else child)
 
 
 def _error_line(text: str) -> Optional[str]:
@@ -140,9 +144,9 @@ def _run_one(grid: Grid, point: GridPoint, in_process: bool, echo: bool,
                                        forwarder=forwarder, threads=threads, devices=devices)
         except StudyInterrupted as stop:
             stop.point = point.name
-            log.write(f"=== stopped by a signal (exit status {stop.returncode}) after {time.time() - start:.1f} s\n")
+            log.write(f"=== stopped by a signal (exit status {stop.child}) after {time.time() - start:.1f} s\n")
             write_json(os.path.join(folder, OUTCOME_FILE), {
-                "returncode": stop.returncode, "error": "stopped by a signal", "resumed_from": resumed,
+                "returncode": stop.child, "error": "stopped by a signal", "resumed_from": resumed,
                 "seconds": time.time() - start, "ended": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": argv})
             raise
         log.write(f"=== exit status {code} after {time.time() - start:.1f} s\n")
@@ -227,7 +231,7 @@ def _run_subprocess(command: list[str], log: TextIO, cwd: Optional[str], echo: b
             forwarder.remove(proc)
             proc.stdout.close()
     if forwarder.received:
-        raise StudyInterrupted("", code if code else 128 + forwarder.received[0])
+        raise StudyInterrupted("", 128 + forwarder.received[0], code)
     return code
 
 

@@ -153,8 +153,10 @@ def _run_locked(args, grid: Grid) -> int:
     try:
         counts = run_grid(grid, in_process=args.in_process, echo=args.echo, say=log.info, workers=args.workers)
     except StudyInterrupted as stop:
-        log.error(f"error: study interrupted while running {stop.point} (its last.ckpt is kept"
-                  f"{'; so are those of the points running beside it' if args.workers > 1 else ''}); "
+        kept = any(grid.state(p).state == "partial" for p in grid.points if p.name == stop.point)
+        log.error(f"error: study interrupted while running {stop.point} ("
+                  f"{'its last.ckpt is kept' if kept else 'stopped before its first checkpoint: it starts again'}"
+                  f"{'; the points running beside it kept theirs, where they had one' if args.workers > 1 else ''}); "
                   f"run the same command again to resume")
         return stop.returncode or 128 + signal.SIGTERM
     busy = f", {counts['busy']} running elsewhere" if counts["busy"] else ""

@@ -339,6 +339,22 @@ def test_a_study_over_seeds_runs_seed_by_seed(tmp_path, run_config, capsys, erro
     assert not (tmp_path / "depth").exists()  # refused before anything was written
 
 
+def test_a_point_killed_before_it_could_save_is_told_as_a_signal_and_the_study_exits_as_signalled(tmp_path):
+    """A point that dies of the forwarded SIGTERM (no handler yet: still starting) is recorded with
+    exit status 143, not Popen's -15; the study's own status is 128 + the signal it got (130)."""
+    import io
+    import signal
+    import sys
+
+    from rescale_tasks.studies.engines import StudyInterrupted, _Forwarder, _run_subprocess
+
+    child = [sys.executable, "-c", "import os, signal, time; os.kill(os.getppid(), signal.SIGINT); time.sleep(30)"]
+    forwarder = _Forwarder()
+    with pytest.raises(StudyInterrupted) as stop, forwarder.installed():
+        _run_subprocess(child, io.StringIO(), cwd=str(tmp_path), echo=False, forwarder=forwarder)
+    assert (stop.value.returncode, stop.value.child) == (128 + signal.SIGINT, 128 + signal.SIGTERM)
+
+
 def test_workers_get_equal_shares_of_the_gpus(monkeypatch):
     from rescale_tasks.studies.engines import visible_gpus, worker_devices
 
@@ -390,7 +406,7 @@ def test_workers_run_points_at_once_and_a_signal_stops_and_resumes_them_all(tmp_
     at_once = "2 points, 2 at once" if workers == 2 else "1 points, one after another"
     assert f"{at_once} (each a rescale fit subprocess)" in out.out
     assert "error: study interrupted while running seed" in out.err
-    assert ("so are those of the points" in out.err) == (workers == 2)
+    assert "its last.ckpt is kept" in out.err and ("the points running beside it kept theirs" in out.err) == (workers == 2)
     assert signal.getsignal(signal.SIGTERM) is handler  # the study's forwarding is gone with it
     assert sorted(mark.read_text() for mark in meet.glob("at-*")) == (["4", "7"] if workers == 2 else ["4,7"])
     assert (meet / "sent").is_file()
