@@ -21,16 +21,45 @@ import re
 from ..common.errors import UserError
 from ..common.system import write_atomically
 
-__all__ = ["fill_tables", "update_document"]
+__all__ = ["check_markers", "fill_tables", "update_document"]
 
 log = logging.getLogger(__name__)
 
 _BLOCK = re.compile(r"(<!-- study-table: (?P<path>[^>]+?) -->\n)(?P<body>.*?)(<!-- /study-table -->)", re.S)
+_MARKER = re.compile(r"<!-- (?P<close>/)?study-table\b[^\n]*")
 
 
-def fill_tables(text: str, root: str) -> tuple[str, list[str], list[str]]:
+def check_markers(text: str, where: str = "the document") -> None:
+    """Refuse, in one line naming the line, a block that would swallow what is not its table: an
+    opening marker not closed before the next one (or the end), a closing one that closes nothing,
+    an opening one that is not ``<!-- study-table: PATH -->`` alone on its line."""
+    opened = None  # the line of the block open at this point
+    for match in _MARKER.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        if match.group("close"):
+            if opened is None:
+                raise UserError(f"{where}, line {line}: <!-- /study-table --> closes no block: remove it, or "
+                                "add <!-- study-table: PATH --> above its table")
+            opened = None
+            continue
+        if opened is not None:
+            raise UserError(f"{where}, line {opened}: its study-table block is not closed before the next one "
+                            f"(line {line}): add <!-- /study-table --> after its table")
+        at_line_start = match.start() == 0 or text[match.start() - 1] == "\n"
+        if not at_line_start or not re.fullmatch(r"<!-- study-table: [^>]+? -->", match.group(0).rstrip()):
+            raise UserError(f"{where}, line {line}: write the marker as <!-- study-table: PATH --> on a line of "
+                            "its own")
+        opened = line
+    if opened is not None:
+        raise UserError(f"{where}, line {opened}: its study-table block is never closed: add "
+                        "<!-- /study-table --> after its table")
+
+
+def fill_tables(text: str, root: str, where: str = "the document") -> tuple[str, list[str], list[str]]:
     """``text`` with every study-table block's body replaced by its file's content (paths relative
-    to ``root``); the paths of the blocks that changed, and of all blocks."""
+    to ``root``); the paths of the blocks that changed, and of all blocks. Markers that do not pair
+    up are refused first (:func:`check_markers`), before anything is replaced."""
+    check_markers(text, where)
     changed, seen = [], []
 
     def replace(match: re.Match) -> str:
@@ -57,7 +86,7 @@ def update_document(document: str, check: bool = False) -> int:
         raise UserError(f"document not found: {document}")
     with open(document, encoding="utf-8") as f:
         text = f.read()
-    new, changed, seen = fill_tables(text, os.path.dirname(os.path.abspath(document)))
+    new, changed, seen = fill_tables(text, os.path.dirname(os.path.abspath(document)), document)
     if check:
         for rel in changed:
             log.info(f"{document}: the table from {rel} differs from the file (run rescale study tables)")

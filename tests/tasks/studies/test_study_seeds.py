@@ -125,6 +125,28 @@ def test_tables_are_copied_into_the_document_and_checked(tmp_path, capsys):
         fill_tables("<!-- study-table: gone.md -->\n<!-- /study-table -->", str(tmp_path))
 
 
+@pytest.mark.parametrize("text, refusal", [
+    ("<!-- study-table: t/grid.md -->\nold\n\n## Prose\nhand text\n<!-- study-table: t/grid.md -->\nold\n"
+     "<!-- /study-table -->\n", "line 1: its study-table block is not closed before the next one (line 6)"),
+    ("x\n<!-- study-table: t/grid.md -->\n| 9.999 |\n", "line 2: its study-table block is never closed"),
+    ("x\n<!-- /study-table -->\n", "line 2: <!-- /study-table --> closes no block"),
+    ("see <!-- study-table: t/grid.md -->\n<!-- /study-table -->\n", "line 1: write the marker as"),
+])
+def test_markers_that_do_not_pair_up_are_refused_and_the_document_is_kept(tmp_path, error_line, text, refusal):
+    """A block whose closing marker is missing would swallow the prose down to the next block's
+    closing marker (or be left unchecked): refused by naming the line, before anything is written."""
+    from rescale_tasks.cli import main
+
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t/grid.md").write_text("| a |\n|---|\n| 1 |\n")
+    doc = tmp_path / "doc.md"
+    doc.write_text(text)
+    for check in ([], ["--check"]):
+        assert main(["study", "tables", str(doc), *check]) == 2
+        assert error_line().startswith(f"{doc}, {refusal}")
+    assert doc.read_text() == text
+
+
 @pytest.mark.parametrize("document, tables", [("docs/studies.md", 19), ("README.md", 3)])
 def test_the_published_study_tables_are_the_files_the_studies_wrote(document, tables):
     text = (REPO / document).read_text()
