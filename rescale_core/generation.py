@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 __all__ = ["Hypothesis", "GenerationConfig", "LENGTH_PENALTY_STYLES", "length_penalty",
-           "max_lengths", "greedy_search", "beam_search", "generate"]
+           "max_lengths", "greedy_search", "beam_search", "generate", "best_tokens"]
 
 LENGTH_PENALTY_STYLES = ("fairseq", "gnmt")
 
@@ -267,3 +267,9 @@ def generate(model, src_tokens: torch.Tensor, *, bos: int, eos: int,
     if config.beam == 1:
         return [[h] for h in greedy_search(model, src_tokens, **kwargs)]
     return beam_search(model, src_tokens, beam=config.beam, **kwargs)
+
+
+def best_tokens(nbest: list[Hypothesis]) -> torch.Tensor:
+    """The tokens of the best of a sentence's hypotheses (:func:`generate`'s result per sentence);
+    none where no hypothesis finished: a model whose scores are not finite leaves every beam dead."""
+    return nbest[0].tokens if nbest else torch.zeros(0, dtype=torch.long)

@@ -36,7 +36,7 @@ import sentencepiece as spm
 import torch
 from torchmetrics.aggregation import MeanMetric
 
-from rescale_core.generation import GenerationConfig, generate
+from rescale_core.generation import GenerationConfig, best_tokens, generate
 
 from ..common.data import skipped_prediction
 from ..common.errors import ConfigError
@@ -214,7 +214,7 @@ class TranslationModule(RescaleTaskModule):
         rows = keep.nonzero().flatten()
         results = generate(self.net, batch["src_tokens"][rows], bos=self.bos_index, eos=self.eos_index,
                            config=self.generation)
-        return {int(ids[row]): self.detokenize(nbest[0].tokens) for row, nbest in zip(rows.tolist(), results)}
+        return {int(ids[row]): self.detokenize(best_tokens(nbest)) for row, nbest in zip(rows.tolist(), results)}
 
     def evaluate_batch(self, batch: dict, stage: str) -> None:
         # BLEU on the first val_bleu_sentences validation lines, on every test line

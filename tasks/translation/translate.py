@@ -23,7 +23,7 @@ from typing import Iterable, Optional, TextIO
 import numpy as np
 import torch
 
-from rescale_core.generation import GenerationConfig, generate
+from rescale_core.generation import GenerationConfig, best_tokens, generate
 
 from ..common.checkpoints import load_into_module, safe_load
 from ..common.errors import UserError
@@ -92,7 +92,7 @@ def translate_lines(module: TranslationModule, lines: list[str], config: Generat
         src = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=module.pad_index).to(device)
         results = generate(module.net, src, bos=module.bos_index, eos=module.eos_index, config=config)
         for i, nbest in zip(batch.tolist(), results):
-            out[i] = module.detokenize(nbest[0].tokens.cpu())
+            out[i] = module.detokenize(best_tokens(nbest).cpu())
     return out
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import rescale_core
-from rescale_core.generation import (GenerationConfig, Hypothesis, beam_search, generate,
+from rescale_core.generation import (GenerationConfig, Hypothesis, beam_search, best_tokens, generate,
                                      greedy_search, length_penalty, max_lengths)
 
 V, BOS, PAD, EOS = 20, 0, 1, 2
@@ -250,3 +250,16 @@ def test_greedy_decode_wraps_greedy_search(model, sources):
         greedy_search(model, sources, bos=BOS, eos=PAD)
     assert rescale_core.beam_search is beam_search and "generation" in rescale_core.__all__
     assert not math.isinf(hyps[0].score)
+
+
+def test_a_model_of_non_finite_scores_finishes_no_beam_and_translates_to_nothing(sources):
+    """A diverged model (NaN weights): every beam dies, so a sentence has no hypothesis, and its
+    best tokens are none (an empty line), not an error."""
+    broken = rescale_core.create_model("transformer_tiny", scheme="pre_ln", src_vocab_size=V, dropout=0.0,
+                                       share_embeddings=True).eval()
+    with torch.no_grad():
+        for p in broken.parameters():
+            p.fill_(float("nan"))
+    nbest = generate(broken, sources, **IDS, config=GenerationConfig(beam=2))
+    assert nbest == [[]] * len(sources)
+    assert [best_tokens(hyps).tolist() for hyps in nbest] == [[]] * len(sources)

@@ -35,7 +35,8 @@ class DivergenceMonitor(L.Callback):
     ``trainer.global_step`` while that batch ran); the run stops at the next read.
 
     ``raise_error=False`` (the demo and the depth/batch-size studies) stops the run gracefully
-    instead of failing it, so a sweep carries on and the diverged run is reported as such.
+    instead of failing it, so a sweep carries on and the diverged run is reported as such; the
+    diverged model is not validated (no metric of it is reported as the run's).
     """
 
     ACCELERATOR_CHECK_EVERY = 25
@@ -146,6 +147,9 @@ class DivergenceMonitor(L.Callback):
                 summary["diverged"] = True
                 summary["diverged_step"] = step
         trainer.should_stop = True
+        # no validation of a diverged model: Lightning runs one when a run stops early (a read at
+        # a validation's start, on accelerators, comes too late for that one)
+        trainer.limit_val_batches = 0
         if self.raise_error:
             raise TrainingDiverged(self.message)
         rank_zero_log(log, logging.WARNING, self.message)  # every process diverged at the same step: one line

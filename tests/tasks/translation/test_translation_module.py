@@ -155,6 +155,22 @@ def test_a_checkpoint_of_another_vocabulary_is_one_line(trained, monkeypatch, ca
     assert code == 2 and len(err) == 1 and "vocab_size=400" in err[0] and "vocab_size=380" in err[0]
 
 
+def test_a_diverged_run_stops_cleanly_without_validating_its_model(handful_root, tmp_path, monkeypatch):
+    """With --divergence.raise_error false (as the studies train), a run that diverges ends with
+    exit status 0 and status diverged: the validation Lightning runs when a run stops early is not
+    run on the non-finite model (its beam search finishes no sentence)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert main(["fit", "--config", str(REPO / "experiments/wmt/tfixup6.yaml"), *TINY,
+                 "--data.init_args.root", str(handful_root), "--data.init_args.max_tokens", "48",
+                 "--trainer.max_steps", "6", "--trainer.val_check_interval", "4",
+                 "--model.init_args.optimizer.init_args.lr", "1e6", "--divergence.raise_error", "false"]) == 0
+    (path,) = find_summaries(str(tmp_path / "runs"))
+    summary = read_summary(path)
+    assert summary["status"] == "diverged" and summary["diverged_step"] < 4
+    assert not [key for key in summary["final"] if key.startswith("val/")], summary["final"]
+
+
 def test_mixed_precision_fit(fit_at_precision, precision_run, handful_root, tmp_path, monkeypatch):
     """A Transformer without LayerNorm trained and BLEU-validated under autocast (bf16; on a GPU also
     fp16 with gradient scaling), eager and compiled: finite losses, scores and weights. RescaleNet
