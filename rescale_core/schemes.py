@@ -84,7 +84,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-__all__ = ["Scheme", "SchemeOptionError", "get_scheme", "list_schemes", "register_scheme"]
+__all__ = ["CONV_ONLY_OPTIONS", "Scheme", "SchemeOptionError", "get_scheme", "list_schemes", "register_scheme"]
 
 Family = Literal["conv", "transformer"]
 
@@ -100,6 +100,16 @@ _CHOICES: dict[str, tuple] = {
     "norm_position": ("post", "pre"),
     "layout": ("v1", "preact"),
 }
+
+
+#: the :class:`Scheme` fields only the conv families read (the residual block's convs, norms,
+#: projections and classifier): as ``scheme_options`` of a Transformer they would change
+#: nothing, so the Transformer refuses them (checked field by field in
+#: tests/core/models/test_transformer_ln_free.py)
+CONV_ONLY_OPTIONS = frozenset({
+    "zero_gamma", "mean_shift", "measure_batches", "conv_bias", "conv_dropout", "conv_dropout_stages",
+    "scaled_ws", "merge_norm", "head_norm", "classifier_dropout", "zero_classifier", "shortcut_gain",
+    "classifier_gain"})
 
 
 class SchemeOptionError(TypeError, ValueError):

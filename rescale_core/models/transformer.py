@@ -67,7 +67,7 @@ from ..generation import greedy_search
 from ..init import TransformerStack, init_transformer_embeddings, stack_scheme
 from .incremental import IncrementalState, KVCache, cached_self_attn_mask, check_masks
 from ..registry import register_model
-from ..schemes import Scheme, get_scheme, list_schemes
+from ..schemes import CONV_ONLY_OPTIONS, Scheme, SchemeOptionError, get_scheme, list_schemes
 
 __all__ = ["TransformerConfig", "TRANSFORMERS", "MultiheadAttention", "FeedForward",
            "SinusoidalPositions", "TransformerEmbedding", "TransformerEncoderLayer",
@@ -445,6 +445,9 @@ class Transformer(nn.Module):
         if not scheme.supports("transformer"):
             raise ValueError(f"scheme {scheme.name!r} has no Transformer form; Transformer schemes "
                              f"are {', '.join(list_schemes('transformer'))}")
+        for option in sorted(CONV_ONLY_OPTIONS & set(scheme_options or {})):
+            raise SchemeOptionError(option, scheme_options[option], "an option of a Transformer (it shapes conv "
+                                    "networks only: remove it)", scheme.name)
         if src_vocab_size is None:
             raise ValueError("a Transformer needs src_vocab_size (and optionally tgt_vocab_size)")
         tgt_vocab_size = src_vocab_size if tgt_vocab_size is None else tgt_vocab_size
