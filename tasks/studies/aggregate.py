@@ -2,6 +2,7 @@
 engine when its points are done)."""
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 from .grid import Grid
@@ -13,6 +14,8 @@ from .tables import batch_lr_tables, depth_axis, depth_seed_tables, depth_tables
 
 __all__ = ["aggregate"]
 
+log = logging.getLogger(__name__)
+
 
 def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = None,
               wandb_run: Optional[str] = None, wandb_project_name: Optional[str] = None) -> StudyOutputs:
@@ -23,6 +26,12 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
     margin = float(settings.get("learn_margin", 0.05))
     outputs = StudyOutputs(out or grid.study_dir)
     rows, metric = point_rows(grid, metric, margin)
+    unmeasured = [r["point"] for r in rows if r["status"] in ("trained", "failed to learn")
+                  and r[f"final {metric}"] is None]
+    if unmeasured:
+        log.warning(f"warning: {len(unmeasured)} finished point(s) logged no {metric} ({', '.join(unmeasured[:3])}"
+                    f"{', ...' if len(unmeasured) > 3 else ''}): their training ended before a validation; give "
+                    f"them a budget past their first validation (trainer.val_check_interval), or another --metric")
     not_done = [r for r in rows if r["status"] in ("not run", "interrupted", "failed")]
     note = f"; {len(not_done)} of {len(rows)} points not done" if not_done else ""
     seeded = any("seed" in r for r in rows)

@@ -57,8 +57,8 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
 
     ``throughput``: the run's training samples (or target tokens: ``throughput_unit``) per second.
     status: ``trained``; ``diverged at step s``; ``failed to learn`` (finished, but an accuracy
-    metric not above chance (1/classes) + ``margin``, or, where the chance level is unknown, a final
-    training loss not below the first logged one); ``failed`` (the run stopped with an error,
+    metric not above chance (1/classes) + ``margin``, or, where the chance level is unknown, the
+    mean training loss of the last fifth of its logged curve not below that of the first fifth); ``failed`` (the run stopped with an error,
     ``error`` says which); ``interrupted`` (a ``last.ckpt`` to resume from); ``not run``.
     Validation values of a diverged run are left empty (a non-finite model was validated).
     """
@@ -112,4 +112,9 @@ def _learned(grid: Grid, point: GridPoint, summary: dict, metric: str, higher: b
     final = _train_loss(summary)
     if not curve or final is None:
         return value is not None
-    return math.isfinite(final) and final < curve[0]
+    if not math.isfinite(final):
+        return False
+    # the first and the last fifth of the logged losses, not one batch each: a batch's loss varies
+    # with its content (token-budget batches: with its lengths) by more than a short run learns
+    k = max(1, len(curve) // 5)
+    return sum(curve[-k:]) / k < sum(curve[:k]) / k

@@ -73,8 +73,9 @@ def _add_common(p: argparse.ArgumentParser, kind: str) -> None:
     g.add_argument("--seed", type=int, default=0, help="--seed_everything of every point (default: %(default)s)")
     g.add_argument("--budget_epochs", type=int, help="training budget of every point: --trainer.max_epochs")
     g.add_argument("--budget_steps", type=int,
-                   help="training budget of every point: --trainer.max_steps (validation only runs at epoch "
-                        "ends, and epoch-based schedules are sized by max_epochs: prefer --budget_epochs)")
+                   help="training budget of every point: --trainer.max_steps (a run validates at its "
+                        "val_check_interval, by default at epoch ends only; epoch-based schedules are sized by "
+                        "max_epochs: prefer --budget_epochs where the configs validate per epoch)")
     g.add_argument("--metric", help=f"the metric of the tables (default: the first logged of {', '.join(METRICS)})")
     g.add_argument("--learn_margin", type=float, default=0.05,
                    help="a finished run whose final accuracy is not above chance + this 'failed to learn' "

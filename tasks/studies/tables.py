@@ -21,7 +21,7 @@ AGGREGATE_PREFIXES = ("val/", "train/", "test/")
 def _status_cell(row: dict, metric: str) -> str:
     status = row["status"]
     if status == "trained":
-        return f"{row[f'final {metric}']:.4g}" if row[f"final {metric}"] is not None else "trained"
+        return f"{row[f'final {metric}']:.4g}" if row[f"final {metric}"] is not None else f"trained, no {metric}"
     if status.startswith("diverged"):
         return f"diverged@{row['diverged_step']}"
     if status == "failed to learn":
@@ -60,11 +60,14 @@ def _seeded_cell(row: dict, metric: str) -> str:
         notes.append(f"{row['diverged']}/{runs} diverged")
     if row["failed_to_learn"]:
         notes.append(f"{row['failed_to_learn']}/{runs} failed to learn")
-    if n < runs and not row["diverged"] and not row["failed_to_learn"]:
-        notes.append(f"n={n}")
+    if row["not_done"]:
+        notes.append(f"{row['not_done']}/{runs} not done")
+    unmeasured = runs - row["not_done"] - row["diverged"] - n  # finished without the metric
+    if unmeasured:
+        notes.append(f"{unmeasured}/{runs} without {metric}")
     if row["steps_to_90"] is not None:
         notes.append(f"90% at {row['steps_to_90']:.0f}")
-    return cell + (f" ({'; '.join(notes)})" if notes else "")
+    return " ".join(part for part in (cell, f"({'; '.join(notes)})" if notes else "") if part)
 
 
 def depth_seed_tables(rows: list[dict], metric: str, axis: str = "depth") -> tuple[list[dict], list[dict]]:

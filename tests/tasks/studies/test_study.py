@@ -235,6 +235,48 @@ def test_seed_table_is_mean_and_sample_std(tmp_path, run_config):
     assert (row["tables/seeds/nrows"], row["tables/seeds_points/nrows"]) == (5, 4)
 
 
+def test_a_cell_says_which_seeds_are_not_done_or_never_measured(tmp_path, run_config, caplog):
+    """Over 2 seeds: rescale's seed 1 not run yet, bn's seed 1 finished before its first
+    validation (no val/acc1): each cell says so instead of a bare n, and the study warns about
+    the finished runs that logged no metric."""
+    config = tiny(run_config, tmp_path / "tiny.yaml")
+    assert main(["study", "depth", "--config", config, "--depths", "8", "--schemes", "bn", "rescale",
+                 "--seeds", "2", "--out", "depth", "--engine", "slurm"]) == 0
+    unvalidated = summary("finished", 0.5, 2.0, 0.25, 1)
+    unvalidated["final"] = {k: v for k, v in unvalidated["final"].items() if not k.startswith("val/")}
+    unvalidated["best"] = {}
+    for name, s in {"d8-bn-s0": summary("finished", 0.5, 2.0, 0.25, 0), "d8-bn-s1": unvalidated,
+                    "d8-rescale-s0": summary("finished", 0.75, 2.0, 0.25, 0)}.items():
+        folder = tmp_path / f"depth/points/{name}"
+        folder.mkdir(parents=True)
+        (folder / "run_summary.json").write_text(json.dumps(s))
+    with caplog.at_level("WARNING"):
+        assert main(["study", "aggregate", "depth", "--metric", "val/acc1"]) == 0
+    assert "warning: 1 finished point(s) logged no val/acc1 (d8-bn-s1)" in caplog.text
+    cells = {r["scheme"]: r["depth 8"] for r in read_csv(tmp_path / "depth/depth_grid.csv")}
+    assert cells == {"bn": "0.500 (1/2 without val/acc1; 90% at 0)", "rescale": "0.750 (1/2 not done; 90% at 0)"}
+
+
+def test_without_a_chance_level_learning_is_the_loss_curve_falling_not_one_batch(tmp_path, run_config):
+    """BLEU has no chance level: a run learned when the last fifth of its logged training losses
+    lies below the first fifth. A first batch that happened to be easy (5.5) does not make a
+    falling curve 'failed to learn'; a flat curve is."""
+    config = tiny(run_config, tmp_path / "tiny.yaml")
+    assert main(["study", "depth", "--config", config, "--depths", "8", "--schemes", "dyt", "derf",
+                 "--out", "depth", "--engine", "slurm"]) == 0
+    falling = [5.5, 6.4, 6.3, 6.1, 6.0, 5.9, 5.8, 5.8, 5.7, 5.7]
+    flat = [6.0, 6.1, 6.0, 6.1, 6.0, 6.1, 6.0, 6.1, 6.1, 6.1]
+    for name, losses in {"d8-derf": falling, "d8-dyt": flat}.items():
+        folder = tmp_path / f"depth/points/{name}"
+        folder.mkdir(parents=True)
+        (folder / "run_summary.json").write_text(json.dumps({
+            "status": "finished", "steps": 50, "final": {"val/bleu": 0.13, "train/loss_epoch": losses[-1]},
+            "best": {"val/bleu": 0.13}, "curves": {"train/loss": [[5 * i + 1, v] for i, v in enumerate(losses)]}}))
+    assert main(["study", "aggregate", "depth", "--metric", "val/bleu"]) == 0
+    status = {r["scheme"]: r["status"] for r in read_csv(tmp_path / "depth/depth.csv")}
+    assert status == {"derf": "trained", "dyt": "failed to learn"}
+
+
 def test_bad_input_is_one_line(tmp_path, run_config, error_line):
     config = tiny(run_config, tmp_path / "tiny.yaml")
     assert main(["study", "depth", "--config", config, "--depths", "x"]) == 2
