@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from rescale_core import finish_measuring, mean_shift_layers
+from rescale_core import finish_measuring, get_scheme, list_schemes, mean_shift_layers
 from rescale_core.analysis import dead_relu_fraction, residual_blocks, signal_propagation
 
 from ..common.errors import UserArgumentParser as _Parser, UserError
@@ -160,9 +160,9 @@ def _scalars(args, overrides: list[str]) -> int:
         if not found:
             if not residual_blocks(subject.net):
                 raise _no_blocks(subject, "scalars")
+            with_gains = [n for n in list_schemes("conv") if get_scheme(n).gain]
             raise UserError(f"{subject.name}: {subject.describe()} has no learned branch multipliers (scheme gain: "
-                            "none); `rescale analyze scalars` needs a scheme with gains: rescale, skipinit, fixup, "
-                            "rezero")
+                            f"none); `rescale analyze scalars` needs a scheme with gains: {', '.join(with_gains)}")
         rows += found
         del subject
     out = StudyOutputs(args.out or "analysis/scalars")
@@ -176,14 +176,23 @@ def _dead_relu(args, overrides: list[str]) -> int:
     if args.max_samples < 1 or args.eval_samples < 1 or args.batch_size < 1:
         raise UserError("--max_samples, --eval_samples and --batch_size must be at least 1")
     sizes = [2 ** i for i in range(10) if 2 ** i <= args.max_samples]  # 1 .. 512
+    shifted = ["--model.init_args.scheme_options.mean_shift", "true"]
+    for config, name in zip(args.config, run_names(args.config)):  # every config checked before any is measured
+        try:
+            subject = load_subject(config, None, [*overrides, *shifted], name=name, device="cpu")
+        except UserError as err:
+            raise UserError(f"{name}: `rescale analyze dead-relu` compares the network with and without "
+                            f"mean-shift biases (scheme_options.mean_shift true and false), and this one cannot "
+                            f"take them; leave its config out ({err})") from None
+        if not mean_shift_layers(subject.net):
+            raise UserError(f"{name}: {subject.describe()} has no mean-shift layers even with mean_shift: true; "
+                            "`rescale analyze dead-relu` needs a network with biases before its convolutions")
+        del subject
     rows = []
     for config, name in zip(args.config, run_names(args.config)):
         for shift in (True, False):
             option = ["--model.init_args.scheme_options.mean_shift", "true" if shift else "false"]
             subject = load_subject(config, None, [*overrides, *option], name=name, device=args.device)
-            if shift and not mean_shift_layers(subject.net):
-                raise UserError(f"{name}: {subject.describe()} has no mean-shift layers even with mean_shift: true; "
-                                "`rescale analyze dead-relu` needs a network with biases before its convolutions")
             inputs = probe_inputs(subject, args.input, sizes[-1] + args.eval_samples, args.shape, args.seed)
             measure, evaluate = take_samples(inputs, 0, sizes[-1]), take_samples(inputs, sizes[-1])
             rows += dead_relu_rows(subject.net, measure, evaluate, sizes, name, shift, args.batch_size)

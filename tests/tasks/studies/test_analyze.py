@@ -171,7 +171,8 @@ def test_scalars_at_init_and_one_line_errors(tmp_path, run_config, trained, erro
     bn = run_config(tmp_path / "bn8.yaml", model={"init_args": {"scheme": "bn"}})
     assert main(["analyze", "scalars", "--config", bn]) == 2
     assert error_line() == ("bn8: cifar_resnet (scheme bn) has no learned branch multipliers (scheme gain: none); "
-                            "`rescale analyze scalars` needs a scheme with gains: rescale, skipinit, fixup, rezero")
+                            "`rescale analyze scalars` needs a scheme with gains: fixup, nf_skipinit, rescale, rezero, "
+                            "skipinit, skipinit_reg")
 
 
 # --- dead-relu -------------------------------------------------------------------------------------
@@ -189,6 +190,16 @@ def test_dead_relu_depends_on_samples_only_with_mean_shift(tmp_path, run_config,
     # the re-parameterisation keeps ReLUs alive (Sec. 4.4)
     assert float(shifted[-1]["dead_per_sample"]) < float(plain[-1]["dead_per_sample"])
     assert "| rescale8 | yes | 16 |" in capsys.readouterr().out
+
+
+def test_dead_relu_refuses_a_scheme_that_cannot_take_mean_shift_before_measuring(tmp_path, run_config, error_line):
+    rescale = run_config(tmp_path / "rescale8.yaml")
+    nf = run_config(tmp_path / "nf8.yaml", model={"init_args": {"scheme": "nf"}})
+    assert main(["analyze", "dead-relu", "--config", rescale, "--config", nf, "--out", "dr"]) == 2
+    assert error_line().startswith("nf8: `rescale analyze dead-relu` compares the network with and without "
+                                   "mean-shift biases (scheme_options.mean_shift true and false), and this one "
+                                   "cannot take them; leave its config out (cannot build network")
+    assert not (tmp_path / "dr").exists()
 
 
 # --- the training callback -------------------------------------------------------------------------
