@@ -25,6 +25,7 @@ from ..checkpoints import LastCheckpoint, checkpoint_exists
 from ..training import DivergenceMonitor
 from .folder import run_folder, shown_path
 from .outputs import ResultFile, result_files, results_folder, run_directory
+from .summary import find_summaries
 
 __all__ = ["fit_report", "evaluation_report", "next_command", "written_files"]
 
@@ -93,6 +94,6 @@ def evaluation_report(command: str, trainer: L.Trainer, argv: list[str], ckpt_pa
     if command == "validate" and ckpt_path:
         return line + f"; next: {next_command('test', argv, ckpt_path)}"
     save_dir = trainer.loggers[0].save_dir if trainer.loggers else None
-    if save_dir:  # every run's summary there, this one's beside its baselines
+    if save_dir and find_summaries(save_dir):  # the trained runs there, this one's beside its baselines
         return line + f"; next: rescale compare {shlex.quote(shown_path(save_dir))}"
     return line

@@ -75,6 +75,18 @@ def test_validate_and_predict_end_with_their_run_folder_and_the_next_command(fin
     assert line.startswith(f"{command} finished: run folder runs/wandb/offline-run-") and then in line, line
 
 
+def test_an_evaluation_beside_no_trained_run_suggests_no_compare(finished):
+    """``rescale compare`` reads trained runs' summaries: where the evaluation's folder holds none,
+    its closing line names no command that would only fail."""
+    out = io.StringIO()
+    with _in(finished["folder"]), contextlib.redirect_stdout(out):
+        assert main(["predict", "--config", finished["config"], "--ckpt_path", str(finished["last"]),
+                     "--model.init_args.network_options", "{depth: 8, base_width: 4}",
+                     "--trainer.logger.init_args.save_dir", "evals"]) == 0
+    line = out.getvalue().strip().splitlines()[-1]
+    assert line.startswith("predict finished: run folder evals/wandb/offline-run-") and "next:" not in line, line
+
+
 def test_epoch_checkpoints_are_written_for_completed_epochs_only(finished):
     folder = finished["last"].parent
     assert sorted(p.name for p in folder.glob("*.ckpt")) == ["epoch000.ckpt", "last.ckpt"]
