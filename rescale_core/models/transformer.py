@@ -547,9 +547,13 @@ def transformer(arch: str = "transformer_base", scheme: "str | Scheme" = "post_l
         raise ValueError("Transformers take src_vocab_size / tgt_vocab_size, not num_classes")
     unknown = sorted(set(overrides) - set(_CONFIG_FIELDS))
     if unknown:
-        hints = {u: difflib.get_close_matches(u, _CONFIG_FIELDS, n=2) for u in unknown}
-        raise TypeError(f"unknown Transformer argument(s) {hints}; config fields are "
-                        f"{list(_CONFIG_FIELDS)}")
+        accepted = ["depth", "share_embeddings", "tie_output", "pad_index", *_CONFIG_FIELDS]
+        named = []
+        for u in unknown:
+            close = difflib.get_close_matches(u, accepted, n=2)
+            named.append(repr(u) + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+        raise TypeError(f"unknown Transformer argument(s) {', '.join(named)}; the arguments are "
+                        f"{', '.join(accepted)}")
     if arch not in TRANSFORMERS:
         raise KeyError(f"unknown Transformer {arch!r}; known: {', '.join(TRANSFORMERS)}")
     cfg = dataclasses.replace(TRANSFORMERS[arch], **overrides)

@@ -62,8 +62,10 @@ def test_create_model_and_builder_arguments():
         create_model("transformer_tiny")
     with pytest.raises(ValueError, match="num_classes"):
         create_model("transformer_tiny", src_vocab_size=V, num_classes=10)
-    with pytest.raises(TypeError, match="d_model"):
+    with pytest.raises(TypeError, match=r"^unknown Transformer argument\(s\) 'd_modle' \(did you mean d_model\?\)"):
         create_model("transformer_tiny", src_vocab_size=V, d_modle=64)
+    with pytest.raises(TypeError, match=r"'depht' \(did you mean depth\?\); the arguments are depth, "):
+        create_model("transformer_tiny", src_vocab_size=V, depht=3)
     with pytest.raises(ValueError, match="divisible"):
         create_model("transformer_tiny", src_vocab_size=V, nhead=3)
     # depth: the layers of each side, the key `rescale study depth` sets (network_options.depth)
