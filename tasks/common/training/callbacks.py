@@ -162,14 +162,22 @@ class DivergenceMonitor(L.Callback):
 
 
 class LearnedScalarsLogger(L.Callback):
-    """Logs every residual block's learned branch multiplier (``scalars/<block>``) every
-    ``every_n_steps`` steps: the RescaleNet rebuttal's per-block scalars, as they train."""
+    """Logs every residual block's learned branch multiplier (``scalars/<block>``) after the
+    first step, every ``every_n_steps`` steps and after the last: the RescaleNet rebuttal's
+    per-block scalars, as they train (a run summary's final values are the trained ones)."""
 
     def __init__(self, every_n_steps: int = 50) -> None:
         self.every_n_steps = every_n_steps
 
+    @staticmethod
+    def _last_step(trainer: L.Trainer) -> bool:
+        if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+            return True
+        epochs = trainer.max_epochs
+        return trainer.is_last_batch and epochs is not None and epochs > 0 and trainer.current_epoch + 1 >= epochs
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if (trainer.global_step - 1) % self.every_n_steps:  # the first step, then every n
+        if (trainer.global_step - 1) % self.every_n_steps and not self._last_step(trainer):
             return
         net = getattr(pl_module, "net", pl_module)
         values = learned_scalars(net)
