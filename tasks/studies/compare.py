@@ -8,17 +8,21 @@ folders, wherever the runs ran), or from a W&B project: through its API when log
 summaries of the project's runs under ``--wandb_dir`` (the suite logger's ``save_dir``: an offline
 run keeps its summary in ``wandb/offline-run-*/files``); W&B's own run files are never read
 (``wandb sync`` uploads offline runs). They are grouped by experiment (the W&B group, e.g.
-``imagenet-resnet50``; else the network) and, inside one, by variant (scheme plus its options);
-several runs of a variant are seeds, shown as mean +- std (sample std, n-1). A run resumed after an
-interruption is one run however many segments it has (one per run id: :func:`latest_segments`).
+``imagenet-resnet50``; else the network) and, inside one, by variant: the scheme plus its options
+and the training settings that change the method (adaptive gradient clipping: ``nf[agc_clip=0.01]``).
+Several runs of a variant are seeds, shown as mean +- std (sample std, n-1); runs of one variant
+that differ in another recorded setting (network, network options, learning rate, batch size) or
+share a seed are still pooled, but named in one warning line per variant and marked in the table's
+``mixed`` column. A run resumed after an interruption is one run however many segments it has (one
+per run id: :func:`latest_segments`).
 Each variant is set against the experiment's baseline: the normalized scheme named by
 ``--baseline`` or, by default, the first of bn, gn, post_ln, pre_ln present.
 
 Writes ``compare.csv/.md`` (one row per experiment and variant: n, the task's metric mean and
 std, its difference to the baseline, final train loss, throughput and its ratio to the
-baseline's, diverged runs) and, per experiment, ``<experiment>_curves.png`` (training loss and
-validation metric of every run) and ``<experiment>_metric.png`` (the metric per variant, error
-bars over seeds).
+baseline's, diverged runs, what its pooled runs differ in besides their seed) and, per
+experiment, ``<experiment>_curves.png`` (training loss and validation metric of every run) and
+``<experiment>_metric.png`` (the metric per variant, error bars over seeds).
 """
 from __future__ import annotations
 
@@ -27,8 +31,9 @@ import logging
 import math
 import os
 import re
+import json
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Iterable, Optional
 
 from rescale_core import get_scheme
@@ -61,6 +66,10 @@ def pick_metric(runs: list[dict], metric: Optional[str], default: Optional[str] 
     raise UserError("the runs logged none of the known task metrics " + ", ".join(METRICS) +
                     "; name one with --metric (e.g. --metric val/loss)")
 BASELINES = ("bn", "gn", "post_ln", "pre_ln")
+# training settings that change the method: part of the variant's name, as the scheme's options are
+METHOD_SETTINGS = ("agc_clip",)
+# recorded settings the seeds of one variant are expected to share
+RUN_SETTINGS = ("network", "network_options", "lr", "batch_size", "global_batch")
 
 
 def mean_std(values: Iterable[float]) -> tuple[Optional[float], Optional[float], int]:
@@ -76,8 +85,10 @@ def experiment_of(run: dict) -> str:
 
 
 def variant_of(run: dict) -> str:
-    """``rescale`` or ``rescale[c=10,gain=vector]``: the scheme and the options that change it."""
-    options = run.get("scheme_options") or {}
+    """``rescale``, ``rescale[c=10,gain=vector]`` or ``nf[agc_clip=0.01]``: the scheme, the options
+    that change it and the training settings that change the method (:data:`METHOD_SETTINGS`)."""
+    options = {**(run.get("scheme_options") or {}),
+               **{key: run[key] for key in METHOD_SETTINGS if run.get(key) is not None}}
     extra = ",".join(f"{k}={options[k]}" for k in sorted(options))
     return f"{run.get('scheme') or _registered_scheme(run.get('network')) or 'unknown'}" + (f"[{extra}]" if extra else "")
 
@@ -101,6 +112,40 @@ def _is_normalized(scheme: str) -> bool:
         return False
 
 
+def _shown(value) -> str:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+
+
+def pooled_differences(runs: list[dict]) -> dict[str, list[str]]:
+    """What the runs pooled as one variant's seeds differ in besides their seed: each setting of
+    :data:`RUN_SETTINGS` recorded with more than one value (runs that did not record it left out),
+    and ``seed`` when two runs share one; each with the values concerned."""
+    found: dict[str, list[str]] = {}
+    for key in RUN_SETTINGS:
+        values = list(dict.fromkeys(_shown(r[key]) for r in runs if r.get(key) is not None))
+        if len(values) > 1:
+            found[key] = values
+    seeds = Counter(r["seed"] for r in runs if r.get("seed") is not None)
+    shared = [str(seed) for seed, n in sorted(seeds.items()) if n > 1]
+    if shared:
+        found["seed"] = shared
+    return found
+
+
+def _and(items: list[str]) -> str:
+    return " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
+
+
+def _warn_pooled(experiment: str, variant: str, runs: list[dict], found: dict[str, list[str]]) -> None:
+    settings = [f"{key} ({', '.join(values)})" for key, values in found.items() if key != "seed"]
+    what = f"differ in {_and(settings)}" if settings else ""
+    if "seed" in found:
+        seeds = found["seed"]
+        what += (", and " if what else "") + f"share seed{'s' if len(seeds) > 1 else ''} {_and(seeds)}"
+    log.warning(f"warning: {experiment}: the {len(runs)} runs of {variant} {what}, yet are pooled as its seeds "
+                "(marked in the mixed column); give such runs different W&B groups, or compare their folders apart")
+
+
 def _metric_value(run: dict, metric: str, use: str) -> Optional[float]:
     if run.get("status") == "diverged":
         return None
@@ -109,8 +154,8 @@ def _metric_value(run: dict, metric: str, use: str) -> Optional[float]:
 
 
 def _baseline(variants: dict[str, list[dict]], wanted: Optional[str]) -> Optional[str]:
-    if wanted:
-        return next((v for v in variants if v == wanted or v.split("[")[0] == wanted), None)
+    if wanted:  # the variant so named, else the scheme's first variant with options
+        return wanted if wanted in variants else next((v for v in sorted(variants) if v.split("[")[0] == wanted), None)
     for scheme in BASELINES:
         if scheme in variants:
             return scheme
@@ -140,6 +185,9 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
             loss = mean_std((r.get("final") or {}).get("train/loss_epoch") for r in group)[0]
             speed = mean_std(r.get("samples_per_second") for r in group)[0]
             diverged = sum(r.get("status") == "diverged" for r in group)
+            mixed = pooled_differences(group)
+            if mixed:
+                _warn_pooled(experiment, variant, group, mixed)
             rows.append({
                 "experiment": experiment, "variant": variant,
                 "role": "baseline" if variant == base else "",
@@ -150,6 +198,7 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
                 "train_loss": loss, "samples_per_s": speed,
                 "speed_vs_baseline": speed / base_speed if speed and base_speed else None,
                 "diverged": f"{diverged}/{len(group)}",
+                "mixed": ", ".join(k if k != "seed" else f"shared seed {', '.join(v)}" for k, v in mixed.items()),
             })
     return rows, first
 
@@ -198,11 +247,16 @@ def _plots(outputs: StudyOutputs, runs: list[dict], rows: list[dict], metric: st
 def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name=None, group=None, run_id=None,
                    project=None, state=None) -> dict:
     """A W&B run read through W&B's API (its config, summary and history rows) as a run summary:
-    network and scheme from the config the suite pushed (:class:`~..common.run.SaveConfigToRun`),
+    network, scheme, their options, ``agc_clip``, the optimizer's ``lr``, the data's ``batch_size``
+    and ``seed_everything`` from the config the suite pushed (:class:`~..common.run.SaveConfigToRun`),
     the curves and best validation values from the history (``trainer/global_step`` + 1: the
     summary's steps), the final values and the throughput (``throughput/<unit>_per_s``) from the
     W&B summary."""
     init = ((config.get("model") or {}).get("init_args") or {})
+    optimizer = init.get("optimizer") if isinstance(init.get("optimizer"), dict) else {}
+    optimizer = optimizer.get("init_args") or {}
+    data = (config.get("data") or {}).get("init_args") or {}
+    seed = config.get("seed_everything")
     final = {k: float(v) for k, v in summary.items()
              if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")}
     points: dict[str, dict[int, float]] = defaultdict(dict)  # a step logged again (a resume) keeps its last value
@@ -224,6 +278,8 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
     return {
         "name": name, "group": group, "run_id": run_id, "project": project, "network": init.get("network"),
         "scheme": init.get("scheme"), "scheme_options": init.get("scheme_options") or {},
+        "network_options": init.get("network_options") or {}, "agc_clip": init.get("agc_clip"),
+        "lr": optimizer.get("lr"), "batch_size": data.get("batch_size"), "seed": seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
         "status": "diverged" if diverged else (state or "finished"),
         "final": final, "best": best, "samples_per_second": throughput, "curves": curves,
     }

@@ -163,3 +163,49 @@ def test_a_resumed_run_counts_once_and_seeds_are_distinct_runs(tmp_path):
     assert row["runs"] == "2" and float(row["mean"]) == pytest.approx(0.75)
     assert float(row["std"]) == pytest.approx(mean_std([0.80, 0.70])[1])
     assert row["train_loss"] == str((0.5 + 0.6) / 2)
+
+
+def test_runs_of_other_settings_are_not_pooled_silently_as_seeds(tmp_path, capsys):
+    """AGC changes the method: its runs are a variant of their own. Runs of one variant at other
+    learning rates and batch sizes, or of one seed, are pooled but named in one warning line and
+    marked in the table."""
+    root = tmp_path / "settings"
+    same = {"lr": 0.1, "batch_size": 64}
+    write_run(root / "bn", "digits", "bn", 0.97, 20.0, 0.05, 0, **same)
+    write_run(root / "nf", "digits", "nf", 0.90, 10.0, 0.2, 0, agc_clip=None, **same)
+    write_run(root / "nf_agc", "digits", "nf", 0.94, 10.0, 0.1, 0, agc_clip=0.01, **same)
+    write_run(root / "fixup0", "digits", "fixup", 0.92, 10.0, 0.1, 0, **same)
+    write_run(root / "fixup1", "digits", "fixup", 0.94, 10.0, 0.1, 1, **same)
+    write_run(root / "skip_a", "digits", "skipinit", 0.93, 10.0, 0.1, 0, **same)
+    write_run(root / "skip_b", "digits", "skipinit", 0.95, 10.0, 0.1, 0, lr=0.4, batch_size=256)
+    write_run(root / "rezero_a", "digits", "rezero", 0.91, 10.0, 0.1, 3, **same)
+    write_run(root / "rezero_b", "digits", "rezero", 0.92, 10.0, 0.1, 3, **same)
+    assert main(["compare", str(root), "--out", "cmp"]) == 0
+    with open(tmp_path / "cmp/compare.csv") as f:
+        rows = {r["variant"]: (r["runs"], r["mean"], r["mixed"]) for r in csv.DictReader(f)}
+    assert rows == {
+        "bn": ("1", "0.97", ""), "fixup": ("2", str((0.92 + 0.94) / 2), ""), "nf": ("1", "0.9", ""),
+        "nf[agc_clip=0.01]": ("1", "0.94", ""), "rezero": ("2", str((0.91 + 0.92) / 2), "shared seed 3"),
+        "skipinit": ("2", str((0.93 + 0.95) / 2), "lr, batch_size, shared seed 0"),
+    }
+    tail = ("yet are pooled as its seeds (marked in the mixed column); give such runs different W&B groups, "
+            "or compare their folders apart")
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"warning: digits: the 2 runs of rezero share seed 3, {tail}",
+        f"warning: digits: the 2 runs of skipinit differ in lr (0.1, 0.4) and batch_size (64, 256), and share "
+        f"seed 0, {tail}",
+    ]
+    assert main(["compare", str(root), "--out", "cmp", "--baseline", "nf"]) == 0
+    with open(tmp_path / "cmp/compare.csv") as f:
+        assert [r["variant"] for r in csv.DictReader(f) if r["role"]] == ["nf"]  # not nf[agc_clip=0.01]
+
+
+def test_a_wandb_run_with_agc_is_a_variant_of_its_own():
+    from rescale_tasks.studies.compare import run_from_wandb, variant_of
+
+    config = {"seed_everything": 2, "data": {"init_args": {"batch_size": 128}},
+              "model": {"init_args": {"network": "resnet20", "scheme": "nf", "agc_clip": 0.01,
+                                      "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.2}}}}}
+    run = run_from_wandb(config=config, summary={}, history=[])
+    assert variant_of(run) == "nf[agc_clip=0.01]"
+    assert (run["seed"], run["lr"], run["batch_size"]) == (2, 0.2, 128)
