@@ -15,8 +15,11 @@ that differ in another recorded setting (network, network options, learning rate
 share a seed are still pooled, but named in one warning line per variant and marked in the table's
 ``mixed`` column. A run resumed after an interruption is one run however many segments it has (one
 per run id: :func:`latest_segments`).
-Each variant is set against the experiment's baseline: the normalized scheme named by
-``--baseline`` or, by default, the first of bn, gn, post_ln, pre_ln present.
+Each variant is set against the experiment's baseline: the variant named by ``--baseline`` or, by
+default, the first of bn, gn, post_ln, pre_ln present, else another scheme with BatchNorm, GroupNorm
+or LayerNorm (never a LayerNorm-free one: dyt, derf); an experiment without one is named in one
+warning line, its rows compared to nothing. A variant is better than the baseline when its metric
+is higher (accuracy, box AP, BLEU) or lower (a loss); a tie is not better.
 
 Writes ``compare.csv/.md`` (one row per experiment and variant: n, the task's metric mean and
 std, its difference to the baseline, final train loss, throughput and its ratio to the
@@ -105,9 +108,14 @@ def _registered_scheme(network: Optional[str]) -> Optional[str]:
     return scheme if isinstance(scheme, str) else getattr(scheme, "name", None)
 
 
+# the normalization layers of a baseline: BatchNorm, GroupNorm, LayerNorm (dyt and derf replace
+# LayerNorm by an element-wise function: normalization-free)
+NORMS = ("bn", "gn", "ln")
+
+
 def _is_normalized(scheme: str) -> bool:
     try:
-        return get_scheme(scheme).norm is not None
+        return get_scheme(scheme).norm in NORMS
     except KeyError:
         return False
 
@@ -156,10 +164,18 @@ def _metric_value(run: dict, metric: str, use: str) -> Optional[float]:
 def _baseline(variants: dict[str, list[dict]], wanted: Optional[str]) -> Optional[str]:
     if wanted:  # the variant so named, else the scheme's first variant with options
         return wanted if wanted in variants else next((v for v in sorted(variants) if v.split("[")[0] == wanted), None)
-    for scheme in BASELINES:
-        if scheme in variants:
-            return scheme
-    return next((v for v in variants if _is_normalized(v.split("[")[0])), None)
+    normalized = [v for v in variants if _is_normalized(v.split("[")[0])]
+    # bn, gn, post_ln, pre_ln as such, then with options, then any other normalized variant
+    rank = {scheme: i for i, scheme in enumerate(BASELINES)}
+    return min(normalized, key=lambda v: (rank.get(v.split("[")[0], len(BASELINES)), "[" in v, v), default=None)
+
+
+def _warn_no_baseline(experiment: str, variants: Iterable[str], wanted: Optional[str]) -> None:
+    which = (f"no runs of the baseline {wanted} (--baseline)" if wanted else
+             f"no normalized baseline (none of {', '.join(BASELINES)}, nor another scheme with BatchNorm, GroupNorm "
+             "or LayerNorm)")
+    log.warning(f"warning: {experiment}: {which} among its variants {', '.join(sorted(variants))}; its rows have no "
+                "comparison to a baseline (name one of its variants with --baseline)")
 
 
 def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optional[str] = None,
@@ -176,6 +192,8 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
         mine = pick_metric([r for group in variants.values() for r in group], requested, default=first)
         higher = higher_is_better(mine)
         base = _baseline(variants, baseline)
+        if base is None:
+            _warn_no_baseline(experiment, variants, baseline)
         base_mean = mean_std(_metric_value(r, mine, use) for r in variants[base])[0] if base else None
         base_speed = mean_std(r.get("samples_per_second") for r in variants[base])[0] if base else None
         order = ([base] if base else []) + sorted(v for v in variants if v != base)
@@ -194,7 +212,7 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
                 "runs": len(group), "metric": mine, "mean": mean, "std": std,
                 "vs_baseline": (mean - base_mean) if mean is not None and base_mean is not None else None,
                 "better": (None if mean is None or base_mean is None or variant == base
-                           else (mean >= base_mean) == higher),
+                           else (mean > base_mean if higher else mean < base_mean)),
                 "train_loss": loss, "samples_per_s": speed,
                 "speed_vs_baseline": speed / base_speed if speed and base_speed else None,
                 "diverged": f"{diverged}/{len(group)}",
@@ -371,7 +389,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                        "logger's save_dir (default: runs)")
     p.add_argument("--metric", help=f"the metric to compare (default: the first logged of {', '.join(METRICS)})")
     p.add_argument("--use", choices=("best", "final"), default="best", help="best or final validation value")
-    p.add_argument("--baseline", help="the baseline variant (default: bn, gn, post_ln or pre_ln)")
+    p.add_argument("--baseline", help="the baseline variant (default: bn, gn, post_ln or pre_ln, else another "
+                                     "scheme with BatchNorm, GroupNorm or LayerNorm; never dyt or derf)")
     p.add_argument("--out", default="compare", help="output folder")
     p.add_argument("--wandb_run", help="also log the table and plots to this W&B run (folder or id)")
     args = p.parse_args(argv)

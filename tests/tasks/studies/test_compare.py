@@ -209,3 +209,36 @@ def test_a_wandb_run_with_agc_is_a_variant_of_its_own():
     run = run_from_wandb(config=config, summary={}, history=[])
     assert variant_of(run) == "nf[agc_clip=0.01]"
     assert (run["seed"], run["lr"], run["batch_size"]) == (2, 0.2, 128)
+
+
+def test_a_layernorm_free_scheme_is_never_the_baseline(tmp_path, capsys):
+    """dyt and derf replace LayerNorm (their norm field names them): without post_ln or pre_ln a
+    study of them has no baseline, said in one line; with one, that one is the baseline."""
+    root = tmp_path / "transformers"
+    for folder, group, scheme, bleu in (("a", "wmt-6L", "dyt", 20.0), ("b", "wmt-6L", "derf", 21.0),
+                                        ("c", "wmt-6L", "rescale", 22.0), ("d", "wmt-18L", "dyt", 20.0),
+                                        ("e", "wmt-18L", "deepnorm", 19.0)):
+        (root / folder).mkdir(parents=True)
+        (root / folder / "run_summary.json").write_text(json.dumps(
+            {"group": group, "scheme": scheme, "seed": 0, "status": "finished", "final": {"val/bleu": bleu},
+             "best": {"val/bleu": bleu}}))
+    assert main(["compare", str(root), "--out", "cmp"]) == 0
+    with open(tmp_path / "cmp/compare.csv") as f:
+        rows = [(r["experiment"], r["variant"], r["role"], r["vs_baseline"], r["better"]) for r in csv.DictReader(f)]
+    assert rows == [("wmt-18L", "deepnorm", "baseline", "0.0", ""), ("wmt-18L", "dyt", "", "1.0", "True"),
+                    ("wmt-6L", "derf", "", "", ""), ("wmt-6L", "dyt", "", "", ""), ("wmt-6L", "rescale", "", "", "")]
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "warning: wmt-6L: no normalized baseline (none of bn, gn, post_ln, pre_ln, nor another scheme with "
+        "BatchNorm, GroupNorm or LayerNorm) among its variants derf, dyt, rescale; its rows have no comparison to "
+        "a baseline (name one of its variants with --baseline)"]
+
+
+def test_a_tie_with_the_baseline_is_not_better():
+    from rescale_tasks.studies.compare import compare_rows
+
+    def run(scheme, metric, value):
+        return {"group": "g", "scheme": scheme, "status": "finished", "final": {metric: value}, "best": {metric: value}}
+    for metric in ("val/bleu", "val/loss"):
+        rows, _ = compare_rows([run("post_ln", metric, 0.0), run("rezero", metric, 0.0)], metric=metric)
+        assert [(r["variant"], r["vs_baseline"], r["better"]) for r in rows] == [
+            ("post_ln", 0.0, None), ("rezero", 0.0, False)], metric
