@@ -135,6 +135,7 @@ def _no_blocks(subject: Subject, what: str) -> UserError:
 
 
 def _signal(args, overrides: list[str]) -> int:
+    out = StudyOutputs(args.out or "analysis/signal")
     rows = []
     for subject in subjects(args.config, args.ckpt, overrides, args.device):
         if not residual_blocks(subject.net):
@@ -142,7 +143,6 @@ def _signal(args, overrides: list[str]) -> int:
         inputs = probe_inputs(subject, args.input, args.samples, args.shape, args.seed)
         rows += signal_rows(signal_propagation(subject.net, inputs, train=args.train), subject.label)
         del subject
-    out = StudyOutputs(args.out or "analysis/signal")
     mode = "train" if args.train else "eval"
     title = f"signal propagation ({args.samples} {args.input} samples, {mode} mode)"
     out.table("signal", rows, SIGNAL_COLUMNS, title=title)
@@ -154,6 +154,7 @@ def _signal(args, overrides: list[str]) -> int:
 
 
 def _scalars(args, overrides: list[str]) -> int:
+    out = StudyOutputs(args.out or "analysis/scalars")
     rows = []
     for subject in subjects(args.config, args.ckpt, overrides, "cpu"):
         found = gain_rows(subject.net, subject.name, subject.step)
@@ -165,7 +166,6 @@ def _scalars(args, overrides: list[str]) -> int:
                             f"none); `rescale analyze scalars` needs a scheme with gains: {', '.join(with_gains)}")
         rows += found
         del subject
-    out = StudyOutputs(args.out or "analysis/scalars")
     out.table("scalars", rows, SCALAR_COLUMNS, title="learned branch multipliers per block")
     out.figure("scalars", scalars_figure(rows))
     out.finish(args.wandb_run, args.wandb_project, echo=["scalars"])
@@ -176,6 +176,7 @@ def _dead_relu(args, overrides: list[str]) -> int:
     if args.max_samples < 1 or args.eval_samples < 1 or args.batch_size < 1:
         raise UserError("--max_samples, --eval_samples and --batch_size must be at least 1")
     sizes = [2 ** i for i in range(10) if 2 ** i <= args.max_samples]  # 1 .. 512
+    out = StudyOutputs(args.out or "analysis/dead_relu")
     shifted = ["--model.init_args.scheme_options.mean_shift", "true"]
     for config, name in zip(args.config, run_names(args.config)):  # every config checked before any is measured
         try:
@@ -197,7 +198,6 @@ def _dead_relu(args, overrides: list[str]) -> int:
             measure, evaluate = take_samples(inputs, 0, sizes[-1]), take_samples(inputs, sizes[-1])
             rows += dead_relu_rows(subject.net, measure, evaluate, sizes, name, shift, args.batch_size)
             del subject
-    out = StudyOutputs(args.out or "analysis/dead_relu")
     out.table("dead_relu", rows, DEAD_RELU_COLUMNS,
               title=f"dead ReLUs at initialisation ({args.eval_samples} {args.input} evaluation samples)")
     out.figure("dead_relu", dead_relu_figure(rows))

@@ -399,6 +399,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     missing = [f for f in args.folders if not os.path.exists(f)]
     if missing:
         raise UserError(f"rescale compare: no such folder {missing[0]}")
+    outputs = StudyOutputs(args.out)
     runs, skipped = _read_summaries(args.folders)
     if args.wandb_project:  # a run under both the folders and --wandb_dir counts once
         runs = latest_segments(runs + _wandb_runs(args.wandb_project, args.wandb_dir))
@@ -407,7 +408,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         raise UserError(f"no {which} under {', '.join(args.folders)}: every `rescale fit` writes one beside its "
                         "config; point at the runs' folders")
     rows, metric = compare_rows(runs, args.metric, args.baseline, args.use)
-    outputs = StudyOutputs(args.out)
     metrics = ", ".join(dict.fromkeys(r["metric"] for r in rows)) or metric
     left_out = f"; {skipped} malformed run_summary.json left out" if skipped else ""
     outputs.table("compare", rows, title=f"{metrics} ({args.use}; each experiment its task's metric, see the "

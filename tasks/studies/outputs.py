@@ -13,7 +13,7 @@ import yaml
 
 from ..common.errors import UserError
 from ..common.reporting import wandb_mode
-from ..common.system import atomic_open, atomic_path, write_output
+from ..common.system import atomic_open, atomic_path, require_writable, write_output
 
 __all__ = ["write_table", "markdown_table", "format_cell", "save_figure", "log_to_wandb", "StudyOutputs"]
 
@@ -131,9 +131,11 @@ def _run_of_folder(folder: str) -> tuple[str, Optional[str]]:
 
 class StudyOutputs:
     """The files of one command: ``<out>/<stem>.csv|.md|.png``, remembered for W&B and the final
-    listing printed to the user."""
+    listing printed to the user. A folder that cannot be written is refused when made, in one
+    :class:`UserError` line, before the command does its work."""
 
     def __init__(self, out: str) -> None:
+        require_writable(out, "the output folder", "give --out a folder you can write")
         self.out = out
         self.tables: dict[str, list[dict]] = {}
         self.images: dict[str, str] = {}

@@ -62,7 +62,8 @@ def claim_run_folder(trainer: L.Trainer) -> Iterator[Optional[str]]:
         yield folder
         return
     with folder_lock(folder, "run folder", "one process at a time trains a run id: wait until that one ends, "
-                                           "or give this run another id (--trainer.logger.init_args.id)"):
+                                           "or give this run another id (--trainer.logger.init_args.id)",
+                     "give trainer.logger.init_args.save_dir a folder you can write"):
         yield folder
 
 

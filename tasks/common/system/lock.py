@@ -19,6 +19,7 @@ import time
 from typing import Iterator
 
 from ..errors import UserError
+from .writable import require_writable
 
 __all__ = ["folder_lock", "FolderBusy", "LOCK_FILE"]
 
@@ -35,9 +36,13 @@ class FolderBusy(UserError):
 
 @contextlib.contextmanager
 def folder_lock(folder: str, what: str = "study folder",
-                fix: str = "wait until it ends, or give this study another --out folder") -> Iterator[str]:
+                fix: str = "wait until it ends, or give this study another --out folder",
+                unwritable: str = "give --out a folder you can write") -> Iterator[str]:
     """Hold ``<folder>/.lock`` (created if needed) for the ``with`` block; :class:`FolderBusy`
-    (one line: ``<what> <folder> is in use by <holder>; <fix>``) when another process holds it."""
+    (one line: ``<what> <folder> is in use by <holder>; <fix>``) when another process holds it,
+    a :class:`UserError` (``cannot write <what> <folder>: <why>; <unwritable>``) when the folder
+    cannot be written (a part of its path is a file), nothing created."""
+    require_writable(folder, what, unwritable)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, LOCK_FILE)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -292,6 +292,27 @@ def test_bad_input_is_one_line(tmp_path, run_config, error_line):
     assert parse_lr_grid("0.0125:0.1:2") == [0.0125, 0.025, 0.05, 0.1]
 
 
+@pytest.mark.parametrize("command", [
+    ["compare", "runs", "--out", "afile/out"],
+    ["study", "aggregate", "seeds", "--out", "afile/out"],
+    ["analyze", "signal", "--config", "tiny.yaml", "--input", "gaussian", "--out", "afile/out"],
+    ["study", "depth", "--config", "tiny.yaml", "--depths", "8", "--schemes", "rescale", "--out", "afile/out"],
+], ids=["compare", "study aggregate", "analyze signal", "study depth"])
+def test_an_output_folder_under_a_file_is_one_line_and_nothing_is_written(command, tmp_path, run_config,
+                                                                           error_line):
+    tiny(run_config, tmp_path / "tiny.yaml")
+    assert main(["study", "seeds", "--config", "tiny.yaml", "--seeds", "2", "--out", "seeds", "--engine", "slurm"]) == 0
+    (tmp_path / "runs/a").mkdir(parents=True)
+    (tmp_path / "runs/a/run_summary.json").write_text(json.dumps(summary("finished", 0.5, 2.0, 0.25, 0)))
+    (tmp_path / "afile").touch()
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert main(command) == 2
+    message = error_line()
+    assert message.startswith("cannot write ") and message.endswith(
+        f"{tmp_path / 'afile/out'}: {tmp_path / 'afile'} is a file, not a folder; give --out a folder you can write")
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
 def test_a_config_edited_after_points_ran_is_refused_a_comment_is_not(tmp_path, run_config, error_line):
     """The grid records what its configs say: a value edited after a point ran would mix two
     settings in one study, so writing the grid again and running a point are refused in one line;
