@@ -9,9 +9,11 @@ agent), so they need neither W&B's servers nor its file format.
 Contents: the run's identity (project, group, name, network, scheme, seed, lr, the adaptive
 gradient clipping threshold ``agc_clip`` (null: off), global batch),
 ``status`` (``finished``, ``diverged``, ``interrupted``), the final value of every logged scalar,
-the best validation values, curves (``[step, value]`` pairs: ``train/loss`` at the logged steps,
-every validation metric once per validation with the value the loggers received, also mid-epoch
-with ``val_check_interval`` and across resumes), steps, epochs, training seconds and the
+the best validation values, curves (``[step, value]`` pairs: ``train/loss`` once per logged
+optimizer step, with the ``train/loss_step`` the loggers received at it (with gradient
+accumulation, the window's last batch's loss, undivided, as Lightning logs it), every validation
+metric once per validation with the value the loggers received, also mid-epoch with
+``val_check_interval`` and across resumes), steps, epochs, training seconds and the
 throughput: ``samples`` and ``samples_per_second`` counted in the task's unit, named by ``throughput_unit``
 (images, clips, target tokens; :mod:`..data.throughput`). The loggers (W&B) receive the same rate as
 ``throughput/<unit>_per_s``: over the last ``log_every_n_steps`` steps while training, then the
@@ -46,6 +48,7 @@ from .outputs import run_directory
 __all__ = ["RunSummary", "SUMMARY_FILE", "MalformedSummary", "read_summary", "find_summaries", "higher_is_better"]
 
 SUMMARY_FILE = "run_summary.json"
+STEP_LOSS = "train/loss_step"  # the training loss every task logs at each step: the curve's values
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +117,7 @@ class RunSummary(L.Callback):
         self._trainer: Optional[L.Trainer] = None
         self._resumed = False  # the state came from a checkpoint
         self._stepped = False  # this process has trained a batch
+        self._window_trained = False  # a batch of the current accumulation window had samples
 
     # the curves and counters travel in the checkpoint: a resumed run's summary covers all of it
     def _elapsed(self) -> float:
@@ -153,12 +157,16 @@ class RunSummary(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._stepped = True
-        if is_skipped(outputs):  # a batch of bad files only: no step, and its zero loss no point
+        if not is_skipped(outputs):  # a batch of bad files only: no samples, and its zero loss no point
+            self.samples += items_in(pl_module, batch) * trainer.world_size
+            self._window_trained = True
+        if trainer.fit_loop.epoch_loop._should_accumulate():
+            return  # the optimizer step comes at the accumulation window's last batch
+        trained, self._window_trained = self._window_trained, False
+        if not trained:
             return
-        self.samples += items_in(pl_module, batch) * trainer.world_size
         if trainer.global_step % max(trainer.log_every_n_steps, 1) == 0 or trainer.global_step == 1:
-            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-            value = _scalar(loss)  # one read per logged step, as Lightning's own logging does
+            value = _step_loss(trainer, outputs)  # one read per logged step, as Lightning's own logging does
             if value is not None:
                 self.train_curve.append([trainer.global_step, value])
             now, (then, before) = time.perf_counter(), self._window
@@ -289,6 +297,18 @@ class RunSummary(L.Callback):
             return None
         self._written = True
         return path
+
+
+def _step_loss(trainer: L.Trainer, outputs: Any) -> Optional[float]:
+    """An optimizer step's training loss as the loggers receive it: the task's :data:`STEP_LOSS`
+    (Lightning logs the value of the accumulation window's last batch that logged it, averaged
+    over the processes with ``sync_dist``), else the loss the step returned, undivided (Lightning
+    hands the callbacks the loss divided by ``accumulate_grad_batches``)."""
+    logged = _scalar(trainer.callback_metrics.get(STEP_LOSS))
+    if logged is not None:
+        return logged
+    loss = _scalar(outputs.get("loss") if isinstance(outputs, dict) else outputs)
+    return None if loss is None else loss * trainer.accumulate_grad_batches
 
 
 def _text(value: Any) -> Optional[str]:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from rescale_tasks.cli import main
-from wandb_runs import find_offline_runs
+from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.common.run import find_summaries, read_summary
 
 
@@ -35,6 +35,24 @@ def test_fit_writes_its_summary_next_to_its_config(tmp_path, run_config, suite_w
     assert s["samples_per_second"] > 0 and s["checkpoint"].endswith("last.ckpt")
     assert (s["throughput_unit"], s["samples"]) == ("images", 6 * 64)  # 2 epochs of 3 batches of 64 digits
     summary_matches_wandb("runs")  # the values W&B received, the throughput in images/s too
+
+
+def test_under_gradient_accumulation_the_loss_curve_has_one_point_per_step_as_logged(tmp_path, run_config,
+                                                                                    suite_wandb_logger, same_curve):
+    """Two batches per optimizer step: one ``train/loss`` point per step, at its number, with the
+    loss W&B received as ``train/loss_step`` (the batch's own, not Lightning's loss divided by 2)."""
+    config = run_config(tmp_path / "run.yaml", trainer={
+        "limit_train_batches": 6, "accumulate_grad_batches": 2, "log_every_n_steps": 1,
+        "logger": suite_wandb_logger("rescale-test", "accumulate")})
+    assert main(["fit", "--config", config, "--seed_everything", "7"]) == 0
+    (path,) = find_summaries("runs")
+    (run_dir,) = find_offline_runs("runs")
+    s, history = read_summary(path), read_offline_run(run_dir).history
+    logged = [[row["trainer/global_step"] + 1, row["train/loss_step"]] for row in history if "train/loss_step" in row]
+    assert s["steps"] == 3 and [step for step, _ in logged] == [1, 2, 3]
+    assert same_curve(s["curves"]["train/loss"], logged), (s["curves"]["train/loss"], logged)
+    assert s["final"]["train/loss_step"] == s["curves"]["train/loss"][-1][1]
+    assert all(value > 1.5 for _, value in s["curves"]["train/loss"])  # ten classes: about ln 10 at the start
 
 
 def test_a_diverged_run_says_so(tmp_path, run_config):
