@@ -2,7 +2,9 @@
 
 - :class:`ResumeState`: stores the random-number streams of every library and the W&B run id in
   the checkpoint and restores the streams when training restarts, so a resumed run draws the
-  same dropout masks and mixup coefficients as an uninterrupted one.
+  same dropout masks and mixup coefficients as an uninterrupted one; in a checkpoint written
+  inside an epoch, also what the epoch's logged training values have accumulated so far, so the
+  epoch's means (``train/loss_epoch``, ``train/acc1``) cover its batches from before the resume.
 - :class:`LastCheckpoint`: the one writer of ``last.ckpt``: at epoch ends, every n steps or
   minutes, and on SIGTERM (cluster preemption, ``scancel``, ``kill``), Ctrl-C, a closed terminal
   and the other stop signals of :mod:`..system.stop_signals`, where Lightning finishes the current step and
@@ -16,6 +18,7 @@ The files themselves (atomic writes, safe loading): :mod:`.files`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import signal
@@ -40,6 +43,8 @@ __all__ = ["ResumeState", "LastCheckpoint", "EpochCheckpoint", "preempted_messag
            "checkpoint_folder", "logger_folder", "LAST_NAME"]
 
 LAST_NAME = ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION  # last.ckpt
+
+log = logging.getLogger(__name__)
 
 
 def _rng_states() -> dict[str, Any]:
@@ -71,15 +76,29 @@ def _set_rng_states(states: dict[str, Any]) -> None:
 
 
 class ResumeState(L.Callback):
-    """Random streams and the W&B run id, saved with every checkpoint and restored on resume.
+    """Random streams and the W&B run id, saved with every checkpoint and restored on resume;
+    with a checkpoint written inside an epoch, the epoch's training accumulators too.
 
     The streams are restored when training starts (after Lightning has set up the data and run
     any sanity check), i.e. exactly where the uninterrupted run stood after the saved step.
     Only tensors and plain values are stored, so ``weights_only`` loading accepts them.
+
+    The epoch accumulators: what the values logged with ``on_epoch=True`` in ``training_step``
+    have summed so far (Lightning's weighted sums and batch counts, and the states of the
+    torchmetrics metrics logged there, such as ``train_acc``), one entry per process, with how
+    each was logged. Lightning 2.6 saves neither (its loops' state holds counters only, its
+    result collection is not in the checkpoint), so a run resumed mid-epoch would average only
+    the batches after the resume, and one resumed at a validation that ends an epoch would log
+    no training means for that epoch. When training starts they are put back: the metrics'
+    states, and Lightning's entries as its own ``self.log`` makes them, holding the saved sums;
+    the batches after the resume add to them as they did in the uninterrupted run. The states of
+    metrics holding lists (``cat`` reductions) are kept with one process only.
     """
 
     def __init__(self) -> None:
         self._pending: Optional[dict[str, Any]] = None
+        self._sums: Optional[dict[str, Any]] = None  # the epoch accumulators to restore
+        self._trainer: Optional[L.Trainer] = None
         self.run_id: Optional[str] = None
 
     @property
@@ -87,12 +106,18 @@ class ResumeState(L.Callback):
         return "ResumeState"
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": _rng_states(), "run_id": self.run_id}
+        state = {"rng": _rng_states(), "run_id": self.run_id}
+        sums = _epoch_sums(self._trainer) if self._trainer is not None else None
+        if sums is not None:
+            state["epoch_sums"] = sums
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending = state_dict.get("rng")
+        self._sums = state_dict.get("epoch_sums")
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._trainer = trainer
         for logger in trainer.loggers:
             version = getattr(logger, "version", None)
             if version is not None and isinstance(logger, WandbLogger):
@@ -103,6 +128,114 @@ class ResumeState(L.Callback):
         if self._pending is not None:
             _set_rng_states(self._pending)
             self._pending = None
+        if self._sums is not None:
+            _restore_epoch_sums(trainer, self._sums)
+            self._sums = None
+
+
+# how a value was logged (the arguments of LightningModule.log that Lightning's entry keeps)
+_LOG_ARGS = ("prog_bar", "logger", "on_step", "on_epoch", "enable_graph", "add_dataloader_idx", "metric_attribute")
+
+
+def _epoch_open(trainer: L.Trainer) -> bool:
+    """Whether a training epoch has begun and its end has not: its logged values are still summing."""
+    if trainer.state.fn != "fit" or trainer.sanity_checking:
+        return False
+    progress = trainer.fit_loop.epoch_progress.current
+    return progress.started > progress.processed
+
+
+def _by_rank(trainer: L.Trainer, tensor: torch.Tensor) -> torch.Tensor:
+    """Every process's ``tensor``, stacked in rank order (a collective with several processes)."""
+    tensor = tensor.detach()
+    if trainer.world_size == 1:
+        return tensor.unsqueeze(0).cpu()
+    return trainer.strategy.all_gather(tensor).cpu()
+
+
+def _epoch_sums(trainer: L.Trainer) -> Optional[dict[str, Any]]:
+    """What the open training epoch's logged values have accumulated, per process (None outside one)."""
+    if not _epoch_open(trainer):
+        return None
+    module = trainer.lightning_module
+    entries: dict[str, dict] = {}
+    metrics: dict[str, dict] = {}
+    for key, result in trainer.fit_loop.epoch_loop._results.items():
+        meta = result.meta
+        if result.has_reset or not meta.on_epoch or meta.dataloader_idx is not None or meta.sync._group is not None:
+            continue
+        entry = {"fx": meta.fx, "name": meta.name, "reduce_fx": meta.reduce_fx.__name__,
+                 "sync_dist": bool(meta.sync.should), "rank_zero_only": bool(meta.sync.rank_zero_only),
+                 **{arg: getattr(meta, arg) for arg in _LOG_ARGS}}
+        if result.is_tensor:
+            entry["states"] = {name: _by_rank(trainer, getattr(result, name))
+                               for name in ("value", "cumulated_batch_size") if hasattr(result, name)}
+        elif meta.metric_attribute:
+            if meta.metric_attribute not in metrics:
+                states = _metric_states(trainer, module.get_submodule(meta.metric_attribute))
+                if states is None:
+                    continue
+                metrics[meta.metric_attribute] = states
+        else:
+            continue
+        entries[key] = entry
+    return {"epoch": trainer.current_epoch, "world_size": trainer.world_size, "entries": entries, "metrics": metrics}
+
+
+def _metric_states(trainer: L.Trainer, metric: Any) -> Optional[dict[str, Any]]:
+    states = {name: getattr(metric, name) for name in metric._defaults}
+    if any(isinstance(v, list) for v in states.values()):
+        if trainer.world_size > 1:
+            log.warning(f"warning: {type(metric).__name__} holds lists: a checkpoint written inside an epoch keeps "
+                        "its state with one process only")
+            return None
+        states = {k: [t.detach().cpu() for t in v] if isinstance(v, list) else v.detach().cpu().unsqueeze(0)
+                  for k, v in states.items()}
+    else:
+        states = {k: _by_rank(trainer, v) for k, v in states.items()}
+    return {"states": states, "updates": int(metric._update_count)}
+
+
+def _restore_epoch_sums(trainer: L.Trainer, sums: dict[str, Any]) -> None:
+    """Put the saved accumulators of the epoch the run resumes in back where they were."""
+    if sums.get("epoch") != trainer.current_epoch:
+        return
+    if sums.get("world_size") != trainer.world_size:
+        log.warning(f"warning: the checkpoint's epoch sums were taken on {sums.get('world_size')} processes, this run "
+                    f"has {trainer.world_size}: this epoch's training means cover only the batches after the resume")
+        return
+    module, rank = trainer.lightning_module, trainer.global_rank
+    for name, saved in sums["metrics"].items():
+        metric = module.get_submodule(name)
+        for state, value in saved["states"].items():
+            if isinstance(value, list):
+                setattr(metric, state, [v.to(module.device) for v in value])
+            else:
+                current = getattr(metric, state)
+                setattr(metric, state, value[rank].to(device=current.device, dtype=current.dtype))
+        metric._update_count = saved["updates"]
+        metric._computed = None
+    results = trainer.fit_loop.epoch_loop._results
+    for key, entry in sums["entries"].items():
+        if key in results:
+            continue
+        states = entry.get("states")
+        attribute = entry["metric_attribute"]
+        value = module.get_submodule(attribute) if states is None else \
+            torch.zeros((), dtype=states["value"].dtype, device=module.device)
+        # the entry Lightning's self.log makes, so the batches after the resume log into it
+        results.log(entry["fx"], entry["name"], value, reduce_fx=entry["reduce_fx"], batch_size=1,
+                    sync_dist=entry["sync_dist"], sync_dist_fn=trainer.strategy.reduce,
+                    rank_zero_only=entry["rank_zero_only"], **{arg: entry[arg] for arg in _LOG_ARGS})
+        result = results[key]
+        for name, saved in (states or {}).items():
+            setattr(result, name, saved[rank].to(device=module.device, dtype=getattr(result, name).dtype))
+        result._forward_cache = None if states is not None else result._forward_cache
+        result._computed = None
+    if sums["entries"] and trainer._logger_connector._first_loop_iter is None:
+        # Lightning's self.log starts the sums afresh at a loop's first batch: the resumed run's
+        # first batch is one in the middle of the epoch, as in the uninterrupted run
+        trainer._logger_connector._first_loop_iter = True
 
 
 def _load_train_loader_state(trainer: L.Trainer) -> None:

@@ -5,7 +5,8 @@ ResNet validating every 3 steps, with offline W&B runs, step checkpoints and a b
 checkpoint; a probe callback (``tests/signal_probe.py``) sends SIGTERM to the run itself in training, in
 the middle of a validation, or in the validation at an epoch's end. The resumed run's
 ``run_summary.json`` (every validation, best and final values, steps, samples), its checkpoint
-files and weights, and its W&B history must be the uninterrupted run's. Resuming mid-epoch with
+files and weights, and its W&B history (every validation, every training epoch's means) must be
+the uninterrupted run's. Resuming mid-epoch with
 another batch size is refused in one line and changes nothing.
 """
 from __future__ import annotations
@@ -86,10 +87,13 @@ def _checkpoints(folder: Path) -> Path:
     return folder / "runs" / "life" / RUN_ID / "checkpoints"
 
 
-def _val_history(folder: Path) -> dict[int, float]:
-    """val/acc1 by W&B step over every offline segment of the run."""
+def _epoch_history(folder: Path) -> dict[tuple[str, int], float]:
+    """The validations' val/acc1 and the training epochs' means (train/loss_epoch, train/acc1:
+    an epoch a signal cut averages its batches from before the resume too) by key and W&B step,
+    over every offline segment of the run."""
     rows = [row for run in find_offline_runs(str(folder / "runs")) for row in read_offline_run(run).history]
-    return {row["trainer/global_step"]: row["val/acc1"] for row in rows if "val/acc1" in row}
+    return {(key, row["trainer/global_step"]): row[key] for row in rows
+            for key in ("val/acc1", "train/loss_epoch", "train/acc1") if key in row}
 
 
 def _assert_same_run(whole: Path, resumed: Path) -> None:
@@ -99,7 +103,9 @@ def _assert_same_run(whole: Path, resumed: Path) -> None:
     assert a["global_step"] == b["global_step"] == 12
     for key, value in a["state_dict"].items():
         assert torch.equal(value, b["state_dict"][key]), key
-    assert _val_history(resumed) == _val_history(whole)
+    history = _epoch_history(whole)
+    assert {key for key, _ in history} == {"val/acc1", "train/loss_epoch", "train/acc1"}
+    assert _epoch_history(resumed) == history
 
 
 @pytest.fixture(scope="module")
