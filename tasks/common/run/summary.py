@@ -7,7 +7,8 @@ aggregations read these files wherever the runs ran (this machine, a SLURM array
 agent), so they need neither W&B's servers nor its file format.
 
 Contents: the run's identity (project, group, name, network, scheme, seed, lr, the adaptive
-gradient clipping threshold ``agc_clip`` (null: off), global batch),
+gradient clipping threshold ``agc_clip`` (null: off) with its ``agc_eps`` and
+``agc_clip_classifier``, ``precision``, batch size, ``accumulate_grad_batches``, global batch),
 ``status`` (``finished``, ``diverged``, ``interrupted``), the final value of every logged scalar,
 the best validation values, curves (``[step, value]`` pairs: ``train/loss`` once per logged
 optimizer step, with the ``train/loss_step`` the loggers received at it (with gradient
@@ -263,7 +264,11 @@ class RunSummary(L.Callback):
             "seed": int(os.environ["PL_GLOBAL_SEED"]) if os.environ.get("PL_GLOBAL_SEED") else None,
             "lr": lr,
             "agc_clip": hparams.get("agc_clip"),
+            "agc_eps": hparams.get("agc_eps") if hparams.get("agc_clip") is not None else None,
+            "agc_clip_classifier": hparams.get("agc_clip_classifier") if hparams.get("agc_clip") is not None else None,
+            "precision": str(trainer.precision),
             "batch_size": batch,
+            "accumulate_grad_batches": trainer.accumulate_grad_batches,
             "global_batch": batch * trainer.world_size * trainer.accumulate_grad_batches if batch else None,
             "world_size": trainer.world_size,
             "status": status,
@@ -339,8 +344,9 @@ class MalformedSummary(DataError, ValueError):
 
 # the fields readers use, by the type RunSummary writes them (each may also be null or absent)
 _TEXT = ("name", "project", "group", "run_id", "task", "network", "scheme", "status", "error", "throughput_unit",
-         "checkpoint")
-_NUMBER = ("num_classes", "seed", "lr", "agc_clip", "batch_size", "global_batch", "world_size", "diverged_step", "steps",
+         "checkpoint", "precision")
+_NUMBER = ("num_classes", "seed", "lr", "agc_clip", "agc_eps", "batch_size", "accumulate_grad_batches", "global_batch",
+           "world_size", "diverged_step", "steps",
            "epochs", "train_seconds", "samples", "samples_per_second")
 _MAPPING = ("scheme_options", "network_options", CODE_KEY)
 _METRICS = ("final", "best")  # metric name -> number

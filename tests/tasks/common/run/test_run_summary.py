@@ -27,6 +27,7 @@ def test_fit_writes_its_summary_next_to_its_config(tmp_path, run_config, suite_w
     s = read_summary(path)
     assert (s["name"], s["project"], s["group"]) == ("summary", "rescale-test", "digits-tiny")
     assert (s["network"], s["scheme"], s["seed"], s["lr"], s["global_batch"]) == ("cifar_resnet", "rescale", 7, 0.1, 64)
+    assert s["agc_clip"] is s["agc_eps"] is s["agc_clip_classifier"] is None  # no AGC: nothing of it
     assert s["status"] == "finished" and s["steps"] == 6 and s["epochs"] == 2 and s["diverged_step"] is None
     assert [step for step, _ in s["curves"]["train/loss"]] == [1, 2, 3, 4, 5, 6]
     assert [step for step, _ in s["curves"]["val/acc1"]] == [3, 6]  # one validation per epoch, at its step
@@ -77,6 +78,8 @@ def test_a_run_without_a_logger_trains_and_still_writes_its_summary(tmp_path, ru
     assert main(["fit", "--config", config]) == 0  # TINY_RUN has logger: false
     s = read_summary(str(tmp_path / "root"))
     assert s["status"] == "finished" and s["steps"] == 2 and s["num_classes"] == 10 and s["agc_clip"] == 0.02
+    assert (s["agc_eps"], s["agc_clip_classifier"], s["precision"], s["accumulate_grad_batches"]) == (1e-3, False,
+                                                                                                    "32-true", 1)
 
 
 # --- every validation once, at its step, with the value the logger received ---------------------
