@@ -10,7 +10,7 @@ builds, and ``rescale average-checkpoints``.
 from .files import (SAFE_GLOBALS, AtomicCheckpointIO, CheckpointError, CheckpointInfo, checkpoint_exists,
                     is_remote, peek_checkpoint, safe_load)
 from .callbacks import (LAST_NAME, EpochCheckpoint, LastCheckpoint, ResumeState, checkpoint_folder,
-                        logger_folder, preempted_message, stop_signal)
+                        logger_folder, planned_checkpoint_folder, preempted_message, stop_signal)
 from .compat import (ARCHITECTURE_KEYS, CONFIG_KEYS, MISMATCH_FIX, NETWORK_PREFIX,
                      check_checkpoint_compatible, check_config_against_checkpoint, hparam_differences,
                      load_into_module, network_weights, require_classification_checkpoint,
@@ -19,7 +19,8 @@ from .averaging import average_checkpoints
 
 __all__ = ["SAFE_GLOBALS", "AtomicCheckpointIO", "CheckpointError", "CheckpointInfo", "checkpoint_exists",
            "is_remote", "peek_checkpoint", "safe_load", "LAST_NAME", "EpochCheckpoint", "LastCheckpoint",
-           "ResumeState", "checkpoint_folder", "logger_folder", "preempted_message", "stop_signal",
+           "ResumeState", "checkpoint_folder", "logger_folder", "planned_checkpoint_folder", "preempted_message",
+           "stop_signal",
            "ARCHITECTURE_KEYS", "CONFIG_KEYS", "MISMATCH_FIX", "NETWORK_PREFIX",
            "check_checkpoint_compatible", "check_config_against_checkpoint", "hparam_differences",
            "load_into_module", "network_weights", "require_classification_checkpoint",

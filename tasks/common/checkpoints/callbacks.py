@@ -40,7 +40,7 @@ from ..system import POLITE_SIGNALS, drop_gone_terminal, max_over_ranks, signal_
 from ..training import DivergenceMonitor
 
 __all__ = ["ResumeState", "LastCheckpoint", "EpochCheckpoint", "preempted_message", "stop_signal",
-           "checkpoint_folder", "logger_folder", "LAST_NAME"]
+           "checkpoint_folder", "planned_checkpoint_folder", "logger_folder", "LAST_NAME"]
 
 LAST_NAME = ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION  # last.ckpt
 
@@ -301,10 +301,7 @@ class LastCheckpoint(L.Callback):
 
     def folder(self, trainer: L.Trainer) -> Optional[str]:
         """``dirpath/<run id>`` (None without a ``dirpath``)."""
-        if not self.dirpath:
-            return None
-        version = getattr(trainer.logger, "version", None) if trainer.logger is not None else None
-        return self.dirpath.rstrip("/") + (f"/{version}" if version else "")
+        return _run_subfolder(self.dirpath, trainer.logger)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Point the ModelCheckpoints without a folder of their own at ``dirpath`` (before their
@@ -521,26 +518,52 @@ def checkpoint_folder(trainer: L.Trainer) -> str:
     id>``, or where that ModelCheckpoint will put them, as Lightning resolves it:
     ``<save_dir>/<logger name>/<version>/checkpoints`` (W&B: ``runs/<project>/<run id>/checkpoints``)."""
     checkpoint = trainer.checkpoint_callback
-    if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath:
-        return checkpoint.dirpath
     last = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)
-    if last is not None and last.folder(trainer):
-        return last.folder(trainer)
-    folder = logger_folder(trainer)
-    if isinstance(checkpoint, ModelCheckpoint) and folder is not None:
+    return planned_checkpoint_folder(trainer.loggers[0] if trainer.loggers else None, trainer.default_root_dir,
+                                     checkpoint.dirpath if isinstance(checkpoint, ModelCheckpoint) else None,
+                                     last.dirpath if last is not None else None,
+                                     checkpointing=isinstance(checkpoint, ModelCheckpoint))
+
+
+def planned_checkpoint_folder(logger: Optional[Any], default_root_dir: Optional[str],
+                              checkpoint_dirpath: Optional[str] = None, last_dirpath: Optional[str] = None,
+                              checkpointing: bool = True) -> str:
+    """:func:`checkpoint_folder` from its parts, for a run whose Trainer is not built yet: its
+    first logger, ``trainer.default_root_dir`` (None: the working directory), the first
+    ModelCheckpoint's ``dirpath``, ``last_checkpoint.dirpath``; ``checkpointing``: whether the run
+    has a ModelCheckpoint."""
+    root = default_root_dir or os.getcwd()
+    if checkpoint_dirpath:
+        return checkpoint_dirpath
+    last = _run_subfolder(last_dirpath, logger)
+    if last is not None:
+        return last
+    folder = _logger_folder(logger, root)
+    if checkpointing and folder is not None:
         return os.path.join(folder, "checkpoints")
-    return os.path.join(trainer.default_root_dir, "checkpoints")
+    return os.path.join(root, "checkpoints")
+
+
+def _run_subfolder(dirpath: Optional[str], logger: Optional[Any]) -> Optional[str]:
+    """``dirpath/<run id>`` (None without a ``dirpath``)."""
+    if not dirpath:
+        return None
+    version = getattr(logger, "version", None) if logger is not None else None
+    return dirpath.rstrip("/") + (f"/{version}" if version else "")
 
 
 def logger_folder(trainer: L.Trainer) -> Optional[str]:
     """``<save_dir>/<logger name>/<version>`` of the first logger, the folder Lightning gives a
     run's checkpoints (W&B: ``runs/<project>/<run id>``); None without a logger (or with
     ``fast_dev_run``'s stand-in, which has no folder)."""
-    logger = trainer.loggers[0] if trainer.loggers else None
+    return _logger_folder(trainer.loggers[0] if trainer.loggers else None, trainer.default_root_dir)
+
+
+def _logger_folder(logger: Optional[Any], default_root_dir: str) -> Optional[str]:
     if logger is None or isinstance(logger, DummyLogger) or logger.version in (None, ""):
         return None
     version = logger.version
-    return os.path.join(logger.save_dir or trainer.default_root_dir, str(logger.name),
+    return os.path.join(logger.save_dir or default_root_dir, str(logger.name),
                         version if isinstance(version, str) else f"version_{version}")
 
 

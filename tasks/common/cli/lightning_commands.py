@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import sys
 from typing import Optional
 
 import lightning.pytorch as L
 import yaml
-from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from ..checkpoints import (EpochCheckpoint, LastCheckpoint, ResumeState, check_config_against_checkpoint,
-                           peek_checkpoint, run_arguments_over_checkpoint, typed_model_arguments)
+from ..checkpoints import (LAST_NAME, EpochCheckpoint, LastCheckpoint, ResumeState, check_config_against_checkpoint,
+                           checkpoint_exists, peek_checkpoint, planned_checkpoint_folder,
+                           run_arguments_over_checkpoint, typed_model_arguments)
 from ..module import RescaleTaskModule
 from ..reporting import label_runs, use_line_progress
 from ..run import (ResultsFolder, RunSummary, SaveConfigToRun, SkippedDataReport, check_run_outputs,
@@ -78,21 +80,31 @@ class RescaleCLI(LightningCLI):
         (:func:`~rescale_tasks.common.checkpoints.run_arguments_over_checkpoint`). Lightning's own
         step (listed in :mod:`~rescale_tasks.common.system.private_apis`): the public hooks come before
         it (``parse_arguments``) or after it (``before_instantiate_classes``), and neither would turn a
-        checkpoint whose hyper-parameters do not parse into one line."""
+        checkpoint whose hyper-parameters do not parse into one line. Lightning reads
+        hyper-parameters from a file's path only: ``fit --ckpt_path last`` is read from the
+        ``last.ckpt`` it resumes (:func:`_last_checkpoint_file`), and stays ``last`` for the run."""
         sub = self.config.get("subcommand")
-        before = None
+        before = given = None
         if sub:
             section = self.config[sub]
+            given = section.get("ckpt_path")
+            if sub == "fit" and given == "last":
+                section.ckpt_path = _last_checkpoint_file(section) or given
             check_config_against_checkpoint(section.get("model"), section.get("ckpt_path"),
                                             normalize=resolved_architecture)
             before = copy.deepcopy(section.get("model"))
-        with config_errors(self.parser):
-            super()._parse_ckpt_path()
-        if sub and before is not None and self.config[sub].get("ckpt_path"):
-            restored = run_arguments_over_checkpoint(before, self.config[sub].get("model"), self.config[sub].ckpt_path,
-                                                     typed=getattr(self, "_typed_model_arguments", ()))
-            for key, value in restored.items():
-                self.config[sub].model.init_args[key] = value
+        try:
+            with config_errors(self.parser):
+                super()._parse_ckpt_path()
+            if sub and before is not None and self.config[sub].get("ckpt_path"):
+                restored = run_arguments_over_checkpoint(before, self.config[sub].get("model"),
+                                                         self.config[sub].ckpt_path,
+                                                         typed=getattr(self, "_typed_model_arguments", ()))
+                for key, value in restored.items():
+                    self.config[sub].model.init_args[key] = value
+        finally:
+            if sub:
+                self.config[sub].ckpt_path = given
 
     def _dump_config(self) -> None:
         """Lightning's (:mod:`~rescale_tasks.common.system.private_apis`): the config as a
@@ -194,6 +206,36 @@ def _run_id_given(config) -> bool:
         return True
     init = logger.get("init_args") or {}
     return bool(init.get("id")) or init.get("version") is not None
+
+
+def _last_checkpoint_file(config) -> Optional[str]:
+    """The ``last.ckpt`` that ``fit --ckpt_path last`` resumes (:func:`~rescale_tasks.common.run.resume_point`),
+    found from the config before the Trainer is built: in the run's checkpoint folder
+    (:func:`~rescale_tasks.common.checkpoints.planned_checkpoint_folder`, with the configured logger);
+    None when the run has none, or no fixed id (``last`` then resumes nothing)."""
+    trainer = config.get("trainer") or {}
+    logger = trainer.get("logger")
+    logger = logger[0] if isinstance(logger, list) and logger else logger
+    if not _run_id_given(config):
+        return None  # a new run id: nothing of this run to resume
+    if logger is True:
+        return None  # Lightning's default logger: a new version, and a new folder, at every start
+    if hasattr(logger, "get"):
+        init = logger.get("init_args")
+        logger = class_of(logger.get("class_path"))(**(init.as_dict() if hasattr(init, "as_dict") else init or {}))
+    callbacks = trainer.get("callbacks") or []
+    checkpoint = next((c for c in (callbacks if isinstance(callbacks, list) else [callbacks])
+                       if hasattr(c, "get") and _is_checkpoint_callback(class_of(c.get("class_path")))), None)
+    dirpath = (checkpoint.get("init_args") or {}).get("dirpath") if checkpoint is not None else None
+    folder = planned_checkpoint_folder(logger if logger else None, trainer.get("default_root_dir"),
+                                       os.path.expanduser(dirpath) if dirpath else None,
+                                       (config.get("last_checkpoint") or {}).get("dirpath"))
+    path = os.path.join(folder, LAST_NAME)
+    return path if checkpoint_exists(path) else None
+
+
+def _is_checkpoint_callback(cls) -> bool:
+    return isinstance(cls, type) and issubclass(cls, ModelCheckpoint)
 
 
 def _is_task_module(model_class) -> bool:

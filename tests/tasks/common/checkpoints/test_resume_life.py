@@ -136,6 +136,22 @@ def test_a_run_stopped_and_resumed_reports_what_an_uninterrupted_run_does(cut, u
         assert (tmp_path / "cmp-wandb" / "compare.csv").read_text().splitlines()[1:] == table[1:]
 
 
+def test_ckpt_path_last_resumes_with_the_model_arguments_the_run_was_started_with(tmp_path, run_config,
+                                                                                  suite_wandb_logger):
+    """A model argument set off its default when the run started (AGC) and not repeated on resume:
+    ``--ckpt_path last`` takes it from the checkpoint, as a checkpoint's path does."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    whole.mkdir()
+    cut.mkdir()
+    agc = ("--model.init_args.agc_clip", "0.01")
+    assert _fit(whole, "--config", _config(run_config, suite_wandb_logger, whole), *agc) == 0
+    config = _config(run_config, suite_wandb_logger, cut, CUTS["training"])
+    assert _fit(cut, "--config", config, *agc) == 143
+    assert _fit(cut, "--config", config, "--ckpt_path", "last") == 0
+    assert _summary(cut)["agc_clip"] == _summary(whole)["agc_clip"] == 0.01
+    _assert_same_run(whole, cut)
+
+
 def test_resuming_mid_epoch_with_another_batch_size_is_refused_in_one_line(tmp_path, run_config,
                                                                           suite_wandb_logger, capsys):
     config = _config(run_config, suite_wandb_logger, tmp_path, CUTS["training"])
