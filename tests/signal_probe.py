@@ -14,8 +14,10 @@ import lightning.pytorch as L
 
 class SignalAt(L.Callback):
     """Sends ``signum`` to ``pid`` (default: this process) at optimizer step ``step``: after that
-    training step (``where="train"``) or as validation batch ``val_batch`` of the validation at
-    that step starts (``where="val"``). Once: the file ``marker`` records that it was sent, so a
+    training step (``where="train"``), after the first batch of the step that follows it, with
+    gradient accumulation the middle of a window (``where="accumulating"``: after a batch that
+    ends no optimizer step), or as validation batch ``val_batch`` of the validation at that step
+    starts (``where="val"``). Once: the file ``marker`` records that it was sent, so a
     resumed run does not send it again. ``rank``: the one process that sends it (the others get
     it forwarded, as Lightning's launcher forwards a signal to the processes it started).
 
@@ -30,6 +32,7 @@ class SignalAt(L.Callback):
         self.step, self.marker, self.where, self.val_batch = step, marker, where, val_batch
         self.signum, self.rank, self.pid = signum, rank, pid
         self.parties, self.timeout, self.linger = parties, timeout, linger
+        self._step_before_batch: Optional[int] = None
 
     def _meet(self) -> None:
         folder = os.path.dirname(self.marker)
@@ -54,8 +57,12 @@ class SignalAt(L.Callback):
             os.kill(os.getpid() if self.pid is None else self.pid, self.signum)
         time.sleep(self.linger)
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step_before_batch = trainer.global_step
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.where == "train":
+        stepped = trainer.global_step != self._step_before_batch
+        if self.where == "train" or (self.where == "accumulating" and not stepped):
             self._send(trainer)
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:

@@ -296,7 +296,7 @@ class LastCheckpoint(L.Callback):
         self._validated_at: Optional[int] = None  # the step of the training loop's last validation
         self._lightning_stop = None  # Lightning's SIGTERM handler
         self._handler = None  # ours, for every stop signal
-        self._stop_voted = False  # several processes: they agreed to stop
+        self._stop_due = False  # stop after this window's step: all processes agreed, or one's signal waits
         self._last_save = time.monotonic()
 
     def folder(self, trainer: L.Trainer) -> Optional[str]:
@@ -345,10 +345,13 @@ class LastCheckpoint(L.Callback):
         as it found it when the run ends. A signal with a handler of the user's own, or one ignored
         (``nohup``, a background job), is left alone.
 
-        One process: a signal goes to Lightning's handler at once. Several: the handler only
-        records it (Lightning's would run a collective inside the handler, which deadlocks when
-        the other processes are in another collective), and all processes decide together, after
-        each optimizer step, whether any of them got one (:meth:`_vote`)."""
+        One process: a signal goes to Lightning's handler at once, unless it comes inside a
+        gradient-accumulation window: then as the window's last batch starts, so that the run
+        stops after the optimizer step that closes it and no accumulated gradient is lost.
+        Several: the handler only records it (Lightning's would run a collective inside the
+        handler, which deadlocks when the other processes are in another collective), and all
+        processes decide together, after each optimizer step, whether any of them got one
+        (:meth:`_vote`)."""
         if threading.current_thread() is not threading.main_thread():
             return
         current = signal.getsignal(signal.SIGTERM)
@@ -379,10 +382,13 @@ class LastCheckpoint(L.Callback):
                     with contextlib.suppress(OSError):
                         os.write(2, f"\n{signal_label(signum)}: stopping after this step and saving "
                                     f"last.ckpt{again}\n".encode())
-            if not distributed:
+            if distributed:
+                if first and launcher is not None:
+                    launcher.kill(signum)  # the processes Lightning started, if it started them
+            elif _inside_window(trainer):
+                self._stop_due = True  # on_train_batch_start of the window's last batch
+            else:
                 self._lightning_stop(signum, frame)
-            elif first and launcher is not None:
-                launcher.kill(signum)  # the processes Lightning started, if it started them
 
         return stop_after_this_step
 
@@ -390,16 +396,17 @@ class LastCheckpoint(L.Callback):
         """Several processes: after each optimizer step and each validation, every process says
         whether it got a stop signal; if any did, all of them stop together where no collective is
         under way: at the end of this step's validation if it has one, else after the next step
-        (:meth:`_stop_together`). A validation is never cut: a signal that comes during one takes
+        (:meth:`_stop_together`); a validation inside an accumulation window, after the step that
+        closes it. A validation is never cut: a signal that comes during one takes
         effect when it ends."""
-        if self._handler is None or trainer.world_size == 1 or self._stop_voted:
+        if self._handler is None or trainer.world_size == 1 or self._stop_due:
             return
-        self._stop_voted = bool(max_over_ranks(int(self.stopped_by is not None)))
+        self._stop_due = bool(max_over_ranks(int(self.stopped_by is not None)))
 
     def _stop_together(self, trainer: L.Trainer) -> None:
         """Every process calls Lightning's SIGTERM handler at the same point (its collective is
         then matched), so each stops after the same step and saves together."""
-        self._stop_voted = False
+        self._stop_due = False
         signum = self.stopped_by or signal.SIGTERM
         self.stopped_by = signum
         self._lightning_stop(signum, None)
@@ -409,12 +416,12 @@ class LastCheckpoint(L.Callback):
             return
         self._validated_at = trainer.global_step
         self._vote(trainer)  # a signal that came during the validation stops the run right after it
-        if self._stop_voted:
+        if self._stop_due and not _inside_window(trainer):  # inside a window: at its last batch
             self._stop_together(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         # the step's last batch, so that no accumulated gradient is lost
-        if self._stop_voted and not trainer.fit_loop.epoch_loop._should_accumulate():
+        if self._stop_due and not _inside_window(trainer):
             self._stop_together(trainer)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
@@ -422,7 +429,7 @@ class LastCheckpoint(L.Callback):
             resume_point(checkpoint, self._stopped_in)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.sanity_checking or trainer.fit_loop.epoch_loop._should_accumulate():
+        if trainer.sanity_checking or _inside_window(trainer):
             return
         self._vote(trainer)
         due = bool(self.every_n_train_steps) and trainer.global_step % self.every_n_train_steps == 0
@@ -489,6 +496,12 @@ def resume_point(checkpoint: dict, stopped_in: str) -> None:
         progress["is_last_batch"] = False
     elif stopped_in == "after validation":
         state["_batches_that_stepped"] -= 1
+
+
+def _inside_window(trainer: L.Trainer) -> bool:
+    """Whether the training batch begun last (running, or done) ends no optimizer step: a
+    gradient-accumulation window is open, to be closed by a later batch of the epoch."""
+    return trainer.fit_loop.epoch_loop._should_accumulate()
 
 
 def _untouched(signum: int):

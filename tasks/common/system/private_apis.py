@@ -81,7 +81,8 @@ PRIVATE_APIS = (
                "common/checkpoints/callbacks.py: _load_train_loader_state", "loads the saved loader position",
                ("self", "states")),
     PrivateApi("lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "_should_accumulate", "method",
-               "common/checkpoints/callbacks.py: LastCheckpoint.on_train_batch_start/_end",
+               "common/checkpoints/callbacks.py: _inside_window (LastCheckpoint's signal handler, "
+               "on_train_batch_start/_end, on_validation_end)",
                "whether the batch ends an optimizer step: a stop signal waits for the step's last batch",
                ("self",)),
     PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", "epoch_loop.state_dict/_batches_that_stepped",

@@ -2,11 +2,11 @@
 
 Real ``rescale fit`` runs (in this process, and as two DDP processes over gloo) of a digits
 ResNet validating every 3 steps, with offline W&B runs, step checkpoints and a best-so-far
-checkpoint; a probe callback (``tests/signal_probe.py``) sends SIGTERM to the run itself in training, in
-the middle of a validation, or in the validation at an epoch's end. The resumed run's
-``run_summary.json`` (every validation, best and final values, steps, samples), its checkpoint
-files and weights, and its W&B history (every validation, every training epoch's means) must be
-the uninterrupted run's. Resuming mid-epoch with
+checkpoint; a probe callback (``tests/signal_probe.py``) sends SIGTERM to the run itself in
+training (between steps, or inside a gradient-accumulation window), in the middle of a validation,
+or in the validation at an epoch's end. The resumed run's ``run_summary.json`` (every validation,
+best and final values, steps, samples), its checkpoint files and weights, and its W&B history
+(every validation, every training epoch's means) must be the uninterrupted run's. Resuming mid-epoch with
 another batch size is refused in one line and changes nothing.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ CUTS = {"training": {"where": "train", "step": 4},
 TIMING = ("train_seconds", "samples_per_second", "path", "checkpoint", "error")
 
 
-def _config(run_config, suite_wandb_logger, folder: Path, cut: dict | None = None) -> str:
+def _config(run_config, suite_wandb_logger, folder: Path, cut: dict | None = None, **trainer) -> str:
     callbacks = [
         {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
          "init_args": {"every_n_train_steps": 2, "save_top_k": -1, "filename": "step{step:03d}",
@@ -54,7 +54,7 @@ def _config(run_config, suite_wandb_logger, folder: Path, cut: dict | None = Non
                       trainer={"max_epochs": 2, "limit_train_batches": 6, "limit_val_batches": 3,
                                "val_check_interval": 3, "log_every_n_steps": 1, "callbacks": callbacks,
                                "logger": suite_wandb_logger("life", "digits", save_dir=str(folder / "runs"),
-                                                            id=RUN_ID)})
+                                                            id=RUN_ID), **trainer})
 
 
 def _fit(folder: Path, *args: str) -> int:
@@ -96,11 +96,11 @@ def _epoch_history(folder: Path) -> dict[tuple[str, int], float]:
             for key in ("val/acc1", "train/loss_epoch", "train/acc1") if key in row}
 
 
-def _assert_same_run(whole: Path, resumed: Path) -> None:
+def _assert_same_run(whole: Path, resumed: Path, steps: int = 12) -> None:
     assert _comparable(_summary(resumed)) == _comparable(_summary(whole))
     assert sorted(os.listdir(_checkpoints(resumed))) == sorted(os.listdir(_checkpoints(whole)))
     a, b = (torch.load(_checkpoints(f) / "last.ckpt", weights_only=True) for f in (whole, resumed))
-    assert a["global_step"] == b["global_step"] == 12
+    assert a["global_step"] == b["global_step"] == steps
     for key, value in a["state_dict"].items():
         assert torch.equal(value, b["state_dict"][key]), key
     history = _epoch_history(whole)
@@ -150,6 +150,24 @@ def test_ckpt_path_last_resumes_with_the_model_arguments_the_run_was_started_wit
     assert _fit(cut, "--config", config, "--ckpt_path", "last") == 0
     assert _summary(cut)["agc_clip"] == _summary(whole)["agc_clip"] == 0.01
     _assert_same_run(whole, cut)
+
+
+def test_a_signal_inside_an_accumulation_window_stops_after_the_step_that_closes_it(tmp_path, run_config,
+                                                                                   suite_wandb_logger):
+    """Two batches a step (4 steps an epoch, a validation every 2): SIGTERM after the first batch
+    of step 3 stops the run after its second, and the resumed run is the uninterrupted one."""
+    accumulating = {"accumulate_grad_batches": 2, "limit_train_batches": 8, "val_check_interval": 4,
+                    "limit_val_batches": 2}
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    whole.mkdir()
+    cut.mkdir()
+    assert _fit(whole, "--config", _config(run_config, suite_wandb_logger, whole, **accumulating)) == 0
+    config = _config(run_config, suite_wandb_logger, cut, {"where": "accumulating", "step": 2}, **accumulating)
+    assert _fit(cut, "--config", config) == 143
+    stopped = _summary(cut)
+    assert stopped["status"] == "interrupted" and stopped["steps"] == 3
+    assert _fit(cut, "--config", config, "--ckpt_path", "last") == 0
+    _assert_same_run(whole, cut, steps=8)
 
 
 def test_resuming_mid_epoch_with_another_batch_size_is_refused_in_one_line(tmp_path, run_config,
