@@ -20,6 +20,7 @@ PINS = {
     "wandb": "wandb>=0.31,<0.40 (checked on 0.31.0)",
     "jsonargparse": "jsonargparse[signatures]>=4.40,<5",
     "torch": "torch==2.14.1",
+    "torchmetrics": "torchmetrics>=1.9,<2 (checked on 1.9.0)",
 }
 
 
@@ -92,6 +93,33 @@ PRIVATE_APIS = (
     PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", "epoch_loop.val_loop.batch_progress", "checkpoint key",
                "common/checkpoints/callbacks.py: resume_point",
                "the validation progress in a checkpoint taken during a validation, set so a resume redoes it"),
+    PrivateApi("lightning.pytorch.Trainer", "_logger_connector", "attribute",
+               "common/checkpoints/callbacks.py: _restore_epoch_sums",
+               "the logger connector whose first-batch flag a mid-epoch resume sets (below)"),
+    PrivateApi("lightning.pytorch.trainer.connectors.logger_connector.logger_connector._LoggerConnector",
+               "_first_loop_iter", "attribute", "common/checkpoints/callbacks.py: _restore_epoch_sums",
+               "self.log starts an epoch's sums afresh at a loop's first batch: a resumed run's first batch "
+               "is one in the middle of its epoch, whose restored sums must be kept"),
+    PrivateApi("lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "_results", "attribute",
+               "common/checkpoints/callbacks.py: _epoch_sums, _restore_epoch_sums (ResumeState)",
+               "the running sums of the values logged with on_epoch=True in training: Lightning saves none "
+               "in a checkpoint, so a run resumed mid-epoch would average only the batches after the resume"),
+    PrivateApi("lightning.pytorch.trainer.connectors.logger_connector.result._ResultMetric", "_computed",
+               "attribute", "common/checkpoints/callbacks.py: _restore_epoch_sums",
+               "the cached epoch value of a restored entry, cleared so it is computed from the restored sums"),
+    PrivateApi("lightning.pytorch.trainer.connectors.logger_connector.result._ResultMetric", "_forward_cache",
+               "attribute", "common/checkpoints/callbacks.py: _restore_epoch_sums",
+               "the last step value of a restored entry, cleared with the sums it came from"),
+    PrivateApi("lightning.pytorch.trainer.connectors.logger_connector.result._Sync", "_group", "attribute",
+               "common/checkpoints/callbacks.py: _epoch_sums",
+               "a logged value's process group: one logged with its own group is left out of the saved sums"),
+    PrivateApi("torchmetrics.Metric", "_defaults", "attribute", "common/checkpoints/callbacks.py: _metric_states",
+               "the names of a metric's states (its public state_dict holds none unless persistent)"),
+    PrivateApi("torchmetrics.Metric", "_update_count", "attribute",
+               "common/checkpoints/callbacks.py: _metric_states, _restore_epoch_sums",
+               "how many updates a metric has had, restored with its states (compute warns at 0)"),
+    PrivateApi("torchmetrics.Metric", "_computed", "attribute", "common/checkpoints/callbacks.py: _restore_epoch_sums",
+               "the cached value of a restored metric, cleared so it is computed from the restored states"),
     PrivateApi("lightning.pytorch.trainer.connectors.signal_connector._SignalConnector", "register_signal_handlers",
                "method", "common/checkpoints/callbacks.py: LastCheckpoint._take_over_signals",
                "Lightning installs its SIGTERM handler here, before the sanity check and training start, "

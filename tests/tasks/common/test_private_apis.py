@@ -47,8 +47,29 @@ def _parser_with_subcommands() -> ArgumentParser:
     return parser
 
 
+def _result_metric():
+    from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric, _Sync
+
+    meta = _Metadata("training_step", "train/loss")
+    meta.sync = _Sync()
+    return _ResultMetric(meta, is_tensor=True)
+
+
+def _mean_metric():
+    from torchmetrics import MeanMetric
+
+    return MeanMetric()
+
+
 # an instance holding each listed attribute, built as the suite's code meets it
 INSTANCES = {
+    "lightning.pytorch.Trainer": lambda tmp: _quiet_trainer(),
+    "lightning.pytorch.trainer.connectors.logger_connector.logger_connector._LoggerConnector":
+        lambda tmp: _quiet_trainer()._logger_connector,
+    "lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop": lambda tmp: _quiet_trainer().fit_loop.epoch_loop,
+    "lightning.pytorch.trainer.connectors.logger_connector.result._ResultMetric": lambda tmp: _result_metric(),
+    "lightning.pytorch.trainer.connectors.logger_connector.result._Sync": lambda tmp: _result_metric().meta.sync,
+    "torchmetrics.Metric": lambda tmp: _mean_metric(),
     "lightning.pytorch.loggers.WandbLogger": lambda tmp: WandbLogger(save_dir=str(tmp), offline=True, name="n"),
     "lightning.pytorch.callbacks.ModelCheckpoint": lambda tmp: ModelCheckpoint(),
     "lightning.pytorch.loops.fit_loop._FitLoop": lambda tmp: _quiet_trainer().fit_loop,
