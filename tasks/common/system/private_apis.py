@@ -83,8 +83,9 @@ PRIVATE_APIS = (
                ("self", "states")),
     PrivateApi("lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "_should_accumulate", "method",
                "common/checkpoints/callbacks.py: _inside_window (LastCheckpoint's signal handler, "
-               "on_train_batch_start/_end, on_validation_end)",
-               "whether the batch ends an optimizer step: a stop signal waits for the step's last batch",
+               "on_train_batch_start/_end, on_validation_end); common/run/summary.py: RunSummary.on_train_batch_end",
+               "whether the batch ends an optimizer step: a stop signal waits for the step's last batch, and "
+               "the loss curve takes one point per step",
                ("self",)),
     PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", "epoch_loop.state_dict/_batches_that_stepped",
                "checkpoint key", "common/checkpoints/callbacks.py: resume_point",
