@@ -445,9 +445,10 @@ class Transformer(nn.Module):
         if not scheme.supports("transformer"):
             raise ValueError(f"scheme {scheme.name!r} has no Transformer form; Transformer schemes "
                              f"are {', '.join(list_schemes('transformer'))}")
-        for option in sorted(CONV_ONLY_OPTIONS & set(scheme_options or {})):
-            raise SchemeOptionError(option, scheme_options[option], "an option of a Transformer (it shapes conv "
-                                    "networks only: remove it)", scheme.name)
+        unread = sorted(CONV_ONLY_OPTIONS & set(scheme_options or {}))
+        if unread:
+            raise SchemeOptionError(unread[0], scheme_options[unread[0]], "an option of a Transformer (it shapes "
+                                    "conv networks only: remove it)", scheme.name)
         if src_vocab_size is None:
             raise ValueError("a Transformer needs src_vocab_size (and optionally tgt_vocab_size)")
         tgt_vocab_size = src_vocab_size if tgt_vocab_size is None else tgt_vocab_size

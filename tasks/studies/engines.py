@@ -320,12 +320,17 @@ def run_grid(grid: Grid, in_process: bool = False, dry_run: bool = False, echo: 
         with lock:
             counts[outcome] += 1
 
-    def attempt(position: int, point: GridPoint, worker: int = 0) -> None:
-        state = grid.state(point)
-        tag = f"[{position + 1}/{n}] {point.name}"
+    def finished(position: int, point: GridPoint, state) -> bool:
+        """Whether the point is done already (then counted and said as skipped)."""
         if state.state == "done":
             count("skipped")
-            say(f"{tag}: done ({state.summary.get('status')}), skipped")
+            say(f"[{position + 1}/{n}] {point.name}: done ({state.summary.get('status')}), skipped")
+        return state.state == "done"
+
+    def attempt(position: int, point: GridPoint, worker: int = 0) -> None:
+        state = grid.state(point)  # read as the point is taken: another process may have run it meanwhile
+        tag = f"[{position + 1}/{n}] {point.name}"
+        if finished(position, point, state):
             return
         if dry_run:
             say(f"{tag}: {state.state}\n  {shlex.join([*rescale_command(), *grid.point_argv(point)])}")
@@ -358,12 +363,9 @@ def run_grid(grid: Grid, in_process: bool = False, dry_run: bool = False, echo: 
         for position, point in enumerate(order):
             attempt(position, point)  # StudyInterrupted: stop here
         return counts
-    todo = []
-    for position, point in enumerate(order):  # the finished points said here, in order, not by the workers
-        if grid.state(point).state == "done":
-            attempt(position, point)
-        else:
-            todo.append((position, point))
+    # the finished points said here, in order, not by the workers
+    todo = [(position, point) for position, point in enumerate(order)
+            if not finished(position, point, grid.state(point))]
     _in_parallel(todo, attempt, workers, forwarder)
     return counts
 

@@ -154,7 +154,7 @@ def _run_locked(args, grid: Grid) -> int:
     try:
         counts = run_grid(grid, in_process=args.in_process, echo=args.echo, say=log.info, workers=args.workers)
     except StudyInterrupted as stop:
-        kept = any(grid.state(p).state == "partial" for p in grid.points if p.name == stop.point)
+        kept = grid.state(grid.point(stop.point)).state == "partial"
         log.error(f"error: study interrupted while running {stop.point} ("
                   f"{'its last.ckpt is kept' if kept else 'stopped before its first checkpoint: it starts again'}"
                   f"{'; the points running beside it kept theirs, where they had one' if args.workers > 1 else ''}); "
