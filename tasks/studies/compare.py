@@ -12,8 +12,9 @@ run keeps its summary in ``wandb/offline-run-*/files``); W&B's own run files are
 and the training settings that change the method (adaptive gradient clipping: ``nf[agc_clip=0.01]``).
 Several runs of a variant are seeds, shown as mean +- std (sample std, n-1); runs of one variant
 that differ in another recorded setting (network, network options, learning rate, batch size) or
-share a seed are still pooled, but named in one warning line per variant and marked in the table's
-``mixed`` column. A run resumed after an interruption is one run however many segments it has (one
+share a seed are still pooled, but named in one warning line per variant (one for the experiment
+where each of its variants was pooled over the same settings, as in a sweep's folder) and marked in
+the table's ``mixed`` column. A run resumed after an interruption is one run however many segments it has (one
 per run id: :func:`latest_segments`).
 Each variant is set against the experiment's baseline: the variant named by ``--baseline`` or, by
 default, the first of bn, gn, post_ln, pre_ln present, else another scheme with BatchNorm, GroupNorm
@@ -144,14 +145,41 @@ def _and(items: list[str]) -> str:
     return " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
 
 
-def _warn_pooled(experiment: str, variant: str, runs: list[dict], found: dict[str, list[str]]) -> None:
+def _pooled_over(found: dict[str, list[str]]) -> str:
+    """``differ in lr (0.1, 0.4) and batch_size (64, 256), and share seed 0``"""
     settings = [f"{key} ({', '.join(values)})" for key, values in found.items() if key != "seed"]
     what = f"differ in {_and(settings)}" if settings else ""
     if "seed" in found:
         seeds = found["seed"]
         what += (", and " if what else "") + f"share seed{'s' if len(seeds) > 1 else ''} {_and(seeds)}"
-    log.warning(f"warning: {experiment}: the {len(runs)} runs of {variant} {what}, yet are pooled as its seeds "
-                "(marked in the mixed column); give such runs different W&B groups, or compare their folders apart")
+    return what
+
+
+_POOLED_ADVICE = ("(marked in the mixed column); give such runs different W&B groups, or compare their folders "
+                  "apart")
+
+
+def _warn_pooled(experiment: str, pooled: list[tuple[str, list[dict], dict[str, list[str]]]]) -> None:
+    """One warning line per variant whose runs were pooled over other settings or shared seeds; one
+    line for the experiment when several variants were pooled over the same settings (a sweep's
+    folder, such as a batch-size / learning-rate study's, where each variant would repeat it)."""
+    if len(pooled) > 1 and len({tuple(found) for _, _, found in pooled}) == 1:
+        found = {key: sorted({v for _, _, f in pooled for v in f[key]}, key=_number_first) for key in pooled[0][2]}
+        names = ", ".join(variant for variant, _, _ in pooled)
+        log.warning(f"warning: {experiment}: the runs of each of its {len(pooled)} variants ({names}) "
+                    f"{_pooled_over(found)}, yet are pooled as their seeds {_POOLED_ADVICE}")
+        return
+    for variant, runs, found in pooled:
+        log.warning(f"warning: {experiment}: the {len(runs)} runs of {variant} {_pooled_over(found)}, yet are pooled "
+                    f"as its seeds {_POOLED_ADVICE}")
+
+
+def _number_first(value: str) -> tuple:
+    """Sort key: numbers by value, before other text."""
+    try:
+        return (0, float(value), value)
+    except ValueError:
+        return (1, 0.0, value)
 
 
 def _metric_value(run: dict, metric: str, use: str) -> Optional[float]:
@@ -197,6 +225,7 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
         base_mean = mean_std(_metric_value(r, mine, use) for r in variants[base])[0] if base else None
         base_speed = mean_std(r.get("samples_per_second") for r in variants[base])[0] if base else None
         order = ([base] if base else []) + sorted(v for v in variants if v != base)
+        pooled: list[tuple[str, list[dict], dict[str, list[str]]]] = []
         for variant in order:
             group = variants[variant]
             mean, std, _ = mean_std(_metric_value(r, mine, use) for r in group)
@@ -205,7 +234,7 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
             diverged = sum(r.get("status") == "diverged" for r in group)
             mixed = pooled_differences(group)
             if mixed:
-                _warn_pooled(experiment, variant, group, mixed)
+                pooled.append((variant, group, mixed))
             rows.append({
                 "experiment": experiment, "variant": variant,
                 "role": "baseline" if variant == base else "",
@@ -218,6 +247,7 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
                 "diverged": f"{diverged}/{len(group)}",
                 "mixed": ", ".join(k if k != "seed" else f"shared seed {', '.join(v)}" for k, v in mixed.items()),
             })
+        _warn_pooled(experiment, pooled)
     return rows, first
 
 

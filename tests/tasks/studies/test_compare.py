@@ -200,6 +200,24 @@ def test_runs_of_other_settings_are_not_pooled_silently_as_seeds(tmp_path, capsy
         assert [r["variant"] for r in csv.DictReader(f) if r["role"]] == ["nf"]  # not nf[agc_clip=0.01]
 
 
+def test_a_sweeps_folder_is_named_in_one_warning_line(tmp_path, capsys):
+    """A batch-size / learning-rate study's folder: each variant pooled over the same settings (and
+    seeds repeated at each point) is one line for the experiment, not one per variant."""
+    root = tmp_path / "sweep"
+    for scheme, acc in (("bn", 0.97), ("rescale", 0.95), ("fixup", 0.94)):
+        for batch, lr in ((64, 0.05), (256, 0.2), (1024, 0.8)):
+            for seed in (0, 1):
+                write_run(root / f"{scheme}-{batch}-{seed}", "digits", scheme, acc, 10.0, 0.1, seed, lr=lr,
+                          batch_size=batch)
+    assert main(["compare", str(root), "--out", "cmp"]) == 0
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "warning: digits: the runs of each of its 3 variants (bn, fixup, rescale) differ in lr (0.05, 0.2, 0.8) "
+        "and batch_size (64, 256, 1024), and share seeds 0 and 1, yet are pooled as their seeds (marked in the "
+        "mixed column); give such runs different W&B groups, or compare their folders apart"]
+    with open(tmp_path / "cmp/compare.csv") as f:
+        assert {r["mixed"] for r in csv.DictReader(f)} == {"lr, batch_size, shared seed 0, 1"}
+
+
 def test_a_wandb_run_with_agc_is_a_variant_of_its_own():
     from rescale_tasks.studies.compare import run_from_wandb, variant_of
 
