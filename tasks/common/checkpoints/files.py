@@ -238,10 +238,11 @@ class CheckpointInfo:
 
     hyper_parameters: dict
     run_id: Optional[str]
+    global_step: int = 0
 
 
 def peek_checkpoint(path: str | os.PathLike) -> CheckpointInfo:
-    """Hyper-parameters and W&B run id of a checkpoint, read once per file version (local tensors
+    """Hyper-parameters, W&B run id and step of a checkpoint, read once per file version (local tensors
     are memory-mapped, not read; a remote file is downloaded once): the CLI's several checks share
     one load."""
     path = str(path)
@@ -267,4 +268,4 @@ def _peek(path: str, version: Any, size: Optional[int]) -> CheckpointInfo:
     state = safe_load(path, mmap=True)
     run_id = next((value.get("run_id") for key, value in state.get("callbacks", {}).items()
                    if key.startswith("ResumeState") and isinstance(value, dict)), None)
-    return CheckpointInfo(dict(state.get("hyper_parameters") or {}), run_id)
+    return CheckpointInfo(dict(state.get("hyper_parameters") or {}), run_id, int(state.get("global_step") or 0))

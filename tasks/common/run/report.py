@@ -21,7 +21,7 @@ from typing import Optional
 
 import lightning.pytorch as L
 
-from ..checkpoints import LastCheckpoint, checkpoint_exists
+from ..checkpoints import LastCheckpoint, checkpoint_exists, peek_checkpoint
 from ..training import DivergenceMonitor
 from .folder import run_folder, shown_path
 from .outputs import ResultFile, result_files, results_folder, run_directory
@@ -65,7 +65,10 @@ def fit_report(trainer: L.Trainer, argv: list[str]) -> str:
     if checkpoint is not None and not checkpoint_exists(checkpoint):
         checkpoint = None
     how = "finished" if diverged is None else f"stopped (diverged at step {diverged})"
-    line = f"fit {how} at step {trainer.global_step}: run folder {shown_path(_run_dir(trainer))}"
+    step = trainer.global_step
+    if not step and checkpoint is not None:  # trained in processes it started (ddp_spawn): their checkpoint's
+        step = peek_checkpoint(checkpoint).global_step
+    line = f"fit {how} at step {step}: run folder {shown_path(_run_dir(trainer))}"
     if checkpoint is None:
         return line + "; no checkpoint written"
     if diverged is not None:

@@ -137,3 +137,18 @@ def test_an_output_dir_that_cannot_be_written_is_refused_before_test_starts(fini
                      "--model.init_args.network_options", "{depth: 8, base_width: 4}",
                      "--output_dir", str(tmp_path / "file" / "results")]) == 2
     assert error_line().startswith(f"cannot write --output_dir {tmp_path / 'file' / 'results'}: ")
+
+
+def test_fit_trained_in_processes_it_started_reports_their_checkpoints_step(finished):
+    """Under ``ddp_spawn`` the processes that trained keep the step; the Trainer of the command
+    that started them is back at 0: the closing line takes the step from their checkpoint."""
+    import lightning.pytorch as L
+    from rescale_tasks.common.checkpoints import LastCheckpoint
+    from rescale_tasks.common.run import fit_report
+
+    last = LastCheckpoint()
+    last.saved_path = str(finished["last"])
+    trainer = L.Trainer(callbacks=[last], logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=str(finished["folder"]))
+    assert trainer.global_step == 0
+    assert fit_report(trainer, ["fit"]).startswith("fit finished at step 3: ")
