@@ -116,10 +116,12 @@ class TranslationModule(RescaleTaskModule):
         self._hypotheses: dict[int, str] = {}  # this rank's translations in test and predict, by line
         self._signature_shown = False
         # per-token means weighted by target tokens, synced as sums (Lightning's own epoch mean
-        # averages its integer token counts over ranks and truncates them)
+        # averages its integer token counts over ranks and truncates them); a batch whose loss is
+        # not finite makes the mean NaN, as Lightning's own means do (torchmetrics' default drops
+        # it with a warning, and a broken model would report the loss of its finite batches)
         for split in ("train", "val", "test"):
-            setattr(self, f"{split}_loss", MeanMetric())
-            setattr(self, f"{split}_nll", MeanMetric())
+            setattr(self, f"{split}_loss", MeanMetric(nan_strategy="disable"))
+            setattr(self, f"{split}_nll", MeanMetric(nan_strategy="disable"))
 
     def forward(self, src_tokens: torch.Tensor, prev_output_tokens: torch.Tensor) -> torch.Tensor:
         return self.net(src_tokens, prev_output_tokens)

@@ -66,3 +66,17 @@ def test_compound_splitting_convention():
     assert result.score > corpus_bleu(HYP, REF).score and math.isfinite(result.score)
     with pytest.raises(ValueError, match="unknown BLEU style"):
         corpus_bleu(HYP, REF, style="multi-bleu")
+
+
+def test_a_batch_whose_loss_is_not_finite_makes_the_epoch_mean_nan():
+    """The token-weighted epoch means of the loss (train, val, test) count every batch: one
+    whose loss overflowed is not dropped, so a broken model cannot report its finite batches' loss."""
+    from rescale_tasks.translation.module import TranslationModule
+
+    module = TranslationModule("transformer_tiny", "rescale", vocab_size=32,
+                               network_options={"d_model": 16, "nhead": 2, "dim_feedforward": 32})
+    for split in ("train", "val", "test"):
+        for metric in (getattr(module, f"{split}_loss"), getattr(module, f"{split}_nll")):
+            metric.update(torch.tensor(2.0), weight=30)
+            metric.update(torch.tensor(float("nan")), weight=10)
+            assert math.isnan(metric.compute().item()), split
