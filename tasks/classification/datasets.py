@@ -10,6 +10,7 @@ import gzip
 import logging
 import os
 import pickle
+import unicodedata
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,10 +37,17 @@ def _names(items: Sequence[str], limit: int = 3) -> str:
 
 def _scan_split(split_dir: Path, unread: list[str]) -> dict[str, list[str]]:
     """Map each class folder (sorted) of ``split_dir`` to its sorted image files; every other entry
-    of a class folder (other extensions, hidden files, sub-folders) is appended to ``unread``."""
+    of a class folder (other extensions, hidden files, sub-folders, broken links), and what
+    ``split_dir`` holds besides class folders (files, hidden folders), is appended to ``unread``."""
     classes: dict[str, list[str]] = {}
+    folders = []
     with os.scandir(split_dir) as entries:
-        folders = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+        for e in entries:
+            if e.is_dir() and not e.name.startswith("."):
+                folders.append(e.name)
+            else:
+                unread.append(e.path)
+    folders.sort()
     for name in folders:
         files = []
         with os.scandir(split_dir / name) as entries:
@@ -103,9 +111,14 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int) -> ImageFolder:
         extra = [n for n in val_names if n not in splits["train"]]
         parts = ([f"missing from val/: {_names(missing)}"] if missing else []) + (
             [f"not in train/: {_names(extra)}"] if extra else [])
+        same = sorted({unicodedata.normalize("NFC", n) for n in missing}
+                      & {unicodedata.normalize("NFC", n) for n in extra})
+        hint = (f" {_names(same)} {'is' if len(same) == 1 else 'are'} written with other Unicode characters in "
+                "each split (composed and decomposed accents: macOS writes decomposed names); rename the folders of "
+                "one split to the other's spelling." if same else "")
         raise DataError(
             f"Class folders of {root / 'val'} differ from {root / 'train'} ({'; '.join(parts)}). "
-            "Both splits need the same class folder names."
+            f"Both splits need the same class folder names.{hint}"
         )
     if len(train_names) != num_classes:
         n = len(train_names)

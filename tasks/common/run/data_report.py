@@ -50,14 +50,20 @@ def problems_line(problems: dict[str, int], kept_kinds=()) -> str:
     return f"data problems: {sum(counts.values())} file(s) ({listed}): {', '.join(fate)}"
 
 
-def _unread_kind(path: str) -> str:
-    """``folder``, ``hidden``, the lower-case extension, or ``no extension``."""
+def _unread_kind(path: str, read_extensions: Sequence[str]) -> str:
+    """``folder``, ``broken link``, ``hidden``, ``<ext> outside a class folder`` (a file of a kind
+    that is read, where none is looked for), the lower-case extension, or ``no extension``."""
     if os.path.isdir(path):
         return "folder"
+    if os.path.islink(path) and not os.path.exists(path):
+        return "broken link"
     name = os.path.basename(path)
     if name.startswith("."):
         return "hidden"
-    return os.path.splitext(name)[1].lower() or "no extension"
+    extension = os.path.splitext(name)[1].lower()
+    if extension and extension in read_extensions:
+        return f"{extension} outside a class folder"
+    return extension or "no extension"
 
 
 def unread_line(files: list[str], read_extensions: Sequence[str] = ()) -> str:
@@ -65,7 +71,7 @@ def unread_line(files: list[str], read_extensions: Sequence[str] = ()) -> str:
     are and what to do, e.g. ``data: 3 file(s) under /data/train were found but not read (.heic 1,
     .txt 1, hidden 1), e.g. /data/train/cat/a.heic; only .jpg/.png files are read: convert them or
     move them out of the data folder``."""
-    counts = Counter(_unread_kind(f) for f in files)
+    counts = Counter(_unread_kind(f, [e.lower() for e in read_extensions]) for f in files)
     kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()))
     where = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
     reads = f"only {'/'.join(read_extensions)} files are read" if read_extensions else "they are not data"

@@ -9,9 +9,12 @@ import lightning.pytorch as L
 import pytest
 
 from rescale_tasks.classification.data import ImageFolderDataModule
-from rescale_tasks.classification.datasets import scan_image_folder
+from rescale_tasks.classification.datasets import IMAGE_EXTENSIONS, scan_image_folder
 from rescale_tasks.classification.module import ClassificationModule
-from rescale_tasks.common.run import SkippedDataReport
+from rescale_tasks.common.errors import DataError
+from rescale_tasks.common.run import SkippedDataReport, unread_line
+
+READ = IMAGE_EXTENSIONS
 
 
 def _add_other_files(root: Path) -> set[str]:
@@ -49,3 +52,28 @@ def test_the_data_report_names_the_files_not_read(imagenet_folder):
         f"folder 1, hidden 1), e.g. {imagenet_folder / 'train/n001/notes.txt'}; only "
         ".jpg/.jpeg/.png/.ppm/.bmp/.pgm/.tif/.tiff/.webp files are read: convert them or move them out of "
         "the data folder"]
+
+
+def test_images_beside_the_class_folders_hidden_folders_and_broken_links_are_reported(imagenet_folder):
+    """An image in train/ itself, a hidden folder of images (a notebook's checkpoints) and a link
+    to nothing are not read either, and the report says what each is."""
+    picture = (imagenet_folder / "train/n001/n001_0.JPEG").read_bytes()
+    (imagenet_folder / "train/stray.jpg").write_bytes(picture)
+    (imagenet_folder / "train/.ipynb_checkpoints").mkdir()
+    (imagenet_folder / "train/.ipynb_checkpoints/n001_0.JPEG").write_bytes(picture)
+    (imagenet_folder / "val/n002/gone.jpg").symlink_to(imagenet_folder / "nowhere.jpg")
+    folder = scan_image_folder(imagenet_folder, num_classes=3)
+    assert set(folder.unread) == {str(imagenet_folder / p) for p in
+                                  ("train/stray.jpg", "train/.ipynb_checkpoints", "val/n002/gone.jpg")}
+    line = unread_line(folder.unread, READ)
+    assert "were found but not read (.jpg outside a class folder 1, broken link 1, folder 1)" in line, line
+
+
+def test_class_names_spelt_with_other_unicode_characters_are_named_as_such(imagenet_folder):
+    """macOS writes decomposed accents: val/café (e + combining accent) against train/café."""
+    composed, decomposed = "caf\u00e9", "cafe\u0301"
+    (imagenet_folder / "train/n003").rename(imagenet_folder / "train" / composed)
+    (imagenet_folder / "val/n003").rename(imagenet_folder / "val" / decomposed)
+    with pytest.raises(DataError) as refused:
+        scan_image_folder(imagenet_folder, num_classes=3)
+    assert "written with other Unicode characters in each split" in str(refused.value)
