@@ -13,26 +13,33 @@ holds the run's ``checkpoints/`` and ``results/``:
   requeue-safe command). Without one every start is a new run with a new folder, and "the
   newest run under the project" may be another config's or another person's: the command is
   refused with the newest candidate's path to pass instead, never resumed from a guess.
+  A start without ``--ckpt_path`` whose folder already holds a ``last.ckpt`` (the same id or CSV
+  version given again) is refused: it would write over that run's checkpoint.
+- :func:`keep_csv_history`: a resumed run's ``metrics.csv`` keeps the rows logged up to its
+  checkpoint (Lightning's CSV logger deletes the file when it opens a folder that holds one).
 - :func:`check_run_outputs`: every local folder the run will write, checked first.
 """
 from __future__ import annotations
 
 import contextlib
+import csv
 import glob
 import logging
 import os
 import time
+import warnings
 from typing import Iterator, Optional
 
 import lightning.pytorch as L
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from ..checkpoints import LAST_NAME, checkpoint_exists, checkpoint_folder, is_remote, logger_folder
+from ..checkpoints import LAST_NAME, checkpoint_exists, checkpoint_folder, is_remote, logger_folder, peek_checkpoint
 from ..errors import UserError
 from ..system import folder_lock, require_writable
 
-__all__ = ["run_folder", "claim_run_folder", "resume_point", "check_run_outputs", "shown_path"]
+__all__ = ["run_folder", "claim_run_folder", "resume_point", "keep_csv_history", "check_run_outputs", "shown_path"]
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +77,10 @@ def claim_run_folder(trainer: L.Trainer) -> Iterator[Optional[str]]:
 def resume_point(trainer: L.Trainer, ckpt_path: Optional[str], id_given: bool) -> Optional[str]:
     """The ``ckpt_path`` to hand Lightning for ``fit --ckpt_path <ckpt_path>`` (see the module
     docstring): ``last`` with a ``last.ckpt`` to resume, None (with a line saying so) for a run of
-    a fixed id that has none yet, a :class:`UserError` for a new run id; anything else unchanged."""
+    a fixed id that has none yet, a :class:`UserError` for a new run id or for a start without
+    ``ckpt_path`` over this run's ``last.ckpt``; anything else unchanged."""
+    if ckpt_path is None:
+        _refuse_starting_over(os.path.join(checkpoint_folder(trainer), LAST_NAME))
     if ckpt_path != "last":
         return ckpt_path
     folder = checkpoint_folder(trainer)
@@ -96,6 +106,56 @@ def resume_point(trainer: L.Trainer, ckpt_path: Optional[str], id_given: bool) -
     raise UserError(f"{what}; {which} beside it is {newest} (written {written}): "
                     f"resume it with --ckpt_path {newest}, or give runs an id that the same command resumes "
                     "(--trainer.logger.init_args.id ID --ckpt_path last)")
+
+
+def _refuse_starting_over(last: str) -> None:
+    if not checkpoint_exists(last):
+        return
+    try:
+        step = f" at step {peek_checkpoint(last).global_step}"
+    except Exception:  # an unreadable file is still a run's: refused all the same
+        step = ""
+    raise UserError(f"{shown_path(last)} holds this run's checkpoint{step}, and a start without --ckpt_path would "
+                    "write over it: resume it with --ckpt_path last, or start a new run in another folder (another "
+                    "--trainer.logger.init_args.id, a CSV or TensorBoard logger's version, or without a logger another "
+                    "--trainer.default_root_dir), or move that folder away")
+
+
+def _resumed_step(trainer: L.Trainer, ckpt_path: Optional[str]) -> Optional[int]:
+    """The step ``fit`` resumes at (None: a new run)."""
+    if ckpt_path is None:
+        return None
+    path = os.path.join(checkpoint_folder(trainer), LAST_NAME) if ckpt_path == "last" else ckpt_path
+    return peek_checkpoint(path).global_step if checkpoint_exists(path) else None
+
+
+def keep_csv_history(trainer: L.Trainer, ckpt_path: Optional[str]) -> None:
+    """Open the run's CSV loggers before the run writes into their folders, so that a new run is not
+    warned about the suite's own files there; a resumed run keeps its ``metrics.csv`` rows up to the
+    step it resumes at (rows of later steps, logged after that checkpoint, are logged again), where
+    Lightning's CSV logger would delete the file and lose the run's history before the resume."""
+    loggers = [logger for logger in trainer.loggers if isinstance(logger, CSVLogger)]
+    if not loggers or rank_zero_only.rank != 0:
+        return
+    step = _resumed_step(trainer, ckpt_path)
+    for logger in loggers:
+        path = os.path.join(logger.log_dir, "metrics.csv")
+        header, rows = [], []
+        if step is not None and os.path.isfile(path):
+            with open(path, newline="") as f:
+                reader = csv.DictReader(f)
+                header = list(reader.fieldnames or [])
+                rows = [row for row in reader if row.get("step", "").isdigit() and int(row["step"]) <= step]
+        with warnings.catch_warnings():
+            if step is not None:  # the folder holds the run's files: kept
+                warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+            writer = logger.experiment
+        if header:
+            with open(writer.metrics_file_path, "w", newline="") as f:
+                out = csv.DictWriter(f, fieldnames=header)
+                out.writeheader()
+                out.writerows(rows)
+            writer.metrics_keys = header
 
 
 def _other_runs(folder: str, version: str) -> tuple[str, list[str]]:

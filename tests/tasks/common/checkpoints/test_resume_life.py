@@ -11,6 +11,7 @@ another batch size is refused in one line and changes nothing.
 """
 from __future__ import annotations
 
+import csv
 import glob
 import json
 import os
@@ -53,8 +54,11 @@ def _config(run_config, suite_wandb_logger, folder: Path, cut: dict | None = Non
     return run_config(folder / "run.yaml", seed_everything=3, data={"init_args": {"batch_size": 16}},
                       trainer={"max_epochs": 2, "limit_train_batches": 6, "limit_val_batches": 3,
                                "val_check_interval": 3, "log_every_n_steps": 1, "callbacks": callbacks,
-                               "logger": suite_wandb_logger("life", "digits", save_dir=str(folder / "runs"),
-                                                            id=RUN_ID), **trainer})
+                               "logger": [suite_wandb_logger("life", "digits", save_dir=str(folder / "runs"), id=RUN_ID),
+                                          {"class_path": "lightning.pytorch.loggers.CSVLogger",
+                                           "init_args": {"save_dir": str(folder / "csv"), "name": "life",
+                                                         "version": RUN_ID}}],
+                               **trainer})
 
 
 def _fit(folder: Path, *args: str) -> int:
@@ -96,6 +100,13 @@ def _epoch_history(folder: Path) -> dict[tuple[str, int], float]:
             for key in ("val/acc1", "train/loss_epoch", "train/acc1") if key in row}
 
 
+def _csv_history(folder: Path) -> dict[tuple[str, int], float]:
+    """The same values as the CSV logger's ``metrics.csv`` has them."""
+    with open(folder / "csv" / "life" / RUN_ID / "metrics.csv", newline="") as f:
+        return {(key, int(row["step"])): float(row[key]) for row in csv.DictReader(f)
+                for key in ("val/acc1", "train/loss_epoch", "train/acc1") if row.get(key)}
+
+
 def _assert_same_run(whole: Path, resumed: Path, steps: int = 12) -> None:
     assert _comparable(_summary(resumed)) == _comparable(_summary(whole))
     assert sorted(os.listdir(_checkpoints(resumed))) == sorted(os.listdir(_checkpoints(whole)))
@@ -106,6 +117,7 @@ def _assert_same_run(whole: Path, resumed: Path, steps: int = 12) -> None:
     history = _epoch_history(whole)
     assert {key for key, _ in history} == {"val/acc1", "train/loss_epoch", "train/acc1"}
     assert _epoch_history(resumed) == history
+    assert _csv_history(resumed) == _csv_history(whole)  # the segment before the resume kept in metrics.csv
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +182,7 @@ def test_a_signal_inside_an_accumulation_window_stops_after_the_step_that_closes
     _assert_same_run(whole, cut, steps=8)
 
 
-def test_resuming_mid_epoch_with_another_batch_size_is_refused_in_one_line(tmp_path, run_config,
+def test_resuming_mid_epoch_with_another_batch_size_or_starting_over_is_refused_in_one_line(tmp_path, run_config,
                                                                           suite_wandb_logger, capsys):
     config = _config(run_config, suite_wandb_logger, tmp_path, CUTS["training"])
     assert _fit(tmp_path, "--config", config) == 143
@@ -185,6 +197,12 @@ def test_resuming_mid_epoch_with_another_batch_size_is_refused_in_one_line(tmp_p
     after = {p: Path(p).read_bytes() for p in before}
     assert after == before  # nothing written over: the checkpoints and the run's summary are as they were
     assert [p for p in find_summaries(str(tmp_path / "runs")) if p not in before] == []
+    # the same run id started again without --ckpt_path would train from scratch over its last.ckpt
+    assert _fit(tmp_path, "--config", config) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "last.ckpt holds this run's checkpoint at step 4" in lines[0], lines
+    assert "resume it with --ckpt_path last" in lines[0]
+    assert {p: Path(p).read_bytes() for p in before} == before
 
 
 def test_after_an_epoch_end_the_batch_size_may_change(tmp_path, run_config, suite_wandb_logger):
