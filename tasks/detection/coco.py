@@ -44,6 +44,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -127,6 +128,11 @@ def decode_masks(segmentations: list, height: int, width: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(masks.transpose(2, 0, 1)))
 
 
+def _finite(value: Any) -> bool:
+    """Whether ``value`` is a finite number (json's ``NaN`` and ``Infinity`` are read as floats)."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def _part_problem(part: Any) -> str | None:
     """Why one polygon (``[x1, y1, x2, y2, ...]``) is malformed, or None."""
     if not isinstance(part, list) or not part:
@@ -135,8 +141,8 @@ def _part_problem(part: Any) -> str | None:
         return "a polygon of fewer than 3 points"
     if len(part) % 2:
         return "a polygon with an odd number of coordinates"
-    if not all(isinstance(v, (int, float)) for v in part):
-        return "a polygon with coordinates that are not numbers"
+    if not all(_finite(v) for v in part):
+        return "a polygon with coordinates that are not finite numbers"
     return None
 
 
@@ -290,9 +296,9 @@ class CocoDetection(Dataset):
                 raise DataError(f"COCO annotation file {where}: annotation id {aid} has no 'segmentation'. "
                                 "Add masks to the json or set --data.masks false (box-only detectors).")
             bbox = ann["bbox"]
-            if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, (int, float)) for v in bbox)):
+            if not (isinstance(bbox, list) and len(bbox) == 4 and all(_finite(v) for v in bbox)):
                 raise DataError(f"COCO annotation file {where}: annotation id {aid} has bbox {str(bbox)[:40]}, "
-                                "expected [x, y, width, height]. Fix the json.")
+                                "expected [x, y, width, height] of finite numbers. Fix the json.")
             width, height = sizes[image_id]
             problem, usable = (mask_problem(ann["segmentation"], height, width) if self.with_masks
                                else (None, True))

@@ -370,6 +370,21 @@ def test_annotation_file_errors_are_one_line(tmp_path, coco_canvases):
     _one_line_error(excinfo, "image folder not found", "no_folder")
 
 
+@pytest.mark.parametrize("bbox", [[4.0, 4.0, float("nan"), 24.0], [4.0, 4.0, float("inf"), 24.0],
+                                  [float("-inf"), 4.0, 24.0, 24.0], ["4", "4", "24", "24"]])
+def test_a_bbox_of_anything_but_finite_numbers_is_refused_in_one_line(tmp_path, coco_canvases, bbox):
+    """json's NaN and Infinity parse as floats: a NaN box would vanish in the transforms (an image
+    trained without its object), an infinite width would reach the image's edge."""
+    root, _ = coco_canvases
+    data = json.loads((root / "annotations" / "instances_train2017.json").read_text())
+    aid = data["annotations"][0]["id"]
+    data["annotations"][0]["bbox"] = bbox
+    path = _write_json(tmp_path / "bbox.json", data)
+    with pytest.raises(DataError) as excinfo:
+        CocoDetection(path, root / "train2017")
+    _one_line_error(excinfo, str(path), f"annotation id {aid} has bbox", "of finite numbers")
+
+
 def test_missing_image_files_raise_or_are_skipped_and_counted(coco_canvases_copy):
     root, truth = coco_canvases_copy
     lost = root / "train2017" / truth["train"][2]["file_name"]

@@ -23,6 +23,7 @@ UNUSABLE = {  # annotation id -> segmentation that cannot form a mask
     9004: [[10, 10, 20, 10, 30, 10, 15, 10]],  # collinear: zero area
     9005: [[10, 10, 10.3, 10, 10.3, 10.3]],  # a sliver covering no pixel
     9007: [["10", "10", "20", "10", "20", "20"]],  # text, not numbers
+    9008: [[10, 10, 20, 10, float("nan"), 20]],  # json's NaN
 }
 SQUARE = [10, 10, 20, 10, 20, 20, 10, 20]
 
