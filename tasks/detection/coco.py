@@ -21,7 +21,9 @@ Detectron2's COCO loader:
   (``evaluation=True``) a malformed one stops the run at once with a one-line error naming the annotation
   (the COCO evaluation scores against the json as it is and crashes on it), while a zero-area one is kept;
 - ``iscrowd`` annotations stay in the target flagged ``iscrowd=1`` (the detector's loss excludes
-  them; the COCO evaluation reads its own ground truth from :attr:`~CocoDetection.coco`);
+  them; the COCO evaluation reads its own ground truth from :attr:`~CocoDetection.coco`); ``iscrowd``
+  is the number 0 or 1 (pycocotools reads it with ``int()`` and as a truth value, which disagree on
+  text such as ``"0"``), 0 where absent, except in an evaluation set, where pycocotools needs it;
 - ``area`` is the annotation's own field (what COCO evaluation buckets by), not recomputed, and is
   not rescaled by the transforms.
 
@@ -299,6 +301,15 @@ class CocoDetection(Dataset):
             if not (isinstance(bbox, list) and len(bbox) == 4 and all(_finite(v) for v in bbox)):
                 raise DataError(f"COCO annotation file {where}: annotation id {aid} has bbox {str(bbox)[:40]}, "
                                 "expected [x, y, width, height] of finite numbers. Fix the json.")
+            crowd = ann.get("iscrowd", 0)
+            if crowd not in (0, 1):  # pycocotools reads it both with int() and as a truth value ("0": 0, crowd)
+                raise DataError(f"COCO annotation file {where}: annotation id {aid} of image id {image_id} has "
+                                f"iscrowd {repr(crowd)[:20]}, expected the number 0 or 1 (the COCO evaluation "
+                                "ignores an object whose iscrowd is text, as it ignores crowd regions). Fix the json.")
+            if self.evaluation and "iscrowd" not in ann:
+                raise DataError(f"COCO annotation file {where}: annotation id {aid} of image id {image_id} has no "
+                                "'iscrowd', which the COCO evaluation reads on every annotation of this json. Add "
+                                "\"iscrowd\": 0 (1 for crowd regions) to its annotations.")
             width, height = sizes[image_id]
             problem, usable = (mask_problem(ann["segmentation"], height, width) if self.with_masks
                                else (None, True))
@@ -317,7 +328,7 @@ class CocoDetection(Dataset):
             self.partly_unusable_masks += problem is not None
             area = float(ann.get("area", w * h))
             rows[image_id].append((aid, box, self.category_to_label[ann["category_id"]],
-                                   int(bool(ann.get("iscrowd", 0))), area))
+                                   int(crowd), area))
         if unscorable:
             aid, image_id, problem = unscorable[0]
             more = f" ({len(unscorable) - 1} more annotation(s) alike)" if len(unscorable) > 1 else ""

@@ -385,6 +385,36 @@ def test_a_bbox_of_anything_but_finite_numbers_is_refused_in_one_line(tmp_path, 
     _one_line_error(excinfo, str(path), f"annotation id {aid} has bbox", "of finite numbers")
 
 
+@pytest.mark.parametrize("iscrowd", ["0", "1", 2, None])
+def test_iscrowd_other_than_the_number_0_or_1_is_refused_in_one_line(tmp_path, coco_canvases, iscrowd):
+    """pycocotools' evaluation reads ``iscrowd`` with int() and as a truth value: "0" is a crowd
+    region to its matching, an object to training and to its IoU."""
+    root, _ = coco_canvases
+    data = json.loads((root / "annotations" / "instances_train2017.json").read_text())
+    ann = data["annotations"][0]
+    ann["iscrowd"] = iscrowd
+    path = _write_json(tmp_path / "crowd.json", data)
+    with pytest.raises(DataError) as excinfo:
+        CocoDetection(path, root / "train2017")
+    _one_line_error(excinfo, str(path), f"annotation id {ann['id']} of image id {ann['image_id']} has iscrowd "
+                    f"{iscrowd!r}", "expected the number 0 or 1")
+
+
+def test_iscrowd_is_0_where_absent_except_in_an_evaluation_json(tmp_path, coco_canvases):
+    """pycocotools' evaluation reads ``iscrowd`` on every annotation (KeyError without it)."""
+    root, _ = coco_canvases
+    data = json.loads((root / "annotations" / "instances_val2017.json").read_text())
+    ann = data["annotations"][0]
+    del ann["iscrowd"]
+    path = _write_json(tmp_path / "no_crowd.json", data)
+    _, target = CocoDetection(path, root / "val2017")[0]
+    assert target["iscrowd"].tolist() == [0, 0]
+    with pytest.raises(DataError) as excinfo:
+        CocoDetection(path, root / "val2017", evaluation=True)
+    _one_line_error(excinfo, str(path), f"annotation id {ann['id']} of image id {ann['image_id']} has no "
+                    "'iscrowd'", "Add \"iscrowd\": 0")
+
+
 def test_missing_image_files_raise_or_are_skipped_and_counted(coco_canvases_copy):
     root, truth = coco_canvases_copy
     lost = root / "train2017" / truth["train"][2]["file_name"]
