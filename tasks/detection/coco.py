@@ -96,14 +96,25 @@ def load_coco_json(path: str | os.PathLike, key: str = "annotation_file") -> dic
     return data
 
 
+def _is_id(value: Any) -> bool:
+    """Whether ``value`` is a json integer: pycocotools' evaluation matches the detections' integer
+    image and category ids against the json's as they are (a text id ``"3"`` matches nothing)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def category_labels(categories: list[dict], where: str) -> tuple[dict[int, int], list[str]]:
     """``category id -> contiguous label 1..K`` (ids sorted) and the names by label (``[0]`` is
     ``"__background__"``)."""
-    try:
-        by_id = {int(c["id"]): str(c.get("name", c["id"])) for c in categories}
-    except (KeyError, TypeError, ValueError):
+    if not all(isinstance(c, dict) and "id" in c for c in categories):
         raise DataError(f"COCO annotation file {where}: every entry of 'categories' needs an integer "
-                        "'id' (and a 'name'). Fix the json.") from None
+                        "'id' (and a 'name'). Fix the json.")
+    bad = [c["id"] for c in categories if not _is_id(c["id"])]
+    if bad:
+        more = f" ({len(bad) - 1} more alike)" if len(bad) > 1 else ""
+        raise DataError(f"COCO annotation file {where}: category id {repr(bad[0])[:20]} is not an integer{more}; "
+                        "the COCO evaluation compares the detections' integer category ids with the json's as "
+                        "they are and would match none. Write the ids as json integers (3, not \"3\").")
+    by_id = {c["id"]: str(c.get("name", c["id"])) for c in categories}
     if len(by_id) != len(categories):
         raise DataError(f"COCO annotation file {where}: duplicate category ids in 'categories'. Fix the json.")
     ids = sorted(by_id)
@@ -265,6 +276,11 @@ class CocoDetection(Dataset):
             if not isinstance(image, dict) or any(k not in image for k in _IMAGE_KEYS):
                 raise DataError(f"COCO annotation file {where}: an entry of 'images' lacks one of "
                                 f"{', '.join(_IMAGE_KEYS)} ({str(image)[:80]}). Fix the json.")
+            if not _is_id(image["id"]):
+                raise DataError(f"COCO annotation file {where}: image id {repr(image['id'])[:20]} of "
+                                f"{str(image['file_name'])[:80]} is not an integer; the COCO evaluation compares "
+                                "the detections' integer image ids with the json's as they are and would match "
+                                "none. Write the image ids (and the annotations' image_id) as json integers.")
             if not (image["width"] > 0 and image["height"] > 0):
                 raise DataError(f"COCO annotation file {where}: image id {image['id']} has size "
                                 f"{image['width']}x{image['height']}. Fix its width/height in the json.")
@@ -287,6 +303,11 @@ class CocoDetection(Dataset):
                 raise DataError(f"COCO annotation file {where}: an annotation lacks one of "
                                 f"{', '.join(_ANN_KEYS)} ({str(ann)[:80]}). Fix the json.")
             aid, image_id = ann["id"], ann["image_id"]
+            bad = next((k for k in ("image_id", "category_id") if not _is_id(ann[k])), None)
+            if bad is not None:
+                raise DataError(f"COCO annotation file {where}: annotation id {aid} has {bad} "
+                                f"{repr(ann[bad])[:20]}, not an integer; the COCO evaluation compares ids as they "
+                                f"are and would leave it out. Write its {bad} as a json integer.")
             if image_id not in rows:
                 raise DataError(f"COCO annotation file {where}: annotation id {aid} refers to image id "
                                 f"{image_id}, which is not in 'images'. Fix or remove the annotation.")

@@ -415,6 +415,33 @@ def test_iscrowd_is_0_where_absent_except_in_an_evaluation_json(tmp_path, coco_c
                     "'iscrowd'", "Add \"iscrowd\": 0")
 
 
+def test_ids_that_are_not_integers_are_refused_in_one_line(tmp_path, coco_canvases):
+    """pycocotools' evaluation compares the detections' integer ids with the json's as they are: a
+    text id "3" matches none of them (every AP NaN), so it is refused when the json is read."""
+    root, _ = coco_canvases
+    good = json.loads((root / "annotations" / "instances_val2017.json").read_text())
+    text_categories = dict(good, categories=[dict(c, id=str(c["id"])) for c in good["categories"]],
+                           annotations=[dict(a, category_id=str(a["category_id"])) for a in good["annotations"]])
+    path = _write_json(tmp_path / "categories.json", text_categories)
+    with pytest.raises(DataError) as excinfo:
+        CocoDataModule(val_annotations=str(path), val_images=str(root / "val2017"))
+    _one_line_error(excinfo, str(path), "(data.val_annotations)", "category id '3' is not an integer (2 more alike)")
+    text_image = dict(good, images=[dict(i, id=str(i["id"])) for i in good["images"]],
+                      annotations=[dict(a, image_id=str(a["image_id"])) for a in good["annotations"]])
+    path = _write_json(tmp_path / "images.json", text_image)
+    with pytest.raises(DataError) as excinfo:
+        CocoDetection(path, root / "val2017", evaluation=True)
+    image, ann = good["images"][0], good["annotations"][0]
+    _one_line_error(excinfo, str(path), f"image id '{image['id']}' of {image['file_name']} is not an integer")
+    text_annotation = dict(good, annotations=[dict(a, category_id=str(a["category_id"])) if a is ann else a
+                                              for a in good["annotations"]])
+    path = _write_json(tmp_path / "annotation.json", text_annotation)
+    with pytest.raises(DataError) as excinfo:
+        CocoDetection(path, root / "val2017")
+    _one_line_error(excinfo, str(path), f"annotation id {ann['id']} has category_id '{ann['category_id']}', "
+                    "not an integer")
+
+
 def test_missing_image_files_raise_or_are_skipped_and_counted(coco_canvases_copy):
     root, truth = coco_canvases_copy
     lost = root / "train2017" / truth["train"][2]["file_name"]
