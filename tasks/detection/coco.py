@@ -13,10 +13,11 @@ Detectron2's COCO loader:
   (:attr:`~CocoDetection.dropped_degenerate`), the same rule ``SanitizeBoundingBoxes(min_size=1)``
   applies after the transforms;
 - masks: polygons, compressed and uncompressed RLE decoded with ``pycocotools.mask`` to uint8
-  ``[N, H, W]`` at the image size, in ``__getitem__`` (never held for the whole set). Polygons that
-  cannot form a mask (:func:`mask_problem`: a part empty, under 3 points or with an odd number of
-  coordinates, or no part covering a pixel) are dropped with their annotation at construction and
-  counted (:attr:`~CocoDetection.dropped_unusable_masks`; unusable parts beside usable ones in
+  ``[N, H, W]`` at the image size, in ``__getitem__`` (never held for the whole set). Segmentations
+  that cannot form a mask (:func:`mask_problem`: a polygon part empty, under 3 points or with an odd
+  number of coordinates, or no part covering a pixel; an RLE whose ``size`` is not the image's) are
+  dropped with their annotation at construction and counted
+  (:attr:`~CocoDetection.dropped_unusable_masks`; unusable parts beside usable ones in
   :attr:`~CocoDetection.partly_unusable_masks`), like degenerate boxes; in an evaluation set
   (``evaluation=True``) a malformed one stops the run at once with a one-line error naming the annotation
   (the COCO evaluation scores against the json as it is and crashes on it), while a zero-area one is kept;
@@ -175,12 +176,25 @@ def _covers_a_pixel(part: list, height: int, width: int) -> bool:
     return bool(mask_utils.area(mask_utils.frPyObjects([part], height, width))[0] > 0)
 
 
+def _rle_problem(rle: dict, height: int, width: int) -> str | None:
+    """Why an RLE (``{"size": [height, width], "counts": ...}``) cannot be the mask of an object of a
+    ``height`` x ``width`` image, or None. pycocotools decodes an RLE at its own size."""
+    size, counts = rle.get("size"), rle.get("counts")
+    if not (isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) for v in size)
+            and isinstance(counts, (str, list))):
+        return "an RLE without a 'size' [height, width] and 'counts'"
+    if size != [height, width]:
+        return f"an RLE of {size[0]}x{size[1]} pixels (height x width) on an image of {height}x{width}"
+    return None
+
+
 def mask_problem(segmentation: Any, height: int, width: int) -> tuple[str | None, bool]:
     """``(problem, usable)`` of one annotation's ``segmentation``: why (part of) it cannot form a
     mask (None: nothing wrong), and whether a mask is left (a well-formed part covering a pixel).
-    RLE dicts are taken as they are; a list holds the polygons of the object's parts."""
+    An RLE dict is usable when it has the image's size; a list holds the polygons of the object's parts."""
     if isinstance(segmentation, dict):
-        return None, True
+        problem = _rle_problem(segmentation, height, width)
+        return problem, problem is None
     if not isinstance(segmentation, list) or not segmentation:
         return "no polygon", False
     problem, usable = None, False
@@ -216,7 +230,7 @@ class CocoDetection(Dataset):
         skip_corrupt: yield ``None`` for unreadable images instead of raising.
         masks: decode instance masks into the targets (Mask R-CNN); ``segmentation`` is then
             required on every annotation.
-        evaluation: an evaluation set: a polygon that cannot form a mask raises a DataError at
+        evaluation: an evaluation set: a segmentation that cannot form a mask raises a DataError at
             construction instead of being dropped (with ``masks``).
         keys: how the settings are called in error messages (``annotation_file``/``image_folder``
             by default; the DataModule passes its ``data.*`` keys).
@@ -262,10 +276,10 @@ class CocoDetection(Dataset):
             log.warning("%s: dropped %d degenerate box(es) (under 1 px wide or high after clipping to the "
                         "image)", self.annotation_file, self.dropped_degenerate)
         if self.dropped_unusable_masks or self.partly_unusable_masks:
-            log.warning("%s: dropped %d annotation(s) whose polygons cannot form a mask and left out the "
+            log.warning("%s: dropped %d annotation(s) whose segmentation cannot form a mask and left out the "
                         "unusable polygons of %d more (empty, under 3 points, an odd number of coordinates, "
-                        "or no pixel covered)", self.annotation_file, self.dropped_unusable_masks,
-                        self.partly_unusable_masks)
+                        "no pixel covered, or an RLE not of the image's size)", self.annotation_file,
+                        self.dropped_unusable_masks, self.partly_unusable_masks)
 
     # --- construction -----------------------------------------------------------------------
     @staticmethod
@@ -293,7 +307,7 @@ class CocoDetection(Dataset):
     def _index_annotations(self, annotations: list, sizes: dict[int, tuple[int, int]],
                            where: str) -> dict[int, _Objects]:
         """Per image, its annotations with usable boxes (and masks); degenerate boxes are counted in
-        :attr:`dropped_degenerate`, polygons that cannot form a mask in :attr:`dropped_unusable_masks`
+        :attr:`dropped_degenerate`, segmentations that cannot form a mask in :attr:`dropped_unusable_masks`
         (or refused in an evaluation set), and both left out."""
         rows: dict[int, list] = {i: [] for i in sizes}
         self.dropped_degenerate = self.dropped_unusable_masks = self.partly_unusable_masks = 0
@@ -355,9 +369,9 @@ class CocoDetection(Dataset):
             more = f" ({len(unscorable) - 1} more annotation(s) alike)" if len(unscorable) > 1 else ""
             raise DataError(f"COCO annotation file {where}: annotation id {aid} of image id {image_id} has "
                             f"{problem}, which cannot form a mask{more}; the COCO mask evaluation scores "
-                            "against every annotation of this json. Fix its 'segmentation' (3 or more x, y "
-                            "points covering a pixel) or remove the annotation; a box-only detector can "
-                            "evaluate with --data.masks false.")
+                            "against every annotation of this json. Fix its 'segmentation' (polygons of 3 or "
+                            "more x, y points covering a pixel, or an RLE of the image's height x width) or remove "
+                            "the annotation; a box-only detector can evaluate with --data.masks false.")
         return {i: _Objects.of(r) for i, r in rows.items()}
 
     def _check_files(self, folder_key: str) -> None:

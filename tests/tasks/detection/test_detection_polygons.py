@@ -1,5 +1,6 @@
 """COCO polygons that cannot form a mask (no polygon, under 3 points, an odd number of coordinates,
-zero area): dropped and counted in a training json like degenerate boxes, and (malformed ones)
+zero area) and RLEs not of their image's size: dropped and counted in a training json like
+degenerate boxes, and (malformed ones)
 refused in one line when a validation json is read, before any training (the COCO mask evaluation
 scores against every annotation of that json and crashes on some of them). Kept, they would teach
 training empty masks and end ``rescale fit`` after training in a pycocotools traceback."""
@@ -14,6 +15,7 @@ import torch
 from test_detection_cli import tiny_config
 
 from rescale_tasks.cli import main
+from rescale_tasks.common.errors import DataError
 from rescale_tasks.detection.coco import CocoDetection
 
 UNUSABLE = {  # annotation id -> segmentation that cannot form a mask
@@ -49,7 +51,7 @@ def test_unusable_polygons_are_dropped_and_counted_in_training(coco_canvases_cop
         ds = CocoDetection(annotations, root / "train2017")
     assert (ds.dropped_unusable_masks, ds.partly_unusable_masks) == (len(UNUSABLE), 1)
     assert ds.dropped_degenerate == before.dropped_degenerate
-    assert f"dropped {len(UNUSABLE)} annotation(s) whose polygons cannot form a mask" in caplog.text
+    assert f"dropped {len(UNUSABLE)} annotation(s) whose segmentation cannot form a mask" in caplog.text
     _, target = ds[0]
     _, old = before[0]
     assert len(target["labels"]) == len(old["labels"]) + 1  # only the object with a usable part is added
@@ -68,6 +70,48 @@ def test_an_unusable_polygon_in_the_validation_json_stops_fit_before_training(co
     assert f"annotation id 9002 of image id {image_id} has a polygon of fewer than 3 points" in message
     assert "remove the annotation" in message
     assert not list(Path("runs").rglob("*.ckpt"))  # nothing trained
+
+
+def _swap_rle_sizes(annotations: Path, path: Path) -> list[dict]:
+    """``annotations`` with the RLEs' size given as [width, height], written to ``path``; returns the
+    annotations with an RLE."""
+    data = json.loads(annotations.read_text())
+    swapped = [a for a in data["annotations"] if isinstance(a["segmentation"], dict)]
+    for ann in swapped:
+        ann["segmentation"]["size"] = ann["segmentation"]["size"][::-1]
+    path.write_text(json.dumps(data))
+    return swapped
+
+
+def test_an_rle_not_of_its_images_size_is_dropped_and_counted_in_training(coco_canvases, tmp_path, caplog):
+    """pycocotools decodes an RLE at its own size: kept, it would stack with the image's other masks."""
+    root = coco_canvases.root
+    annotations = tmp_path / "swapped.json"
+    swapped = _swap_rle_sizes(root / "annotations" / "instances_train2017.json", annotations)
+    assert {bool(a["iscrowd"]) for a in swapped} == {False, True}  # compressed and uncompressed RLEs
+    with caplog.at_level(logging.WARNING, logger="rescale_tasks.detection.coco"):
+        ds = CocoDetection(annotations, root / "train2017")
+    assert ds.dropped_unusable_masks == len(swapped)
+    assert f"dropped {len(swapped)} annotation(s) whose segmentation cannot form a mask" in caplog.text
+    kept = {aid for objects in ds._objects for aid in objects.ann_ids}
+    assert kept and not kept & {a["id"] for a in swapped}
+    for index in range(len(ds)):
+        image, target = ds[index]
+        assert target["masks"].shape == (len(target["boxes"]), *image.shape[1:])
+
+
+def test_an_rle_not_of_its_images_size_in_the_validation_json_is_refused_in_one_line(coco_canvases, tmp_path):
+    root = coco_canvases.root
+    annotations = tmp_path / "swapped.json"
+    (ann,) = _swap_rle_sizes(root / "annotations" / "instances_val2017.json", annotations)
+    height, width = ann["segmentation"]["size"][::-1]
+    with pytest.raises(DataError) as excinfo:
+        CocoDetection(annotations, root / "val2017", evaluation=True)
+    message = str(excinfo.value)
+    assert "\n" not in message and str(annotations) in message
+    assert (f"annotation id {ann['id']} of image id {ann['image_id']} has an RLE of {width}x{height} pixels "
+            f"(height x width) on an image of {height}x{width}, which cannot form a mask") in message
+    assert "an RLE of the image's height x width" in message
 
 
 def test_a_box_only_run_reads_the_same_validation_json(coco_canvases_copy):
