@@ -22,6 +22,10 @@ Batches are torchvision's detection format ``(list[image float32 [3, H, W]], lis
 - Evaluation: :class:`SequentialBatchSampler`, natural order in chunks of ``eval_batch_size``; the
   padding that evens out the ranks repeats batches, which the evaluation merges away by image id.
 
+A split left without images (its json's ``images`` list empty, or every image dropped by
+``keep_empty_*``) is refused in one line when it is set up: a validation of no image would end with
+no metric.
+
 Images whose EXIF orientation was left unapplied because only their stored pixels have the json's
 size (:mod:`.coco`) are counted in every split and logged in one warning line per split when a
 stage ends (:meth:`CocoDataModule.teardown`; each process its own under DDP).
@@ -304,11 +308,23 @@ class CocoDataModule(TaskDataModule):
                 source_split, source = self._categories_source
                 raise DataError(f"the categories of {ann} ({ann_key}) differ from those of {source} "
                                 f"(the {source_split} json): the splits need the same 'categories' list.")
-            if train and len(dataset) == 0:
-                raise DataError(f"no training images with boxes in {ann} ({ann_key}). Check the json, or set "
-                                "--data.keep_empty_train true.")
+            if len(dataset) == 0:
+                self._refuse_empty(name, ann, ann_key, images=len(dataset.coco.imgs))
             self.datasets[name] = dataset
         return self.datasets[name]
+
+    @staticmethod
+    def _refuse_empty(split: str, ann: Path, ann_key: str, images: int) -> None:
+        """The DataError for a ``split`` (``train``, ``val``, ``predict``) whose json ``ann`` left no
+        image: it lists ``images`` images, all without boxes (dropped by ``keep_empty_*``), or none."""
+        if images:
+            keep, use = ("train", "training") if split == "train" else ("eval", split)
+            raise DataError(f"no {use} images with boxes in {ann} ({ann_key}). Check the json, or set "
+                            f"--data.keep_empty_{keep} true.")
+        use = {"train": "train on", "val": "validate and test on", "predict": "predict on"}[split]
+        raise DataError(f"no images in {ann} ({ann_key}): its 'images' list is empty, so the {split} split has "
+                        f"nothing to {use}. Add the images to it or point --data.{split}_annotations at a json "
+                        "with images.")
 
     @property
     def train_set(self) -> CocoDetection | None:

@@ -330,6 +330,32 @@ def test_data_module_rejects_splits_with_other_categories(tmp_path, coco_writer)
     _one_line_error(excinfo, "instances_train2017.json", "same 'categories'")
 
 
+def test_a_split_left_without_images_is_refused_in_one_line(tmp_path, coco_canvases):
+    """An evaluation json without images would validate nothing: no metric and no message."""
+    root, _ = coco_canvases
+    val, train = root / "annotations" / "instances_val2017.json", root / "annotations" / "instances_train2017.json"
+    good = json.loads(val.read_text())
+    empty = _write_json(tmp_path / "empty.json", dict(good, images=[], annotations=[]))
+    boxless = _write_json(tmp_path / "boxless.json", dict(good, annotations=[]))
+
+    def refused(stage: str, *fragments: str, val_json: Path = val, train_json: Path = train, **kwargs) -> None:
+        dm = CocoDataModule(train_annotations=str(train_json), train_images=str(root / "train2017"),
+                            val_annotations=str(val_json), val_images=str(root / "val2017"), num_workers=0, **kwargs)
+        with pytest.raises(DataError) as excinfo:
+            dm.setup(stage)
+        _one_line_error(excinfo, *fragments)
+
+    refused("validate", f"no images in {empty} (data.val_annotations)", "nothing to validate and test on",
+            "--data.val_annotations", val_json=empty)
+    refused("predict", f"no images in {empty} (data.predict_annotations)", "nothing to predict on",
+            predict_annotations=str(empty), predict_images=str(root / "val2017"))
+    refused("fit", f"no images in {empty} (data.train_annotations)", "nothing to train on", train_json=empty)
+    refused("validate", f"no val images with boxes in {boxless} (data.val_annotations)",
+            "--data.keep_empty_eval true", val_json=boxless, keep_empty_eval=False)
+    refused("fit", f"no training images with boxes in {boxless} (data.train_annotations)",
+            "--data.keep_empty_train true", train_json=boxless)
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
