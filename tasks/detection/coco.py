@@ -295,9 +295,10 @@ class CocoDetection(Dataset):
                                 f"{str(image['file_name'])[:80]} is not an integer; the COCO evaluation compares "
                                 "the detections' integer image ids with the json's as they are and would match "
                                 "none. Write the image ids (and the annotations' image_id) as json integers.")
-            if not (image["width"] > 0 and image["height"] > 0):
+            if not (_is_id(image["width"]) and _is_id(image["height"]) and image["width"] > 0 and image["height"] > 0):
                 raise DataError(f"COCO annotation file {where}: image id {image['id']} has size "
-                                f"{image['width']}x{image['height']}. Fix its width/height in the json.")
+                                f"{image['width']!r}x{image['height']!r}, expected positive integers. Fix its "
+                                "width/height in the json.")
             if image["id"] in sizes:
                 raise DataError(f"COCO annotation file {where}: image id {image['id']} appears twice in "
                                 "'images'. Fix the json.")
@@ -361,7 +362,12 @@ class CocoDetection(Dataset):
                 self.dropped_unusable_masks += 1
                 continue
             self.partly_unusable_masks += problem is not None
-            area = float(ann.get("area", w * h))
+            area = ann.get("area", w * h)
+            if not _finite(area) or isinstance(area, bool):
+                raise DataError(f"COCO annotation file {where}: annotation id {aid} of image id {image_id} has area "
+                                f"{repr(area)[:20]}, expected a finite number (the COCO evaluation buckets objects "
+                                "by it). Fix the json.")
+            area = float(area)
             rows[image_id].append((aid, box, self.category_to_label[ann["category_id"]],
                                    int(crowd), area))
         if unscorable:
