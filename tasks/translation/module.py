@@ -118,10 +118,11 @@ class TranslationModule(RescaleTaskModule):
         # per-token means weighted by target tokens, synced as sums (Lightning's own epoch mean
         # averages its integer token counts over ranks and truncates them); a batch whose loss is
         # not finite makes the mean NaN, as Lightning's own means do (torchmetrics' default drops
-        # it with a warning, and a broken model would report the loss of its finite batches)
+        # it with a warning, and a broken model would report the loss of its finite batches): its
+        # NaN is "replaced" by NaN ("disable" would skip the check but also the weights)
         for split in ("train", "val", "test"):
-            setattr(self, f"{split}_loss", MeanMetric(nan_strategy="disable"))
-            setattr(self, f"{split}_nll", MeanMetric(nan_strategy="disable"))
+            setattr(self, f"{split}_loss", MeanMetric(nan_strategy=float("nan")))
+            setattr(self, f"{split}_nll", MeanMetric(nan_strategy=float("nan")))
 
     def forward(self, src_tokens: torch.Tensor, prev_output_tokens: torch.Tensor) -> torch.Tensor:
         return self.net(src_tokens, prev_output_tokens)

@@ -78,5 +78,7 @@ def test_a_batch_whose_loss_is_not_finite_makes_the_epoch_mean_nan():
     for split in ("train", "val", "test"):
         for metric in (getattr(module, f"{split}_loss"), getattr(module, f"{split}_nll")):
             metric.update(torch.tensor(2.0), weight=30)
+            metric.update(torch.tensor(1.0), weight=10)
+            assert metric.compute().item() == pytest.approx(1.75), split  # token-weighted
             metric.update(torch.tensor(float("nan")), weight=10)
             assert math.isnan(metric.compute().item()), split
