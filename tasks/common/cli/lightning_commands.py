@@ -26,7 +26,8 @@ from ..checkpoints import (LAST_NAME, EpochCheckpoint, LastCheckpoint, ResumeSta
 from ..module import RescaleTaskModule
 from ..reporting import label_runs, use_line_progress
 from ..run import (ResultsFolder, RunSummary, SaveConfigToRun, SkippedDataReport, check_run_outputs,
-                   claim_run_folder, evaluation_report, fit_report, keep_csv_history, resume_point)
+                   claim_run_folder, evaluation_checkpoint, evaluation_report, fit_report, keep_csv_history,
+                   resume_point)
 from ..system import require_writable, write_output
 from ..training import (DivergenceMonitor, LearnedScalarsLogger, check_network, check_optimization, class_of,
                         resolved_architecture)
@@ -34,7 +35,7 @@ from .config_files import SafeLoader, refuse_duplicate_keys
 from .config_layers import CONFIG_FLAGS, check_layers, flag_values
 from .moved_modules import follow_moved_modules
 from .parse_errors import config_errors, trainer_config_errors
-from .quiet import quiet_evaluation, quiet_libraries
+from .quiet import quiet_evaluation, quiet_libraries, quiet_resume
 
 __all__ = ["RescaleCLI", "run_lightning", "trainer_defaults", "resume_wandb_run", "LoggedLearningRate",
            "TRAINER_SUBCOMMANDS"]
@@ -81,14 +82,14 @@ class RescaleCLI(LightningCLI):
         step (listed in :mod:`~rescale_tasks.common.system.private_apis`): the public hooks come before
         it (``parse_arguments``) or after it (``before_instantiate_classes``), and neither would turn a
         checkpoint whose hyper-parameters do not parse into one line. Lightning reads
-        hyper-parameters from a file's path only: ``fit --ckpt_path last`` is read from the
-        ``last.ckpt`` it resumes (:func:`_last_checkpoint_file`), and stays ``last`` for the run."""
+        hyper-parameters from a file's path only: ``--ckpt_path last`` is read from this run's
+        ``last.ckpt`` (:func:`_last_checkpoint_file`), and stays ``last`` for the run."""
         sub = self.config.get("subcommand")
         before = given = None
         if sub:
             section = self.config[sub]
             given = section.get("ckpt_path")
-            if sub == "fit" and given == "last":
+            if given == "last":
                 section.ckpt_path = _last_checkpoint_file(section) or given
             check_config_against_checkpoint(section.get("model"), section.get("ckpt_path"),
                                             normalize=resolved_architecture)
@@ -170,7 +171,7 @@ class RescaleCLI(LightningCLI):
         check_run_outputs(self.trainer, config.get("run_summary", {}).get("path"))
         kwargs["ckpt_path"] = resume_point(self.trainer, kwargs.get("ckpt_path"), _run_id_given(config))
         keep_csv_history(self.trainer, kwargs["ckpt_path"])
-        with claim_run_folder(self.trainer):
+        with claim_run_folder(self.trainer), quiet_resume(kwargs["ckpt_path"] is not None):
             self.trainer.fit(**kwargs)
         self._closing_line(fit_report(self.trainer, self._argv))
 
@@ -187,6 +188,8 @@ class RescaleCLI(LightningCLI):
         self._evaluate("predict", **kwargs)
 
     def _evaluate(self, command: str, **kwargs) -> None:
+        kwargs["ckpt_path"] = evaluation_checkpoint(self.trainer, command, kwargs.get("ckpt_path"),
+                                                    _run_id_given(self.config[command]))
         output_dir = self._setting("output_dir")
         if output_dir:
             require_writable(output_dir, "--output_dir", "give --output_dir a folder you can write")

@@ -7,7 +7,7 @@ import logging
 import warnings
 from typing import Iterator
 
-__all__ = ["quiet_libraries", "quiet_evaluation"]
+__all__ = ["quiet_libraries", "quiet_evaluation", "quiet_resume"]
 
 # Lightning's notices that say nothing about the run: an advert printed by every Trainer, and its
 # "Received SIGTERM: <n>" (the suite's own exit line says which signal stopped the run, and where
@@ -45,4 +45,15 @@ def quiet_evaluation() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The dirpath has changed from", category=UserWarning,
                                 module=r"lightning\.pytorch\.callbacks\.model_checkpoint")
+        yield
+
+
+@contextlib.contextmanager
+def quiet_resume(resuming: bool) -> Iterator[None]:
+    """``fit --ckpt_path``: no warning that the run's checkpoint folder is not empty (it holds the
+    checkpoint resumed; a new start over a run's ``last.ckpt`` is refused before this)."""
+    with warnings.catch_warnings():
+        if resuming:
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty",
+                                    category=UserWarning, module=r"lightning\.pytorch\.callbacks\.model_checkpoint")
         yield

@@ -39,7 +39,7 @@ from ..checkpoints import LAST_NAME, checkpoint_exists, checkpoint_folder, is_re
 from ..errors import UserError
 from ..system import folder_lock, require_writable
 
-__all__ = ["run_folder", "claim_run_folder", "resume_point", "keep_csv_history", "check_run_outputs", "shown_path"]
+__all__ = ["run_folder", "claim_run_folder", "resume_point", "evaluation_checkpoint", "keep_csv_history", "check_run_outputs", "shown_path"]
 
 log = logging.getLogger(__name__)
 
@@ -92,20 +92,55 @@ def resume_point(trainer: L.Trainer, ckpt_path: Optional[str], id_given: bool) -
             log.info(f"--ckpt_path last: no {LAST_NAME} in {shown_path(folder)} yet; starting this run afresh "
                      "(the same command resumes it)")
         return None
-    where, earlier = _other_runs(folder, version)
-    where = shown_path(where)
     what = (f"--ckpt_path last resumes the {LAST_NAME} of this run's id, and this run has a new id ({version}), "
             "so there is nothing to resume")
+    earlier = _earlier_run(folder, version)
+    if earlier is None:
+        raise UserError(f"{what}, and no earlier run beside it ({shown_path(_other_runs(folder, version)[0])}) has a "
+                        f"{LAST_NAME}; drop --ckpt_path last to start a new run, or give it an id that the same command "
+                        "resumes later (--trainer.logger.init_args.id ID --ckpt_path last)")
+    raise UserError(f"{what}; {earlier[1]}: resume it with --ckpt_path {earlier[0]}, or give runs an id that the same "
+                    "command resumes (--trainer.logger.init_args.id ID --ckpt_path last)")
+
+
+def evaluation_checkpoint(trainer: L.Trainer, command: str, ckpt_path: Optional[str], id_given: bool) -> Optional[str]:
+    """The checkpoint ``validate|test|predict --ckpt_path <ckpt_path>`` evaluates: for ``last`` this
+    run's ``last.ckpt`` (its file), refused in one line when the run has none (Lightning would
+    evaluate the untrained network) with the newest earlier run's to pass instead; ``best``
+    refused (Lightning's is the best checkpoint of a fit in the same process); anything else
+    unchanged."""
+    if ckpt_path == "best":
+        raise UserError(f"--ckpt_path best is the best checkpoint of a fit in the same process, and rescale {command} "
+                        "runs none: pass the file (the one a ModelCheckpoint monitoring a metric wrote in the run's "
+                        "checkpoints folder)")
+    if ckpt_path != "last":
+        return ckpt_path
+    folder = checkpoint_folder(trainer)
+    path = os.path.join(folder, LAST_NAME)
+    if checkpoint_exists(path):
+        return path
+    version = str(trainer.loggers[0].version) if trainer.loggers else None
+    what = f"--ckpt_path last: no {LAST_NAME} in {shown_path(folder)}, so there is no network to {command}"
+    if id_given or not version:
+        raise UserError(f"{what}; pass a checkpoint file with --ckpt_path")
+    earlier = _earlier_run(folder, version)
+    if earlier is None:
+        raise UserError(f"{what} (this run has a new id, {version}, and no earlier run beside it has one); pass a "
+                        "checkpoint file with --ckpt_path")
+    raise UserError(f"{what} (this run has a new id, {version}); {earlier[1]}: pass it with --ckpt_path {earlier[0]}, "
+                    "or give the id of the run to evaluate (--trainer.logger.init_args.id ID)")
+
+
+def _earlier_run(folder: str, version: str) -> Optional[tuple[str, str]]:
+    """The newest ``last.ckpt`` of the runs beside this one (:func:`_other_runs`), shown, and a
+    sentence naming it (``the newest of 3 earlier runs beside it is <path> (written <time>)``)."""
+    _, earlier = _other_runs(folder, version)
     if not earlier:
-        raise UserError(f"{what}, and no earlier run beside it ({where}) has a {LAST_NAME}; drop --ckpt_path last "
-                        "to start a new run, or give it an id that the same command resumes later "
-                        "(--trainer.logger.init_args.id ID --ckpt_path last)")
+        return None
     newest = shown_path(earlier[0])
     written = time.strftime("%Y-%m-%d %H:%M", time.localtime(os.path.getmtime(earlier[0])))
     which = "the only earlier run" if len(earlier) == 1 else f"the newest of {len(earlier)} earlier runs"
-    raise UserError(f"{what}; {which} beside it is {newest} (written {written}): "
-                    f"resume it with --ckpt_path {newest}, or give runs an id that the same command resumes "
-                    "(--trainer.logger.init_args.id ID --ckpt_path last)")
+    return newest, f"{which} beside it is {newest} (written {written})"
 
 
 def _refuse_starting_over(last: str) -> None:

@@ -103,6 +103,22 @@ def test_ckpt_path_last_without_a_run_id_names_the_run_to_resume(finished, error
     assert f"the only earlier run beside it is {relative} " in message and f"--ckpt_path {relative}," in message
 
 
+@pytest.mark.parametrize("command", ["validate", "test", "predict"])
+def test_an_evaluation_of_last_or_best_without_that_checkpoint_is_refused(finished, error_line, command):
+    """Lightning evaluates the untrained network when ``last`` finds no checkpoint, and ``best``
+    names a fit in the same process: both are one line, the earlier run's checkpoint named."""
+    relative = os.path.relpath(finished["last"], finished["folder"])
+    with _in(finished["folder"]):
+        assert main([command, "--config", finished["config"], "--ckpt_path", "last"]) == 2
+        message = error_line()
+        assert message.startswith("--ckpt_path last: no last.ckpt in runs/outputs/"), message
+        assert f"so there is no network to {command} (this run has a new id" in message
+        assert f"the only earlier run beside it is {relative} " in message and f"--ckpt_path {relative}," in message
+        assert main([command, "--config", finished["config"], "--ckpt_path", "best"]) == 2
+        assert error_line().startswith(f"--ckpt_path best is the best checkpoint of a fit in the same process, and "
+                                       f"rescale {command} runs none")
+
+
 def test_ckpt_path_last_without_a_run_id_or_an_earlier_run_says_how_to_start(tmp_path, run_config,
                                                                              suite_wandb_logger, error_line):
     config = run_config(tmp_path / "run.yaml", trainer={"logger": suite_wandb_logger("outputs", "none")})
