@@ -27,7 +27,7 @@ from ..module import RescaleTaskModule
 from ..reporting import label_runs, use_line_progress
 from ..run import (ResultsFolder, RunSummary, SaveConfigToRun, SkippedDataReport, check_run_outputs,
                    claim_run_folder, evaluation_checkpoint, evaluation_report, fit_report, keep_csv_history,
-                   resume_point)
+                   refuse_starting_over, resume_point)
 from ..system import require_writable, write_output
 from ..training import (DivergenceMonitor, LearnedScalarsLogger, check_network, check_optimization, class_of,
                         resolved_architecture)
@@ -170,9 +170,11 @@ class RescaleCLI(LightningCLI):
         config = self.config["fit"]
         check_run_outputs(self.trainer, config.get("run_summary", {}).get("path"))
         kwargs["ckpt_path"] = resume_point(self.trainer, kwargs.get("ckpt_path"), _run_id_given(config))
-        keep_csv_history(self.trainer, kwargs["ckpt_path"])
-        with claim_run_folder(self.trainer), quiet_resume(kwargs["ckpt_path"] is not None):
-            self.trainer.fit(**kwargs)
+        with claim_run_folder(self.trainer):  # a run still training is named first
+            refuse_starting_over(self.trainer, kwargs["ckpt_path"])
+            keep_csv_history(self.trainer, kwargs["ckpt_path"])
+            with quiet_resume(kwargs["ckpt_path"] is not None):
+                self.trainer.fit(**kwargs)
         self._closing_line(fit_report(self.trainer, self._argv))
 
     def validate(self, **kwargs) -> None:

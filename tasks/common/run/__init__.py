@@ -10,8 +10,8 @@
 """
 from .outputs import (ResultFile, ResultsFolder, SaveConfigToRun, note_result_file, result_files,
                       results_folder, run_directory)
-from .folder import (check_run_outputs, claim_run_folder, evaluation_checkpoint, keep_csv_history, resume_point,
-                     run_folder, shown_path)
+from .folder import (check_run_outputs, claim_run_folder, evaluation_checkpoint, keep_csv_history,
+                     refuse_starting_over, resume_point, run_folder, shown_path)
 from .summary import (SUMMARY_FILE, MalformedSummary, RunSummary, find_summaries, higher_is_better,
                       read_summary)
 from .report import evaluation_report, fit_report, next_command, written_files
@@ -20,7 +20,8 @@ from .predictions import (PREDICTIONS_FILE, TOP_K, PredictedSamples, class_predi
 from .data_report import PROBLEMS_FILE, SkippedDataReport, problems_line, unread_line
 
 __all__ = ["ResultFile", "ResultsFolder", "SaveConfigToRun", "note_result_file", "result_files",
-           "results_folder", "run_directory", "check_run_outputs", "claim_run_folder", "evaluation_checkpoint", "keep_csv_history", "resume_point",
+           "results_folder", "run_directory", "check_run_outputs", "claim_run_folder",
+           "evaluation_checkpoint", "keep_csv_history", "refuse_starting_over", "resume_point",
            "run_folder", "shown_path", "SUMMARY_FILE", "MalformedSummary", "RunSummary", "find_summaries",
            "higher_is_better", "read_summary", "evaluation_report", "fit_report", "next_command",
            "written_files", "PREDICTIONS_FILE", "TOP_K", "PredictedSamples", "class_predictions_csv",

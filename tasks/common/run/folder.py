@@ -37,9 +37,11 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from ..checkpoints import LAST_NAME, checkpoint_exists, checkpoint_folder, is_remote, logger_folder, peek_checkpoint
 from ..errors import UserError
-from ..system import folder_lock, require_writable
+from ..system import LOCK_FILE, folder_lock, require_writable
 
-__all__ = ["run_folder", "claim_run_folder", "resume_point", "evaluation_checkpoint", "keep_csv_history", "check_run_outputs", "shown_path"]
+__all__ = ["run_folder", "claim_run_folder", "resume_point", "refuse_starting_over", "evaluation_checkpoint",
+           "keep_csv_history",
+           "check_run_outputs", "shown_path"]
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +79,7 @@ def claim_run_folder(trainer: L.Trainer) -> Iterator[Optional[str]]:
 def resume_point(trainer: L.Trainer, ckpt_path: Optional[str], id_given: bool) -> Optional[str]:
     """The ``ckpt_path`` to hand Lightning for ``fit --ckpt_path <ckpt_path>`` (see the module
     docstring): ``last`` with a ``last.ckpt`` to resume, None (with a line saying so) for a run of
-    a fixed id that has none yet, a :class:`UserError` for a new run id or for a start without
-    ``ckpt_path`` over this run's ``last.ckpt``; anything else unchanged."""
-    if ckpt_path is None:
-        _refuse_starting_over(os.path.join(checkpoint_folder(trainer), LAST_NAME))
+    a fixed id that has none yet, a :class:`UserError` for a new run id; anything else unchanged."""
     if ckpt_path != "last":
         return ckpt_path
     folder = checkpoint_folder(trainer)
@@ -96,9 +95,10 @@ def resume_point(trainer: L.Trainer, ckpt_path: Optional[str], id_given: bool) -
             "so there is nothing to resume")
     earlier = _earlier_run(folder, version)
     if earlier is None:
-        raise UserError(f"{what}, and no earlier run beside it ({shown_path(_other_runs(folder, version)[0])}) has a "
-                        f"{LAST_NAME}; drop --ckpt_path last to start a new run, or give it an id that the same command "
-                        "resumes later (--trainer.logger.init_args.id ID --ckpt_path last)")
+        beside = shown_path(_other_runs(folder, version)[0])
+        raise UserError(f"{what}, and no earlier run beside it ({beside}) has a {LAST_NAME}; drop --ckpt_path last "
+                        "to start a new run, or give it an id that the same command resumes later "
+                        "(--trainer.logger.init_args.id ID --ckpt_path last)")
     raise UserError(f"{what}; {earlier[1]}: resume it with --ckpt_path {earlier[0]}, or give runs an id that the same "
                     "command resumes (--trainer.logger.init_args.id ID --ckpt_path last)")
 
@@ -143,8 +143,12 @@ def _earlier_run(folder: str, version: str) -> Optional[tuple[str, str]]:
     return newest, f"{which} beside it is {newest} (written {written})"
 
 
-def _refuse_starting_over(last: str) -> None:
-    if not checkpoint_exists(last):
+def refuse_starting_over(trainer: L.Trainer, ckpt_path: Optional[str]) -> None:
+    """A :class:`UserError` for a ``fit`` without ``ckpt_path`` (after :func:`resume_point`) whose
+    checkpoint folder holds a ``last.ckpt``: it would train from scratch over that run's checkpoint.
+    Checked holding the run's lock, so that a run still training is named as such first."""
+    last = os.path.join(checkpoint_folder(trainer), LAST_NAME)
+    if ckpt_path is not None or not checkpoint_exists(last):
         return
     try:
         step = f" at step {peek_checkpoint(last).global_step}"
@@ -166,8 +170,8 @@ def _resumed_step(trainer: L.Trainer, ckpt_path: Optional[str]) -> Optional[int]
 
 def keep_csv_history(trainer: L.Trainer, ckpt_path: Optional[str]) -> None:
     """Open the run's CSV loggers before the run writes into their folders, so that a new run is not
-    warned about the suite's own files there; a resumed run keeps its ``metrics.csv`` rows up to the
-    step it resumes at (rows of later steps, logged after that checkpoint, are logged again), where
+    warned about the run's lock there; a resumed run keeps its ``metrics.csv`` rows up to the step
+    it resumes at (rows of later steps, logged after that checkpoint, are logged again), where
     Lightning's CSV logger would delete the file and lose the run's history before the resume."""
     loggers = [logger for logger in trainer.loggers if isinstance(logger, CSVLogger)]
     if not loggers or rank_zero_only.rank != 0:
@@ -181,8 +185,10 @@ def keep_csv_history(trainer: L.Trainer, ckpt_path: Optional[str]) -> None:
                 reader = csv.DictReader(f)
                 header = list(reader.fieldnames or [])
                 rows = [row for row in reader if row.get("step", "").isdigit() and int(row["step"]) <= step]
+        found = set(os.listdir(logger.log_dir)) if os.path.isdir(logger.log_dir) else set()
+        ours = step is not None or found <= {LOCK_FILE}
         with warnings.catch_warnings():
-            if step is not None:  # the folder holds the run's files: kept
+            if ours:  # the folder holds this run's files (kept) or the run's lock alone
                 warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
             writer = logger.experiment
         if header:
