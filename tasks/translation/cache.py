@@ -21,6 +21,8 @@ from pathlib import Path
 from rescale_tasks.common.errors import DataError
 from rescale_tasks.common.system import write_atomically
 
+from .corpus import option_name
+
 __all__ = ["resolve_cache_dir", "user_cache_dir", "file_digest", "digest_of", "write_atomic", "DIGEST_CHARS"]
 
 DIGEST_CHARS = 16  # hex characters of a digest used in file names (64 bits)
@@ -40,14 +42,15 @@ def user_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rescale" / "translation"
 
 
-def resolve_cache_dir(root: Path, cache_dir: str | os.PathLike | None) -> Path:
+def resolve_cache_dir(root: Path, cache_dir: str | os.PathLike | None, flags: str = "--data.") -> Path:
     """``cache_dir`` when given; else ``<root>/rescale_cache``, or the user's cache folder
-    (``$XDG_CACHE_HOME/rescale/translation``) when ``root`` is read-only (a shared data set)."""
+    (``$XDG_CACHE_HOME/rescale/translation``) when ``root`` is read-only (a shared data set).
+    ``flags``: how the command at hand spells the options in its messages."""
     if cache_dir is not None:
         folder = Path(os.path.expanduser(str(cache_dir)))
         if not _writable(folder):
-            raise DataError(f"cache folder not writable: {folder} (data.cache_dir); point it at a "
-                            "folder you can write to.")
+            raise DataError(f"cache folder not writable: {folder} ({option_name('cache_dir', flags)}); point "
+                            "it at a folder you can write to.")
         return folder
     folder = root / "rescale_cache"
     if _writable(folder):
@@ -55,7 +58,7 @@ def resolve_cache_dir(root: Path, cache_dir: str | os.PathLike | None) -> Path:
     user = user_cache_dir()
     if not _writable(user):
         raise DataError(f"no writable cache folder: neither {folder} nor {user}; pass "
-                        "--data.cache_dir DIR (a folder you can write to).")
+                        f"{flags}cache_dir DIR (a folder you can write to).")
     return user
 
 

@@ -22,7 +22,7 @@ from typing import BinaryIO, Iterator, Literal
 
 from rescale_tasks.common.errors import ConfigError, DataError
 
-__all__ = ["SPLITS", "LAYOUTS", "SplitSource", "find_splits", "count_lines", "read_lines"]
+__all__ = ["SPLITS", "LAYOUTS", "SplitSource", "find_splits", "count_lines", "read_lines", "option_name"]
 
 SPLITS = ("train", "valid", "test")
 LAYOUTS = ("auto", "files", "tsv")
@@ -104,9 +104,18 @@ class SplitSource:
             yield _decode(fields[side], path, number)
 
 
-def _check_lang(name: str, value: str) -> None:
+def option_name(option: str, flags: str = "--data.") -> str:
+    """How a message names ``option`` for the command at hand (``flags`` as :func:`find_splits`
+    takes them): ``data.root`` for ``rescale fit``; ``--cache_dir`` for ``rescale
+    prepare-translation``, whose corpus folder is its root argument."""
+    if flags == "--data.":
+        return f"data.{option}"
+    return "the root argument" if option == "root" else f"{flags}{option}"
+
+
+def _check_lang(name: str, value: str, flags: str) -> None:
     if not value or os.sep in value or value.startswith("."):
-        raise ConfigError(f"data.{name} must be a language code such as 'en', got {value!r}.")
+        raise ConfigError(f"{option_name(name, flags)} must be a language code such as 'en', got {value!r}.")
 
 
 def languages_in(folder: Path) -> list[str]:
@@ -139,16 +148,18 @@ def find_splits(root: str | os.PathLike, src_lang: str, tgt_lang: str,
 
     ``flags``: how the command at hand spells the options in its messages (``--data.`` for
     ``rescale fit``, ``--`` for ``rescale prepare-translation``)."""
-    _check_lang("src_lang", src_lang)
-    _check_lang("tgt_lang", tgt_lang)
+    name = lambda option: option_name(option, flags)  # noqa: E731
+    _check_lang("src_lang", src_lang, flags)
+    _check_lang("tgt_lang", tgt_lang, flags)
     if src_lang == tgt_lang:
-        raise ConfigError(f"data.src_lang and data.tgt_lang are both {src_lang!r}; give two languages.")
+        raise ConfigError(f"{name('src_lang')} and {name('tgt_lang')} are both {src_lang!r}; give two languages.")
     if layout not in LAYOUTS:
-        raise ConfigError(f"data.layout must be one of {', '.join(LAYOUTS)}, got {layout!r}.")
+        raise ConfigError(f"{name('layout')} must be one of {', '.join(LAYOUTS)}, got {layout!r}.")
     folder = Path(os.path.expanduser(str(root)))
     if not folder.is_dir():
-        raise DataError(f"translation data folder not found: {folder} (data.root); point --data.root "
-                        f"at the folder holding train.{src_lang}/train.{tgt_lang} (or train.tsv).")
+        point = f"point {flags}root at" if flags == "--data." else "pass"
+        raise DataError(f"translation data folder not found: {folder} ({name('root')}); {point} the folder "
+                        f"holding train.{src_lang}/train.{tgt_lang} (or train.tsv).")
     if layout == "auto":  # tsv only when there is a .tsv split and no per-language file
         per_language = any((folder / f"{split}.{lang}").exists() for split in SPLITS for lang in (src_lang, tgt_lang))
         layout = "tsv" if not per_language and any((folder / f"{s}.tsv").exists() for s in SPLITS) else "files"
@@ -164,14 +175,15 @@ def find_splits(root: str | os.PathLike, src_lang: str, tgt_lang: str,
         elif any(present):  # one side without the other
             missing = paths[present.index(False)]
             hint = _language_hint(folder, src_lang, tgt_lang, "src" if missing == paths[0] else "tgt", flags)
-            raise DataError(f"{missing.name} is missing in {folder} (data.root) although "
+            raise DataError(f"{missing.name} is missing in {folder} ({name('root')}) although "
                             f"{paths[present.index(True)].name} is there"
                             + (hint or "; add it or remove the other side."))
     if not found:
         wanted = "train.tsv" if layout == "tsv" else f"train.{src_lang} and train.{tgt_lang}"
         listing = ", ".join(sorted(p.name for p in folder.iterdir())[:8]) or "nothing"
         hint = _language_hint(folder, src_lang, tgt_lang, None, flags) if layout == "files" else ""
-        raise DataError(f"no parallel text in {folder} (data.root): expected {wanted} (layout {layout}), "
+        raise DataError(f"no parallel text in {folder} ({name('root')}): expected {wanted} (layout {layout}), "
                         f"found {listing}"
-                        + (hint or "; check data.root, data.src_lang/tgt_lang and data.layout."))
+                        + (hint or f"; check {name('root')}, {name('src_lang')}/{name('tgt_lang')} and "
+                           f"{name('layout')}."))
     return found

@@ -21,7 +21,7 @@ from rescale_tasks.common.errors import DataError
 
 from .binarize import EncodedSplit, encode_split
 from .cache import resolve_cache_dir
-from .corpus import Layout, SplitSource, find_splits
+from .corpus import Layout, SplitSource, find_splits, option_name
 from .vocab import SpmOptions, load_spm, train_spm
 
 __all__ = ["CorpusSettings", "PreparedCorpus", "prepare_corpus"]
@@ -54,14 +54,14 @@ def prepare_corpus(settings: CorpusSettings, flags: str = "--data.") -> Prepared
     the command at hand spells the options in its messages (``--`` for ``prepare-translation``)."""
     sources = find_splits(settings.root, settings.src_lang, settings.tgt_lang, settings.layout, flags=flags)
     root = Path(os.path.expanduser(str(settings.root)))
-    cache_dir = resolve_cache_dir(root, settings.cache_dir)
+    cache_dir = resolve_cache_dir(root, settings.cache_dir, flags)
     if settings.spm_model:
         model_path = Path(os.path.expanduser(str(settings.spm_model)))
     elif "train" in sources:
         model_path = train_spm(sources["train"], settings.spm, cache_dir, flags=flags)
     else:
-        raise DataError(f"no training text in {root} (data.root) to train the SentencePiece model on; "
-                        f"add the train split, or pass {flags}spm_model PATH.")
-    processor = load_spm(model_path)
+        raise DataError(f"no training text in {root} ({option_name('root', flags)}) to train the SentencePiece "
+                        f"model on; add the train split, or pass {flags}spm_model PATH.")
+    processor = load_spm(model_path, flags)
     encoded = {name: encode_split(source, processor, model_path, cache_dir) for name, source in sources.items()}
     return PreparedCorpus(sources, cache_dir, model_path, processor, encoded)

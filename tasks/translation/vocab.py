@@ -32,7 +32,7 @@ from rescale_tasks.common.reporting import CountProgress
 from rescale_tasks.common.system import usable_cores
 
 from .cache import DIGEST_CHARS, digest_of, file_digest, write_atomic
-from .corpus import SplitSource
+from .corpus import SplitSource, option_name
 
 __all__ = ["BOS", "PAD", "EOS", "UNK", "SPECIAL_IDS", "MODEL_TYPES", "SpmOptions", "train_spm",
            "load_spm"]
@@ -134,24 +134,27 @@ def _training_error(err: RuntimeError, train: SplitSource, options: SpmOptions, 
     return DataError(f"SentencePiece training on {where} failed: {message}")
 
 
-def load_spm(path: str | os.PathLike) -> spm.SentencePieceProcessor:
-    """A SentencePiece model with this suite's special ids; one-line errors otherwise."""
+def load_spm(path: str | os.PathLike, flags: str = "--data.") -> spm.SentencePieceProcessor:
+    """A SentencePiece model with this suite's special ids; one-line errors otherwise (``flags``:
+    how the command at hand spells the options in its messages)."""
     path = Path(os.path.expanduser(str(path)))
+    option = option_name("spm_model", flags)
+    train_one = f"leave {option} empty" if flags == "--data." else f"leave out {option}"
     if not path.is_file():
-        raise DataError(f"SentencePiece model not found: {path} (data.spm_model); give an existing "
-                        ".model file, or leave data.spm_model empty to train one on the training text.")
+        raise DataError(f"SentencePiece model not found: {path} ({option}); give an existing "
+                        f".model file, or {train_one} to train one on the training text.")
     processor = spm.SentencePieceProcessor()
     try:
         processor.Load(str(path))
     except (OSError, RuntimeError):
-        raise DataError(f"{path} (data.spm_model) is not a SentencePiece model; give the .model file "
+        raise DataError(f"{path} ({option}) is not a SentencePiece model; give the .model file "
                         "that spm_train or `rescale prepare-translation` wrote.") from None
     found = {"bos": processor.bos_id(), "pad": processor.pad_id(), "eos": processor.eos_id(),
              "unk": processor.unk_id()}
     if found != SPECIAL_IDS:
         show = lambda ids: " ".join(f"{k}={v}" for k, v in ids.items())  # noqa: E731
         raise DataError(
-            f"{path} (data.spm_model) has special ids {show(found)} but this suite needs {show(SPECIAL_IDS)}; "
-            "retrain it with spm_train --bos_id=0 --pad_id=1 --eos_id=2 --unk_id=3, or leave "
-            "data.spm_model empty to train one.")
+            f"{path} ({option}) has special ids {show(found)} but this suite needs {show(SPECIAL_IDS)}; "
+            f"retrain it with spm_train --bos_id=0 --pad_id=1 --eos_id=2 --unk_id=3, or {train_one} "
+            "to train one.")
     return processor

@@ -391,8 +391,8 @@ def test_another_language_pair_names_the_languages_and_the_flag(tmp_path, error_
 
     root = _english_spanish(tmp_path / "sword_en_es")
     assert main(["prepare-translation", str(root)]) == 2
-    assert error_line() == (f"train.de is missing in {root} (data.root) although train.en is there; --tgt_lang "
-                            "is de but the folder holds languages en, es: pass --tgt_lang es")
+    assert error_line() == (f"train.de is missing in {root} (the root argument) although train.en is there; "
+                            "--tgt_lang is de but the folder holds languages en, es: pass --tgt_lang es")
     with pytest.raises(DataError) as err:  # rescale fit: the data module's own option
         make_dm(root).setup("fit")
     assert one_line(err).endswith("--data.tgt_lang is de but the folder holds languages en, es: "
@@ -401,6 +401,36 @@ def test_another_language_pair_names_the_languages_and_the_flag(tmp_path, error_
     assert main(["prepare-translation", str(root)]) == 2
     assert error_line().endswith("the folder holds languages es, fr: pass --src_lang and --tgt_lang "
                                  "(e.g. --src_lang es --tgt_lang fr)")
+
+
+def test_prepare_translation_names_its_own_arguments(tmp_path, gettext_splits, writers, error_line):
+    """Its corpus folder is the positional root and its options have no ``data.`` prefix; ``rescale
+    fit`` names the data module's."""
+    from rescale_tasks.cli import main
+
+    nowhere = tmp_path / "nowhere"
+    assert main(["prepare-translation", str(nowhere)]) == 2
+    assert error_line() == (f"translation data folder not found: {nowhere} (the root argument); pass the folder "
+                            "holding train.en/train.de (or train.tsv).")
+    with pytest.raises(DataError) as err:
+        make_dm(nowhere).setup("fit")
+    assert one_line(err).startswith(f"translation data folder not found: {nowhere} (data.root); point --data.root at")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["prepare-translation", str(empty)]) == 2
+    assert error_line().endswith("; check the root argument, --src_lang/--tgt_lang and --layout.")
+    assert main(["prepare-translation", str(empty), "--src_lang", "de"]) == 2
+    assert error_line() == "--src_lang and --tgt_lang are both 'de'; give two languages."
+    root = writers.files(tmp_path / "valid_only", {"valid": gettext_splits["valid"][:20]})
+    assert main(["prepare-translation", str(root)]) == 2
+    assert error_line() == (f"no training text in {root} (the root argument) to train the SentencePiece model on; "
+                            "add the train split, or pass --spm_model PATH.")
+    assert main(["prepare-translation", str(root), "--spm_model", str(tmp_path / "absent.model")]) == 2
+    assert error_line() == (f"SentencePiece model not found: {tmp_path / 'absent.model'} (--spm_model); give an "
+                            "existing .model file, or leave out --spm_model to train one on the training text.")
+    assert main(["prepare-translation", str(root), "--cache_dir", str(root / "valid.en")]) == 2
+    assert error_line() == (f"cache folder not writable: {root / 'valid.en'} (--cache_dir); point it at a folder "
+                            "you can write to.")
 
 
 def test_missing_validation_split(tmp_path, gettext_splits, writers, dm):
