@@ -22,7 +22,8 @@ from typing import BinaryIO, Iterator, Literal
 
 from rescale_tasks.common.errors import ConfigError, DataError
 
-__all__ = ["SPLITS", "LAYOUTS", "SplitSource", "find_splits", "count_lines", "read_lines", "option_name"]
+__all__ = ["SPLITS", "LAYOUTS", "SplitSource", "find_splits", "count_lines", "read_lines", "option_name",
+           "breaks_with_cr_only"]
 
 SPLITS = ("train", "valid", "test")
 LAYOUTS = ("auto", "files", "tsv")
@@ -37,6 +38,17 @@ def count_lines(path: Path) -> int:
             count += block.count(b"\n")
             last = block[-1:]
     return count + (last != b"\n")
+
+
+def breaks_with_cr_only(path: Path) -> bool:
+    """Whether ``path`` has ``\\r`` and no ``\\n`` (classic Mac OS line breaks): all of it one line here."""
+    found_cr = False
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            if b"\n" in block:
+                return False
+            found_cr = found_cr or b"\r" in block
+    return found_cr
 
 
 def _decode(raw: bytes, path: "Path | str", number: int) -> str:

@@ -32,7 +32,7 @@ from rescale_tasks.common.reporting import CountProgress
 from rescale_tasks.common.system import usable_cores
 
 from .cache import DIGEST_CHARS, digest_of, file_digest, write_atomic
-from .corpus import SplitSource, option_name
+from .corpus import SplitSource, breaks_with_cr_only, option_name
 
 __all__ = ["BOS", "PAD", "EOS", "UNK", "SPECIAL_IDS", "MODEL_TYPES", "SpmOptions", "train_spm",
            "load_spm"]
@@ -43,6 +43,7 @@ BOS, PAD, EOS, UNK = 0, 1, 2, 3
 SPECIAL_IDS = {"bos": BOS, "pad": PAD, "eos": EOS, "unk": UNK}
 MODEL_TYPES = ("bpe", "unigram")
 _RECIPE = 1  # bump when the training call changes in a way that changes the model
+MAX_SENTENCE_BYTES = 4192  # SentencePiece's max_sentence_length (its default): longer lines are left out
 
 
 @dataclass(frozen=True)
@@ -84,14 +85,17 @@ def train_spm(train: SplitSource, options: SpmOptions, cache_dir: Path, flags: s
     log.info(f"SentencePiece: reading {where} to train a {options.model_type} model of {options.vocab_size} "
              f"pieces -> {path.name}")
 
+    kept = too_long = 0
+
     def sentences():
-        kept = 0
+        nonlocal kept, too_long
         with CountProgress(f"reading {where}", 2 * pairs, "lines", log) as progress:
             try:
                 for line in chain(train.lines(0), train.lines(1)):
                     progress.advance(1)
                     if line.strip():
                         kept += 1
+                        too_long += len(line) * 4 > MAX_SENTENCE_BYTES and len(line.encode()) > MAX_SENTENCE_BYTES
                         yield line
             except DataError as err:  # SentencePiece would wrap it into a RuntimeError with a traceback
                 failures.append(err)
@@ -108,11 +112,11 @@ def train_spm(train: SplitSource, options: SpmOptions, cache_dir: Path, flags: s
             input_sentence_size=options.input_sentence_size, shuffle_input_sentence=True,
             bos_id=BOS, pad_id=PAD, eos_id=EOS, unk_id=UNK,
             bos_piece="<s>", pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>",
-            num_threads=usable_cores(), minloglevel=2)
+            max_sentence_length=MAX_SENTENCE_BYTES, num_threads=usable_cores(), minloglevel=2)
     except RuntimeError as err:
         if failures:
             raise failures[0] from None
-        raise _training_error(err, train, options, flags) from None
+        raise _training_error(err, train, options, flags, too_long == kept > 0) from None
     if failures:
         raise failures[0]
     write_atomic(path, model.getvalue())
@@ -120,7 +124,8 @@ def train_spm(train: SplitSource, options: SpmOptions, cache_dir: Path, flags: s
     return path
 
 
-def _training_error(err: RuntimeError, train: SplitSource, options: SpmOptions, flags: str = "--data.") -> Exception:
+def _training_error(err: RuntimeError, train: SplitSource, options: SpmOptions, flags: str = "--data.",
+                    all_too_long: bool = False) -> Exception:
     message = " ".join(str(err).split())
     where = " and ".join(p.name for p in train.paths)
     limit = re.search(r"value <= (\d+)", message)
@@ -129,8 +134,15 @@ def _training_error(err: RuntimeError, train: SplitSource, options: SpmOptions, 
                          f"{train.paths[0].parent}: SentencePiece can make at most {limit.group(1)} "
                          f"pieces from it; use {flags}vocab_size {limit.group(1)} or less (or more text).")
     if "empty" in message.lower() or "no sentence" in message.lower():
-        return DataError(f"no text to train SentencePiece on in {where} ({train.paths[0].parent}): "
-                         "every line is empty; check the files.")
+        if not all_too_long:
+            return DataError(f"no text to train SentencePiece on in {where} ({train.paths[0].parent}): "
+                             "every line is empty; check the files.")
+        cr_only = [p.name for p in train.paths if breaks_with_cr_only(p)]
+        fix = (f"{' and '.join(cr_only)} break lines with \\r only (classic Mac OS line endings): convert the "
+               "\\r to \\n (e.g. tr '\\r' '\\n')" if cr_only else "put one sentence on each line")
+        return DataError(f"no text to train SentencePiece on in {where} ({train.paths[0].parent}): every line is "
+                         f"longer than SentencePiece's limit of {MAX_SENTENCE_BYTES} bytes, which it leaves out; "
+                         f"{fix}.")
     return DataError(f"SentencePiece training on {where} failed: {message}")
 
 

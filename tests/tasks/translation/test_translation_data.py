@@ -460,6 +460,26 @@ def test_line_breaks_inside_sentences_do_not_shift_pairs(tmp_path, gettext_split
     assert len(module.datasets["train"]) == 100
 
 
+def test_lines_too_long_for_sentencepiece_are_named_and_so_are_cr_only_line_breaks(tmp_path, gettext_splits, writers):
+    """SentencePiece leaves out lines over its byte limit: a corpus whose every line is one (each
+    file one line, its breaks \\r only) is not said to be empty."""
+    root = writers.files(tmp_path / "cr_only", {"train": gettext_splits["train"][:300]})
+    for name in ("train.en", "train.de"):
+        (root / name).write_bytes((root / name).read_bytes().replace(b"\n", b"\r"))
+    with pytest.raises(DataError) as err:
+        make_dm(root, vocab_size=200).setup("fit")
+    assert one_line(err) == (
+        f"no text to train SentencePiece on in train.en and train.de ({root}): every line is longer than "
+        "SentencePiece's limit of 4192 bytes, which it leaves out; train.en and train.de break lines with \\r only "
+        "(classic Mac OS line endings): convert the \\r to \\n (e.g. tr '\\r' '\\n').")
+    paragraphs = [tuple(" ".join(side) for side in zip(*gettext_splits["train"][i:i + 1000])) for i in (0, 1000)]
+    root = writers.files(tmp_path / "paragraphs", {"train": paragraphs})
+    with pytest.raises(DataError) as err:
+        make_dm(root, vocab_size=200).setup("fit")
+    assert one_line(err).endswith("longer than SentencePiece's limit of 4192 bytes, which it leaves out; put one "
+                                  "sentence on each line.")
+
+
 def test_empty_corpus_after_cleaning(tmp_path, gettext_splits, writers, dm):
     root = writers.files(tmp_path / "all_long", {"train": gettext_splits["train"][:200]})
     with pytest.raises(DataError) as err:
