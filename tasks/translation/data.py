@@ -91,10 +91,15 @@ class TranslationDataModule(TaskDataModule):
         prepared = find_prepared(root, cache_dir, src_lang, tgt_lang)
         src_lang = src_lang or (prepared.src_lang if prepared else DEFAULT_SRC_LANG)
         tgt_lang = tgt_lang or (prepared.tgt_lang if prepared else DEFAULT_TGT_LANG)
-        unused = unused_reason(root, prepared, vocab_size) if prepared and spm_model is None else None
+        unused = (unused_reason(root, prepared, vocab_size, layout, cache_dir)
+                  if prepared and spm_model is None else None)
         if prepared and spm_model is None and not unused:
             spm_model = prepared.spm_model
         vocab_size = vocab_size or (prepared.vocab_size if prepared else DEFAULT_VOCAB_SIZE)
+        # not the data seed: runs with other seeds share one vocabulary
+        spm_options = SpmOptions(vocab_size=vocab_size, model_type=model_type)
+        if prepared and prepared.options and vocab_size == prepared.vocab_size:
+            spm_options = prepared.options  # as prepare-translation trains it
         self.save_hyperparameters()
         for key, value, least in (("max_tokens", max_tokens, 2), ("max_source_positions", max_source_positions, 2),
                                   ("max_target_positions", max_target_positions, 2)):
@@ -105,10 +110,7 @@ class TranslationDataModule(TaskDataModule):
         if not 0 <= unk_warn_percent <= 100:
             raise ConfigError(f"data.unk_warn_percent must be a percentage in [0, 100], got {unk_warn_percent:g}.")
         self.clean = CleanOptions(**clean) if isinstance(clean, dict) else (clean or CleanOptions())
-        self.settings = CorpusSettings(root, src_lang, tgt_lang, layout, spm_model,
-                                       # not the data seed: runs with other seeds share one vocabulary
-                                       SpmOptions(vocab_size=vocab_size, model_type=model_type),
-                                       cache_dir)
+        self.settings = CorpusSettings(root, src_lang, tgt_lang, layout, spm_model, spm_options, cache_dir)
         if unused:  # said once the options are known to be valid
             rank_zero_info(unused)
         self.max_tokens, self.seed, self.unk_warn_percent = max_tokens, seed, unk_warn_percent

@@ -31,7 +31,7 @@ from .cleaning import CleanOptions, count_truncated, select_train
 from .corpus import LAYOUTS
 from .pipeline import CorpusSettings, prepare_corpus
 from .prepared import Prepared, record_prepared
-from .vocab import MODEL_TYPES, SpmOptions
+from .vocab import MODEL_TYPES, SpmOptions, training_text
 
 __all__ = ["main"]
 
@@ -116,9 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         if count.percent > args.unk_warn_percent:
             log.warning(unknown_warning(count, prepared.spm_model, args.unk_warn_percent, "--unk_warn_percent",
                                         _spelling_fix(args, count)))
+    trained = not args.spm_model
     record = record_prepared(args.root, prepared.cache_dir,
                              Prepared(args.src_lang, args.tgt_lang, prepared.processor.piece_size(),
-                                      str(Path(prepared.spm_model).resolve())))
+                                      str(Path(prepared.spm_model).resolve()), options if trained else None,
+                                      training_text(prepared.sources["train"], prepared.cache_dir) if trained else None,
+                                      given=not trained))
     log.info(f"recorded in {record}: {args.src_lang}-{args.tgt_lang}, vocabulary "
              f"{prepared.processor.piece_size()} (`rescale fit` reads them: no --data.src_lang/--data.tgt_lang/--data.vocab_size to repeat)")
     log.info(f"done in {time.perf_counter() - start:.1f} s; train with --data.root {args.root}"

@@ -35,7 +35,7 @@ from .cache import DIGEST_CHARS, digest_of, file_digest, write_atomic
 from .corpus import SplitSource, breaks_with_cr_only, option_name
 
 __all__ = ["BOS", "PAD", "EOS", "UNK", "SPECIAL_IDS", "MODEL_TYPES", "SpmOptions", "train_spm",
-           "load_spm"]
+           "load_spm", "model_name", "training_text"]
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +67,27 @@ class SpmOptions:
             raise ConfigError(f"input_sentence_size must be 0 (all) or more, got {self.input_sentence_size}.")
 
 
-def _model_path(train: SplitSource, options: SpmOptions, cache_dir: Path) -> Path:
-    texts = [file_digest(p, cache_dir) for p in train.paths]
-    key = digest_of("spm", _RECIPE, spm.__version__, train.layout, texts, asdict(options), SPECIAL_IDS)
-    return cache_dir / f"spm-{options.model_type}{options.vocab_size}-{key[:DIGEST_CHARS]}.model"
+def _texts(train: SplitSource, cache_dir: Path | None) -> list[str]:
+    return [file_digest(p, cache_dir) for p in train.paths]
+
+
+def training_text(train: SplitSource, cache_dir: Path | None = None) -> str:
+    """A digest of the text a model of ``train`` is trained on (the files' digests are remembered
+    in ``cache_dir``)."""
+    return digest_of(train.layout, _texts(train, cache_dir))
+
+
+def model_name(train: SplitSource, options: SpmOptions, cache_dir: Path | None = None) -> str:
+    """The file name of the cached model of ``train`` and ``options`` (``spm-bpe32000-<key>.model``)."""
+    key = digest_of("spm", _RECIPE, spm.__version__, train.layout, _texts(train, cache_dir), asdict(options),
+                    SPECIAL_IDS)
+    return f"spm-{options.model_type}{options.vocab_size}-{key[:DIGEST_CHARS]}.model"
 
 
 def train_spm(train: SplitSource, options: SpmOptions, cache_dir: Path, flags: str = "--data.") -> Path:
     """The cached model for ``train`` and ``options``, trained now if there is none yet; ``flags``:
     how the command at hand spells the options in its messages."""
-    path = _model_path(train, options, cache_dir)
+    path = cache_dir / model_name(train, options, cache_dir)
     if path.is_file():
         return path
     pairs = train.check()  # line-aligned before spending minutes on it

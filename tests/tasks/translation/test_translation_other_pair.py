@@ -34,6 +34,14 @@ def en_fr(tmp_path, en_fr_pairs, short_pairs) -> Path:
                                 src="en", tgt="fr")
 
 
+def vocabulary_lines(caplog, root: Path, **options) -> list[str]:
+    """The ``vocabulary:`` lines a data module of ``root`` says when built with ``options``."""
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        TranslationDataModule(str(root), num_workers=0, **options)
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("vocabulary:")]
+
+
 def test_fit_reads_what_prepare_translation_recorded(en_fr, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -84,10 +92,7 @@ def test_a_vocabulary_other_than_the_prepared_one_is_said_in_one_line(en_fr, tmp
     model = json.loads((en_fr / "rescale_cache" / RECORD).read_text())[str(en_fr.resolve())][0]["spm_model"]
 
     def said(**options) -> list[str]:
-        caplog.clear()
-        with caplog.at_level(logging.INFO):
-            TranslationDataModule(str(en_fr), num_workers=0, **options)
-        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("vocabulary:")]
+        return vocabulary_lines(caplog, en_fr, **options)
 
     assert said() == said(vocab_size=120) == said(vocab_size=100, spm_model=model) == []
     assert said(vocab_size=100) == [
@@ -99,3 +104,44 @@ def test_a_vocabulary_other_than_the_prepared_one_is_said_in_one_line(en_fr, tmp
         f"vocabulary: the SentencePiece model rescale prepare-translation recorded for {en_fr} is gone ({model}): "
         "a 120-piece model of the training text is used (trained now unless cached); run rescale "
         f"prepare-translation {en_fr} again to record it"]
+
+
+def test_a_prepared_vocabulary_of_other_text_is_not_used(en_fr, en_fr_pairs, tmp_path, monkeypatch, caplog):
+    """Training text edited after prepare-translation: the data module uses the model
+    prepare-translation makes of the current text (trained with the recorded options), said in
+    one line, not the recorded model of the old text; a model given to prepare-translation
+    (--spm_model) is used whatever the text."""
+    monkeypatch.chdir(tmp_path)
+    prepare = ["prepare-translation", str(en_fr), "--tgt_lang", "fr", "--vocab_size", "120",
+               "--character_coverage", "0.9995"]
+    assert main(prepare) == 0
+    old = json.loads((en_fr / "rescale_cache" / RECORD).read_text())[str(en_fr.resolve())][0]["spm_model"]
+    assert vocabulary_lines(caplog, en_fr) == []
+    lines = (en_fr / "train.en").read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[5] = en_fr_pairs[-1][0] + "\n"
+    (en_fr / "train.en").write_text("".join(lines), encoding="utf-8")
+
+    assert vocabulary_lines(caplog, en_fr) == [
+        f"vocabulary: the SentencePiece model rescale prepare-translation recorded for {en_fr} ({old}) was trained "
+        "on other text than the current train.en and train.fr: the 120-piece model prepare-translation makes of the "
+        f"current text is used (trained now unless cached); run rescale prepare-translation {en_fr} again to "
+        "record it"]
+    data = TranslationDataModule(str(en_fr), num_workers=0)
+    assert data.settings.spm_model is None and data.vocab_size == 120
+    data.setup("fit")
+    assert data.prepared.spm_model.resolve() != Path(old)
+    assert main(prepare) == 0  # the model fit trained is the one prepare-translation makes of the text
+    [entry] = json.loads((en_fr / "rescale_cache" / RECORD).read_text())[str(en_fr.resolve())]
+    assert entry["spm_model"] == str(data.prepared.spm_model.resolve())
+    assert vocabulary_lines(caplog, en_fr) == []
+    record = en_fr / "rescale_cache" / RECORD
+    unsaid = {k: v for k, v in entry.items() if k not in ("options", "text")}
+    record.write_text(json.dumps({str(en_fr.resolve()): [unsaid]}))
+    [line] = vocabulary_lines(caplog, en_fr)  # a record that does not say how its model was trained
+    assert f"({entry['spm_model']}) was trained by another version of this suite or of SentencePiece: " in line
+
+    assert main(["prepare-translation", str(en_fr), "--tgt_lang", "fr", "--spm_model", old]) == 0
+    lines[6] = en_fr_pairs[-2][0] + "\n"
+    (en_fr / "train.en").write_text("".join(lines), encoding="utf-8")
+    assert vocabulary_lines(caplog, en_fr) == []  # given on purpose: used as it is
+    assert TranslationDataModule(str(en_fr), num_workers=0).settings.spm_model == old
