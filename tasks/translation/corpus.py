@@ -11,11 +11,13 @@ Two layouts under ``root``, per split ``train``, ``valid``, ``test``:
 
 Lines are split on ``\\n`` only (a trailing ``\\r`` is removed): Python's text mode and
 ``str.splitlines`` also break at ``\\r``, form feeds and U+2028, which real corpora contain
-inside sentences, and a single extra break would shift every later pair. Text must be UTF-8.
+inside sentences, and a single extra break would shift every later pair. Text must be UTF-8; a
+byte-order mark at the start of a file (Windows editors write one) is not part of its first line.
 """
 from __future__ import annotations
 
 import os
+from codecs import BOM_UTF8
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator, Literal
@@ -60,7 +62,9 @@ def _decode(raw: bytes, path: "Path | str", number: int) -> str:
 
 
 def _split_lines(stream: BinaryIO) -> Iterator[bytes]:
-    for raw in stream:  # binary iteration splits on b"\n" only
+    for number, raw in enumerate(stream):  # binary iteration splits on b"\n" only
+        if number == 0:
+            raw = raw.removeprefix(BOM_UTF8)
         if raw.endswith(b"\n"):
             raw = raw[:-1]
         yield raw[:-1] if raw.endswith(b"\r") else raw
@@ -73,8 +77,8 @@ def _raw_lines(path: Path) -> Iterator[bytes]:
 
 def read_lines(stream: BinaryIO, where: str) -> list[str]:
     """The lines of a binary stream (a file opened ``rb``, ``sys.stdin.buffer``) split and decoded
-    as the corpora are: on ``\\n`` only, UTF-8, a line that is not UTF-8 one :class:`DataError`
-    naming ``where`` and its line number."""
+    as the corpora are: on ``\\n`` only, UTF-8 without a leading byte-order mark, a line that is
+    not UTF-8 one :class:`DataError` naming ``where`` and its line number."""
     return [_decode(raw, where, number) for number, raw in enumerate(_split_lines(stream), 1)]
 
 

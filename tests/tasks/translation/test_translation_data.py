@@ -25,6 +25,7 @@ from rescale_tasks.common.data import ResumeMismatch
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.translation import binarize, prepare
 from rescale_tasks.translation.batching import padding_efficiency
+from rescale_tasks.translation.corpus import read_lines
 from rescale_tasks.translation.data import TranslationDataModule
 from rescale_tasks.translation.sampler import TokenBatchLoader
 
@@ -478,6 +479,25 @@ def test_lines_too_long_for_sentencepiece_are_named_and_so_are_cr_only_line_brea
         make_dm(root, vocab_size=200).setup("fit")
     assert one_line(err).endswith("longer than SentencePiece's limit of 4192 bytes, which it leaves out; put one "
                                   "sentence on each line.")
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path, gettext_splits, writers, dm):
+    """A UTF-8 byte-order mark opening a split file is read as no part of its first line: not in
+    the references BLEU scores against, the sources translated, the text SentencePiece is trained
+    on, nor a translated input."""
+    splits = {"train": gettext_splits["train"][:100], "test": gettext_splits["test"][:20]}
+    root = writers.files(tmp_path / "bom", splits)
+    tsv = writers.tsv(tmp_path / "bom_tsv", splits)
+    for path in (root / "train.en", root / "test.en", root / "test.de", tsv / "test.tsv"):
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    for folder in (root, tsv):
+        module = make_dm(folder, spm_model=str(dm.prepared.spm_model))
+        module.setup("test")
+        assert module.references("test")[0] == splits["test"][0][1]
+        assert module.sources("test")[0] == splits["test"][0][0]
+    assert next(module.prepared.sources["train"].lines(0)) == splits["train"][0][0]
+    with open(root / "test.en", "rb") as f:
+        assert read_lines(f, "test.en")[0] == splits["test"][0][0]
 
 
 def test_empty_corpus_after_cleaning(tmp_path, gettext_splits, writers, dm):
