@@ -11,8 +11,9 @@ checkpoint fail their checks leaves no empty run behind. Its id is chosen at
 construction, so the checkpoint folder (``<save_dir>/<project>/<run id>/checkpoints``) is known
 before the run exists.
 
-The Lightning internals this needs (``WandbLogger._experiment``, ``_wandb_init``, ``_name``) are
-listed, with the versions they were checked on, in :mod:`..system.private_apis`.
+The Lightning internals this needs (``WandbLogger._experiment``, ``_wandb_init``, ``_name``; a
+CSV or TensorBoard logger's ``_name`` and ``_experiment``, which :func:`label_runs` fills in too)
+are listed, with the versions they were checked on, in :mod:`..system.private_apis`.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import string
 import time
 from typing import Any, Optional
 
+from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
@@ -148,25 +150,33 @@ def _settings():
     return wandb.Settings(console="off", init_timeout=60, silent=True)
 
 
+def _labelled(value: Any, key: str, labels: dict[str, str], data) -> Any:
+    """``value`` with its ``{label}`` placeholders filled from ``labels``; a one-line error names
+    an unknown label."""
+    if not isinstance(value, str) or "{" not in value:
+        return value
+    try:
+        return value.format_map(labels)
+    except (KeyError, ValueError, IndexError) as err:
+        known = ", ".join("{%s}" % k for k in labels) or "none"
+        raise ConfigError(f"trainer.logger.init_args.{key} {value!r} names a label the data module does not "
+                          f"give ({err}); labels of {type(data).__name__}: {known}: use one of them, or a "
+                          "name without braces") from None
+
+
 def label_runs(loggers, data) -> None:
-    """Fill the ``{label}`` placeholders of a suite W&B logger's run name and group with what the
-    data module says of its data (``run_labels()``: a translation corpus gives ``src_lang``,
-    ``tgt_lang`` and ``pair``, e.g. ``group: "{pair}-6L"`` is ``en-fr-6L`` on English-French
-    text), before the run starts; an unknown label is a one-line error."""
+    """Fill the ``{label}`` placeholders of a run's name with what the data module says of its
+    data (``run_labels()``: a translation corpus gives ``src_lang``, ``tgt_lang`` and ``pair``,
+    e.g. ``group: "{pair}-6L"`` is ``en-fr-6L`` on English-French text): a suite W&B logger's run
+    name and group before the run starts, a CSV or TensorBoard logger's name (its folder under
+    ``save_dir``) before it writes; an unknown label is a one-line error."""
     labels = dict(data.run_labels()) if hasattr(data, "run_labels") else {}
     for logger in loggers or ():
-        if not isinstance(logger, SuiteWandbLogger) or logger.started:
-            continue
-        init = logger._wandb_init
-        for key in ("name", "group"):
-            value = init.get(key)
-            if not isinstance(value, str) or "{" not in value:
-                continue
-            try:
-                init[key] = value.format_map(labels)
-            except (KeyError, ValueError, IndexError) as err:
-                known = ", ".join("{%s}" % k for k in labels) or "none"
-                raise ConfigError(f"trainer.logger.init_args.{key} {value!r} names a label the data module does not "
-                                  f"give ({err}); labels of {type(data).__name__}: {known}: use one of them, or a "
-                                  "name without braces") from None
-        logger._name = init.get("name")
+        if isinstance(logger, SuiteWandbLogger) and not logger.started:
+            init = logger._wandb_init
+            for key in ("name", "group"):
+                if key in init:
+                    init[key] = _labelled(init[key], key, labels, data)
+            logger._name = init.get("name")
+        elif isinstance(logger, (CSVLogger, TensorBoardLogger)) and logger._experiment is None:
+            logger._name = _labelled(logger._name, "name", labels, data)

@@ -68,6 +68,12 @@ PRIVATE_APIS = (
     PrivateApi("lightning.pytorch.loggers.WandbLogger", "_name", "attribute",
                "common/reporting/wandb_logger.py: label_runs",
                "the run name Lightning keeps beside _wandb_init, set to the filled-in name"),
+    *(PrivateApi(f"lightning.fabric.loggers.{logger}", name, "attribute",
+                 "common/reporting/wandb_logger.py: label_runs", why)
+      for logger in ("CSVLogger", "TensorBoardLogger")
+      for name, why in (("_name", "the name (the run's folder under save_dir), filled from the data's labels before "
+                                  "the folder is made"),
+                        ("_experiment", "whether the logger has made its writer (and its folder), without making it"))),
     PrivateApi("lightning.pytorch.callbacks.ModelCheckpoint", "_fs", "attribute",
                "common/checkpoints/callbacks.py: LastCheckpoint (a ModelCheckpoint without dirpath)",
                "the filesystem ModelCheckpoint chose from its dirpath in __init__: set again with the "

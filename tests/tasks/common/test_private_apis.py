@@ -8,13 +8,14 @@ import importlib
 import inspect
 from importlib.metadata import version
 from pathlib import Path
+from unittest import mock
 
 import lightning.pytorch as L
 import pytest
 from jsonargparse import ArgumentParser
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
 from rescale_tasks.common.system.private_apis import PINS, PRIVATE_APIS, PrivateApi
 
@@ -55,6 +56,12 @@ def _result_metric():
     return _ResultMetric(meta, is_tensor=True)
 
 
+def _tensorboard_logger(tmp):
+    """A TensorBoardLogger as label_runs meets it: built, its writer (which needs tensorboard) not made."""
+    with mock.patch("lightning.fabric.loggers.tensorboard._TENSORBOARD_AVAILABLE", True):
+        return TensorBoardLogger(str(tmp))
+
+
 def _mean_metric():
     from torchmetrics import MeanMetric
 
@@ -71,6 +78,8 @@ INSTANCES = {
     "lightning.pytorch.trainer.connectors.logger_connector.result._Sync": lambda tmp: _result_metric().meta.sync,
     "torchmetrics.Metric": lambda tmp: _mean_metric(),
     "lightning.pytorch.loggers.WandbLogger": lambda tmp: WandbLogger(save_dir=str(tmp), offline=True, name="n"),
+    "lightning.fabric.loggers.CSVLogger": lambda tmp: CSVLogger(str(tmp)),
+    "lightning.fabric.loggers.TensorBoardLogger": _tensorboard_logger,
     "lightning.pytorch.callbacks.ModelCheckpoint": lambda tmp: ModelCheckpoint(),
     "lightning.pytorch.loops.fit_loop._FitLoop": lambda tmp: _quiet_trainer().fit_loop,
     "lightning.pytorch.LightningModule": lambda tmp: L.LightningModule(),

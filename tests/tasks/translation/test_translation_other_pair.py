@@ -2,16 +2,19 @@
 folder of real text (the suite's French gettext catalogue pairs) records its languages and
 vocabulary where `rescale fit` reads them, so the WMT recipe trains on it with no
 --data.src_lang/--data.tgt_lang/--data.vocab_size to repeat, and the run's W&B name and group
-name the pair."""
+(a CSV or TensorBoard logger's run folder) name the pair."""
 from __future__ import annotations
 
 import json
 import logging
 from pathlib import Path
+from unittest import mock
 
 import pytest
+from lightning.pytorch.loggers import TensorBoardLogger
 
 from rescale_tasks.cli import main
+from rescale_tasks.common.reporting import label_runs
 from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.translation.catalogues import write_parallel_files
 from rescale_tasks.translation.data import TranslationDataModule
@@ -82,6 +85,23 @@ def test_languages_set_win_over_the_record_and_unknown_labels_are_one_line(en_fr
     line = error_line()
     assert line.startswith("trainer.logger.init_args.group '{corpus}-6L' names a label the data module does not give")
     assert "{src_lang}, {tgt_lang}, {pair}" in line
+
+
+def test_csv_and_tensorboard_run_folders_name_the_pair(en_fr, tmp_path, monkeypatch):
+    """A CSV or TensorBoard logger's name (its run folder) takes the data's labels as a W&B run's
+    does: the recipe's ``rescale6-{pair}`` under a CSVLogger is the folder ``rescale6-en-fr``."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["prepare-translation", str(en_fr), "--tgt_lang", "fr", "--vocab_size", "120"]) == 0
+    assert main(["fit", "--config", str(REPO / "experiments/wmt/rescale6.yaml"), *TINY_MODEL,
+                 "--data.init_args.root", str(en_fr), "--trainer.logger", "CSVLogger",
+                 "--trainer.logger.init_args.save_dir", "runs", "--trainer.max_steps", "1",
+                 "--trainer.limit_val_batches", "0"]) == 0
+    assert [p.name for p in Path("runs").iterdir()] == ["rescale6-en-fr"]
+    assert (Path("runs") / "rescale6-en-fr" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    with mock.patch("lightning.fabric.loggers.tensorboard._TENSORBOARD_AVAILABLE", True):  # its writer is not made
+        tensorboard = TensorBoardLogger("tb", name="{src_lang}-{tgt_lang}")
+    label_runs([tensorboard], TranslationDataModule(str(en_fr)))
+    assert tensorboard.log_dir == str(Path("tb") / "en-fr" / "version_0")
 
 
 def test_a_vocabulary_other_than_the_prepared_one_is_said_in_one_line(en_fr, tmp_path, monkeypatch, caplog):
