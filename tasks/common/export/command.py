@@ -58,15 +58,19 @@ class ExportCheckFailed(UserError):
 # --- where the files go ---------------------------------------------------------------------------
 
 def export_paths(ckpt_path: str, out: Optional[str], formats: list[str], programs: list[str]) -> dict:
-    """``{(format, program): path}``: ``--out`` (its suffix replaced by each format's), else
+    """``{(format, program): path}``: ``--out`` (a format's suffix on it replaced by each format's;
+    a folder, existing or ending in ``/``: ``<folder>/<checkpoint name>``), else
     ``export/<checkpoint name>`` in the folder of the run that wrote the checkpoint (the folder
     holding its ``checkpoints/``; for a checkpoint elsewhere, its own folder). Several programs:
     ``<stem>.<program><suffix>``."""
+    name = os.path.splitext(os.path.basename(ckpt_path))[0]
     if out is None:
         folder = os.path.dirname(os.path.abspath(ckpt_path))
         if os.path.basename(folder) == "checkpoints":
             folder = os.path.dirname(folder)
-        stem = os.path.join(folder, "export", os.path.splitext(os.path.basename(ckpt_path))[0])
+        stem = os.path.join(folder, "export", name)
+    elif out.endswith(os.sep) or os.path.isdir(out):
+        stem = os.path.join(out, name)
     else:
         stem = out
         for suffix in sorted((f.suffix for f in FORMATS.values()), key=len, reverse=True):
@@ -98,8 +102,9 @@ def _parser() -> UserArgumentParser:
     p.add_argument("--ckpt_path", required=True, help="a checkpoint written by rescale fit")
     p.add_argument("--format", nargs="+", required=True, choices=list(FORMATS),
                    help="one or more of: " + ", ".join(FORMATS))
-    p.add_argument("--out", help="the file to write (its suffix is the format's; default: export/<checkpoint "
-                                 "name> in the run folder of the checkpoint)")
+    p.add_argument("--out", help="the file to write (a .onnx/.pt2/.pt suffix on it becomes each format's), or a "
+                                 "folder (existing, or ending in /) to write <checkpoint name>.<suffix> in (default: "
+                                 "export/<checkpoint name> in the run folder of the checkpoint)")
     p.add_argument("--tolerance", type=_tolerance, default=1e-4,
                    help="largest difference from the PyTorch model allowed, relative to the outputs' largest "
                         "magnitude (at least 1) (default 1e-4)")
@@ -167,6 +172,7 @@ def _export_one(program: ExportProgram, formats: list[str], paths: dict, toleran
 
 def main(argv: Optional[list[str]] = None) -> int:
     args, overrides = _parser().parse_known_args(argv)
+    args.format = list(dict.fromkeys(args.format))  # each format once
     require_packages(args.format)
     folder = os.path.dirname(os.path.abspath(next(iter(export_paths(args.ckpt_path, args.out, args.format,
                                                                     ["network"]).values()))))

@@ -58,6 +58,17 @@ def test_every_format_is_written_read_back_and_matches_pytorch(family, trained, 
     assert max(written.values()) < 1e-4, written
 
 
+@pytest.mark.parametrize("out", ["exports/", "made"], ids=["ending-in-slash", "existing-folder"])
+def test_out_naming_a_folder_writes_the_checkpoints_name_in_it(out, trained, export_files, tmp_path):
+    """``--out exports/`` (or a folder that exists) is where the files go, under the checkpoint's
+    name; a format given twice is written once."""
+    (tmp_path / "made").mkdir()
+    config, ckpt = trained("cifar_resnet")
+    written, _ = export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "torchscript", "torchscript",
+                               "--out", f"{tmp_path}/{out}"])
+    assert list(written) == [str(tmp_path / out.rstrip("/") / "last.torchscript.pt")]
+
+
 @pytest.mark.parametrize("family", ["cifar_resnet", "cifar_resnet_nf"])
 def test_the_export_is_a_plain_network_beside_the_run(family, trained, export_files):
     """The written graph holds the ops of the same network without normalization (the floor) and no
