@@ -256,6 +256,7 @@ class DetectionModule(RescaleTaskModule):
     # --- prediction -----------------------------------------------------------------------
     def on_predict_epoch_start(self) -> None:
         self._predicted = []
+        self._drawn: list[int] = []
 
     def predict_batch(self, batch) -> list[dict]:
         images, targets = batch
@@ -270,8 +271,12 @@ class DetectionModule(RescaleTaskModule):
     def on_predict_epoch_end(self) -> None:
         # by image id: an image met twice (padded sampler) counts once
         records = {r.image_id: r for r in gather_objects(self._predicted)}
+        drawn = set(gather_objects(self._drawn))
         if self.trainer.is_global_zero:
             self._write_results(self.predict_split, coco_results(records, self._label_to_category()))
+            if drawn:
+                note_result_file(self.trainer, os.path.join(results_folder(self.trainer), "predictions"), len(drawn),
+                                 "drawn images")
 
     # --- outputs --------------------------------------------------------------------------
     def _write_results(self, split: str, results: list[dict]) -> str:
@@ -288,3 +293,4 @@ class DetectionModule(RescaleTaskModule):
         os.makedirs(folder, exist_ok=True)
         pixels = (image.detach().cpu().clamp(0, 1) * 255).to(torch.uint8)
         save_drawn(os.path.join(folder, f"{image_id}.png"), pixels, prediction, names, self.draw_score_threshold)
+        self._drawn.append(image_id)

@@ -15,7 +15,6 @@ The run folder is the one holding ``rescale_config.yaml`` and ``run_summary.json
 """
 from __future__ import annotations
 
-import os
 import shlex
 from typing import Optional
 
@@ -24,7 +23,7 @@ import lightning.pytorch as L
 from ..checkpoints import LastCheckpoint, checkpoint_exists, peek_checkpoint
 from ..training import DivergenceMonitor
 from .folder import run_folder, shown_path
-from .outputs import ResultFile, result_files, results_folder, run_directory
+from .outputs import ResultFile, result_files, run_directory
 from .summary import find_summaries
 
 __all__ = ["fit_report", "evaluation_report", "next_command", "written_files"]
@@ -84,16 +83,12 @@ def written_files(files: list[ResultFile]) -> str:
 
 def evaluation_report(command: str, trainer: L.Trainer, argv: list[str], ckpt_path: Optional[str]) -> str:
     """How ``validate``, ``test`` or ``predict`` ended: the run folder (the metrics are in its
-    W&B run), the result files the task wrote (else their folder, when it holds any), and what
-    to run next."""
+    W&B run), the result files the task wrote, and what to run next."""
     run_dir = _run_dir(trainer)
     line = f"{command} finished: run folder {shown_path(run_dir)}"
-    results = results_folder(trainer)
     files = result_files(trainer)
     if files:
         line += f"; {written_files(files)}"
-    elif os.path.isdir(results) and os.path.abspath(results) != os.path.abspath(run_dir):
-        line += f"; results {shown_path(results)}"
     if command == "validate" and ckpt_path:
         return line + f"; next: {next_command('test', argv, ckpt_path)}"
     save_dir = trainer.loggers[0].save_dir if trainer.loggers else None

@@ -112,11 +112,14 @@ def test_fit_validate_test_predict_through_the_cli(coco_canvases, tmp_path, caps
 
     # drawing is asked for at predict time (the command line wins over the checkpoint's hyper-parameters);
     # --output_dir puts the results where it says
+    capsys.readouterr()
     assert main(["predict", "--config", str(config), "--ckpt_path", str(ckpt), "--output_dir", "predicted",
                  "--model.init_args.draw_predictions", "2"]) == 0
     predicted = Path("predicted/coco_results.predict.json")
     drawn = sorted(predicted.parent.glob("predictions/*.png"))
     assert len(drawn) == 2 and drawn[0].read_bytes()[:4] == b"\x89PNG"
+    closing = capsys.readouterr().out.strip().splitlines()[-1]
+    assert f"detections in {predicted}, 2 drawn images in predicted/predictions; next:" in closing, closing
 
     # tested on the validation set plus objects where the model finds them: scores far from zero
     gt = with_found_objects(coco_canvases.root / "annotations" / "instances_val2017.json",
