@@ -8,7 +8,7 @@ builds, and ``rescale average-checkpoints``.
 - ``averaging``: ``rescale average-checkpoints``: the weights of a run's last N checkpoints, averaged
 """
 from .files import (SAFE_GLOBALS, AtomicCheckpointIO, CheckpointError, CheckpointInfo, checkpoint_exists,
-                    is_remote, peek_checkpoint, safe_load)
+                    checkpoint_run_id, is_remote, peek_checkpoint, safe_load)
 from .callbacks import (LAST_NAME, EpochCheckpoint, LastCheckpoint, ResumeState, checkpoint_folder,
                         logger_folder, planned_checkpoint_folder, preempted_message, stop_signal)
 from .compat import (ARCHITECTURE_KEYS, CONFIG_KEYS, MISMATCH_FIX, NETWORK_PREFIX,
@@ -18,9 +18,9 @@ from .compat import (ARCHITECTURE_KEYS, CONFIG_KEYS, MISMATCH_FIX, NETWORK_PREFI
 from .averaging import average_checkpoints
 
 __all__ = ["SAFE_GLOBALS", "AtomicCheckpointIO", "CheckpointError", "CheckpointInfo", "checkpoint_exists",
-           "is_remote", "peek_checkpoint", "safe_load", "LAST_NAME", "EpochCheckpoint", "LastCheckpoint",
-           "ResumeState", "checkpoint_folder", "logger_folder", "planned_checkpoint_folder", "preempted_message",
-           "stop_signal",
+           "checkpoint_run_id", "is_remote", "peek_checkpoint", "safe_load", "LAST_NAME", "EpochCheckpoint",
+           "LastCheckpoint", "ResumeState", "checkpoint_folder", "logger_folder", "planned_checkpoint_folder",
+           "preempted_message", "stop_signal",
            "ARCHITECTURE_KEYS", "CONFIG_KEYS", "MISMATCH_FIX", "NETWORK_PREFIX",
            "check_checkpoint_compatible", "check_config_against_checkpoint", "hparam_differences",
            "load_into_module", "network_weights", "require_classification_checkpoint",

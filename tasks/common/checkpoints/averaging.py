@@ -7,24 +7,30 @@ their WMT results).
 
 "Last" is by the global step stored in each checkpoint, not by file time; of several files at
 one step (``last.ckpt`` beside the newest epoch checkpoint) one is used and the others are named
-as left out. From a folder only the
-checkpoints on the run's save schedule are taken: ``last.ckpt`` (the resume point, written at epoch
-ends, every N steps or minutes and on SIGTERM) never, and, when the run saved every k steps (a
-ModelCheckpoint with ``every_n_train_steps``, recorded in every checkpoint), no file at a step that
-is not a multiple of k (an epoch-end checkpoint): a SIGTERM save at step 586 among 120/240/360/480
-would otherwise be "the newest". Files named one by one are always taken. The command
-says in one line which steps it averaged and which files it left out. Floating-point
+as left out, when they hold one state: they record the same W&B run id, or, where a run id is not
+recorded (no W&B logger), their weights are equal; other files at one step are refused. From a
+folder only the checkpoints on the run's save schedule are taken: ``last.ckpt`` (the resume point,
+written at epoch ends, every N steps or minutes and on SIGTERM) never, and, when the run saved
+every k steps (a ModelCheckpoint with ``every_n_train_steps``, recorded in every checkpoint), no
+file at a step that is not a multiple of k (an epoch-end checkpoint): a SIGTERM save at step 586
+among 120/240/360/480 would otherwise be "the newest"; nor an earlier output of this command
+(it records ``averaged_from``). Files named one by one are all taken, one per state as above; an
+average named as an input is refused (it would count its checkpoints again), and so, before
+anything is read, is an ``--output`` that exists and is not an earlier average (writing it would
+replace a checkpoint's weights). The command says in one line which steps it averaged and which
+files it left out, naming files by as much of their paths as tells them apart. Floating-point
 parameters and buffers (mean-shift ``mu0``, BN running statistics) are averaged in float64 and
 stored in their own dtype; integer buffers (counters) are taken from the newest checkpoint. The
 output keeps the newest checkpoint's hyper-parameters (so ``validate``/``test`` rebuild the
 network) but no optimizer or loop state: it is for evaluation, not for resuming.
 
-Averaging is only meaningful for weights of one network that mean the same: checkpoints saved
-from other network hyper-parameters (network, scheme, their options, sizes), with other
-parameters or shapes, or whose outputs mean other things (a translation run's SentencePiece
-model, compared by its bytes' digest; a task's label names and order, :mod:`..data.labels`) are
-refused in one line naming the first two files that differ. A checkpoint that records no
-vocabulary or labels (written before checkpoints carried them) is compared by its weights only.
+Averaging is only meaningful for the weights of one run: checkpoints of other runs (other W&B
+run ids, recorded by :class:`.callbacks.ResumeState`), saved from other network hyper-parameters
+(network, scheme, their options, sizes), with other parameters or shapes, or whose outputs mean
+other things (a translation run's SentencePiece model, compared by its bytes' digest; a task's
+label names and order, :mod:`..data.labels`) are refused in one line naming the first two files
+that differ. A checkpoint that records no run id, vocabulary or labels (no W&B logger; written
+before checkpoints carried them) is compared by what it records.
 """
 from __future__ import annotations
 
@@ -41,7 +47,7 @@ import torch
 from ..data import LABELS_KEY, checkpoint_labels
 from ..training import resolved_architecture
 from .compat import ARCHITECTURE_KEYS, hparam_differences
-from .files import AtomicCheckpointIO, CheckpointError, safe_load
+from .files import AtomicCheckpointIO, CheckpointError, checkpoint_exists, checkpoint_run_id, is_remote, safe_load
 
 __all__ = ["average_checkpoints", "main"]
 
@@ -75,8 +81,27 @@ def _step_schedules(checkpoint: dict) -> set[int]:
     return {int(n) for key in keys for n in re.findall(r"'every_n_train_steps': (\d+)", str(key)) if int(n) > 0}
 
 
+def _names(paths: list[str]) -> dict[str, str]:
+    """Each of ``paths`` by its shortest end (its file name, else with the folders above it) that no
+    other of them ends with: ``<id1>/checkpoints/last.ckpt`` beside ``<id2>/checkpoints/last.ckpt``."""
+    parts = {path: path.split(os.sep) for path in paths}
+    names = {}
+    for path, mine in parts.items():
+        n = next((n for n in range(1, len(mine))
+                  if all(other[-n:] != mine[-n:] for q, other in parts.items() if q != path)), len(mine))
+        names[path] = os.sep.join(mine[-n:])
+    return names
+
+
+def _steps(averaged_from: list[dict]) -> str:
+    steps = [str(item["global_step"]) for item in averaged_from]
+    return f"global step{'s' if len(steps) != 1 else ''} {', '.join(steps)}"
+
+
 def _off_schedule(checkpoint: dict, path: str, schedules: set[int]) -> Optional[str]:
     """Why a checkpoint found in a folder is not one of the run's scheduled saves (None: it is)."""
+    if "averaged_from" in checkpoint:
+        return f"an average of {_steps(checkpoint['averaged_from'])}"
     if re.fullmatch(r"last(-v\d+)?\.ckpt", os.path.basename(path)):
         return "the resume point"
     step = checkpoint.get("global_step", -1)
@@ -86,17 +111,43 @@ def _off_schedule(checkpoint: dict, path: str, schedules: set[int]) -> Optional[
     return None
 
 
-def _one_per_step(loaded: list[tuple[dict, str]]) -> tuple[list[tuple[dict, str]], list[dict]]:
-    """One checkpoint per global step, oldest first, and the files left out: two files at one step
-    hold one state (last.ckpt beside the epoch checkpoint it repeats), which averaging would count
-    twice. The file kept is the one not named last.ckpt, else the last one given."""
+def _one_per_step(loaded: list[tuple[dict, str]], names: dict[str, str]
+                  ) -> tuple[list[tuple[dict, str]], list[dict]]:
+    """One checkpoint per global step, oldest first, and the files left out: two files of one run at
+    one step hold one state (last.ckpt beside the epoch checkpoint it repeats), which averaging would
+    count twice. The file kept is the one not named last.ckpt, else the last one given. Two files at
+    one step whose run is not recorded are one state only when their weights are equal; others are
+    refused."""
     kept: dict[int, tuple[dict, str]] = {}
     for checkpoint, path in sorted(loaded, key=lambda item: os.path.basename(item[1]) != "last.ckpt"):
         kept[checkpoint.get("global_step", -1)] = (checkpoint, path)
-    left_out = [{"path": path, "global_step": checkpoint.get("global_step"),
-                 "why": f"the same step as {os.path.basename(kept[checkpoint.get('global_step', -1)][1])}"}
-                for checkpoint, path in loaded if kept[checkpoint.get("global_step", -1)][1] != path]
+    left_out = []
+    for checkpoint, path in loaded:
+        step = checkpoint.get("global_step", -1)
+        other, other_path = kept[step]
+        if other_path == path:
+            continue
+        if not _one_state(checkpoint, other):
+            raise CheckpointError(f"cannot average {path} with {other_path}: both hold global step {step} but other "
+                                  f"weights and record no W&B run id, so they are not one state of one run; "
+                                  f"{_ONE_RUN}")
+        left_out.append({"path": path, "global_step": checkpoint.get("global_step"),
+                         "why": f"the same step as {names[other_path]}"})
     return [kept[step] for step in sorted(kept)], left_out
+
+
+def _one_state(checkpoint: dict, other: dict) -> bool:
+    """Whether two checkpoints at one step hold one state: of one recorded run, or equal weights."""
+    if checkpoint_run_id(checkpoint) is not None and checkpoint_run_id(checkpoint) == checkpoint_run_id(other):
+        return True
+    ours, theirs = checkpoint.get("state_dict") or {}, other.get("state_dict") or {}
+    return ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def _run(checkpoint: dict) -> Optional[tuple[str, str]]:
+    """``(run id, description)`` of the W&B run that saved the checkpoint; None when not recorded."""
+    run_id = checkpoint_run_id(checkpoint)
+    return None if run_id is None else (run_id, f"run {run_id}")
 
 
 def _vocabulary(checkpoint: dict) -> Optional[tuple[str, str]]:
@@ -127,36 +178,52 @@ def _labels(checkpoint: dict) -> Optional[tuple[tuple, str]]:
     return (labels.names, labels.ids), f"{len(labels.names)} labels {shown}"
 
 
-#: what must agree besides the weights: (what, how it is read, what differing means, the fix)
+#: what must agree besides the weights: (what, how it is read, what differing means)
 _MEANINGS = (
-    ("SentencePiece vocabularies", _vocabulary, "the same ids stand for other pieces",
-     "or of runs on one prepared corpus (one SentencePiece model)"),
-    ("labels", _labels, "the same outputs stand for other classes",
-     "or of runs on one data set (the same label names in the same order)"),
+    ("W&B runs", _run, "they are the weights of separate trainings (other seeds or settings)"),
+    ("SentencePiece vocabularies", _vocabulary, "the same ids stand for other pieces"),
+    ("labels", _labels, "the same outputs stand for other classes"),
 )
 
 
-def _check_same_meaning(loaded: list[tuple[dict, str]]) -> None:
+def _check_same_meaning(loaded: list[tuple[dict, str]], names: dict[str, str]) -> None:
     """One :class:`CheckpointError` line naming the first two of ``loaded`` (oldest first) whose
-    SentencePiece vocabulary, labels or network hyper-parameters differ."""
-    for what, read, means, fix in _MEANINGS:
+    W&B run, SentencePiece vocabulary, labels or network hyper-parameters differ."""
+    for what, read, means in _MEANINGS:
         recorded = [(found, path) for checkpoint, path in loaded if (found := read(checkpoint)) is not None]
         for (key, description), path in recorded[1:]:
             (first_key, first_description), first_path = recorded[0]
             if key != first_key:
                 raise CheckpointError(
-                    f"cannot average {first_path} with {path}: their {what} differ ({os.path.basename(first_path)}: "
-                    f"{first_description}; {os.path.basename(path)}: {description}), so {means}; {_ONE_RUN}, {fix}")
+                    f"cannot average {first_path} with {path}: their {what} differ ({names[first_path]}: "
+                    f"{first_description}; {names[path]}: {description}), so {means}; {_ONE_RUN}")
     first, first_path = loaded[0]
     theirs = resolved_architecture(dict(first.get("hyper_parameters") or {}))
     for checkpoint, path in loaded[1:]:
         ours = resolved_architecture(dict(checkpoint.get("hyper_parameters") or {}))
         differing = hparam_differences(theirs, ours, ARCHITECTURE_KEYS)
         if differing:
-            shown = "; ".join(f"{k} {theirs[k]!r} in {os.path.basename(first_path)}, {ours[k]!r} in "
-                              f"{os.path.basename(path)}" for k in differing)
+            shown = "; ".join(f"{k} {theirs[k]!r} in {names[first_path]}, {ours[k]!r} in {names[path]}"
+                              for k in differing)
             raise CheckpointError(f"cannot average {first_path} with {path}: they were saved from other networks "
                                   f"({shown}); {_ONE_RUN}")
+
+
+def _check_same_parameters(loaded: list[tuple[dict, str]]) -> None:
+    """One :class:`CheckpointError` line naming a file of ``loaded`` whose parameters or shapes are
+    not those of the newest (the last)."""
+    newest_path = loaded[-1][1]
+    reference = loaded[-1][0].get("state_dict") or {}
+    for checkpoint, path in loaded:
+        state = checkpoint.get("state_dict")
+        if state is None or set(state) != set(reference):
+            extra = sorted(set(state or {}) ^ set(reference))[:3]
+            raise CheckpointError(f"cannot average {path} with {newest_path}: their parameters differ "
+                                  f"(e.g. {extra}); {_ONE_RUN}")
+        for key, value in state.items():
+            if value.shape != reference[key].shape:
+                raise CheckpointError(f"cannot average {path} with {newest_path}: {key} has shape "
+                                      f"{tuple(value.shape)} there and {tuple(reference[key].shape)} here")
 
 
 def average_checkpoints(paths: list[str], num: Optional[int] = None, named: Optional[set[str]] = None) -> dict:
@@ -165,6 +232,12 @@ def average_checkpoints(paths: list[str], num: Optional[int] = None, named: Opti
     ``named``: the paths the user named one by one; the others (found in folders) are taken only
     when on the run's save schedule (module docstring); None: every path is taken."""
     loaded = [(safe_load(p), p) for p in paths]
+    names = _names(paths)
+    for checkpoint, path in loaded:
+        if "averaged_from" in checkpoint and (named is None or path in named):
+            raise CheckpointError(f"cannot average {path}: it is an average of {_steps(checkpoint['averaged_from'])} "
+                                  "(written by rescale average-checkpoints), and taking it as one checkpoint counts "
+                                  "those weights again; average the run's own checkpoints instead")
     left_out = []
     if named is not None:
         schedules = set().union(*(_step_schedules(c) for c, _ in loaded))
@@ -178,29 +251,23 @@ def average_checkpoints(paths: list[str], num: Optional[int] = None, named: Opti
         loaded = kept
     if not loaded:
         raise CheckpointError(f"no checkpoint on the run's save schedule among {len(left_out)} file(s) (left out: "
-                              f"{_left_out_text(left_out)}); name the files to average one by one")
-    loaded, same_step = _one_per_step(loaded)
+                              f"{_left_out_text(left_out, names)}); name the files to average one by one")
+    loaded.sort(key=lambda item: item[0].get("global_step", -1))
+    _check_same_meaning(loaded, names)
+    _check_same_parameters(loaded)
+    loaded, same_step = _one_per_step(loaded, names)
     left_out += same_step
     if num is not None:
         if num < 1 or num > len(loaded):
             raise CheckpointError(f"--num {num}: {len(loaded)} checkpoint(s) at distinct steps found"
-                                  + (f" on the save schedule (left out: {_left_out_text(left_out)})" if left_out
-                                     else "") + f"; choose 1..{len(loaded)}")
+                                  + (f" on the save schedule (left out: {_left_out_text(left_out, names)})"
+                                     if left_out else "") + f"; choose 1..{len(loaded)}")
         loaded = loaded[-num:]
-    _check_same_meaning(loaded)
-    newest, newest_path = loaded[-1]
+    newest = loaded[-1][0]
     reference = newest["state_dict"]
     sums: dict[str, torch.Tensor] = {}
-    for checkpoint, path in loaded:
-        state = checkpoint.get("state_dict")
-        if state is None or set(state) != set(reference):
-            extra = sorted(set(state or {}) ^ set(reference))[:3]
-            raise CheckpointError(f"cannot average {path} with {newest_path}: their parameters differ "
-                                  f"(e.g. {extra}); average checkpoints of one run only")
-        for key, value in state.items():
-            if value.shape != reference[key].shape:
-                raise CheckpointError(f"cannot average {path} with {newest_path}: {key} has shape "
-                                      f"{tuple(value.shape)} there and {tuple(reference[key].shape)} here")
+    for checkpoint, _ in loaded:
+        for key, value in checkpoint["state_dict"].items():
             if value.is_floating_point():
                 sums[key] = sums.get(key, 0) + value.double()
     averaged = {k: (sums[k] / len(loaded)).to(v.dtype) if k in sums else v.clone() for k, v in reference.items()}
@@ -215,8 +282,26 @@ def average_checkpoints(paths: list[str], num: Optional[int] = None, named: Opti
     return out
 
 
-def _left_out_text(left_out: list[dict]) -> str:
-    return ", ".join(f"{os.path.basename(x['path'])} at step {x['global_step']} ({x['why']})" for x in left_out)
+def _left_out_text(left_out: list[dict], names: dict[str, str]) -> str:
+    return ", ".join(f"{names[x['path']]} at step {x['global_step']} ({x['why']})" for x in left_out)
+
+
+def _check_output(path: str) -> None:
+    """Refuse, before any work, an ``--output`` that would replace anything but an earlier average."""
+    if not checkpoint_exists(path):
+        return
+    try:
+        existing = safe_load(path, mmap=True)
+    except CheckpointError:
+        if is_remote(path):
+            raise
+        existing = None
+    if isinstance(existing, dict) and "averaged_from" in existing:
+        return
+    what = (f"is a checkpoint at global step {existing.get('global_step')}, not an average written by rescale "
+            "average-checkpoints" if isinstance(existing, dict) else "exists and is not a checkpoint")
+    raise CheckpointError(f"--output {path} {what}: writing the average there would replace it; give --output a "
+                          "new file name")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -225,13 +310,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--num", type=int, help="average the last NUM checkpoints by global step (default: all)")
     p.add_argument("--output", required=True, help="the averaged checkpoint to write")
     args = p.parse_args(argv)
+    _check_output(args.output)
     candidates = [(f, named) for f, named in _candidates(args.inputs)
                   if os.path.abspath(f) != os.path.abspath(args.output)]
     if not candidates:
         raise CheckpointError(f"no .ckpt files in {', '.join(args.inputs)}")
-    checkpoint = average_checkpoints([f for f, _ in candidates], args.num, {f for f, named in candidates if named})
+    paths = [f for f, _ in candidates]
+    checkpoint = average_checkpoints(paths, args.num, {f for f, named in candidates if named})
     AtomicCheckpointIO().save_checkpoint(checkpoint, args.output)
-    steps = ", ".join(str(item["global_step"]) for item in checkpoint["averaged_from"])
-    skipped = f"; left out {_left_out_text(checkpoint['left_out'])}" if checkpoint["left_out"] else ""
-    log.info(f"averaged {len(checkpoint['averaged_from'])} checkpoints (global steps {steps}{skipped}) -> {args.output}")
+    count = len(checkpoint["averaged_from"])
+    skipped = f"; left out {_left_out_text(checkpoint['left_out'], _names(paths))}" if checkpoint["left_out"] else ""
+    log.info(f"averaged {count} checkpoint{'s' if count != 1 else ''} ({_steps(checkpoint['averaged_from'])}{skipped})"
+             f" -> {args.output}")
     return 0

@@ -30,7 +30,7 @@ from rescale_core.schemes import Scheme
 from ..errors import UserError
 
 __all__ = ["AtomicCheckpointIO", "safe_load", "SAFE_GLOBALS", "CheckpointError", "CheckpointInfo",
-           "peek_checkpoint", "is_remote", "checkpoint_exists"]
+           "peek_checkpoint", "checkpoint_run_id", "is_remote", "checkpoint_exists"]
 
 
 class CheckpointError(UserError):
@@ -266,6 +266,11 @@ def _file_version(path: str) -> tuple:
 @functools.lru_cache(maxsize=4)
 def _peek(path: str, version: Any, size: Optional[int]) -> CheckpointInfo:
     state = safe_load(path, mmap=True)
-    run_id = next((value.get("run_id") for key, value in state.get("callbacks", {}).items()
-                   if key.startswith("ResumeState") and isinstance(value, dict)), None)
-    return CheckpointInfo(dict(state.get("hyper_parameters") or {}), run_id, int(state.get("global_step") or 0))
+    return CheckpointInfo(dict(state.get("hyper_parameters") or {}), checkpoint_run_id(state),
+                          int(state.get("global_step") or 0))
+
+
+def checkpoint_run_id(checkpoint: dict) -> Optional[str]:
+    """The W&B run id a loaded checkpoint records (its ResumeState callback's); None without a W&B logger."""
+    return next((value.get("run_id") for key, value in (checkpoint.get("callbacks") or {}).items()
+                 if key.startswith("ResumeState") and isinstance(value, dict)), None)

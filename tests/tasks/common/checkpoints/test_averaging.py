@@ -1,7 +1,9 @@
 """`rescale average-checkpoints` on the checkpoints of a real (tiny) run."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -30,6 +32,25 @@ def checkpoints(tmp_path_factory, run_config) -> Path:
     finally:
         os.chdir(old)
     return folder / "root" / "checkpoints"
+
+
+def _save(checkpoint: dict, path: Path, run_id: Optional[str] = None) -> Path:
+    """Write ``checkpoint`` to ``path`` (its folders made), as a run logged to W&B as ``run_id`` would
+    (its ResumeState records the id); None: as it is."""
+    if run_id is not None:
+        resume = {**checkpoint["callbacks"]["ResumeState"], "run_id": run_id}
+        checkpoint = {**checkpoint, "callbacks": {**checkpoint["callbacks"], "ResumeState": resume}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(checkpoint, path)
+    return path
+
+
+def _run_folder(checkpoints: Path, folder: Path, names=("s006.ckpt", "s008.ckpt")) -> Path:
+    """A checkpoints folder of its own holding copies of ``names``."""
+    folder.mkdir(parents=True)
+    for name in names:
+        shutil.copy(checkpoints / name, folder / name)
+    return folder
 
 
 def test_the_last_n_scheduled_are_averaged_by_global_step(checkpoints, tmp_path, capsys):
@@ -95,8 +116,7 @@ def test_checkpoints_of_other_labels_or_networks_are_not_averaged(checkpoints, t
     assert error_line() == (
         f"cannot average {tmp_path / 'other_labels.ckpt'} with {newest}: their labels differ (other_labels.ckpt: "
         "10 labels '9', '8', '7' and 7 more; s008.ckpt: 10 labels '0', '1', '2' and 7 more), so the same outputs "
-        "stand for other classes; average checkpoints of one run only, or of runs on one data set (the same "
-        "label names in the same order)")
+        "stand for other classes; average checkpoints of one run only")
     other_scheme = {**digits, "hyper_parameters": {**digits["hyper_parameters"], "scheme": "skipinit"}}
     torch.save(other_scheme, tmp_path / "skipinit.ckpt")
     assert main(["average-checkpoints", str(tmp_path / "skipinit.ckpt"), str(newest),
@@ -104,4 +124,91 @@ def test_checkpoints_of_other_labels_or_networks_are_not_averaged(checkpoints, t
     assert error_line() == (f"cannot average {tmp_path / 'skipinit.ckpt'} with {newest}: they were saved from other "
                             "networks (scheme 'skipinit' in skipinit.ckpt, 'rescale' in s008.ckpt); average "
                             "checkpoints of one run only")
+    # files of one name are told apart by their folders
+    first = _save(other_scheme, tmp_path / "a" / "last.ckpt")
+    second = _save(safe_load(newest), tmp_path / "b" / "last.ckpt")
+    assert main(["average-checkpoints", str(first), str(second), "--output", str(tmp_path / "c.ckpt")]) == 2
+    assert error_line() == (f"cannot average {first} with {second}: they were saved from other networks (scheme "
+                            "'skipinit' in a/last.ckpt, 'rescale' in b/last.ckpt); average checkpoints of one run only")
+    assert not any((tmp_path / name).exists() for name in ("a.ckpt", "b.ckpt", "c.ckpt"))
+
+
+def test_checkpoints_of_other_runs_are_not_averaged(checkpoints, tmp_path, error_line, capsys):
+    """Two runs of one config (other seeds) share network, labels and steps: the W&B run id every
+    checkpoint records tells them apart, at one step as at others."""
+    s006, s008 = (safe_load(checkpoints / name) for name in ("s006.ckpt", "s008.ckpt"))
+    first = _save(s008, tmp_path / "id1" / "checkpoints" / "last.ckpt", run_id="id1")
+    second = _save(s008, tmp_path / "id2" / "checkpoints" / "last.ckpt", run_id="id2")
+    assert main(["average-checkpoints", str(first), str(second), "--output", str(tmp_path / "a.ckpt")]) == 2
+    assert error_line() == (
+        f"cannot average {first} with {second}: their W&B runs differ (id1/checkpoints/last.ckpt: run id1; "
+        "id2/checkpoints/last.ckpt: run id2), so they are the weights of separate trainings (other seeds or "
+        "settings); average checkpoints of one run only")
+    older = _save(s006, tmp_path / "id2" / "checkpoints" / "s006.ckpt", run_id="id2")
+    assert main(["average-checkpoints", str(first), str(older), "--output", str(tmp_path / "b.ckpt")]) == 2
+    assert error_line().startswith(f"cannot average {older} with {first}: their W&B runs differ (s006.ckpt: run "
+                                   "id2; last.ckpt: run id1)")
     assert not (tmp_path / "a.ckpt").exists() and not (tmp_path / "b.ckpt").exists()
+    # a checkpoint that records no run (no W&B logger) is judged by the rest
+    assert main(["average-checkpoints", str(checkpoints / "s006.ckpt"), str(first),
+                 "--output", str(tmp_path / "c.ckpt")]) == 0
+    assert "averaged 2 checkpoints (global steps 6, 8) -> " in capsys.readouterr().out
+
+
+def test_files_at_one_step_are_one_state_only_of_one_run(checkpoints, tmp_path, error_line, capsys):
+    """Two files at one step of one run hold one state: one is averaged, and the line names both
+    apart. Without a run id to tell, other weights at one step are another run's: refused."""
+    s008 = safe_load(checkpoints / "s008.ckpt")
+    first = _save(s008, tmp_path / "a" / "last.ckpt", run_id="id1")
+    second = _save(s008, tmp_path / "b" / "last.ckpt", run_id="id1")
+    out = tmp_path / "avg.ckpt"
+    assert main(["average-checkpoints", str(first), str(second), "--output", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == (f"averaged 1 checkpoint (global step 8; left out a/last.ckpt at step 8 "
+                                               f"(the same step as b/last.ckpt)) -> {out}")
+    state = {k: v + 1 if v.is_floating_point() else v for k, v in s008["state_dict"].items()}
+    other = _save({**s008, "state_dict": state}, tmp_path / "other" / "last.ckpt")
+    assert main(["average-checkpoints", str(checkpoints / "s008.ckpt"), str(other),
+                 "--output", str(tmp_path / "b.ckpt")]) == 2
+    assert error_line() == (f"cannot average {other} with {checkpoints / 's008.ckpt'}: both hold global step 8 but "
+                            "other weights and record no W&B run id, so they are not one state of one run; average "
+                            "checkpoints of one run only")
+
+
+def test_an_average_is_not_averaged_again(checkpoints, tmp_path, error_line, capsys):
+    """An average taken as a checkpoint would count its checkpoints' weights again: named, it is
+    refused; beside the run's checkpoints, it is left out, and it can be written again."""
+    folder = _run_folder(checkpoints, tmp_path / "checkpoints")
+    average = folder / "avg.ckpt"
+    assert main(["average-checkpoints", str(folder), "--output", str(average)]) == 0
+    capsys.readouterr()
+    assert main(["average-checkpoints", str(average), str(folder / "s006.ckpt"),
+                 "--output", str(tmp_path / "again.ckpt")]) == 2
+    assert error_line() == (f"cannot average {average}: it is an average of global steps 6, 8 (written by rescale "
+                            "average-checkpoints), and taking it as one checkpoint counts those weights again; "
+                            "average the run's own checkpoints instead")
+    assert not (tmp_path / "again.ckpt").exists()
+    assert main(["average-checkpoints", str(folder), "--output", str(tmp_path / "b.ckpt")]) == 0
+    assert capsys.readouterr().out.strip() == (f"averaged 2 checkpoints (global steps 6, 8; left out avg.ckpt at step "
+                                               f"8 (an average of global steps 6, 8)) -> {tmp_path / 'b.ckpt'}")
+    assert main(["average-checkpoints", str(folder), "--num", "1", "--output", str(average)]) == 0
+    assert capsys.readouterr().out.strip() == f"averaged 1 checkpoint (global step 8) -> {average}"
+    assert [x["global_step"] for x in safe_load(average)["averaged_from"]] == [8]
+
+
+def test_the_output_never_replaces_a_checkpoint(checkpoints, tmp_path, error_line):
+    """``--output`` naming one of the run's checkpoints (or any file but an earlier average) is
+    refused before anything is read: the weights saved at that step are kept."""
+    folder = _run_folder(checkpoints, tmp_path / "checkpoints")
+    target = folder / "s008.ckpt"
+    saved = target.read_bytes()
+    assert main(["average-checkpoints", str(folder), "--output", str(target)]) == 2
+    assert error_line() == (f"--output {target} is a checkpoint at global step 8, not an average written by rescale "
+                            "average-checkpoints: writing the average there would replace it; give --output a new "
+                            "file name")
+    assert target.read_bytes() == saved
+    notes = tmp_path / "notes.txt"
+    notes.write_text("BLEU 27.3\n")
+    assert main(["average-checkpoints", str(folder), "--output", str(notes)]) == 2
+    assert error_line() == (f"--output {notes} exists and is not a checkpoint: writing the average there would "
+                            "replace it; give --output a new file name")
+    assert notes.read_text() == "BLEU 27.3\n"
