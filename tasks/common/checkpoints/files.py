@@ -55,6 +55,11 @@ def safe_load(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = F
     path = str(path)
     if is_remote(path):
         source, mmap = io.BytesIO(_read_remote(path)), False
+    elif os.path.isdir(path):
+        last = os.path.join(path, "last.ckpt")
+        example = last if os.path.isfile(last) else "runs/<project>/<run id>/checkpoints/last.ckpt"
+        raise CheckpointError(f"checkpoint {path} (--ckpt_path) is a folder. Pass the path of a .ckpt file, e.g. "
+                              f"{example}")
     elif not os.path.isfile(path):
         raise CheckpointError(f"checkpoint not found: {path} (--ckpt_path). Pass the path of a .ckpt "
                               "file written by this suite, e.g. runs/<project>/<run id>/checkpoints/last.ckpt")
@@ -69,12 +74,13 @@ def safe_load(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = F
             raise CheckpointError(
                 f"refusing to load {path}: it holds Python objects that could run code "
                 f"({_first_global(str(err))}); only checkpoints written by this suite load safely") from None
-        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason}); "
-                              "resume from an earlier checkpoint in the same folder") from None
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason}); {_EARLIER}") from None
     except (RuntimeError, EOFError, OSError) as err:
-        reason = _first_line(err)
-        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason}); "
-                              "resume from an earlier checkpoint in the same folder") from None
+        reason = "not a checkpoint file torch can read" if "zip" in str(err).lower() else _first_line(err)
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason}); {_EARLIER}") from None
+
+
+_EARLIER = "use an earlier checkpoint in the same folder (the epoch or step checkpoints beside it)"
 
 
 def is_remote(path: str | os.PathLike) -> bool:

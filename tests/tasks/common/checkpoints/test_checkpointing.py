@@ -79,6 +79,14 @@ def test_truncated_and_missing_checkpoints_are_one_line_errors(tmp_path):
     assert "\n" not in str(err.value)
     with pytest.raises(CheckpointError, match="checkpoint not found"):
         safe_load(tmp_path / "nope.ckpt")
+    with pytest.raises(CheckpointError) as err:  # the run's folder given for its checkpoint
+        safe_load(tmp_path)
+    assert str(err.value) == (f"checkpoint {tmp_path} (--ckpt_path) is a folder. Pass the path of a .ckpt file, "
+                              f"e.g. {path}")
+    (tmp_path / "notes.ckpt").write_text("not a checkpoint")
+    with pytest.raises(CheckpointError) as err:  # torch's own text names a private save option
+        safe_load(tmp_path / "notes.ckpt", mmap=True)
+    assert "(not a checkpoint file torch can read); use an earlier checkpoint" in str(err.value), err.value
 
 
 def test_random_streams_round_trip_through_a_weights_only_checkpoint(tmp_path):
