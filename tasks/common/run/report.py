@@ -93,5 +93,6 @@ def evaluation_report(command: str, trainer: L.Trainer, argv: list[str], ckpt_pa
         return line + f"; next: {next_command('test', argv, ckpt_path)}"
     save_dir = trainer.loggers[0].save_dir if trainer.loggers else None
     if save_dir and find_summaries(save_dir):  # the trained runs there, this one's beside its baselines
-        return line + f"; next: rescale compare {shlex.quote(shown_path(save_dir))}"
+        return (line + f"; next: rescale compare {shlex.quote(shown_path(save_dir))} (the trained runs there, "
+                "by what their fits validated)")
     return line

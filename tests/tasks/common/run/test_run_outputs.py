@@ -61,7 +61,8 @@ def test_fit_ends_with_its_run_folder_checkpoint_and_the_next_command(finished):
     assert not [str(w.message) for w in caught if "dirpath has changed" in str(w.message)]
     assert not [str(w.message) for w in caught if "LeafSpec" in str(w.message)]
     tested = out.getvalue().strip().splitlines()[-1]
-    assert tested.startswith("test finished: run folder runs/wandb/offline-run-") and "next: rescale compare runs" in tested
+    assert tested.startswith("test finished: run folder runs/wandb/offline-run-") and tested.endswith(
+        "next: rescale compare runs (the trained runs there, by what their fits validated)")
 
 
 @pytest.mark.parametrize("command, then", [("validate", "next: rescale test --config "),
