@@ -9,7 +9,10 @@ of incremental decoding, each a function of tensors a runtime can call in its ow
 Both are captured with the attention masks always passed (``mask_check`` off: no host read of the
 tokens, which a graph cannot hold; the same outputs, the masks deciding on the device). The real
 inputs: the first batch's source sentences, and its target prefixes cut after ``n`` tokens, whose
-keys and values the PyTorch model computes first, as a search would have.
+keys and values the PyTorch model computes first, as a search would have. The prefix length is a
+named dimension from 0 (the first step: bos alone, no cached keys) to ``max_positions - 1``: a
+size ``torch.export`` infers (``Dim.AUTO``) is left free from 2 up only, and a search starts from
+bos. A sampled size of 0 or 1 would be fixed, so the captured prefix is at least 2 tokens.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from rescale_core.models.incremental import KVCache
 
 from ..common.export import ExportProgram, batch_dynamic
 
-__all__ = ["Encoder", "DecodeStep", "translation_programs"]
+__all__ = ["Encoder", "DecodeStep", "SAMPLED_PREFIX", "translation_programs"]
 
 
 class Encoder(nn.Module):
@@ -70,20 +73,30 @@ def _without_mask_checks(net: nn.Module) -> None:
             m.mask_check = False
 
 
+#: The shortest prefix a capture samples (``torch.export`` fixes a sampled size of 0 or 1).
+SAMPLED_PREFIX = 2
+
+
 @torch.no_grad()
 def translation_programs(net: nn.Module, src_tokens: torch.Tensor,
                          prev_output_tokens: torch.Tensor) -> list[ExportProgram]:
     """The encoder and one decoding step of ``net`` on a batch's source sentences and target
-    prefixes (the step continues each prefix after its first half, at least one token)."""
+    prefixes (the step continues each prefix after its first half, at least :data:`SAMPLED_PREFIX`
+    tokens: prefixes too short for that are repeated); the step takes any prefix length from 0."""
     _without_mask_checks(net)
     memory, src_padding_mask = net.encode(src_tokens)
     cache = net.new_cache(memory, src_padding_mask)
-    fed = max(1, prev_output_tokens.size(1) // 2)
+    while prev_output_tokens.size(1) <= SAMPLED_PREFIX:
+        prev_output_tokens = torch.cat([prev_output_tokens, prev_output_tokens], dim=1)
+    fed = max(SAMPLED_PREFIX, prev_output_tokens.size(1) // 2)
     net.decode_step(prev_output_tokens[:, :fed], cache)
     free = [torch.stack([getattr(kv, name)[:, :, :fed] for kv in cache.self_attn]) for name in ("k", "v")]
     self_k, self_v = (torch.cat([t, t.new_zeros(t[:, :, :, :1].shape)], dim=3) for t in free)
     step_inputs = (prev_output_tokens[:, fed:fed + 1], memory, src_padding_mask, cache.num_tokens,
                    cache.key_padding, self_k, self_v)
-    step_dims = ((0,), (0, 1), (0, 1), (0,), (0, 1), (1, 3), (1, 3))
+    step_dynamic = batch_dynamic(step_inputs, ((0,), (0, 1), (0, 1), (0,), (0,), (1,), (1,)))
+    prefix = torch.export.Dim("prefix", min=0, max=net.config.max_positions - 1)
+    step_dynamic[4][1] = prefix
+    step_dynamic[5][3] = step_dynamic[6][3] = prefix + 1
     return [ExportProgram("encoder", Encoder(net), (src_tokens,), batch_dynamic((src_tokens,), ((0, 1),))),
-            ExportProgram("decode_step", DecodeStep(net), step_inputs, batch_dynamic(step_inputs, step_dims))]
+            ExportProgram("decode_step", DecodeStep(net), step_inputs, step_dynamic)]

@@ -6,8 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
+from rescale_core.generation import GenerationConfig, best_tokens, generate
 from rescale_tasks.cli import main
+from rescale_tasks.common.export import FORMATS, capture, max_difference
+from rescale_tasks.translation.translate import load_translator
 
 pytestmark = pytest.mark.usefixtures("offline_in_tmp")
 
@@ -49,6 +53,73 @@ def test_translate_runs_on_the_inference_plan(trained, tmp_path, frozen_calls):
                  "--max_len_b", "4"]) == 0
     assert len(Path("out.de").read_text(encoding="utf-8").splitlines()) == 2
     assert frozen_calls and {(grad, training) for _, grad, training in frozen_calls} == {(False, False)}
+
+
+def exported_greedy(encoder, decode_step, src_tokens: torch.Tensor, module, max_len: int) -> list[list[int]]:
+    """Greedy search as a runtime runs it around the exported programs, from bos alone (min_len 1,
+    at most ``max_len`` tokens): per sentence its tokens before EOS."""
+    config = module.net.config
+    memory, src_padding_mask = encoder(src_tokens)
+    rows = src_tokens.size(0)
+    tokens = torch.full((rows, 1), module.bos_index)
+    num_tokens, key_padding = torch.zeros(rows, dtype=torch.long), torch.zeros(rows, 0, dtype=torch.bool)
+    free = (config.num_decoder_layers, rows, config.nhead, 1, config.d_model // config.nhead)
+    self_k = self_v = torch.zeros(free)
+    chosen = []
+    for step in range(max_len):
+        logits, self_k, self_v = decode_step(tokens, memory, src_padding_mask, num_tokens, key_padding, self_k, self_v)
+        num_tokens = num_tokens + tokens[:, 0].ne(module.pad_index)
+        key_padding = torch.cat([key_padding, tokens.eq(module.pad_index)], dim=1)
+        self_k, self_v = (torch.cat([t, t.new_zeros(free)], dim=3) for t in (self_k, self_v))
+        scores = logits[:, -1].log_softmax(dim=-1)
+        scores[:, module.pad_index] = -torch.inf
+        if step == 0:
+            scores[:, module.eos_index] = -torch.inf
+        tokens = scores.argmax(dim=-1, keepdim=True)
+        chosen.append(tokens)
+    out = []
+    for row in torch.cat(chosen, dim=1).tolist():
+        out.append(row[:row.index(module.eos_index)] if module.eos_index in row else row)
+    return out
+
+
+def test_a_search_runs_the_exported_decoding_step_from_bos_alone(trained, handful_root, tmp_path):
+    """The exported decode_step takes every prefix length from 0 (bos alone, no cached keys): greedy
+    search around the ExportedProgram read back gives the translations rescale translate computes,
+    and the ONNX file's first step matches the PyTorch model's, as does a step captured on target
+    prefixes of 2 tokens."""
+    module = load_translator(str(trained))
+    lines = (handful_root / "test.en").read_text(encoding="utf-8").splitlines()[:3]
+    targets = (handful_root / "test.de").read_text(encoding="utf-8").splitlines()[:3]
+    pad = torch.nn.utils.rnn.pad_sequence
+
+    def ids(texts: list[str], start: list[int], end: list[int]) -> torch.Tensor:
+        rows = [torch.tensor(start + module.processor.encode(t, out_type=int) + end) for t in texts]
+        return pad(rows, batch_first=True, padding_value=module.pad_index)
+
+    src = ids(lines, [], [module.eos_index])
+    config = GenerationConfig(beam=1, max_len_a=0.0, max_len_b=6)
+    expected = [best_tokens(nbest).tolist() for nbest in generate(module.net, src, bos=module.bos_index,
+                                                                 eos=module.eos_index, config=config)]
+    prev_output_tokens = ids(targets, [module.bos_index], [])
+    encoder, step = module.export_programs({"src_tokens": src, "prev_output_tokens": prev_output_tokens})
+    captured = {program.name: capture(program.module, program.inputs, program.dynamic_shapes)
+                for program in (encoder, step)}
+    loaded = {}
+    for name, program in captured.items():
+        torch.export.save(program, tmp_path / f"{name}.pt2")
+        loaded[name] = torch.export.load(tmp_path / f"{name}.pt2").module()
+    with torch.no_grad():
+        assert exported_greedy(loaded["encoder"], loaded["decode_step"], src, module, 6) == expected
+        tokens, memory, src_padding_mask, num_tokens, key_padding, self_k, self_v = step.inputs
+        first = (torch.full_like(tokens, module.bos_index), memory, src_padding_mask, torch.zeros_like(num_tokens),
+                 key_padding[:, :0], torch.zeros_like(self_k[:, :, :, :1]), torch.zeros_like(self_v[:, :, :, :1]))
+        from_onnx = FORMATS["onnx"].save_and_load(captured["decode_step"], first, str(tmp_path / "decode_step.onnx"))
+        assert max_difference(from_onnx, step.module(*first)) < 1e-4
+        # target prefixes too short to sample a step after 2 tokens: captured all the same
+        short = module.export_programs({"src_tokens": src, "prev_output_tokens": prev_output_tokens[:, :2]})[1]
+        from_short = capture(short.module, short.inputs, short.dynamic_shapes).module()(*first)
+        assert max_difference(from_short, step.module(*first)) < 1e-4
 
 
 @pytest.mark.parametrize("scheme", ["derf", "dyt", "deepnorm", "tfixup"])
