@@ -35,8 +35,9 @@ from rescale_core.analysis import dead_relu_fraction, residual_blocks, signal_pr
 from ..common.errors import UserArgumentParser as _Parser, UserError
 from ..common.reporting import (SCALAR_COLUMNS, SIGNAL_COLUMNS, finish_figure, gain_rows, new_figure,
                                 rows_by_run, scalars_figure, signal_figure, signal_rows)
+from ..common.system import resolve_device
 from ..common.training import take_samples
-from .models import Subject, load_subject, probe_inputs, resolve_device, run_names, subjects
+from .models import Subject, load_subject, probe_inputs, run_names, subjects
 from .outputs import StudyOutputs
 
 __all__ = ["main", "signal_stage_rows", "dead_relu_rows", "dead_relu_figure", "DEAD_RELU_COLUMNS"]

@@ -18,10 +18,10 @@ from torch import nn
 from ..common.checkpoints import checkpoint_exists, load_into_module, safe_load
 from ..common.cli import build_run
 from ..common.errors import DataError, UserError
+from ..common.system import resolve_device
 from ..common.training import batch_size_of, network_inputs, take_samples
 
-__all__ = ["Subject", "load_subject", "subjects", "data_inputs", "gaussian_inputs", "probe_inputs",
-           "resolve_device", "run_names"]
+__all__ = ["Subject", "load_subject", "subjects", "data_inputs", "gaussian_inputs", "probe_inputs", "run_names"]
 
 CKPT_FIX = ("Give the --config the checkpoint was trained with (its run folder keeps it as "
             "rescale_config.yaml), with the same overrides after --.")
@@ -58,18 +58,6 @@ class Subject:
         network = hparams.get("network") or type(self.net).__name__
         scheme = getattr(getattr(self.net, "scheme", None), "name", None) or hparams.get("scheme")
         return f"{network}" + (f" (scheme {scheme})" if scheme else "")
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError:
-        raise UserError(f"bad --device {device!r}: expected auto, cpu, cuda or cuda:N") from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {device}: no CUDA GPU on this machine; use --device cpu (or auto)")
-    return resolved
 
 
 def load_subject(config: str, ckpt: Optional[str] = None, overrides: Sequence[str] = (),

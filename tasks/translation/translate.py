@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Iterable, Optional, TextIO
 
@@ -26,8 +27,8 @@ import torch
 from rescale_core.generation import GenerationConfig, best_tokens, generate
 
 from ..common.checkpoints import load_into_module, safe_load
-from ..common.errors import UserError
-from ..common.system import atomic_open
+from ..common.errors import UserArgumentParser, UserError
+from ..common.system import atomic_open, require_writable, resolve_device
 from ..common.training import init_parameters
 from .batching import batch_by_size
 from .corpus import read_lines
@@ -38,7 +39,7 @@ __all__ = ["load_translator", "translate_lines", "cut_lines", "cut_warning", "ma
 log = logging.getLogger(__name__)
 
 
-def load_translator(path: str, device: str = "cpu") -> TranslationModule:
+def load_translator(path: str, device: str | torch.device = "cpu") -> TranslationModule:
     """The translation module of a checkpoint written by ``rescale fit`` (weights, subword model)."""
     checkpoint = safe_load(path)
     if "sentencepiece" not in checkpoint or "hyper_parameters" not in checkpoint:
@@ -114,8 +115,39 @@ def _write(lines: Iterable[str], stream: TextIO) -> None:
     stream.flush()
 
 
+def _check_streams(source: str, target: str) -> None:
+    """Refuse, before any work, what would end the command once it has translated: a closed
+    standard stream it reads or writes, an ``--output`` that cannot be written or that is
+    ``--input`` itself (the translations would replace the source text)."""
+    if source == "-" and sys.stdin is None:
+        raise UserError("standard input is closed: give the source sentences with --input FILE or on a pipe "
+                        "(rescale translate --ckpt_path CKPT < news.en)")
+    if target == "-":
+        if sys.stdout is None:
+            raise UserError("standard output is closed: give --output FILE or redirect it "
+                            "(rescale translate --ckpt_path CKPT > news.de)")
+        return
+    if os.path.isdir(target):
+        raise UserError(f"--output {target} is a folder: give the file the translations go to")
+    require_writable(os.path.dirname(os.path.abspath(target)), "the folder of --output",
+                     f"give an --output other than {target}, in a folder you can write")
+    if source != "-" and os.path.exists(source) and os.path.exists(target) and os.path.samefile(source, target):
+        raise UserError(f"--output {target} is the --input file: the translations would replace the source "
+                        "text; give --output another file")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="rescale translate", description=__doc__.split("\n\n")[0])
+    p = UserArgumentParser(prog="rescale translate", description=__doc__.split("\n\n")[0])
     p.add_argument("--ckpt_path", required=True, help="checkpoint of a translation run (or an averaged one)")
     p.add_argument("--input", default="-", help="source sentences, one per line (default: stdin)")
     p.add_argument("--output", default="-", help="where the translations go (default: stdout)")
@@ -124,10 +156,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--length_penalty_style", choices=("fairseq", "gnmt"), help="len^alpha or ((5+len)/6)^alpha")
     p.add_argument("--max_len_a", type=float)
     p.add_argument("--max_len_b", type=int)
-    p.add_argument("--max_tokens", type=int, default=4096, help="source tokens per batch (padded)")
+    p.add_argument("--max_tokens", type=_positive, default=4096, help="source tokens per batch (padded), >= 1")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (auto: a GPU when there is one)")
     args = p.parse_args(argv)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = resolve_device(args.device)
+    _check_streams(args.input, args.output)
     module = load_translator(args.ckpt_path, device)
     defaults = module.generation
     try:

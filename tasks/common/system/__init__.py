@@ -11,6 +11,7 @@ processes of a distributed run take together.
 - ``stop_signals``: the signals that stop a run, and what each process does with them
 - ``distributed``: decisions every process of a run takes together (host-integer votes, gathers)
 - ``logs``: the suite's messages through one ``logging`` hierarchy, configured by the command only
+- ``devices``: the ``--device`` a command is given, checked before its work
 """
 from .allocator import ENV, host_allocator, keep_freed_memory
 from .cores import loader_workers, usable_cores
@@ -28,7 +29,7 @@ __all__ = ["ENV", "host_allocator", "keep_freed_memory", "loader_workers", "usab
            "broadcast_from_rank_zero", "every_rank_has_samples", "gather_by_key", "gather_objects",
            "max_over_ranks", "rank", "reduce_tensor_to_rank_zero", "sum_over_ranks", "sum_tensor_over_ranks",
            "world_size", "zero_loss", "LEVEL_ENV", "StdStreams", "command_logging", "log_level", "rank_zero_log",
-           "write_output", "output_closed"]
+           "write_output", "output_closed", "resolve_device"]
 
 # torch's: imported with the first of these names a caller asks for (``rescale --version`` and
 # ``rescale --help`` use this package and load no torch)
@@ -42,4 +43,8 @@ def __getattr__(name: str):
         from . import distributed  # torch, when a name of it is first asked for (above)
 
         return getattr(distributed, name)
+    if name == "resolve_device":
+        from .devices import resolve_device  # torch, when it is first asked for (above)
+
+        return resolve_device
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,49 @@ def test_translate_refuses_other_checkpoints_in_one_line(tmp_path, capsys):
     assert main(["translate", "--ckpt_path", str(other)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is not a translation checkpoint of this suite" in err[0]
+
+
+@pytest.mark.parametrize("case", ["stdin closed", "stdout closed", "output under a file", "output a folder",
+                                  "output the input", "output the input through a link", "no tokens per batch"])
+def test_translate_refuses_what_would_fail_after_translating_before_any_work(case, tmp_path, monkeypatch,
+                                                                             error_line):
+    """A closed standard stream, an --output that cannot be written or that is --input itself (the
+    translations would replace the source), --max_tokens 0: one line before the checkpoint (here
+    missing) is even read, the source left as it was."""
+    source = tmp_path / "in.en"
+    source.write_text("Open file\n", encoding="utf-8")
+    (tmp_path / "link.en").symlink_to(source)
+    args, expected = {
+        "stdin closed": ([], "standard input is closed: give the source sentences with --input FILE or on a pipe"),
+        "stdout closed": (["--input", str(source)], "standard output is closed: give --output FILE or redirect it"),
+        "output under a file": (["--input", str(source), "--output", str(source / "out.de")],
+                                f"cannot write the folder of --output {source}: {source} is a file, not a folder"),
+        "output a folder": (["--input", str(source), "--output", str(tmp_path)],
+                            f"--output {tmp_path} is a folder: give the file the translations go to"),
+        "output the input": (["--input", str(source), "--output", str(source)],
+                             f"--output {source} is the --input file: the translations would replace the source"),
+        "output the input through a link": (["--input", str(tmp_path / "link.en"), "--output", str(source)],
+                                            f"--output {source} is the --input file"),
+        "no tokens per batch": (["--max_tokens", "0"], "argument --max_tokens: expected a whole number >= 1, got '0'"),
+    }[case]
+    monkeypatch.setattr("sys.stdin", None if case == "stdin closed" else sys.stdin)
+    monkeypatch.setattr("sys.stdout", None if case == "stdout closed" else sys.stdout)
+    assert main(["translate", "--ckpt_path", str(tmp_path / "missing.ckpt"), *args]) == 2
+    assert expected in error_line()
+    assert source.read_text(encoding="utf-8") == "Open file\n"
+
+
+def test_translate_refuses_a_device_this_machine_lacks(tmp_path, monkeypatch, error_line):
+    ckpt = ["translate", "--ckpt_path", str(tmp_path / "missing.ckpt")]
+    assert main([*ckpt, "--device", "foo"]) == 2
+    assert error_line() == "bad --device 'foo': expected auto, cpu, cuda, cuda:N or mps"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main([*ckpt, "--device", "cuda"]) == 2
+    assert error_line() == "--device cuda: no CUDA GPU on this machine; use --device cpu (or auto)"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main([*ckpt, "--device", "cuda:1"]) == 2
+    assert error_line().startswith("--device cuda:1: this machine has 1 CUDA GPU(s), cuda:0 to cuda:0")
 
 
 def test_a_checkpoint_of_another_vocabulary_is_one_line(trained, monkeypatch, capsys):
