@@ -63,7 +63,9 @@ class Hypothesis:
 @dataclass(frozen=True)
 class GenerationConfig:
     """The search settings (:func:`generate`); defaults: beam 4, at most 1.2 * src_len + 10
-    tokens (common WMT settings), fairseq's length penalty 1.0."""
+    tokens (common WMT settings), fairseq's length penalty 1.0. Settings no search can decode
+    with are a ValueError naming them: lengths below 0 or not finite, ``max_len_a`` 0 with
+    ``max_len_b`` 0 (every translation empty), a length penalty that is not finite."""
 
     beam: int = 4
     max_len_a: float = 1.2
@@ -73,10 +75,13 @@ class GenerationConfig:
     length_penalty_style: str = "fairseq"
 
     def __post_init__(self) -> None:
-        _check(self.beam, self.min_len, self.length_penalty_style)
+        _check(self.beam, self.min_len, self.length_penalty_style, self.max_len_a, self.max_len_b,
+               self.len_penalty)
 
 
-def _check(beam: int, min_len: int, style: str) -> None:
+def _check(beam: int, min_len: int, style: str, max_len_a: float, max_len_b: int,
+           len_penalty: float) -> None:
+    """Refuse settings no search can decode with: one ValueError line naming the setting."""
     if beam < 1:
         raise ValueError(f"beam must be >= 1, got {beam}")
     if min_len < 0:
@@ -84,6 +89,15 @@ def _check(beam: int, min_len: int, style: str) -> None:
     if style not in LENGTH_PENALTY_STYLES:
         raise ValueError(f"length_penalty_style must be one of {LENGTH_PENALTY_STYLES}, "
                          f"got {style!r}")
+    for name, value in (("max_len_a", max_len_a), ("max_len_b", max_len_b), ("len_penalty", len_penalty)):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value}")
+    if max_len_a < 0 or max_len_b < 0:
+        raise ValueError(f"max_len_a and max_len_b must be >= 0, got {max_len_a} and {max_len_b}")
+    if max_len_a == 0 and max_len_b < 1:
+        raise ValueError(f"max_len_a {max_len_a} and max_len_b {max_len_b} allow no token: every translation "
+                         "(at most int(max_len_a * src_len + max_len_b) tokens) would be empty; give "
+                         "max_len_b >= 1 or max_len_a > 0")
 
 
 def length_penalty(length: int, alpha: float, style: str = "fairseq") -> float:
@@ -152,7 +166,7 @@ def greedy_search(model, src_tokens: torch.Tensor, *, bos: int, eos: int, max_le
                   length_penalty_style: str = "fairseq") -> list[Hypothesis]:
     """The most probable next token at every step, per sentence of ``src_tokens`` [B, S]; same
     result as :func:`beam_search` with ``beam=1`` (the score normalised the same way)."""
-    _check(1, min_len, length_penalty_style)
+    _check(1, min_len, length_penalty_style, max_len_a, max_len_b, len_penalty)
     B, device = src_tokens.size(0), src_tokens.device
     with _eval_mode(model):
         cache, max_lens, row_max = _start(model, src_tokens, bos, eos, max_len_a, max_len_b, 1)
@@ -196,7 +210,7 @@ def beam_search(model, src_tokens: torch.Tensor, *, bos: int, eos: int, beam: in
                 ) -> list[list[Hypothesis]]:
     """Beam search (module docstring) for every sentence of ``src_tokens`` [B, S] (any
     padding); per sentence up to ``beam`` finished hypotheses, best first."""
-    _check(beam, min_len, length_penalty_style)
+    _check(beam, min_len, length_penalty_style, max_len_a, max_len_b, len_penalty)
     B, K, V = src_tokens.size(0), beam, model.tgt_vocab_size
     device = src_tokens.device
     with _eval_mode(model):

@@ -218,6 +218,24 @@ def test_length_penalties():
         GenerationConfig(length_penalty_style="hf")
 
 
+@pytest.mark.parametrize("settings, refused", [
+    (dict(max_len_a=0.0, max_len_b=0), "allow no token: every translation .* would be empty"),
+    (dict(len_penalty=math.nan), "len_penalty must be a finite number, got nan"),
+    (dict(len_penalty=-math.inf), "len_penalty must be a finite number"),
+    (dict(max_len_a=math.inf), "max_len_a must be a finite number"),
+    (dict(max_len_a=-1.0), "max_len_a and max_len_b must be >= 0, got -1.0 and 10"),
+    (dict(max_len_b=-1), "max_len_a and max_len_b must be >= 0"),
+], ids=["no-token", "nan-penalty", "infinite-penalty", "infinite-a", "negative-a", "negative-b"])
+def test_settings_no_search_can_decode_with_are_refused(settings, refused, sources):
+    """Lengths that allow no token, negative or not finite, and a penalty that is not finite: a
+    ValueError naming them, from the settings and from each search before the model is called."""
+    with pytest.raises(ValueError, match=refused):
+        GenerationConfig(**settings)
+    for search in (greedy_search, beam_search):
+        with pytest.raises(ValueError, match=refused):
+            search(None, sources, **IDS, **settings)
+
+
 def test_finished_sentences_leave_the_batch_in_eval_mode(model, sources, monkeypatch):
     calls = []
     decode_step = model.decode_step

@@ -55,6 +55,17 @@ def test_translate_runs_on_the_inference_plan(trained, tmp_path, frozen_calls):
     assert frozen_calls and {(grad, training) for _, grad, training in frozen_calls} == {(False, False)}
 
 
+@pytest.mark.parametrize("args, refused", [
+    (["--max_len_a", "0", "--max_len_b", "0"], "max_len_a 0.0 and max_len_b 0 allow no token: every translation"),
+    (["--len_penalty", "nan"], "len_penalty must be a finite number, got nan"),
+    (["--max_len_a", "-1"], "max_len_a and max_len_b must be >= 0, got -1.0"),
+], ids=["no-token", "nan-penalty", "negative-length"])
+def test_translate_refuses_decoding_settings_that_cannot_decode(args, refused, trained, error_line):
+    assert main(["translate", "--ckpt_path", str(trained), *args]) == 2
+    line = error_line()
+    assert line.startswith(f"rescale translate: {refused}"), line
+
+
 def exported_greedy(encoder, decode_step, src_tokens: torch.Tensor, module, max_len: int) -> list[list[int]]:
     """Greedy search as a runtime runs it around the exported programs, from bos alone (min_len 1,
     at most ``max_len`` tokens): per sentence its tokens before EOS."""

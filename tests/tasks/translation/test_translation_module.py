@@ -14,8 +14,9 @@ import torch
 
 from rescale_tasks.cli import main
 from rescale_tasks.common.checkpoints import safe_load
+from rescale_tasks.common.errors import ConfigError
 from rescale_tasks.common.run import find_summaries, read_summary
-from rescale_tasks.translation.module import BLEU_FILE, HYPOTHESES_FILE
+from rescale_tasks.translation.module import BLEU_FILE, HYPOTHESES_FILE, TranslationModule
 from rescale_tasks.translation.translate import load_translator
 
 REPO = Path(__file__).resolve().parents[3]
@@ -188,6 +189,11 @@ def test_translate_refuses_a_device_this_machine_lacks(tmp_path, monkeypatch, er
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert main([*ckpt, "--device", "cuda:1"]) == 2
     assert error_line().startswith("--device cuda:1: this machine has 1 CUDA GPU(s), cuda:0 to cuda:0")
+
+
+def test_decoding_settings_that_cannot_decode_are_a_config_error():
+    with pytest.raises(ConfigError, match="model decoding settings: max_len_a 0.0 and max_len_b 0 allow no token"):
+        TranslationModule(max_len_a=0.0, max_len_b=0)
 
 
 def test_a_checkpoint_of_another_vocabulary_is_one_line(trained, monkeypatch, capsys):
