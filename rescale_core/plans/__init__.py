@@ -37,7 +37,7 @@ module registering a function per module type (:func:`~.dispatch.register`) and 
 Select a plan with :func:`set_plan` (``create_model(..., plan=...)`` calls it) or, for a block
 of code, :func:`reference_path`.
 """
-from .cache import module_tree_version
+from .cache import drop_kept, module_tree_version
 from .conditions import (IMPLEMENTED_FIELDS, PLAN_FIELDS, eager_while_measuring, has_hooks, has_hooks_below,
                          has_hooks_in, implements, measuring_step, unimplemented)
 from .dispatch import (FROZEN, PLANS, Planned, check_plan, implementation, plan_of, reference_path, register,
@@ -47,4 +47,4 @@ __all__ = ["PLANS", "FROZEN", "check_plan", "set_plan", "plan_of", "running_plan
            "wants_lean",
            "Planned", "implementation", "register", "IMPLEMENTED_FIELDS", "PLAN_FIELDS", "implements", "unimplemented",
            "measuring_step", "eager_while_measuring", "has_hooks", "has_hooks_in", "has_hooks_below",
-           "module_tree_version"]
+           "module_tree_version", "drop_kept"]

@@ -11,7 +11,10 @@ current and rebuilt (with every program of the slot) otherwise:
   parameter or a buffer is registered anywhere: a wrapper, a new classifier, a weight assigned a
   new tensor) and the call's ``context`` (the frozen plan's: the autocast dtype);
 - :class:`WeightStamp`: that, and the version counter and storage of every parameter and buffer
-  of the module (an optimizer step, ``load_state_dict``, an in-place edit, a move).
+  of the module, and that each is the tensor its module holds (an optimizer step,
+  ``load_state_dict``, an in-place edit, a move, ``torch.func.functional_call``). An edit through
+  ``.data`` has a version counter of its own, which nothing sees (autograd neither):
+  :func:`drop_kept` after one.
 
 Compiled code reads no version counter, and compiling registers fx modules of its own (which
 moves the tree version: a guard on it would recompile every step): under ``torch.compile`` a kept
@@ -28,7 +31,6 @@ the weights without a version counter telling compiled code; :func:`drop_kept` d
 """
 from __future__ import annotations
 
-import itertools
 import operator
 from typing import Callable
 
@@ -85,17 +87,23 @@ def _versions(tensors: tuple) -> tuple:
 
 
 class WeightStamp(Stamp):
-    """A :class:`Stamp` and every parameter and buffer of the module (version counter, storage):
-    for programs holding tensors computed from them. The tensors are listed once: a new one is a
-    registration, which the tree version tells."""
+    """A :class:`Stamp` and every parameter and buffer of the module (version counter, storage, and
+    that each is still the tensor its module holds): for programs holding tensors computed from
+    them. A new tensor registered is a registration, which the tree version tells; one swapped
+    in without a registration (``torch.func.functional_call``, ``torch.nn.utils.stateless``)
+    is not the tensor held in its module's ``_parameters``/``_buffers`` any more."""
 
     def __init__(self, module: nn.Module, context=None) -> None:
         super().__init__(module, context)
-        self.tensors = tuple(itertools.chain(module.parameters(), module.buffers()))
+        self.held = tuple((table, name, tensor) for m in module.modules()
+                          for table in (m._parameters, m._buffers) for name, tensor in table.items()
+                          if tensor is not None)
+        self.tensors = tuple(tensor for _, _, tensor in self.held)
         self.versions = _versions(self.tensors)
 
     def current(self, context=None) -> bool:
-        return super().current(context) and _versions(self.tensors) == self.versions
+        return (super().current(context) and all(table.get(name) is tensor for table, name, tensor in self.held)
+                and _versions(self.tensors) == self.versions)
 
 
 class Kept:

@@ -18,7 +18,7 @@ from torchvision.models._utils import IntermediateLayerGetter
 
 import rescale_core
 from rescale_core import plans
-from rescale_core.plans import FROZEN, frozen, running_plan
+from rescale_core.plans import FROZEN, drop_kept, frozen, reference_path, running_plan
 from rescale_core.testing import randomise_
 
 F64 = dict(rtol=1e-9, atol=1e-10)
@@ -298,6 +298,16 @@ def test_folded_once_and_rebuilt_when_the_weights_change():
     check("after load_state_dict")
     model.layer1[1].conv2.weight = nn.Parameter(model.layer1[1].conv2.weight.detach() * 1.1)
     check("after a new parameter")
+    halved = {k: v * 0.5 for k, v in model.named_parameters()}  # swapped in, no registration
+    with torch.no_grad():
+        swapped = torch.func.functional_call(model, halved, (x,))
+        with reference_path(model):
+            expected = torch.func.functional_call(model, halved, (x,))
+    _close(swapped, expected, F64, "under functional_call")
+    check("after functional_call")
+    model.layer2[1].conv1.weight.data.mul_(3.0)  # a version counter of its own: drop_kept says so
+    drop_kept(model)
+    check("after an edit through .data and drop_kept")
     model.float()
     x = x.float()
     ref = _reference(model).eval()
