@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch import nn
 
 from .layers import Gain, MeanShiftBias, ScalarBias
+from .schemes import Scheme
 
 __all__ = ["param_groups"]
 
@@ -26,10 +27,10 @@ def param_groups(model: nn.Module, weight_decay: float = 1e-4, lr: float = 0.1,
     - ``norm``: norm-layer affine weights: ``norm_weight_decay`` (default: ``weight_decay``, as
       the torchvision ResNet recipe);
     - ``biases``: every other 1-D parameter (conv/linear/norm biases, mean-shift biases): no decay;
-    - ``scalars``: gains and scalar biases: no decay, lr x the scheme's ``scalar_lr_factor``.
+    - ``scalars``: gains and scalar biases: no decay, lr x the scheme's ``scalar_lr_factor`` (the
+      scheme of ``model``, or of the networks inside it: a wrapper, a detector's backbone).
     """
-    scheme = getattr(model, "scheme", None)
-    scalar_factor = getattr(scheme, "scalar_lr_factor", 1.0)
+    scalar_factor = _scalar_lr_factor(model)
     norm_wd = weight_decay if norm_weight_decay is None else norm_weight_decay
     buckets: dict[str, list] = {"weights": [], "norm": [], "biases": [], "scalars": []}
     seen: set[int] = set()
@@ -51,3 +52,15 @@ def param_groups(model: nn.Module, weight_decay: float = 1e-4, lr: float = 0.1,
     return [{"name": name, "params": params, "weight_decay": settings[name][0],
              "lr": lr * settings[name][1], "lr_factor": settings[name][1]}
             for name, params in buckets.items() if params]
+
+
+def _scalar_lr_factor(model: nn.Module) -> float:
+    """The ``scalar_lr_factor`` of the schemes of ``model`` and the modules inside it (1 without
+    one); a ValueError where two of them ask for other factors (one group cannot hold both)."""
+    factors = {getattr(m.scheme, "scalar_lr_factor", 1.0) for m in model.modules()
+               if isinstance(getattr(m, "scheme", None), Scheme)}
+    if len(factors) > 1:
+        raise ValueError(f"the networks in this model ask for scalar learning-rate factors {sorted(factors)}; "
+                         "build one optimizer group per network (param_groups of each)")
+    return factors.pop() if factors else 1.0
+

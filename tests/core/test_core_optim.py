@@ -65,6 +65,17 @@ def test_fixup_scalars_at_a_tenth_of_the_lr():
     assert len(groups["scalars"]["params"]) == n_scalars > 16
 
 
+def test_the_scheme_of_a_wrapped_network_sets_the_scalars_lr():
+    """A wrapper (a head added, a detector around a backbone) keeps Fixup's lr/10; two networks
+    asking for other factors cannot share one scalars group."""
+    fixup = rescale_core.create_model("cifar_resnet", depth=8, base_width=4, scheme="fixup")
+    groups = {g["name"]: g for g in param_groups(nn.Sequential(fixup, nn.LogSoftmax(-1)), lr=0.1)}
+    assert groups["scalars"]["lr"] == pytest.approx(0.01)
+    rescale = rescale_core.create_model("cifar_resnet", depth=8, base_width=4, scheme="rescale")
+    with pytest.raises(ValueError, match=r"scalar learning-rate factors \[0.1, 1.0\]"):
+        param_groups(nn.ModuleList([fixup, rescale]))
+
+
 def test_norm_weight_decay_override():
     groups = {g["name"]: g for g in param_groups(_model("resnet18", "bn"), weight_decay=5e-4,
                                                  norm_weight_decay=0.0)}
