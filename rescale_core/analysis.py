@@ -40,18 +40,28 @@ def stage_of(name: str) -> str:
 
 
 @contextmanager
-def _preserved_state(model: nn.Module, train: bool | None):
-    """Run with the given mode and put every parameter, buffer and mode back afterwards."""
-    state = copy.deepcopy(model.state_dict())
+def _preserved_modes(model: nn.Module, train: bool | None):
+    """Run with the given mode and put every module's own mode back afterwards (a part kept in
+    eval mode inside a model in training stays so)."""
     modes = {m: m.training for m in model.modules()}
     if train is not None:
         model.train(train)
     try:
         yield
     finally:
-        model.load_state_dict(state)
         for m, mode in modes.items():
             m.training = mode
+
+
+@contextmanager
+def _preserved_state(model: nn.Module, train: bool | None):
+    """Run with the given mode and put every parameter, buffer and mode back afterwards."""
+    state = copy.deepcopy(model.state_dict())
+    with _preserved_modes(model, train):
+        try:
+            yield
+        finally:
+            model.load_state_dict(state)
 
 
 def _var(t: torch.Tensor) -> float:
@@ -124,15 +134,21 @@ def learned_scalars(model: nn.Module) -> dict[str, float]:
 def dead_relu_fraction(model: nn.Module, inputs, per_sample: bool = False) -> float:
     """Fraction of post-ReLU units (over channels of every ReLU call) that are zero for every
     sample and position of ``inputs``: the dead neurons the mean-shift biases are meant to avoid.
+    A unit is a channel of a convolution's output (dimension 1) or a feature of a linear layer's
+    (the last dimension: a Transformer's feed-forward units, ``[batch, positions, features]``).
 
     ``per_sample=True``: the fraction of (sample, channel) pairs that are zero at every position
     of that sample, i.e. the mean over samples of the channels silent on each: finer than "dead
     on the whole batch", which a network at initialisation rarely has."""
     dead, total = 0, 0
+    features_last = {relu for parent in model.modules() if any(isinstance(c, nn.Linear) for c in parent.children())
+                     for relu in parent.children() if isinstance(relu, nn.ReLU)}
 
     def hook(module, args, output):
         nonlocal dead, total
         out = output.detach()
+        if module in features_last:
+            out = out.movedim(-1, 1)
         if per_sample:
             alive = out.reshape(out.shape[0], out.shape[1], -1).gt(0).any(dim=2)
         else:
@@ -140,14 +156,11 @@ def dead_relu_fraction(model: nn.Module, inputs, per_sample: bool = False) -> fl
         dead += int((~alive).sum())
         total += alive.numel()
 
-    was_training = model.training
-    model.eval()
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.ReLU)]
     try:
-        with reference_path(model):
+        with _preserved_modes(model, False), reference_path(model):
             model(*(inputs if isinstance(inputs, tuple) else (inputs,)))
     finally:
         for h in handles:
             h.remove()
-        model.train(was_training)
     return dead / max(total, 1)

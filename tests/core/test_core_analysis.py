@@ -11,6 +11,7 @@ from torch import nn
 import rescale_core
 from rescale_core.analysis import (dead_relu_fraction, learned_scalars, residual_blocks,
                                    signal_propagation)
+from rescale_core.models.transformer import FeedForward
 
 
 def _model(name, scheme, **kw):
@@ -178,3 +179,22 @@ def test_dead_relu_fraction_is_one_when_every_relu_only_sees_negatives():
             bn.bias.fill_(-1.0)
     x = torch.randn(4, 3, 32, 32)
     assert dead_relu_fraction(model, x) == 1.0 == dead_relu_fraction(model, x, per_sample=True)
+
+
+def test_dead_relu_fraction_counts_a_transformers_feed_forward_features():
+    """A Transformer's feed-forward ReLUs act on ``[batch, positions, features]``: its units are the
+    features (not the positions), each dead when zero at every sample and position. One feature
+    of one layer silenced (its fc1 bias far below zero) is exactly one dead unit of that call; a
+    part of the model kept in eval mode stays so."""
+    model = rescale_core.create_model("transformer_tiny", scheme="pre_ln", src_vocab_size=50)
+    tokens = (torch.randint(3, 50, (3, 7)), torch.randint(3, 50, (3, 5)))
+    ffn = [m for m in model.modules() if isinstance(m, FeedForward)]
+    units = sum(f.fc1.out_features for f in ffn)
+    with torch.no_grad():
+        for f in ffn:
+            f.fc1.bias.fill_(100.0)  # every feature alive
+        ffn[0].fc1.bias[3] = -1e4
+    model.train()
+    ffn[1].eval()
+    assert dead_relu_fraction(model, tokens) == 1 / units == dead_relu_fraction(model, tokens, per_sample=True)
+    assert model.training and not ffn[1].training and ffn[0].training
