@@ -179,10 +179,10 @@ def _labels(checkpoint: dict) -> Optional[tuple[tuple, str]]:
 
 
 #: what must agree besides the weights: (what, how it is read, what differing means)
-_MEANINGS = (
-    ("W&B runs", _run, "they are the weights of separate trainings (other seeds or settings)"),
+_MEANINGS = (  # the most telling first: runs on other corpora or data sets are other runs too
     ("SentencePiece vocabularies", _vocabulary, "the same ids stand for other pieces"),
     ("labels", _labels, "the same outputs stand for other classes"),
+    ("W&B runs", _run, "they are the weights of separate trainings (other seeds or settings)"),
 )
 
 
