@@ -79,7 +79,9 @@ def claim_run_folder(trainer: L.Trainer) -> Iterator[Optional[str]]:
 def resume_point(trainer: L.Trainer, ckpt_path: Optional[str], id_given: bool) -> Optional[str]:
     """The ``ckpt_path`` to hand Lightning for ``fit --ckpt_path <ckpt_path>`` (see the module
     docstring): ``last`` with a ``last.ckpt`` to resume, None (with a line saying so) for a run of
-    a fixed id that has none yet, a :class:`UserError` for a new run id; anything else unchanged."""
+    a fixed id that has none yet, a :class:`UserError` for a new run id or ``best``; anything else
+    unchanged."""
+    _refuse_best("fit", ckpt_path)
     if ckpt_path != "last":
         return ckpt_path
     folder = checkpoint_folder(trainer)
@@ -109,10 +111,7 @@ def evaluation_checkpoint(trainer: L.Trainer, command: str, ckpt_path: Optional[
     evaluate the untrained network) with the newest earlier run's to pass instead; ``best``
     refused (Lightning's is the best checkpoint of a fit in the same process); anything else
     unchanged."""
-    if ckpt_path == "best":
-        raise UserError(f"--ckpt_path best is the best checkpoint of a fit in the same process, and rescale {command} "
-                        "runs none: pass the file (the one a ModelCheckpoint monitoring a metric wrote in the run's "
-                        "checkpoints folder)")
+    _refuse_best(command, ckpt_path)
     if ckpt_path != "last":
         return ckpt_path
     folder = checkpoint_folder(trainer)
@@ -129,6 +128,15 @@ def evaluation_checkpoint(trainer: L.Trainer, command: str, ckpt_path: Optional[
                         "checkpoint file with --ckpt_path")
     raise UserError(f"{what} (this run has a new id, {version}); {earlier[1]}: pass it with --ckpt_path {earlier[0]}, "
                     "or give the id of the run to evaluate (--trainer.logger.init_args.id ID)")
+
+
+def _refuse_best(command: str, ckpt_path: Optional[str]) -> None:
+    """``best`` is Lightning's name for the best checkpoint of a fit in the same process, which no
+    ``rescale`` command has before it starts."""
+    if ckpt_path == "best":
+        raise UserError(f"--ckpt_path best is the best checkpoint of a fit in the same process, which rescale "
+                        f"{command} has not run: pass the file (the one a ModelCheckpoint monitoring a metric wrote "
+                        "in the run's checkpoints folder)")
 
 
 def _earlier_run(folder: str, version: str) -> Optional[tuple[str, str]]:

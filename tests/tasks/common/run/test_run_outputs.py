@@ -104,6 +104,13 @@ def test_ckpt_path_last_without_a_run_id_names_the_run_to_resume(finished, error
     assert f"the only earlier run beside it is {relative} " in message and f"--ckpt_path {relative}," in message
 
 
+def test_fit_from_best_is_refused_in_one_line(finished, error_line):
+    with _in(finished["folder"]):
+        assert main(["fit", "--config", finished["config"], "--ckpt_path", "best"]) == 2
+    assert error_line().startswith("--ckpt_path best is the best checkpoint of a fit in the same process, which "
+                                   "rescale fit has not run")
+
+
 @pytest.mark.parametrize("command", ["validate", "test", "predict"])
 def test_an_evaluation_of_last_or_best_without_that_checkpoint_is_refused(finished, error_line, command):
     """Lightning evaluates the untrained network when ``last`` finds no checkpoint, and ``best``
@@ -116,8 +123,8 @@ def test_an_evaluation_of_last_or_best_without_that_checkpoint_is_refused(finish
         assert f"so there is no network to {command} (this run has a new id" in message
         assert f"the only earlier run beside it is {relative} " in message and f"--ckpt_path {relative}," in message
         assert main([command, "--config", finished["config"], "--ckpt_path", "best"]) == 2
-        assert error_line().startswith(f"--ckpt_path best is the best checkpoint of a fit in the same process, and "
-                                       f"rescale {command} runs none")
+        assert error_line().startswith(f"--ckpt_path best is the best checkpoint of a fit in the same process, "
+                                       f"which rescale {command} has not run")
 
 
 def test_ckpt_path_last_without_a_run_id_or_an_earlier_run_says_how_to_start(tmp_path, run_config,
