@@ -13,6 +13,7 @@ from typing import Callable
 from torch import nn
 
 from .plans import check_plan, set_plan
+from .schemes import Scheme
 
 __all__ = ["register_model", "create_model", "list_models", "model_entry", "ModelEntry"]
 
@@ -58,10 +59,14 @@ def create_model(name: str, **kwargs) -> nn.Module:
     plan = check_plan(kwargs.pop("plan", "auto"))
     entry = model_entry(name)
     for key, value in entry.defaults.items():
-        if key in kwargs and kwargs[key] != value:
+        given = kwargs.get(key, value)
+        if key == "scheme" and isinstance(given, Scheme):
+            given = given.name  # the scheme the name fixes, with options set on it
+        if given != value:
             if key == "scheme":
-                raise ValueError(f"model {name!r} is defined with scheme={value!r}; for another scheme "
-                                 f"use the family name (e.g. create_model('resnet50', scheme=...))")
+                arch = entry.defaults.get("arch", entry.family)
+                raise ValueError(f"model {name!r} is defined with scheme={value!r}, got scheme={given!r}; for "
+                                 f"another scheme use its architecture's name: create_model({arch!r}, scheme=...)")
             raise ValueError(f"model {name!r} is defined with {key}={value!r}, got {key}={kwargs[key]!r}; "
                              f"create the model by that name instead (e.g. create_model({kwargs[key]!r}))")
         kwargs.setdefault(key, value)

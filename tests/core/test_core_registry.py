@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import rescale_core
-from rescale_core import create_model, list_models, register_model
+from rescale_core import create_model, get_scheme, list_models, register_model
 from rescale_core.analysis import residual_blocks
 from rescale_core.registry import _REGISTRY, model_entry
 
@@ -106,6 +106,21 @@ def test_paper_names_fix_their_scheme(name, scheme):
     other = "bn" if scheme != "bn" else "none"
     with pytest.raises(ValueError, match="is defined with scheme"):
         create_model(name, scheme=other, **kwargs)
+
+
+@pytest.mark.parametrize("name, arch", [("rescale50", "resnet50"), ("vgg11_rescale", "vgg11"),
+                                        ("fixup101", "resnet101")])
+def test_a_paper_name_takes_its_scheme_as_an_instance_and_names_its_architecture_for_another(name, arch):
+    """Before: ``scheme=get_scheme("rescale")`` was refused by rescale50 as another scheme, and
+    vgg11_rescale suggested create_model('resnet50', ...)."""
+    kwargs = {"base_width": 8, "num_classes": 3}
+    scheme = model_entry(name).defaults["scheme"]
+    assert create_model(name, scheme=get_scheme(scheme, measure_batches=3), **kwargs).scheme == \
+        get_scheme(scheme, measure_batches=3)
+    with pytest.raises(ValueError) as refused:
+        create_model(name, scheme=get_scheme("none"), **kwargs)
+    assert str(refused.value) == (f"model {name!r} is defined with scheme={scheme!r}, got scheme='none'; for another "
+                                  f"scheme use its architecture's name: create_model({arch!r}, scheme=...)")
 
 
 @pytest.mark.parametrize("name, other", [("resnet50", "resnet18"), ("rescale50", "resnet101"),
