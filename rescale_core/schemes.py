@@ -82,7 +82,7 @@ import json
 import math
 import typing
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 __all__ = ["CONV_ONLY_OPTIONS", "Scheme", "SchemeOptionError", "get_scheme", "list_schemes", "register_scheme"]
 
@@ -99,6 +99,17 @@ _CHOICES: dict[str, tuple] = {
     "init": ("he_fan_out", "he_fan_in", "rescale", "fixup", "nf", "deepnorm", "tfixup"),
     "norm_position": ("post", "pre"),
     "layout": ("v1", "preact"),
+}
+
+_POSITIVE = ("a positive number or null", lambda v: v > 0)
+# the numeric fields' ranges: what a value must be, and the test its finite value passes (a value
+# that is not finite is refused too)
+_RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
+    "shortcut_gain": _POSITIVE, "classifier_gain": _POSITIVE, "skip_alpha": _POSITIVE, "c": _POSITIVE,
+    **dict.fromkeys(("norm_alpha", "norm_alpha_attention", "norm_alpha_ffn", "norm_alpha_final"), _POSITIVE),
+    "block_scale": ("a positive number", lambda v: v > 0),
+    "gain_init": ("a finite number", lambda v: True),
+    "scalar_lr_factor": ("a number >= 0", lambda v: v >= 0),
 }
 
 
@@ -263,26 +274,24 @@ class Scheme:
         for key in ("conv_dropout", "classifier_dropout"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise SchemeOptionError(key, getattr(self, key), "a rate in [0, 1)", name)
-        for key in ("shortcut_gain", "classifier_gain"):
-            value = getattr(self, key)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise SchemeOptionError(key, value, "a positive number or null", name)
-        if self.classifier_gain is not None and self.zero_classifier:
-            raise ValueError(f"scheme {self.name!r}: classifier_gain has no effect with zero_classifier=True")
         for key in ("norm_alpha", "norm_alpha_attention", "norm_alpha_ffn", "norm_alpha_final"):
             value = getattr(self, key)
             if value is not None and self.norm not in ("dyt", "derf"):
                 raise SchemeOptionError(key, value, "null unless norm is dyt or derf", name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise SchemeOptionError(key, value, "a positive number or null", name)
-        if self.skip_alpha is not None:
-            if not (math.isfinite(self.skip_alpha) and self.skip_alpha > 0):
-                raise SchemeOptionError("skip_alpha", self.skip_alpha, "a positive number or null", name)
-            if self.merge == "rescale":
-                raise ValueError(f"scheme {self.name!r}: skip_alpha replaces the shortcut multiplier "
-                                 "that merge 'rescale' sets (alpha_k); use one or the other")
+        for key, (expected, within) in _RANGES.items():
+            value = getattr(self, key)
+            if value is not None and not (math.isfinite(value) and within(value)):
+                raise SchemeOptionError(key, value, expected, name)
+        if self.classifier_gain is not None and self.zero_classifier:
+            raise ValueError(f"scheme {self.name!r}: classifier_gain has no effect with zero_classifier=True")
+        if self.skip_alpha is not None and self.merge == "rescale":
+            raise ValueError(f"scheme {self.name!r}: skip_alpha replaces the shortcut multiplier "
+                             "that merge 'rescale' sets (alpha_k); use one or the other")
         if self.measure_batches < 1:
             raise SchemeOptionError("measure_batches", self.measure_batches, "an integer >= 1", name)
+        if any(stage < 1 for stage in self.conv_dropout_stages):
+            raise SchemeOptionError("conv_dropout_stages", list(self.conv_dropout_stages),
+                                    "a list of stages, each >= 1", name)
         if self.layout == "preact":
             alpha = self.nf_alpha
             if alpha is None or not (math.isfinite(alpha) and alpha > 0):

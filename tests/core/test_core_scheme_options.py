@@ -24,6 +24,18 @@ from rescale_core.schemes import SchemeOptionError
     ("gain", "vectr", '"vectr" is not one of "scalar", "vector" or null'),
     ("conv_dropout", 1.5, "1.5 is not a rate in [0, 1)"),
     ("measure_batches", 0, "0 is not an integer >= 1"),
+    ("c", -5, "-5.0 is not a positive number or null"),
+    ("c", -0.5, "-0.5 is not a positive number or null"),
+    ("c", 0, "0.0 is not a positive number or null"),
+    ("c", float("nan"), "NaN is not a positive number or null"),
+    ("c", float("inf"), "Infinity is not a positive number or null"),
+    ("gain_init", float("nan"), "NaN is not a finite number"),
+    ("gain_init", float("-inf"), "-Infinity is not a finite number"),
+    ("block_scale", 0, "0.0 is not a positive number"),
+    ("block_scale", -1, "-1.0 is not a positive number"),
+    ("scalar_lr_factor", -0.1, "-0.1 is not a number >= 0"),
+    ("scalar_lr_factor", float("nan"), "NaN is not a number >= 0"),
+    ("conv_dropout_stages", [0, 3], "[0, 3] is not a list of stages, each >= 1"),
 ])
 def test_a_value_that_does_not_fit_its_field_is_refused(option, value, expected):
     with pytest.raises(SchemeOptionError) as refused:
@@ -56,6 +68,9 @@ def test_create_model_refuses_them_with_the_same_message(options):
     ("measure_batches", 3, 3),
     ("measure_batches", "3", 3),
     ("conv_dropout_stages", [2, 3], (2, 3)),
+    ("c", 0.5, 0.5),
+    ("gain_init", -1, -1.0),
+    ("scalar_lr_factor", 0, 0.0),
 ])
 def test_values_of_the_right_type_or_read_as_it_are_accepted(option, value, typed):
     scheme = get_scheme("rescale", **{option: value})
@@ -66,3 +81,4 @@ def test_the_model_is_built_with_the_typed_values():
     net = create_model("cifar_resnet", depth=8, base_width=4, scheme="rescale",
                        scheme_options={"mean_shift": "false", "shortcut_gain": 2, "c": "3"})
     assert (net.scheme.mean_shift, net.scheme.shortcut_gain, net.scheme.c) == (False, 2.0, 3.0)
+
