@@ -35,13 +35,33 @@ from .init import TransformerStack, init_branch, init_shortcut, init_transformer
 from .layers import (RELU_GAMMA, Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_shape, conv_nd,
                      dropout_nd, make_norm, scaled_std_conv_nd)
 from .plans.dispatch import Planned, implementation
-from .schemes import Scheme, list_schemes
+from .schemes import Scheme, SchemeOptionError, list_schemes
 
 __all__ = ["ResidualMerge", "BranchLayer", "ResidualBlock", "ResidualSublayer", "pre_conv_bias", "scheme_conv",
-           "conv_norm", "CONV_NORMS"]
+           "conv_norm", "check_buildable", "CONV_NORMS"]
 
 #: the norm layers a conv network can put after its convolutions (``Scheme.norm``)
 CONV_NORMS = ("bn", "gn", "dyt", "derf")
+#: what each kind of network builds of ``Scheme.norm`` and applies of ``Scheme.init``
+_BUILDS = {"conv": ("a conv network", CONV_NORMS, ("he_fan_out", "he_fan_in", "rescale", "fixup", "nf")),
+           "transformer": ("a Transformer", ("ln", "dyt", "derf"),
+                           ("he_fan_out", "he_fan_in", "rescale", "deepnorm", "tfixup"))}
+
+
+def check_buildable(scheme: Scheme, family: str) -> None:
+    """Refuse, in one :class:`~.schemes.SchemeOptionError`, a ``norm`` that a network of ``family``
+    (``conv`` or ``transformer``) cannot build or an ``init`` it cannot apply."""
+    network, norms, inits = _BUILDS[family]
+    if scheme.norm is not None and scheme.norm not in norms:
+        raise SchemeOptionError("norm", scheme.norm, f"a norm {network} builds (one of {_listed(norms)} or null)",
+                                scheme.name)
+    if scheme.init not in inits:
+        raise SchemeOptionError("init", scheme.init, f"an init {network} applies (one of {_listed(inits)})",
+                                scheme.name)
+
+
+def _listed(values: tuple[str, ...]) -> str:
+    return ", ".join(f'"{v}"' for v in values)
 
 
 class ResidualMerge(nn.Module):
@@ -176,6 +196,7 @@ class ResidualBlock(Planned):
                  temporal_kernels: "tuple[int | None, ...] | None" = None,
                  input_var: float = 1.0) -> None:
         super().__init__()
+        check_buildable(scheme, "conv")
         if kind not in self.expansions:
             raise ValueError(f"unknown block kind {kind!r}; expected basic or bottleneck")
         self.kind, self.k, self.L = kind, k, L
@@ -314,6 +335,7 @@ class ResidualSublayer(Planned):
         if not scheme.supports("transformer"):
             raise ValueError(f"scheme {scheme.name!r} has no Transformer form; use one of "
                              f"{', '.join(list_schemes('transformer'))}")
+        check_buildable(scheme, "transformer")
         self.fn = fn
         self.pre_norm = sublayer_norm(scheme, d_model, "pre", site)
         self.post_norm = sublayer_norm(scheme, d_model, "post", site)

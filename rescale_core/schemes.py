@@ -230,7 +230,7 @@ class Scheme:
     scalar_biases: bool = False           # Fixup: scalar biases before convs/activations
     conv_bias: bool = False               # ordinary per-channel conv biases
     conv_dropout: float = 0.0             # dropout after each branch conv ...
-    conv_dropout_stages: tuple[int, ...] = (3, 4)  # ... in these stages (1-based)
+    conv_dropout_stages: tuple[int, ...] = (3, 4)  # ... in these stages (1-based; default: 3, 4 where they exist)
     scaled_ws: bool = False               # NF: Scaled Weight Standardization on every conv
     norm_alpha: Optional[float] = None    # dyt / derf: alpha's init at every site (None: 0.5)
     norm_alpha_attention: Optional[float] = None  # ... before attention (None: norm_alpha)
@@ -292,6 +292,9 @@ class Scheme:
         if any(stage < 1 for stage in self.conv_dropout_stages):
             raise SchemeOptionError("conv_dropout_stages", list(self.conv_dropout_stages),
                                     "a list of stages, each >= 1", name)
+        if self.zero_gamma and self.norm is None and not self.scaled_ws:
+            raise SchemeOptionError("zero_gamma", True, "possible without a norm or scaled_ws (it zeroes the "
+                                    "last norm weight or conv gain of each branch)", name)
         if self.layout == "preact":
             alpha = self.nf_alpha
             if alpha is None or not (math.isfinite(alpha) and alpha > 0):
@@ -334,6 +337,13 @@ class Scheme:
 
     def supports(self, family: str) -> bool:
         return family in self.families
+
+    def overrides(self) -> dict[str, Any]:
+        """The fields set off the scheme's definition: those whose value differs from the
+        registered scheme of this name (for a name not registered, from the field defaults)."""
+        base = _SCHEMES.get(self.name) or Scheme(self.name)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(base)
+                if f.name not in ("name", "families") and getattr(self, f.name) != getattr(base, f.name)}
 
     def replace(self, **overrides) -> "Scheme":
         unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(self)})

@@ -38,13 +38,13 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from ..blocks import ResidualBlock, conv_norm, scheme_conv
+from ..blocks import ResidualBlock, check_buildable, conv_norm, scheme_conv
 from ..init import init_classifier, init_stem
 from ..layers import MeanShiftBias, ScalarBias, pool_nd
 from ..plans.conditions import eager_while_measuring
 from ..plans.dispatch import Planned, implementation
 from ..registry import register_model
-from ..schemes import Scheme, get_scheme
+from ..schemes import Scheme, SchemeOptionError, get_scheme
 
 __all__ = ["ResNetConfig", "ResNet", "resnet", "cifar_resnet", "wide_resnet", "VIDEO_RESNETS"]
 
@@ -132,6 +132,11 @@ class ResNet(Planned):
         self.scheme = scheme = get_scheme(scheme, **(scheme_options or {}))
         if not scheme.supports("conv"):
             raise ValueError(f"scheme {scheme.name!r} is for Transformers, not ResNets")
+        check_buildable(scheme, "conv")
+        stages = range(1, len(config.layers) + 1)
+        if "conv_dropout_stages" in scheme.overrides() and not set(scheme.conv_dropout_stages) <= set(stages):
+            raise SchemeOptionError("conv_dropout_stages", list(scheme.conv_dropout_stages),
+                                    f"a list of this network's stages ({', '.join(map(str, stages))})", scheme.name)
         d = config.spatial_dims
         self.num_blocks = L = sum(config.layers)
         self._build_stem(config, scheme, in_channels)

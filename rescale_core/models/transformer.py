@@ -41,9 +41,10 @@ Attribute names: ``encoder.layers[i].self_attn`` / ``.ffn`` and ``decoder.layers
 :class:`MultiheadAttention` or :class:`FeedForward`; ``encoder.embed`` / ``decoder.embed``,
 ``encoder.layer_norm`` / ``decoder.layer_norm`` (``pre_ln`` only) and ``output_projection``.
 
-Deviations: the scheme fields ``mean_shift``/``measure_batches`` (RescaleNet's mean-shift biases
-before convolutions), ``scalar_biases``, ``conv_*``, ``head_norm``, ``classifier_dropout`` and
-``zero_classifier`` are conv-only and ignored here: every linear layer keeps an ordinary bias,
+Deviations: the scheme fields only conv networks read (``CONV_ONLY_OPTIONS``: ``mean_shift`` /
+``measure_batches``, RescaleNet's mean-shift biases before convolutions, ``conv_*``, ``head_norm``,
+``classifier_dropout``, ``zero_classifier`` ...) are refused here, as are the norms (``bn``,
+``gn``) and inits (``fixup``, ``nf``) of conv networks: every linear layer keeps an ordinary bias,
 initialised to 0 (fairseq leaves PyTorch's uniform default on the q/k/v biases). Positions use
 Vaswani et al.'s interleaved sin/cos formula (fairseq concatenates the sin and cos halves), so
 fairseq checkpoints do not load as they are. The architectures follow fairseq's
@@ -61,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..blocks import ResidualSublayer, sublayer_norm
+from ..blocks import ResidualSublayer, check_buildable, sublayer_norm
 from ..plans.folds import scaled_linear
 from ..generation import greedy_search
 from ..init import TransformerStack, init_transformer_embeddings, stack_scheme
@@ -445,10 +446,11 @@ class Transformer(nn.Module):
         if not scheme.supports("transformer"):
             raise ValueError(f"scheme {scheme.name!r} has no Transformer form; Transformer schemes "
                              f"are {', '.join(list_schemes('transformer'))}")
-        unread = sorted(CONV_ONLY_OPTIONS & set(scheme_options or {}))
+        unread = sorted(CONV_ONLY_OPTIONS & (set(scheme_options or {}) | set(scheme.overrides())))
         if unread:
-            raise SchemeOptionError(unread[0], scheme_options[unread[0]], "an option of a Transformer (it shapes "
+            raise SchemeOptionError(unread[0], getattr(scheme, unread[0]), "an option of a Transformer (it shapes "
                                     "conv networks only: remove it)", scheme.name)
+        check_buildable(scheme, "transformer")
         if src_vocab_size is None:
             raise ValueError("a Transformer needs src_vocab_size (and optionally tgt_vocab_size)")
         tgt_vocab_size = src_vocab_size if tgt_vocab_size is None else tgt_vocab_size

@@ -4,7 +4,8 @@ conv and linear layer; 25.0% top-1 error for VGG-19).
 
 Attribute names follow torchvision (``features``, ``avgpool``, ``classifier``), so a ``bn`` VGG
 loads torchvision's ``vgg*_bn`` state dicts. VGG has no residual blocks: only the schemes
-``bn``, ``none`` and ``rescale`` (its mean-shift biases and He init) apply.
+``bn``, ``none`` and ``rescale`` (its mean-shift biases and He init) apply, and of their options
+only ``norm`` (``bn`` or none), ``mean_shift`` and ``measure_batches``; VGG refuses the others.
 Deviation: the classifier width (4096) and stage-1 width (64) are arguments, for small tests.
 
 :class:`VGG` holds the reference definition and one dispatch to its execution plan
@@ -23,7 +24,7 @@ from ..layers import MeanShiftBias
 from ..plans.conditions import eager_while_measuring
 from ..plans.dispatch import Planned, implementation
 from ..registry import register_model
-from ..schemes import Scheme, get_scheme
+from ..schemes import Scheme, SchemeOptionError, get_scheme
 
 __all__ = ["VGG", "vgg"]
 
@@ -34,6 +35,9 @@ VGG_CONFIGS: dict[str, list] = {
               512, 512, 512, 512, "M", 512, 512, 512, 512, "M"],
 }
 VGG_SCHEMES = ("bn", "none", "rescale")
+#: the scheme options VGG builds: a BatchNorm after each conv or none, the mean-shift biases and the
+#: batches they average; the others shape residual blocks, which VGG has not
+VGG_OPTIONS = ("norm", "mean_shift", "measure_batches")
 
 
 class VGG(Planned):
@@ -45,6 +49,12 @@ class VGG(Planned):
         self.scheme = scheme = get_scheme(scheme, **(scheme_options or {}))
         if scheme.name not in VGG_SCHEMES:
             raise ValueError(f"VGG supports the schemes {VGG_SCHEMES}, not {scheme.name!r}")
+        unread = sorted(set(scheme.overrides()) - set(VGG_OPTIONS))
+        if unread:
+            raise SchemeOptionError(unread[0], getattr(scheme, unread[0]), "an option VGG builds (it reads only "
+                                    'norm: "bn" or null, mean_shift and measure_batches)', scheme.name)
+        if scheme.norm not in (None, "bn"):
+            raise SchemeOptionError("norm", scheme.norm, 'a norm VGG builds ("bn" or null)', scheme.name)
         f = base_width / 64
         layers: list[nn.Module] = []
         c = in_channels

@@ -5,8 +5,9 @@ config reader needs (an integer for a float, ``"2"``, ``"false"``, a list for a 
 from __future__ import annotations
 
 import pytest
+from torch import nn
 
-from rescale_core import create_model, get_scheme
+from rescale_core import ResidualBlock, ResidualSublayer, create_model, get_scheme
 from rescale_core.schemes import SchemeOptionError
 
 
@@ -36,6 +37,8 @@ from rescale_core.schemes import SchemeOptionError
     ("scalar_lr_factor", -0.1, "-0.1 is not a number >= 0"),
     ("scalar_lr_factor", float("nan"), "NaN is not a number >= 0"),
     ("conv_dropout_stages", [0, 3], "[0, 3] is not a list of stages, each >= 1"),
+    ("zero_gamma", True, "true is not possible without a norm or scaled_ws (it zeroes the last norm weight "
+                         "or conv gain of each branch)"),
 ])
 def test_a_value_that_does_not_fit_its_field_is_refused(option, value, expected):
     with pytest.raises(SchemeOptionError) as refused:
@@ -82,3 +85,62 @@ def test_the_model_is_built_with_the_typed_values():
                        scheme_options={"mean_shift": "false", "shortcut_gain": 2, "c": "3"})
     assert (net.scheme.mean_shift, net.scheme.shortcut_gain, net.scheme.c) == (False, 2.0, 3.0)
 
+
+# --- an option the network cannot honour is refused when it is created -----------------------------
+
+TINY = {"cifar_resnet": dict(depth=8, base_width=4, num_classes=3),
+        "vgg11": dict(base_width=8, hidden_dim=32, num_classes=3),
+        "transformer_tiny": dict(src_vocab_size=50)}
+
+
+@pytest.mark.parametrize("network,scheme,options,expected", [
+    ("cifar_resnet", "bn", {"norm": "ln"},
+     '"ln" is not a norm a conv network builds (one of "bn", "gn", "dyt", "derf" or null)'),
+    ("cifar_resnet", "bn", {"init": "tfixup"}, '"tfixup" is not an init a conv network applies (one of "he_fan_out", '
+                                               '"he_fan_in", "rescale", "fixup", "nf")'),
+    ("cifar_resnet", "rescale", {"conv_dropout": 0.1, "conv_dropout_stages": [3, 5]},
+     "[3, 5] is not a list of this network's stages (1, 2, 3)"),
+    ("transformer_tiny", "post_ln", {"norm": "bn"},
+     '"bn" is not a norm a Transformer builds (one of "ln", "dyt", "derf" or null)'),
+    ("transformer_tiny", "pre_ln", {"norm": "gn"},
+     '"gn" is not a norm a Transformer builds (one of "ln", "dyt", "derf" or null)'),
+    ("transformer_tiny", "rezero", {"init": "fixup"}, '"fixup" is not an init a Transformer applies (one of '
+                                                      '"he_fan_out", "he_fan_in", "rescale", "deepnorm", "tfixup")'),
+    ("vgg11", "bn", {"norm": "gn"}, '"gn" is not a norm VGG builds ("bn" or null)'),
+    *[("vgg11", scheme, options, f"{shown} is not an option VGG builds (it reads only norm: "
+                                 '"bn" or null, mean_shift and measure_batches)')
+      for scheme, options, shown in [("bn", {"zero_gamma": True}, "true"), ("rescale", {"gain": "vector"}, '"vector"'),
+                                     ("rescale", {"conv_dropout": 0.1}, "0.1"),
+                                     ("none", {"classifier_dropout": 0.5}, "0.5"), ("rescale", {"c": 2}, "2.0")]],
+])
+def test_an_option_the_network_cannot_honour_is_refused(network, scheme, options, expected):
+    """Before: a conv network took norm ln and built no norm at all, a Transformer crashed on bn
+    (KeyError) and normalised the sequence under gn, VGG ignored every option but its norm's name,
+    and conv_dropout_stages named stages the network has not, all without a word."""
+    option = list(options)[-1]
+    for given in ({"scheme": scheme, "scheme_options": options}, {"scheme": get_scheme(scheme, **options)}):
+        with pytest.raises(SchemeOptionError) as refused:
+            create_model(network, **TINY[network], **given)
+        assert str(refused.value) == f"scheme_options.{option}: {expected} for scheme {scheme}"
+
+
+@pytest.mark.parametrize("network,scheme,options", [
+    ("cifar_resnet", "rescale", {"conv_dropout": 0.1}),  # the default stages 3, 4: those the network has
+    ("cifar_resnet", "rescale", {"conv_dropout": 0.1, "conv_dropout_stages": [1, 3]}),
+    ("cifar_resnet", "bn", {"norm": "gn", "init": "he_fan_in"}),
+    ("cifar_resnet", "bn", {"zero_gamma": True}),
+    ("transformer_tiny", "rezero", {"norm": "ln", "norm_position": "pre", "init": "deepnorm"}),
+    ("vgg11", "bn", {"norm": None}),
+    ("vgg11", "rescale", {"measure_batches": 2, "mean_shift": False}),
+    ("vgg11", "rescale", {"gain": "scalar"}),  # the scheme's own value
+])
+def test_the_options_a_network_honours_are_accepted(network, scheme, options):
+    assert create_model(network, **TINY[network], scheme=scheme, scheme_options=options).scheme == \
+        get_scheme(scheme, **options)
+
+
+def test_the_blocks_refuse_them_too():
+    with pytest.raises(SchemeOptionError, match='^scheme_options.norm: "ln" is not a norm a conv network builds'):
+        ResidualBlock(get_scheme("bn", norm="ln"), 4, 4)
+    with pytest.raises(SchemeOptionError, match='^scheme_options.norm: "bn" is not a norm a Transformer builds'):
+        ResidualSublayer(get_scheme("post_ln", norm="bn"), 8, nn.Linear(8, 8), 1, 2)

@@ -78,6 +78,12 @@ def test_overrides_return_new_frozen_schemes():
         s.c = 2.0
 
 
+def test_overrides_are_the_fields_set_off_the_schemes_definition():
+    assert get_scheme("rescale").overrides() == {}
+    assert get_scheme("rescale", c=2, mean_shift=True, conv_dropout_stages=[3, 4]).overrides() == {"c": 2.0}
+    assert Scheme("unregistered", families=("transformer",), conv_bias=True).overrides() == {"conv_bias": True}
+
+
 def test_unknown_option_lists_the_options():
     with pytest.raises(ValueError) as exc:
         get_scheme("rescale", measure_batch=2)

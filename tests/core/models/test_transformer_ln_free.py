@@ -128,8 +128,8 @@ def test_pointwise_options_are_refused_where_they_mean_nothing():
         get_scheme("dyt", norm_alpha_final=-1.0)
 
 
-# a value off the default for each conv-only option
-CONV_ONLY_VALUES = {"zero_gamma": {"zero_gamma": True}, "mean_shift": {"mean_shift": True},
+# a value off the default for each conv-only option (zero_gamma with a conv gain to zero)
+CONV_ONLY_VALUES = {"zero_gamma": {"zero_gamma": True, "scaled_ws": True}, "mean_shift": {"mean_shift": True},
                     "measure_batches": {"measure_batches": 3}, "conv_bias": {"conv_bias": True},
                     "conv_dropout": {"conv_dropout": 0.5}, "conv_dropout_stages": {"conv_dropout_stages": [1]},
                     "scaled_ws": {"scaled_ws": True}, "merge_norm": {"merge_norm": True},
@@ -138,10 +138,11 @@ CONV_ONLY_VALUES = {"zero_gamma": {"zero_gamma": True}, "mean_shift": {"mean_shi
                     "classifier_gain": {"classifier_gain": 2.0}}
 
 
-def test_options_only_conv_networks_read_change_no_transformer_and_are_refused():
-    """Each of CONV_ONLY_OPTIONS, set on a Scheme instance, leaves every Transformer scheme's
-    weights and outputs as they were (so the list is right), and given as a scheme option it is
-    refused in one line naming it, rather than accepted and ignored."""
+def test_options_only_conv_networks_read_change_no_transformer_and_are_refused(monkeypatch):
+    """Each of CONV_ONLY_OPTIONS leaves every Transformer scheme's weights and outputs as they were
+    (so the list is right: built with the refusal lifted), and given as a scheme option or set on a
+    Scheme instance it is refused in one line naming it, rather than accepted and ignored."""
+    from rescale_core.models import transformer
     from rescale_core.schemes import CONV_ONLY_OPTIONS
 
     assert set(CONV_ONLY_VALUES) == CONV_ONLY_OPTIONS
@@ -152,12 +153,22 @@ def test_options_only_conv_networks_read_change_no_transformer_and_are_refused()
         return create_model("transformer_tiny", scheme=scheme, src_vocab_size=50, dropout=0.0).eval()
 
     for name in rescale_core.list_schemes("transformer"):
-        plain = built(name)
-        for option, values in CONV_ONLY_VALUES.items():
-            other = built(get_scheme(name, **values))
-            assert plain.state_dict().keys() == other.state_dict().keys(), (name, option)
-            assert all(torch.equal(v, other.state_dict()[k]) for k, v in plain.state_dict().items()), (name, option)
-            assert torch.equal(plain(src, tgt), other(src, tgt)), (name, option)
+        for values in CONV_ONLY_VALUES.values():
+            scheme = get_scheme(name, **values)
+            if not set(values) & set(scheme.overrides()):
+                continue  # the scheme's own definition (rescale's mean_shift)
+            with pytest.raises(SchemeOptionError, match="is not an option of a Transformer") as refused:
+                built(scheme)
+            assert refused.value.option in values
+    with monkeypatch.context() as lifted:
+        lifted.setattr(transformer, "CONV_ONLY_OPTIONS", frozenset())
+        for name in rescale_core.list_schemes("transformer"):
+            plain = built(name)
+            for option, values in CONV_ONLY_VALUES.items():
+                other = built(get_scheme(name, **values))
+                assert plain.state_dict().keys() == other.state_dict().keys(), (name, option)
+                assert all(torch.equal(v, other.state_dict()[k]) for k, v in plain.state_dict().items()), (name, option)
+                assert torch.equal(plain(src, tgt), other(src, tgt)), (name, option)
     with pytest.raises(SchemeOptionError, match="^scheme_options.mean_shift: true is not an option of a Transformer"):
         create_model("transformer_tiny", scheme="deepnorm", scheme_options={"mean_shift": True}, src_vocab_size=50)
 

@@ -257,6 +257,14 @@ def test_a_scheme_option_of_the_wrong_type_is_one_line(tmp_path, run_config, opt
     assert error_line() == f"model.init_args.scheme_options.{option}: {expected} for scheme rescale"
 
 
+def test_a_scheme_option_the_network_cannot_build_is_one_line(tmp_path, run_config, error_line):
+    """Before: the CIFAR ResNet took norm ln and trained without any norm layer."""
+    config = run_config(tmp_path / "digits.yaml")
+    assert main(["fit", "--config", config, "--model.init_args.scheme_options", "{norm: ln}"]) == 2
+    assert error_line() == 'model.init_args.scheme_options.norm: "ln" is not a norm a conv network builds ' \
+                           '(one of "bn", "gn", "dyt", "derf" or null) for scheme rescale'
+
+
 def test_a_scheme_option_is_checked_against_the_networks_default_scheme(tmp_path, run_config, error_line):
     config = run_config(tmp_path / "digits.yaml", model={"init_args": {"scheme": None}})
     assert main(["fit", "--config", config, "--model.init_args.scheme_options.zero_gamma", "maybe"]) == 2
