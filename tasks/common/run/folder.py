@@ -112,6 +112,9 @@ def evaluation_checkpoint(trainer: L.Trainer, command: str, ckpt_path: Optional[
     refused (Lightning's is the best checkpoint of a fit in the same process); anything else
     unchanged."""
     _refuse_best(command, ckpt_path)
+    if ckpt_path is None and rank_zero_only.rank == 0:
+        log.warning(f"warning: rescale {command} without --ckpt_path evaluates the network as the config builds it "
+                    "(untrained, unless the config loads weights); pass the checkpoint to evaluate with --ckpt_path")
     if ckpt_path != "last":
         return ckpt_path
     folder = checkpoint_folder(trainer)

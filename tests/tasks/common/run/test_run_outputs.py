@@ -104,6 +104,14 @@ def test_ckpt_path_last_without_a_run_id_names_the_run_to_resume(finished, error
     assert f"the only earlier run beside it is {relative} " in message and f"--ckpt_path {relative}," in message
 
 
+def test_an_evaluation_without_a_checkpoint_says_what_it_evaluates(finished, capsys):
+    with _in(finished["folder"]):
+        assert main(["validate", "--config", finished["config"]]) == 0
+    printed = capsys.readouterr()
+    assert ("rescale validate without --ckpt_path evaluates the network as the config builds it (untrained, unless "
+            "the config loads weights)") in printed.out + printed.err
+
+
 def test_fit_from_best_is_refused_in_one_line(finished, error_line):
     with _in(finished["folder"]):
         assert main(["fit", "--config", finished["config"], "--ckpt_path", "best"]) == 2
