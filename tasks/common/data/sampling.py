@@ -122,7 +122,7 @@ class ResumeMismatch(ConfigError):
 # how to set each layout value of a training loader back to the checkpoint's
 _LAYOUT_SETTINGS = {"batch_size": "--data.init_args.batch_size {}",
                     "num_replicas": "{} processes (--trainer.devices x --trainer.num_nodes)",
-                    "seed": "--data.init_args.seed {} (or the --seed_everything it came from)",
+                    "seed": "--data.init_args.seed {}",
                     "max_tokens": "--data.init_args.max_tokens {}",
                     "num_batches": "the training data of the checkpoint's run ({} batches an epoch)"}
 
