@@ -23,6 +23,7 @@ from lightning.pytorch.cli import LightningCLI
 from ..checkpoints import (LAST_NAME, EpochCheckpoint, LastCheckpoint, ResumeState, check_config_against_checkpoint,
                            checkpoint_exists, peek_checkpoint, planned_checkpoint_folder,
                            run_arguments_over_checkpoint, typed_model_arguments)
+from ..errors import ConfigError
 from ..module import RescaleTaskModule
 from ..reporting import label_runs, use_line_progress
 from ..run import (ResultsFolder, RunSummary, SaveConfigToRun, SkippedDataReport, check_run_outputs,
@@ -41,6 +42,8 @@ __all__ = ["RescaleCLI", "run_lightning", "trainer_defaults", "resume_wandb_run"
            "TRAINER_SUBCOMMANDS"]
 
 TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+# the model arguments the data module sets (its classes, image channels, vocabulary)
+LINKED_FROM_DATA = ("num_classes", "in_channels", "vocab_size", "pad_index", "bos_index", "eos_index")
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,11 @@ class RescaleCLI(LightningCLI):
         argv = sys.argv[1:] if args is None else args
         self._argv = [str(a) for a in argv] if isinstance(argv, (list, tuple)) else []  # for the closing line
         self._typed_model_arguments = typed_model_arguments(argv if isinstance(argv, (list, tuple)) else ())
+        linked = sorted(self._typed_model_arguments & set(LINKED_FROM_DATA))
+        if linked:
+            raise ConfigError(f"model.init_args.{linked[0]} is set from the data module (data.{linked[0]}), and a "
+                              f"value given for it is not used: drop --model.init_args.{linked[0]} (the data decides "
+                              "it: its classes, channels or vocabulary)")
         parsers = getattr(self, "_subcommand_parsers", {})  # Lightning's (system.private_apis)
         sub = next((parsers[a] for a in argv if isinstance(a, str) and a in parsers), parser) \
             if isinstance(argv, (list, tuple)) else parser
@@ -138,7 +146,7 @@ class RescaleCLI(LightningCLI):
         return use_line_progress(trainer)  # a line every N steps where the output is a file
 
     def add_arguments_to_parser(self, parser) -> None:
-        for key in ("num_classes", "in_channels", "vocab_size", "pad_index", "bos_index", "eos_index"):
+        for key in LINKED_FROM_DATA:
             parser.link_arguments(f"data.{key}", f"model.init_args.{key}", apply_on="instantiate")
         # always-on callbacks, each with its own config section, e.g.
         # `last_checkpoint: {every_n_train_steps: N, every_minutes: M}`, `divergence: {check_every_n_steps: 25}`

@@ -265,6 +265,15 @@ def test_a_scheme_option_the_network_cannot_build_is_one_line(tmp_path, run_conf
                            '(one of "bn", "gn", "dyt", "derf" or null) for scheme rescale'
 
 
+@pytest.mark.parametrize("arg", ["--model.init_args.num_classes", "--model.num_classes"])
+def test_a_model_argument_the_data_sets_is_refused_in_one_line(tmp_path, run_config, error_line, arg):
+    """Before: a 10-class head was trained while --model.init_args.num_classes 5 was silently dropped."""
+    config = run_config(tmp_path / "digits.yaml")
+    assert main(["fit", "--config", config, arg, "5"]) == 2
+    assert error_line().startswith("model.init_args.num_classes is set from the data module (data.num_classes), "
+                                   "and a value given for it is not used: drop --model.init_args.num_classes")
+
+
 def test_a_scheme_option_is_checked_against_the_networks_default_scheme(tmp_path, run_config, error_line):
     config = run_config(tmp_path / "digits.yaml", model={"init_args": {"scheme": None}})
     assert main(["fit", "--config", config, "--model.init_args.scheme_options.zero_gamma", "maybe"]) == 2
