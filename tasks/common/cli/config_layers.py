@@ -51,10 +51,26 @@ def check_layers(configs: Sequence[str], where: str = "--config") -> list[str]:
     returns those defaults, outermost first. ``where``: how the configs were given."""
     for path in configs:
         check_config_file(path, where)
+    _refuse_other_experiments(configs, where)
     defaults = defaults_for(configs)
     for path in defaults:
         check_config_file(path, f"the {DEFAULTS_NAME} applied to the run configs below its folder")
     return defaults
+
+
+def _refuse_other_experiments(configs: Sequence[str], where: str) -> None:
+    """A config after the first whose folder brings a ``_defaults.yaml`` the first's does not have
+    (another experiments folder: its data, network and recipe) would silently replace what the
+    first config's folder sets; refused in one line."""
+    if len(configs) < 2:
+        return
+    base = set(defaults_for(configs[:1]))
+    for path in configs[1:]:
+        foreign = [d for d in defaults_for([path]) if d not in base]
+        if foreign:
+            raise UserError(f"{where} {path}: it lies under {Path(foreign[-1]).parent}, whose {DEFAULTS_NAME} would "
+                            f"replace what {configs[0]}'s folder sets (data, network, recipe); give configs of one "
+                            f"experiments folder, or an overlay from a folder without a {DEFAULTS_NAME}")
 
 
 def flag_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:

@@ -106,3 +106,20 @@ def test_keys_repeated_only_across_mappings_or_over_a_merge_still_load(run_confi
               "{c: 1, gain: vector}", "--print_config"])
     printed = capsys.readouterr().out
     assert done.value.code == 0 and "scheme: rescale" in printed and "gain: vector" in printed
+
+
+def test_a_config_of_another_experiments_folder_is_refused_in_one_line(tmp_path, monkeypatch, error_line):
+    """Its folder's _defaults.yaml (the digits' data, network and recipe) would replace the first
+    config's: ImageNet's network trained on the digits."""
+    repo = Path(__file__).resolve().parents[4]
+    imagenet, digits = repo / "experiments/imagenet/rescale50.yaml", repo / "experiments/digits/recipes/rescale.yaml"
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "--config", str(imagenet), "--config", str(digits), "--print_config"]) == 2
+    assert error_line() == (f"--config {digits}: it lies under {digits.parent.parent}, whose _defaults.yaml would "
+                            f"replace what {imagenet}'s folder sets (data, network, recipe); give configs of one "
+                            "experiments folder, or an overlay from a folder without a _defaults.yaml")
+    # an overlay beside no _defaults.yaml (the cluster overlays) and a recipe below the first's folder are layers
+    with pytest.raises(SystemExit) as printed:  # --print_config prints and exits
+        main(["fit", "--config", str(repo / "experiments/digits/rescale56.yaml"), "--config", str(digits),
+              "--config", str(repo / "experiments/cluster/multinode_ddp.yaml"), "--print_config"])
+    assert printed.value.code in (0, None)
