@@ -323,8 +323,10 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
         built = (argv[0],) if argv and argv[0] in TRAINER_SUBCOMMANDS else TRAINER_SUBCOMMANDS
         parser_kwargs = {cmd: {"default_config_files": defaults} for cmd in built}
         parser_kwargs["exit_on_error"] = False  # raise, for one-line errors (subcommands inherit it)
+        # an abbreviated key (trainer.max_epoch) is a misspelling to name, not a key to guess (inherited too)
+        parser_kwargs["allow_abbrev"] = False
     else:  # parse and instantiate only (no subcommand): tests, notebooks, tools
-        parser_kwargs = {"default_config_files": defaults, "exit_on_error": False}
+        parser_kwargs = {"default_config_files": defaults, "exit_on_error": False, "allow_abbrev": False}
         argv = argv[1:] if argv and argv[0] in TRAINER_SUBCOMMANDS else argv
     return RescaleCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
                       subclass_mode_data=True, save_config_callback=SaveConfigToRun,

@@ -58,6 +58,7 @@ def digits_config(tmp_path, run_config):
     (["--model.init_args.lr_scheduler.init_args.milestones", "abc"],
      ["bad value for model.init_args.lr_scheduler.init_args.milestones: expected list, got 'abc'"]),
     (["--trainer.maxepochs", "3"], ["unknown option --trainer.maxepochs; did you mean --trainer.max_epochs"]),
+    (["--trainer.max_epoch", "3"], ["unknown option --trainer.max_epoch; did you mean --trainer.max_epochs"]),
     (["--trainer.callbacks+=NoSuchCallback"], ["bad value for trainer.callbacks: 'NoSuchCallback' is not an "
                                                "importable class"]),
     (["--data.init_args.batch_size", "-1"], ["data.batch_size must be at least 1, got -1."]),
