@@ -143,12 +143,27 @@ def _main(argv: list[str], from_command_line: bool) -> int:
     if argv[0] == "--version":
         write_output(f"rescale {describe_code()}")
         return 0
+    if argv[0] not in COMMAND_HELP:  # Lightning's parser would list its four commands, or its own keys
+        with command_logging():
+            log.error("error: %s", _unknown_command(argv[0]))
+        return UserError.exit_code
     # how a command ends: Lightning loads with it (~6 s), never for --help and --version
     from .common.cli import run_command
 
     if argv[0] in SUITE_COMMANDS:
         return run_command(lambda: SUITE_COMMANDS[argv[0]](argv[1:]))
     return run_command(lambda: _lightning(argv, from_command_line))
+
+
+def _unknown_command(given: str) -> str:
+    """``unknown command 'fitt'; did you mean fit? ...``: the commands and flags ``rescale`` takes first."""
+    import difflib
+
+    known = [*COMMAND_HELP, "--help", "--version", *LOG_FLAGS]
+    close = difflib.get_close_matches(given, known, n=2, cutoff=0.6)
+    what = "option" if given.startswith("-") else "command"
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return f"unknown {what} {given!r}{hint} (rescale --help lists every command)"
 
 
 def _lightning(argv: list[str], from_command_line: bool) -> None:

@@ -63,3 +63,14 @@ def test_models_matches_a_part_of_the_name_and_says_when_nothing_matches(capsys)
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.strip() == (
         "error: no registered network matches '*nosuchnet*' (rescale models: all of them)")
+
+
+@pytest.mark.parametrize("given, line", [
+    ("fitt", "unknown command 'fitt'; did you mean fit? (rescale --help lists every command)"),
+    ("--versio", "unknown option '--versio'; did you mean --version or --verbose? (rescale --help lists every command)"),
+    ("bogus", "unknown command 'bogus' (rescale --help lists every command)"),
+])
+def test_an_unknown_command_is_one_line_among_every_command(given, line, capsys):
+    """Lightning's parser listed its four commands (fit, validate, test, predict) or its own keys."""
+    assert main([given]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {line}"]
