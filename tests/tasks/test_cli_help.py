@@ -67,7 +67,8 @@ def test_models_matches_a_part_of_the_name_and_says_when_nothing_matches(capsys)
 
 @pytest.mark.parametrize("given, line", [
     ("fitt", "unknown command 'fitt'; did you mean fit? (rescale --help lists every command)"),
-    ("--versio", "unknown option '--versio'; did you mean --version or --verbose? (rescale --help lists every command)"),
+    ("--versio", "unknown option '--versio'; did you mean --version or --verbose? (rescale --help lists every "
+                 "command)"),
     ("bogus", "unknown command 'bogus' (rescale --help lists every command)"),
 ])
 def test_an_unknown_command_is_one_line_among_every_command(given, line, capsys):
