@@ -147,6 +147,7 @@ def check_config_file(path: str, where: str = "--config") -> None:
     except yaml.YAMLError as err:
         raise UserError(f"YAML error in {path}: {' '.join(str(err).split())}") from None
     if isinstance(content, dict):
+        _refuse_empty_sections(content, path, where)
         return
     if content is None:
         held = "no settings (it is empty or only comments)"
@@ -156,3 +157,20 @@ def check_config_file(path: str, where: str = "--config") -> None:
         held = f"a single {type(content).__name__} value ({' '.join(str(content).split())[:40]!r})"
     raise UserError(f"config file {path} holds {held}, not a mapping of sections (model:, data:, trainer: "
                     f"...) ({where}). {_EXAMPLE}")
+
+
+# sections (and their class's arguments) that hold a mapping, where an empty one is a mistake: every key
+# below them commented out leaves a null, which jsonargparse reports without the file
+_SECTIONS = ("model", "data", "trainer")
+
+
+def _refuse_empty_sections(content: dict, path: str, where: str) -> None:
+    for section in _SECTIONS:
+        if section in content and content[section] is None:
+            raise UserError(f"config file {path}: section '{section}:' is empty ({where}); give it keys, or remove "
+                            "the line (every key below it commented out?)")
+        init = content.get(section, {}).get("init_args", {}) if isinstance(content.get(section), dict) else {}
+        if init is None:
+            raise UserError(f"config file {path}: '{section}: init_args:' is empty ({where}); give it keys, or "
+                            "remove the line")
+

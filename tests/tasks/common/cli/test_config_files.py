@@ -123,3 +123,16 @@ def test_a_config_of_another_experiments_folder_is_refused_in_one_line(tmp_path,
         main(["fit", "--config", str(repo / "experiments/digits/rescale56.yaml"), "--config", str(digits),
               "--config", str(repo / "experiments/cluster/multinode_ddp.yaml"), "--print_config"])
     assert printed.value.code in (0, None)
+
+
+@pytest.mark.parametrize("text, line", [
+    ("trainer:\n  # max_epochs: 3\n", "section 'trainer:' is empty (--config); give it keys, or remove the line"),
+    ("model:\n  init_args:\n", "'model: init_args:' is empty (--config); give it keys, or remove the line"),
+], ids=["section", "init_args"])
+def test_a_section_left_empty_is_refused_in_one_line_naming_the_file(text, line, tmp_path, monkeypatch, run_config,
+                                                                     error_line):
+    """Every key under a section commented out leaves a null, which jsonargparse reported without the file."""
+    monkeypatch.chdir(tmp_path)
+    Path("overlay.yaml").write_text(text)
+    assert main(["fit", "--config", run_config(tmp_path / "run.yaml"), "--config", "overlay.yaml"]) == 2
+    assert error_line().startswith(f"config file overlay.yaml: {line}")
