@@ -522,7 +522,7 @@ def preempted_message(exception: BaseException) -> str:
     if path is None:
         return f"stopped by {by} before a checkpoint could be written; resume from the last checkpoint"
     return (f"stopped by {by} at step {exception.step}; saved {path}. Resume with the same command "
-            f"plus --ckpt_path {path}")
+            f"with --ckpt_path {path} (in place of its own, if any)")
 
 
 def checkpoint_folder(trainer: L.Trainer) -> str:
