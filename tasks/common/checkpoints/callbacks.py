@@ -142,7 +142,11 @@ def _epoch_open(trainer: L.Trainer) -> bool:
     if trainer.state.fn != "fit" or trainer.sanity_checking:
         return False
     progress = trainer.fit_loop.epoch_progress.current
-    return progress.started > progress.processed
+    if progress.started > progress.processed:
+        return True
+    # the epoch-end hooks of an epoch that max_steps (or a stop request) cut short: its sums are
+    # not reset yet, and a run resumed from LastCheckpoint's save there goes on inside it
+    return progress.processed > progress.completed and not _epoch_complete(trainer)
 
 
 def _by_rank(trainer: L.Trainer, tensor: torch.Tensor) -> torch.Tensor:
@@ -293,6 +297,7 @@ class LastCheckpoint(L.Callback):
         self.saved_path: Optional[str] = None
         self.stopped_by: Optional[signal.Signals] = None  # the signal taken over that stopped the run
         self._stopped_in: Optional[str] = None  # saving for a stop "validation", "after validation"
+        self._cut_epoch = False  # saving at the end of an epoch that max_steps (or a stop request) cut short
         self._validated_at: Optional[int] = None  # the step of the training loop's last validation
         self._lightning_stop = None  # Lightning's SIGTERM handler
         self._handler = None  # ours, for every stop signal
@@ -425,6 +430,8 @@ class LastCheckpoint(L.Callback):
             self._stop_together(trainer)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        if self._cut_epoch:
+            reopen_epoch(checkpoint)
         if self._stopped_in is not None:
             resume_point(checkpoint, self._stopped_in)
 
@@ -441,7 +448,20 @@ class LastCheckpoint(L.Callback):
             self.save(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.save(trainer)
+        if _epoch_complete(trainer):
+            self.save(trainer)
+            return
+        # max_steps (or a stop request) ended training inside the epoch. Lightning has already
+        # counted the epoch processed, so its checkpoint would resume at the next epoch's first batch
+        # and the rest of this one would never be seen: save what a stop signal after this step saves
+        # (on_exception), the epoch still open, so a resume goes on at its next batch
+        self._cut_epoch = True
+        if self._validated_at == trainer.global_step:
+            self._stopped_in = "after validation"
+        try:
+            self.save(trainer)
+        finally:
+            self._cut_epoch, self._stopped_in = False, None
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not self.on_preemption or not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
@@ -462,6 +482,7 @@ class LastCheckpoint(L.Callback):
 
 # Lightning 2.6's keys in a checkpoint's loops.fit_loop
 _VAL_PROGRESS, _EPOCH_STATE = "epoch_loop.val_loop.batch_progress", "epoch_loop.state_dict"
+_EPOCH_PROGRESS = "epoch_progress"
 
 
 def resume_point(checkpoint: dict, stopped_in: str) -> None:
@@ -496,6 +517,23 @@ def resume_point(checkpoint: dict, stopped_in: str) -> None:
         progress["is_last_batch"] = False
     elif stopped_in == "after validation":
         state["_batches_that_stepped"] -= 1
+
+
+def reopen_epoch(checkpoint: dict) -> None:
+    """Make a checkpoint saved at the end of an epoch that max_steps (or a stop request) cut short
+    resume inside that epoch, at its next batch, as one saved when a stop signal ended the same step.
+
+    The epoch-end hooks run after Lightning counted the epoch processed (not yet completed); from
+    such counters Lightning resumes at the next epoch. The epoch is counted started and not
+    processed again, which is what the counters held after the step, before the epoch's end.
+    """
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get(_EPOCH_PROGRESS)
+    if not isinstance(progress, dict) or not {"total", "current"} <= progress.keys():
+        raise RuntimeError(f"this Lightning version's checkpoints hold no {_EPOCH_PROGRESS}: an epoch that max_steps "
+                           "cut short cannot be taken up where an uninterrupted run goes on")
+    for counts in (progress["total"], progress["current"]):
+        if counts["processed"] == counts["completed"] + 1:
+            counts["processed"] = counts["completed"]
 
 
 def _inside_window(trainer: L.Trainer) -> bool:

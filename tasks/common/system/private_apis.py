@@ -100,6 +100,10 @@ PRIVATE_APIS = (
     PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", "epoch_loop.val_loop.batch_progress", "checkpoint key",
                "common/checkpoints/callbacks.py: resume_point",
                "the validation progress in a checkpoint taken during a validation, set so a resume redoes it"),
+    PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", "epoch_progress", "checkpoint key",
+               "common/checkpoints/callbacks.py: reopen_epoch",
+               "the epoch counters in last.ckpt saved at the end of an epoch that max_steps cut short, set "
+               "back to the epoch still open so a resume goes on at its next batch"),
     PrivateApi("lightning.pytorch.Trainer", "_logger_connector", "attribute",
                "common/checkpoints/callbacks.py: _restore_epoch_sums",
                "the logger connector whose first-batch flag a mid-epoch resume sets (below)"),

@@ -107,7 +107,10 @@ def _csv_history(folder: Path) -> dict[tuple[str, int], float]:
                 for key in ("val/acc1", "train/loss_epoch", "train/acc1") if row.get(key)}
 
 
-def _assert_same_run(whole: Path, resumed: Path, steps: int = 12) -> None:
+def _assert_same_run(whole: Path, resumed: Path, steps: int = 12, cut_means_at: int | None = None) -> None:
+    """``cut_means_at``: the W&B step where the resumed run's first segment, which ended inside an
+    epoch without a signal (max_steps), logged that part epoch's means; they are its own, and no
+    uninterrupted run has them."""
     assert _comparable(_summary(resumed)) == _comparable(_summary(whole))
     assert sorted(os.listdir(_checkpoints(resumed))) == sorted(os.listdir(_checkpoints(whole)))
     a, b = (torch.load(_checkpoints(f) / "last.ckpt", weights_only=True) for f in (whole, resumed))
@@ -116,8 +119,13 @@ def _assert_same_run(whole: Path, resumed: Path, steps: int = 12) -> None:
         assert torch.equal(value, b["state_dict"][key]), key
     history = _epoch_history(whole)
     assert {key for key, _ in history} == {"val/acc1", "train/loss_epoch", "train/acc1"}
-    assert _epoch_history(resumed) == history
-    assert _csv_history(resumed) == _csv_history(whole)  # the segment before the resume kept in metrics.csv
+    histories = [_epoch_history(resumed), _csv_history(resumed)]
+    if cut_means_at is not None:
+        for h in histories:
+            for key in ("train/loss_epoch", "train/acc1"):
+                assert (key, cut_means_at) not in history and h.pop((key, cut_means_at), None) is not None, key
+    assert histories[0] == history
+    assert histories[1] == _csv_history(whole)  # the segment before the resume kept in metrics.csv
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +188,24 @@ def test_a_signal_inside_an_accumulation_window_stops_after_the_step_that_closes
     assert stopped["status"] == "interrupted" and stopped["steps"] == 3
     assert _fit(cut, "--config", config, "--ckpt_path", "last") == 0
     _assert_same_run(whole, cut, steps=8)
+
+
+@pytest.mark.parametrize("max_steps", [4, 3])
+def test_a_run_that_max_steps_ends_mid_epoch_resumes_where_an_uninterrupted_run_goes_on(max_steps, uninterrupted,
+                                                                                    tmp_path, run_config,
+                                                                                    suite_wandb_logger):
+    """``--trainer.max_steps 4`` stops the run after the 4th of the epoch's 6 batches (3: after the
+    3rd and its validation); resumed with the full length it trains the rest of the epoch (not a
+    new epoch) and is the uninterrupted run (the schedule counts epochs from the loader, not from
+    max_steps), but for the means of the batches the first segment logged when it ended. Resuming it with another
+    batch size is refused, as after a signal."""
+    config = _config(run_config, suite_wandb_logger, tmp_path)
+    assert _fit(tmp_path, "--config", config, "--trainer.max_steps", str(max_steps)) == 0
+    assert _summary(tmp_path)["steps"] == max_steps
+    # inside the epoch: another layout is refused, as after a signal (nothing written)
+    assert _fit(tmp_path, "--config", config, "--ckpt_path", "last", "--data.init_args.batch_size", "32") == 2
+    assert _fit(tmp_path, "--config", config, "--ckpt_path", "last") == 0
+    _assert_same_run(uninterrupted, tmp_path, cut_means_at=max_steps - 1)
 
 
 def test_resuming_mid_epoch_with_another_batch_size_or_starting_over_is_refused_in_one_line(tmp_path, run_config,
