@@ -93,7 +93,7 @@ def test_bad_trainer_setting_is_one_line(digits_config, error_line):
 
 def test_unknown_command_is_one_line(error_line):
     assert main(["fitt", "--config", RESCALE50]) == 2
-    assert error_line() == "unknown command 'fitt'; did you mean fit?"
+    assert error_line() == "unknown command 'fitt'; did you mean fit? (rescale --help lists every command)"
 
 
 # --- the one-line errors that existed before ------------------------------------------------------
