@@ -53,7 +53,8 @@ from .compat import mean_shift_state
 __all__ = ["MeanShiftBias", "ScalarBias", "Gain", "PointwiseNorm", "POINTWISE_NORMS", "POINTWISE_ALPHA_INIT",
            "channel_shape", "make_norm", "conv_nd", "pool_nd",
            "dropout_nd", "StridedAvgPool", "RELU_GAMMA", "RELU_GAMMA_EXACT", "ScaledStdConv1d", "ScaledStdConv2d",
-           "ScaledStdConv3d", "scaled_std_conv_nd"]
+           "ScaledStdConv3d", "scaled_std_conv_nd", "writes_into_buffers", "backward_writes_into_buffers",
+           "with_combined_form", "apply_function"]
 
 
 def channel_shape(num_channels: int, spatial_dims: int) -> tuple[int, ...]:
@@ -352,14 +353,63 @@ def pool_nd(kind: str, spatial_dims: int, *args, **kwargs) -> nn.Module:
     return table[kind][spatial_dims](*args, **kwargs)
 
 
+def writes_into_buffers() -> bool:
+    """Whether a custom autograd function (:class:`_BlockMean`, the plans' functions) may return a
+    result written by an ``out=`` op into a buffer it chose (a layout kept, a fresh tensor to add
+    into): in eager mode only, outside ``torch.func``'s transforms. Under ``torch.compile``, which
+    lays out and fuses its buffers itself, the ops are out of place: dynamo in torch 2.11 (not
+    2.14) silently gives such a function a zero gradient, and the compiled lean plan trained
+    nothing below the classifier. Under ``torch.func.grad``, ``vmap`` or ``jacrev`` the tensors
+    are the transforms' wrappers, which a plain buffer would neither batch nor track."""
+    return not (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active())
+
+
+def backward_writes_into_buffers(g: torch.Tensor) -> bool:
+    """:func:`writes_into_buffers` for a backward given the gradient ``g``, which may also use
+    ``out=`` ops only with grad mode off (with it on, under ``create_graph=True`` or
+    ``torch.func.grad``, the backward is itself differentiated, and autograd records no ``out=``
+    op) and on a plain ``g`` (not batched by autograd's own vmap: ``torch.autograd.grad(...,
+    is_grads_batched=True)``, ``torch.autograd.functional.jacobian(..., vectorize=True)``)."""
+    return (not torch.is_grad_enabled() and writes_into_buffers()
+            and not torch._C._functorch.is_legacy_batchedtensor(g))
+
+
+def with_combined_form(fn: type[torch.autograd.Function]) -> type[torch.autograd.Function]:
+    """Class decorator of a custom autograd function written in ``setup_context`` form (the form
+    ``torch.func``'s transforms take): adds ``fn.combined``, the same function in the combined
+    form (``forward`` taking the context), which :func:`apply_function` applies outside the
+    transforms. Autograd binds a ``setup_context`` form's arguments to its ``forward``'s signature
+    at every call (``inspect``: ~15 us, 4x the rest of a call), which an eager GPU step, bound by
+    host time, would pay in every block."""
+    def forward(ctx, *args):
+        output = fn.forward(*args)
+        fn.setup_context(ctx, args, output)
+        return output
+
+    fn.combined = type(f"{fn.__name__}Combined", (torch.autograd.Function,),
+                       {"forward": staticmethod(forward), "backward": staticmethod(fn.backward),
+                        "jvp": staticmethod(fn.jvp), "__doc__": fn.__doc__})
+    return fn
+
+
+def apply_function(fn: type[torch.autograd.Function], *args):
+    """``fn.apply(*args)`` for a function decorated :func:`with_combined_form`: its combined form
+    where :func:`writes_into_buffers` (eager, outside ``torch.func``'s transforms), ``fn`` itself
+    under the transforms and ``torch.compile`` (dynamo traces it once, and not ``fn.combined``)."""
+    return (fn.combined if writes_into_buffers() else fn).apply(*args)
+
+
+@with_combined_form
 class _BlockMean(torch.autograd.Function):
     """Mean over non-overlapping blocks (``strides[d]`` along spatial dim d, which it divides) of a
     contiguous (N, C, ...) tensor, as a sum of strided slices: the same as ``avg_pool`` with
-    kernel = stride, ~3x faster on CPU for contiguous (not channels_last) inputs."""
+    kernel = stride, ~3x faster on CPU for contiguous (not channels_last) inputs. Its backward
+    spreads ``g / prod(strides)`` over each block, differentiably where grad mode is on."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
-        ctx.strides, ctx.in_shape = strides, x.shape
+    def forward(x: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
         parts = [x[(slice(None), slice(None)) + tuple(slice(o, None, s) for o, s in zip(offset, strides))]
                  for offset in itertools.product(*[range(s) for s in strides])]
         out = parts[0] + parts[1] if len(parts) > 1 else parts[0].clone()
@@ -368,14 +418,25 @@ class _BlockMean(torch.autograd.Function):
         return out.mul_(1.0 / len(parts))
 
     @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, strides = inputs
+        ctx.strides, ctx.in_shape = strides, x.shape
+
+    @staticmethod
     def backward(ctx, g: torch.Tensor):
         strides, shape = ctx.strides, ctx.in_shape
         blocks = tuple(d for n, s in zip(shape[2:], strides) for d in (n // s, s))
-        gx = torch.empty(shape, dtype=g.dtype, device=g.device)
         ones = tuple(d for n, s in zip(shape[2:], strides) for d in (n // s, 1))
-        torch.mul(g.reshape(shape[:2] + ones).expand(shape[:2] + blocks), 1.0 / math.prod(strides),
-                  out=gx.view(shape[:2] + blocks))
+        spread = g.reshape(shape[:2] + ones).expand(shape[:2] + blocks)
+        if not backward_writes_into_buffers(g):
+            return (spread * (1.0 / math.prod(strides))).reshape(shape), None
+        gx = torch.empty(shape, dtype=g.dtype, device=g.device)
+        torch.mul(spread, 1.0 / math.prod(strides), out=gx.view(shape[:2] + blocks))
         return gx, None
+
+    @staticmethod
+    def jvp(ctx, x_t: torch.Tensor, _) -> torch.Tensor:
+        return _BlockMean.forward(x_t, ctx.strides)
 
 
 class StridedAvgPool(nn.Module):
@@ -401,7 +462,7 @@ class StridedAvgPool(nn.Module):
         if (x.device.type == "cpu" and x.is_contiguous() and x.dim() == self.spatial_dims + 2
                 and all(n % k == 0 for n, k in zip(x.shape[2:], kernel))
                 and not torch.compiler.is_compiling()):
-            return _BlockMean.apply(x, kernel)
+            return apply_function(_BlockMean, x, kernel)
         return self._pool(x, kernel, self._strides, ceil_mode=True, count_include_pad=False)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
-from ..layers import MeanShiftBias, ScalarBias
+from ..layers import (MeanShiftBias, ScalarBias, apply_function, backward_writes_into_buffers, with_combined_form,
+                      writes_into_buffers)
 
 if TYPE_CHECKING:
     from ..blocks import ResidualMerge
@@ -188,31 +188,39 @@ def _relu_grad_above(g: torch.Tensor, y: torch.Tensor, e: torch.Tensor) -> torch
     return torch.ops.aten.threshold_backward.grad_input(g, diff, 0, grad_input=diff)
 
 
+@with_combined_form
 class _ShiftedReLU(torch.autograd.Function):
     """``y = max(z, e)``, with ``z = u + e`` (``e`` entered ``z`` through the previous conv's
     bias, detached): ``y = relu(u) + e``. In place on ``z`` in eager mode; out of place under
     ``torch.compile``, where saving the output keeps inductor from saving a bool mask of
     ``z > e`` per ReLU (an extra buffer, and on CPU a store several times slower than the
-    ReLU). Backward as the reference ``relu(u) + e``: ``du = g * (y > e)`` (ReLU's tie rule:
-    no gradient at 0) and ``de = sum(g)``."""
+    ReLU), and under ``torch.func``'s transforms (:func:`writes_into_buffers`). Backward as the
+    reference ``relu(u) + e``: ``du = g * (y > e)`` (ReLU's tie rule: no gradient at 0) and
+    ``de = sum(g)``, differentiable where grad mode is on (``create_graph=True``)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, z: torch.Tensor, e: torch.Tensor, inplace: bool) -> torch.Tensor:
+    def forward(z: torch.Tensor, e: torch.Tensor, inplace: bool) -> torch.Tensor:
+        return torch.maximum(z, e, out=z) if inplace else torch.maximum(z, e)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        z, e, inplace = inputs
         if inplace:
-            y = torch.maximum(z, e, out=z)
             ctx.mark_dirty(z)
-        else:
-            y = torch.maximum(z, e)
-        ctx.save_for_backward(y, e)
+        ctx.save_for_backward(output, e)
         ctx.inplace = inplace
-        return y
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         y, e = ctx.saved_tensors
         gz = None
         if ctx.needs_input_grad[0]:  # functional under compile: inductor fuses it into one kernel
-            gz = _relu_grad_above(g, y, e) if ctx.inplace else torch.ops.aten.threshold_backward(g, y - e, 0)
+            if ctx.inplace and backward_writes_into_buffers(g):
+                gz = _relu_grad_above(g, y, e)
+            else:
+                gz = torch.ops.aten.threshold_backward(g, y - e, 0)
         ge = g.sum_to_size(e.shape) if ctx.needs_input_grad[1] else None
         return gz, ge, None
 
@@ -222,9 +230,10 @@ def shifted_relu(z: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     e)``. Works in place on ``z`` (a conv output nothing else needs) in eager mode."""
     if e.dtype != z.dtype:
         e = e.to(z.dtype)
+    inplace = writes_into_buffers()
     if not (torch.is_grad_enabled() and (z.requires_grad or e.requires_grad)):
-        return torch.maximum(z, e) if torch.compiler.is_compiling() else torch.maximum(z, e, out=z)
-    return _ShiftedReLU.apply(z, e, not torch.compiler.is_compiling())
+        return torch.maximum(z, e, out=z) if inplace else torch.maximum(z, e)
+    return apply_function(_ShiftedReLU, z, e, inplace)
 
 
 # --------------------------------------------------------------- a linear layer with a multiplier
@@ -239,15 +248,6 @@ def _per_feature(scale, dims: int = 1):
 def _scale_on_weight(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Scale the weight when it is not larger than the output, else the output (in place)."""
     return weight.numel() <= x.numel() // x.shape[-1] * weight.shape[0]
-
-
-def writes_into_buffers() -> bool:
-    """Whether the forward of a plan's autograd function may return a result written by an ``out=``
-    op into a buffer it chose (a layout kept, a fresh tensor to add into): in eager mode only.
-    Under ``torch.compile``, which lays out and fuses its buffers itself, the ops are out of place:
-    dynamo in torch 2.11 (not 2.14) silently gives such a function a zero gradient, and the
-    compiled lean plan trained nothing below the classifier."""
-    return not torch.compiler.is_compiling()
 
 
 def _scaled_linear_forward(x, weight, bias, scale):
@@ -271,6 +271,7 @@ def _scaled_linear_forward(x, weight, bias, scale):
     return y if on_weight else y.mul_(_per_feature(scale))
 
 
+@with_combined_form
 class _ScaledLinear(torch.autograd.Function):
     """``y = s * (x W^T + b)``, ``s`` a float, a scalar tensor or one per output feature (the
     Transformer sublayer's ``gain * branch_scale``), saving only ``x``, ``W``, ``b`` and ``s``.
@@ -282,17 +283,22 @@ class _ScaledLinear(torch.autograd.Function):
     may have a lower precision than the parameters (autocast): the products run in ``x``'s
     dtype, the parameter gradients are formed in the parameters' dtype."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, x, weight, bias, scale):
+    def forward(x, weight, bias, scale):
+        return _scaled_linear_forward(x, weight, bias, scale)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, weight, bias, scale = inputs
         if isinstance(scale, torch.Tensor):
             ctx.save_for_backward(x, weight, bias, scale)
         else:
             ctx.save_for_backward(x, weight, bias)
             ctx.float_scale = scale
-        return _scaled_linear_forward(x, weight, bias, scale)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, g):
         x, weight, bias, *rest = ctx.saved_tensors
         scale = rest[0] if rest else ctx.float_scale
@@ -345,4 +351,4 @@ def scaled_linear(layer: nn.Linear, x: torch.Tensor, scale=None) -> torch.Tensor
 def _apply_scaled_linear(x, weight, bias, scale):
     if not torch.is_grad_enabled():
         return _scaled_linear_forward(x, weight, bias, scale)
-    return _ScaledLinear.apply(x, weight, bias, scale)
+    return apply_function(_ScaledLinear, x, weight, bias, scale)

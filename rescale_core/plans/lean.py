@@ -22,13 +22,14 @@ import torch
 from torch import nn
 
 from ..blocks import ResidualBlock, ResidualSublayer
-from ..layers import Gain, MeanShiftBias, ScalarBias, StridedAvgPool
+from ..layers import (Gain, MeanShiftBias, ScalarBias, StridedAvgPool, apply_function, with_combined_form,
+                      writes_into_buffers)
 from ..models.resnet import ResNet
 from ..models.vgg import VGG
 from .cache import LEAN_SLOT, kept
 from .conditions import has_hooks_below, has_hooks_in, is_updating, measuring_step
 from .dispatch import register
-from .folds import scaled, writes_into_buffers
+from .folds import scaled
 from .shared import activation_dtype, add_scaled_skip, add_skip, carried_scales, network_part, offset_stem, run_stages
 
 __all__ = ["LeanTerms", "is_term_module", "gain_merge", "block_entries", "block_terms",
@@ -125,17 +126,24 @@ def is_term_module(mod: nn.Module) -> bool:
 
 
 # --------------------------------------------------------------- the merge, one addcmul
+@with_combined_form
 class _GainMerge(torch.autograd.Function):
     """``alpha * skip + s * f`` (``s`` a gain times constants, one value or one per channel;
     ``alpha`` a float): one ``addcmul`` forward (and a multiplication where ``alpha != 1``);
     backward ``df = s g`` (in ``f``'s dtype), ``ds = sum(g f)`` (a dot product for one value)
     and ``dskip = alpha g``: three ops where autograd's addcmul formula launches five."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, skip, f, s, alpha):
+    def forward(skip, f, s, alpha):
+        return _addcmul(skip, f, s, alpha)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        _, f, s, alpha = inputs
         ctx.save_for_backward(f, s)
         ctx.alpha = alpha
-        return _addcmul(skip, f, s, alpha)
 
     @staticmethod
     def backward(ctx, g):
@@ -177,7 +185,8 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _addcmul(skip: torch.Tensor, f: torch.Tensor, s: torch.Tensor, alpha: float) -> torch.Tensor:
     """``alpha * skip + s * f`` laid out as the branch ``f`` (channels_last stays channels_last
     where a shortcut's pooling returned another layout), in the promoted dtype of ``skip`` and
-    ``f``; out of place under ``torch.compile`` (:func:`~.folds.writes_into_buffers`)."""
+    ``f``; out of place under ``torch.compile`` and ``torch.func``
+    (:func:`~rescale_core.layers.writes_into_buffers`)."""
     dtype = torch.promote_types(skip.dtype, f.dtype)
     skip = skip if alpha == 1.0 else skip * alpha
     if writes_into_buffers():
@@ -189,7 +198,7 @@ def _addcmul(skip: torch.Tensor, f: torch.Tensor, s: torch.Tensor, alpha: float)
 def gain_merge(skip: torch.Tensor, f: torch.Tensor, s: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     """``alpha * skip + s * f`` with the fewest ops in forward and backward (:class:`_GainMerge`)."""
     if torch.is_grad_enabled() and (f.requires_grad or s.requires_grad or skip.requires_grad):
-        return _GainMerge.apply(skip, f, s, float(alpha))
+        return apply_function(_GainMerge, skip, f, s, float(alpha))
     return _addcmul(skip, f, s, alpha)
 
 

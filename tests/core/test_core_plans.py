@@ -12,10 +12,14 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import rescale_core
 from rescale_core import plans
+from rescale_core.layers import StridedAvgPool
 from rescale_core.models.resnet import ResNet, ResNetConfig
+from rescale_core.plans.folds import scaled_linear, shifted_relu
+from rescale_core.plans.lean import gain_merge
 from rescale_core.testing import randomise_
 
 F64 = dict(rtol=1e-9, atol=1e-11)
@@ -219,7 +223,7 @@ def test_a_compiled_step_has_the_eager_gradients(name, scheme, plan):
     """The families the test above leaves out: after the measuring step, one training step compiled
     (AOT autograd) has the eager step's loss and every gradient (dropout off: its random draws
     differ when compiled). Torch 2.11's dynamo gave the parameters below the classifier a zero
-    gradient here (``rescale_core.plans.folds.writes_into_buffers``)."""
+    gradient here (``rescale_core.layers.writes_into_buffers``)."""
     torch._dynamo.reset()
     model, inputs, loss = _case(name, scheme)
     for m in model.modules():
@@ -246,36 +250,131 @@ def test_a_compiled_step_has_the_eager_gradients(name, scheme, plan):
     torch._dynamo.reset()
 
 
+class _WritingOps(TorchDispatchMode):
+    """The ops that write into a tensor they are given (``out=``, ``grad_input=``, in place) while
+    it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.writing = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments):
+            self.writing.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
 def test_the_fast_plans_autograd_functions_return_fresh_results_when_compiling(monkeypatch):
     """Under ``torch.compile`` the forwards of the lean merge and the scaled linear layer call
-    out-of-place ops only, no ``out=`` or in-place one (``folds.writes_into_buffers``): the
+    out-of-place ops only, no ``out=`` or in-place one (``layers.writes_into_buffers``): the
     torch where dynamo loses such a gradient (2.11) is not the one this suite pins."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from rescale_core.plans.folds import scaled_linear
-    from rescale_core.plans.lean import gain_merge
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.writing = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if func._overloadname == "out" or "out" in kwargs or func._schema.name.endswith("_"):
-                self.writing.append(str(func))
-            return func(*args, **kwargs)
-
     skip, f = (torch.randn(2, 4, 3, 3, requires_grad=True) for _ in range(2))
     s = torch.randn(1, 4, 1, 1, requires_grad=True)
     layer, x = torch.nn.Linear(6, 5), torch.randn(3, 6, requires_grad=True)
     for compiling in (False, True):
         monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
-        with Ops() as ops:
+        with _WritingOps() as ops:
             gain_merge(skip, f, s)
             scaled_linear(layer, x, torch.rand(5) + 0.5)
             scaled_linear(layer, torch.randn(40, 6, requires_grad=True), 0.5)  # the scale on the output
         assert bool(ops.writing) != compiling, (compiling, ops.writing)  # eager does write into buffers
+
+
+def _tiny_cifar(scheme: str, plan: str):
+    """A CIFAR ResNet of depth 8 and width 4 (each custom autograd function of ``plan`` at 8x8
+    inputs: the shortcut's strided mean, the shifted ReLU, the lean merge), parameters randomised."""
+    torch.manual_seed(0)
+    model = rescale_core.create_model("cifar_resnet", depth=8, base_width=4, num_classes=5, scheme=scheme,
+                                      plan=plan).double()
+    randomise_(model)
+    rescale_core.finish_measuring(model)
+    return model
+
+
+# --------------------------------------------------------------- torch.func and double backward
+FUNC_CASES = [(scheme, plan) for scheme in ("rescale", "fixup", "skipinit") for plan in ("reference", "folded", "lean")]
+
+
+@pytest.mark.parametrize("scheme, plan", FUNC_CASES, ids=["-".join(c) for c in FUNC_CASES])
+def test_torch_func_gives_the_reference_gradients_on_every_plan(scheme, plan):
+    """``torch.func``: per-sample gradients (``vmap`` of ``grad`` over ``functional_call``) and the
+    input Jacobian (``jacrev``; autograd's own vectorized one, whose backward runs batched) equal
+    autograd's on the reference path, sample by sample."""
+    model, ref = _tiny_cifar(scheme, plan), _tiny_cifar(scheme, "reference")
+    x = torch.randn(3, 3, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def loss(params, xi):
+        return torch.func.functional_call(model, params, (xi[None],)).square().sum()
+
+    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(dict(model.named_parameters()), x)
+    for i in range(len(x)):
+        ref.zero_grad()
+        ref(x[i:i + 1]).square().sum().backward()
+        for n, p in ref.named_parameters():
+            torch.testing.assert_close(per_sample[n][i], p.grad, **F64, msg=f"{n} sample {i}")
+    jacobian = torch.func.jacrev(model)(x[:2])
+    torch.testing.assert_close(jacobian, torch.autograd.functional.jacobian(ref, x[:2]), **F64)
+    torch.testing.assert_close(torch.autograd.functional.jacobian(model, x[:2], vectorize=True), jacobian, **F64)
+    if plan == "reference":  # forward mode: the reference path's functions have a jvp
+        torch.testing.assert_close(torch.func.jacfwd(model)(x[:2]), jacobian, **F64)
+
+
+@pytest.mark.parametrize("scheme, plan", FUNC_CASES, ids=["-".join(c) for c in FUNC_CASES])
+def test_double_backward_equals_the_reference(scheme, plan):
+    """``create_graph=True``: the gradient of the input gradient's norm, with respect to the input
+    and every parameter, equals the reference path's (which equals finite differences:
+    ``test_the_plans_autograd_functions_have_exact_second_derivatives``)."""
+    model, ref = _tiny_cifar(scheme, plan), _tiny_cifar(scheme, "reference")
+    x0 = torch.randn(2, 3, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def second(net):
+        x = x0.clone().requires_grad_()
+        gx, = torch.autograd.grad(net(x).square().sum(), x, create_graph=True)
+        return torch.autograd.grad(gx.square().sum(), [x, *net.parameters()])
+
+    for n, a, b in zip(["input"] + [n for n, _ in model.named_parameters()], second(model), second(ref)):
+        torch.testing.assert_close(a, b, **F64, msg=n)
+
+
+def _functions_under_test():
+    """Each custom autograd function of the plans as ``(name, fn, inputs)``, float64."""
+    g = torch.Generator().manual_seed(0)
+
+    def t(*shape):
+        return torch.randn(*shape, dtype=torch.float64, generator=g).requires_grad_()
+
+    pool, linear = StridedAvgPool(2, 2), torch.nn.Linear(6, 5).double()
+    return [("strided mean", lambda x: pool(x), (t(2, 3, 4, 6),)),
+            ("shifted relu", lambda u, e: shifted_relu(u + e.detach(), e), (t(2, 3, 4, 4), t(1, 3, 1, 1))),
+            ("gain merge", gain_merge, (t(2, 3, 4, 4), t(2, 3, 4, 4), t(1, 3, 1, 1))),
+            ("scaled linear", lambda x, s: scaled_linear(linear, x, s), (t(4, 6), t(5)))]
+
+
+@pytest.mark.parametrize("case", range(4), ids=["strided-mean", "shifted-relu", "gain-merge", "scaled-linear"])
+def test_the_plans_autograd_functions_have_exact_second_derivatives(case):
+    """Each custom autograd function passes ``gradcheck`` and ``gradgradcheck`` (float64), gives
+    autograd's gradients per sample under ``torch.func.vmap(torch.func.grad(...))``, and, eager,
+    runs in its combined form (no signature bound per call) with a plain backward (no
+    ``create_graph``) that still writes into buffers where its forward does."""
+    name, fn, inputs = _functions_under_test()[case]
+    assert torch.autograd.gradcheck(fn, inputs), name
+    assert torch.autograd.gradgradcheck(fn, inputs), name
+
+    def loss(*args):
+        return fn(*args).square().sum()
+
+    samples = [[a.detach() * k for a in inputs] for k in (1.0, -0.5)]
+    per_sample = torch.func.vmap(torch.func.grad(loss, argnums=tuple(range(len(inputs)))))(
+        *[torch.stack(column) for column in zip(*samples)])
+    for i, sample in enumerate(samples):
+        sample = [a.requires_grad_() for a in sample]
+        for got, want in zip(per_sample, torch.autograd.grad(loss(*sample), sample)):
+            torch.testing.assert_close(got[i], want, **F64, msg=f"{name} sample {i}")
+    out = fn(*inputs)
+    assert type(out.grad_fn).__name__.endswith("CombinedBackward"), (name, out.grad_fn)
+    with _WritingOps() as ops:
+        torch.autograd.grad(out, inputs, torch.ones_like(out))
+    assert bool(ops.writing) == (name in ("strided mean", "shifted relu")), (name, ops.writing)
 
 
 # --------------------------------------------------------------- on a GPU (make bench-gpu)

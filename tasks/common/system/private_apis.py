@@ -154,4 +154,12 @@ PRIVATE_APIS = (
                "every clipped gradient written back from the one buffer AGC gathers them in, in one call"),
     PrivateApi("torch.nn.modules.conv", "_ConvNd", "name", "common/training/acceleration.py",
                "the base class of every convolution (1d, 2d, 3d, transposed)"),
+    *(PrivateApi(owner, name, "name", f"rescale_core/layers.py: {user} (the plans' custom autograd functions)", why)
+      for owner, name, user, why in (
+          ("torch._C", "_are_functorch_transforms_active", "writes_into_buffers",
+           "whether a torch.func transform (grad, vmap, jacrev) is tracing the call, where a buffer written by an "
+           "out= op would not be batched or tracked: the check torch.autograd.Function.apply makes"),
+          ("torch._C._functorch", "is_legacy_batchedtensor", "backward_writes_into_buffers",
+           "whether a backward's gradient is batched by autograd's own vmap (is_grads_batched=True, "
+           "jacobian(vectorize=True)), on which an out= op fails and which sets no flag a public call reads"))),
 )
