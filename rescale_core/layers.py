@@ -54,7 +54,13 @@ __all__ = ["MeanShiftBias", "ScalarBias", "Gain", "PointwiseNorm", "POINTWISE_NO
            "channel_shape", "make_norm", "conv_nd", "pool_nd",
            "dropout_nd", "StridedAvgPool", "RELU_GAMMA", "RELU_GAMMA_EXACT", "ScaledStdConv1d", "ScaledStdConv2d",
            "ScaledStdConv3d", "scaled_std_conv_nd", "writes_into_buffers", "backward_writes_into_buffers",
-           "with_combined_form", "apply_function"]
+           "with_combined_form", "apply_function", "MEASURING_RUNS_EAGERLY"]
+
+#: What ``torch.compile(..., fullgraph=True)`` says when it meets a RescaleNet's measuring step
+#: (the reason of the ``torch.compiler.disable`` hiding the measuring from dynamo).
+MEASURING_RUNS_EAGERLY = ("RescaleNet's mean-shift measuring steps (its first measure_batches training steps) run "
+                          "eagerly, a graph break: compile with fullgraph=True once they are over (after those "
+                          "steps, or rescale_core.finish_measuring), or without fullgraph")
 
 
 def channel_shape(num_channels: int, spatial_dims: int) -> tuple[int, ...]:
@@ -135,7 +141,7 @@ class MeanShiftBias(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.offset(x).to(x.dtype)
 
-    @torch.compiler.disable
+    @torch.compiler.disable(reason=MEASURING_RUNS_EAGERLY)
     @torch.no_grad()
     def _update(self, x: torch.Tensor) -> None:
         if self.measure_mask is None:

@@ -28,7 +28,7 @@ from torch import nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torch.nn.modules import module as _module_mod
 
-from ..layers import MeanShiftBias
+from ..layers import MEASURING_RUNS_EAGERLY, MeanShiftBias
 from ..schemes import Scheme
 from .cache import MEAN_SHIFT_SLOT, kept
 
@@ -183,7 +183,7 @@ def measuring_step(model: nn.Module) -> bool:
     return any(m.measuring for m in layers)
 
 
-@torch.compiler.disable
+@torch.compiler.disable(reason=MEASURING_RUNS_EAGERLY)
 def _eagerly(fn, *args):
     return fn(*args)
 
@@ -191,5 +191,6 @@ def _eagerly(fn, *args):
 def eager_while_measuring(model: nn.Module, fn, *args):
     """``fn(*args)``, run eagerly under ``torch.compile`` while ``model`` measures mean-shift
     statistics (the first few steps: compiled code never sees the per-step counters, and the
-    graph is built once measuring is over)."""
+    graph is built once measuring is over). A graph break: under ``fullgraph=True`` dynamo raises
+    ``Unsupported`` with :data:`~rescale_core.layers.MEASURING_RUNS_EAGERLY` as its reason."""
     return _eagerly(fn, *args) if measuring_step(model) else fn(*args)

@@ -280,15 +280,34 @@ def test_the_fast_plans_autograd_functions_return_fresh_results_when_compiling(m
         assert bool(ops.writing) != compiling, (compiling, ops.writing)  # eager does write into buffers
 
 
-def _tiny_cifar(scheme: str, plan: str):
+def _tiny_cifar(scheme: str, plan: str, dtype=torch.float64, measured: bool = True):
     """A CIFAR ResNet of depth 8 and width 4 (each custom autograd function of ``plan`` at 8x8
     inputs: the shortcut's strided mean, the shifted ReLU, the lean merge), parameters randomised."""
     torch.manual_seed(0)
     model = rescale_core.create_model("cifar_resnet", depth=8, base_width=4, num_classes=5, scheme=scheme,
-                                      plan=plan).double()
+                                      plan=plan).to(dtype)
     randomise_(model)
-    rescale_core.finish_measuring(model)
+    if measured:
+        rescale_core.finish_measuring(model)
     return model
+
+
+@pytest.mark.compile_check
+def test_fullgraph_from_the_first_step_names_the_measuring_steps():
+    """A RescaleNet's measuring steps run eagerly (a graph break): ``fullgraph=True`` from step 0
+    is refused at the first step with dynamo's error giving that reason; once measuring is over the
+    same compiled module is one graph."""
+    torch._dynamo.reset()
+    model = _tiny_cifar("rescale", "folded", dtype=torch.float32, measured=False)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    x = torch.randn(4, 3, 8, 8)
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="(?s)reason: RescaleNet's mean-shift measuring steps.*"
+                                                            "fullgraph=True once they are over"):
+        compiled(x)
+    assert all(m.measuring and m.count == 0 for m in rescale_core.mean_shift_layers(model))
+    rescale_core.finish_measuring(model)
+    compiled(x).sum().backward()
+    torch._dynamo.reset()
 
 
 # --------------------------------------------------------------- torch.func and double backward
