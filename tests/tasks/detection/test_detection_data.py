@@ -468,22 +468,21 @@ def test_ids_that_are_not_integers_are_refused_in_one_line(tmp_path, coco_canvas
                     "not an integer")
 
 
-def test_a_size_or_area_that_is_not_a_number_is_refused_in_one_line(tmp_path, coco_canvases):
+@pytest.mark.parametrize("field", ["width", "area"])
+def test_a_size_or_area_that_is_not_a_number_is_refused_in_one_line(field, tmp_path, coco_canvases):
     root, _ = coco_canvases
     good = json.loads((root / "annotations" / "instances_val2017.json").read_text())
     image, ann = good["images"][0], good["annotations"][0]
-    text_size = dict(good, images=[dict(i, width="64") if i is image else i for i in good["images"]])
-    path = _write_json(tmp_path / "size.json", text_size)
+    if field == "width":
+        edited = dict(good, images=[dict(i, width="64") if i is image else i for i in good["images"]])
+        expected = f"image id {image['id']} has size '64'x{image['height']}, expected positive integers"
+    else:
+        edited = dict(good, annotations=[dict(a, area="big") if a is ann else a for a in good["annotations"]])
+        expected = f"annotation id {ann['id']} of image id {ann['image_id']} has area 'big', expected a finite number"
+    path = _write_json(tmp_path / f"{field}.json", edited)
     with pytest.raises(DataError) as excinfo:
         CocoDetection(path, root / "val2017")
-    _one_line_error(excinfo, str(path), f"image id {image['id']} has size '64'x{image['height']}, expected positive "
-                    "integers")
-    text_area = dict(good, annotations=[dict(a, area="big") if a is ann else a for a in good["annotations"]])
-    path = _write_json(tmp_path / "area.json", text_area)
-    with pytest.raises(DataError) as excinfo:
-        CocoDetection(path, root / "val2017")
-    _one_line_error(excinfo, str(path), f"annotation id {ann['id']} of image id {ann['image_id']} has area 'big', "
-                    "expected a finite number")
+    _one_line_error(excinfo, str(path), expected)
 
 
 def test_missing_image_files_raise_or_are_skipped_and_counted(coco_canvases_copy):
