@@ -73,8 +73,10 @@ class SuiteWandbLogger(WandbLogger):
                          "give --trainer.logger.init_args.save_dir a folder you can write")
         os.makedirs(save_dir, exist_ok=True)
         mode = wandb_mode()
-        if id is None and kwargs.get("version") is None and rank_zero_only.rank == 0:
-            id = _new_run_id()
+        if id is None and kwargs.get("version") is None:
+            # a W&B sweep agent names the run it starts (WANDB_RUN_ID, which wandb.init would take):
+            # the checkpoint folder and the run's lock follow the same id
+            id = os.environ.get("WANDB_RUN_ID") or (_new_run_id() if rank_zero_only.rank == 0 else None)
         if kwargs.get("settings") is None:
             kwargs["settings"] = _settings()
         super().__init__(name=name, save_dir=save_dir, project=project, group=group, tags=tags,

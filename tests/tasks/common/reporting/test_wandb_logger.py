@@ -61,3 +61,22 @@ def test_a_command_failing_its_checks_leaves_no_wandb_run(tmp_path, monkeypatch,
     message = error_line()
     assert "broken.ckpt" in message and "missing" in message, message
     assert len(_offline_runs(tmp_path / "runs")) == 1  # no second run
+
+
+def test_a_sweep_agents_run_id_is_the_runs_id_throughout(tmp_path, monkeypatch, run_config, suite_wandb_logger):
+    """``wandb agent`` names the run it starts in WANDB_RUN_ID: the W&B run, the run summary, the
+    checkpoint folder and the run's lock all take it (the checkpoints went to a folder of an id
+    of the suite's own, so two runs given one W&B id were not caught)."""
+    from rescale_tasks.cli import main
+    from rescale_tasks.common.run import find_summaries, read_summary
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_RUN_ID", "agentrun1")
+    config = run_config(tmp_path / "run.yaml", trainer={"logger": suite_wandb_logger("rescale-test", "sweep"),
+                                                        "max_steps": 1, "limit_val_batches": 0})
+    assert main(["fit", "--config", config]) == 0
+    assert [p.name for p in (tmp_path / "runs" / "rescale-test").iterdir()] == ["agentrun1"]
+    assert (tmp_path / "runs" / "rescale-test" / "agentrun1" / "checkpoints" / "last.ckpt").is_file()
+    assert read_summary(find_summaries(str(tmp_path / "runs"))[0])["run_id"] == "agentrun1"
