@@ -35,7 +35,8 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from ..checkpoints import LAST_NAME, checkpoint_exists, checkpoint_folder, is_remote, logger_folder, peek_checkpoint
+from ..checkpoints import (LAST_NAME, checkpoint_exists, checkpoint_folder, is_remote, logger_folder, peek_checkpoint,
+                           safe_load)
 from ..errors import UserError
 from ..system import LOCK_FILE, folder_lock, require_writable
 
@@ -82,6 +83,7 @@ def resume_point(trainer: L.Trainer, ckpt_path: Optional[str], id_given: bool) -
     a fixed id that has none yet, a :class:`UserError` for a new run id or ``best``; anything else
     unchanged."""
     _refuse_best("fit", ckpt_path)
+    _require_file(ckpt_path)
     if ckpt_path != "last":
         return ckpt_path
     folder = checkpoint_folder(trainer)
@@ -112,6 +114,7 @@ def evaluation_checkpoint(trainer: L.Trainer, command: str, ckpt_path: Optional[
     refused (Lightning's is the best checkpoint of a fit in the same process); anything else
     unchanged."""
     _refuse_best(command, ckpt_path)
+    _require_file(ckpt_path)
     if ckpt_path is None and rank_zero_only.rank == 0:
         log.warning(f"warning: rescale {command} without --ckpt_path evaluates the network as the config builds it "
                     "(untrained, unless the config loads weights); pass the checkpoint to evaluate with --ckpt_path")
@@ -140,6 +143,14 @@ def _refuse_best(command: str, ckpt_path: Optional[str]) -> None:
         raise UserError(f"--ckpt_path best is the best checkpoint of a fit in the same process, which rescale "
                         f"{command} has not run: pass the file (the one a ModelCheckpoint monitoring a metric wrote "
                         "in the run's checkpoints folder)")
+
+
+def _require_file(ckpt_path: Optional[str]) -> None:
+    """A local ``ckpt_path`` that is no file (missing, a folder) is one line here, before Lightning
+    says it restores from it (names such as ``last`` and remote URLs are resolved elsewhere)."""
+    if (ckpt_path and ckpt_path not in ("last", "best", "hpc") and not ckpt_path.startswith("registry")
+            and not is_remote(ckpt_path) and not os.path.isfile(ckpt_path)):
+        safe_load(ckpt_path)  # raises the CheckpointError saying what the path is
 
 
 def _earlier_run(folder: str, version: str) -> Optional[tuple[str, str]]:

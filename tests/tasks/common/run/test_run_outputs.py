@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import shlex
 import warnings
@@ -110,6 +111,15 @@ def test_an_evaluation_without_a_checkpoint_says_what_it_evaluates(finished, cap
     printed = capsys.readouterr()
     assert ("rescale validate without --ckpt_path evaluates the network as the config builds it (untrained, unless "
             "the config loads weights)") in printed.out + printed.err
+
+
+@pytest.mark.parametrize("command", ["fit", "test"])
+def test_a_checkpoint_path_that_is_no_file_is_refused_before_lightning_restores_from_it(finished, caplog, error_line,
+                                                                                        command):
+    with _in(finished["folder"]), caplog.at_level(logging.INFO):
+        assert main([command, "--config", finished["config"], "--ckpt_path", "nowhere.ckpt"]) == 2
+    assert not [r for r in caplog.records if "Restoring states" in r.getMessage()]
+    assert error_line().startswith("checkpoint not found: nowhere.ckpt (--ckpt_path)")
 
 
 def test_fit_from_best_is_refused_in_one_line(finished, error_line):
