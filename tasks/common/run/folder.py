@@ -77,6 +77,16 @@ def claim_run_folder(trainer: L.Trainer) -> Iterator[Optional[str]]:
         yield folder
 
 
+def _last_of(trainer: L.Trainer) -> str:
+    """This run's ``last.ckpt`` (whether or not it exists)."""
+    return os.path.join(checkpoint_folder(trainer), LAST_NAME)
+
+
+def _version(trainer: L.Trainer) -> Optional[str]:
+    """This run's id (its first logger's version); None without a logger."""
+    return str(trainer.loggers[0].version) if trainer.loggers else None
+
+
 def resume_point(trainer: L.Trainer, ckpt_path: Optional[str], id_given: bool) -> Optional[str]:
     """The ``ckpt_path`` to hand Lightning for ``fit --ckpt_path <ckpt_path>`` (see the module
     docstring): ``last`` with a ``last.ckpt`` to resume, None (with a line saying so) for a run of
@@ -86,10 +96,9 @@ def resume_point(trainer: L.Trainer, ckpt_path: Optional[str], id_given: bool) -
     _require_file(ckpt_path)
     if ckpt_path != "last":
         return ckpt_path
-    folder = checkpoint_folder(trainer)
-    if checkpoint_exists(os.path.join(folder, LAST_NAME)):
+    folder, version = checkpoint_folder(trainer), _version(trainer)
+    if checkpoint_exists(_last_of(trainer)):
         return ckpt_path
-    version = str(trainer.loggers[0].version) if trainer.loggers else None
     if id_given or not version:
         if rank_zero_only.rank == 0:
             log.info(f"--ckpt_path last: no {LAST_NAME} in {shown_path(folder)} yet; starting this run afresh "
@@ -120,11 +129,9 @@ def evaluation_checkpoint(trainer: L.Trainer, command: str, ckpt_path: Optional[
                     "(untrained, unless the config loads weights); pass the checkpoint to evaluate with --ckpt_path")
     if ckpt_path != "last":
         return ckpt_path
-    folder = checkpoint_folder(trainer)
-    path = os.path.join(folder, LAST_NAME)
+    folder, path, version = checkpoint_folder(trainer), _last_of(trainer), _version(trainer)
     if checkpoint_exists(path):
         return path
-    version = str(trainer.loggers[0].version) if trainer.loggers else None
     what = f"--ckpt_path last: no {LAST_NAME} in {shown_path(folder)}, so there is no network to {command}"
     if id_given or not version:
         raise UserError(f"{what}; pass a checkpoint file with --ckpt_path")
@@ -169,7 +176,7 @@ def refuse_starting_over(trainer: L.Trainer, ckpt_path: Optional[str]) -> None:
     """A :class:`UserError` for a ``fit`` without ``ckpt_path`` (after :func:`resume_point`) whose
     checkpoint folder holds a ``last.ckpt``: it would train from scratch over that run's checkpoint.
     Checked holding the run's lock, so that a run still training is named as such first."""
-    last = os.path.join(checkpoint_folder(trainer), LAST_NAME)
+    last = _last_of(trainer)
     if ckpt_path is not None or not checkpoint_exists(last):
         return
     try:
@@ -186,7 +193,7 @@ def _resumed_step(trainer: L.Trainer, ckpt_path: Optional[str]) -> Optional[int]
     """The step ``fit`` resumes at (None: a new run)."""
     if ckpt_path is None:
         return None
-    path = os.path.join(checkpoint_folder(trainer), LAST_NAME) if ckpt_path == "last" else ckpt_path
+    path = _last_of(trainer) if ckpt_path == "last" else ckpt_path
     return peek_checkpoint(path).global_step if checkpoint_exists(path) else None
 
 

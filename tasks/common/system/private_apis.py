@@ -93,17 +93,17 @@ PRIVATE_APIS = (
                "whether the batch ends an optimizer step: a stop signal waits for the step's last batch, and "
                "the loss curve takes one point per step",
                ("self",)),
-    PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", "epoch_loop.state_dict/_batches_that_stepped",
-               "checkpoint key", "common/checkpoints/callbacks.py: resume_point",
-               "the loggers' step in a checkpoint taken mid-step by a stop signal, set to where an "
-               "uninterrupted run goes on"),
-    PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", "epoch_loop.val_loop.batch_progress", "checkpoint key",
-               "common/checkpoints/callbacks.py: resume_point",
-               "the validation progress in a checkpoint taken during a validation, set so a resume redoes it"),
-    PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", "epoch_progress", "checkpoint key",
-               "common/checkpoints/callbacks.py: reopen_epoch",
-               "the epoch counters in last.ckpt saved at the end of an epoch that max_steps cut short, set "
-               "back to the epoch still open so a resume goes on at its next batch"),
+    # the fit loop's state in a checkpoint, which the suite sets to where an uninterrupted run goes on
+    *(PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", key, "checkpoint key",
+                 f"common/checkpoints/callbacks.py: {function}", why)
+      for key, function, why in (
+          ("epoch_loop.state_dict/_batches_that_stepped", "resume_point",
+           "the loggers' step in a checkpoint taken mid-step by a stop signal"),
+          ("epoch_loop.val_loop.batch_progress", "resume_point",
+           "the validation progress in a checkpoint taken during a validation, set so a resume redoes it"),
+          ("epoch_progress", "reopen_epoch",
+           "the epoch counters in last.ckpt saved at the end of an epoch that max_steps cut short, set back to "
+           "the epoch still open so a resume goes on at its next batch"))),
     PrivateApi("lightning.pytorch.Trainer", "_logger_connector", "attribute",
                "common/checkpoints/callbacks.py: _restore_epoch_sums",
                "the logger connector whose first-batch flag a mid-epoch resume sets (below)"),
