@@ -2,6 +2,7 @@
 one line then, not a traceback after an epoch (or a W&B run quietly moved to a temporary folder)."""
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 
@@ -25,4 +26,6 @@ def require_writable(path: str, what: str, fix: str) -> None:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as err:
-        raise UserError(f"cannot write {what} {path}: {err.strerror or err} in {existing}; {fix}") from None
+        why = ("it takes no new files (a virtual file system such as /proc)" if err.errno == errno.ENOENT
+               else f"{err.strerror or err} in {existing}")
+        raise UserError(f"cannot write {what} {path}: {why}; {fix}") from None
