@@ -20,12 +20,12 @@ import os
 from codecs import BOM_UTF8
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator, Literal
+from typing import BinaryIO, Iterable, Iterator, Literal, Optional
 
 from rescale_tasks.common.errors import ConfigError, DataError
 
 __all__ = ["SPLITS", "LAYOUTS", "SplitSource", "find_splits", "count_lines", "read_lines", "option_name",
-           "breaks_with_cr_only"]
+           "breaks_with_cr_only", "cr_only_advice"]
 
 SPLITS = ("train", "valid", "test")
 LAYOUTS = ("auto", "files", "tsv")
@@ -51,6 +51,15 @@ def breaks_with_cr_only(path: Path) -> bool:
                 return False
             found_cr = found_cr or b"\r" in block
     return found_cr
+
+
+def cr_only_advice(paths: Iterable[Path]) -> Optional[str]:
+    """How to mend the files of ``paths`` that break lines with ``\\r`` only; None when none does."""
+    names = [p.name for p in paths if breaks_with_cr_only(p)]
+    if not names:
+        return None
+    return (f"{' and '.join(names)} break{'s' if len(names) == 1 else ''} lines with \\r only (classic Mac OS line "
+            "endings): convert the \\r to \\n (e.g. tr '\\r' '\\n')")
 
 
 def _decode(raw: bytes, path: "Path | str", number: int) -> str:
@@ -97,10 +106,10 @@ class SplitSource:
         src, tgt = self.paths
         n_src, n_tgt = count_lines(src), count_lines(tgt)
         if n_src != n_tgt:
+            fix = cr_only_advice(self.paths) or "fix or remove the unmatched lines"
             raise DataError(
                 f"{src.name} has {n_src} lines but {tgt.name} has {n_tgt} (in {src.parent}): the two "
-                "sides must be line-aligned, one sentence pair per line number; fix or remove the "
-                "unmatched lines.")
+                f"sides must be line-aligned, one sentence pair per line number; {fix}.")
         return n_src
 
     def lines(self, side: int) -> Iterator[str]:

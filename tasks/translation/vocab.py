@@ -32,7 +32,7 @@ from rescale_tasks.common.reporting import CountProgress
 from rescale_tasks.common.system import usable_cores
 
 from .cache import DIGEST_CHARS, digest_of, file_digest, write_atomic
-from .corpus import SplitSource, breaks_with_cr_only, option_name
+from .corpus import SplitSource, cr_only_advice, option_name
 
 __all__ = ["BOS", "PAD", "EOS", "UNK", "SPECIAL_IDS", "MODEL_TYPES", "SpmOptions", "train_spm",
            "load_spm", "model_name", "training_text"]
@@ -148,9 +148,7 @@ def _training_error(err: RuntimeError, train: SplitSource, options: SpmOptions, 
         if not all_too_long:
             return DataError(f"no text to train SentencePiece on in {where} ({train.paths[0].parent}): "
                              "every line is empty; check the files.")
-        cr_only = [p.name for p in train.paths if breaks_with_cr_only(p)]
-        fix = (f"{' and '.join(cr_only)} break lines with \\r only (classic Mac OS line endings): convert the "
-               "\\r to \\n (e.g. tr '\\r' '\\n')" if cr_only else "put one sentence on each line")
+        fix = cr_only_advice(train.paths) or "put one sentence on each line"
         return DataError(f"no text to train SentencePiece on in {where} ({train.paths[0].parent}): every line is "
                          f"longer than SentencePiece's limit of {MAX_SENTENCE_BYTES} bytes, which it leaves out; "
                          f"{fix}.")

@@ -473,6 +473,12 @@ def test_lines_too_long_for_sentencepiece_are_named_and_so_are_cr_only_line_brea
         f"no text to train SentencePiece on in train.en and train.de ({root}): every line is longer than "
         "SentencePiece's limit of 4192 bytes, which it leaves out; train.en and train.de break lines with \\r only "
         "(classic Mac OS line endings): convert the \\r to \\n (e.g. tr '\\r' '\\n').")
+    one_side = writers.files(tmp_path / "cr_one_side", {"train": gettext_splits["train"][:300]})
+    (one_side / "train.de").write_bytes((one_side / "train.de").read_bytes().replace(b"\n", b"\r"))
+    with pytest.raises(DataError) as err:
+        make_dm(one_side, vocab_size=200).setup("fit")
+    assert one_line(err).endswith("one sentence pair per line number; train.de breaks lines with \\r only (classic "
+                                  "Mac OS line endings): convert the \\r to \\n (e.g. tr '\\r' '\\n').")
     paragraphs = [tuple(" ".join(side) for side in zip(*gettext_splits["train"][i:i + 1000])) for i in (0, 1000)]
     root = writers.files(tmp_path / "paragraphs", {"train": paragraphs})
     with pytest.raises(DataError) as err:
