@@ -83,7 +83,7 @@ class ResidualMerge(nn.Module):
 
     def branch_term(self, branch: torch.Tensor) -> torch.Tensor:
         if self.gain is not None:
-            out = branch * (self.gain.weight * self.branch_scale).to(branch.dtype)
+            out = self.gain(branch, self.branch_scale)
         elif self.branch_scale != 1.0:
             out = branch * self.branch_scale
         else:

@@ -202,14 +202,15 @@ class ScalarBias(nn.Module):
 
 
 class Gain(nn.Module):
-    """A learnable multiplier of the given broadcast shape: ``(1,)`` for a scalar, or per channel."""
+    """A learnable multiplier of the given broadcast shape: ``(1,)`` for a scalar, or per channel.
+    ``scale``: a constant folded into the multiplier (a merge's branch scale), one product."""
 
     def __init__(self, init: float = 1.0, shape: tuple[int, ...] = (1,)) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.full(shape, float(init)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.weight.to(x.dtype)
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return x * (self.weight if scale == 1.0 else self.weight * scale).to(x.dtype)
 
 
 #: The pointwise replacements of a norm layer: their function, and whether they learn a shift

@@ -47,6 +47,26 @@ def test_the_running_plan_follows_plan_measuring_and_hooks():
     assert running_plan(model, x) == "folded"
 
 
+@pytest.mark.parametrize("plan, training", [("reference", True), ("folded", True), ("lean", True), ("auto", False)])
+def test_a_hook_on_a_merge_gain_fires_with_what_the_gain_computes(plan, training):
+    """The merge calls its gain as a module (the branch times the learned multiplier and the
+    branch scale): a hook on it sees that product, on every plan (the frozen one: evaluation
+    without autograd), and the output is unchanged."""
+    model = _tiny("skipinit", plan=plan).train(training)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, rescale_core.layers.Gain):
+                m.weight.fill_(0.5)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.set_grad_enabled(training):
+        expected = model(x)
+        merge, seen = model.layer1[0].merge, []
+        handle = merge.gain.register_forward_hook(lambda mod, args, out: seen.append((args[0], out)))
+        torch.testing.assert_close(model(x), expected)
+        handle.remove()
+    (branch, out), = seen
+    torch.testing.assert_close(out, branch * 0.5 * merge.branch_scale)
+
 def test_one_plan_attribute_and_fused_as_its_view():
     model = _tiny()
     assert "fused" not in vars(model)  # a view of ``plan``
