@@ -26,7 +26,7 @@ first scalar bias; ours has its own. CIFAR ResNets use projection (option B) sho
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Iterable, NamedTuple
 
 import torch
 from torch import nn
@@ -35,7 +35,7 @@ from .init import TransformerStack, init_branch, init_shortcut, init_transformer
 from .layers import (RELU_GAMMA, Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_shape, conv_nd,
                      dropout_nd, make_norm, scaled_std_conv_nd)
 from .plans.dispatch import Planned, implementation
-from .schemes import Scheme, SchemeOptionError, list_schemes
+from .schemes import CONV_ONLY_OPTIONS, TRANSFORMER_ONLY_OPTIONS, Scheme, SchemeOptionError, list_schemes
 
 __all__ = ["ResidualMerge", "BranchLayer", "ResidualBlock", "ResidualSublayer", "pre_conv_bias", "scheme_conv",
            "conv_norm", "check_buildable", "CONV_NORMS"]
@@ -48,13 +48,24 @@ _BUILDS = {"conv": ("a conv network", CONV_NORMS, ("he_fan_out", "he_fan_in", "r
                            ("he_fan_out", "he_fan_in", "rescale", "deepnorm", "tfixup"))}
 
 
-def check_buildable(scheme: Scheme, family: str) -> None:
+def check_buildable(scheme: Scheme, family: str, given: Iterable[str] = ()) -> None:
     """Refuse, in one :class:`~.schemes.SchemeOptionError`, a ``norm`` that a network of ``family``
-    (``conv`` or ``transformer``) cannot build or an ``init`` it cannot apply."""
+    (``conv`` or ``transformer``) cannot build, an ``init`` it cannot apply, or an option only the
+    other family reads, set off the scheme's definition or named in ``given`` (the options the
+    caller was given)."""
     network, norms, inits = _BUILDS[family]
+    other = TRANSFORMER_ONLY_OPTIONS if family == "conv" else CONV_ONLY_OPTIONS
+    unread = sorted(other & (set(given) | set(scheme.overrides())))
+    if unread:
+        reader = "Transformers" if family == "conv" else "conv networks"
+        raise SchemeOptionError(unread[0], getattr(scheme, unread[0]), f"an option of {network} (it shapes "
+                                f"{reader} only: remove it)", scheme.name)
     if scheme.norm is not None and scheme.norm not in norms:
         raise SchemeOptionError("norm", scheme.norm, f"a norm {network} builds (one of {_listed(norms)} or null)",
                                 scheme.name)
+    if family == "transformer" and scheme.layout != "v1":
+        raise SchemeOptionError("layout", scheme.layout, 'a layout a Transformer builds ("v1": norm_position places '
+                                "its norms)", scheme.name)
     if scheme.init not in inits:
         raise SchemeOptionError("init", scheme.init, f"an init {network} applies (one of {_listed(inits)})",
                                 scheme.name)

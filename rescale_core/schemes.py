@@ -84,7 +84,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
-__all__ = ["CONV_ONLY_OPTIONS", "Scheme", "SchemeOptionError", "get_scheme", "list_schemes", "register_scheme"]
+__all__ = ["CONV_ONLY_OPTIONS", "TRANSFORMER_ONLY_OPTIONS", "Scheme", "SchemeOptionError", "get_scheme", "list_schemes", "register_scheme"]
 
 Family = Literal["conv", "transformer"]
 
@@ -121,6 +121,9 @@ CONV_ONLY_OPTIONS = frozenset({
     "zero_gamma", "mean_shift", "measure_batches", "conv_bias", "conv_dropout", "conv_dropout_stages",
     "scaled_ws", "merge_norm", "head_norm", "classifier_dropout", "zero_classifier", "shortcut_gain",
     "classifier_gain"})
+#: the fields only a Transformer reads (where its norms sit, and their alphas per site): a conv
+#: network refuses them set off its scheme's definition
+TRANSFORMER_ONLY_OPTIONS = frozenset({"norm_position", "norm_alpha_attention", "norm_alpha_ffn", "norm_alpha_final"})
 
 
 class SchemeOptionError(TypeError, ValueError):
@@ -287,6 +290,11 @@ class Scheme:
         if self.skip_alpha is not None and self.merge == "rescale":
             raise ValueError(f"scheme {self.name!r}: skip_alpha replaces the shortcut multiplier "
                              "that merge 'rescale' sets (alpha_k); use one or the other")
+        if self.merge != "rescale":
+            for key, unread in (("c", self.c is not None), ("fixed_beta", not self.fixed_beta)):
+                if unread:
+                    raise SchemeOptionError(key, getattr(self, key), f"an option of merge {self.merge!r} (it shapes "
+                                            'merge "rescale" only: remove it)', name)
         if self.measure_batches < 1:
             raise SchemeOptionError("measure_batches", self.measure_batches, "an integer >= 1", name)
         if any(stage < 1 for stage in self.conv_dropout_stages):

@@ -132,7 +132,7 @@ class ResNet(Planned):
         self.scheme = scheme = get_scheme(scheme, **(scheme_options or {}))
         if not scheme.supports("conv"):
             raise ValueError(f"scheme {scheme.name!r} is for Transformers, not ResNets")
-        check_buildable(scheme, "conv")
+        check_buildable(scheme, "conv", given=scheme_options or {})
         stages = range(1, len(config.layers) + 1)
         if "conv_dropout_stages" in scheme.overrides() and not set(scheme.conv_dropout_stages) <= set(stages):
             raise SchemeOptionError("conv_dropout_stages", list(scheme.conv_dropout_stages),

@@ -68,7 +68,7 @@ from ..generation import greedy_search
 from ..init import TransformerStack, init_transformer_embeddings, stack_scheme
 from .incremental import IncrementalState, KVCache, cached_self_attn_mask, check_masks
 from ..registry import register_model
-from ..schemes import CONV_ONLY_OPTIONS, Scheme, SchemeOptionError, get_scheme, list_schemes
+from ..schemes import Scheme, get_scheme, list_schemes
 
 __all__ = ["TransformerConfig", "TRANSFORMERS", "MultiheadAttention", "FeedForward",
            "SinusoidalPositions", "TransformerEmbedding", "TransformerEncoderLayer",
@@ -446,11 +446,7 @@ class Transformer(nn.Module):
         if not scheme.supports("transformer"):
             raise ValueError(f"scheme {scheme.name!r} has no Transformer form; Transformer schemes "
                              f"are {', '.join(list_schemes('transformer'))}")
-        unread = sorted(CONV_ONLY_OPTIONS & (set(scheme_options or {}) | set(scheme.overrides())))
-        if unread:
-            raise SchemeOptionError(unread[0], getattr(scheme, unread[0]), "an option of a Transformer (it shapes "
-                                    "conv networks only: remove it)", scheme.name)
-        check_buildable(scheme, "transformer")
+        check_buildable(scheme, "transformer", given=scheme_options or {})
         if src_vocab_size is None:
             raise ValueError("a Transformer needs src_vocab_size (and optionally tgt_vocab_size)")
         tgt_vocab_size = src_vocab_size if tgt_vocab_size is None else tgt_vocab_size

@@ -11,6 +11,17 @@ from rescale_core import ResidualBlock, ResidualSublayer, create_model, get_sche
 from rescale_core.schemes import SchemeOptionError
 
 
+@pytest.mark.parametrize("scheme,option,value", [("bn", "c", 2.0), ("skipinit", "fixed_beta", False),
+                                                  ("fixup", "c", 1.0)])
+def test_the_rescale_merge_options_are_refused_under_another_merge(scheme, option, value):
+    """``c`` and ``fixed_beta`` shape merge "rescale" only: set under another they changed nothing."""
+    merge = get_scheme(scheme).merge
+    with pytest.raises(SchemeOptionError) as refused:
+        get_scheme(scheme, **{option: value})
+    assert str(refused.value) == (f"scheme_options.{option}: {str(value).lower()} is not an option of merge "
+                                  f"'{merge}' (it shapes merge \"rescale\" only: remove it) for scheme {scheme}")
+
+
 @pytest.mark.parametrize("option,value,expected", [
     ("mean_shift", "flase", '"flase" is not a boolean (true or false)'),
     ("mean_shift", 0, "0 is not a boolean (true or false)"),
@@ -106,6 +117,12 @@ TINY = {"cifar_resnet": dict(depth=8, base_width=4, num_classes=3),
      '"gn" is not a norm a Transformer builds (one of "ln", "dyt", "derf" or null)'),
     ("transformer_tiny", "rezero", {"init": "fixup"}, '"fixup" is not an init a Transformer applies (one of '
                                                       '"he_fan_out", "he_fan_in", "rescale", "deepnorm", "tfixup")'),
+    ("cifar_resnet", "bn", {"norm_position": "pre"},
+     '"pre" is not an option of a conv network (it shapes Transformers only: remove it)'),
+    ("cifar_resnet", "dyt", {"norm_alpha_ffn": 0.3},
+     "0.3 is not an option of a conv network (it shapes Transformers only: remove it)"),
+    ("transformer_tiny", "pre_ln", {"nf_alpha": 0.2, "layout": "preact"},
+     '"preact" is not a layout a Transformer builds ("v1": norm_position places its norms)'),
     ("vgg11", "bn", {"norm": "gn"}, '"gn" is not a norm VGG builds ("bn" or null)'),
     *[("vgg11", scheme, options, f"{shown} is not an option VGG builds (it reads only norm: "
                                  '"bn" or null, mean_shift and measure_batches)')
