@@ -257,11 +257,21 @@ def _embedding(vocab_size: int, d_model: int, pad_index: int) -> nn.Embedding:
     return emb
 
 
+def _read(flag: torch.Tensor) -> bool | None:
+    """A one-element boolean tensor read on the host; None where it cannot be: under
+    ``torch.func.vmap`` a host read of a batched tensor is data-dependent control flow, which it
+    refuses (the caller then keeps the mask, computing the same outputs)."""
+    try:
+        return bool(flag)
+    except RuntimeError:
+        return None
+
+
 def _key_padding_attn_mask(padding_mask: torch.Tensor | None, check: bool = True) -> torch.Tensor | None:
     """[B, S] (True = pad) -> boolean attend-mask [B, 1, 1, S], or None when nothing is padded
     and ``check`` (so the fused attention kernels run unmasked; one host read). A row that is
     all padding attends to every position instead of producing NaNs."""
-    if padding_mask is None or (check_masks(check) and not bool(padding_mask.any())):
+    if padding_mask is None or (check_masks(check) and _read(padding_mask.any()) is False):
         return None
     keep = ~padding_mask
     keep = keep | ~keep.any(dim=1, keepdim=True)
@@ -364,13 +374,14 @@ class TransformerDecoder(nn.Module):
         is made on the device (``torch.where``), so padded positions get the same outputs too."""
         pad = tgt_tokens.eq(self.embed.pad_index)
         left_padding = (pad[:, :-1] & ~pad[:, 1:]).any()
-        if check_masks(self.mask_check) and not bool(left_padding):
+        checked = _read(left_padding) if check_masks(self.mask_check) else None
+        if checked is False:
             return None, True
         T = tgt_tokens.size(1)
         causal = torch.ones(T, T, dtype=torch.bool, device=tgt_tokens.device).tril()
         keep = causal & ~pad[:, None, None, :]
         keep = keep | torch.eye(T, dtype=torch.bool, device=tgt_tokens.device)
-        if not check_masks(self.mask_check):
+        if checked is None:
             keep = torch.where(left_padding, keep, causal)
         return keep, False
 

@@ -369,3 +369,27 @@ def test_transformer_builder_direct():
         model(tokens(1, 17), tokens(1, 3))
     with pytest.raises(KeyError, match="transformer_tiny"):
         transformer("transformer_huge", src_vocab_size=V)
+
+
+@pytest.mark.parametrize("plan", ["reference", "lean"])
+def test_vmap_over_sentences_gives_each_sentences_outputs_and_gradients(plan):
+    """``torch.func.vmap`` over padded sentences (a source padded at its end, a target padded
+    before a real token) gives each sentence's outputs and per-sample gradients as a loop does:
+    the padding checks, host reads outside vmap, keep their masks under it."""
+    model = tiny("rescale", dropout=0.0, plan=plan).train()
+    src, tgt = tokens(3, 5)[:, None], tokens(3, 4, seed=2)[:, None]
+    src[1, 0, -2:] = PAD
+    tgt[2, 0, 1] = PAD
+    outputs = torch.func.vmap(model)(src, tgt)
+    torch.testing.assert_close(outputs, torch.stack([model(s, t) for s, t in zip(src, tgt)]))
+    params = {n: p.detach() for n, p in model.named_parameters()}
+
+    def loss(params, s, t):
+        return torch.func.functional_call(model, params, (s, t)).square().mean()
+
+    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(params, src, tgt)
+    for i in range(len(src)):
+        model.zero_grad()
+        model(src[i], tgt[i]).square().mean().backward()
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(per_sample[n][i], p.grad, msg=f"{n} sentence {i}")
