@@ -25,7 +25,7 @@ from .data import (LABELS_KEY, Labels, batch_size, checkpoint_labels, data_label
                    match_labels, must_skip, nothing_to_evaluate, skipped_prediction, skipped_step)
 from .errors import ConfigError
 from .run import PREDICTIONS_FILE, write_result
-from .system import CODE_KEY, code_version
+from .system import CODE_KEY, code_version, quiet_dependency_warnings
 from .training import (accepts, as_memory_format, build_optimizer, build_scheduler, check_agc_options,
                        clipped_parameters, compile_in_place, create_network, default_sgd, output_layers,
                        resolved_architecture, use_channels_last)
@@ -151,6 +151,7 @@ class RescaleTaskModule(L.LightningModule):
 
     # --- steps ----------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
+        quiet_dependency_warnings()  # a ddp_spawn rank is a fresh interpreter, without the command's filters
         # the same on every rank (one config): every rank votes in training_step, or none does
         self._may_skip_batches = data_may_skip_files(self._datamodule())
         if stage == "fit" and self.agc_clip is not None:

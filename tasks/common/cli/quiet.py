@@ -7,6 +7,8 @@ import logging
 import warnings
 from typing import Iterator
 
+from ..system import quiet_dependency_warnings
+
 __all__ = ["quiet_libraries", "quiet_evaluation", "quiet_resume"]
 
 # Lightning's notices that say nothing about the run: an advert printed by every Trainer, and its
@@ -29,10 +31,9 @@ _FILTERS = {name: _DropNotice(text) for name, text in _NOTICES.items()}
 
 
 def quiet_libraries() -> None:
-    """Drop the notices above and a dependency's deprecation warning (Lightning 2.6 still builds
-    torch's deprecated ``LeafSpec``: nothing a user of the suite can change)."""
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-                            category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")
+    """Drop the notices above and the dependencies' deprecation warnings no user of the suite can
+    act on (:func:`~rescale_tasks.common.system.logs.quiet_dependency_warnings`)."""
+    quiet_dependency_warnings()
     for name, drop in _FILTERS.items():
         logging.getLogger(name).addFilter(drop)  # the same object: added once
 

@@ -15,17 +15,30 @@ import contextlib
 import logging
 import os
 import sys
+import warnings
 from typing import Iterator, Optional
 
 from ..errors import ConfigError
 
 __all__ = ["ROOT", "LEVEL_ENV", "LIBRARY_LOGGERS", "StdStreams", "command_logging", "log_level",
-           "rank_zero_log", "write_output", "output_closed"]
+           "rank_zero_log", "write_output", "output_closed", "quiet_dependency_warnings"]
 
 ROOT = "rescale_tasks"
 LEVEL_ENV = "RESCALE_LOG_LEVEL"
 # Lightning's own loggers (their INFO lines: accelerator, model summary ...), quieted by --quiet
 LIBRARY_LOGGERS = ("lightning.pytorch", "lightning.fabric")
+
+
+def quiet_dependency_warnings() -> None:
+    """Drop the deprecation warnings Lightning 2.6 raises from inside itself, on every run,
+    which nothing a user of the suite can change: it still builds torch's deprecated ``LeafSpec``
+    and gathers across ranks with the deprecated ``torch.distributed.nn.functional.all_gather``.
+    Called by the command and again in each process a run starts (``ddp_spawn``'s ranks start
+    fresh interpreters, without the command's filters)."""
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")
+    warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional\.all_gather is deprecated",
+                            module=r"lightning\.fabric\.utilities\.distributed")
 
 
 class StdStreams(logging.Handler):

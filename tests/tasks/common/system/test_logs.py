@@ -7,8 +7,10 @@ import contextlib
 import logging
 import os
 import sys
+import warnings
 
 from rescale_tasks.cli import main
+from rescale_tasks.common.system import quiet_dependency_warnings
 
 
 def test_quiet_fit_prints_no_info_lines_but_the_error_line(tmp_path, monkeypatch, run_config, capsys, error_line):
@@ -82,3 +84,35 @@ def test_messages_to_a_reader_that_stopped_reading_are_dropped_and_the_work_goes
         logging.getLogger("rescale_tasks.test").info("into a closed pipe")
         logging.getLogger("rescale_tasks.test").info("and after it")
     assert capfd.readouterr().err == ""
+
+
+def _raised_by_lightning() -> list[str]:
+    """The warnings Lightning raises from inside itself on every run: building a pytree leaf
+    (its own ``_tree_flatten``) and gathering across ranks (a one-process gloo group)."""
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+    from lightning.fabric.utilities.distributed import _all_gather_ddp_if_available
+    from lightning.pytorch.utilities._pytree import _tree_flatten
+
+    with warnings.catch_warnings(record=True) as caught:
+        _tree_flatten(1)
+        with tempfile.TemporaryDirectory() as folder:
+            dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=0, world_size=1)
+            try:
+                _all_gather_ddp_if_available(torch.ones(2))
+            finally:
+                dist.destroy_process_group()
+    return [str(w.message) for w in caught]
+
+
+def test_the_dependencies_deprecation_warnings_are_dropped():
+    """Lightning's deprecated LeafSpec and all_gather warn on every (DDP) run: dropped by the
+    command, and by the module's ``setup`` in each ``ddp_spawn`` rank (a fresh interpreter)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        raised = _raised_by_lightning()
+        assert any("LeafSpec" in m for m in raised) and any("all_gather is deprecated" in m for m in raised), raised
+        quiet_dependency_warnings()
+        assert _raised_by_lightning() == []
