@@ -276,12 +276,13 @@ def next_commands(settings: DemoSettings) -> str:
 def main(argv: list[str] | None = None) -> int:
     d = DemoSettings()
     p = UserArgumentParser(prog="rescale demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--depth", type=int, default=d.depth, help="CIFAR ResNet depth (6n+2)")
-    p.add_argument("--schemes", nargs="+", default=list(d.schemes))
-    p.add_argument("--out", default=d.out, help="output folder (table, PNG, W&B runs)")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--epochs", type=int, default=d.epochs, help=f"epochs of each run ({d.epochs}: ~500 steps)")
+    p.add_argument("--depth", type=int, default=d.depth, help=f"CIFAR ResNet depth, 6n+2 ({d.depth})")
+    p.add_argument("--schemes", nargs="+", default=list(d.schemes),
+                   help=f"the schemes trained, one run each ({' '.join(d.schemes)})")
+    p.add_argument("--out", default=d.out, help=f"output folder: table, PNG, W&B runs ({d.out})")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"the seed of every run's weights and data order ({d.seed})")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     run_demo(DemoSettings(schemes=tuple(args.schemes), depth=args.depth, epochs=args.epochs,
                           out=args.out, seed=args.seed, progress=not args.no_progress))

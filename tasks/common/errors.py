@@ -39,7 +39,14 @@ class WorkerDataError(DataError):
 
 class UserArgumentParser(argparse.ArgumentParser):
     """argparse whose errors are one :class:`UserError` line (the ``rescale`` command prints it),
-    not a usage dump."""
+    not a usage dump; an option is spelled in full (no abbreviation taken for another option),
+    and a description taken from a docstring loses its reST quotes in ``--help``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        if kwargs.get("description"):
+            kwargs["description"] = kwargs["description"].replace("``", "")
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")

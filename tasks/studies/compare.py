@@ -30,7 +30,6 @@ experiment, ``<experiment>_curves.png`` (training loss and validation metric of 
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import os
@@ -43,7 +42,7 @@ from typing import Iterable, Optional
 from rescale_core import get_scheme
 from rescale_core.registry import model_entry
 
-from ..common.errors import UserError
+from ..common.errors import UserArgumentParser, UserError
 from ..common.reporting import new_figure, wandb_mode
 from ..common.run import MalformedSummary, find_summaries, higher_is_better, read_summary
 from .outputs import StudyOutputs
@@ -411,7 +410,7 @@ def _read_summaries(folders: list[str]) -> tuple[list[dict], int]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="rescale compare", description=__doc__.split("\n\n")[0])
+    p = UserArgumentParser(prog="rescale compare", description=__doc__.split("\n\n")[0])
     p.add_argument("folders", nargs="*", help="folders holding run_summary.json files (searched recursively)")
     p.add_argument("--wandb_project", help="entity/project: compare its runs, through the W&B API when logged in, "
                                            "else the run summaries of the project under --wandb_dir")

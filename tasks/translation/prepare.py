@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rescale_tasks.common.errors import ConfigError
+from rescale_tasks.common.errors import ConfigError, UserArgumentParser
 
 from .batching import batch_by_size, length_order, padding_efficiency
 from .binarize import UNK_WARN_PERCENT, UnknownPieces, unknown_pieces, unknown_warning
@@ -38,9 +38,9 @@ __all__ = ["main"]
 log = logging.getLogger(__name__)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> UserArgumentParser:
     d, c = SpmOptions(), CleanOptions()
-    p = argparse.ArgumentParser(prog="rescale prepare-translation", description=__doc__.split("\n\n")[0])
+    p = UserArgumentParser(prog="rescale prepare-translation", description=__doc__.split("\n\n")[0])
     p.add_argument("root", help="folder with train/valid/test as <split>.<lang> files or <split>.tsv")
     p.add_argument("--src_lang", default="en")
     p.add_argument("--tgt_lang", default="de")

@@ -51,7 +51,6 @@ time with ``--threads`` FFmpeg threads (default 1: the processes already fill th
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import multiprocessing
 import os
@@ -65,7 +64,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from rescale_tasks.common.errors import ConfigError, DataError
+from rescale_tasks.common.errors import ConfigError, DataError, UserArgumentParser
 from rescale_tasks.common.system import atomic_path, usable_cores, write_atomically
 from rescale_tasks.video.decoding import (DecodeAudit, PyAVDecoder, Step, VideoDataError, display_matrix,
                                           display_steps)
@@ -439,8 +438,8 @@ def _write_failed(dst: Path, failed: list) -> None:
     write_atomically(path, "\n".join(lines) + "\n")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rescale prepare-video", description=__doc__.split("\n\n")[0])
+def _parser() -> UserArgumentParser:
+    p = UserArgumentParser(prog="rescale prepare-video", description=__doc__.split("\n\n")[0])
     p.add_argument("src", help="folder of videos: class folders (any depth) or flat")
     p.add_argument("dst", help="output folder (same relative paths, .mp4); may exist (resumes)")
     p.add_argument("--short_side", type=int, default=256, help="short side in pixels, even (256)")

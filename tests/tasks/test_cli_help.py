@@ -75,3 +75,33 @@ def test_an_unknown_command_is_one_line_among_every_command(given, line, capsys)
     """Lightning's parser listed its four commands (fit, validate, test, predict) or its own keys."""
     assert main([given]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"error: {line}"]
+
+
+SUITE_PARSED = ("demo", "prepare-translation", "prepare-video", "translate", "average-checkpoints", "export",
+                "analyze signal", "study depth", "compare")
+
+
+@pytest.mark.parametrize("command", SUITE_PARSED)
+def test_every_suite_command_refuses_an_unknown_option_in_one_line(command, capsys):
+    """compare, average-checkpoints and the two prepare commands printed argparse's usage dump."""
+    words = command.split()
+    assert main([*words, "--bogus"]) == 2
+    line, = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: rescale {words[0]}") and line.endswith(" --help)")
+
+
+@pytest.mark.parametrize("command, abbreviated", [("average-checkpoints", "--out"), ("compare", "--wandb_proj"),
+                                                  ("prepare-translation", "--src_l"), ("prepare-video", "--short")])
+def test_an_abbreviated_option_is_refused_not_taken_for_another(command, abbreviated, capsys):
+    assert main([command, "x", "y", abbreviated, "1"]) == 2
+    assert abbreviated in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["average-checkpoints", "analyze", "compare", "export", "translate"])
+def test_help_shows_descriptions_without_rest_quotes(command, capsys):
+    try:
+        main([command, "--help"])
+    except SystemExit:
+        pass
+    out = capsys.readouterr().out
+    assert "``" not in out and f"rescale {command}" in out

@@ -34,7 +34,6 @@ before checkpoints carried them) is compared by what it records.
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import hashlib
 import logging
@@ -45,6 +44,7 @@ from typing import Optional
 import torch
 
 from ..data import LABELS_KEY, checkpoint_labels
+from ..errors import UserArgumentParser
 from ..training import resolved_architecture
 from .compat import ARCHITECTURE_KEYS, hparam_differences
 from .files import AtomicCheckpointIO, CheckpointError, checkpoint_exists, checkpoint_run_id, is_remote, safe_load
@@ -305,7 +305,7 @@ def _check_output(path: str) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="rescale average-checkpoints", description=__doc__.split("\n\n")[0])
+    p = UserArgumentParser(prog="rescale average-checkpoints", description=__doc__.split("\n\n")[0])
     p.add_argument("inputs", nargs="+", help="checkpoint files and/or folders holding *.ckpt")
     p.add_argument("--num", type=int, help="average the last NUM checkpoints by global step (default: all)")
     p.add_argument("--output", required=True, help="the averaged checkpoint to write")
