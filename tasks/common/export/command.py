@@ -36,7 +36,7 @@ from ..errors import DataError, UserArgumentParser, UserError
 from ..system import require_writable
 from ..training import resolved_architecture
 from .formats import (FORMATS, capture, evaluating, max_difference, op_counts, require_packages, tensors_of,
-                      varying_sizes)
+                      size_one_runs, varying_sizes)
 from .programs import ExportProgram, export_programs
 
 __all__ = ["export_paths", "ExportCheckFailed", "main"]
@@ -152,10 +152,11 @@ def _export_one(program: ExportProgram, formats: list[str], paths: dict, toleran
     with torch.no_grad():  # first: the inference plan folds the weights the capture then reads
         reference = evaluating(program.module)(*program.inputs)
     captured = {False: _capture(program, program.dynamic_shapes)}
-    free = varying_sizes(captured[False])
+    scale = max([1.0] + [float(t.abs().max()) for t in tensors_of(reference) if t.numel() and t.is_floating_point()])
+    free = varying_sizes(captured[False], size_one_runs(captured[False], program.module, program.inputs,
+                                                        tolerance * scale))
     log.info(f"{program.name}: {sum(op_counts(captured[False]).values())} ops, checked on a real batch "
              f"({_describe(program.inputs)}); " + (f"sizes that may vary: {free}" if free else "every input size fixed"))
-    scale = max([1.0] + [float(t.abs().max()) for t in tensors_of(reference) if t.numel() and t.is_floating_point()])
     for name in formats:
         fmt, path = FORMATS[name], paths[(name, program.name)]
         if fmt.static and True not in captured:

@@ -29,7 +29,7 @@ import torch
 from ..errors import UserError
 
 __all__ = ["Format", "FORMATS", "INSTALL_HINT", "require_packages", "evaluating", "capture", "op_counts",
-           "varying_sizes", "tensors_of", "max_difference"]
+           "varying_sizes", "size_one_runs", "tensors_of", "max_difference"]
 
 INSTALL_HINT = 'pip install "rescale-suite[export]" (from a clone: pip install -e ".[export]", or make install)'
 
@@ -85,25 +85,65 @@ def op_counts(program: torch.export.ExportedProgram) -> Counter:
                    if node.op == "call_function" and getattr(node.target, "__name__", "") != "getitem")
 
 
-def varying_sizes(program: torch.export.ExportedProgram) -> str:
-    """The input sizes ``program`` leaves free, each named once by its first input, with the range
-    it may take (``x[0] 2-7``, ``src_tokens[1] 2+``), ``;``-separated; empty when every size is
-    fixed. A network that computes differently by size (a plan choosing its ops by the tensors'
-    sizes) bounds the ranges."""
+def _free_dims(program: torch.export.ExportedProgram) -> list[tuple[str, int, Any]]:
+    """``(input name, dim, size expression)`` of every input size the program leaves free, in
+    input order (the user inputs' placeholders)."""
     user_inputs = set(program.graph_signature.user_inputs)
-    parts, named = [], set()
-    for node in program.graph.nodes:
-        if node.op != "placeholder" or node.name not in user_inputs:
+    return [(node.name, dim, size.node.expr) for node in program.graph.nodes
+            if node.op == "placeholder" and node.name in user_inputs
+            for dim, size in enumerate(getattr(node.meta.get("val"), "shape", ()))
+            if isinstance(size, torch.SymInt)]
+
+
+def _lower_bound(program: torch.export.ExportedProgram, symbol: Any) -> int:
+    bounds = program.range_constraints.get(symbol)
+    return int(bounds.lower) if bounds is not None else 1
+
+
+def size_one_runs(program: torch.export.ExportedProgram, module: torch.nn.Module, inputs: tuple,
+                  bound: float) -> set:
+    """The free sizes the capture took as 2 or more (:func:`torch.export.export` traces with
+    sizes 0 and 1 set apart) that nonetheless compute right at 1: for each, the inputs cut to 1
+    along every dimension of that size, the program's outputs within ``bound`` of the module's."""
+    names = [n.name for n in program.graph.nodes if n.op == "placeholder"
+             and n.name in set(program.graph_signature.user_inputs)]
+    dims: dict[Any, list[tuple[int, int]]] = {}
+    for name, dim, expr in _free_dims(program):
+        if expr.is_Symbol:
+            dims.setdefault(expr, []).append((names.index(name), dim))
+    exported, right = program.module(), set()
+    for symbol, where in dims.items():
+        if _lower_bound(program, symbol) != 2:
             continue
-        for dim, size in enumerate(getattr(node.meta.get("val"), "shape", ())):
-            expr = size.node.expr if isinstance(size, torch.SymInt) else None
-            if expr is None or expr.free_symbols <= named:
-                continue
-            named |= expr.free_symbols
-            bounds = program.range_constraints.get(expr)
-            low, high = (bounds.lower, bounds.upper) if bounds is not None else (1, None)
-            upper = "+" if high is None or not str(high).isdigit() else f"-{high}"
-            parts.append(f"{node.name}[{dim}] {low}{upper}")
+        cut = list(inputs)
+        for index, dim in where:
+            cut[index] = cut[index].narrow(dim, 0, 1)
+        try:
+            with torch.no_grad():
+                if max_difference(exported(*cut), evaluating(module)(*cut)) <= bound:
+                    right.add(symbol)
+        except Exception:  # a size 1 the program cannot take (a guard, a broadcast): left at 2+
+            pass
+    return right
+
+
+def varying_sizes(program: torch.export.ExportedProgram, right_at_one: set = frozenset()) -> str:
+    """The input sizes ``program`` leaves free, each named once by its first input, with the range
+    it may take (``x[0] 1+``, ``src_tokens[1] 2+``), ``;``-separated; empty when every size is
+    fixed. ``right_at_one``: the sizes :func:`size_one_runs` found right at 1 (their range starts
+    there). A network that computes differently by size (a plan choosing its ops by the tensors'
+    sizes) bounds the ranges."""
+    parts, named = [], set()
+    for name, dim, expr in _free_dims(program):
+        if expr.free_symbols <= named:
+            continue
+        named |= expr.free_symbols
+        bounds = program.range_constraints.get(expr)
+        low, high = (bounds.lower, bounds.upper) if bounds is not None else (1, None)
+        if expr in right_at_one:
+            low = 1
+        upper = "+" if high is None or not str(high).isdigit() else f"-{high}"
+        parts.append(f"{name}[{dim}] {low}{upper}")
     return "; ".join(parts)
 
 

@@ -58,6 +58,18 @@ def test_every_format_is_written_read_back_and_matches_pytorch(family, trained, 
     assert max(written.values()) < 1e-4, written
 
 
+def test_the_batch_size_starts_at_the_one_checked_and_a_batch_of_one_runs(trained, export_files):
+    """torch.export traces sizes 0 and 1 apart, so its range for the batch starts at 2; export checks
+    a batch of one on the program against PyTorch and says ``x[0] 1+``; the written file gives a
+    sample alone what it gives it in a batch."""
+    config, ckpt = trained("cifar_resnet")
+    [path], printed = export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "exported-program"])
+    assert "sizes that may vary: x[0] 1+" in printed, printed
+    program = torch.export.load(path)
+    x = torch.randn(1, 1, 8, 8)
+    torch.testing.assert_close(program.module()(x), program.module()(x.repeat(3, 1, 1, 1))[:1])
+
+
 @pytest.mark.parametrize("out", ["exports/", "made"], ids=["ending-in-slash", "existing-folder"])
 def test_out_naming_a_folder_writes_the_checkpoints_name_in_it(out, trained, export_files, tmp_path):
     """``--out exports/`` (or a folder that exists) is where the files go, under the checkpoint's
