@@ -37,9 +37,11 @@ __all__ = ["adaptive_clip_grad_", "check_agc", "unit_size"]
 
 #: the floor of a unit's gradient norm in the clipping factor's denominator (the paper's code)
 GRAD_NORM_FLOOR = 1e-6
+#: the floor of a unit's weight norm, ``eps``, by default (the paper's 1e-3)
+DEFAULT_EPS = 1e-3
 
 
-def check_agc(clip: object, eps: object = 1e-3) -> None:
+def check_agc(clip: object, eps: object = DEFAULT_EPS) -> None:
     """Raise ``ValueError`` (naming the value) unless ``clip`` (lambda) and ``eps`` are positive,
     finite numbers."""
     for name, value in (("clip", clip), ("eps", eps)):
@@ -69,7 +71,7 @@ def _memory_order(t: torch.Tensor) -> Optional[torch.Tensor]:
 
 
 def adaptive_clip_grad_(parameters: Union[torch.Tensor, Iterable[torch.Tensor]], clip: float = 0.01,
-                        eps: float = 1e-3) -> None:
+                        eps: float = DEFAULT_EPS) -> None:
     """Clip the gradients of ``parameters`` in place, unit by unit, at ``clip`` (the paper's
     lambda) times ``max(||W_i||, eps)`` (module docstring). Parameters without a gradient are
     left alone; a sparse gradient is refused. Call it on gradients that are final: after AMP

@@ -9,7 +9,8 @@ summaries of the project's runs under ``--wandb_dir`` (the suite logger's ``save
 run keeps its summary in ``wandb/offline-run-*/files``); W&B's own run files are never read
 (``wandb sync`` uploads offline runs). They are grouped by experiment (the W&B group, e.g.
 ``imagenet-resnet50``; else the network) and, inside one, by variant: the scheme plus its options
-and the training settings that change the method (adaptive gradient clipping: ``nf[agc_clip=0.01]``).
+and the training settings that change the method (adaptive gradient clipping: ``nf[agc_clip=0.01]``;
+its ``agc_eps`` and ``agc_clip_classifier`` too where they are not the defaults).
 Several runs of a variant are seeds, shown as mean +- std (sample std, n-1); runs of one variant
 that differ in another recorded setting (network, network options, learning rate, batch size) or
 share a seed are still pooled, but named in one warning line per variant (one for the experiment
@@ -39,7 +40,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Iterable, Optional
 
-from rescale_core import get_scheme
+from rescale_core import agc, get_scheme
 from rescale_core.registry import model_entry
 
 from ..common.errors import UserArgumentParser, UserError
@@ -69,8 +70,11 @@ def pick_metric(runs: list[dict], metric: Optional[str], default: Optional[str] 
     raise UserError("the runs logged none of the known task metrics " + ", ".join(METRICS) +
                     "; name one with --metric (e.g. --metric val/loss)")
 BASELINES = ("bn", "gn", "post_ln", "pre_ln")
-# training settings that change the method: part of the variant's name, as the scheme's options are
-METHOD_SETTINGS = ("agc_clip",)
+# training settings that change the method: part of the variant's name, as the scheme's options are,
+# where they differ from the value given (None: whenever recorded). AGC's eps and whether it clips
+# the classifier are named only beside an agc_clip: without one they change nothing
+METHOD_SETTINGS = {"agc_clip": None, "agc_eps": agc.DEFAULT_EPS, "agc_clip_classifier": False}
+_AGC_DETAILS = ("agc_eps", "agc_clip_classifier")
 # recorded settings the seeds of one variant are expected to share
 RUN_SETTINGS = ("network", "network_options", "lr", "batch_size", "global_batch")
 
@@ -88,10 +92,14 @@ def experiment_of(run: dict) -> str:
 
 
 def variant_of(run: dict) -> str:
-    """``rescale``, ``rescale[c=10,gain=vector]`` or ``nf[agc_clip=0.01]``: the scheme, the options
-    that change it and the training settings that change the method (:data:`METHOD_SETTINGS`)."""
+    """``rescale``, ``rescale[c=10,gain=vector]``, ``nf[agc_clip=0.01]`` or
+    ``nf[agc_clip=0.01,agc_clip_classifier=True]``: the scheme, the options that change it and the
+    training settings that change the method (:data:`METHOD_SETTINGS`)."""
+    settings = {key: run.get(key) for key in METHOD_SETTINGS
+                if not (key in _AGC_DETAILS and run.get("agc_clip") is None)}
     options = {**(run.get("scheme_options") or {}),
-               **{key: run[key] for key in METHOD_SETTINGS if run.get(key) is not None}}
+               **{key: value for key, value in settings.items()
+                  if value is not None and value != METHOD_SETTINGS[key]}}
     extra = ",".join(f"{k}={options[k]}" for k in sorted(options))
     return f"{run.get('scheme') or _registered_scheme(run.get('network')) or 'unknown'}" + (f"[{extra}]" if extra else "")
 
@@ -294,7 +302,7 @@ def _plots(outputs: StudyOutputs, runs: list[dict], rows: list[dict], metric: st
 def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name=None, group=None, run_id=None,
                    project=None, state=None) -> dict:
     """A W&B run read through W&B's API (its config, summary and history rows) as a run summary:
-    network, scheme, their options, ``agc_clip``, the optimizer's ``lr``, the data's ``batch_size``
+    network, scheme, their options, ``agc_clip`` (with ``agc_eps`` and ``agc_clip_classifier``), the optimizer's ``lr``, the data's ``batch_size``
     and ``seed_everything`` from the config the suite pushed (:class:`~..common.run.SaveConfigToRun`),
     the curves and best validation values from the history (``trainer/global_step`` + 1: the
     summary's steps), the final values and the throughput (``throughput/<unit>_per_s``) from the
@@ -326,6 +334,7 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
         "name": name, "group": group, "run_id": run_id, "project": project, "network": init.get("network"),
         "scheme": init.get("scheme"), "scheme_options": init.get("scheme_options") or {},
         "network_options": init.get("network_options") or {}, "agc_clip": init.get("agc_clip"),
+        "agc_eps": init.get("agc_eps"), "agc_clip_classifier": init.get("agc_clip_classifier"),
         "lr": optimizer.get("lr"), "batch_size": data.get("batch_size"), "seed": seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
         "status": "diverged" if diverged else (state or "finished"),
         "final": final, "best": best, "samples_per_second": throughput, "curves": curves,

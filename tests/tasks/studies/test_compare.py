@@ -218,6 +218,30 @@ def test_a_sweeps_folder_is_named_in_one_warning_line(tmp_path, capsys):
         assert {r["mixed"] for r in csv.DictReader(f)} == {"lr, batch_size, shared seed 0, 1"}
 
 
+def test_agc_runs_that_clip_otherwise_are_variants_of_their_own(tmp_path, capsys):
+    """AGC with the classifier clipped too, or at another eps, is another method: not a seed of the
+    default AGC's row. The defaults (eps 1e-3, classifier left alone) keep the short name, and eps
+    or the classifier switch recorded without an agc_clip (AGC off) name nothing."""
+    root = tmp_path / "agc"
+    same = {"lr": 0.1, "batch_size": 64}
+    write_run(root / "bn", "digits", "bn", 0.97, 20.0, 0.05, 0, **same)
+    write_run(root / "nf", "digits", "nf", 0.80, 10.0, 0.2, 0, agc_clip=None, agc_eps=0.5,
+              agc_clip_classifier=True, **same)
+    write_run(root / "agc", "digits", "nf", 0.90, 10.0, 0.1, 0, agc_clip=0.01, agc_eps=0.001,
+              agc_clip_classifier=False, **same)
+    write_run(root / "agc_all", "digits", "nf", 0.50, 10.0, 0.1, 1, agc_clip=0.01, agc_eps=0.001,
+              agc_clip_classifier=True, **same)
+    write_run(root / "agc_eps", "digits", "nf", 0.60, 10.0, 0.1, 2, agc_clip=0.01, agc_eps=0.1,
+              agc_clip_classifier=False, **same)
+    assert main(["compare", str(root), "--out", "cmp"]) == 0
+    with open(tmp_path / "cmp/compare.csv") as f:
+        rows = {r["variant"]: (r["runs"], r["mean"]) for r in csv.DictReader(f)}
+    assert rows == {"bn": ("1", "0.97"), "nf": ("1", "0.8"), "nf[agc_clip=0.01]": ("1", "0.9"),
+                    "nf[agc_clip=0.01,agc_clip_classifier=True]": ("1", "0.5"),
+                    "nf[agc_clip=0.01,agc_eps=0.1]": ("1", "0.6")}
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_a_wandb_run_with_agc_is_a_variant_of_its_own():
     from rescale_tasks.studies.compare import run_from_wandb, variant_of
 
@@ -226,6 +250,9 @@ def test_a_wandb_run_with_agc_is_a_variant_of_its_own():
                                       "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.2}}}}}
     run = run_from_wandb(config=config, summary={}, history=[])
     assert variant_of(run) == "nf[agc_clip=0.01]"
+    config["model"]["init_args"].update(agc_clip_classifier=True, agc_eps=0.01)
+    run = run_from_wandb(config=config, summary={}, history=[])
+    assert variant_of(run) == "nf[agc_clip=0.01,agc_clip_classifier=True,agc_eps=0.01]"
     assert (run["seed"], run["lr"], run["batch_size"]) == (2, 0.2, 128)
 
 
