@@ -23,11 +23,11 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from rescale_core.agc import check_agc
+from rescale_core.agc import DEFAULT_EPS, check_agc
 
 from ..errors import ConfigError
 
-__all__ = ["check_agc_options", "output_layers", "clipped_parameters"]
+__all__ = ["check_agc_options", "check_agc_is_on", "output_layers", "clipped_parameters"]
 
 
 def check_agc_options(clip: Any, eps: Any = 1e-3) -> None:
@@ -42,6 +42,20 @@ def check_agc_options(clip: Any, eps: Any = 1e-3) -> None:
         except ValueError:
             raise ConfigError(f"bad value for model.init_args.{key}: {value!r} (a positive number: {what}); "
                               f"set it with --model.init_args.{key}") from None
+
+
+def check_agc_is_on(clip: Any, eps: Any = DEFAULT_EPS, clip_classifier: Any = False) -> None:
+    """One :class:`~..errors.ConfigError` line for an ``agc_eps`` or ``agc_clip_classifier`` set
+    off its default while ``agc_clip`` is null: AGC is off, so the run would silently clip
+    nothing (and its summary record neither). Checked when a run starts (``rescale fit``), not
+    when a saved module is rebuilt."""
+    if clip is not None:
+        return
+    for key, value, default in (("agc_clip_classifier", clip_classifier, False), ("agc_eps", eps, DEFAULT_EPS)):
+        if value is not None and value != default:
+            raise ConfigError(f"model.init_args.{key}={value!r} does nothing while model.init_args.agc_clip is null "
+                              f"(adaptive gradient clipping off): set --model.init_args.agc_clip (e.g. 0.01) to "
+                              f"clip, or remove {key}")
 
 
 def output_layers(net: nn.Module) -> list[nn.Module]:

@@ -14,9 +14,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from rescale_core.agc import DEFAULT_EPS
+
 from ..errors import ConfigError
 from .class_paths import class_of
-from .clipping import check_agc_options
+from .clipping import check_agc_is_on, check_agc_options
 from .optim import build_scheduler
 
 __all__ = ["check_optimization"]
@@ -92,16 +94,18 @@ def _max_epochs(trainer: dict) -> Optional[int]:
 
 def check_optimization(init_args: Any, trainer: Any) -> None:
     """Refuse, in one line, an optimizer or schedule value torch or the schedule would refuse,
-    a negative ``norm_weight_decay``, and an ``agc_clip`` or ``agc_eps`` that is not a positive
-    number. ``init_args``: the model's parsed ``init_args``;
-    ``trainer``: the parsed ``trainer`` section."""
+    a negative ``norm_weight_decay``, an ``agc_clip`` or ``agc_eps`` that is not a positive
+    number, and an ``agc_eps`` or ``agc_clip_classifier`` set while ``agc_clip`` is null (AGC
+    off). ``init_args``: the model's parsed ``init_args``; ``trainer``: the parsed ``trainer``
+    section."""
     init = _as_dict(init_args)
     norm_weight_decay = init.get("norm_weight_decay")
     if norm_weight_decay is not None and norm_weight_decay < 0:
         raise ConfigError(f"bad value for model.init_args.norm_weight_decay: {norm_weight_decay!r} (weight decay "
                           "must be >= 0); set it with --model.init_args.norm_weight_decay or null for the "
                           "optimizer's")
-    check_agc_options(init.get("agc_clip"), init.get("agc_eps", 1e-3))
+    check_agc_options(init.get("agc_clip"), init.get("agc_eps", DEFAULT_EPS))
+    check_agc_is_on(init.get("agc_clip"), init.get("agc_eps", DEFAULT_EPS), init.get("agc_clip_classifier", False))
     optimizer = _check(init.get("optimizer"), OPTIMIZER_KEY,
                        lambda target, args: target([torch.nn.Parameter(torch.zeros(1))], **args))
     if not isinstance(optimizer, torch.optim.Optimizer):

@@ -41,6 +41,11 @@ def _in_tmp(tmp_path, monkeypatch):
     (["--model.init_args.agc_clip", "0.01", "--model.init_args.agc_eps", "-1"],
      "bad value for model.init_args.agc_eps: -1.0 (a positive number"),
     (["--model.init_args.agc_clip", "x"], "bad value for model.init_args.agc_clip: expected float or null, got 'x'"),
+    (["--model.init_args.agc_clip_classifier", "true"],
+     "model.init_args.agc_clip_classifier=True does nothing while model.init_args.agc_clip is null (adaptive gradient "
+     "clipping off): set --model.init_args.agc_clip (e.g. 0.01) to clip, or remove agc_clip_classifier"),
+    (["--model.init_args.agc_eps", "0.1"], "model.init_args.agc_eps=0.1 does nothing while model.init_args.agc_clip "
+                                           "is null"),
 ])
 def test_a_refused_optimizer_or_schedule_value_is_one_line(args, expected, error_line):
     assert main(["fit", "--config", RESCALE50, *args, "--trainer.accelerator", "cpu", "--trainer.devices", "1"]) == 2
@@ -71,6 +76,9 @@ def test_good_values_pass():
                        {"max_steps": 10, "fast_dev_run": True})
     check_optimization({"optimizer": section("torch.optim.SGD", lr=0.1),
                         "lr_scheduler": section("torch.optim.lr_scheduler.StepLR", step_size=3)}, {})
+    # AGC's details with AGC on, or at their defaults with it off
+    check_optimization({"agc_clip": 0.01, "agc_eps": 0.1, "agc_clip_classifier": True}, {})
+    check_optimization({"agc_clip": None, "agc_eps": 1e-3, "agc_clip_classifier": False}, {})
 
 
 def test_a_negative_value_read_as_an_option_says_how_to_write_it(error_line):
