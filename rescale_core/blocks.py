@@ -251,13 +251,14 @@ class ResidualBlock(Planned):
         self.merge_norm = make_norm("bn", out_channels, spatial_dims) if scheme.merge_norm else nn.Identity()
         # NF-ResNet (Brock et al. 2021, Sec. 3): the input is divided by its expected std beta; a
         # transition's shortcut sees that unit-variance input, so the stream restarts at variance 1,
-        # and every block adds alpha^2 (its branch has unit variance at init)
+        # and every block adds alpha^2 (its branch has unit variance at init); a shortcut multiplier
+        # (skip_alpha, block_scale: 1 in nf) scales the variance it carries by its square
         self.input_var = float(input_var) if self.preact else 1.0
         self.input_scale = 1.0 / self.input_var ** 0.5
         if self.preact:
             self.preact_relu = nn.ReLU()
             restart = 1.0 if self.downsample is not None else self.input_var
-            self.output_var = restart + self.merge.branch_scale ** 2
+            self.output_var = self.merge.skip_scale ** 2 * restart + self.merge.branch_scale ** 2
         else:
             self.output_var = 1.0
         init_branch(scheme, convs, norms, k, L, dropout=conv_dropout)
