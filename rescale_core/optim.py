@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .layers import Gain, MeanShiftBias, ScalarBias
+from .layers import Gain, MeanShiftBias, PointwiseNorm, ScalarBias
 from .schemes import Scheme
 
 __all__ = ["param_groups"]
@@ -24,9 +24,11 @@ def param_groups(model: nn.Module, weight_decay: float = 1e-4, lr: float = 0.1,
     ``lr_factor``:
 
     - ``weights``: conv/linear weights (ndim > 1): ``weight_decay``;
-    - ``norm``: norm-layer affine weights: ``norm_weight_decay`` (default: ``weight_decay``, as
-      the torchvision ResNet recipe);
-    - ``biases``: every other 1-D parameter (conv/linear/norm biases, mean-shift biases): no decay;
+    - ``norm``: norm-layer affine weights, and the per-feature ``weight`` of DyT's and Derf's
+      pointwise layers, which stand in for a norm's: ``norm_weight_decay`` (default:
+      ``weight_decay``, as the torchvision ResNet recipe);
+    - ``biases``: every other 1-D parameter (conv/linear/norm biases, mean-shift biases, a
+      pointwise layer's ``alpha`` and ``shift``): no decay;
     - ``scalars``: gains and scalar biases: no decay, lr x the scheme's ``scalar_lr_factor`` (the
       scheme of ``model``, or of the networks inside it: a wrapper, a detector's backbone).
     """
@@ -41,6 +43,8 @@ def param_groups(model: nn.Module, weight_decay: float = 1e-4, lr: float = 0.1,
             seen.add(id(p))
             if isinstance(module, (Gain, ScalarBias)):
                 buckets["scalars"].append(p)
+            elif isinstance(module, PointwiseNorm) and pname == "weight":  # DyT's / Derf's per-feature scale
+                buckets["norm"].append(p)
             elif isinstance(module, MeanShiftBias) or pname == "bias" or p.ndim <= 1 and not isinstance(module, _NORMS):
                 buckets["biases"].append(p)
             elif isinstance(module, _NORMS):

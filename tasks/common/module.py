@@ -60,7 +60,8 @@ class RescaleTaskModule(L.LightningModule):
         lr_scheduler: scheduler factory; schedules of :mod:`rescale_tasks.common.training.schedules` get
             ``steps_per_epoch`` and ``max_epochs`` and step every optimizer step, plain torch
             schedulers step every epoch.
-        norm_weight_decay: weight decay of norm-layer weights (None: the optimizer's).
+        norm_weight_decay: weight decay of norm-layer weights, DyT's and Derf's per-feature weight
+            included (None: the optimizer's).
         channels_last: weights and input batches in channels_last memory format (conv networks).
         compile: ``torch.compile`` the network (:meth:`compiled_part`: a detector compiles its
             backbone; in place: checkpoints keep their keys, and load

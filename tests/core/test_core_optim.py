@@ -82,6 +82,26 @@ def test_norm_weight_decay_override():
     assert groups["norm"]["weight_decay"] == 0.0 and groups["weights"]["weight_decay"] == 5e-4
 
 
+@pytest.mark.parametrize("name, scheme, norm", [("cifar_resnet", "bn", nn.BatchNorm2d), ("cifar_resnet", "dyt", None),
+                                                ("transformer_tiny", "pre_ln", nn.LayerNorm),
+                                                ("transformer_tiny", "dyt", None), ("transformer_tiny", "derf", None)])
+def test_a_pointwise_norm_is_decayed_as_the_norm_it_replaces(name, scheme, norm):
+    """DyT and Derf stand in for BatchNorm / LayerNorm: their per-feature ``weight`` is the norm's
+    affine weight, in the ``norm`` group (``norm_weight_decay``, by default the weights' decay), and
+    their ``alpha`` and ``shift`` (scalars) and ``bias`` are not decayed, as the norm's bias."""
+    from rescale_core.layers import PointwiseNorm
+
+    kw = {"depth": 8, "base_width": 4, "num_classes": 3} if name == "cifar_resnet" else {"src_vocab_size": 20}
+    model = rescale_core.create_model(name, scheme=scheme, **kw)
+    owner = _group_of(param_groups(model, weight_decay=5e-4, norm_weight_decay=1e-5))
+    layers = [m for m in model.modules() if isinstance(m, norm or PointwiseNorm)]
+    assert layers
+    for layer in layers:
+        assert owner[id(layer.weight)]["name"] == "norm" and owner[id(layer.weight)]["weight_decay"] == 1e-5
+        others = [layer.bias] + [getattr(layer, k) for k in ("alpha", "shift") if getattr(layer, k, None) is not None]
+        assert all(owner[id(p)]["name"] == "biases" and owner[id(p)]["weight_decay"] == 0.0 for p in others)
+
+
 def test_frozen_parameters_are_left_out():
     model = _model("resnet18", "rescale")
     model.fc.requires_grad_(False)
