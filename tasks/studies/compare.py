@@ -19,8 +19,8 @@ the table's ``mixed`` column. A run resumed after an interruption is one run how
 per run id: :func:`latest_segments`).
 Each variant is set against the experiment's baseline: the variant named by ``--baseline`` or, by
 default, the first of bn, gn, post_ln, pre_ln present, else another scheme with BatchNorm, GroupNorm
-or LayerNorm (never a LayerNorm-free one: dyt, derf); an experiment without one is named in one
-warning line, its rows compared to nothing. A variant is better than the baseline when its metric
+or LayerNorm under its options (never a LayerNorm-free one: dyt, derf, post_ln[norm=None]); an
+experiment without one is named in one warning line, its rows compared to nothing. A variant is better than the baseline when its metric
 is higher (accuracy, box AP, BLEU) or lower (a loss); a tie is not better.
 
 Writes ``compare.csv/.md`` (one row per experiment and variant: n, the task's metric mean and
@@ -121,10 +121,12 @@ def _registered_scheme(network: Optional[str]) -> Optional[str]:
 NORMS = ("bn", "gn", "ln")
 
 
-def _is_normalized(scheme: str) -> bool:
+def _is_normalized(scheme: str, options: Optional[dict] = None) -> bool:
+    """Whether ``scheme`` under its ``options`` (a run's ``scheme_options``: ``norm`` may replace
+    or remove the scheme's) normalizes with BatchNorm, GroupNorm or LayerNorm."""
     try:
-        return get_scheme(scheme).norm in NORMS
-    except KeyError:
+        return get_scheme(scheme, **(options or {})).norm in NORMS
+    except (KeyError, TypeError, ValueError):  # an unknown scheme, or options it does not take
         return False
 
 
@@ -199,7 +201,8 @@ def _metric_value(run: dict, metric: str, use: str) -> Optional[float]:
 def _baseline(variants: dict[str, list[dict]], wanted: Optional[str]) -> Optional[str]:
     if wanted:  # the variant so named, else the scheme's first variant with options
         return wanted if wanted in variants else next((v for v in sorted(variants) if v.split("[")[0] == wanted), None)
-    normalized = [v for v in variants if _is_normalized(v.split("[")[0])]
+    normalized = [v for v, runs in variants.items()
+                  if _is_normalized(v.split("[")[0], (runs[0].get("scheme_options") if runs else None))]
     # bn, gn, post_ln, pre_ln as such, then with options, then any other normalized variant
     rank = {scheme: i for i, scheme in enumerate(BASELINES)}
     return min(normalized, key=lambda v: (rank.get(v.split("[")[0], len(BASELINES)), "[" in v, v), default=None)

@@ -278,6 +278,28 @@ def test_a_layernorm_free_scheme_is_never_the_baseline(tmp_path, capsys):
         "a baseline (name one of its variants with --baseline)"]
 
 
+def test_a_scheme_whose_options_remove_its_norm_is_not_the_baseline(tmp_path, capsys):
+    """A normalized scheme's name with options that replace its norm (post_ln[norm=None], pre_ln[norm=dyt])
+    is no normalized baseline; bn[norm=gn] still is."""
+    root = tmp_path / "options"
+    for folder, group, scheme, options, value in (("a", "wmt", "post_ln", {"norm": None}, 10.0),
+                                                  ("b", "wmt", "dyt", {}, 20.0),
+                                                  ("c", "wmt", "pre_ln", {"norm": "dyt"}, 21.0),
+                                                  ("d", "digits", "bn", {"norm": "gn"}, 0.9),
+                                                  ("e", "digits", "rescale", {}, 0.95)):
+        (root / folder).mkdir(parents=True)
+        (root / folder / "run_summary.json").write_text(json.dumps(
+            {"group": group, "scheme": scheme, "scheme_options": options, "seed": 0, "status": "finished",
+             "final": {"val/bleu" if group == "wmt" else "val/acc1": value},
+             "best": {"val/bleu" if group == "wmt" else "val/acc1": value}}))
+    assert main(["compare", str(root), "--out", "cmp"]) == 0
+    with open(tmp_path / "cmp/compare.csv") as f:
+        roles = {(r["experiment"], r["variant"]): r["role"] for r in csv.DictReader(f)}
+    assert roles == {("digits", "bn[norm=gn]"): "baseline", ("digits", "rescale"): "",
+                     ("wmt", "dyt"): "", ("wmt", "post_ln[norm=None]"): "", ("wmt", "pre_ln[norm=dyt]"): ""}
+    assert "wmt: no normalized baseline" in capsys.readouterr().err
+
+
 def test_a_tie_with_the_baseline_is_not_better():
     from rescale_tasks.studies.compare import compare_rows
 
