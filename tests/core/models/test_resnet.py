@@ -286,3 +286,38 @@ def test_dyt_puts_the_pointwise_layer_where_bn_has_batchnorm(name, kwargs):
     assert torch.isfinite(dyt(x)).all()
     again = rescale_core.create_model(name, scheme="dyt", scheme_options={"norm_alpha": 1.5}, num_classes=3, **kwargs)
     assert {m.alpha.item() for m in again.modules() if isinstance(m, PointwiseNorm)} == {1.5}
+
+
+TRANSFORMER_ONLY_VALUES = {"norm_position": {"norm_position": "pre"}, "norm_alpha_attention": {"norm_alpha_attention": 0.3},
+                           "norm_alpha_ffn": {"norm_alpha_ffn": 0.3}, "norm_alpha_final": {"norm_alpha_final": 0.3}}
+
+
+def test_options_only_transformers_read_change_no_resnet_and_are_refused(monkeypatch):
+    """Each of TRANSFORMER_ONLY_OPTIONS leaves a ResNet's weights and outputs as they were (so the
+    list is right: built with the refusal lifted, under a scheme with a pointwise norm, where the
+    alphas would matter), and given as a scheme option it is refused in one line naming it, rather
+    than accepted and ignored."""
+    from rescale_core import blocks
+    from rescale_core.schemes import TRANSFORMER_ONLY_OPTIONS, SchemeOptionError
+
+    assert set(TRANSFORMER_ONLY_VALUES) == TRANSFORMER_ONLY_OPTIONS
+    x = torch.randn(2, 3, 16, 16)
+
+    def built(scheme, options):
+        torch.manual_seed(0)
+        return rescale_core.create_model("cifar_resnet", depth=8, scheme=scheme, scheme_options=options,
+                                         num_classes=3).eval()
+
+    for scheme, option in [("dyt", option) for option in TRANSFORMER_ONLY_VALUES] + [("nf", "norm_position")]:
+        with pytest.raises(SchemeOptionError, match=f"^scheme_options.{option}: .* is not an option of a conv "
+                                                    "network") as refused:
+            built(scheme, TRANSFORMER_ONLY_VALUES[option])
+        assert refused.value.option == option
+    with monkeypatch.context() as lifted:
+        lifted.setattr(blocks, "TRANSFORMER_ONLY_OPTIONS", frozenset())
+        plain = built("dyt", None)
+        for option, values in TRANSFORMER_ONLY_VALUES.items():
+            other = built("dyt", values)
+            assert all(torch.equal(v, other.state_dict()[k]) for k, v in plain.state_dict().items()), option
+            assert torch.equal(plain(x), other(x)), option
+    assert built("dyt", {"norm_alpha": 0.3})  # DyT's alpha of a conv network
