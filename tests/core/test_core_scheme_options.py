@@ -22,6 +22,16 @@ def test_the_rescale_merge_options_are_refused_under_another_merge(scheme, optio
                                   f"'{merge}' (it shapes merge \"rescale\" only: remove it) for scheme {scheme}")
 
 
+def test_a_gain_init_without_a_gain_is_refused():
+    """It initialised no parameter: bn and nf have no gain."""
+    for scheme in ("bn", "nf"):
+        with pytest.raises(SchemeOptionError) as refused:
+            get_scheme(scheme, gain_init=3.0)
+        assert str(refused.value) == ("scheme_options.gain_init: 3.0 is not an option without a gain (gain: scalar or "
+                                      f"vector; it changes nothing here: remove it) for scheme {scheme}")
+    assert get_scheme("bn", gain="scalar", gain_init=3.0).gain_init == 3.0
+
+
 @pytest.mark.parametrize("option,value,expected", [
     ("mean_shift", "flase", '"flase" is not a boolean (true or false)'),
     ("mean_shift", 0, "0 is not a boolean (true or false)"),
