@@ -73,9 +73,12 @@ _ANN_KEYS = ("id", "image_id", "category_id", "bbox")
 _IMAGE_KEYS = ("id", "file_name", "width", "height")
 
 
-def load_coco_json(path: str | os.PathLike, key: str = "annotation_file") -> dict[str, Any]:
+def load_coco_json(path: str | os.PathLike, key: str = "annotation_file",
+                   image_info: bool = False) -> dict[str, Any]:
     """The parsed json at ``path``, checked to be a dict with ``images``, ``annotations`` and
-    ``categories`` lists; ``key`` names the setting in the error messages."""
+    ``categories`` lists; ``key`` names the setting in the error messages. ``image_info``: an
+    image-info json without ``annotations`` (COCO's ``image_info_test-dev2017.json``, what one
+    predicts on) is read as one with an empty list."""
     path = Path(os.path.expanduser(str(path)))
     if not path.is_file():
         raise DataError(f"COCO annotation file not found: {path} ({key}). Point {key} at an "
@@ -89,11 +92,14 @@ def load_coco_json(path: str | os.PathLike, key: str = "annotation_file") -> dic
     if not isinstance(data, dict):
         raise DataError(f"COCO annotation file {path} ({key}) holds a JSON {type(data).__name__}, not an "
                         "object with 'images', 'annotations' and 'categories'. Point it at a COCO json.")
+    if image_info and "annotations" not in data:
+        data["annotations"] = []
     missing = [k for k in ("images", "annotations", "categories") if not isinstance(data.get(k), list)]
     if missing:
         raise DataError(f"COCO annotation file {path} ({key}) has no {' / '.join(repr(k) for k in missing)} "
                         "list; a COCO detection json needs 'images', 'annotations' and 'categories' "
-                        "(an image-info-only json cannot be used for training or evaluation).")
+                        "(an image-info-only json cannot be used for training or evaluation: predict on it "
+                        "with --data.predict_annotations).")
     return data
 
 
@@ -232,6 +238,8 @@ class CocoDetection(Dataset):
             required on every annotation.
         evaluation: an evaluation set: a segmentation that cannot form a mask raises a DataError at
             construction instead of being dropped (with ``masks``).
+        image_info: a set to predict on: a json without ``annotations`` (COCO test-dev's image
+            info) is one whose images have none.
         keys: how the settings are called in error messages (``annotation_file``/``image_folder``
             by default; the DataModule passes its ``data.*`` keys).
 
@@ -244,10 +252,10 @@ class CocoDetection(Dataset):
     def __init__(self, annotation_file: str | os.PathLike, image_folder: str | os.PathLike,
                  transforms: Callable | None = None, keep_empty: bool = True, skip_corrupt: bool = False,
                  masks: bool = True, keys: tuple[str, str] = ("annotation_file", "image_folder"),
-                 evaluation: bool = False) -> None:
+                 evaluation: bool = False, image_info: bool = False) -> None:
         ann_key, folder_key = keys
         self.annotation_file = Path(os.path.expanduser(str(annotation_file)))
-        data = load_coco_json(self.annotation_file, ann_key)
+        data = load_coco_json(self.annotation_file, ann_key, image_info=image_info)
         folder = Path(os.path.expanduser(str(image_folder)))
         if not folder.is_dir():
             raise DataError(f"COCO image folder not found: {folder} ({folder_key}). Point {folder_key} at "

@@ -174,7 +174,8 @@ class CocoDataModule(TaskDataModule):
         root: folder with ``annotations/instances_{train,val}2017.json`` and ``{train,val}2017/``.
         train_annotations, train_images, val_annotations, val_images: explicit json / image folder
             pairs (override ``root``'s).
-        predict_annotations, predict_images: the predict set (default: the validation set).
+        predict_annotations, predict_images: the predict set (default: the validation set); an
+            image-info json without annotations (COCO test-dev's) will do.
         batch_size: training images per batch and process; eval_batch_size: evaluation.
         train_sizes, max_size: multi-scale training resize (shortest side, longest-side cap).
         keep_empty_train, keep_empty_eval: keep images without boxes.
@@ -303,7 +304,8 @@ class CocoDataModule(TaskDataModule):
             transforms = (train_transforms(self.train_sizes, self.max_size) if train else eval_transforms())
             dataset = CocoDetection(ann, folder, transforms, keep_empty=self.keep_empty_eval if not train
                                     else self.keep_empty_train, skip_corrupt=self.skip_corrupt,
-                                    masks=self.masks, keys=(ann_key, folder_key), evaluation=name == "val")
+                                    masks=self.masks, keys=(ann_key, folder_key), evaluation=name == "val",
+                                    image_info=name == "predict")
             if dataset.category_to_label != self.category_to_label or dataset.class_names != self.class_names:
                 source_split, source = self._categories_source
                 raise DataError(f"the categories of {ann} ({ann_key}) differ from those of {source} "

@@ -39,3 +39,27 @@ def test_the_closing_line_names_the_results_file(trained, capsys):
         assert printed[-1].startswith("predict finished: run folder ")
         assert printed[-1].endswith(f"; {len(detections):,} detections in {written}"), printed[-1]
         assert not [line for line in printed if line.startswith("predict: ")]  # said once, in the closing line
+
+
+def test_predict_on_an_image_info_json_without_annotations(trained, coco_canvases, caplog):
+    """COCO test-dev comes as an image-info json (images and categories, no 'annotations' list):
+    `predict` on it writes the detections of every image under the json's ids, as on the
+    validation json it was cut from; training and evaluation still refuse such a json."""
+    config, ckpt = trained
+    root = coco_canvases.root
+    val = json.loads((root / "annotations" / "instances_val2017.json").read_text())
+    info = Path("image_info_test.json")
+    info.write_text(json.dumps({k: v for k, v in val.items() if k != "annotations"}))
+    runs = {}
+    for name, annotations in (("info", info), ("val", root / "annotations" / "instances_val2017.json")):
+        assert main(["predict", "--config", str(config), "--ckpt_path", str(ckpt), "--trainer.logger", "false",
+                     "--data.init_args.predict_annotations", str(annotations),
+                     "--data.init_args.predict_images", str(root / "val2017"), "--output_dir", name]) == 0
+        runs[name] = json.loads(Path(name, "coco_results.predict.json").read_text())
+    assert runs["info"] == runs["val"] and runs["info"]
+    assert {r["image_id"] for r in runs["info"]} <= {image["id"] for image in val["images"]}
+    caplog.clear()
+    assert main(["validate", "--config", str(config), "--ckpt_path", str(ckpt), "--trainer.logger", "false",
+                 "--data.init_args.val_annotations", str(info), "--data.init_args.val_images",
+                 str(root / "val2017")]) != 0
+    assert "has no 'annotations' list" in caplog.text
