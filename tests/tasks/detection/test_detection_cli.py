@@ -315,3 +315,16 @@ def test_mixed_precision_fit(fit_at_precision, coco_canvases, tmp_path):
     fit_at_precision(["--config", str(config), "--trainer.max_steps", "-1", "--trainer.max_epochs", "1",
                       "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1"], steps=3,
                      undefined=r"_A[PR][sml]$")  # COCO's -1 (read as NaN): no object of that size
+
+
+def test_a_test_size_other_than_the_training_cap_runs_and_logs_both(coco_canvases, tmp_path):
+    """model.max_size (the test-time long side) and data.max_size (the training resize's cap) are two
+    settings of one name: a run with them apart trains instead of stopping in Lightning's merge of
+    the hyper-parameters for the loggers, which get the model's under the flat name."""
+    config = tiny_config(tmp_path / "tiny.yaml", coco_canvases.root, max_size=72)
+    assert main(["fit", "--config", str(config), "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
+                 "--data.init_args.max_size", "60", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+                 "--trainer.logger.save_dir", "csv"]) == 0
+    [logged] = Path("csv").rglob("hparams.yaml")
+    lines = logged.read_text().splitlines()  # flat, as Lightning merged them (config paths as python objects)
+    assert "max_size: 72" in lines and "min_size: 48" in lines and f"root: {coco_canvases.root}" in lines
