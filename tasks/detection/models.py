@@ -12,11 +12,20 @@ Deviations from torchvision's builders: anchors and RoI pooling follow the backb
 returned stages plus its extra blocks) instead of assuming P2-P6: anchor sizes 32, 64, ... per
 level from the finest (torchvision's defaults for 5 levels), RoIAlign over the stage levels only.
 ``head_channels``/``fc_dim`` narrow the heads (256/1024 in the papers) for tiny test models.
+
+Evaluation under autocast (``--trainer.precision bf16-mixed``): the layers run in the low precision,
+the box arithmetic in float32 (:func:`float32_box_arithmetic`). torchvision makes anchors in the
+features' dtype and decodes boxes in the dtype of the predicted deltas, so under bf16 (8 significant
+bits) every predicted box landed on a grid of 4 px at the test size's 512-1023 px and 8 px beyond
+(an 800 x 1333 COCO image), a few pixels off for the small objects whose AP75 it costs, in every
+logged and written result; the FPN's features and the predictors' outputs are therefore handed on
+in float32 when evaluating (training keeps autocast's dtype: its losses take the targets' float32).
 """
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 from torchvision.models.detection import FasterRCNN, MaskRCNN, RetinaNet
 from torchvision.models.detection.anchor_utils import AnchorGenerator
@@ -30,7 +39,7 @@ from rescale_tasks.common.errors import ConfigError
 
 from .backbones import GN
 
-__all__ = ["build_detector", "DETECTORS", "HEADS_NORMS"]
+__all__ = ["build_detector", "float32_box_arithmetic", "DETECTORS", "HEADS_NORMS"]
 
 DETECTORS = ("maskrcnn", "fasterrcnn", "retinanet")
 HEADS_NORMS = (None, "gn")
@@ -41,6 +50,37 @@ def _levels(backbone: nn.Module) -> tuple[list[str], int]:
     names = list(backbone.body.return_layers.values())
     extra = backbone.fpn.extra_blocks
     return names, (0 if extra is None else 2 if isinstance(extra, LastLevelP6P7) else 1)
+
+
+def _as_float32(value: Any) -> Any:
+    """``value`` with its half-precision tensors (in dicts, lists and tuples) as float32."""
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.dtype in (torch.bfloat16, torch.float16) else value
+    if isinstance(value, dict):
+        return type(value)((k, _as_float32(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_float32(v) for v in value)
+    return value
+
+
+def _float32_when_evaluating(module: nn.Module, args: Any, output: Any) -> Any:
+    return None if module.training else _as_float32(output)
+
+
+def float32_box_arithmetic(detector: nn.Module) -> nn.Module:
+    """``detector`` (built here) with the outputs of its backbone (the anchors take their dtype) and
+    of its box, mask and RetinaNet predictors (the decoded boxes take theirs) in float32 when it
+    evaluates under autocast (see the module docstring); forward hooks, nothing else changes."""
+    parts = [detector.backbone]
+    if isinstance(detector, RetinaNet):
+        parts.append(detector.head)
+    else:
+        parts += [detector.rpn.head, detector.roi_heads.box_predictor]
+        if getattr(detector.roi_heads, "mask_predictor", None) is not None:
+            parts.append(detector.roi_heads.mask_predictor)
+    for part in parts:
+        part.register_forward_hook(_float32_when_evaluating)
+    return detector
 
 
 def build_detector(kind: str, backbone: nn.Module, num_classes: int, heads_norm: str | None = None,
@@ -68,7 +108,8 @@ def build_detector(kind: str, backbone: nn.Module, num_classes: int, heads_norm:
         sizes = tuple((x, int(x * 2 ** (1 / 3)), int(x * 2 ** (2 / 3))) for x in base)
         anchors = AnchorGenerator(sizes, ((0.5, 1.0, 2.0),) * n_levels)
         head = RetinaNetHead(c, anchors.num_anchors_per_location()[0], num_classes, norm_layer=norm)
-        return RetinaNet(backbone, num_classes, anchor_generator=anchors, head=head, **common)
+        return float32_box_arithmetic(RetinaNet(backbone, num_classes, anchor_generator=anchors, head=head,
+                                                **common))
 
     anchors = AnchorGenerator(tuple((x,) for x in base), ((0.5, 1.0, 2.0),) * n_levels)
     box_pool = MultiScaleRoIAlign(names, output_size=7, sampling_ratio=2)
@@ -79,8 +120,9 @@ def build_detector(kind: str, backbone: nn.Module, num_classes: int, heads_norm:
     parts = dict(rpn_anchor_generator=anchors, box_roi_pool=box_pool, box_head=box_head,
                  box_predictor=FastRCNNPredictor(fc_dim, num_classes))
     if kind == "fasterrcnn":
-        return FasterRCNN(backbone, None, **parts, **common)
+        return float32_box_arithmetic(FasterRCNN(backbone, None, **parts, **common))
     mask_pool = MultiScaleRoIAlign(names, output_size=14, sampling_ratio=2)
     mask_head = MaskRCNNHeads(c, [head_channels] * 4, 1, norm_layer=norm)
-    return MaskRCNN(backbone, None, **parts, mask_roi_pool=mask_pool, mask_head=mask_head,
-                    mask_predictor=MaskRCNNPredictor(head_channels, head_channels, num_classes), **common)
+    return float32_box_arithmetic(MaskRCNN(backbone, None, **parts, mask_roi_pool=mask_pool, mask_head=mask_head,
+                                           mask_predictor=MaskRCNNPredictor(head_channels, head_channels,
+                                                                            num_classes), **common))

@@ -84,3 +84,25 @@ def test_bad_names():
         build_detector("yolo", backbone, 3)
     with pytest.raises(ConfigError, match="heads_norm"):
         build_detector("maskrcnn", backbone, 3, heads_norm="bn")
+
+
+@pytest.mark.parametrize("kind", ["maskrcnn", "retinanet"])
+def test_boxes_are_decoded_in_float32_when_evaluating_under_bf16(kind):
+    """Evaluated under bf16 autocast (bf16-mixed) at COCO's test size, an image of 240 x 320 is seen
+    at 800 x 1066: the boxes come out in float32, off the 4-px grid bf16 holds from 512 to 1023 px,
+    which every box landed on when anchors and decoding took the layers' bf16."""
+    backbone_options = dict(returned_layers=(2, 3, 4), extra_blocks="p6p7") if kind == "retinanet" else {}
+    backbone = resnet_fpn_backbone("resnet18", "rescale", network_options={"base_width": 8}, out_channels=16,
+                                   trainable_layers=5, **backbone_options)
+    thresholds = dict(score_thresh=0.0) if kind == "retinanet" else dict(box_score_thresh=0.0)
+    detector = build_detector(kind, backbone, num_classes=3, min_size=800, max_size=1333, head_channels=8,
+                              fc_dim=32, **thresholds).eval()
+    image = torch.rand(3, 240, 320, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        [prediction] = detector([image])
+    assert prediction["boxes"].dtype == torch.float32 and prediction["scores"].dtype == torch.float32
+    seen = prediction["boxes"] * (800 / 240)  # in the frame the detector decoded them in
+    far = seen[(seen >= 512) & (seen < 1024)]
+    assert len(far) >= 20 and float((far % 4 == 0).float().mean()) < 0.5
+    if kind == "maskrcnn":
+        assert prediction["masks"].dtype == torch.float32
