@@ -46,11 +46,17 @@ file is removed by a run without failures. Exit status: 0 when nothing failed, 1
 failed, 2 for unusable arguments (a missing source folder, no videos in it, DST inside SRC, ...:
 one line ``error: ...``), 130 when interrupted.
 
+The options that shape the outputs (``--short_side``, ``--gop``, the codec, ``--crf``, ``--preset``)
+are kept in ``DST/.prepare-video.json``: a run into a folder holding videos converted with other
+ones is refused in one line naming them, instead of skipping those videos as done and leaving a
+tree of two sizes (or none of the new one) behind a line that names the new options.
+
 Parallelism: ``--workers`` processes (default: the usable CPU cores), each encoding one file at a
 time with ``--threads`` FFmpeg threads (default 1: the processes already fill the cores).
 """
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import os
@@ -77,6 +83,8 @@ logger = logging.getLogger(__name__)
 
 CODECS = ("auto", "libx264", "mpeg4")
 FAILED_TSV = "failed.tsv"
+#: the options the outputs of DST were converted with (see the module docstring)
+SETTINGS_JSON = ".prepare-video.json"
 PARTIAL = ".partial"
 
 
@@ -346,6 +354,23 @@ def _check_roots(src: Path, dst: Path) -> None:
         raise ConfigError(f"destination {dst} exists and is not a folder")
 
 
+def _keep_settings(dst: Path, settings: dict, converted: int) -> None:
+    """Record ``settings`` in ``dst``; refuse them (one line) when ``converted`` videos there were
+    converted with others."""
+    path = dst / SETTINGS_JSON
+    try:
+        before = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        before = None
+    if converted and isinstance(before, dict) and before != settings:
+        changed = ", ".join(f"--{key} {before.get(key)}" for key, value in settings.items()
+                            if before.get(key) != value)
+        raise ConfigError(f"{converted} video(s) in {dst} were converted with {changed} ({path}); run again with "
+                          "those options to finish that tree, or convert into another folder")
+    if before != settings:
+        write_atomically(path, json.dumps(settings) + "\n")
+
+
 def prepare_tree(src: str | Path, dst: str | Path, *, short_side: int = 256, gop: int = 16,
                  workers: int = 1, codec: str = "auto", crf: int = 23, preset: str = "veryfast",
                  threads: int = 1, progress_every: float = 30.0, log=None) -> Summary:
@@ -377,6 +402,8 @@ def prepare_tree(src: str | Path, dst: str | Path, *, short_side: int = 256, gop
             summary.skipped += 1
             continue
         jobs.append(Job(str(video), str(out), short_side, gop, codec, crf, preset, threads))
+    _keep_settings(dst, {"short_side": short_side, "gop": gop, "codec": codec, "crf": crf, "preset": preset},
+                   summary.skipped)
     log(f"prepare-video: {len(videos)} videos under {src}: {summary.skipped} already done, "
         f"{len(jobs)} to convert ({codec}, short side {short_side}, gop {gop}, {workers} workers)")
 
@@ -441,7 +468,8 @@ def _write_failed(dst: Path, failed: list) -> None:
 def _parser() -> UserArgumentParser:
     p = UserArgumentParser(prog="rescale prepare-video", description=__doc__.split("\n\n")[0])
     p.add_argument("src", help="folder of videos: class folders (any depth) or flat")
-    p.add_argument("dst", help="output folder (same relative paths, .mp4); may exist (resumes)")
+    p.add_argument("dst", help="output folder (same relative paths, .mp4); may exist (resumes, with the "
+                   "options it was converted with)")
     p.add_argument("--short_side", type=int, default=256, help="short side in pixels, even (256)")
     p.add_argument("--gop", type=int, default=16, help="frames from one keyframe to the next (16)")
     cores = usable_cores()

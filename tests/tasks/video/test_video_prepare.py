@@ -95,7 +95,7 @@ def test_tree_is_converted_resumed_and_failures_reported(tree, tmp_path, capsys)
     assert {p: p.stat().st_mtime_ns for p in dst.rglob("*.mp4")} == before  # nothing rewritten
 
     (tree / "flat/broken.mkv").unlink()  # fixed: the next run succeeds and drops the report
-    assert main([str(tree), str(dst), "--workers", "1"]) == 0
+    assert main([str(tree), str(dst), "--short_side", "96", "--gop", "8", "--workers", "1"]) == 0
     assert not (dst / "failed.tsv").exists()
 
 
@@ -121,6 +121,25 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert rescale_main(["prepare-video", str(tmp_path), str(tmp_path / "inside")]) == 2
     assert "inside the source" in capsys.readouterr().err
     assert rescale_main(["prepare-video", str(tmp_path), str(tmp_path.parent / "o"), "--short_side", "95"]) == 2
+
+
+def test_a_tree_converted_with_other_options_is_refused_not_skipped(kinetics_clips, tmp_path, capsys):
+    """Run again into a folder converted at short side 32 with --short_side 40: one line naming the
+    options its videos have, and nothing touched (they were skipped as done and kept at 32, under a
+    line naming 40); the same options resume it, and an empty folder takes any."""
+    src, dst = kinetics_clips.root / "train" / kinetics_clips.classes[0], tmp_path / "out"
+    assert main([str(src), str(dst), "--workers", "1", "--short_side", "32"]) == 0
+    outputs = sorted(dst.glob("*.mp4"))
+    before = {path: path.stat().st_mtime_ns for path in outputs}
+    assert len(outputs) == 3 and min(probe(outputs[0])["width"], probe(outputs[0])["height"]) == 32
+    capsys.readouterr()
+    assert main([str(src), str(dst), "--workers", "1", "--short_side", "40", "--gop", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: 3 video(s) in ") and "--short_side 32, --gop 16" in err and "\n" not in err
+    assert {path: path.stat().st_mtime_ns for path in dst.glob("*.mp4")} == before
+    assert main([str(src), str(dst), "--workers", "1", "--short_side", "32", "--threads", "2"]) == 0
+    assert "done 0, skipped 3, failed 0" in capsys.readouterr().out
+    assert main([str(src), str(tmp_path / "other"), "--workers", "1", "--short_side", "40"]) == 0
 
 
 def test_killed_run_leaves_no_partial_file_and_resumes(tmp_path):
