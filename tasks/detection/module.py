@@ -202,6 +202,14 @@ class DetectionModule(RescaleTaskModule):
         return dict(zip(labels, table.values()))
 
     # --- training -------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        # Mask R-CNN learns from the targets' masks (its evaluation scores against the json's own)
+        if stage == "fit" and self.detector_kind == "maskrcnn" and getattr(self._datamodule(), "masks", True) is False:
+            raise ConfigError("model.detector maskrcnn trains on instance masks but data.masks is false: set "
+                              "--data.init_args.masks true (the json's segmentations), or train a box-only "
+                              "detector (--model.init_args.detector fasterrcnn or retinanet)")
+
     def train_batch(self, batch, batch_idx: int) -> torch.Tensor:
         images, targets = batch
         losses = self(list(images), _loss_targets(targets, self.network_labels))

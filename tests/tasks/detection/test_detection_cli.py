@@ -226,6 +226,17 @@ def test_a_missing_backbone_checkpoint_is_one_line(coco_canvases, tmp_path, caps
     assert len(err) == 1 and "gone.ckpt" in err[0] and "model.init_args.backbone_checkpoint" in err[0]
 
 
+def test_mask_rcnn_on_data_without_masks_is_one_line_and_exit_2(coco_canvases, tmp_path, capsys):
+    """data.masks false (a box-only json) under a Mask R-CNN: one line saying which setting to
+    change, not torchvision's traceback at the first step; evaluating that way stays fine (the
+    masks are scored against the json's)."""
+    config = tiny_config(tmp_path / "tiny.yaml", coco_canvases.root)
+    assert main(["fit", "--config", str(config), "--trainer.logger", "false", "--data.init_args.masks", "false"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: model.detector maskrcnn trains on instance masks")
+    assert "--data.init_args.masks true" in errors[0] and not list(tmp_path.rglob("*.ckpt"))
+
+
 def test_a_missing_backbone_checkpoint_stops_before_any_data_work(tmp_path, error_line):
     """The annotation files are not JSON: had the data module read them, their error would come
     first. The line names the path and how to train the backbone from scratch instead."""
