@@ -161,6 +161,8 @@ def test_every_kinetics_config_builds_its_recipe(config, kinetics_clips):
         assert optimizer.defaults["lr"] == 0.1 and scheduler.warmup_epochs == 34
         assert cli.trainer.max_epochs == 196 and (data.frames, data.stride) == (8, 8)
         assert (data.hparams.num_clips, data.hparams.num_crops, data.hparams.crop) == (10, 3, 224)
+    # the trained network is validated: the run's final val/ metrics (run_summary.json, compare) are its
+    assert cli.trainer.max_epochs % cli.trainer.check_val_every_n_epoch == 0
 
 
 def test_mixed_precision_fit(fit_at_precision, kinetics_clips, tmp_path):
