@@ -20,6 +20,8 @@ __all__ = ["ImageRecord", "image_record", "encode_masks", "MASK_THRESHOLD"]
 
 #: a predicted mask probability above this is foreground (torchvision's and Detectron2's rule)
 MASK_THRESHOLD = 0.5
+#: the label torchvision's detectors keep for the background (categories start at 1)
+BACKGROUND = 0
 
 
 def encode_masks(masks: torch.Tensor, threshold: float | None = None) -> list[dict]:
@@ -67,13 +69,15 @@ def image_record(prediction: Mapping[str, torch.Tensor], target: Mapping[str, An
         if target is None:
             raise ValueError("image_record needs a target or an image_id")
         image_id = _image_id(target)
+    # label 0 is the background: RetinaNet scores it as a class it never trains positive
+    kept = prediction["labels"].detach() != BACKGROUND
     size = None
     masks = None
     if prediction.get("masks") is not None:
-        masks = encode_masks(prediction["masks"].detach(), MASK_THRESHOLD)
+        masks = encode_masks(prediction["masks"].detach()[kept], MASK_THRESHOLD)
         size = tuple(int(s) for s in prediction["masks"].shape[-2:])
     return ImageRecord(image_id=int(image_id),
-                       boxes=prediction["boxes"].detach().to("cpu", torch.float32).reshape(-1, 4),
-                       scores=prediction["scores"].detach().to("cpu", torch.float32),
-                       labels=prediction["labels"].detach().to("cpu", torch.int64),
+                       boxes=prediction["boxes"].detach()[kept].to("cpu", torch.float32).reshape(-1, 4),
+                       scores=prediction["scores"].detach()[kept].to("cpu", torch.float32),
+                       labels=prediction["labels"].detach()[kept].to("cpu", torch.int64),
                        masks=masks, size=size)

@@ -139,6 +139,19 @@ def test_results_map_labels_back_to_category_ids():
     assert coco_results([prediction], [0, 18, 44], image_ids=[42]) == results
 
 
+
+def test_a_background_detection_is_no_result():
+    """RetinaNet scores label 0 (the background, no category) as a class: a detection of it is
+    dropped, with its mask, not a DataError ending the evaluation."""
+    target = _target(42, [[10, 10, 60, 60]], [1])
+    prediction = _prediction([[10, 10, 60, 60], [2, 2, 20, 20]], [1, 0], [0.9, 0.7])
+    gt = _ground_truth([target])
+    gt.dataset["categories"] = [{"id": 18, "name": "a"}]
+    evaluator = CocoEvaluator(gt, label_to_category={1: 18})
+    evaluator.update([prediction], [target])
+    assert [(r["category_id"], r["score"]) for r in evaluator.results()] == [(18, pytest.approx(0.9))]
+    assert coco_results([prediction], [0, 18], image_ids=[42]) == evaluator.results()
+
 # ------------------------------------------------------------------ a tiny COCO annotation file
 CATEGORIES = [18, 44, 90]  # original ids; the model's labels are 1, 2, 3
 
