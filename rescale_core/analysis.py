@@ -130,18 +130,27 @@ def learned_scalars(model: nn.Module) -> dict[str, float]:
             for name, block in residual_blocks(model) if block.merge.gain is not None}
 
 
+def _linear_only(parent: nn.Module) -> bool:
+    """Whether ``parent``'s layers are linear ones: a linear child and no convolution."""
+    children = list(parent.children())
+    return (any(isinstance(c, nn.Linear) for c in children)
+            and not any(isinstance(c, nn.modules.conv._ConvNd) for c in children))
+
+
 @torch.no_grad()
 def dead_relu_fraction(model: nn.Module, inputs, per_sample: bool = False) -> float:
     """Fraction of post-ReLU units (over channels of every ReLU call) that are zero for every
     sample and position of ``inputs``: the dead neurons the mean-shift biases are meant to avoid.
     A unit is a channel of a convolution's output (dimension 1) or a feature of a linear layer's
-    (the last dimension: a Transformer's feed-forward units, ``[batch, positions, features]``).
+    (the last dimension: a Transformer's feed-forward units, ``[batch, positions, features]``): a
+    ReLU counts features when its module's siblings are linear layers and no convolution (a
+    ResNet's stem ReLU sits beside its classifier, yet acts on the stem convolution's channels).
 
     ``per_sample=True``: the fraction of (sample, channel) pairs that are zero at every position
     of that sample, i.e. the mean over samples of the channels silent on each: finer than "dead
     on the whole batch", which a network at initialisation rarely has."""
     dead, total = 0, 0
-    features_last = {relu for parent in model.modules() if any(isinstance(c, nn.Linear) for c in parent.children())
+    features_last = {relu for parent in model.modules() if _linear_only(parent)
                      for relu in parent.children() if isinstance(relu, nn.ReLU)}
 
     def hook(module, args, output):

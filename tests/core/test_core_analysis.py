@@ -198,3 +198,19 @@ def test_dead_relu_fraction_counts_a_transformers_feed_forward_features():
     ffn[1].eval()
     assert dead_relu_fraction(model, tokens) == 1 / units == dead_relu_fraction(model, tokens, per_sample=True)
     assert model.training and not ffn[1].training and ffn[0].training
+
+
+def test_dead_relu_fraction_counts_a_resnets_stem_channels():
+    """A ResNet's stem ReLU sits beside its classifier (both children of the network), yet acts on
+    the stem convolution's ``[batch, channels, H, W]``: its units are channels. Every BN output
+    made positive and one stem channel silenced is exactly one dead unit of the network's
+    (stem 4 channels, then two ReLU calls of each block's channels)."""
+    model = rescale_core.create_model("cifar_resnet", scheme="bn", depth=8, base_width=4, num_classes=3).eval()
+    with torch.no_grad():
+        for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):
+            bn.weight.zero_()
+            bn.bias.fill_(1.0)
+        model.bn1.bias[0] = -1.0
+    units = 4 + 2 * (4 + 8 + 16)
+    x = torch.randn(2, 3, 8, 8)
+    assert dead_relu_fraction(model, x) == 1 / units == dead_relu_fraction(model, x, per_sample=True)

@@ -152,7 +152,8 @@ PRIVATE_APIS = (
                "the norms of all gradients in one fused call (one host sync for the finiteness check)"),
     PrivateApi("torch", "_foreach_copy_", "name", "rescale_core/agc.py: adaptive_clip_grad_ (the agc_clip option)",
                "every clipped gradient written back from the one buffer AGC gathers them in, in one call"),
-    PrivateApi("torch.nn.modules.conv", "_ConvNd", "name", "common/training/acceleration.py",
+    PrivateApi("torch.nn.modules.conv", "_ConvNd", "name",
+               "common/training/acceleration.py, rescale_core/analysis.py: dead_relu_fraction",
                "the base class of every convolution (1d, 2d, 3d, transposed)"),
     *(PrivateApi(owner, name, "name", f"rescale_core/layers.py: {user} (the plans' custom autograd functions)", why)
       for owner, name, user, why in (
