@@ -221,6 +221,8 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
     """One row per (experiment, variant), baseline first; and the metric used (without ``metric``,
     each experiment's own task metric: accuracy, box AP, BLEU; the first of them overall is returned)."""
     requested, first = metric, pick_metric(runs, metric)
+    if requested:
+        _check_logged(runs, requested, use)
     groups: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
         groups[experiment_of(run)][variant_of(run)].append(run)
@@ -228,6 +230,9 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
     for experiment in sorted(groups):
         variants = groups[experiment]
         mine = pick_metric([r for group in variants.values() for r in group], requested, default=first)
+        if not any(mine in (r.get(use) or {}) for group in variants.values() for r in group):
+            log.warning(f"warning: {experiment}: none of its runs logged {mine} (as a {use} value); its rows have "
+                        f"no {mine} (its runs' {use} values: {_logged(variants.values(), use)})")
         higher = higher_is_better(mine)
         base = _baseline(variants, baseline)
         if base is None:
@@ -259,6 +264,23 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
             })
         _warn_pooled(experiment, pooled)
     return rows, first
+
+
+def _logged(groups: Iterable[list[dict]], use: str) -> str:
+    """The metrics the runs of ``groups`` hold as ``use`` values, sorted: ``val/acc1, val/loss``."""
+    names = sorted({key for group in groups for r in group for key in (r.get(use) or {})})
+    return ", ".join(names) or "none"
+
+
+def _check_logged(runs: list[dict], metric: str, use: str) -> None:
+    """A ``--metric`` no run holds as a ``use`` value is one line naming the metrics they hold (a
+    training metric has no best value: the best values are the validations')."""
+    if any(metric in (r.get(use) or {}) for r in runs):
+        return
+    hint = ("; it is among their final values: --use final" if use == "best" and
+            any(metric in (r.get("final") or {}) for r in runs) else "")
+    raise UserError(f"--metric {metric}: no run logged it as a {use} value (--use {use}); their {use} values: "
+                    f"{_logged([runs], use)}{hint}")
 
 
 def _slug(text: str) -> str:

@@ -309,3 +309,33 @@ def test_a_tie_with_the_baseline_is_not_better():
         rows, _ = compare_rows([run("post_ln", metric, 0.0), run("rezero", metric, 0.0)], metric=metric)
         assert [(r["variant"], r["vs_baseline"], r["better"]) for r in rows] == [
             ("post_ln", 0.0, None), ("rezero", 0.0, False)], metric
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--metric", "val/acc"], "error: --metric val/acc: no run logged it as a best value (--use best); their best "
+                              "values: val/acc1"),
+    (["--metric", "train/loss_epoch"], "error: --metric train/loss_epoch: no run logged it as a best value (--use "
+                                       "best); their best values: val/acc1; it is among their final values: "
+                                       "--use final"),
+])
+def test_a_metric_no_run_logged_is_one_line(runs, tmp_path, capsys, args, expected):
+    """A mistyped metric, or a training metric (no best value), gave a table of empty cells and bars
+    labelled diverged: now one line naming the metrics the runs hold, and nothing written."""
+    assert main(["compare", str(runs), "--out", "cmp", *args]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [expected]
+    assert not (tmp_path / "cmp/compare.csv").exists()
+
+
+def test_an_experiment_without_the_metric_is_named(tmp_path, capsys):
+    root = tmp_path / "runs"
+    write_run(root / "a", "digits", "bn", 0.97, 20.0, 0.05, 0)
+    write_run(root / "b", "digits", "rescale", 0.96, 20.0, 0.05, 0)
+    for folder, scheme in (("c", "post_ln"), ("d", "rescale")):
+        (root / folder).mkdir(parents=True)
+        (root / folder / "run_summary.json").write_text(json.dumps(
+            {"group": "wmt", "scheme": scheme, "seed": 0, "status": "finished", "final": {"val/loss": 2.0},
+             "best": {"val/loss": 2.0}}))
+    assert main(["compare", str(root), "--out", "cmp", "--metric", "val/acc1"]) == 0
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "warning: wmt: none of its runs logged val/acc1 (as a best value); its rows have no val/acc1 (its runs' "
+        "best values: val/loss)"]
