@@ -12,8 +12,8 @@ run keeps its summary in ``wandb/offline-run-*/files``); W&B's own run files are
 and the training settings that change the method (adaptive gradient clipping: ``nf[agc_clip=0.01]``;
 its ``agc_eps`` and ``agc_clip_classifier`` too where they are not the defaults).
 Several runs of a variant are seeds, shown as mean +- std (sample std, n-1); runs of one variant
-that differ in another recorded setting (network, network options, learning rate, batch size) or
-share a seed are still pooled, but named in one warning line per variant (one for the experiment
+that differ in another recorded setting (network, network options, learning rate, batch size), in
+the steps they trained (a run stopped early among finished ones) or share a seed are still pooled, but named in one warning line per variant (one for the experiment
 where each of its variants was pooled over the same settings, as in a sweep's folder) and marked in
 the table's ``mixed`` column. A run resumed after an interruption is one run however many segments it has (one
 per run id: :func:`latest_segments`).
@@ -137,17 +137,31 @@ def _shown(value) -> str:
 def pooled_differences(runs: list[dict]) -> dict[str, list[str]]:
     """What the runs pooled as one variant's seeds differ in besides their seed: each setting of
     :data:`RUN_SETTINGS` recorded with more than one value (runs that did not record it left out),
-    and ``seed`` when two runs share one; each with the values concerned."""
+    ``steps`` when they trained different numbers of steps (a run stopped or still training among
+    finished ones; diverged runs left out), and ``seed`` when two runs share one; each with the
+    values concerned."""
     found: dict[str, list[str]] = {}
     for key in RUN_SETTINGS:
         values = list(dict.fromkeys(_shown(r[key]) for r in runs if r.get(key) is not None))
         if len(values) > 1:
             found[key] = values
+    lengths = _lengths(runs)
+    if len({steps for steps, _ in lengths}) > 1:
+        found["steps"] = [f"{steps}" + (f" {status}" if status else "") for steps, status in lengths]
     seeds = Counter(r["seed"] for r in runs if r.get("seed") is not None)
     shared = [str(seed) for seed, n in sorted(seeds.items()) if n > 1]
     if shared:
         found["seed"] = shared
     return found
+
+
+def _lengths(runs: list[dict]) -> list[tuple[int, str]]:
+    """The optimizer steps each run trained, with its status when it did not finish (``interrupted``:
+    stopped, or still training and summarised by an earlier segment), in order; a diverged run
+    stops early by design (the ``diverged`` column counts it) and is left out."""
+    found = {(int(r["steps"]), "" if r.get("status") in (None, "finished") else str(r["status"]))
+             for r in runs if r.get("steps") is not None and r.get("status") != "diverged"}
+    return sorted(found)
 
 
 def _and(items: list[str]) -> str:
@@ -168,6 +182,14 @@ _POOLED_ADVICE = ("(marked in the mixed column); give such runs different W&B gr
                   "apart")
 
 
+_UNFINISHED_ADVICE = "; resume a run that did not finish to its end (rescale fit ... --ckpt_path <its last.ckpt>)"
+
+
+def _unfinished(found: dict[str, list[str]]) -> bool:
+    """Whether the lengths a variant's runs differ in include a run that did not finish."""
+    return any(" " in value for value in found.get("steps", ()))
+
+
 def _warn_pooled(experiment: str, pooled: list[tuple[str, list[dict], dict[str, list[str]]]]) -> None:
     """One warning line per variant whose runs were pooled over other settings or shared seeds; one
     line for the experiment when several variants were pooled over the same settings (a sweep's
@@ -176,11 +198,12 @@ def _warn_pooled(experiment: str, pooled: list[tuple[str, list[dict], dict[str, 
         found = {key: sorted({v for _, _, f in pooled for v in f[key]}, key=_number_first) for key in pooled[0][2]}
         names = ", ".join(variant for variant, _, _ in pooled)
         log.warning(f"warning: {experiment}: the runs of each of its {len(pooled)} variants ({names}) "
-                    f"{_pooled_over(found)}, yet are pooled as their seeds {_POOLED_ADVICE}")
+                    f"{_pooled_over(found)}, yet are pooled as their seeds {_POOLED_ADVICE}"
+                    f"{_UNFINISHED_ADVICE if _unfinished(found) else ''}")
         return
     for variant, runs, found in pooled:
         log.warning(f"warning: {experiment}: the {len(runs)} runs of {variant} {_pooled_over(found)}, yet are pooled "
-                    f"as its seeds {_POOLED_ADVICE}")
+                    f"as its seeds {_POOLED_ADVICE}{_UNFINISHED_ADVICE if _unfinished(found) else ''}")
 
 
 def _number_first(value: str) -> tuple:

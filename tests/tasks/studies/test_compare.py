@@ -339,3 +339,22 @@ def test_an_experiment_without_the_metric_is_named(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines() == [
         "warning: wmt: none of its runs logged val/acc1 (as a best value); its rows have no val/acc1 (its runs' "
         "best values: val/loss)"]
+
+
+def test_runs_of_other_lengths_are_not_pooled_silently_as_seeds(tmp_path, capsys):
+    """A seed stopped early (never resumed, or still training: its summary is an earlier segment's)
+    pooled with finished seeds pulls the variant's mean: named in one warning line with the steps
+    each trained, and marked in the table; a diverged run stops early by design and is left out."""
+    root = tmp_path / "lengths"
+    write_run(root / "bn", "digits", "bn", 0.97, 20.0, 0.05, 0, steps=100)
+    write_run(root / "r0", "digits", "rescale", 0.95, 10.0, 0.1, 0, steps=100)
+    write_run(root / "r1", "digits", "rescale", 0.50, 10.0, 0.1, 1, steps=10, status="interrupted")
+    write_run(root / "f0", "digits", "fixup", 0.94, 10.0, 0.1, 0, steps=100)
+    write_run(root / "f1", "digits", "fixup", None, 10.0, float("nan"), 1, steps=7, status="diverged")
+    assert main(["compare", str(root), "--out", "cmp"]) == 0
+    with open(tmp_path / "cmp/compare.csv") as f:
+        assert {r["variant"]: r["mixed"] for r in csv.DictReader(f)} == {"bn": "", "fixup": "", "rescale": "steps"}
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "warning: digits: the 2 runs of rescale differ in steps (10 interrupted, 100), yet are pooled as its seeds "
+        "(marked in the mixed column); give such runs different W&B groups, or compare their folders apart; resume "
+        "a run that did not finish to its end (rescale fit ... --ckpt_path <its last.ckpt>)"]
