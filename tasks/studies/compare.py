@@ -20,7 +20,9 @@ per run id: :func:`latest_segments`).
 Each variant is set against the experiment's baseline: the variant named by ``--baseline`` or, by
 default, the first of bn, gn, post_ln, pre_ln present, else another scheme with BatchNorm, GroupNorm
 or LayerNorm under its options (never a LayerNorm-free one: dyt, derf, post_ln[norm=None]); an
-experiment without one is named in one warning line, its rows compared to nothing. A variant is better than the baseline when its metric
+experiment without one is named in one warning line, its rows compared to nothing; a variant that
+shares no network (architecture and network options) with its baseline is named in one warning line
+and marked in the ``mixed`` column. A variant is better than the baseline when its metric
 is higher (accuracy, box AP, BLEU) or lower (a loss); a tie is not better.
 
 Writes ``compare.csv/.md`` (one row per experiment and variant: n, the task's metric mean and
@@ -273,6 +275,11 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
             mixed = pooled_differences(group)
             if mixed:
                 pooled.append((variant, group, mixed))
+            other = _other_network(group, variants[base]) if base and variant != base else None
+            if other:
+                log.warning(f"warning: {experiment}: {variant} ran another network than its baseline {base} "
+                            f"({other}), yet is compared with it (marked in the mixed column); give such runs "
+                            "different W&B groups, or compare their folders apart")
             rows.append({
                 "experiment": experiment, "variant": variant,
                 "role": "baseline" if variant == base else "",
@@ -283,10 +290,39 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
                 "train_loss": loss, "samples_per_s": speed,
                 "speed_vs_baseline": speed / base_speed if speed and base_speed else None,
                 "diverged": f"{diverged}/{len(group)}",
-                "mixed": ", ".join(k if k != "seed" else f"shared seed {', '.join(v)}" for k, v in mixed.items()),
+                "mixed": ", ".join([*(k if k != "seed" else f"shared seed {', '.join(v)}" for k, v in mixed.items()),
+                                    *(["network vs baseline"] if other else [])]),
             })
         _warn_pooled(experiment, pooled)
     return rows, first
+
+
+def _network(run: dict) -> Optional[tuple[str, str]]:
+    """(what the run's network is, how it is shown): a registered network by its family and the
+    defaults its name fixes besides the scheme (``rescale50`` is ``resnet50`` under rescale), with
+    the run's network options; None when the run recorded no network."""
+    network = run.get("network")
+    if not network:
+        return None
+    options = run.get("network_options") or {}
+    shown = f"{network}" + (f" {_shown(options)}" if options else "")
+    try:
+        entry = model_entry(str(network))
+    except KeyError:
+        return json.dumps([network, options], sort_keys=True, default=str), shown
+    fixed = {k: v for k, v in entry.defaults.items() if k != "scheme"}
+    return json.dumps([entry.family, fixed, options], sort_keys=True, default=str), shown
+
+
+def _other_network(runs: list[dict], baseline: list[dict]) -> Optional[str]:
+    """``cifar_resnet {"depth": 56} against cifar_resnet {"depth": 20}`` when the runs of a variant
+    and of its baseline share no network (architecture and network options): a variant compared
+    with a baseline of another depth or width. None when they share one, or either recorded none."""
+    mine = dict(n for n in map(_network, runs) if n)
+    theirs = dict(n for n in map(_network, baseline) if n)
+    if not mine or not theirs or mine.keys() & theirs.keys():
+        return None
+    return f"{', '.join(sorted(mine.values()))} against {', '.join(sorted(theirs.values()))}"
 
 
 def _logged(groups: Iterable[list[dict]], use: str) -> str:

@@ -358,3 +358,31 @@ def test_runs_of_other_lengths_are_not_pooled_silently_as_seeds(tmp_path, capsys
         "warning: digits: the 2 runs of rescale differ in steps (10 interrupted, 100), yet are pooled as its seeds "
         "(marked in the mixed column); give such runs different W&B groups, or compare their folders apart; resume "
         "a run that did not finish to its end (rescale fit ... --ckpt_path <its last.ckpt>)"]
+
+
+def test_a_variant_against_a_baseline_of_another_network_is_named(tmp_path, capsys):
+    """One W&B group holding a depth-20 BN run and a depth-56 RescaleNet (a depth overridden on the
+    command line keeps the config's group) compared them silently: now one warning line and the
+    mixed column. A paper model's name that fixes only its scheme (rescale50 is resnet50 under
+    rescale) is the same network."""
+    root = tmp_path / "depths"
+    write_run(root / "bn", "digits", "bn", 0.90, 20.0, 0.05, 0, network="cifar_resnet",
+              network_options={"depth": 20})
+    write_run(root / "r", "digits", "rescale", 0.95, 10.0, 0.1, 0, network="cifar_resnet",
+              network_options={"depth": 56})
+    write_run(root / "f", "digits", "fixup", 0.93, 10.0, 0.1, 0, network="cifar_resnet",
+              network_options={"depth": 20})
+    write_run(root / "in_bn", "imagenet", "bn", 0.76, 20.0, 0.05, 0, network="resnet50")
+    write_run(root / "in_r", "imagenet", "rescale", 0.76, 20.0, 0.05, 0, network="rescale50")
+    write_run(root / "in_r101", "imagenet", "fixup", 0.78, 20.0, 0.05, 0, network="resnet101")
+    assert main(["compare", str(root), "--out", "cmp"]) == 0
+    with open(tmp_path / "cmp/compare.csv") as f:
+        assert {(r["experiment"], r["variant"]): r["mixed"] for r in csv.DictReader(f)} == {
+            ("digits", "bn"): "", ("digits", "fixup"): "", ("digits", "rescale"): "network vs baseline",
+            ("imagenet", "bn"): "", ("imagenet", "fixup"): "network vs baseline", ("imagenet", "rescale"): ""}
+    tail = ("yet is compared with it (marked in the mixed column); give such runs different W&B groups, or compare "
+            "their folders apart")
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f'warning: digits: rescale ran another network than its baseline bn (cifar_resnet {{"depth": 56}} against '
+        f'cifar_resnet {{"depth": 20}}), {tail}',
+        f"warning: imagenet: fixup ran another network than its baseline bn (resnet101 against resnet50), {tail}"]
