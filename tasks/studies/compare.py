@@ -255,7 +255,8 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
     for experiment in sorted(groups):
         variants = groups[experiment]
         mine = pick_metric([r for group in variants.values() for r in group], requested, default=first)
-        if not any(mine in (r.get(use) or {}) for group in variants.values() for r in group):
+        logged = any(mine in (r.get(use) or {}) for group in variants.values() for r in group)
+        if not logged:
             log.warning(f"warning: {experiment}: none of its runs logged {mine} (as a {use} value); its rows have "
                         f"no {mine} (its runs' {use} values: {_logged(variants.values(), use)})")
         higher = higher_is_better(mine)
@@ -263,6 +264,14 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
         if base is None:
             _warn_no_baseline(experiment, variants, baseline)
         base_mean = mean_std(_metric_value(r, mine, use) for r in variants[base])[0] if base else None
+        if base and base_mean is None and logged and len(variants) > 1:
+            runs_of = variants[base]
+            diverged = sum(r.get("status") == "diverged" for r in runs_of)
+            why = (f"its {len(runs_of)} run{'s' if len(runs_of) > 1 else ''} diverged" if diverged == len(runs_of)
+                   else f"{diverged} of its {len(runs_of)} runs diverged, the others logged no finite {mine}"
+                   if diverged else f"its runs logged no finite {mine} ({use} value)")
+            log.warning(f"warning: {experiment}: the baseline {base} has no {mine}: {why}; its variants' rows have "
+                        "no comparison to a baseline (name another of its variants with --baseline)")
         base_speed = mean_std(r.get("samples_per_second") for r in variants[base])[0] if base else None
         order = ([base] if base else []) + sorted(v for v in variants if v != base)
         pooled: list[tuple[str, list[dict], dict[str, list[str]]]] = []

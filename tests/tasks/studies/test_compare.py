@@ -386,3 +386,21 @@ def test_a_variant_against_a_baseline_of_another_network_is_named(tmp_path, caps
         f'warning: digits: rescale ran another network than its baseline bn (cifar_resnet {{"depth": 56}} against '
         f'cifar_resnet {{"depth": 20}}), {tail}',
         f"warning: imagenet: fixup ran another network than its baseline bn (resnet101 against resnet50), {tail}"]
+
+
+def test_a_baseline_without_a_value_is_named(tmp_path, capsys):
+    """Every run of the baseline diverged (or logged no finite value): its variants' rows compare
+    to nothing, said in one warning line, as an experiment without a baseline is."""
+    root = tmp_path / "nobase"
+    write_run(root / "bn0", "digits", "bn", None, 20.0, float("nan"), 0, status="diverged")
+    write_run(root / "bn1", "digits", "bn", None, 20.0, float("nan"), 1, status="diverged")
+    write_run(root / "r", "digits", "rescale", 0.95, 10.0, 0.1, 0)
+    write_run(root / "g", "mnist", "gn", None, 20.0, 0.1, 0)
+    write_run(root / "f", "mnist", "fixup", 0.9, 10.0, 0.1, 0)
+    assert main(["compare", str(root), "--out", "cmp"]) == 0
+    tail = "its variants' rows have no comparison to a baseline (name another of its variants with --baseline)"
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"warning: digits: the baseline bn has no val/acc1: its 2 runs diverged; {tail}",
+        f"warning: mnist: the baseline gn has no val/acc1: its runs logged no finite val/acc1 (best value); {tail}"]
+    with open(tmp_path / "cmp/compare.csv") as f:
+        assert {r["vs_baseline"] for r in csv.DictReader(f)} == {""}
