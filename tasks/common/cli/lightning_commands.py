@@ -157,6 +157,11 @@ class RescaleCLI(LightningCLI):
         parser.add_argument("--output_dir", type=Optional[str], default=None,
                             help="where test/predict write their result files (default: results/<checkpoint "
                                  "name>/ in the folder of the run that wrote --ckpt_path; see results_folder)")
+        if self._built_subcommands is None:
+            # parse and instantiate only (run_lightning's run=False: rescale analyze, export): the config
+            # a fit run saved (rescale_config.yaml) holds fit's own arguments (ckpt_path, weights_only),
+            # parsed here as fit's parser parses them, and not used
+            parser.add_method_arguments(self.trainer_class, "fit", skip=set(LightningCLI.subcommands()["fit"]))
 
     def before_instantiate_classes(self) -> None:
         """Check network and scheme names before anything is built, so a typo is one clear line

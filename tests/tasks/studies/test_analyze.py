@@ -175,6 +175,18 @@ def test_scalars_at_init_and_one_line_errors(tmp_path, run_config, trained, erro
                             "skipinit, skipinit_reg")
 
 
+def test_the_config_a_run_saved_is_accepted(trained):
+    """The one-line error of a checkpoint of another config says to give the config the run saved
+    (rescale_config.yaml): that file holds fit's own ckpt_path and weights_only, which `rescale
+    analyze` (and `export`) refused as unknown keys."""
+    saved = os.path.join(trained.plain.run_dir, "files", "rescale_config.yaml")
+    assert "ckpt_path: null" in open(saved).read()
+    assert main(["analyze", "scalars", "--config", saved, "--ckpt", trained.plain.last, "--out", "saved"]) == 0
+    assert main(["analyze", "scalars", "--config", trained.config, "--ckpt", trained.plain.last, "--out", "given"]) == 0
+    strip = [{k: v for k, v in row.items() if k != "run"} for row in written("saved", "scalars")]
+    assert strip == [{k: v for k, v in row.items() if k != "run"} for row in written("given", "scalars")]
+
+
 # --- dead-relu -------------------------------------------------------------------------------------
 
 def test_dead_relu_depends_on_samples_only_with_mean_shift(tmp_path, run_config, capsys):
