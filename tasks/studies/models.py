@@ -89,17 +89,29 @@ def _stem(path: str) -> str:
 
 
 def run_names(configs: Sequence[str]) -> list[str]:
-    """A short name per config: its file name, with its folder where two names would clash."""
-    stems = [_stem(c) for c in configs]
-    return [f"{os.path.basename(os.path.dirname(os.path.abspath(c)))}/{s}" if stems.count(s) > 1 else s
-            for c, s in zip(configs, stems)]
+    """A short name per config, distinct for distinct files: its file name, with as many of its
+    folders as tell it from the configs of the same name (the configs two runs saved,
+    ``<run>/files/rescale_config.yaml``, by their run folders); a file given twice is numbered."""
+    paths = [os.path.splitext(os.path.abspath(c))[0].split(os.sep) for c in configs]
+    depths = [1] * len(paths)
+    while True:
+        names = ["/".join(p[-d:]) for p, d in zip(paths, depths)]
+        clashing = [i for i, n in enumerate(names) if names.count(n) > 1 and depths[i] < len(paths[i])
+                    and any(paths[j] != paths[i] for j, m in enumerate(names) if m == n)]
+        if not clashing:
+            break
+        for i in clashing:
+            depths[i] += 1
+    return [n if names.count(n) == 1 else f"{n} ({names[:i + 1].count(n)})" for i, n in enumerate(names)]
 
 
 def subjects(configs: Sequence[str], ckpts: Sequence[str] = (), overrides: Sequence[str] = (),
              device: str | torch.device = "auto") -> Iterator[Subject]:
     """The subjects of a command, built one at a time (a paper-scale model is freed before the
     next is built): one per config at initialisation; with checkpoints, one per checkpoint of a
-    single config (several checkpoints of one run) or one checkpoint per config, in order."""
+    single config (several checkpoints of one run) or one checkpoint per config, in order. Each
+    has a label of its own (the rows of two are never pooled): a checkpoint at the step of an
+    earlier one is named by its file."""
     configs, ckpts = list(configs), list(ckpts or ())
     names = run_names(configs)
     if not ckpts:
@@ -111,8 +123,16 @@ def subjects(configs: Sequence[str], ckpts: Sequence[str] = (), overrides: Seque
     else:
         raise UserError(f"{len(ckpts)} --ckpt for {len(configs)} --config: give one --ckpt per --config (in the "
                         "same order), or one --config with several --ckpt (checkpoints of one run)")
-    for config, ckpt, name in pairs:
-        yield load_subject(config, ckpt, overrides, name=name, device=device)
+    labels: set[str] = set()
+    for n, (config, ckpt, name) in enumerate(pairs, start=1):
+        subject = load_subject(config, ckpt, overrides, name=name, device=device)
+        # two checkpoints of one run at one step (an epoch's and last.ckpt): rows of its own each
+        for other in (f"{name} ({os.path.basename(ckpt or config)})", f"{name} (--ckpt {n})"):
+            if subject.label not in labels:
+                break
+            subject.name = other
+        labels.add(subject.label)
+        yield subject
 
 
 # --- inputs ----------------------------------------------------------------------------------------

@@ -187,6 +187,24 @@ def test_the_config_a_run_saved_is_accepted(trained):
     assert strip == [{k: v for k, v in row.items() if k != "run"} for row in written("given", "scalars")]
 
 
+def test_runs_of_one_config_name_are_never_pooled(trained):
+    """The configs two runs saved share a name (``<run>/files/rescale_config.yaml``), and two
+    checkpoints of one run can share a step (the last step's and last.ckpt): each is a run of its
+    own in the tables. They were one, whose per-stage rows took the first block of one run and the
+    last of the other (growth 2 blocks long in a 1-block stage)."""
+    saved = [os.path.join(run.run_dir, "files", "rescale_config.yaml") for run in (trained.plain, trained.probed)]
+    assert main(["analyze", "signal", "--config", *saved[:1], "--config", saved[1], "--input", "gaussian",
+                 "--samples", "8", "--out", "two"]) == 0
+    names = [f"{os.path.basename(run.run_dir)}/files/rescale_config" for run in (trained.plain, trained.probed)]
+    assert [(r["run"], r["blocks"]) for r in read_csv("two/signal_stages.csv")] == [
+        (name, "1") for name in names for _ in range(3)]
+    last_step = trained.plain.steps[-1]
+    assert main(["analyze", "signal", "--config", trained.config, "--ckpt", last_step, "--ckpt", trained.plain.last,
+                 "--input", "gaussian", "--samples", "8", "--out", "same_step"]) == 0
+    assert [(r["run"], r["blocks"]) for r in read_csv("same_step/signal_stages.csv")] == [
+        (run, "1") for run in ("vector8 step 3", "vector8 (last.ckpt) step 3") for _ in range(3)]
+
+
 # --- dead-relu -------------------------------------------------------------------------------------
 
 def test_dead_relu_depends_on_samples_only_with_mean_shift(tmp_path, run_config, capsys):
