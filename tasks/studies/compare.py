@@ -397,8 +397,8 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
     """A W&B run read through W&B's API (its config, summary and history rows) as a run summary:
     network, scheme, their options, ``agc_clip`` (with ``agc_eps`` and ``agc_clip_classifier``), the optimizer's ``lr``, the data's ``batch_size``
     and ``seed_everything`` from the config the suite pushed (:class:`~..common.run.SaveConfigToRun`),
-    the curves and best validation values from the history (``trainer/global_step`` + 1: the
-    summary's steps), the final values and the throughput (``throughput/<unit>_per_s``) from the
+    the curves, best validation values and steps trained from the history (``trainer/global_step``
+    + 1: the summary's steps), the final values and the throughput (``throughput/<unit>_per_s``) from the
     W&B summary."""
     init = ((config.get("model") or {}).get("init_args") or {})
     optimizer = init.get("optimizer") if isinstance(init.get("optimizer"), dict) else {}
@@ -408,10 +408,12 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
     final = {k: float(v) for k, v in summary.items()
              if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")}
     points: dict[str, dict[int, float]] = defaultdict(dict)  # a step logged again (a resume) keeps its last value
+    steps = None  # the furthest step logged: a run still training (state running) has fewer than its seeds
     for row in history:
         step = row.get("trainer/global_step")
         if not isinstance(step, (int, float)):
             continue
+        steps = max(steps or 0, int(step) + 1)
         for key, value in row.items():
             if (key == "train/loss_step" or key.startswith("val/")) and isinstance(value, (int, float)):
                 points["train/loss" if key == "train/loss_step" else key][int(step) + 1] = float(value)
@@ -429,7 +431,7 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
         "network_options": init.get("network_options") or {}, "agc_clip": init.get("agc_clip"),
         "agc_eps": init.get("agc_eps"), "agc_clip_classifier": init.get("agc_clip_classifier"),
         "lr": optimizer.get("lr"), "batch_size": data.get("batch_size"), "seed": seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
-        "status": "diverged" if diverged else (state or "finished"),
+        "status": "diverged" if diverged else (state or "finished"), "steps": steps,
         "final": final, "best": best, "samples_per_second": throughput, "curves": curves,
     }
 

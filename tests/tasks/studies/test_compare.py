@@ -404,3 +404,20 @@ def test_a_baseline_without_a_value_is_named(tmp_path, capsys):
         f"warning: mnist: the baseline gn has no val/acc1: its runs logged no finite val/acc1 (best value); {tail}"]
     with open(tmp_path / "cmp/compare.csv") as f:
         assert {r["vs_baseline"] for r in csv.DictReader(f)} == {""}
+
+
+def test_a_wandb_run_still_training_is_named_among_its_seeds(caplog):
+    """A W&B project's run still training (state running) has its steps so far from its history: pooled
+    with finished seeds, it is named as a run of other length."""
+    from rescale_tasks.studies.compare import compare_rows, run_from_wandb
+
+    def run(scheme, seed, steps, state):
+        config = {"seed_everything": seed, "model": {"init_args": {"network": "resnet20", "scheme": scheme}}}
+        history = [{"trainer/global_step": s, "val/acc1": 0.5 + s / 1000} for s in range(9, steps, 10)]
+        return run_from_wandb(config=config, summary={}, history=history, group="digits", run_id=f"{scheme}{seed}",
+                              state=state)
+    runs = [run("bn", 0, 100, "finished"), run("rescale", 0, 100, "finished"), run("rescale", 1, 40, "running")]
+    assert [r["steps"] for r in runs] == [100, 100, 40]
+    rows, _ = compare_rows(runs)
+    assert [r["mixed"] for r in rows] == ["", "steps"]
+    assert "the 2 runs of rescale differ in steps (40 running, 100)" in caplog.text
