@@ -51,7 +51,7 @@ from ..common.run import MalformedSummary, find_summaries, higher_is_better, rea
 from .outputs import StudyOutputs
 
 __all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of", "pick_metric", "METRICS",
-           "latest_segments", "run_identity"]
+           "latest_segments", "run_identity", "bar_label"]
 
 log = logging.getLogger(__name__)
 
@@ -355,6 +355,15 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "runs"
 
 
+def bar_label(row: dict) -> str:
+    """A variant's name under its bar, and why it has no bar: ``(diverged)`` when every run of it
+    diverged, ``(no value)`` when the others logged no finite value of the metric."""
+    if row["mean"] is not None:
+        return row["variant"]
+    diverged, runs = row["diverged"].split("/")
+    return f"{row['variant']} ({'diverged' if diverged == runs else 'no value'})"
+
+
 def _plots(outputs: StudyOutputs, runs: list[dict], rows: list[dict], metric: str) -> None:
     by_experiment: dict[str, list[dict]] = defaultdict(list)
     for run in runs:
@@ -386,7 +395,7 @@ def _plots(outputs: StudyOutputs, runs: list[dict], rows: list[dict], metric: st
         ax.bar(xs, [r["mean"] if r["mean"] is not None else 0.0 for r in mine],
                yerr=[r["std"] or 0.0 for r in mine], capsize=4,
                color=["0.6" if r["role"] else "C0" for r in mine])
-        ax.set_xticks(list(xs), [r["variant"] + (" (diverged)" if r["mean"] is None else "") for r in mine],
+        ax.set_xticks(list(xs), [bar_label(r) for r in mine],
                       rotation=30, ha="right", fontsize=8)
         ax.set(ylabel=metric, title=f"{experiment}: {metric} (mean +- std over seeds)")
         outputs.figure(f"{_slug(experiment)}_metric", fig)

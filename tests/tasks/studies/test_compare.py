@@ -421,3 +421,15 @@ def test_a_wandb_run_still_training_is_named_among_its_seeds(caplog):
     rows, _ = compare_rows(runs)
     assert [r["mixed"] for r in rows] == ["", "steps"]
     assert "the 2 runs of rescale differ in steps (40 running, 100)" in caplog.text
+
+
+def test_a_bar_without_value_says_why():
+    """The metric plot labelled every variant without a value diverged, also one whose runs logged no
+    value (stopped before validating, or a NaN metric)."""
+    from rescale_tasks.studies.compare import bar_label, compare_rows
+
+    def run(scheme, status, best):
+        return {"group": "g", "scheme": scheme, "status": status, "final": {}, "best": best}
+    rows, _ = compare_rows([run("bn", "finished", {"val/acc1": 0.9}), run("none", "diverged", {}),
+                            run("fixup", "interrupted", {"val/acc1": None}), run("fixup", "diverged", {})])
+    assert [bar_label(r) for r in rows] == ["bn", "fixup (no value)", "none (diverged)"]
