@@ -99,13 +99,13 @@ def scalars_figure(rows: Sequence[dict], title: Optional[str] = None):
     fig, axes = new_figure(2 if over_time else 1, width=max(5.0, 0.3 * len({r["block"] for r in rows}) * len(runs) + 3))
     ax = axes[0]
     width = 0.8 / max(len(runs), 1)
-    blocks: list[str] = []
+    # every run's blocks, the deepest run's order first (a 20-layer and a 56-layer run side by side)
+    deepest = sorted(runs.values(), key=lambda rs: -len({r["block"] for r in rs}))
+    blocks = list(dict.fromkeys(r["block"] for rs in deepest for r in rs))
     for i, (run, rs) in enumerate(runs.items()):
         last = max(r["step"] for r in rs)
         rs = [r for r in rs if r["step"] == last]
-        blocks = blocks or [r["block"] for r in rs]
-        x = [blocks.index(r["block"]) + (i - (len(runs) - 1) / 2) * width if r["block"] in blocks
-             else len(blocks) for r in rs]
+        x = [blocks.index(r["block"]) + (i - (len(runs) - 1) / 2) * width for r in rs]
         ranges = [[r["gain"] - r["gain_min"] if r["gain_min"] is not None else 0 for r in rs],
                   [r["gain_max"] - r["gain"] if r["gain_max"] is not None else 0 for r in rs]]
         vector = any(r["gain_min"] is not None for r in rs)
