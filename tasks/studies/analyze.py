@@ -176,7 +176,7 @@ def _scalars(args, overrides: list[str]) -> int:
 def _dead_relu(args, overrides: list[str]) -> int:
     if args.max_samples < 1 or args.eval_samples < 1 or args.batch_size < 1:
         raise UserError("--max_samples, --eval_samples and --batch_size must be at least 1")
-    sizes = [2 ** i for i in range(10) if 2 ** i <= args.max_samples]  # 1 .. 512
+    sizes = [2 ** i for i in range(args.max_samples.bit_length())]  # 1, 2, 4, .. up to --max_samples
     out = StudyOutputs(args.out or "analysis/dead_relu")
     shifted = ["--model.init_args.scheme_options.mean_shift", "true"]
     for config, name in zip(args.config, run_names(args.config)):  # every config checked before any is measured

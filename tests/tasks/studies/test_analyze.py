@@ -222,6 +222,15 @@ def test_dead_relu_depends_on_samples_only_with_mean_shift(tmp_path, run_config,
     assert "| rescale8 | yes | 16 |" in capsys.readouterr().out
 
 
+def test_dead_relu_measures_up_to_max_samples(tmp_path, run_config):
+    """--max_samples 1024 stopped at 512 samples (the series was cut at 2^9 whatever was asked)."""
+    config = run_config(tmp_path / "rescale8.yaml")
+    assert main(["analyze", "dead-relu", "--config", config, "--max_samples", "1500", "--eval_samples", "2",
+                 "--input", "gaussian", "--batch_size", "512", "--out", "dr"]) == 0
+    assert [int(r["samples"]) for r in read_csv("dr/dead_relu.csv") if r["mean_shift"] == "True"] == [
+        2 ** i for i in range(11)]
+
+
 def test_dead_relu_refuses_a_scheme_that_cannot_take_mean_shift_before_measuring(tmp_path, run_config, error_line):
     rescale = run_config(tmp_path / "rescale8.yaml")
     nf = run_config(tmp_path / "nf8.yaml", model={"init_args": {"scheme": "nf"}})
