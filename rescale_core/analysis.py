@@ -79,7 +79,8 @@ def signal_propagation(model: nn.Module, inputs, train: bool | None = True) -> l
     ``train=True`` (default) measures as at the start of training (BatchNorm uses batch
     statistics; mean-shift layers still measuring subtract this batch's means, as they would on
     the first training batch); ``False`` uses eval mode; ``None`` keeps the model's mode. The
-    model's parameters, buffers (BN running stats, mean-shift state) and modes are restored.
+    model's parameters, buffers (BN running stats, mean-shift state) and modes are restored, and
+    the random streams (CPU, and the model's GPUs) are where they were: dropout draws from a fork.
     Models without residual blocks (VGG) give an empty list.
     """
     blocks = residual_blocks(model)
@@ -109,7 +110,9 @@ def signal_propagation(model: nn.Module, inputs, train: bool | None = True) -> l
         return hook
 
     measuring = any(isinstance(m, MeanShiftBias) and m.measuring for m in model.modules())
-    with _preserved_state(model, train), reference_path(model):
+    # dropout in training mode draws from a fork of the random streams: the caller's run on unchanged
+    devices = sorted({p.device.index for p in model.parameters() if p.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices), _preserved_state(model, train), reference_path(model):
         try:
             for name, block in blocks:
                 handles.append(block.merge.register_forward_hook(merge_hook))

@@ -214,3 +214,19 @@ def test_dead_relu_fraction_counts_a_resnets_stem_channels():
     units = 4 + 2 * (4 + 8 + 16)
     x = torch.randn(2, 3, 8, 8)
     assert dead_relu_fraction(model, x) == 1 / units == dead_relu_fraction(model, x, per_sample=True)
+
+
+def test_signal_propagation_leaves_the_random_streams_as_they_were():
+    """A Transformer probed in training mode runs its dropout: it drew from the caller's random
+    stream, so a training step after a probe saw other dropout masks than without it."""
+    model = rescale_core.create_model("transformer_tiny", scheme="pre_ln", src_vocab_size=30)
+    assert any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
+    tokens = (torch.randint(3, 30, (2, 5)), torch.randint(3, 30, (2, 4)))
+    torch.manual_seed(2)
+    first = signal_propagation(model, tokens, train=True)
+    torch.manual_seed(1)
+    expected = torch.rand(3)
+    torch.manual_seed(1)
+    second = signal_propagation(model, tokens, train=True)
+    assert torch.equal(torch.rand(3), expected)
+    assert [r["var_out"] for r in first] != [r["var_out"] for r in second]  # dropout did act, on a fork

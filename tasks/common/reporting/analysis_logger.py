@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 
 import lightning.pytorch as L
-import torch
 from lightning.pytorch.loggers import WandbLogger
 
 from rescale_core.analysis import signal_propagation
@@ -72,11 +71,7 @@ class AnalysisPlotsLogger(L.Callback):
         start = time.perf_counter()
         net = getattr(pl_module, "net", pl_module)
         inputs = take_samples(network_inputs(pl_module, batch), 0, self.samples)
-        device = inputs[0].device
-        devices = [device.index if device.index is not None else torch.cuda.current_device()] \
-            if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            records = signal_propagation(net, inputs, train=self.train)
+        records = signal_propagation(net, inputs, train=self.train)  # on a fork of the random streams
         gains = gain_rows(net, run="net", step=step)
         if not trainer.is_global_zero:
             return
