@@ -38,7 +38,7 @@ from ..common.reporting import (SCALAR_COLUMNS, SIGNAL_COLUMNS, finish_figure, g
 from ..common.system import resolve_device
 from ..common.training import take_samples
 from .models import Subject, load_subject, probe_inputs, run_names, subjects
-from .outputs import StudyOutputs
+from .outputs import StudyOutputs, check_wandb_run
 
 __all__ = ["main", "signal_stage_rows", "dead_relu_rows", "dead_relu_figure", "DEAD_RELU_COLUMNS"]
 
@@ -271,6 +271,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     if getattr(args, "samples", 1) < 1:
         raise UserError("--samples must be at least 1")
+    check_wandb_run(args.wandb_run, args.wandb_project)  # before the probes' work, as the folders are
     if hasattr(args, "device"):
         args.device = resolve_device(args.device)  # before anything is built
     return args.func(args, overrides)

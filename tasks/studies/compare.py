@@ -48,7 +48,7 @@ from rescale_core.registry import model_entry
 from ..common.errors import UserArgumentParser, UserError
 from ..common.reporting import new_figure, wandb_mode
 from ..common.run import MalformedSummary, find_summaries, higher_is_better, read_summary
-from .outputs import StudyOutputs
+from .outputs import StudyOutputs, check_wandb_run
 
 __all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of", "pick_metric", "METRICS",
            "latest_segments", "run_identity", "bar_label"]
@@ -534,13 +534,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--baseline", help="the baseline variant (default: bn, gn, post_ln or pre_ln, else another "
                                      "scheme with BatchNorm, GroupNorm or LayerNorm; never dyt or derf)")
     p.add_argument("--out", default="compare", help="output folder")
-    p.add_argument("--wandb_run", help="also log the table and plots to this W&B run (folder or id)")
+    p.add_argument("--wandb_run", help="also log the table and plots to this W&B run (its folder, or its id with "
+                                       "--wandb_project: the project of the runs compared)")
     args = p.parse_args(argv)
     if not args.folders and not args.wandb_project:
         raise UserError("rescale compare needs run folders (e.g. runs/) or --wandb_project")
     missing = [f for f in args.folders if not os.path.exists(f)]
     if missing:
         raise UserError(f"rescale compare: no such folder {missing[0]}")
+    check_wandb_run(args.wandb_run, args.wandb_project)
     outputs = StudyOutputs(args.out)
     runs, skipped = _read_summaries(args.folders)
     if args.wandb_project:  # a run under both the folders and --wandb_dir counts once
@@ -555,5 +557,5 @@ def main(argv: Optional[list[str]] = None) -> int:
     outputs.table("compare", rows, title=f"{metrics} ({args.use}; each experiment its task's metric, see the "
                   f"metric column), each variant against its baseline; std: sample std over seeds (n-1){left_out}")
     _plots(outputs, runs, rows, metric)
-    outputs.finish(args.wandb_run, echo=["compare"])
+    outputs.finish(args.wandb_run, args.wandb_project, echo=["compare"])
     return 0

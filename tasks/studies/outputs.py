@@ -15,7 +15,8 @@ from ..common.errors import UserError
 from ..common.reporting import wandb_mode
 from ..common.system import atomic_open, atomic_path, require_writable, write_output
 
-__all__ = ["write_table", "markdown_table", "format_cell", "save_figure", "log_to_wandb", "StudyOutputs"]
+__all__ = ["write_table", "markdown_table", "format_cell", "save_figure", "log_to_wandb", "check_wandb_run",
+           "StudyOutputs"]
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +82,12 @@ def save_figure(fig, path: str) -> str:
 def log_to_wandb(run: str, tables: dict[str, Sequence[dict]], images: dict[str, str],
                  project: Optional[str] = None) -> str:
     """Log tables and PNGs to the W&B run ``run``: a run directory of this suite
-    (``.../wandb/offline-run-*`` or ``run-*``) or a run id (with ``project``). The run is resumed
+    (``.../wandb/offline-run-*`` or ``run-*``) or a run id (with ``project``, ``project`` or
+    ``entity/project``). The run is resumed
     (``resume="allow"``) in the suite's mode: offline unless logged in. Returns the run id."""
     import wandb
 
+    check_wandb_run(run, project)
     save_dir = None
     if os.path.isdir(run):
         run_id, logged_to = _run_of_folder(run)
@@ -92,11 +95,10 @@ def log_to_wandb(run: str, tables: dict[str, Sequence[dict]], images: dict[str, 
         save_dir = os.path.dirname(os.path.dirname(os.path.abspath(run)))  # <save_dir>/wandb/<run>
     else:
         run_id = run
-        if not project:
-            raise UserError(f"--wandb_run {run}: a run id needs --wandb_project (or give the run's folder)")
     settings = wandb.Settings(console="off", silent=True)
+    entity, _, name = (project or "rescale").rpartition("/")  # entity/project, as --wandb_project takes it
     # dir: an explicit folder (W&B would otherwise use the working folder of its first run in this process)
-    with wandb.init(id=run_id, project=project or "rescale", dir=save_dir or os.getcwd(), resume="allow",
+    with wandb.init(id=run_id, project=name, entity=entity or None, dir=save_dir or os.getcwd(), resume="allow",
                     mode=wandb_mode(), settings=settings) as wb:
         payload: dict[str, Any] = {}
         for name, rows in tables.items():
@@ -106,6 +108,18 @@ def log_to_wandb(run: str, tables: dict[str, Sequence[dict]], images: dict[str, 
             payload[f"plots/{name}"] = wandb.Image(path)
         wb.log(payload)
     return run_id
+
+
+def check_wandb_run(run: Optional[str], project: Optional[str]) -> None:
+    """Refuse, in one :class:`UserError` line and before a command does its work, a ``--wandb_run``
+    that :func:`log_to_wandb` could not log to: a folder that is no W&B run's, or a run id without
+    its project."""
+    if not run:
+        return
+    if os.path.isdir(run):
+        _run_of_folder(run)
+    elif not project:
+        raise UserError(f"--wandb_run {run}: a run id needs --wandb_project (or give the run's folder)")
 
 
 def _run_of_folder(folder: str) -> tuple[str, Optional[str]]:

@@ -135,6 +135,14 @@ def test_bad_flag_is_one_line(error_line):
     assert "the following arguments are required: --config" in error_line()
 
 
+def test_a_wandb_run_it_cannot_log_to_is_refused_before_the_probes(tmp_path, run_config, error_line):
+    """Refused only at the end before, once every model was built and probed."""
+    config = run_config(tmp_path / "rescale8.yaml")
+    assert main(["analyze", "signal", "--config", config, "--wandb_run", "abc123", "--out", "sig"]) == 2
+    assert error_line() == "--wandb_run abc123: a run id needs --wandb_project (or give the run's folder)"
+    assert not os.path.exists("sig")
+
+
 # --- scalars ---------------------------------------------------------------------------------------
 
 def test_scalars_of_checkpoints_are_the_checkpoints_gains(trained, capsys):

@@ -433,3 +433,19 @@ def test_a_bar_without_value_says_why():
     rows, _ = compare_rows([run("bn", "finished", {"val/acc1": 0.9}), run("none", "diverged", {}),
                             run("fixup", "interrupted", {"val/acc1": None}), run("fixup", "diverged", {})])
     assert [bar_label(r) for r in rows] == ["bn", "fixup (no value)", "none (diverged)"]
+
+
+def test_the_wandb_run_is_checked_first_and_an_id_takes_the_projects_name(runs, tmp_path, capsys):
+    """--wandb_run <id> was refused for want of --wandb_project even when it was given (compare did
+    not pass it on), and only once the table was written: now checked before anything is read, and
+    the id is a run of the project compared."""
+    assert main(["compare", str(runs), "--out", "cmp", "--wandb_run", "abc123"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --wandb_run abc123: a run id needs --wandb_project (or give the run's folder)"]
+    assert not (tmp_path / "cmp").exists()
+    for summary in runs.rglob("run_summary.json"):
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "project": "proj"}))
+    assert main(["compare", "--wandb_project", "me/proj", "--wandb_dir", str(runs), "--out", "cmp",
+                 "--wandb_run", "abc123"]) == 0
+    assert "logged to W&B run abc123" in capsys.readouterr().out
+    assert len(list(tmp_path.glob("wandb/offline-run-*-abc123/run-abc123.wandb"))) == 1
