@@ -369,6 +369,14 @@ def _plots(outputs: StudyOutputs, runs: list[dict], rows: list[dict], metric: st
     for run in runs:
         by_experiment[experiment_of(run)].append(run)
     metric_of = {r["experiment"]: r["metric"] for r in rows}
+    stems: dict[str, str] = {}  # experiment -> its files' stem, distinct ("en de" and "en_de" both slug to en_de)
+    for experiment in sorted(by_experiment):
+        stem = name = _slug(experiment)
+        n = 1
+        while name in stems.values():
+            n += 1
+            name = f"{stem}-{n}"
+        stems[experiment] = name
     for experiment, group in sorted(by_experiment.items()):
         metric = metric_of.get(experiment, metric)
         fig, (ax_loss, ax_metric) = new_figure(2)
@@ -387,7 +395,7 @@ def _plots(outputs: StudyOutputs, runs: list[dict], rows: list[dict], metric: st
                 ax_metric.plot(*zip(*points), color=color, marker="o", alpha=0.8, label=label)
         ax_loss.set(xlabel="step", ylabel="train loss", yscale="log", title=f"{experiment}: training loss")
         ax_metric.set(xlabel="step", ylabel=metric, title=f"{experiment}: {metric}")
-        outputs.figure(f"{_slug(experiment)}_curves", fig)
+        outputs.figure(f"{stems[experiment]}_curves", fig)
 
         mine = [r for r in rows if r["experiment"] == experiment]
         fig, (ax,) = new_figure(1)
@@ -398,7 +406,7 @@ def _plots(outputs: StudyOutputs, runs: list[dict], rows: list[dict], metric: st
         ax.set_xticks(list(xs), [bar_label(r) for r in mine],
                       rotation=30, ha="right", fontsize=8)
         ax.set(ylabel=metric, title=f"{experiment}: {metric} (mean +- std over seeds)")
-        outputs.figure(f"{_slug(experiment)}_metric", fig)
+        outputs.figure(f"{stems[experiment]}_metric", fig)
 
 
 def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name=None, group=None, run_id=None,

@@ -449,3 +449,14 @@ def test_the_wandb_run_is_checked_first_and_an_id_takes_the_projects_name(runs, 
                  "--wandb_run", "abc123"]) == 0
     assert "logged to W&B run abc123" in capsys.readouterr().out
     assert len(list(tmp_path.glob("wandb/offline-run-*-abc123/run-abc123.wandb"))) == 1
+
+
+def test_experiments_of_one_file_name_each_keep_their_plots(tmp_path, capsys):
+    """Groups "en de" and "en_de" both make en_de_*.png: the second overwrote the first's plots."""
+    root = tmp_path / "slugs"
+    for group in ("en de", "en_de"):
+        write_run(root / group / "bn", group, "bn", 0.9, 10.0, 0.1, 0)
+        write_run(root / group / "r", group, "rescale", 0.8, 10.0, 0.1, 0)
+    assert main(["compare", str(root), "--out", "cmp"]) == 0
+    assert sorted(p.name for p in (tmp_path / "cmp").glob("*.png")) == [
+        "en_de-2_curves.png", "en_de-2_metric.png", "en_de_curves.png", "en_de_metric.png"]
