@@ -27,7 +27,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from ..common.cli import flag_values, load_yaml, trainer_defaults, yaml_layers
+from ..common.cli import CONFIG_FLAGS, flag_values, load_yaml, trainer_defaults, yaml_layers
 from ..common.errors import UserError
 from ..common.run import SUMMARY_FILE, read_summary
 from ..common.system import atomic_open
@@ -134,12 +134,18 @@ class Grid:
     def _signature(self, point: GridPoint) -> list:
         return [point.configs, self.seed, self.overrides, point.overrides]
 
+    def config_files(self, point: GridPoint) -> list[str]:
+        """Every config file ``point``'s command applies: its configs, then those the study's and
+        its own overrides give with ``--config`` (an overlay after ``--``), as paths from
+        :attr:`cwd`, where the runs start."""
+        overlays = flag_values([*self.overrides, *point.overrides], CONFIG_FLAGS)
+        return [os.path.join(self.cwd, c) for c in [*point.configs, *overlays]]
+
     def configs_digest(self, point: GridPoint) -> str:
-        """A digest of what ``point``'s configs say: the YAML mappings the command applies (the
-        ``_defaults.yaml`` files above them, then the configs), so an edited value changes it and
-        a comment or the layout does not."""
-        paths = [os.path.join(self.cwd, c) for c in point.configs]
-        layers = json.dumps(list(yaml_layers(paths)), sort_keys=True, default=str)
+        """A digest of what ``point``'s config files say (:meth:`config_files`): the YAML mappings
+        the command applies (the ``_defaults.yaml`` files above them, then the configs and
+        overlays), so an edited value changes it and a comment or the layout does not."""
+        layers = json.dumps(list(yaml_layers(self.config_files(point))), sort_keys=True, default=str)
         return hashlib.sha256(layers.encode()).hexdigest()[:16]
 
     def _ran_otherwise(self, old: "Grid", before: GridPoint, point: GridPoint) -> bool:
@@ -155,7 +161,7 @@ class Grid:
         if point.config_digest is not None and self.configs_digest(point) != point.config_digest:
             raise UserError(
                 f"the configs of grid point {point.name} changed since {self.path} was written "
-                f"({', '.join(point.configs)} or a _defaults.yaml above them): put them back as they were, "
+                f"({', '.join(self.config_files(point))} or a _defaults.yaml above them): put them back as they were, "
                 f"or run the study again with another --out")
 
     def save(self) -> str:
@@ -165,7 +171,7 @@ class Grid:
         digests: dict[tuple, str] = {}  # points share configs: read each set of YAML layers once
         for point in self.points:
             if point.config_digest is None:
-                key = tuple(point.configs)
+                key = tuple(self.config_files(point))
                 if key not in digests:
                     digests[key] = self.configs_digest(point)
                 point.config_digest = digests[key]
@@ -232,7 +238,7 @@ class Grid:
     def logger_class(self, point: GridPoint) -> Optional[str]:
         """The logger's class path after configs and overrides (None: no logger), read from the
         YAML files without building anything."""
-        return configured_logger(point.configs, [*self.overrides, *point.overrides])
+        return configured_logger(self.config_files(point), [*self.overrides, *point.overrides])
 
     def point_argv(self, point: GridPoint, resume: bool = True) -> list[str]:
         """The exact ``rescale fit`` arguments of the point (with ``--ckpt_path`` when it has a
@@ -286,7 +292,7 @@ def wandb_project(grid: Grid) -> Optional[str]:
         return None
     point = grid.points[0]
     project = None
-    for data in yaml_layers(point.configs):
+    for data in yaml_layers(grid.config_files(point)):
         init = (data.get("trainer") or {}).get("logger") or {}
         init = init.get("init_args") if isinstance(init, dict) else None
         if isinstance(init, dict) and init.get("project"):

@@ -334,6 +334,29 @@ def test_a_config_edited_after_points_ran_is_refused_a_comment_is_not(tmp_path, 
     assert main(study) == 0
 
 
+def test_an_overlay_after_the_double_dash_is_one_of_the_configs(tmp_path, run_config, error_line):
+    """`-- --config overlay.yaml` applies a config to every point as --config does: an edited value in
+    it is refused as one in the configs (the points that ran read the old value), and the logger it
+    sets logs into each point's folder."""
+    config = run_config(tmp_path / "tiny.yaml", trainer={"logger": False})
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("model: {init_args: {optimizer: {class_path: torch.optim.SGD, init_args: {lr: 0.05}}}}\n"
+                       "trainer: {logger: {class_path: lightning.pytorch.loggers.CSVLogger}}\n")
+    study = ["study", "seeds", "--config", config, "--seeds", "2", "--out", "s", "--engine", "slurm",
+             "--", "--config", "overlay.yaml"]
+    assert main(study) == 0
+    grid = Grid.load("s")
+    argv = grid.point_argv(grid.point(0))
+    assert argv[argv.index("--trainer.logger.init_args.save_dir") + 1] == grid.point_dir(grid.point(0))
+    (tmp_path / "s/points/seed0").mkdir(parents=True)  # seed0 ran with lr 0.05
+    overlay.write_text(overlay.read_text().replace("lr: 0.05", "lr: 0.5"))
+    assert main(["study", "run-point", "s", "1"]) == 2
+    message = error_line()
+    assert message.startswith("the configs of grid point seed1 changed since") and str(overlay) in message
+    assert main(study) == 2
+    assert "already holds point seed0 run with other settings" in error_line()
+
+
 def test_a_second_study_on_the_same_folder_is_refused_naming_the_first(tmp_path, run_config, error_line):
     """Two `rescale study` processes on one --out would run the same points at once: the second is
     refused in one line naming the first (its pid), and the folder stays the first's alone."""
