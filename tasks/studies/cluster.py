@@ -26,7 +26,8 @@ def write_slurm(grid: Grid, partition: Optional[str] = None, gres: Optional[str]
                 time_limit: str = "24:00:00", cpus_per_task: int = 8, max_parallel: Optional[int] = None,
                 extra: tuple[str, ...] = (), job_name: Optional[str] = None) -> str:
     """``<study_dir>/slurm.sbatch``: one array task per grid point (task id = point index), each
-    running or resuming its point; SIGTERM two minutes before the time limit, requeued on
+    running or resuming its point on ``cpus_per_task`` cores (asked of the job and of its ``srun``
+    step, which does not inherit them); SIGTERM two minutes before the time limit, requeued on
     preemption (143). Submitting it again only runs the points not done."""
     n = len(grid.points)
     if n == 0:
@@ -53,7 +54,10 @@ def write_slurm(grid: Grid, partition: Optional[str] = None, gres: Optional[str]
     lines += [f"#SBATCH {option}" for option in extra]
     lines += ["",
               f"cd {shlex.quote(grid.cwd)}",
-              f"srun {shlex.join(rescale_command())} study run-point {shlex.quote(grid.study_dir)} "
+              # since SLURM 22.05 a step does not inherit the job's --cpus-per-task: without it the
+              # point (its data-loading workers too) would run on one core
+              f"srun --cpus-per-task={cpus_per_task} {shlex.join(rescale_command())} study run-point "
+              f"{shlex.quote(grid.study_dir)} "
               '"$SLURM_ARRAY_TASK_ID"',
               "status=$?",
               'if [ "$status" -eq 143 ]; then scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"; fi',

@@ -156,6 +156,8 @@ def test_slurm_array_and_wandb_sweep_reach_every_point(tmp_path, run_config, cap
     assert "--signal=TERM@120" in options
     (launch,) = [shlex.split(line) for line in script if line.startswith("srun ")]
     assert launch[-1] == "$SLURM_ARRAY_TASK_ID" and os.path.isabs(launch[-2])
+    # the step gets the job's cores: since SLURM 22.05 srun does not inherit --cpus-per-task
+    assert "--cpus-per-task=8" in options and launch[1] == "--cpus-per-task=8"
     assert any("scontrol requeue" in line for line in script)
     for index in range(n):  # every array task id names its own point
         argv = [*launch[:-1], str(index)]
