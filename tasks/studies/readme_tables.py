@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 
 from ..common.errors import UserError
 from ..common.system import write_atomically
@@ -88,8 +89,9 @@ def update_document(document: str, check: bool = False) -> int:
         text = f.read()
     new, changed, seen = fill_tables(text, os.path.dirname(os.path.abspath(document)), document)
     if check:
-        for rel in changed:
-            log.info(f"{document}: the table from {rel} differs from the file (run rescale study tables)")
+        for rel in changed:  # what makes the check fail: said under --quiet too
+            log.warning(f"warning: {document}: the table from {rel} differs from the file "
+                        f"(run rescale study tables {shlex.quote(document)})")
         if not changed:
             log.info(f"{document}: {len(seen)} study tables, all equal to their files")
         return 1 if changed else 0

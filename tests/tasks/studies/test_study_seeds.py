@@ -117,7 +117,13 @@ def test_tables_are_copied_into_the_document_and_checked(tmp_path, capsys):
     doc = tmp_path / "README.md"
     doc.write_text("x\n<!-- study-table: t/grid.md -->\nold, typed by hand\n<!-- /study-table -->\ny\n")
     assert update_document(str(doc), check=True) == 1
-    assert "t/grid.md differs" in capsys.readouterr().out
+    assert "t/grid.md differs" in capsys.readouterr().err
+    from rescale_tasks.cli import main
+
+    # a failing check says why under --quiet too, and how to mend this document (not the default one)
+    assert main(["--quiet", "study", "tables", str(doc), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert f"warning: {doc}: the table from t/grid.md differs from the file (run rescale study tables {doc})" in err
     assert update_document(str(doc)) == 0
     assert doc.read_text() == "x\n<!-- study-table: t/grid.md -->\n| a |\n|---|\n| 1 |\n<!-- /study-table -->\ny\n"
     assert update_document(str(doc), check=True) == 0
