@@ -184,10 +184,11 @@ def _name(args) -> str:
 
 
 def _repeats(args) -> Optional[list[int]]:
-    """The seeds of a depth or batch-lr study run over several (None: one run per point, --seed)."""
+    """The seeds of a study over several (``--seed_list`` without repeats, else ``--seeds N`` from
+    ``--seed`` on; a depth or batch-lr study without either: None, one run per point, ``--seed``)."""
     if args.seed_list:
         return list(dict.fromkeys(args.seed_list))
-    if args.seeds:
+    if args.seeds is not None:
         if args.seeds < 1:
             raise UserError(f"--seeds {args.seeds}: give at least 1")
         return list(range(args.seed, args.seed + args.seeds))
@@ -239,7 +240,7 @@ def _cmd_batch_lr(args, overrides: list[str]) -> int:
 
 def _cmd_seeds(args, overrides: list[str]) -> int:
     configs = _configs(args, None)
-    seeds = args.seed_list if args.seed_list else list(range(args.seed, args.seed + args.seeds))
+    seeds = _repeats(args)
     return _study(args, seed_points(configs, seeds, _name(args)), {"seeds": seeds}, overrides)
 
 

@@ -294,6 +294,21 @@ def test_bad_input_is_one_line(tmp_path, run_config, error_line):
     assert parse_lr_grid("0.0125:0.1:2") == [0.0125, 0.025, 0.05, 0.1]
 
 
+@pytest.mark.parametrize("kind", ["seeds", "depth"])
+def test_no_seeds_is_one_line_and_a_seed_listed_twice_runs_once(kind, tmp_path, run_config, error_line):
+    """--seeds 0 is no study over seeds (the seeds study wrote empty tables, a depth study ran one
+    unseeded run per point); a seed listed twice is one seed, in every kind of study."""
+    config = tiny(run_config, tmp_path / "tiny.yaml")
+    study = ["study", kind, "--config", config, "--out", "s", *(["--depths", "8", "--schemes", "rescale"]
+                                                               if kind == "depth" else [])]
+    for seeds in ("0", "-1"):
+        assert main([*study, "--seeds", seeds]) == 2
+        assert error_line() == f"--seeds {seeds}: give at least 1"
+    assert not (tmp_path / "s").exists()
+    assert main([*study, "--seed_list", "1", "1", "2", "--engine", "slurm"]) == 0
+    assert [p.params["seed"] for p in Grid.load("s").points] == [1, 2]
+
+
 @pytest.mark.parametrize("command", [
     ["compare", "runs", "--out", "afile/out"],
     ["study", "aggregate", "seeds", "--out", "afile/out"],
