@@ -19,7 +19,16 @@ from ..common.errors import UserError
 from ..common.system import atomic_open, write_atomically
 from .grid import GRID_FILE, Grid, rescale_command
 
-__all__ = ["write_slurm", "write_sweep"]
+__all__ = ["write_slurm", "write_sweep", "check_slurm_options"]
+
+
+def check_slurm_options(cpus_per_task: int, max_parallel: Optional[int]) -> None:
+    """Refuse, in one line, what would make ``slurm.sbatch`` other than asked: a core count below 1,
+    a ``--max_parallel`` below 1 (0 left the array unthrottled, a negative one is no SLURM array)."""
+    if cpus_per_task < 1:
+        raise UserError(f"--cpus_per_task {cpus_per_task}: give 1 or more")
+    if max_parallel is not None and max_parallel < 1:
+        raise UserError(f"--max_parallel {max_parallel}: give 1 or more (leave it out for no limit)")
 
 
 def write_slurm(grid: Grid, partition: Optional[str] = None, gres: Optional[str] = "gpu:1",
@@ -32,6 +41,7 @@ def write_slurm(grid: Grid, partition: Optional[str] = None, gres: Optional[str]
     n = len(grid.points)
     if n == 0:
         raise UserError("the grid has no points: nothing to submit")
+    check_slurm_options(cpus_per_task, max_parallel)
     os.makedirs(os.path.join(grid.study_dir, "slurm"), exist_ok=True)
     array = f"0-{n - 1}" + (f"%{max_parallel}" if max_parallel else "")
     lines = ["#!/bin/bash",

@@ -40,7 +40,7 @@ from ..common.errors import UserArgumentParser as _Parser, UserError
 from ..common.system import folder_lock
 from .aggregate import aggregate
 from .compare import METRICS
-from .cluster import write_slurm, write_sweep
+from .cluster import check_slurm_options, write_slurm, write_sweep
 from .engines import StudyInterrupted, check_workers, run_grid, run_one
 from .grid import LOG_FILE, Grid, GridPoint, rescale_command, wandb_project
 from .points import (BATCH_LR_CONFIG, BATCH_LR_SCHEMES, BATCH_SIZES, DEFAULT_SEEDS, DEPTH_CONFIG, DEPTH_DEPTHS,
@@ -119,6 +119,8 @@ def _configs(args, default: Optional[str]) -> list[str]:
 
 def _run_study(args, grid: Grid) -> int:
     check_workers(args.workers, args.in_process)
+    if args.engine == "slurm":  # before the grid is written
+        check_slurm_options(args.cpus_per_task, args.max_parallel)
     if args.dry_run:
         log.info(f"study {grid.study_dir}: {len(grid.points)} points (dry run: nothing run or written)")
         run_grid(grid, dry_run=True)

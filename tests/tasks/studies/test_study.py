@@ -285,6 +285,11 @@ def test_bad_input_is_one_line(tmp_path, run_config, error_line):
     assert "argument --depths: invalid int value: 'x'" in error_line()
     assert main(["study", "aggregate", "nowhere"]) == 2
     assert "nowhere is not a study folder" in error_line()
+    for option, value in (("--max_parallel", "0"), ("--cpus_per_task", "0"), ("--max_parallel", "-2")):
+        # an array other than asked (0: no limit at all) is refused before the grid is written
+        assert main(["study", "seeds", "--config", config, "--out", "s", "--engine", "slurm", option, value]) == 2
+        assert error_line().startswith(f"{option} {value}: give 1 or more")
+        assert not (tmp_path / "s").exists()
     assert main(["study", "seeds", "--config", config, "--seeds", "2", "--out", "s", "--engine", "slurm"]) == 0
     assert main(["study", "seeds", "--config", config, "--seeds", "2", "--out", "s", "--engine", "slurm",
                  "--", "--trainer.max_epochs", "3"]) == 0  # no point has run yet: the grid is replaced
