@@ -48,9 +48,14 @@ class StudyInterrupted(Exception):
         self.child = returncode if child is None else (128 - child if child < 0 else child)
 
 
-def _error_line(text: str) -> Optional[str]:
-    """The run's one-line error (``error: ...``), else its last line."""
+def _error_line(text: str, code: int = 1) -> Optional[str]:
+    """The run's one-line error (``error: ...``); for a run killed by a signal it did not handle
+    (``code`` < 0: the out-of-memory killer's SIGKILL ...), which writes none, that signal; else
+    its last line."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if code < 0 and not any(line.startswith("error: ") for line in lines):
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+        return f"killed by {name}" + (" (out of memory? or killed from outside)" if -code == signal.SIGKILL else "")
     errors = [line[len("error: "):] for line in lines if line.startswith("error: ")]
     if errors:
         return errors[-1]
@@ -156,7 +161,7 @@ def _run_one(grid: Grid, point: GridPoint, in_process: bool, echo: bool,
     summary = grid.state(point)
     error = None
     if code != 0:
-        error = _error_line(output.rsplit("=== exit status", 1)[0])
+        error = _error_line(output.rsplit("=== exit status", 1)[0], code)
     elif summary.state != "done":
         code, error = 1, f"the run ended without a final {SUMMARY_FILE}"
     write_json(os.path.join(folder, OUTCOME_FILE), {

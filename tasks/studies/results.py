@@ -59,7 +59,8 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
     status: ``trained``; ``diverged at step s``; ``failed to learn`` (finished, but an accuracy
     metric not above chance (1/classes) + ``margin``, or, where the chance level is unknown, the
     mean training loss of the last fifth of its logged curve not below that of the first fifth); ``failed`` (the run stopped with an error,
-    ``error`` says which); ``interrupted`` (a ``last.ckpt`` to resume from); ``not run``.
+    ``error`` says which); ``interrupted`` (a ``last.ckpt`` to resume from; ``error``: why its last
+    attempt ended, where it said, and the checkpoint); ``not run``.
     Validation values of a diverged run are left empty (a non-finite model was validated).
     """
     states = [(point, grid.state(point)) for point in grid.points]
@@ -89,7 +90,9 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
                 row["status"] = "trained" if _learned(grid, point, s, metric, higher, margin) else "failed to learn"
         elif state.state == "partial":
             row["status"] = "interrupted"
-            row["error"] = f"resumable from {state.checkpoint}"
+            # why its last attempt ended (a crash after its first checkpoint, a kill), where it said
+            stopped = (state.outcome or {}).get("error") if (state.outcome or {}).get("returncode") else None
+            row["error"] = f"{stopped + '; ' if stopped else ''}resumable from {state.checkpoint}"
         elif state.state == "failed":
             row["status"] = "failed"
             row["error"] = (state.outcome or {}).get("error") or s.get("error")

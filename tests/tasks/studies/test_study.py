@@ -17,6 +17,7 @@ import os
 import shlex
 from pathlib import Path
 
+import lightning.pytorch as L
 import pytest
 import yaml
 
@@ -445,6 +446,47 @@ def test_a_study_over_seeds_runs_seed_by_seed(tmp_path, run_config, capsys, erro
     assert main([*study, "--workers", "0"]) == 2
     assert error_line() == "--workers 0: give 1 or more"
     assert not (tmp_path / "depth").exists()  # refused before anything was written
+
+
+class CrashAt(L.Callback):
+    """A run that crashes at a training step (as one out of memory would)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step >= self.step:
+            raise RuntimeError(f"boom at step {trainer.global_step}")
+
+
+def test_a_point_that_crashed_after_its_first_checkpoint_says_why_in_the_table(tmp_path, run_config, capsys):
+    """A point that crashed after its first last.ckpt is resumable, and its row says why it
+    stopped, as the study said, not only where it can resume."""
+    config = tiny(run_config, tmp_path / "tiny.yaml", max_epochs=2)
+    assert main(["study", "seeds", "--config", config, "--seeds", "1", "--out", "s", "--in_process", "--",
+                 f"--trainer.callbacks+={__name__}.CrashAt", "--trainer.callbacks.init_args.step", "3"]) == 1
+    assert "[1/1] seed0: failed (exit status 1): RuntimeError: boom at step 3" in capsys.readouterr().out
+    (row,) = read_csv(tmp_path / "s/seeds_points.csv")
+    checkpoint = Grid.load("s").last_checkpoint(Grid.load("s").point(0))
+    assert row["status"] == "interrupted" and checkpoint
+    assert row["error"] == f"RuntimeError: boom at step 3; resumable from {checkpoint}"
+
+
+def test_a_point_killed_by_a_signal_it_did_not_handle_is_told_so_not_by_its_last_output_line(tmp_path):
+    """The out-of-memory killer's SIGKILL leaves no error line: the outcome names the signal, not the
+    last line the run happened to print."""
+    import io
+    import sys
+
+    from rescale_tasks.studies.engines import _error_line, _run_subprocess
+
+    log = io.StringIO()
+    child = [sys.executable, "-c", "import os, signal; print('TPU available: False', flush=True); "
+             "os.kill(os.getpid(), signal.SIGKILL)"]
+    code = _run_subprocess(child, log, cwd=str(tmp_path), echo=False)
+    assert code == -9 and "TPU available" in log.getvalue()
+    assert _error_line(log.getvalue(), code) == "killed by SIGKILL (out of memory? or killed from outside)"
+    assert _error_line("error: CUDA out of memory\n", 1) == "CUDA out of memory"
 
 
 def test_a_point_killed_before_it_could_save_is_told_as_a_signal_and_the_study_exits_as_signalled(tmp_path):
