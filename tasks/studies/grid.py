@@ -125,11 +125,19 @@ class Grid:
         if not os.path.isfile(path):
             raise UserError(f"{study_dir} is not a study folder (no {GRID_FILE}); create it with "
                             "rescale study depth|batch-lr|seeds --out <folder>")
-        with open(path) as f:
-            data = json.load(f)
-        points = [GridPoint(**p) for p in data["points"]]
-        return cls(study_dir, points, data.get("kind", "grid"), data.get("settings"),
-                   data.get("overrides"), data.get("seed", 0), data.get("cwd"))
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            points = [GridPoint(**p) for p in data["points"]]
+            return cls(study_dir, points, data.get("kind", "grid"), data.get("settings"),
+                       data.get("overrides"), data.get("seed", 0), data.get("cwd"))
+        except UserError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as err:  # not JSON, or not a grid's fields
+            what = f"invalid JSON ({err.msg}: line {err.lineno})" if isinstance(err, json.JSONDecodeError) \
+                else f"{type(err).__name__}: {err}"
+            raise UserError(f"{path} is not the grid file of a study ({what}); put back the one the study "
+                            "wrote, or give the study another --out folder") from None
 
     def _signature(self, point: GridPoint) -> list:
         return [point.configs, self.seed, self.overrides, point.overrides]

@@ -300,6 +300,22 @@ def test_bad_input_is_one_line(tmp_path, run_config, error_line):
     assert parse_lr_grid("0.0125:0.1:2") == [0.0125, 0.025, 0.05, 0.1]
 
 
+@pytest.mark.parametrize("text, why", [('{"points": [', "invalid JSON (Expecting value: line 2)"),
+                                       ("[]", "TypeError: list indices must be integers"),
+                                       ('{"points": [{"nam": 1}]}', "TypeError: GridPoint.__init__() got an")])
+def test_a_grid_file_that_is_no_grid_is_one_line_in_every_command(tmp_path, run_config, error_line, text, why):
+    """A grid.json cut short, edited by hand or of another tool: one line naming it (it was a traceback)."""
+    config = tiny(run_config, tmp_path / "tiny.yaml")
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s/grid.json").write_text(text + "\n")
+    for command in (["study", "aggregate", "s"], ["study", "run-point", "s", "0"],
+                    ["study", "seeds", "--config", config, "--out", "s", "--engine", "slurm"]):
+        assert main(command) == 2
+        path, _, rest = error_line().partition(" is not the grid file of a study (")
+        assert path in (os.path.join("s", "grid.json"), str(tmp_path / "s/grid.json")) and rest.startswith(why)
+    assert (tmp_path / "s/grid.json").read_text() == text + "\n"  # kept as it was
+
+
 @pytest.mark.parametrize("kind", ["seeds", "depth"])
 def test_no_seeds_is_one_line_and_a_seed_listed_twice_runs_once(kind, tmp_path, run_config, error_line):
     """--seeds 0 is no study over seeds (the seeds study wrote empty tables, a depth study ran one
