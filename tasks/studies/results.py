@@ -9,6 +9,7 @@ import os
 from typing import Any, Optional
 
 from ..common.checkpoints import CheckpointError, peek_checkpoint
+from ..common.errors import UserError
 from ..common.run import higher_is_better
 from .compare import pick_metric
 from .grid import Grid, GridPoint
@@ -64,6 +65,8 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
     Validation values of a diverged run are left empty (a non-finite model was validated).
     """
     states = [(point, grid.state(point)) for point in grid.points]
+    if metric:
+        _check_metric(metric, [s.summary for _, s in states if s.state == "done"])
     metric = pick_metric([s.summary for _, s in states if s.summary], metric, default="val/loss")
     higher = higher_is_better(metric)
     rows = []
@@ -100,6 +103,16 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
             row["status"] = "not run"
         rows.append(row)
     return rows, metric
+
+
+def _check_metric(metric: str, summaries: list[dict]) -> None:
+    """Refuse, in one line, a metric no finished point logged where they validated all the same (a
+    misspelt ``--metric``: its tables would be empty, as if no run had reached a validation)."""
+    logged = {k for s in summaries for use in ("final", "best") for k in (s.get(use) or {})}
+    validated = sorted(k for k in logged if k.startswith("val/"))
+    if metric not in logged and validated:
+        raise UserError(f"--metric {metric}: no point of the study logged it; they logged "
+                        f"{', '.join(validated)}")
 
 
 def _learned(grid: Grid, point: GridPoint, summary: dict, metric: str, higher: bool, margin: float) -> bool:

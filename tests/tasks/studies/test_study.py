@@ -238,6 +238,20 @@ def test_seed_table_is_mean_and_sample_std(tmp_path, run_config):
     assert (row["tables/seeds/nrows"], row["tables/seeds_points/nrows"]) == (5, 4)
 
 
+def test_a_metric_no_point_logged_is_one_line_not_empty_tables(tmp_path, run_config, error_line):
+    """A misspelt --metric made tables of blanks and a warning that the runs had not validated yet."""
+    config = tiny(run_config, tmp_path / "tiny.yaml")
+    assert main(["study", "seeds", "--config", config, "--seeds", "2", "--out", "seeds", "--engine", "slurm"]) == 0
+    for i in range(2):
+        (tmp_path / f"seeds/points/seed{i}").mkdir(parents=True)
+        (tmp_path / f"seeds/points/seed{i}/run_summary.json").write_text(json.dumps(summary("finished", 0.5, 2.0,
+                                                                                            0.25, i)))
+    assert main(["study", "aggregate", "seeds", "--metric", "val/acc9"]) == 2
+    assert error_line() == "--metric val/acc9: no point of the study logged it; they logged val/acc1, val/loss"
+    assert not (tmp_path / "seeds/seeds.csv").exists()
+    assert main(["study", "aggregate", "seeds", "--metric", "val/loss"]) == 0
+
+
 def test_a_cell_says_which_seeds_are_not_done_or_never_measured(tmp_path, run_config, caplog):
     """Over 2 seeds: rescale's seed 1 not run yet, bn's seed 1 finished before its first
     validation (no val/acc1): each cell says so instead of a bare n, and the study warns about
