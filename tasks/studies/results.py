@@ -58,7 +58,7 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
 
     ``throughput``: the run's training samples (or target tokens: ``throughput_unit``) per second.
     status: ``trained``; ``diverged at step s``; ``failed to learn`` (finished, but an accuracy
-    metric not above chance (1/classes) + ``margin``, or, where the chance level is unknown, the
+    metric not above chance (1/classes, k/classes for top-k ``acc<k>``) + ``margin``, or, where the chance level is unknown, the
     mean training loss of the last fifth of its logged curve not below that of the first fifth); ``failed`` (the run stopped with an error,
     ``error`` says which); ``interrupted`` (a ``last.ckpt`` to resume from; ``error``: why its last
     attempt ended, where it said, and the checkpoint); ``not run``.
@@ -123,7 +123,9 @@ def _learned(grid: Grid, point: GridPoint, summary: dict, metric: str, higher: b
     if higher and last.startswith("acc") and value is not None:
         classes = _num_classes(grid, point, summary)
         if classes:
-            return value > 1.0 / classes + margin
+            # top-k accuracy (acc5): a guess is right k times in classes
+            k = int(last[3:]) if last[3:].isdigit() else 1
+            return value > min(k / classes, 1.0) + margin
     curve = [v for _, v in (summary.get("curves") or {}).get("train/loss", []) if v is not None]
     final = _train_loss(summary)
     if not curve or final is None:

@@ -252,6 +252,22 @@ def test_a_metric_no_point_logged_is_one_line_not_empty_tables(tmp_path, run_con
     assert main(["study", "aggregate", "seeds", "--metric", "val/loss"]) == 0
 
 
+def test_a_top5_accuracy_at_chance_is_failed_to_learn(tmp_path, run_config):
+    """Chance of a top-5 accuracy is 5 in classes: 0.5 on the 10 digits is a run that learned nothing
+    (its top-1 at 0.1), not one that trained."""
+    config = tiny(run_config, tmp_path / "tiny.yaml")
+    assert main(["study", "seeds", "--config", config, "--seeds", "2", "--out", "seeds", "--engine", "slurm"]) == 0
+    for i, (acc1, acc5) in enumerate([(0.1, 0.5), (0.6, 0.9)]):
+        run = {**summary("finished", acc1, 2.3, 2.3, i), "num_classes": 10}
+        run["final"]["val/acc5"] = run["best"]["val/acc5"] = acc5
+        (tmp_path / f"seeds/points/seed{i}").mkdir(parents=True)
+        (tmp_path / f"seeds/points/seed{i}/run_summary.json").write_text(json.dumps(run))
+    for metric in ("val/acc1", "val/acc5"):
+        assert main(["study", "aggregate", "seeds", "--metric", metric]) == 0
+        rows = read_csv(tmp_path / "seeds/seeds_points.csv")
+        assert [r["status"] for r in rows] == ["failed to learn", "trained"], metric
+
+
 def test_a_cell_says_which_seeds_are_not_done_or_never_measured(tmp_path, run_config, caplog):
     """Over 2 seeds: rescale's seed 1 not run yet, bn's seed 1 finished before its first
     validation (no val/acc1): each cell says so instead of a bare n, and the study warns about
