@@ -156,9 +156,7 @@ def _run_locked(args, grid: Grid) -> int:
     try:
         counts = run_grid(grid, in_process=args.in_process, echo=args.echo, say=log.info, workers=args.workers)
     except StudyInterrupted as stop:
-        kept = grid.state(grid.point(stop.point)).state == "partial"
-        log.error(f"error: study interrupted while running {stop.point} ("
-                  f"{'its last.ckpt is kept' if kept else 'stopped before its first checkpoint: it starts again'}"
+        log.error(f"error: study interrupted while running {stop.point} ({_where_stopped(grid, stop.point)}"
                   f"{'; the points running beside it kept theirs, where they had one' if args.workers > 1 else ''}); "
                   f"run the same command again to resume")
         return stop.returncode or 128 + signal.SIGTERM
@@ -171,6 +169,17 @@ def _run_locked(args, grid: Grid) -> int:
                   f"{LOG_FILE} has the output); run the same command again to retry them")
         return 1
     return 0
+
+
+def _where_stopped(grid: Grid, name: str) -> str:
+    """Where a point the study's stop signal reached is: resumable, done (the signal came as its
+    run ended) or to start again."""
+    state = grid.state(grid.point(name))
+    if state.state == "done":
+        return f"it had ended ({state.summary.get('status')}) as the signal came: its result is kept"
+    if state.state == "partial":
+        return "its last.ckpt is kept"
+    return "stopped before its first checkpoint: it starts again"
 
 
 def _study(args, points: list[GridPoint], settings: dict, overrides: list[str]) -> int:

@@ -518,6 +518,20 @@ def test_a_point_that_crashed_after_its_first_checkpoint_says_why_in_the_table(t
     assert row["error"] == f"RuntimeError: boom at step 3; resumable from {checkpoint}"
 
 
+def test_a_stop_signal_that_comes_as_a_point_ends_says_its_result_is_kept(tmp_path, run_config):
+    """A signal reaching the study while its point closes (summary written, process not yet gone)
+    was told as 'stopped before its first checkpoint: it starts again'; the point is done."""
+    from rescale_tasks.studies.study import _where_stopped
+
+    config = tiny(run_config, tmp_path / "tiny.yaml")
+    assert main(["study", "seeds", "--config", config, "--seeds", "1", "--out", "s", "--engine", "slurm"]) == 0
+    grid = Grid.load("s")
+    assert _where_stopped(grid, "seed0") == "stopped before its first checkpoint: it starts again"
+    (tmp_path / "s/points/seed0").mkdir(parents=True)
+    (tmp_path / "s/points/seed0/run_summary.json").write_text(json.dumps(summary("diverged", 0.1, 9.0, 9.0, 0)))
+    assert _where_stopped(grid, "seed0") == "it had ended (diverged) as the signal came: its result is kept"
+
+
 def test_a_point_killed_by_a_signal_it_did_not_handle_is_told_so_not_by_its_last_output_line(tmp_path):
     """The out-of-memory killer's SIGKILL leaves no error line: the outcome names the signal, not the
     last line the run happened to print."""
