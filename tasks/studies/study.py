@@ -35,7 +35,7 @@ import shlex
 import signal
 from typing import Optional
 
-from ..common.cli import check_layers, defaults_for
+from ..common.cli import CONFIG_FLAGS, check_layers, defaults_for, flag_values
 from ..common.errors import UserArgumentParser as _Parser, UserError
 from ..common.system import folder_lock
 from .aggregate import aggregate
@@ -185,6 +185,9 @@ def _where_stopped(grid: Grid, name: str) -> str:
 def _study(args, points: list[GridPoint], settings: dict, overrides: list[str]) -> int:
     """The grid of ``args.command`` (the budget and fit overrides for every point) run by the engine."""
     settings = {**settings, "metric": args.metric, "learn_margin": args.learn_margin}
+    overlays = flag_values(overrides, CONFIG_FLAGS)
+    if overlays and points:  # checked as --config is, before a point runs or a script is written
+        check_layers([*points[0].configs, *overlays], "--config (after --)")
     grid = Grid(args.out, points, args.command, settings, [*_budget(args), *overrides], args.seed)
     return _run_study(args, grid)
 

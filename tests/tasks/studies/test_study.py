@@ -424,6 +424,10 @@ def test_an_overlay_after_the_double_dash_is_one_of_the_configs(tmp_path, run_co
     assert message.startswith("the configs of grid point seed1 changed since") and str(overlay) in message
     assert main(study) == 2
     assert "already holds point seed0 run with other settings" in error_line()
+    # an overlay that is no config is one line before a point runs or a script is written, as --config's
+    assert main([*study[:study.index("--out") + 1], "s2", *study[study.index("--out") + 2:-1], "gone.yaml"]) == 2
+    assert error_line().startswith("config file not found: gone.yaml (--config (after --))")
+    assert not (tmp_path / "s2").exists()
 
 
 def test_a_second_study_on_the_same_folder_is_refused_naming_the_first(tmp_path, run_config, error_line):
