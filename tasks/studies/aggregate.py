@@ -3,8 +3,10 @@ engine when its points are done)."""
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from typing import Optional
 
+from ..common.system import CODE_KEY, describe_code
 from .grid import Grid
 from .outputs import StudyOutputs
 from .plots import batch_lr_plots, curves_plot, depth_plot, seed_plot
@@ -26,6 +28,7 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
     margin = float(settings.get("learn_margin", 0.05))
     outputs = StudyOutputs(out or grid.study_dir)
     rows, metric = point_rows(grid, metric, margin)
+    _warn_mixed_code(grid)
     unmeasured = [r["point"] for r in rows if r["status"] in ("trained", "failed to learn")
                   and r[f"final {metric}"] is None]
     if unmeasured:
@@ -90,3 +93,20 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
         echo = ["points"]
     outputs.finish(wandb_run, wandb_project_name, echo=echo)
     return outputs
+
+
+def _warn_mixed_code(grid: Grid) -> None:
+    """One warning line when the finished points ran on several versions of the suite (a study
+    resumed after a pull or an edit): their differences may come from the code, not only from the
+    study's settings (each point's run_summary.json says which it ran on)."""
+    versions: dict[str, list[str]] = defaultdict(list)
+    for point in grid.points:
+        state = grid.state(point)
+        code = (state.summary or {}).get(CODE_KEY) if state.state == "done" else None
+        if isinstance(code, dict) and code.get("version"):
+            versions[describe_code({"commit": None, "dirty": None, **code})].append(point.name)
+    if len(versions) > 1:
+        log.warning("warning: the points of this study ran on %d versions of the code (%s): their results may "
+                    "differ by the code as well as by the study's settings", len(versions), "; ".join(
+                        f"{version}: {', '.join(names[:3])}{', ...' if len(names) > 3 else ''} ({len(names)})"
+                        for version, names in versions.items()))

@@ -268,6 +268,26 @@ def test_a_top5_accuracy_at_chance_is_failed_to_learn(tmp_path, run_config):
         assert [r["status"] for r in rows] == ["failed to learn", "trained"], metric
 
 
+def test_points_that_ran_on_other_code_are_named_in_one_warning(tmp_path, run_config, caplog):
+    """A study resumed after a pull mixes two versions of the suite in its tables: one warning line
+    says which points ran on which (a study on one version says nothing)."""
+    config = tiny(run_config, tmp_path / "tiny.yaml")
+    assert main(["study", "seeds", "--config", config, "--seeds", "3", "--out", "seeds", "--engine", "slurm"]) == 0
+    commits = ["a" * 40, "a" * 40, "b" * 40]
+    for i, commit in enumerate(commits):
+        run = {**summary("finished", 0.5, 2.0, 0.25, i), "code": {"version": "0.1.0", "commit": commit, "dirty": False}}
+        (tmp_path / f"seeds/points/seed{i}").mkdir(parents=True)
+        (tmp_path / f"seeds/points/seed{i}/run_summary.json").write_text(json.dumps(run))
+    assert main(["study", "aggregate", "seeds"]) == 0
+    (warning,) = [r.getMessage() for r in caplog.records if "versions of the code" in r.getMessage()]
+    assert warning.startswith("warning: the points of this study ran on 2 versions of the code (0.1.0 (commit "
+                              "aaaaaaa): seed0, seed1 (2); 0.1.0 (commit bbbbbbb): seed2 (1))")
+    caplog.clear()
+    (tmp_path / "seeds/points/seed2/run_summary.json").unlink()
+    assert main(["study", "aggregate", "seeds"]) == 0
+    assert not [r for r in caplog.records if "versions of the code" in r.getMessage()]
+
+
 def test_a_cell_says_which_seeds_are_not_done_or_never_measured(tmp_path, run_config, caplog):
     """Over 2 seeds: rescale's seed 1 not run yet, bn's seed 1 finished before its first
     validation (no val/acc1): each cell says so instead of a bare n, and the study warns about
