@@ -24,6 +24,9 @@ import time
 import traceback
 from typing import Callable, Optional, TextIO
 
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from ..common.checkpoints import stop_signal
 from ..common.cli import run_command, run_lightning
 from ..common.errors import UserError
 from ..common.run import SUMMARY_FILE
@@ -187,11 +190,25 @@ def _logging_to(stream: TextIO):
 
 
 def _run_in_process(argv: list[str], log: TextIO) -> int:
-    """The point's ``rescale fit`` in this process, ending as the command does (:func:`run_command`)."""
+    """The point's ``rescale fit`` in this process, ending as the command does (:func:`run_command`);
+    :class:`StudyInterrupted` when a stop signal (SIGTERM, Ctrl-C ...) stopped it, which is the
+    study's too, as for a point run as a subprocess."""
+    stopped: list[int] = []
+
+    def fit() -> None:
+        try:
+            _fit(argv)
+        except SIGTERMException as err:  # the run saved its last.ckpt (LastCheckpoint)
+            stopped.append(128 + stop_signal(err))
+            raise
+
     with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), _logging_to(log):
         try:
-            return int(run_command(lambda: _fit(argv)) or 0)
-        except KeyboardInterrupt:
+            code = int(run_command(fit) or 0)
+            if stopped:
+                raise StudyInterrupted("", stopped[0], code)
+            return code
+        except (KeyboardInterrupt, StudyInterrupted):
             raise
         except BaseException as err:  # noqa: BLE001 - a failing point is a result, not a crash
             if isinstance(err, SystemExit):

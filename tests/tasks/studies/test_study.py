@@ -15,6 +15,7 @@ import csv
 import json
 import os
 import shlex
+import signal
 from pathlib import Path
 
 import lightning.pytorch as L
@@ -527,6 +528,31 @@ class CrashAt(L.Callback):
     def on_train_batch_end(self, trainer, *args) -> None:
         if trainer.global_step >= self.step:
             raise RuntimeError(f"boom at step {trainer.global_step}")
+
+
+class SignalAt(L.Callback):
+    """SIGTERM to this process at a training step (a scheduler's, a kill from another shell)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_study_in_process_stops_at_a_signal_as_one_of_subprocesses_does(tmp_path, run_config, capsys):
+    """SIGTERM stopped the point run --in_process (its last.ckpt saved) and the study went on with the
+    next point, counting the stopped one failed; it stops the study, as with a subprocess per point."""
+    config = tiny(run_config, tmp_path / "tiny.yaml", max_epochs=2)
+    study = ["study", "seeds", "--config", config, "--seeds", "2", "--out", "s", "--in_process"]
+    assert main([*study, "--", f"--trainer.callbacks+={__name__}.SignalAt",
+                 "--trainer.callbacks.init_args.step", "3"]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert "error: study interrupted while running seed0 (its last.ckpt is kept); run the same command again" in err
+    grid = Grid.load("s")
+    assert [grid.status(p) for p in grid.points] == ["partial", "todo"]
+    assert not (tmp_path / "s/points/seed1").exists()  # never started
 
 
 def test_a_point_that_crashed_after_its_first_checkpoint_says_why_in_the_table(tmp_path, run_config, capsys):
