@@ -175,7 +175,7 @@ class Grid:
     def save(self) -> str:
         """Write ``grid.json`` with each point's :meth:`configs_digest`; refuse when the folder
         holds a point of the same name that ran with other settings (its results would be mixed up
-        with this grid's), an edited config included."""
+        with this grid's), an edited config included, or points that ran from another folder."""
         digests: dict[tuple, str] = {}  # points share configs: read each set of YAML layers once
         for point in self.points:
             if point.config_digest is None:
@@ -185,6 +185,14 @@ class Grid:
                 point.config_digest = digests[key]
         if os.path.isfile(self.path):
             old = Grid.load(self.study_dir)
+            ran = [p.name for p in old.points if os.path.isdir(old.point_dir(p))]
+            if old.cwd != self.cwd and ran:
+                # the runs start in cwd: a relative path (the configs' data.root: data/cifar10, an
+                # overlay) would name another file for the points still to run than for those that ran
+                raise UserError(
+                    f"{self.study_dir} holds points run from {old.cwd} (the folder relative paths such as "
+                    f"data.root are read from), not from {self.cwd}: run the study from {old.cwd}, or give it "
+                    f"another --out folder")
             by_name = {p.name: p for p in old.points}
             for point in self.points:
                 before = by_name.get(point.name)

@@ -451,6 +451,26 @@ def test_an_overlay_after_the_double_dash_is_one_of_the_configs(tmp_path, run_co
     assert not (tmp_path / "s2").exists()
 
 
+def test_a_study_run_again_from_another_folder_is_refused(tmp_path, run_config, error_line, monkeypatch):
+    """The points run where the study was made: relative paths (data.root: data/cifar10, an overlay)
+    name files there. Run again from elsewhere, the points still to run would read other files
+    than those that ran: refused in one line naming the folder; before any point ran it is free."""
+    config = tiny(run_config, tmp_path / "tiny.yaml")
+    study = ["study", "seeds", "--config", config, "--seeds", "2", "--out", str(tmp_path / "s"), "--engine", "slurm"]
+    assert main(study) == 0
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(study) == 0  # no point has run: the grid is written again, from here
+    assert Grid.load(str(tmp_path / "s")).cwd == str(tmp_path / "elsewhere")
+    (tmp_path / "s/points/seed0").mkdir(parents=True)  # seed0 ran from elsewhere/
+    monkeypatch.chdir(tmp_path)
+    assert main(study) == 2
+    assert error_line() == (f"{tmp_path / 's'} holds points run from {tmp_path / 'elsewhere'} (the folder relative "
+                            f"paths such as data.root are read from), not from {tmp_path}: run the study from "
+                            f"{tmp_path / 'elsewhere'}, or give it another --out folder")
+    assert Grid.load(str(tmp_path / "s")).cwd == str(tmp_path / "elsewhere")
+
+
 def test_a_second_study_on_the_same_folder_is_refused_naming_the_first(tmp_path, run_config, error_line):
     """Two `rescale study` processes on one --out would run the same points at once: the second is
     refused in one line naming the first (its pid), and the folder stays the first's alone."""
