@@ -63,6 +63,9 @@ def check_buildable(scheme: Scheme, family: str, given: Iterable[str] = ()) -> N
     if scheme.norm is not None and scheme.norm not in norms:
         raise SchemeOptionError("norm", scheme.norm, f"a norm {network} builds (one of {_listed(norms)} or null)",
                                 scheme.name)
+    if "gain_init" in set(given) | set(scheme.overrides()) and scheme.gain is None:
+        raise SchemeOptionError("gain_init", scheme.gain_init, "an option without a gain (gain: scalar or vector; "
+                                "it changes nothing here: remove it)", scheme.name)
     if family == "transformer" and scheme.layout != "v1":
         raise SchemeOptionError("layout", scheme.layout, 'a layout a Transformer builds ("v1": norm_position places '
                                 "its norms)", scheme.name)

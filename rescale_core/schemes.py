@@ -297,9 +297,6 @@ class Scheme:
                                             'merge "rescale" only: remove it)', name)
         if self.measure_batches < 1:
             raise SchemeOptionError("measure_batches", self.measure_batches, "an integer >= 1", name)
-        if self.gain is None and self.gain_init != 1.0:
-            raise SchemeOptionError("gain_init", self.gain_init, "an option without a gain (gain: scalar or vector; "
-                                    "it changes nothing here: remove it)", name)
         if any(stage < 1 for stage in self.conv_dropout_stages):
             raise SchemeOptionError("conv_dropout_stages", list(self.conv_dropout_stages),
                                     "a list of stages, each >= 1", name)

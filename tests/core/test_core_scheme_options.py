@@ -23,13 +23,19 @@ def test_the_rescale_merge_options_are_refused_under_another_merge(scheme, optio
 
 
 def test_a_gain_init_without_a_gain_is_refused():
-    """It initialised no parameter: bn and nf have no gain."""
+    """It initialised no parameter: bn and nf have no gain. A scheme whose gain is removed keeps
+    its own gain_init (skipinit's 0: the floor of the benchmarks)."""
     for scheme in ("bn", "nf"):
-        with pytest.raises(SchemeOptionError) as refused:
-            get_scheme(scheme, gain_init=3.0)
-        assert str(refused.value) == ("scheme_options.gain_init: 3.0 is not an option without a gain (gain: scalar or "
-                                      f"vector; it changes nothing here: remove it) for scheme {scheme}")
-    assert get_scheme("bn", gain="scalar", gain_init=3.0).gain_init == 3.0
+        for given in ({"scheme": scheme, "scheme_options": {"gain_init": 3.0}},
+                      {"scheme": get_scheme(scheme, gain_init=3.0)}):
+            with pytest.raises(SchemeOptionError) as refused:
+                create_model("cifar_resnet", **TINY["cifar_resnet"], **given)
+            assert str(refused.value) == ("scheme_options.gain_init: 3.0 is not an option without a gain (gain: scalar "
+                                          f"or vector; it changes nothing here: remove it) for scheme {scheme}")
+    for network in ("cifar_resnet", "transformer_tiny"):
+        assert create_model(network, **TINY[network], scheme="skipinit", scheme_options={"gain": None}).scheme.gain is None
+    assert create_model("cifar_resnet", **TINY["cifar_resnet"], scheme="bn",
+                        scheme_options={"gain": "scalar", "gain_init": 3.0}).scheme.gain_init == 3.0
 
 
 @pytest.mark.parametrize("option,value,expected", [
