@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
 from rescale_tasks.common.data import (Labels, PerSampleSeed, ResumableDataLoader, ResumableSampler, TaskDataModule,
-                                       sigterm_safe_worker_init)
+                                       UnrepeatedSampler, shards_parameters, sigterm_safe_worker_init)
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.system import loader_workers
 
@@ -59,7 +59,8 @@ def _to_float(mean, std) -> list:
 
 
 class ClassificationDataModule(TaskDataModule):
-    """Shared loader logic: seeded shuffling for train, ``drop_last`` only when it leaves a batch.
+    """Shared loader logic: seeded shuffling for train, ``drop_last`` only when it leaves a batch;
+    validation and test images each on one process under DDP (no padding counted twice).
 
     Subclasses set ``num_classes``/``in_channels``/``image_size`` in ``__init__`` and fill
     ``train_set``/``val_set``/``test_set`` in ``setup`` (which the dataloader methods call on
@@ -104,6 +105,12 @@ class ClassificationDataModule(TaskDataModule):
                       # a private generator: creating an iterator never draws from the global RNG,
                       # so the training stream (dropout, mixup) is the same after a resume
                       generator=torch.Generator().manual_seed(self.seed))
+        if not train and stage != "predict" and not shards_parameters(getattr(self.trainer, "strategy", None)):
+            # each image on one process: Lightning's DistributedSampler would pad the split to a
+            # multiple of the process count with its first images, counted twice in acc1/acc5/loss.
+            # Not for predict (its rows are gathered by index: a repeat counts once), nor where every
+            # forward is a collective (FSDP): there a rank's extra batch would leave the others waiting
+            return DataLoader(dataset, sampler=UnrepeatedSampler(dataset), **kwargs)
         if not train:
             return DataLoader(dataset, shuffle=False, **kwargs)
         # seeded order per epoch, sharded over ranks, resumable mid-epoch; per-sample seeds make

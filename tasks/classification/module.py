@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
+from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from ..common.module import RescaleTaskModule
@@ -53,6 +54,11 @@ class ClassificationModule(RescaleTaskModule):
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
         self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
+        # per-image means synced as sums: Lightning's own weighted epoch mean averages its integer
+        # image counts over ranks and truncates them (19 images on 2 processes: divided by 18); a
+        # batch whose loss is not finite makes the mean NaN, as Lightning's own means do
+        self.val_loss = MeanMetric(nan_strategy=float("nan"))
+        self.test_loss = MeanMetric(nan_strategy=float("nan"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(self.as_input(x))
@@ -87,7 +93,9 @@ class ClassificationModule(RescaleTaskModule):
         acc1, acc5 = getattr(self, f"{stage}_acc1"), getattr(self, f"{stage}_acc5")
         acc1(logits, y)
         acc5(logits, y)
-        self.log(f"{stage}/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True)
+        mean_loss = getattr(self, f"{stage}_loss")
+        mean_loss.update(loss.detach(), weight=len(y))
+        self.log(f"{stage}/loss", mean_loss, prog_bar=True, on_epoch=True)
         self.log(f"{stage}/acc1", acc1, prog_bar=True, on_epoch=True)
         self.log(f"{stage}/acc5", acc5, on_epoch=True)
         return loss

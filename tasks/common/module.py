@@ -15,14 +15,14 @@ from typing import Any, Callable, Iterable, Optional
 
 import lightning.pytorch as L
 import torch
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 
 import rescale_core
 from rescale_core.agc import adaptive_clip_grad_
 
 from .checkpoints import check_checkpoint_compatible
 from .data import (LABELS_KEY, Labels, batch_size, checkpoint_labels, data_labels, data_may_skip_files,
-                   match_labels, must_skip, nothing_to_evaluate, skipped_prediction, skipped_step)
+                   match_labels, must_skip, nothing_to_evaluate, shards_parameters, skipped_prediction,
+                   skipped_step)
 from .errors import ConfigError
 from .run import PREDICTIONS_FILE, write_result
 from .system import CODE_KEY, code_version, quiet_dependency_warnings
@@ -324,7 +324,7 @@ class RescaleTaskModule(L.LightningModule):
     def _check_agc_strategy(strategy: Any) -> None:
         """Refuse AGC under a strategy whose ranks hold shards of the parameters (FSDP, DeepSpeed,
         model parallel): a unit's norm needs the whole unit."""
-        if isinstance(strategy, (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)):
+        if shards_parameters(strategy):
             raise ConfigError(f"model.init_args.agc_clip: adaptive gradient clipping needs whole parameters on "
                               f"every rank, and {type(strategy).__name__} shards them; train with ddp, or set "
                               "agc_clip: null")

@@ -11,8 +11,8 @@ throughput unit, images as the networks read them, and what the labels mean.
 - ``module``: the base of every task's data module
 """
 from .sampling import (PerSampleSeed, ResumableDataLoader, ResumableSampler, ResumeMismatch,
-                       UnrepeatedSampler, check_resume, refused_resume, sample_seed, sigterm_safe_worker_init,
-                       worker_init)
+                       UnrepeatedSampler, check_resume, refused_resume, sample_seed, shards_parameters,
+                       sigterm_safe_worker_init, worker_init)
 from .batch_sampling import BatchListLoader, BatchListSampler
 from .empty_batches import (SKIPPED, data_may_skip_files, is_skipped, must_skip, nothing_to_evaluate,
                             skipped_prediction, skipped_step)
@@ -23,7 +23,7 @@ from .labels import LABELS_KEY, Labels, checkpoint_labels, data_labels, match_la
 from .module import TaskDataModule
 
 __all__ = ["PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMismatch", "UnrepeatedSampler",
-           "check_resume", "refused_resume", "sample_seed", "sigterm_safe_worker_init", "worker_init",
+           "check_resume", "refused_resume", "sample_seed", "shards_parameters", "sigterm_safe_worker_init", "worker_init",
            "BatchListLoader", "BatchListSampler", "SKIPPED", "data_may_skip_files", "is_skipped", "must_skip",
            "nothing_to_evaluate", "skipped_prediction", "skipped_step", "batch_size", "items_in",
            "metric_key", "unit_of", "DECODE_ERRORS", "HIGH_DEPTH_MODES", "CorruptImageError", "full_scale",

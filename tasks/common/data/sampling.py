@@ -24,12 +24,13 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..errors import ConfigError
 from ..system import ignore_in_worker
 
-__all__ = ["ResumableSampler", "ResumableDataLoader", "UnrepeatedSampler", "PerSampleSeed", "sample_seed",
+__all__ = ["ResumableSampler", "ResumableDataLoader", "UnrepeatedSampler", "shards_parameters", "PerSampleSeed", "sample_seed",
            "worker_init", "sigterm_safe_worker_init", "ResumeMismatch", "refused_resume", "check_resume"]
 
 _MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, epoch, index) over seeds
@@ -112,6 +113,14 @@ class UnrepeatedSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return self.num_samples
+
+
+def shards_parameters(strategy: Any) -> bool:
+    """Whether ``strategy``'s ranks hold shards of the parameters (FSDP, DeepSpeed, model parallel):
+    each gathers them at every forward, a collective, so no rank may run a forward another does not
+    (an :class:`UnrepeatedSampler`'s extra batch would leave the others waiting), and a rank's
+    gradient norms are not the whole parameter's."""
+    return isinstance(strategy, (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy))
 
 
 class ResumeMismatch(ConfigError):

@@ -6,15 +6,18 @@ import pickle
 import shutil
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 
 from rescale_tasks.classification.data import (
     CIFARDataModule, ClassificationDataModule, DigitsDataModule, ImageFolderDataModule,
     MNISTDataModule,
 )
+from rescale_tasks.common.data import UnrepeatedSampler
 from rescale_tasks.common.errors import ConfigError, DataError
 
 
@@ -370,3 +373,19 @@ def test_corrupt_images_skipped_and_counted(corrupt_folder, workers):
     x, y = all_batches(dm.val_dataloader())
     assert x.shape[0] == 6 and dm.skipped_corrupt == 2
     check_batch((x, y), 3, 32, 3)
+
+
+def test_evaluation_shards_images_without_repeats_except_where_every_forward_is_a_collective(imagenet_folder):
+    """Validation and test give each image to one process (no padding counted twice in the
+    metrics); under a strategy that shards the parameters (FSDP: a forward is a collective, which
+    a rank with one batch more than the others would wait in forever) Lightning's padded sampler
+    stays, as it does for predict (whose rows are gathered by index)."""
+    data = ImageFolderDataModule(str(imagenet_folder), num_classes=3, image_size=32,
+                                 eval_resize=36, batch_size=2, num_workers=0)
+    data.trainer = SimpleNamespace(strategy=DDPStrategy())
+    assert isinstance(data.val_dataloader().sampler, UnrepeatedSampler)
+    assert isinstance(data.test_dataloader().sampler, UnrepeatedSampler)
+    assert not isinstance(data.predict_dataloader().sampler, UnrepeatedSampler)
+    data.trainer = SimpleNamespace(strategy=FSDPStrategy())
+    assert not isinstance(data.val_dataloader().sampler, UnrepeatedSampler)
+    assert not isinstance(data.test_dataloader().sampler, UnrepeatedSampler)

@@ -200,3 +200,39 @@ def test_a_batch_corrupt_on_one_rank_only_is_skipped_by_every_rank(tmp_path, ima
     (run_dir,) = find_offline_runs(str(tmp_path / "runs"))
     assert read_offline_run(run_dir).metric("data/skipped_corrupt")[-1] == 1  # the step was met
     assert max_difference(rank0["state_dict"], rank1["state_dict"], rank0["state_dict"]) == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_validation_under_ddp_counts_each_image_of_an_odd_val_set_once(tmp_path, imagenet_folder, monkeypatch):
+    """9 validation images on 2 processes: Lightning's DistributedSampler would pad them to 10
+    with the first image counted twice, and its own weighted mean of the loss would divide the sum
+    by 2 x 4 (its integer image counts averaged over ranks, truncated). The logged val/loss,
+    val/acc1 and val/acc5 are one process's over the 9 images."""
+    for name in ("n001", "n002", "n003"):  # 3 val images a class (9), one more from train/
+        (imagenet_folder / "train" / name / f"{name}_3.JPEG").rename(imagenet_folder / "val" / name / "extra.JPEG")
+    args = ["fit", "--config", str(REPO / "experiments/imagenet/rescale50.yaml"),
+            "--model.init_args.network_options", "{base_width: 8}", "--data.init_args.root", str(imagenet_folder),
+            "--data.init_args.num_classes", "3", "--data.init_args.image_size", "32",
+            "--data.init_args.eval_resize", "36", "--data.init_args.batch_size", "2",
+            "--data.init_args.num_workers", "0", "--trainer.accelerator", "cpu", "--trainer.max_epochs", "1",
+            "--trainer.limit_train_batches", "1", "--trainer.logger", "false"]
+    rescale([*args, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.enable_progress_bar", "false",
+             f"--trainer.callbacks+={PROBE}", "--trainer.callbacks.init_args.folder", "state"], tmp_path, timeout=240)
+    rank0, rank1 = rank_states(tmp_path / "state", 2)
+    assert all(rank0["metrics"][k] == rank1["metrics"][k] for k in ("val/loss", "val/acc1", "val/acc5"))
+
+    monkeypatch.chdir(tmp_path)
+    cli = run_lightning(args, run=False)
+    module, data = cli.model, cli.datamodule
+    module.load_state_dict(rank0["state_dict"])
+    module.eval()
+    data.setup("validate")
+    assert len(data.val_set) == 9
+    x, y = next(iter(torch.utils.data.DataLoader(data.val_set, batch_size=9)))
+    with torch.no_grad():
+        logits = module(x)
+    top5 = logits.topk(3, dim=-1).indices
+    assert rank0["metrics"]["val/loss"] == pytest.approx(F.cross_entropy(logits, y).item(), rel=1e-5)
+    assert rank0["metrics"]["val/acc1"] == pytest.approx((logits.argmax(-1) == y).float().mean().item(), abs=1e-6)
+    assert rank0["metrics"]["val/acc5"] == pytest.approx((top5 == y[:, None]).any(-1).float().mean().item(), abs=1e-6)
