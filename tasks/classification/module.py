@@ -12,6 +12,7 @@ checkpoint names, with their probabilities (:mod:`rescale_tasks.common.run.predi
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional
 
 import torch
@@ -19,12 +20,15 @@ import torch.nn.functional as F
 from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from ..common.errors import ConfigError
 from ..common.module import RescaleTaskModule
 from ..common.run import (PredictedSamples, class_predictions_csv, class_rows, kept_samples, output_names,
                           predict_dataset)
 from ..common.system import gather_by_key
 
 __all__ = ["ClassificationModule"]
+
+log = logging.getLogger(__name__)
 
 
 class ClassificationModule(RescaleTaskModule):
@@ -37,15 +41,22 @@ class ClassificationModule(RescaleTaskModule):
         scheme: residual scheme (None: the network's own, e.g. ``rescale50`` fixes ``rescale``).
         num_classes, in_channels: linked from the data module by the CLI.
         label_smoothing, mixup_alpha: regularisers (mixup off when 0).
+        lr_batch: the global batch (images per optimizer step over all processes) the optimizer's
+            ``lr`` is set for (the ImageNet recipe: 1024); a fit at another global batch says, in
+            one warning line, the lr the linear scaling rule gives for its batch. None: no check.
     """
 
     throughput_unit = "images"  # training throughput in images/s (common.data.throughput)
 
     def __init__(self, network: str = "resnet50", scheme: Optional[str] = None, *, num_classes: int = 1000,
                  in_channels: int = 3, label_smoothing: float = 0.0, mixup_alpha: float = 0.0,
-                 **options: Any) -> None:
+                 lr_batch: Optional[int] = None, **options: Any) -> None:
         super().__init__(network, scheme, network_kwargs={"num_classes": num_classes, "in_channels": in_channels},
                          **options)
+        if lr_batch is not None and lr_batch < 1:
+            raise ConfigError(f"model.init_args.lr_batch must be at least 1 (the global batch the lr is set for), "
+                              f"got {lr_batch}")
+        self.lr_batch = lr_batch
         self.label_smoothing = label_smoothing
         self.mixup_alpha = mixup_alpha
         top5 = min(5, num_classes)
@@ -62,6 +73,28 @@ class ClassificationModule(RescaleTaskModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(self.as_input(x))
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        self._check_lr_batch()
+
+    def _check_lr_batch(self) -> None:
+        """Warn when this run's global batch is not the one its lr is set for (``lr_batch``): the
+        lr stays as configured, the warning names the linear scaling rule's (Goyal et al. 2017)."""
+        trainer = self.trainer
+        per_device = getattr(trainer.datamodule, "batch_size", None)
+        if self.lr_batch is None or not per_device or not trainer.is_global_zero:
+            return
+        accumulate = trainer.accumulate_grad_batches
+        batch = per_device * trainer.world_size * accumulate
+        if batch == self.lr_batch:
+            return
+        lr = trainer.optimizers[0].defaults["lr"]
+        scaled = lr * batch / self.lr_batch
+        log.warning("lr %g is set for a global batch of %d (model.init_args.lr_batch); this run's is %d (%d "
+                    "process(es) x data.batch_size %d x accumulate_grad_batches %d): the linear scaling rule "
+                    "gives lr %g (--model.init_args.optimizer.init_args.lr %g); training on at lr %g",
+                    lr, self.lr_batch, batch, trainer.world_size, per_device, accumulate, scaled, scaled, lr)
 
     # --- steps ----------------------------------------------------------------------------
     def _mixup(self, x: torch.Tensor, y: torch.Tensor):
