@@ -16,7 +16,7 @@ from rescale_core.analysis import signal_propagation
 
 from ..data import is_skipped
 from ..errors import ConfigError
-from ..training import network_inputs, take_samples
+from ..training import network_inputs, optimizer_step_due, take_samples
 from .probe_plots import gain_rows, scalars_figure, signal_figure, signal_rows
 
 __all__ = ["AnalysisPlotsLogger"]
@@ -56,8 +56,7 @@ class AnalysisPlotsLogger(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         # the first step, then every n; once per step with gradient accumulation
-        due = not (step - 1) % self.every_n_steps and step != self._last_step
-        if not (due or self._pending):
+        if not (optimizer_step_due(trainer, self.every_n_steps, self._last_step) or self._pending):
             return
         loggers = [logger for logger in trainer.loggers if isinstance(logger, WandbLogger)]
         if not loggers:

@@ -18,7 +18,7 @@ from .schedules import ConstantLR, InverseSqrtLR, IterationMultiStepLR, WarmupCo
 from .class_paths import class_of, init_parameters
 from .optim_check import check_optimization
 from .acceleration import as_memory_format, compile_in_place, memory_format_of, use_channels_last
-from .callbacks import DivergenceMonitor, LearnedScalarsLogger, TrainingDiverged
+from .callbacks import DivergenceMonitor, LearnedScalarsLogger, TrainingDiverged, optimizer_step_due
 from .clipping import check_agc_is_on, check_agc_options, clipped_parameters, output_layers
 from .inputs import batch_size_of, network_inputs, take_samples
 
@@ -26,5 +26,5 @@ __all__ = ["check_network", "create_network", "default_scheme", "resolved_archit
            "build_optimizer", "build_scheduler", "default_sgd", "ConstantLR", "InverseSqrtLR", "IterationMultiStepLR",
            "WarmupCosineLR", "WarmupMultiStepLR", "class_of", "init_parameters", "check_optimization", "as_memory_format",
            "compile_in_place", "memory_format_of", "use_channels_last", "DivergenceMonitor",
-           "LearnedScalarsLogger", "TrainingDiverged", "check_agc_is_on", "check_agc_options", "clipped_parameters", "output_layers",
+           "LearnedScalarsLogger", "TrainingDiverged", "optimizer_step_due", "check_agc_is_on", "check_agc_options", "clipped_parameters", "output_layers",
            "batch_size_of", "network_inputs", "take_samples"]

@@ -14,7 +14,7 @@ from ..data import is_skipped
 from ..errors import ConfigError
 from ..system import rank_zero_log
 
-__all__ = ["DivergenceMonitor", "LearnedScalarsLogger", "TrainingDiverged"]
+__all__ = ["DivergenceMonitor", "LearnedScalarsLogger", "TrainingDiverged", "optimizer_step_due"]
 
 log = logging.getLogger(__name__)
 
@@ -161,13 +161,29 @@ class DivergenceMonitor(L.Callback):
         self.diverged_at = state_dict.get("diverged_at")
 
 
+def optimizer_step_due(trainer: L.Trainer, every_n_steps: int, done: Optional[int]) -> bool:
+    """Whether ``on_train_batch_end`` runs right after an optimizer step due every ``every_n_steps``
+    (the first step, then every n) and not yet handled (``done``: the step handled last). Under
+    gradient accumulation every batch of a window ends at the same ``global_step``: only the
+    window's last one, the one that stepped, is due, and no batch before the first step is."""
+    step = trainer.global_step
+    return step >= 1 and step != done and not (step - 1) % every_n_steps
+
+
 class LearnedScalarsLogger(L.Callback):
     """Logs every residual block's learned branch multiplier (``scalars/<block>``) after the
     first step, every ``every_n_steps`` steps and after the last: the RescaleNet rebuttal's
-    per-block scalars, as they train (a run summary's final values are the trained ones)."""
+    per-block scalars, as they train (a run summary's final values are the trained ones).
+
+    Once per optimizer step it is due at, under gradient accumulation too, at the step of that
+    optimizer step's own logged metrics; between two such steps nothing is logged (Lightning's
+    ``self.log`` would log the last values again at every logged step in between)."""
 
     def __init__(self, every_n_steps: int = 50) -> None:
+        if every_n_steps < 1:
+            raise ConfigError(f"learned_scalars.every_n_steps ({every_n_steps}) must be at least 1")
         self.every_n_steps = every_n_steps
+        self._logged: Optional[int] = None  # the optimizer step logged last
 
     @staticmethod
     def _last_step(trainer: L.Trainer) -> bool:
@@ -177,9 +193,17 @@ class LearnedScalarsLogger(L.Callback):
         return trainer.is_last_batch and epochs is not None and epochs > 0 and trainer.current_epoch + 1 >= epochs
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if (trainer.global_step - 1) % self.every_n_steps and not self._last_step(trainer):
+        step = trainer.global_step
+        if not (optimizer_step_due(trainer, self.every_n_steps, self._logged)
+                or (self._last_step(trainer) and step not in (0, self._logged))):
             return
+        self._logged = step
         net = getattr(pl_module, "net", pl_module)
-        values = learned_scalars(net)
-        if values:
-            pl_module.log_dict({f"scalars/{k}": v for k, v in values.items()}, on_step=True, on_epoch=False)
+        values = {f"scalars/{k}": v for k, v in learned_scalars(net).items()}
+        if not values:
+            return
+        # the trained values for the run summary (callback_metrics), not to the loggers: Lightning
+        # would log them again at every later logged step
+        pl_module.log_dict(values, on_step=True, on_epoch=False, logger=False)
+        for logger in trainer.loggers:  # rank zero writes (Lightning's loggers log on rank zero only)
+            logger.log_metrics(values, step=step - 1)  # Lightning logs optimizer step k's metrics at k - 1

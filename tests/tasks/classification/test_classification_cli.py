@@ -131,9 +131,9 @@ def test_fit_logs_metrics_and_full_config_to_offline_wandb(digits_run):
     losses = run.metric("train/loss_step")
     assert losses and all(torch.isfinite(torch.tensor(losses)))
     assert run.metric("val/acc1")
-    # the learned scalars, read after the first step and after the last (every 50 otherwise)
+    # the learned scalars, read after the first step and after the last (every 50 otherwise), once each
     scalars = [row["scalars/layer1.0"] for row in run.history if "scalars/layer1.0" in row]
-    assert len(scalars) == 4 and len(set(scalars[:-1])) == 1 and scalars[-1] != scalars[0], scalars
+    assert len(scalars) == 2 and scalars[-1] != scalars[0], scalars
     saved = glob.glob(os.path.join(runs[0], "files", "rescale_config.yaml"))
     assert saved and "DigitsDataModule" in Path(saved[0]).read_text()
 
