@@ -23,6 +23,7 @@ from torch import nn
 from .blocks import ResidualMerge
 from .plans import reference_path
 from .layers import MeanShiftBias
+from .models.transformer import TransformerEmbedding
 
 __all__ = ["signal_propagation", "residual_blocks", "stage_of", "learned_scalars", "dead_relu_fraction"]
 
@@ -148,6 +149,8 @@ def dead_relu_fraction(model: nn.Module, inputs, per_sample: bool = False) -> fl
     (the last dimension: a Transformer's feed-forward units, ``[batch, positions, features]``): a
     ReLU counts features when its module's siblings are linear layers and no convolution (a
     ResNet's stem ReLU sits beside its classifier, yet acts on the stem convolution's channels).
+    A Transformer's units count at its real tokens only: a padding position (of the source in the
+    encoder, of the target in the decoder) neither keeps a unit alive nor is a position of it.
 
     ``per_sample=True``: the fraction of (sample, channel) pairs that are zero at every position
     of that sample, i.e. the mean over samples of the channels silent on each: finer than "dead
@@ -155,11 +158,21 @@ def dead_relu_fraction(model: nn.Module, inputs, per_sample: bool = False) -> fl
     dead, total = 0, 0
     features_last = {relu for parent in model.modules() if _linear_only(parent)
                      for relu in parent.children() if isinstance(relu, nn.ReLU)}
+    real: list[torch.Tensor] = []  # [B, S] True at real tokens, of the sequence embedded last
+
+    def tokens_hook(embedding: TransformerEmbedding, args):
+        real[:] = [args[0].ne(embedding.pad_index)]  # an encoder's or decoder's layers follow its embedding
 
     def hook(module, args, output):
         nonlocal dead, total
         out = output.detach()
         if module in features_last:
+            if real and out.shape[:-1] == real[0].shape:  # [B, S, F] at the tokens embedded last
+                fires = out.gt(0) & real[0].unsqueeze(-1)
+                alive = fires.any(dim=1)[real[0].any(dim=1)] if per_sample else fires.flatten(0, 1).any(dim=0)
+                dead += int((~alive).sum())
+                total += alive.numel()
+                return
             out = out.movedim(-1, 1)
         if per_sample:
             alive = out.reshape(out.shape[0], out.shape[1], -1).gt(0).any(dim=2)
@@ -169,6 +182,8 @@ def dead_relu_fraction(model: nn.Module, inputs, per_sample: bool = False) -> fl
         total += alive.numel()
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.ReLU)]
+    handles += [m.register_forward_pre_hook(tokens_hook) for m in model.modules()
+                if isinstance(m, TransformerEmbedding)]
     try:
         with _preserved_modes(model, False), reference_path(model):
             model(*(inputs if isinstance(inputs, tuple) else (inputs,)))

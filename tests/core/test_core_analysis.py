@@ -200,6 +200,28 @@ def test_dead_relu_fraction_counts_a_transformers_feed_forward_features():
     assert model.training and not ffn[1].training and ffn[0].training
 
 
+def test_dead_relu_fraction_counts_a_transformers_real_tokens_only():
+    """Padding is no position of a unit: a padded batch gives the fractions of its sentences run
+    unpadded (the model masks padding, so real tokens see the same values). Before, a unit firing
+    only at padding positions counted as alive."""
+    torch.manual_seed(0)
+    model = rescale_core.create_model("transformer_tiny", scheme="pre_ln", src_vocab_size=50).eval()
+    pad = model.pad_index
+    gen = torch.Generator().manual_seed(1)
+    long = (torch.randint(3, 50, (1, 9), generator=gen), torch.randint(3, 50, (1, 8), generator=gen))
+    short = (torch.randint(3, 50, (1, 3), generator=gen), torch.randint(3, 50, (1, 2), generator=gen))
+
+    def padded(pair, src_len, tgt_len):
+        src, tgt = pair
+        return (nn.functional.pad(src, (0, src_len - src.shape[1]), value=pad),
+                nn.functional.pad(tgt, (0, tgt_len - tgt.shape[1]), value=pad))
+
+    assert dead_relu_fraction(model, padded(short, 30, 30)) == dead_relu_fraction(model, short) > 0
+    batch = tuple(torch.cat(parts) for parts in zip(long, padded(short, 9, 8)))
+    alone = [dead_relu_fraction(model, pair, per_sample=True) for pair in (long, short)]
+    assert dead_relu_fraction(model, batch, per_sample=True) == pytest.approx(sum(alone) / 2)
+
+
 def test_dead_relu_fraction_counts_a_resnets_stem_channels():
     """A ResNet's stem ReLU sits beside its classifier (both children of the network), yet acts on
     the stem convolution's ``[batch, channels, H, W]``: its units are channels. Every BN output
