@@ -62,7 +62,8 @@ def log_scale_if_positive(ax, values, mask: bool = False) -> None:
 
 def signal_figure(rows: Sequence[dict], title: Optional[str] = None):
     """Three panels over the block index k (forward order): Var[x_k] (block outputs), eta_k, and
-    the variances of the skip and branch terms (solid/dashed: the SkipInit view)."""
+    the variances of the skip and branch terms (solid/dashed: the SkipInit view); dotted lines at
+    the stage boundaries (grey when the runs share them, else each run's in its colour)."""
     fig, (ax_var, ax_eta, ax_terms) = new_figure(3, width=4.6)
     runs = rows_by_run(rows)
     for i, (run, rs) in enumerate(runs.items()):
@@ -72,11 +73,15 @@ def signal_figure(rows: Sequence[dict], title: Optional[str] = None):
         ax_eta.plot(k, [r["eta"] for r in rs], "o-", ms=3, color=color, label=run)
         ax_terms.plot(k, [r["var_skip"] for r in rs], "-", color=color, label=f"{run} skip")
         ax_terms.plot(k, [r["var_branch"] for r in rs], "--", color=color, label=f"{run} branch")
-    first = next(iter(runs.values()), [])
-    for ax in (ax_var, ax_eta, ax_terms):  # stage boundaries of the first run
-        for j in range(1, len(first)):
-            if first[j]["stage"] != first[j - 1]["stage"]:
-                ax.axvline(j + 0.5, color="0.7", lw=0.8, ls=":")
+    # stage boundaries: grey when every run has the same, else each run's own in its colour
+    # (a 20-layer and a 56-layer ResNet change stage at different k)
+    boundaries = [[j + 0.5 for j in range(1, len(rs)) if rs[j]["stage"] != rs[j - 1]["stage"]]
+                  for rs in runs.values()]
+    shared = all(b == boundaries[0] for b in boundaries)
+    for ax in (ax_var, ax_eta, ax_terms):
+        for i, at in enumerate(boundaries[:1] if shared else boundaries):
+            for x in at:
+                ax.axvline(x, color="0.7" if shared else f"C{i % 10}", lw=0.8, ls=":")
         ax.set_xlabel("block k")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     log_scale_if_positive(ax_var, [r["var_out"] for r in rows], mask=True)
