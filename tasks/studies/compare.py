@@ -27,7 +27,7 @@ is higher (accuracy, box AP, BLEU) or lower (a loss); a tie is not better.
 
 Writes ``compare.csv/.md`` (one row per experiment and variant: n, the task's metric mean and
 std, its difference to the baseline, final train loss, throughput and its ratio to the
-baseline's, diverged runs, what its pooled runs differ in besides their seed) and, per
+baseline's (both of the runs that did not diverge), diverged runs, what its pooled runs differ in besides their seed) and, per
 experiment, ``<experiment>_curves.png`` (training loss and validation metric of every run) and
 ``<experiment>_metric.png`` (the metric per variant, error bars over seeds).
 """
@@ -223,6 +223,12 @@ def _metric_value(run: dict, metric: str, use: str) -> Optional[float]:
     return None if value is None else float(value)
 
 
+def _speed(runs: list[dict]) -> Optional[float]:
+    """Mean training throughput of the runs that did not diverge: a diverged run stopped after a few
+    steps (its rate is the warm-up's, not the method's); the ``diverged`` column counts it."""
+    return mean_std(r.get("samples_per_second") for r in runs if r.get("status") != "diverged")[0]
+
+
 def _baseline(variants: dict[str, list[dict]], wanted: Optional[str]) -> Optional[str]:
     if wanted:  # the variant so named, else the scheme's first variant with options
         return wanted if wanted in variants else next((v for v in sorted(variants) if v.split("[")[0] == wanted), None)
@@ -272,14 +278,14 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
                    if diverged else f"its runs logged no finite {mine} ({use} value)")
             log.warning(f"warning: {experiment}: the baseline {base} has no {mine}: {why}; its variants' rows have "
                         "no comparison to a baseline (name another of its variants with --baseline)")
-        base_speed = mean_std(r.get("samples_per_second") for r in variants[base])[0] if base else None
+        base_speed = _speed(variants[base]) if base else None
         order = ([base] if base else []) + sorted(v for v in variants if v != base)
         pooled: list[tuple[str, list[dict], dict[str, list[str]]]] = []
         for variant in order:
             group = variants[variant]
             mean, std, _ = mean_std(_metric_value(r, mine, use) for r in group)
             loss = mean_std((r.get("final") or {}).get("train/loss_epoch") for r in group)[0]
-            speed = mean_std(r.get("samples_per_second") for r in group)[0]
+            speed = _speed(group)
             diverged = sum(r.get("status") == "diverged" for r in group)
             mixed = pooled_differences(group)
             if mixed:

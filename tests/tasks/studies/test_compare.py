@@ -54,7 +54,7 @@ def test_compare_gives_exactly_the_expected_table(runs, tmp_path, capsys):
         ("digits", "skipinit", "", "1", "0.95", "", str(0.95 - 0.97), "False", "0.1", "10.0", "0.5", "0/1"),
         ("imagenet-r50", "bn", "baseline", "2", str((0.70 + 0.74) / 2), str(std2), "0.0", "", "0.9", "100.0",
          "1.0", "0/2"),
-        ("imagenet-r50", "none", "", "1", "", "", "", "", "", "200.0", "2.0", "1/1"),
+        ("imagenet-r50", "none", "", "1", "", "", "", "", "", "", "", "1/1"),  # diverged: no throughput
         ("imagenet-r50", "rescale", "", "2", str((0.73 + 0.77) / 2), str(mean_std([0.73, 0.77])[1]),
          str((0.73 + 0.77) / 2 - (0.70 + 0.74) / 2), "True", "0.8", "140.0", "1.4", "0/2"),
     ]
@@ -63,6 +63,20 @@ def test_compare_gives_exactly_the_expected_table(runs, tmp_path, capsys):
     assert "| imagenet-r50 | rescale |  | 2 | val/acc1 | 0.75 | 0.02828 | 0.03 | yes | 0.8 | 140 | 1.4 | 0/2 |" in out
     for name in ("compare.md", "imagenet-r50_curves.png", "imagenet-r50_metric.png", "digits_curves.png"):
         assert (tmp_path / "cmp" / name).stat().st_size > 0
+
+
+def test_a_diverged_runs_throughput_is_no_speed(tmp_path):
+    """A baseline seed that diverged at step 2 logged the rate of its first steps: the baseline's
+    throughput and every ratio to it are of the runs that did not diverge (it made 1.5x read 0.3x)."""
+    root = tmp_path / "runs"
+    write_run(root / "a", "digits", "bn", 0.97, 100.0, 0.05, 0)
+    write_run(root / "b", "digits", "bn", None, 900.0, float("nan"), 1, status="diverged")
+    write_run(root / "c", "digits", "rescale", 0.96, 150.0, 0.06, 0)
+    write_run(root / "d", "digits", "rescale", None, 10.0, float("nan"), 1, status="diverged")
+    assert main(["compare", str(root), "--out", "cmp"]) == 0
+    with open(tmp_path / "cmp/compare.csv") as f:
+        rows = [(r["variant"], r["samples_per_s"], r["speed_vs_baseline"], r["diverged"]) for r in csv.DictReader(f)]
+    assert rows == [("bn", "100.0", "1.0", "1/2"), ("rescale", "150.0", "1.5", "1/2")]
 
 
 def test_compare_names_its_baseline_and_metric(runs, tmp_path):
