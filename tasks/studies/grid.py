@@ -27,13 +27,15 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
+import yaml
+
 from ..common.cli import CONFIG_FLAGS, flag_values, load_yaml, trainer_defaults, yaml_layers
 from ..common.errors import UserError
 from ..common.run import SUMMARY_FILE, read_summary
 from ..common.system import atomic_open
 
 __all__ = ["GridPoint", "Grid", "PointState", "GRID_FILE", "POINTS_DIR", "LOG_FILE", "OUTCOME_FILE",
-           "rescale_command", "configured_logger", "wandb_project", "read_json", "write_json"]
+           "rescale_command", "configured_logger", "configured_network", "wandb_project", "read_json", "write_json"]
 
 GRID_FILE = "grid.json"
 POINTS_DIR = "points"
@@ -300,6 +302,46 @@ def configured_logger(configs: list[str], overrides: list[str]) -> Optional[str]
     if logger is True:
         return "lightning.pytorch.loggers.TensorBoardLogger"
     return logger if isinstance(logger, str) and logger.lower() not in ("false", "null", "none", "") else None
+
+
+NETWORK_SETTINGS = ("network", "scheme", "scheme_options", "network_options")
+
+
+def configured_network(configs: list[str], overrides: list[str]) -> dict[str, Any]:
+    """``model.init_args``' network, scheme, scheme_options and network_options after the configs,
+    the ``--config`` overlays among the overrides, then the other overrides, read from the YAML files
+    without building anything: a mapping given again replaces the former one, as the run's parser
+    does; ``--model.init_args.network_options.<key> value`` sets one key of it."""
+    settings: dict[str, Any] = {}
+
+    def layer(data: Any) -> None:
+        model = data.get("model") if isinstance(data, dict) else None
+        init = model.get("init_args") if isinstance(model, dict) else None
+        if isinstance(init, dict):
+            settings.update({k: v for k, v in init.items() if k in NETWORK_SETTINGS})
+
+    for data in yaml_layers([*configs, *flag_values(overrides, CONFIG_FLAGS)]):
+        layer(data)
+    i = 0
+    while i < len(overrides):
+        flag, sep, value = overrides[i].partition("=")
+        if not sep:
+            value, i = (overrides[i + 1] if i + 1 < len(overrides) else ""), i + 1
+        i += 1
+        key = flag.removeprefix("--model.init_args.")
+        head, _, sub = key.partition(".")
+        if key == flag or head not in NETWORK_SETTINGS:
+            continue
+        try:
+            parsed = load_yaml(value, flag, file=False)
+        except (yaml.YAMLError, UserError):
+            continue  # the run itself reports it
+        if sub:
+            mapping = settings.get(head)
+            settings[head] = {**(mapping if isinstance(mapping, dict) else {}), sub: parsed}
+        else:
+            settings[head] = parsed
+    return settings
 
 
 def wandb_project(grid: Grid) -> Optional[str]:

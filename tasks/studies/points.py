@@ -5,13 +5,16 @@ defaults of the published studies (SkipInit's depth and batch-size studies, the 
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Any, Optional
 
-from ..common.errors import UserError
-from .grid import GridPoint
+import torch
+
+from ..common.errors import ConfigError, UserError
+from ..common.training import create_network
+from .grid import GridPoint, configured_network
 from .seeded import seed_suffix
 
-__all__ = ["depth_points", "batch_lr_points", "seed_points", "parse_lr_grid", "KEYS", "DEPTH_SCHEMES",
+__all__ = ["depth_points", "batch_lr_points", "seed_points", "parse_lr_grid", "check_depths", "check_batch_lr", "KEYS", "DEPTH_SCHEMES",
            "DEPTH_CONFIG", "DEPTH_DEPTHS", "BATCH_LR_CONFIG", "BATCH_LR_SCHEMES", "BATCH_SIZES", "LR_GRID",
            "DEFAULT_SEEDS"]
 
@@ -115,3 +118,73 @@ def parse_lr_grid(text: str) -> list[float]:
         out.append(float(f"{lr:.6g}"))
         lr *= factor
     return out
+
+
+def check_batch_lr(batch_sizes: list[int], lrs: list[float]) -> None:
+    """Refuse a batch size below 1 or a learning rate not above 0 in one line, before the grid is
+    written (each point would fail, or train nothing, in turn)."""
+    bad = [b for b in batch_sizes if b < 1]
+    if bad:
+        raise UserError(f"--batch_sizes {' '.join(map(str, bad))}: a batch size is at least 1")
+    bad_lrs = [lr for lr in lrs if not lr > 0]  # nan included
+    if bad_lrs:
+        raise UserError(f"--lrs {' '.join(map(_fmt, bad_lrs))}: a learning rate is above 0")
+
+
+_NETWORK_OPTION = "model.init_args.network_options."
+
+
+def check_depths(depths: list[int], points: list[GridPoint], depth_key: str, overrides: list[str]) -> None:
+    """Refuse in one line, before the grid is written, a depth below 1 and, where the depth is a
+    network option (``model.init_args.network_options.<key>``, the default), one the study's network
+    cannot be built at: each depth's first point's network (its configs, recipe and overrides) is
+    built as its run builds it, on the meta device (no memory, no time), so the rule is the
+    network's own. Judged only where the network builds at its config's own depth: a network that
+    needs the data's settings (a Transformer's vocabulary) is left to its runs."""
+    low = [d for d in depths if d < 1]
+    if low:
+        raise UserError(f"--depths {' '.join(map(str, low))}: a depth is at least 1")
+    if not depth_key.startswith(_NETWORK_OPTION):
+        return
+    seen: set = set()
+    for point in points:
+        depth = point.params.get("depth")
+        if depth in seen:
+            continue
+        seen.add(depth)
+        error = _build_error(configured_network(point.configs, [*overrides, *point.overrides]), f"--depths {depth}")
+        if error is None:
+            continue
+        # the depth's fault only where the network builds without it: at the config's own depth, or
+        # at the network's default one
+        own = configured_network(point.configs, [*overrides, *_without(point.overrides, f"--{depth_key}")])
+        default = {**own, "network_options": {k: v for k, v in (own.get("network_options") or {}).items()
+                                              if k != depth_key.removeprefix(_NETWORK_OPTION)}}
+        if any(_build_error(settings, "the config") is None for settings in (own, default)):
+            raise UserError(error)
+
+
+def _without(argv: list[str], flag: str) -> list[str]:
+    """``argv`` without ``flag`` and its value."""
+    return [a for i, a in enumerate(argv) if a != flag and (i == 0 or argv[i - 1] != flag)]
+
+
+def _build_error(settings: dict[str, Any], where: str) -> Optional[str]:
+    """Why the network of ``settings`` (:func:`configured_network`) cannot be built (None: it can,
+    or it could not be judged here)."""
+    network, options = settings.get("network"), settings.get("network_options") or {}
+    if not isinstance(network, str) or not isinstance(options, dict):
+        return None
+    kwargs = dict(options)
+    if settings.get("scheme") is not None:
+        kwargs["scheme"] = settings["scheme"]
+    if isinstance(settings.get("scheme_options"), dict) and settings["scheme_options"]:
+        kwargs["scheme_options"] = dict(settings["scheme_options"])
+    try:
+        with torch.device("meta"):
+            create_network(network, where=where, **kwargs)
+    except ConfigError as err:
+        return str(err)
+    except Exception:  # noqa: BLE001 - a builder that cannot run on the meta device: left to the run
+        return None
+    return None

@@ -44,7 +44,8 @@ from .cluster import check_slurm_options, write_slurm, write_sweep
 from .engines import StudyInterrupted, check_workers, run_grid, run_one
 from .grid import LOG_FILE, Grid, GridPoint, rescale_command, wandb_project
 from .points import (BATCH_LR_CONFIG, BATCH_LR_SCHEMES, BATCH_SIZES, DEFAULT_SEEDS, DEPTH_CONFIG, DEPTH_DEPTHS,
-                     DEPTH_SCHEMES, KEYS, LR_GRID, batch_lr_points, depth_points, parse_lr_grid, seed_points)
+                     DEPTH_SCHEMES, KEYS, LR_GRID, batch_lr_points, check_batch_lr, check_depths, depth_points,
+                     parse_lr_grid, seed_points)
 from .readme_tables import update_document
 
 __all__ = ["main", "build_parser", "split_overrides"]
@@ -238,6 +239,7 @@ def _cmd_depth(args, overrides: list[str]) -> int:
     seeds, recipe = _repeats(args), _recipe_template(args, configs)
     points = depth_points(configs, args.depths, args.schemes, _name(args), args.depth_key,
                           args.scheme_key, seeds, recipe)
+    check_depths(args.depths, points, args.depth_key, overrides)
     return _study(args, points, {"depths": args.depths, "schemes": args.schemes, "seeds": seeds,
                                  "recipe": recipe, "depth_key": args.depth_key}, overrides)
 
@@ -245,6 +247,7 @@ def _cmd_depth(args, overrides: list[str]) -> int:
 def _cmd_batch_lr(args, overrides: list[str]) -> int:
     configs = _configs(args, BATCH_LR_CONFIG)
     lrs = args.lrs or parse_lr_grid(args.lr_grid)
+    check_batch_lr(args.batch_sizes, lrs)
     seeds, recipe = _repeats(args), _recipe_template(args, configs)
     points = batch_lr_points(configs, args.batch_sizes, lrs, args.schemes, _name(args), args.batch_key, args.lr_key,
                              args.scheme_key, seeds, recipe)

@@ -351,6 +351,32 @@ def test_bad_input_is_one_line(tmp_path, run_config, error_line):
     assert parse_lr_grid("0.0125:0.1:2") == [0.0125, 0.025, 0.05, 0.1]
 
 
+def test_grid_values_no_point_can_run_are_one_line_before_the_grid_is_written(tmp_path, run_config, error_line):
+    """A depth below 1 or one the network cannot be built at (its own rule: a CIFAR ResNet is 6n+2,
+    through a recipe or an override too), a batch size below 1, a learning rate not above 0:
+    refused before grid.json is written (each point failed in turn, or a slurm array was written)."""
+    config = tiny(run_config, tmp_path / "tiny.yaml")  # cifar_resnet depth 8
+    depth = ["study", "depth", "--config", config, "--out", "s", "--engine", "slurm", "--schemes", "bn", "--depths"]
+    for depths, expected in ((["0", "8"], "--depths 0: a depth is at least 1"),
+                             (["8", "21"], "cannot build network 'cifar_resnet' (--depths 21): CIFAR ResNet depth "
+                                           "must be 6n+2 with n >= 1 (8, 20, 32, 44, 56, 110, ...), got 21")):
+        assert main([*depth, *depths]) == 2
+        assert error_line() == expected
+    # the network an override after -- builds: a Wide-ResNet is 6n+4
+    assert main([*depth, "10", "20", "--", "--model.init_args.network", "wide_resnet"]) == 2
+    assert error_line().startswith("cannot build network 'wide_resnet' (--depths 20): Wide-ResNet depth must be 6n+4")
+    batch_lr = ["study", "batch-lr", "--config", config, "--out", "s", "--engine", "slurm", "--schemes", "bn"]
+    assert main([*batch_lr, "--batch_sizes", "0", "8", "--lrs", "0.1"]) == 2
+    assert error_line() == "--batch_sizes 0: a batch size is at least 1"
+    assert main([*batch_lr, "--batch_sizes", "8", "--lrs", "-0.1", "0", "0.1"]) == 2
+    assert error_line() == "--lrs -0.1 0: a learning rate is above 0"
+    assert not (tmp_path / "s").exists()
+    # a depth that is no network option is only checked to be at least 1
+    assert main([*depth, "1", "2", "--depth_key", "trainer.max_epochs"]) == 0
+    assert main([*depth, "8", "20", "--", "--trainer.max_epochs", "1"]) == 0
+    assert [p.params["depth"] for p in Grid.load("s").points] == [8, 20]
+
+
 @pytest.mark.parametrize("text, why", [('{"points": [', "invalid JSON (Expecting value: line 2)"),
                                        ("[]", "TypeError: list indices must be integers"),
                                        ('{"points": [{"nam": 1}]}', "TypeError: GridPoint.__init__() got an")])
