@@ -79,7 +79,8 @@ def signal_propagation(model: nn.Module, inputs, train: bool | None = True) -> l
 
     ``train=True`` (default) measures as at the start of training (BatchNorm uses batch
     statistics; mean-shift layers still measuring subtract this batch's means, as they would on
-    the first training batch); ``False`` uses eval mode; ``None`` keeps the model's mode. The
+    the first training batch); ``False`` uses eval mode; ``None`` keeps the model's mode and
+    measures as that mode's forward pass would (a model in training mode: as ``True``). The
     model's parameters, buffers (BN running stats, mean-shift state) and modes are restored, and
     the random streams (CPU, and the model's GPUs) are where they were: dropout draws from a fork.
     Models without residual blocks (VGG) give an empty list.
@@ -110,17 +111,18 @@ def signal_propagation(model: nn.Module, inputs, train: bool | None = True) -> l
             records.append(rec)
         return hook
 
-    measuring = any(isinstance(m, MeanShiftBias) and m.measuring for m in model.modules())
     # dropout in training mode draws from a fork of the random streams: the caller's run on unchanged
     devices = sorted({p.device.index for p in model.parameters() if p.device.type == "cuda"})
     with torch.random.fork_rng(devices=devices), _preserved_state(model, train), reference_path(model):
+        # in the mode probed (the model's own with train=None), a mean-shift layer in training mode
+        # and still measuring measures this batch, as on a training batch: it needs gradients enabled
+        measuring = any(isinstance(m, MeanShiftBias) and m.measuring and m.training for m in model.modules())
         try:
             for name, block in blocks:
                 handles.append(block.merge.register_forward_hook(merge_hook))
                 handles.append(block.register_forward_hook(block_hook(name)))
             args = inputs if isinstance(inputs, tuple) else (inputs,)
-            # Gradients enabled only so that mean-shift layers measure, as on a training batch.
-            with torch.set_grad_enabled(bool(train) and measuring):
+            with torch.set_grad_enabled(measuring):
                 model(*args)
         finally:
             for h in handles:

@@ -52,6 +52,26 @@ def test_signal_propagation_restores_the_model(scheme, train):
     _assert_same(model, snap)
 
 
+def test_signal_propagation_in_the_models_own_mode_is_that_modes_forward():
+    """``train=None`` keeps the model's mode: a model in training mode is probed as ``train=True``
+    (its mean-shift layers still measuring subtract this batch's means, as on a first training
+    step; they were left out, the probe running without gradients), one in eval mode as ``False``."""
+    model = _model("cifar_resnet", "rescale", depth=8)
+    x = torch.randn(8, 3, 8, 8) + 1.0  # inputs whose mean the measuring layers remove
+    keys = ("var_skip", "var_branch", "var_sum", "var_out")
+
+    def values(records):
+        return [[r[k] for k in keys] for r in records]
+
+    snap = _snapshot(model.train())
+    mine = signal_propagation(model, x, train=None)
+    assert values(mine) == values(signal_propagation(model, x, train=True))
+    assert values(mine) != values(signal_propagation(model, x, train=False))
+    _assert_same(model, snap)
+    model.eval()
+    assert values(signal_propagation(model, x, train=None)) == values(signal_propagation(model, x, train=False))
+
+
 def test_signal_propagation_measures_like_a_training_batch_but_keeps_nothing():
     model = _model("resnet18", "rescale").eval()
     x = torch.randn(4, 3, 32, 32)
