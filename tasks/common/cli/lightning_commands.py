@@ -279,14 +279,19 @@ def resume_wandb_run(config) -> None:
 
 class LoggedLearningRate(LearningRateMonitor):
     """Lightning's LearningRateMonitor, silent when the run has no logger (``trainer.logger:
-    false``), where Lightning's own refuses to start the run."""
+    false``), where Lightning's own refuses to start the run, and logging once per optimizer step:
+    under gradient accumulation Lightning's logs the same rates at the same step for every batch
+    of the window."""
+
+    _logged_step: Optional[int] = None
 
     def on_train_start(self, trainer: L.Trainer, *args, **kwargs) -> None:
         if trainer.loggers:
             super().on_train_start(trainer, *args, **kwargs)
 
     def on_train_batch_start(self, trainer: L.Trainer, *args, **kwargs) -> None:
-        if trainer.loggers:
+        if trainer.loggers and trainer.global_step != self._logged_step:
+            self._logged_step = trainer.global_step
             super().on_train_batch_start(trainer, *args, **kwargs)
 
     def on_train_epoch_start(self, trainer: L.Trainer, *args, **kwargs) -> None:

@@ -1,6 +1,6 @@
 """LearnedScalarsLogger and AnalysisPlotsLogger log once per optimizer step they are due at, under
 gradient accumulation too: a real depth-8 RescaleNet trained 4 steps of 2 accumulated batches, logged
-to Lightning's CSV logger and an offline W&B run. Before, the learned scalars were logged through
+to Lightning's CSV logger and an offline W&B run (the learning rate too, once per step). Before, the learned scalars were logged through
 ``self.log``, which Lightning logs again (the same, stale values) at every later logged step, and
 the plots were drawn once more before the first step (a window's first batches end at step 0)."""
 from __future__ import annotations
@@ -14,6 +14,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from rescale_tasks.classification.module import ClassificationModule
+from rescale_tasks.common.cli.lightning_commands import LoggedLearningRate
 from rescale_tasks.common.errors import ConfigError
 from rescale_tasks.common.reporting import AnalysisPlotsLogger, SuiteWandbLogger
 from rescale_tasks.common.training import LearnedScalarsLogger
@@ -29,7 +30,8 @@ def test_scalars_and_plots_once_per_due_optimizer_step(tmp_path, offline_in_tmp)
     plots = AnalysisPlotsLogger(every_n_steps=1, samples=2)  # due after every step
     wandb_logger = SuiteWandbLogger(project="scalars", save_dir=str(tmp_path / "runs"))
     trainer = L.Trainer(max_steps=4, accumulate_grad_batches=2, accelerator="cpu", devices=1,
-                        logger=[CSVLogger(tmp_path / "csv"), wandb_logger], callbacks=[scalars, plots],
+                        logger=[CSVLogger(tmp_path / "csv"), wandb_logger],
+                        callbacks=[scalars, plots, LoggedLearningRate(logging_interval="step")],
                         log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
     try:
@@ -48,6 +50,9 @@ def test_scalars_and_plots_once_per_due_optimizer_step(tmp_path, offline_in_tmp)
     # the run summary's final values are the trained ones (callback_metrics)
     assert trainer.callback_metrics["scalars/layer1.0"].item() == pytest.approx(logged[1][1])
     assert len(plots.seconds) == 4  # once per optimizer step, none before the first
+    # the learning rate once per optimizer step (Lightning's monitor wrote it at every batch)
+    lr_steps = [int(row["step"]) for row in rows if any(v and k.startswith("lr-") for k, v in row.items())]
+    assert lr_steps == sorted(set(lr_steps)) and len(lr_steps) == 4, lr_steps
 
 
 def test_every_n_steps_below_one_is_one_error_line():
