@@ -167,6 +167,26 @@ class TranslationDataModule(TaskDataModule):
         for split in _STAGE_SPLITS.get(stage or "", ()):
             self._dataset(split)
 
+    def limit_positions(self, positions: int) -> None:
+        """Fit the sequence limits within a network of ``positions`` positions (its
+        ``max_positions``): training pairs longer than that are left out and valid/test sentences
+        cut to it, as for ``max_source_positions``/``max_target_positions``, which a network with
+        fewer positions could not take (a longer evaluation sentence would end the run). Said in
+        one line with the new counts when it changes them."""
+        limits = (min(self.max_source_positions, positions), min(self.max_target_positions, positions))
+        if limits == (self.max_source_positions, self.max_target_positions):
+            return
+        self.max_source_positions, self.max_target_positions = limits
+        if self.prepared is None:
+            return
+        before = {name: report.line() for name, report in self.reports.items()}
+        self.datasets = {name: PairDataset(dataset.encoded, *limits) for name, dataset in self.datasets.items()}
+        self._select(self.prepared, self.datasets)
+        changed = [r.line() for name, r in self.reports.items() if r.line() != before.get(name)]
+        if changed:
+            rank_zero_info(f"translation data: the network's {positions} positions are the sequence limits "
+                           f"(data.max_source_positions/max_target_positions are more): " + "; ".join(changed))
+
     def _spelling_fix(self, count: UnknownPieces) -> str:
         """What makes the model spell the text of ``count``: another model, or more training text."""
         if self.settings.spm_model:

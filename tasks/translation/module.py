@@ -144,6 +144,8 @@ class TranslationModule(RescaleTaskModule):
             processor = getattr(datamodule, "processor", None)
         if processor is not None:
             self.processor = processor
+        if hasattr(datamodule, "limit_positions"):  # no sequence longer than the network takes
+            datamodule.limit_positions(self.net.config.max_positions)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
