@@ -214,12 +214,18 @@ class TranslationModule(RescaleTaskModule):
 
     def _translate(self, batch: dict, keep: torch.Tensor) -> dict[int, str]:
         """``{line: detokenized translation}`` of the rows of ``batch`` that ``keep`` marks (beam
-        search with the module's decoding settings)."""
+        search with the module's decoding settings). A source without a piece (an empty line)
+        is translated as an empty line, as ``rescale translate`` translates it, not decoded."""
         ids = batch["id"]
-        rows = keep.nonzero().flatten()
-        results = generate(self.net, batch["src_tokens"][rows], bos=self.bos_index, eos=self.eos_index,
-                           config=self.generation)
-        return {int(ids[row]): self.detokenize(best_tokens(nbest)) for row, nbest in zip(rows.tolist(), results)}
+        empty = batch["src_tokens"].ne(self.pad_index).sum(dim=1).le(1)  # eos alone
+        out = {int(ids[row]): "" for row in (keep & empty).nonzero().flatten().tolist()}
+        rows = (keep & ~empty).nonzero().flatten()
+        if len(rows):
+            results = generate(self.net, batch["src_tokens"][rows], bos=self.bos_index, eos=self.eos_index,
+                               config=self.generation)
+            out.update((int(ids[row]), self.detokenize(best_tokens(nbest)))
+                       for row, nbest in zip(rows.tolist(), results))
+        return out
 
     def evaluate_batch(self, batch: dict, stage: str) -> None:
         # BLEU on the first val_bleu_sentences validation lines, on every test line

@@ -59,3 +59,24 @@ def test_predict_writes_the_translations_where_test_writes_its_hypotheses(traine
     tested = Path("tested", HYPOTHESES_FILE).read_text(encoding="utf-8").splitlines()
     assert Path("predicted/predictions.test.txt").read_text(encoding="utf-8").splitlines() == tested == predicted
     assert len(set(predicted)) > 5  # 40 steps in, the lines differ: their order means something
+
+
+def test_an_empty_source_line_is_an_empty_translation_as_translate_gives(trained, handful_root, tmp_path, capsys):
+    """A test line with no source text: `rescale test` and `predict` write an empty line for it, as
+    `rescale translate` does (they had decoded the lone eos into words, so a score or a file of them
+    differed from translate's on the same lines)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("train.en", "train.de", "valid.en", "valid.de", "test.de"):
+        (corpus / name).write_bytes((handful_root / name).read_bytes())
+    lines = (handful_root / "test.en").read_text(encoding="utf-8").splitlines()
+    lines[2], lines[5] = "", "   "
+    (corpus / "test.en").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    assert main(["test", *tiny(corpus), "--ckpt_path", str(trained), "--output_dir", "tested"]) == 0
+    assert main(["predict", *tiny(corpus), "--ckpt_path", str(trained), "--output_dir", "predicted"]) == 0
+    assert main(["translate", "--ckpt_path", str(trained), "--input", str(corpus / "test.en"),
+                 "--output", "translated.txt", "--device", "cpu"]) == 0
+    tested = Path("tested", HYPOTHESES_FILE).read_text(encoding="utf-8").splitlines()
+    assert tested[2] == tested[5] == "" and len(set(tested)) > 5
+    assert Path("predicted/predictions.test.txt").read_text(encoding="utf-8").splitlines() == tested
+    assert Path("translated.txt").read_text(encoding="utf-8").splitlines() == tested
