@@ -61,6 +61,11 @@ def fairseq_adam(params: Iterable) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=7e-4, betas=(0.9, 0.98), eps=1e-8)
 
 
+def _pieces(processor: spm.SentencePieceProcessor) -> list[str]:
+    """The piece of every id of a SentencePiece model."""
+    return [processor.id_to_piece(i) for i in range(processor.piece_size())]
+
+
 class TranslationModule(RescaleTaskModule):
     """Translation with encoder-decoder Transformers; the arguments every task shares
     (``scheme_options``, ``lr_scheduler``, ``compile``, ``plan`` ...) are
@@ -155,9 +160,28 @@ class TranslationModule(RescaleTaskModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         proto = checkpoint.get("sentencepiece")
+        if proto is not None and self.processor is not None and proto != self.processor.serialized_model_proto():
+            # the pieces decide what the ids mean (the bytes also record e.g. the training threads)
+            theirs = spm.SentencePieceProcessor()
+            theirs.LoadFromSerializedProto(proto)
+            pieces = [_pieces(p) for p in (theirs, self.processor)]
+            if len(pieces[0]) == len(pieces[1]) and pieces[0] != pieces[1]:  # other sizes: the weights' shapes say it
+                raise ConfigError(self._other_vocabulary())
         if proto is not None and self.processor is None:
             self.processor = spm.SentencePieceProcessor()
             self.processor.LoadFromSerializedProto(proto)
+
+    def _other_vocabulary(self) -> str:
+        """Why a checkpoint whose SentencePiece model is not the data's is refused, and what to do."""
+        trainer = self._trainer
+        path = getattr(trainer, "ckpt_path", None) if trainer is not None else None
+        prepared = getattr(getattr(trainer, "datamodule", None), "prepared", None)
+        model = getattr(prepared, "spm_model", None)
+        named = f"checkpoint {path} (--ckpt_path)" if path else "the checkpoint"
+        return (f"{named} was trained with another SentencePiece model than the "
+                f"data's{f' ({model})' if model else ''}: its token ids would name other pieces and every "
+                "translation and score be wrong; give the data.root (or data.spm_model) the run was trained on, "
+                "or translate with rescale translate --ckpt_path, which uses the checkpoint's own model")
 
     def detokenize(self, tokens: torch.Tensor) -> str:
         ids = [int(t) for t in tokens.tolist() if int(t) not in (self.bos_index, self.pad_index)]

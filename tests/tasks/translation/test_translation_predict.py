@@ -80,3 +80,20 @@ def test_an_empty_source_line_is_an_empty_translation_as_translate_gives(trained
     assert tested[2] == tested[5] == "" and len(set(tested)) > 5
     assert Path("predicted/predictions.test.txt").read_text(encoding="utf-8").splitlines() == tested
     assert Path("translated.txt").read_text(encoding="utf-8").splitlines() == tested
+
+
+def test_a_checkpoint_of_another_sentencepiece_model_of_the_same_size_is_one_line(trained, en_de_pairs, short_pairs,
+                                                                                  writers, tmp_path, error_line):
+    """Data whose SentencePiece model is another than the checkpoint's, of the same size (other
+    training text, as after an edit of the train split): `rescale test` and a resumed `fit` are refused
+    in one line before a batch runs; they had read the model's token ids as other pieces and scored
+    garbage without a word."""
+    pairs = short_pairs(en_de_pairs, 64)
+    other = writers.files(tmp_path / "other", {"train": pairs[32:], "valid": pairs[:32], "test": pairs[:32]})
+    for command in (["test", "--output_dir", "tested"], ["fit"]):
+        assert main([*command, *tiny(other), "--ckpt_path", str(trained)]) == 2
+        line = error_line()
+        assert line.startswith(f"checkpoint {trained} (--ckpt_path) was trained with another SentencePiece model "
+                               "than the data's (")
+        assert "give the data.root (or data.spm_model) the run was trained on" in line
+    assert not Path("tested", HYPOTHESES_FILE).exists()
