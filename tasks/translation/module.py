@@ -264,8 +264,9 @@ class TranslationModule(RescaleTaskModule):
     def _log_bleu(self, key: str):
         """Corpus BLEU from the statistics of every rank (a collective: every rank calls it)."""
         stats = self._bleu_stats if self._bleu_stats is not None else torch.zeros(10, dtype=torch.int64)
-        stats = sum_tensor_over_ranks(stats)
-        if int(stats[8]) == 0:  # nothing decoded on any rank
+        scored = torch.tensor([int(self._bleu_stats is not None)], dtype=torch.int64)
+        stats, scored = sum_tensor_over_ranks(torch.cat([stats, scored])).split([10, 1])
+        if int(scored) == 0:  # no sentence scored on any rank (every translation empty still scores: 0)
             return None
         result = bleu_from_statistics(stats.tolist(), self.bleu_style)
         self.log(key, result.score, sync_dist=False)  # the same on every rank (summed statistics)

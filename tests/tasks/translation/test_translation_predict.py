@@ -3,12 +3,13 @@ line per source line in corpus order, where `test` writes its hypotheses (beside
 or `--output_dir`), the same lines `test` writes, and its closing line names the file."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from rescale_tasks.cli import main
-from rescale_tasks.translation.module import HYPOTHESES_FILE
+from rescale_tasks.translation.module import BLEU_FILE, HYPOTHESES_FILE
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -23,6 +24,17 @@ def tiny(root: Path) -> list[str]:
             "--data.init_args.max_tokens", "400", "--data.init_args.num_workers", "0",
             "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.precision", "32-true",
             "--trainer.enable_progress_bar", "false"]
+
+
+def with_test_sources(root: Path, tmp_path: Path, lines: list[str]) -> Path:
+    """A copy of the corpus ``root`` (its SentencePiece model is trained again, the same) whose
+    test source lines are ``lines``."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("train.en", "train.de", "valid.en", "valid.de", "test.de"):
+        (corpus / name).write_bytes((root / name).read_bytes())
+    (corpus / "test.en").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    return corpus
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +77,9 @@ def test_an_empty_source_line_is_an_empty_translation_as_translate_gives(trained
     """A test line with no source text: `rescale test` and `predict` write an empty line for it, as
     `rescale translate` does (they had decoded the lone eos into words, so a score or a file of them
     differed from translate's on the same lines)."""
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for name in ("train.en", "train.de", "valid.en", "valid.de", "test.de"):
-        (corpus / name).write_bytes((handful_root / name).read_bytes())
     lines = (handful_root / "test.en").read_text(encoding="utf-8").splitlines()
     lines[2], lines[5] = "", "   "
-    (corpus / "test.en").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    corpus = with_test_sources(handful_root, tmp_path, lines)
     assert main(["test", *tiny(corpus), "--ckpt_path", str(trained), "--output_dir", "tested"]) == 0
     assert main(["predict", *tiny(corpus), "--ckpt_path", str(trained), "--output_dir", "predicted"]) == 0
     assert main(["translate", "--ckpt_path", str(trained), "--input", str(corpus / "test.en"),
@@ -97,3 +105,15 @@ def test_a_checkpoint_of_another_sentencepiece_model_of_the_same_size_is_one_lin
                                "than the data's (")
         assert "give the data.root (or data.spm_model) the run was trained on" in line
     assert not Path("tested", HYPOTHESES_FILE).exists()
+
+
+def test_translations_that_are_all_empty_score_bleu_0_and_are_written(trained, handful_root, tmp_path, capsys):
+    """A test split every translation of which is empty (here: every source line empty; a model
+    early in training that ends every sentence at once): `rescale test` logs BLEU 0 and writes its
+    hypotheses and score; it had logged no test/bleu and written neither file, without a word."""
+    corpus = with_test_sources(handful_root, tmp_path, [""] * 32)
+    assert main(["test", *tiny(corpus), "--ckpt_path", str(trained), "--output_dir", "tested"]) == 0
+    assert Path("tested", HYPOTHESES_FILE).read_text(encoding="utf-8") == "\n" * 32
+    score = json.loads(Path("tested", BLEU_FILE).read_text(encoding="utf-8"))
+    assert score["bleu"] == 0.0 and score["sentences"] == 32
+    assert "test BLEU 0.00" in capsys.readouterr().out
