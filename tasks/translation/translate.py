@@ -6,7 +6,8 @@
 Reads one source sentence per line (a file or stdin, UTF-8), encodes it with the SentencePiece model
 stored in the checkpoint, translates in token-budget batches of length-sorted sentences (beam
 search, or greedy with ``--beam 1``; settings default to the checkpoint's), and writes one
-detokenized translation per line in input order. An empty input line gives an empty line.
+detokenized translation per line in input order. An empty input line (or one of characters the
+SentencePiece model's normalisation drops, such as a zero-width space) gives an empty line.
 
 A line longer than the model's source positions is translated from the pieces that fit and one
 warning line names it: one output line per input line, as scoring against references needs
@@ -81,10 +82,12 @@ def translate_lines(module: TranslationModule, lines: list[str], config: Generat
     """Translations of ``lines`` in their order; batches of length-sorted sentences whose padded
     source fits ``max_tokens`` (padding never changes a translation, so order only saves time)."""
     out = [""] * len(lines)
-    todo = [i for i, line in enumerate(lines) if line.strip()]
+    # a line without a piece (empty, or only characters the model's normalisation drops, such as
+    # a zero-width space) is an empty translation, as rescale test writes it
+    encoded = {i: _encode(module, line)[0] for i, line in enumerate(lines) if line.strip()}
+    todo = [i for i, tokens in encoded.items() if len(tokens) > 1]
     if not todo:
         return out
-    encoded = {i: _encode(module, lines[i])[0] for i in todo}
     order = np.array(sorted(todo, key=lambda i: (len(encoded[i]), i)), dtype=np.int64)
     sizes = np.array([len(encoded[i]) for i in order], dtype=np.int64)
     device = next(module.parameters()).device

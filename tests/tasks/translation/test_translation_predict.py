@@ -74,18 +74,19 @@ def test_predict_writes_the_translations_where_test_writes_its_hypotheses(traine
 
 
 def test_an_empty_source_line_is_an_empty_translation_as_translate_gives(trained, handful_root, tmp_path, capsys):
-    """A test line with no source text: `rescale test` and `predict` write an empty line for it, as
-    `rescale translate` does (they had decoded the lone eos into words, so a score or a file of them
+    """A test line with no source text (or only a zero-width space, no piece either): `rescale test`
+    and `predict` write an empty line for it, as `rescale translate` does (they had decoded the lone
+    eos into words, and translate had for the zero-width space, so a score or a file of them
     differed from translate's on the same lines)."""
     lines = (handful_root / "test.en").read_text(encoding="utf-8").splitlines()
-    lines[2], lines[5] = "", "   "
+    lines[2], lines[5], lines[7] = "", "   ", "\u200b"  # a zero-width space: no piece either
     corpus = with_test_sources(handful_root, tmp_path, lines)
     assert main(["test", *tiny(corpus), "--ckpt_path", str(trained), "--output_dir", "tested"]) == 0
     assert main(["predict", *tiny(corpus), "--ckpt_path", str(trained), "--output_dir", "predicted"]) == 0
     assert main(["translate", "--ckpt_path", str(trained), "--input", str(corpus / "test.en"),
                  "--output", "translated.txt", "--device", "cpu"]) == 0
     tested = Path("tested", HYPOTHESES_FILE).read_text(encoding="utf-8").splitlines()
-    assert tested[2] == tested[5] == "" and len(set(tested)) > 5
+    assert tested[2] == tested[5] == tested[7] == "" and len(set(tested)) > 5
     assert Path("predicted/predictions.test.txt").read_text(encoding="utf-8").splitlines() == tested
     assert Path("translated.txt").read_text(encoding="utf-8").splitlines() == tested
 
