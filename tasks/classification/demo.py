@@ -268,7 +268,7 @@ def next_commands(settings: DemoSettings) -> str:
         "--input gaussian --samples 64",
         "      # why: the forward signal per block at initialisation (analysis/signal/)",
         f"  rescale study depth --config {digits}/resnet56_bn.yaml --depths 20 56 110 --budget_epochs 4",
-        "      # a study: every scheme at three depths, 24 runs (studies/depth/; minutes on a CPU)",
+        "      # a study: every scheme at three depths, 27 runs (studies/depth/; minutes on a CPU)",
         "  rescale --help                                      # every command",
     ])
 

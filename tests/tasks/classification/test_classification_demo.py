@@ -137,3 +137,17 @@ def test_parity_at_demo_depth_and_equal_budget(tmp_path):
         assert not results[name].diverged, results[name].status
         assert results[name].test_acc > 0.9, (name, results[name].test_acc)
     assert results["none"].status != "trained"
+
+
+def test_closing_lines_announce_as_many_study_runs_as_the_study_runs(caplog, monkeypatch, tmp_path):
+    monkeypatch.chdir(Path(__file__).resolve().parents[3])  # the command as printed, run from the clone
+    from rescale_tasks.classification.demo import next_commands
+    import re
+    import shlex
+    lines = next_commands(DemoSettings()).splitlines()
+    i = next(k for k, line in enumerate(lines) if line.strip().startswith("rescale study depth"))
+    announced = int(re.search(r"(\d+) runs", lines[i + 1]).group(1))
+    caplog.set_level("INFO", logger="rescale_tasks")
+    assert main([*shlex.split(lines[i].strip())[1:], "--dry-run", "--out", str(tmp_path / "study")]) == 0
+    points = re.findall(r"^\[\d+/(\d+)\]", "\n".join(caplog.messages), flags=re.M)
+    assert points and int(points[0]) == announced
