@@ -55,7 +55,8 @@ def check_buildable(scheme: Scheme, family: str, given: Iterable[str] = ()) -> N
     caller was given)."""
     network, norms, inits = _BUILDS[family]
     other = TRANSFORMER_ONLY_OPTIONS if family == "conv" else CONV_ONLY_OPTIONS
-    unread = sorted(other & (set(given) | set(scheme.overrides())))
+    given = set(given) | set(scheme.overrides())
+    unread = sorted(other & given)
     if unread:
         reader = "Transformers" if family == "conv" else "conv networks"
         raise SchemeOptionError(unread[0], getattr(scheme, unread[0]), f"an option of {network} (it shapes "
@@ -63,7 +64,7 @@ def check_buildable(scheme: Scheme, family: str, given: Iterable[str] = ()) -> N
     if scheme.norm is not None and scheme.norm not in norms:
         raise SchemeOptionError("norm", scheme.norm, f"a norm {network} builds (one of {_listed(norms)} or null)",
                                 scheme.name)
-    if "gain_init" in set(given) | set(scheme.overrides()) and scheme.gain is None:
+    if "gain_init" in given and scheme.gain is None:
         raise SchemeOptionError("gain_init", scheme.gain_init, "an option without a gain (gain: scalar or vector; "
                                 "it changes nothing here: remove it)", scheme.name)
     if family == "transformer" and scheme.layout != "v1":

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 from torchvision.models.detection import FasterRCNN, MaskRCNN, RetinaNet
 from torchvision.models.detection.anchor_utils import AnchorGenerator
@@ -52,19 +53,12 @@ def _levels(backbone: nn.Module) -> tuple[list[str], int]:
     return names, (0 if extra is None else 2 if isinstance(extra, LastLevelP6P7) else 1)
 
 
-def _as_float32(value: Any) -> Any:
-    """``value`` with its half-precision tensors (in dicts, lists and tuples) as float32."""
-    if isinstance(value, torch.Tensor):
-        return value.float() if value.dtype in (torch.bfloat16, torch.float16) else value
-    if isinstance(value, dict):
-        return type(value)((k, _as_float32(v)) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return type(value)(_as_float32(v) for v in value)
-    return value
-
-
 def _float32_when_evaluating(module: nn.Module, args: Any, output: Any) -> Any:
-    return None if module.training else _as_float32(output)
+    """The output's half-precision tensors (in any nesting) as float32, when evaluating."""
+    if module.training:
+        return None
+    return apply_to_collection(output, torch.Tensor,
+                               lambda t: t.float() if t.dtype in (torch.bfloat16, torch.float16) else t)
 
 
 def float32_box_arithmetic(detector: nn.Module) -> nn.Module:
