@@ -143,6 +143,19 @@ def _shown(value: Any) -> str:
         return repr(value)
 
 
+def _unread_options(scheme: "Scheme") -> list[tuple[str, str]]:
+    """The fields ``scheme`` sets off their default while the switch that reads them is off, so
+    that no network reads them (each would change nothing): (field, what it should be)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(scheme)}
+    rules = (
+        ("conv_dropout_stages", scheme.conv_dropout == 0.0,
+         "an option without conv_dropout (it picks the stages conv_dropout drops in: remove it, or set "
+         "conv_dropout)"),
+    )
+    return [(key, expected) for key, off, expected in rules
+            if off and getattr(scheme, key) != defaults.get(key, getattr(scheme, key))]
+
+
 class _Mismatch(Exception):
     """A value that does not fit a type hint."""
 
@@ -300,6 +313,8 @@ class Scheme:
         if any(stage < 1 for stage in self.conv_dropout_stages):
             raise SchemeOptionError("conv_dropout_stages", list(self.conv_dropout_stages),
                                     "a list of stages, each >= 1", name)
+        for key, expected in _unread_options(self):
+            raise SchemeOptionError(key, getattr(self, key), expected, name)
         if self.zero_gamma and self.norm is None and not self.scaled_ws:
             raise SchemeOptionError("zero_gamma", True, "possible without a norm or scaled_ws (it zeroes the "
                                     "last norm weight or conv gain of each branch)", name)

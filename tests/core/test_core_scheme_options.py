@@ -22,6 +22,23 @@ def test_the_rescale_merge_options_are_refused_under_another_merge(scheme, optio
                                   f"'{merge}' (it shapes merge \"rescale\" only: remove it) for scheme {scheme}")
 
 
+def test_conv_dropout_stages_without_conv_dropout_is_refused():
+    """Before: accepted, and the ResNet built no dropout anywhere (conv_dropout 0)."""
+    expected = ("scheme_options.conv_dropout_stages: [1, 2] is not an option without conv_dropout (it picks the "
+                "stages conv_dropout drops in: remove it, or set conv_dropout) for scheme rescale")
+    with pytest.raises(SchemeOptionError) as refused:
+        get_scheme("rescale", conv_dropout_stages=[1, 2])
+    assert str(refused.value) == expected
+    with pytest.raises(SchemeOptionError) as refused:
+        create_model("cifar_resnet", **TINY["cifar_resnet"], scheme="rescale",
+                     scheme_options={"conv_dropout_stages": [1, 2]})
+    assert str(refused.value) == expected
+    net = create_model("cifar_resnet", **TINY["cifar_resnet"], scheme="rescale",
+                       scheme_options={"conv_dropout_stages": [1, 2], "conv_dropout": 0.1})
+    assert isinstance(net.layer1[0].drop, nn.Dropout2d) and not isinstance(net.layer3[0].drop, nn.Dropout2d)
+    assert get_scheme("rescale", conv_dropout_stages=(3, 4)).conv_dropout == 0.0  # the default stages
+
+
 def test_a_gain_init_without_a_gain_is_refused():
     """It initialised no parameter: bn and nf have no gain. A scheme whose gain is removed keeps
     its own gain_init (skipinit's 0: the floor of the benchmarks)."""
@@ -103,7 +120,8 @@ def test_create_model_refuses_them_with_the_same_message(options):
     ("scalar_lr_factor", 0, 0.0),
 ])
 def test_values_of_the_right_type_or_read_as_it_are_accepted(option, value, typed):
-    scheme = get_scheme("rescale", **{option: value})
+    reader = {"conv_dropout": 0.1} if option == "conv_dropout_stages" else {}  # the switch reading the option
+    scheme = get_scheme("rescale", **reader, **{option: value})
     assert getattr(scheme, option) == typed and type(getattr(scheme, option)) is type(typed)
 
 

@@ -131,7 +131,7 @@ def test_pointwise_options_are_refused_where_they_mean_nothing():
 # a value off the default for each conv-only option (zero_gamma with a conv gain to zero)
 CONV_ONLY_VALUES = {"zero_gamma": {"zero_gamma": True, "scaled_ws": True}, "mean_shift": {"mean_shift": True},
                     "measure_batches": {"measure_batches": 3}, "conv_bias": {"conv_bias": True},
-                    "conv_dropout": {"conv_dropout": 0.5}, "conv_dropout_stages": {"conv_dropout_stages": [1]},
+                    "conv_dropout": {"conv_dropout": 0.5}, "conv_dropout_stages": {"conv_dropout": 0.5, "conv_dropout_stages": [1]},
                     "scaled_ws": {"scaled_ws": True}, "merge_norm": {"merge_norm": True},
                     "head_norm": {"head_norm": True}, "classifier_dropout": {"classifier_dropout": 0.3},
                     "zero_classifier": {"zero_classifier": True}, "shortcut_gain": {"shortcut_gain": 2.0},
