@@ -151,6 +151,9 @@ def _unread_options(scheme: "Scheme") -> list[tuple[str, str]]:
         ("conv_dropout_stages", scheme.conv_dropout == 0.0,
          "an option without conv_dropout (it picks the stages conv_dropout drops in: remove it, or set "
          "conv_dropout)"),
+        ("scalar_lr_factor", scheme.gain is None and not scheme.scalar_biases,
+         "an option without a gain or scalar_biases (it sets their learning rate, and the network has "
+         "neither: remove it)"),
     )
     return [(key, expected) for key, off, expected in rules
             if off and getattr(scheme, key) != defaults.get(key, getattr(scheme, key))]

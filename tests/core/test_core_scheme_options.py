@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from rescale_core import ResidualBlock, ResidualSublayer, create_model, get_scheme
+from rescale_core import ResidualBlock, ResidualSublayer, create_model, get_scheme, param_groups
 from rescale_core.schemes import SchemeOptionError
 
 
@@ -37,6 +37,24 @@ def test_conv_dropout_stages_without_conv_dropout_is_refused():
                        scheme_options={"conv_dropout_stages": [1, 2], "conv_dropout": 0.1})
     assert isinstance(net.layer1[0].drop, nn.Dropout2d) and not isinstance(net.layer3[0].drop, nn.Dropout2d)
     assert get_scheme("rescale", conv_dropout_stages=(3, 4)).conv_dropout == 0.0  # the default stages
+
+
+@pytest.mark.parametrize("scheme,options", [("none", {}), ("bn", {}), ("nf", {}),
+                                            ("fixup", {"gain": None, "scalar_biases": False})])
+def test_scalar_lr_factor_without_scalars_is_refused(scheme, options):
+    """Before: accepted, and param_groups made no scalars group for it to scale (the network has
+    no gain and no scalar bias): every parameter trained at the full learning rate."""
+    expected = ("scheme_options.scalar_lr_factor: 0.1 is not an option without a gain or scalar_biases (it sets "
+                f"their learning rate, and the network has neither: remove it) for scheme {scheme}")
+    with pytest.raises(SchemeOptionError) as refused:
+        create_model("cifar_resnet", **TINY["cifar_resnet"], scheme=scheme,
+                     scheme_options={**options, "scalar_lr_factor": 0.1})
+    assert str(refused.value) == expected
+    for readers in ({"gain": "scalar"}, {"scalar_biases": True}):
+        net = create_model("cifar_resnet", **TINY["cifar_resnet"], scheme="none",
+                           scheme_options={**readers, "scalar_lr_factor": 0.1})
+        groups = {g["name"]: g["lr_factor"] for g in param_groups(net, lr=1.0)}
+        assert groups["scalars"] == 0.1
 
 
 def test_a_gain_init_without_a_gain_is_refused():
