@@ -470,13 +470,20 @@ class StridedAvgPool(nn.Module):
                 and all(n % k == 0 for n, k in zip(x.shape[2:], kernel))
                 and not torch.compiler.is_compiling()):
             return apply_function(_BlockMean, x, kernel)
-        return self._pool(x, kernel, self._strides, ceil_mode=True, count_include_pad=False)
+        return self._pooled(x, kernel)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` as one pooling op: the lean plan's choice (the fewest ops, where
         :class:`_BlockMean` is several faster ones on a CPU)."""
-        kernel = tuple(min(s, n) for s, n in zip(self._strides, x.shape[2:]))
-        return self._pool(x, kernel, self._strides, ceil_mode=True, count_include_pad=False)
+        return self._pooled(x, tuple(min(s, n) for s, n in zip(self._strides, x.shape[2:])))
+
+    def _pooled(self, x: torch.Tensor, kernel: tuple[int, ...]) -> torch.Tensor:
+        # a CPU has no bfloat16 or float16 avg_pool3d: a network cast to one pools in float32 (as
+        # autocast, which casts the pool's input itself, pools there), in its own dtype out
+        low = (x.device.type == "cpu" and self.spatial_dims == 3 and x.dtype in (torch.bfloat16, torch.float16)
+               and not torch.is_autocast_enabled("cpu"))
+        out = self._pool(x.float() if low else x, kernel, self._strides, ceil_mode=True, count_include_pad=False)
+        return out.to(x.dtype) if low else out
 
     def extra_repr(self) -> str:
         return f"stride={self.stride}"

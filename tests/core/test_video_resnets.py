@@ -159,6 +159,29 @@ def test_spatial_only_strided_pool():
     assert torch.isfinite(x.grad).all()
 
 
+@pytest.mark.parametrize("frames, size", [(4, 16), (5, 17)])
+def test_a_bfloat16_rescale_clip_network_runs_on_every_plan(frames, size):
+    """A CPU has no bfloat16 avg_pool3d: before, RescaleNet's 3D shortcut pool raised
+    NotImplementedError in every evaluation without autograd on a fast plan (the frozen plan),
+    and in training on clips whose sizes the stride does not divide, where the reference path
+    evaluated. Each plan now trains a step and evaluates in bfloat16, as the reference does."""
+    clip = _clip(frames=frames).to(torch.bfloat16)[..., :size, :size]
+    outputs = {}
+    for plan in ("reference", "folded", "lean"):
+        model = rescale_core.set_plan(_build("r3d_18", "rescale", dtype=torch.bfloat16), plan).train()
+        model(clip).float().square().sum().backward()  # (torch's bfloat16 conv3d backward on a CPU
+        # can give non-finite weight gradients on small odd sizes, whatever the plan: not checked)
+        model.eval()
+        with torch.no_grad():
+            outputs[plan] = model(clip)
+        assert outputs[plan].dtype == torch.bfloat16
+    reference = outputs["reference"].float()
+    for plan in ("folded", "lean"):  # bfloat16 keeps 8 bits: 5% of the largest output
+        torch.testing.assert_close(outputs[plan].float(), reference, rtol=0.05,
+                                   atol=0.05 * reference.abs().max().item())
+    assert StridedAvgPool((1, 2, 2), 3).pool(clip).dtype == torch.bfloat16
+
+
 # --------------------------------------------------------------- fast path == reference path
 def _run(model: nn.Module, x: torch.Tensor, seed: int):
     x = x.clone().requires_grad_(True)
