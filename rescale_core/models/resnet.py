@@ -137,6 +137,13 @@ class ResNet(Planned):
         if "conv_dropout_stages" in scheme.overrides() and not set(scheme.conv_dropout_stages) <= set(stages):
             raise SchemeOptionError("conv_dropout_stages", list(scheme.conv_dropout_stages),
                                     f"a list of this network's stages ({', '.join(map(str, stages))})", scheme.name)
+        if num_classes == 0:
+            given = set(scheme_options or {}) | set(scheme.overrides())
+            unread = sorted({"classifier_gain", "zero_classifier"} & given)
+            if unread:
+                raise SchemeOptionError(unread[0], getattr(scheme, unread[0]), "an option of a network without a "
+                                        "classifier (num_classes=0: it initialises the classifier only; remove it)",
+                                        scheme.name)
         d = config.spatial_dims
         self.num_blocks = L = sum(config.layers)
         self._build_stem(config, scheme, in_channels)

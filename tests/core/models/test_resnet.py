@@ -197,6 +197,24 @@ def test_conv_dropout_stages_are_configurable():
     assert drops == {n: n.startswith("layer1.") for n in drops}
 
 
+@pytest.mark.parametrize("options", [{"classifier_gain": 10.0}, {"zero_classifier": True}])
+def test_classifier_init_options_without_a_classifier_are_refused(options):
+    """num_classes=0 (a detection backbone, pooled features): before, the classifier's init options
+    were accepted and initialised nothing."""
+    (option, value), = options.items()
+    with pytest.raises(rescale_core.schemes.SchemeOptionError) as refused:
+        rescale_core.create_model("cifar_resnet", depth=8, base_width=4, num_classes=0, scheme="rescale",
+                                  scheme_options=options)
+    assert str(refused.value) == (f"scheme_options.{option}: {str(value).lower()} is not an option of a network "
+                                  "without a classifier (num_classes=0: it initialises the classifier only; remove "
+                                  "it) for scheme rescale")
+    net = rescale_core.create_model("cifar_resnet", depth=8, base_width=4, num_classes=3, scheme="rescale",
+                                    scheme_options=options)
+    assert net.fc.weight.abs().max() > 0.5 if option == "classifier_gain" else not net.fc.weight.any()
+    features = rescale_core.create_model("fixup50", base_width=8, num_classes=0)  # fixup's own zero_classifier
+    assert isinstance(features.fc, nn.Identity)
+
+
 @pytest.mark.parametrize("name, shape", [("resnet50", (2, 3, 32, 32)), ("resnet3d_18", (2, 3, 4, 32, 32))])
 def test_vector_gains(name, shape):
     torch.manual_seed(0)
