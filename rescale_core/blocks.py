@@ -189,7 +189,9 @@ class ResidualBlock(Planned):
         k, L: this block's 1-based index among the network's L residual blocks.
         spatial_dims: 2 for images, 3 for video.
         groups, base_width: ResNeXt cardinality and width per group.
-        conv_dropout: dropout after every branch conv (RescaleNet's Dropout2d/3d).
+        conv_dropout: dropout after every branch conv (RescaleNet's Dropout2d/3d); None: the
+            scheme's ``conv_dropout`` (a network passes each stage's: 0 outside
+            ``conv_dropout_stages``).
         temporal_kernels: 3D only, one entry per branch conv (None entries, or None: the conv's
             own size, 3 or 1): its kernel along time, padded by ``kt // 2`` (SlowOnly's
             ``kt x 1 x 1`` first conv and ``1 x 3 x 3`` middle conv, Feichtenhofer et al. 2019).
@@ -207,11 +209,12 @@ class ResidualBlock(Planned):
 
     def __init__(self, scheme: Scheme, in_channels: int, planes: int, stride: "int | tuple[int, ...]" = 1,
                  kind: str = "basic", k: int = 1, L: int = 1, spatial_dims: int = 2,
-                 groups: int = 1, base_width: int = 64, conv_dropout: float = 0.0,
+                 groups: int = 1, base_width: int = 64, conv_dropout: float | None = None,
                  temporal_kernels: "tuple[int | None, ...] | None" = None,
                  input_var: float = 1.0) -> None:
         super().__init__()
         check_buildable(scheme, "conv")
+        conv_dropout = scheme.conv_dropout if conv_dropout is None else conv_dropout
         if kind not in self.expansions:
             raise ValueError(f"unknown block kind {kind!r}; expected basic or bottleneck")
         self.kind, self.k, self.L = kind, k, L

@@ -149,3 +149,16 @@ def test_sublayer_rescale_scales_listed_layers():
 def test_sublayer_refuses_conv_only_schemes():
     with pytest.raises(ValueError, match="no Transformer form"):
         ResidualSublayer(get_scheme("bn"), 8, nn.Linear(8, 8), 1, 1)
+
+
+def test_a_block_takes_the_schemes_conv_dropout():
+    """Before: a block built from a scheme with conv_dropout (a network of one's own, from the
+    generic block) had no dropout and no init compensation unless the argument repeated it."""
+    scheme = get_scheme("rescale", conv_dropout=0.3)
+    torch.manual_seed(0)
+    block = ResidualBlock(scheme, 64, 64, k=1, L=1)
+    torch.manual_seed(0)
+    explicit = ResidualBlock(scheme, 64, 64, k=1, L=1, conv_dropout=0.3)
+    assert isinstance(block.drop, nn.Dropout2d) and block.drop.p == 0.3
+    assert torch.equal(block.conv1.weight, explicit.conv1.weight)  # the init's sqrt(1 - p) too
+    assert isinstance(ResidualBlock(scheme, 8, 8, conv_dropout=0.0).drop, nn.Identity)  # a stage without
