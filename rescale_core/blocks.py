@@ -35,7 +35,7 @@ from .init import TransformerStack, init_branch, init_shortcut, init_transformer
 from .layers import (RELU_GAMMA, Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_shape, conv_nd,
                      dropout_nd, make_norm, scaled_std_conv_nd)
 from .plans.dispatch import Planned, implementation
-from .schemes import CONV_ONLY_OPTIONS, TRANSFORMER_ONLY_OPTIONS, Scheme, SchemeOptionError, list_schemes
+from .schemes import CONV_ONLY_OPTIONS, TRANSFORMER_ONLY_OPTIONS, Scheme, SchemeOptionError, get_scheme, list_schemes
 
 __all__ = ["ResidualMerge", "BranchLayer", "ResidualBlock", "ResidualSublayer", "pre_conv_bias", "scheme_conv",
            "conv_norm", "check_buildable", "CONV_NORMS"]
@@ -46,6 +46,8 @@ CONV_NORMS = ("bn", "gn", "dyt", "derf")
 _BUILDS = {"conv": ("a conv network", CONV_NORMS, ("he_fan_out", "he_fan_in", "rescale", "fixup", "nf")),
            "transformer": ("a Transformer", ("ln", "dyt", "derf"),
                            ("he_fan_out", "he_fan_in", "rescale", "deepnorm", "tfixup"))}
+#: the conv networks' He inits: a Transformer reads neither (its sublayers keep fairseq's Xavier init)
+_HE_INITS = ("he_fan_out", "he_fan_in")
 
 
 def check_buildable(scheme: Scheme, family: str, given: Iterable[str] = ()) -> None:
@@ -73,6 +75,12 @@ def check_buildable(scheme: Scheme, family: str, given: Iterable[str] = ()) -> N
     if scheme.init not in inits:
         raise SchemeOptionError("init", scheme.init, f"an init {network} applies (one of {_listed(inits)})",
                                 scheme.name)
+    if family == "transformer" and scheme.init in _HE_INITS:
+        base_init = (get_scheme(scheme.name) if scheme.name in list_schemes() else Scheme(scheme.name)).init
+        if base_init in _HE_INITS and base_init != scheme.init:
+            raise SchemeOptionError("init", scheme.init, f"an init that changes a Transformer of scheme {scheme.name} "
+                                    f'(its own "{base_init}" and "{scheme.init}" both keep fairseq\'s Xavier '
+                                    "init: remove it)", scheme.name)
 
 
 def _listed(values: tuple[str, ...]) -> str:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import rescale_core
-from rescale_core import ResidualSublayer, create_model, get_scheme
+from rescale_core import ResidualSublayer, blocks, create_model, get_scheme
 from rescale_core.init import TransformerStack, deepnorm_constants, tfixup_multiplier
 from rescale_core.layers import PointwiseNorm
 from rescale_core.schemes import SchemeOptionError
@@ -171,6 +171,29 @@ def test_options_only_conv_networks_read_change_no_transformer_and_are_refused(m
                 assert torch.equal(plain(src, tgt), other(src, tgt)), (name, option)
     with pytest.raises(SchemeOptionError, match="^scheme_options.mean_shift: true is not an option of a Transformer"):
         create_model("transformer_tiny", scheme="deepnorm", scheme_options={"mean_shift": True}, src_vocab_size=50)
+
+
+@pytest.mark.parametrize("scheme,init", [("post_ln", "he_fan_in"), ("rezero", "he_fan_out"),
+                                         ("skipinit", "he_fan_out")])
+def test_a_he_init_that_changes_no_transformer_is_refused(scheme, init):
+    """A Transformer keeps fairseq's Xavier init under either He init: before, switching one for
+    the other was accepted and built the very same weights."""
+    own = get_scheme(scheme).init
+    with pytest.raises(SchemeOptionError) as refused:
+        create_model("transformer_tiny", scheme=scheme, scheme_options={"init": init}, src_vocab_size=50)
+    assert str(refused.value) == (f'scheme_options.init: "{init}" is not an init that changes a Transformer of scheme '
+                                  f'{scheme} (its own "{own}" and "{init}" both keep fairseq\'s Xavier init: remove '
+                                  f"it) for scheme {scheme}")
+    torch.manual_seed(0)
+    plain = create_model("transformer_tiny", scheme=scheme, src_vocab_size=50)
+    with pytest.MonkeyPatch.context() as lifted:  # the refusal lifted: the same weights, so it is right
+        lifted.setattr(blocks, "_HE_INITS", ())
+        torch.manual_seed(0)
+        other = create_model("transformer_tiny", scheme=scheme, scheme_options={"init": init}, src_vocab_size=50)
+    assert all(torch.equal(v, other.state_dict()[k]) for k, v in plain.state_dict().items())
+    # an init that changes the network, and the scheme's own, are accepted
+    assert create_model("transformer_tiny", scheme="rescale", scheme_options={"init": init}, src_vocab_size=50)
+    assert create_model("transformer_tiny", scheme=scheme, scheme_options={"init": own}, src_vocab_size=50)
 
 
 # --------------------------------------------------------------- DeepNorm
