@@ -28,7 +28,7 @@ from .run import PREDICTIONS_FILE, write_result
 from .system import CODE_KEY, code_version, quiet_dependency_warnings
 from .training import (accepts, as_memory_format, build_optimizer, build_scheduler, check_agc_options,
                        clipped_parameters, compile_in_place, create_network, default_sgd, output_layers,
-                       resolved_architecture, use_channels_last)
+                       resolved_architecture, training_state_differences, use_channels_last)
 
 __all__ = ["RescaleTaskModule", "OptimizerFactory", "SchedulerFactory", "accepts"]
 
@@ -197,6 +197,29 @@ class RescaleTaskModule(L.LightningModule):
         self.trained_labels = checkpoint_labels(checkpoint, source, self._datamodule())
         self._unlabelled_checkpoint = source if self.trained_labels is None else None
         self._match_data_labels()
+        if trainer is not None and trainer.state.fn == "fit" and checkpoint.get("optimizer_states"):
+            self._resumed_training = (checkpoint["optimizer_states"], checkpoint.get("lr_schedulers") or [], source)
+            if trainer.optimizers:  # a strategy that restores after its setup (FSDP): the run's are built
+                self._check_resumed_training()
+
+    def _check_resumed_training(self) -> None:
+        """Refuse, in one line, a ``fit --ckpt_path`` whose checkpoint's optimizer or schedule was
+        configured otherwise than this run's (another lr, weight decay, schedule, or the cosine's
+        ``max_epochs``): Lightning restores the checkpoint's over the run's, which would train on
+        with settings the run's config and ``rescale_config.yaml`` do not say. Runs once the run's
+        optimizers are built and before Lightning restores the saved ones."""
+        resumed, self._resumed_training = getattr(self, "_resumed_training", None), None
+        if resumed is None:
+            return
+        saved_optimizers, saved_schedulers, source = resumed
+        schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
+        differences = training_state_differences(saved_optimizers, saved_schedulers, self.trainer.optimizers,
+                                                 schedulers)
+        if differences:
+            raise ConfigError(f"{source} was trained with another optimizer or learning-rate schedule than this run "
+                              f"configures ({'; '.join(differences)}, checkpoint -> this run), and resuming restores "
+                              "the checkpoint's: resume with the config the run was trained with (its run folder "
+                              "keeps it as rescale_config.yaml), or drop --ckpt_path to start a new run with these")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Record the labels the network was trained on, and the code that trained it (under
@@ -236,6 +259,7 @@ class RescaleTaskModule(L.LightningModule):
         self._label_notes.add(line)
 
     def on_fit_start(self) -> None:
+        self._check_resumed_training()
         self._match_data_labels()
 
     def on_validation_start(self) -> None:

@@ -13,7 +13,7 @@ callbacks every run has, and the network's inputs taken from a batch.
 - ``inputs``: the network's positional inputs taken from a batch, whatever the task
 """
 from .networks import check_network, create_network, default_scheme, resolved_architecture
-from .optim import accepts, build_optimizer, build_scheduler, default_sgd
+from .optim import accepts, build_optimizer, build_scheduler, default_sgd, training_state_differences
 from .schedules import ConstantLR, InverseSqrtLR, IterationMultiStepLR, WarmupCosineLR, WarmupMultiStepLR
 from .class_paths import class_of, init_parameters
 from .optim_check import check_optimization
@@ -23,7 +23,8 @@ from .clipping import check_agc_is_on, check_agc_options, clipped_parameters, ou
 from .inputs import batch_size_of, network_inputs, take_samples
 
 __all__ = ["check_network", "create_network", "default_scheme", "resolved_architecture", "accepts",
-           "build_optimizer", "build_scheduler", "default_sgd", "ConstantLR", "InverseSqrtLR", "IterationMultiStepLR",
+           "build_optimizer", "build_scheduler", "default_sgd", "training_state_differences", "ConstantLR",
+           "InverseSqrtLR", "IterationMultiStepLR",
            "WarmupCosineLR", "WarmupMultiStepLR", "class_of", "init_parameters", "check_optimization", "as_memory_format",
            "compile_in_place", "memory_format_of", "use_channels_last", "DivergenceMonitor",
            "LearnedScalarsLogger", "TrainingDiverged", "optimizer_step_due", "check_agc_is_on", "check_agc_options", "clipped_parameters", "output_layers",

@@ -8,14 +8,15 @@ applies and which learning-rate factor the scheme asks for (Fixup's scalars at l
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Iterable, Optional
+import math
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 from torch import nn
 
 from rescale_core import param_groups
 
-__all__ = ["build_optimizer", "build_scheduler", "accepts", "default_sgd"]
+__all__ = ["build_optimizer", "build_scheduler", "accepts", "default_sgd", "training_state_differences"]
 
 
 def default_sgd(params: Iterable) -> torch.optim.Optimizer:
@@ -61,3 +62,71 @@ def build_scheduler(factory: Callable, optimizer: torch.optim.Optimizer, steps_p
     if accepts(factory, "steps_per_epoch"):
         return factory(optimizer, steps_per_epoch=steps_per_epoch, max_epochs=max_epochs), "step"
     return factory(optimizer), "epoch"
+
+
+#: Entries of an optimizer's param group that are no setting of the run: the parameters, the lr a
+#: schedule has moved on (``initial_lr`` is its configured value), the kernels torch picks.
+_GROUP_STATE = ("params", "foreach", "fused", "differentiable", "capturable")
+#: Entries of a scheduler's state that say where the schedule is, not how it was configured
+#: (``base_lrs`` repeats the groups' ``initial_lr``; ``steps_per_epoch`` follows the data; a plateau
+#: schedule's ``best`` and counters).
+_SCHEDULE_POSITION = ("last_epoch", "_step_count", "_last_lr", "_is_initial", "_get_lr_called_within_step",
+                      "base_lrs", "steps_per_epoch", "verbose", "best", "num_bad_epochs", "cooldown_counter")
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
+        except (TypeError, ValueError):
+            return False
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+_LABELS = {"initial_lr": "lr", "max_epochs": "max_epochs (trainer.max_epochs)"}
+
+
+def _group_differences(saved: dict, current: dict, name: str) -> list[str]:
+    keys = [k for k in current if k not in _GROUP_STATE and k in saved]
+    if "initial_lr" in current or "initial_lr" in saved:  # a schedule moves lr; its base is the setting
+        keys = [k for k in keys if k != "lr"]
+    return [f"{name}{_LABELS.get(k, k)} {saved[k]} -> {current[k]}" for k in keys if not _same(saved[k], current[k])]
+
+
+def training_state_differences(saved_optimizers: Sequence[dict], saved_schedulers: Sequence[dict],
+                               optimizers: Sequence[torch.optim.Optimizer], schedulers: Sequence[Any]) -> list[str]:
+    """What a checkpoint's optimizer and schedule (``optimizer_states``, ``lr_schedulers``) were
+    configured with that this run configures otherwise (``lr 0.05 -> 0.5``, ``max_epochs 2 -> 3``):
+    resuming restores the checkpoint's, so the run's own would be silently dropped. Positions
+    (the step a schedule is at, the lr it has reached) are not compared; ``max_epochs`` only for a
+    schedule whose shape depends on it (``uses_max_epochs``, the cosine)."""
+    if len(saved_optimizers) != len(optimizers) or len(saved_schedulers) != len(schedulers):
+        return [f"{len(saved_optimizers)} optimizer(s) and {len(saved_schedulers)} schedule(s) -> "
+                f"{len(optimizers)} and {len(schedulers)}"]
+    problems: list[str] = []
+    for saved, optimizer in zip(saved_optimizers, optimizers):
+        saved_groups, groups = saved.get("param_groups", []), optimizer.state_dict()["param_groups"]
+        if len(saved_groups) != len(groups):
+            problems.append(f"{len(saved_groups)} parameter groups -> {len(groups)}")
+            continue
+        plain = [_group_differences(s, g, "") for s, g in zip(saved_groups, groups)]
+        if all(found == plain[0] for found in plain):  # the same change in every group: said once
+            problems += plain[0]
+            continue
+        for saved_group, group in zip(saved_groups, groups):
+            name = f"{group['name']} " if "name" in group else ""
+            problems += _group_differences(saved_group, group, name)
+    for saved, scheduler in zip(saved_schedulers, schedulers):
+        current = scheduler.state_dict()
+        skipped = _SCHEDULE_POSITION + (() if getattr(scheduler, "uses_max_epochs", False) else ("max_epochs",))
+        keys = sorted(k for k in (set(saved) | set(current)) - set(skipped) if not k.startswith("_"))  # torch's own
+        for key in keys:
+            if key not in saved or key not in current:
+                kind = type(scheduler).__name__
+                problems.append(f"schedule {kind} has no {key} in the checkpoint" if key in current
+                                else f"the checkpoint's schedule has {key}, {kind} not")
+            elif not _same(saved[key], current[key]):
+                problems.append(f"{_LABELS.get(key, key)} {saved[key]} -> {current[key]}")
+    return problems

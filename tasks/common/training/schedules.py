@@ -48,6 +48,9 @@ class _MethodLambdaLR(LambdaLR):
 class _EpochScheduleLR(_MethodLambdaLR):
     """LambdaLR over steps, whose factor is defined on (fractional) epochs."""
 
+    #: whether the factor depends on ``max_epochs`` (a resume with another one changes the schedule)
+    uses_max_epochs = False
+
     def __init__(self, optimizer: Optimizer, warmup_epochs: float = 0.0, steps_per_epoch: int = 1,
                  max_epochs: int | None = None, last_epoch: int = -1) -> None:
         if warmup_epochs < 0:
@@ -81,6 +84,8 @@ class WarmupMultiStepLR(_EpochScheduleLR):
 
 
 class WarmupCosineLR(_EpochScheduleLR):
+    uses_max_epochs = True
+
     def __init__(self, optimizer: Optimizer, warmup_epochs: float = 0.0, min_factor: float = 0.0,
                  steps_per_epoch: int = 1, max_epochs: int | None = None, last_epoch: int = -1) -> None:
         if not max_epochs:

@@ -152,10 +152,11 @@ def test_fixed_run_id_and_ckpt_path_last_is_one_command_for_start_and_requeue(ci
     monkeypatch.setenv("WANDB_MODE", "offline")
     config = _config(run_config, tmp_path, cifar, "requeued")
     command = ["fit", "--config", str(config), "--trainer.logger.init_args.id", "job42", "--ckpt_path", "last",
-               "--trainer.max_epochs", "1"]
-    assert main(command) == 0  # nothing to resume yet: starts afresh
+               "--trainer.max_epochs", "2"]
+    # nothing to resume yet: starts afresh (and stops after one epoch, as a preempted job would)
+    assert main(command + ["--trainer.max_steps", "10"]) == 0
     last = tmp_path / "runs" / "resume-test" / "job42" / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 10
-    assert main(command[:-1] + ["2"]) == 0  # the requeued job: same command, resumes
+    assert main(command) == 0  # the requeued job: same command, resumes
     assert torch.load(last, weights_only=True)["global_step"] == 20
     assert {read_offline_run(r).run_id for r in find_offline_runs(str(tmp_path / "runs"))} == {"job42"}

@@ -1,0 +1,48 @@
+"""A ``fit --ckpt_path`` restores the optimizer and schedule the checkpoint was trained with: a run
+that configures others (another lr, a cosine of another length) is refused in one line naming
+what differs, before it trains a step or touches the checkpoint; a schedule that does not end with
+``max_epochs`` trains on for more epochs."""
+from __future__ import annotations
+
+import pytest
+
+from rescale_tasks.cli import main
+
+SCHEDULE = {"optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.05, "momentum": 0.9}},
+            "lr_scheduler": {"class_path": "rescale_tasks.common.training.WarmupCosineLR",
+                             "init_args": {"warmup_epochs": 0}}}
+
+
+@pytest.fixture
+def trained(tmp_path, run_config, fit_checkpoint):
+    config = run_config(tmp_path / "run.yaml", model={"init_args": SCHEDULE}, trainer={"max_epochs": 2})
+    return config, fit_checkpoint(tmp_path, ["--config", config])
+
+
+@pytest.mark.parametrize("changed, said", [
+    (["--model.init_args.optimizer.init_args.lr", "0.5"], "lr 0.05 -> 0.5"),
+    (["--trainer.max_epochs", "3"], "max_epochs (trainer.max_epochs) 2 -> 3"),
+])
+def test_resume_with_other_training_settings_is_refused(tmp_path, monkeypatch, trained, error_line, changed, said):
+    config, ckpt = trained
+    before = ckpt.read_bytes()
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "--config", config, "--trainer.max_epochs", "2", *changed, "--ckpt_path", str(ckpt)]) != 0
+    message = error_line()
+    assert said in message and str(ckpt) in message and "rescale_config.yaml" in message, message
+    assert ckpt.read_bytes() == before
+
+
+def test_resume_of_a_schedule_that_does_not_end_with_max_epochs_trains_on(tmp_path, monkeypatch, run_config,
+                                                                         fit_checkpoint):
+    import torch
+
+    steps = {**SCHEDULE, "lr_scheduler": {"class_path": "rescale_tasks.common.training.WarmupMultiStepLR",
+                                          "init_args": {"milestones": [1]}}}
+    config = run_config(tmp_path / "run.yaml", model={"init_args": steps})
+    ckpt = fit_checkpoint(tmp_path, ["--config", config])
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "--config", config, "--trainer.max_epochs", "2", "--ckpt_path", str(ckpt)]) == 0
+    resumed = torch.load(ckpt, weights_only=True)
+    assert resumed["global_step"] == 4
+    assert [g["lr"] for g in resumed["optimizer_states"][0]["param_groups"]] == pytest.approx([0.005] * 3)
