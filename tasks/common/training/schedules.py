@@ -51,6 +51,17 @@ class _EpochScheduleLR(_MethodLambdaLR):
     #: whether the factor depends on ``max_epochs`` (a resume with another one changes the schedule)
     uses_max_epochs = False
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        """The saved position, kept in epochs: a run resumed at an epoch's end with another batch
+        size or process count (another ``steps_per_epoch``, which this schedule was built with)
+        continues at the same epoch of the schedule, its steps counted at the new rate."""
+        steps_per_epoch = self.steps_per_epoch
+        saved = max(int(state_dict.get("steps_per_epoch") or steps_per_epoch), 1)
+        super().load_state_dict(state_dict)
+        if saved != steps_per_epoch:
+            self.steps_per_epoch = steps_per_epoch
+            self.last_epoch = round(self.last_epoch * steps_per_epoch / saved)
+
     def __init__(self, optimizer: Optimizer, warmup_epochs: float = 0.0, steps_per_epoch: int = 1,
                  max_epochs: int | None = None, last_epoch: int = -1) -> None:
         if warmup_epochs < 0:

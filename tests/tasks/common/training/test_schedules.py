@@ -77,6 +77,20 @@ def resumed(make, done: int, steps: int) -> list[float]:
     return lrs(again, steps)
 
 
+def test_an_epoch_schedule_resumed_with_other_steps_per_epoch_keeps_its_epoch():
+    """Resumed at an epoch's end with another batch size (another ``steps_per_epoch``): the schedule
+    goes on from the same epoch, as a run with the new batch size from the start would be there."""
+    first = WarmupCosineLR(optimizer(), warmup_epochs=1, steps_per_epoch=3, max_epochs=4)
+    lrs(first, 6)  # two epochs of 3 steps
+    again = WarmupCosineLR(optimizer(), warmup_epochs=1, steps_per_epoch=6, max_epochs=4)
+    again.optimizer.load_state_dict(first.optimizer.state_dict())
+    again.load_state_dict(first.state_dict())
+    fresh = WarmupCosineLR(optimizer(), warmup_epochs=1, steps_per_epoch=6, max_epochs=4)
+    lrs(fresh, 12)
+    assert lrs(again, 12) == pytest.approx(lrs(fresh, 12))
+    assert again.steps_per_epoch == 6
+
+
 def test_warmup_cosine_at_its_boundaries():
     # 2 warm-up epochs of 5 steps, then a cosine over the other 8 epochs (40 steps) down to 0.1 x
     def make(opt):
