@@ -70,7 +70,8 @@ class BatchListSampler(DistributedSampler, abc.ABC):
 
     def layout(self) -> dict[str, int]:
         """What must match for a saved position to mean the same batches."""
-        return {"seed": self.seed, "num_replicas": self.num_replicas, "num_batches": self.num_batches()}
+        return {"seed": self.seed, "num_replicas": self.num_replicas, "num_batches": self.num_batches(),
+                "num_samples": len(self.dataset)}
 
     # --- sharding and resume ----------------------------------------------------------------
     def __len__(self) -> int:

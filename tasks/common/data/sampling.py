@@ -133,7 +133,10 @@ _LAYOUT_SETTINGS = {"batch_size": "--data.init_args.batch_size {}",
                     "num_replicas": "{} processes (--trainer.devices x --trainer.num_nodes)",
                     "seed": "--data.init_args.seed {}",
                     "max_tokens": "--data.init_args.max_tokens {}",
-                    "num_batches": "the training data of the checkpoint's run ({} batches an epoch)"}
+                    "num_batches": "the training data of the checkpoint's run ({} batches an epoch)",
+                    "num_samples": "the training data of the checkpoint's run ({} samples)"}
+#: layout values that checkpoints written before they were recorded lack: compared only when saved
+_RECORDED_LATER = ("num_samples",)
 
 
 def refused_resume(state: dict, layout: dict) -> Optional[tuple[int, str]]:
@@ -142,7 +145,8 @@ def refused_resume(state: dict, layout: dict) -> Optional[tuple[int, str]]:
     is none). The message is raised only if training does continue that epoch
     (:func:`check_resume`): from a checkpoint at an epoch's end the layout may change."""
     seen, epoch = int(state.get("batches_seen", 0)), int(state.get("epoch", 0))
-    differ = [key for key, value in layout.items() if state.get(key) != value]
+    differ = [key for key, value in layout.items()
+              if state.get(key) != value and (key in state or key not in _RECORDED_LATER)]
     if seen <= 0 or not differ:
         return None
     then = ", ".join(f"{key} {state.get(key, 'unrecorded')}" for key in differ)
@@ -170,7 +174,8 @@ class ResumableDataLoader(DataLoader):
     ``len`` stays the full epoch, as Lightning's progress tracking expects. Iteration is lazy:
     workers start, and the permutation is drawn, at the first ``next()``, i.e. after Lightning
     has set the sampler's epoch (it creates the iterator before doing so). Continuing an epoch
-    saved with another batch size, process count or seed is refused (:class:`ResumeMismatch`).
+    saved with another batch size, process count, seed or data set size (another data root, other
+    files) is refused (:class:`ResumeMismatch`).
     """
 
     def __init__(self, dataset: Dataset, sampler: ResumableSampler, **kwargs: Any) -> None:
@@ -183,7 +188,8 @@ class ResumableDataLoader(DataLoader):
     def layout(self) -> dict[str, int]:
         """What must match for a saved position to mean the same samples."""
         sampler: ResumableSampler = self.sampler
-        return {"seed": sampler.seed, "num_replicas": sampler.num_replicas, "batch_size": self.batch_size}
+        return {"seed": sampler.seed, "num_replicas": sampler.num_replicas, "batch_size": self.batch_size,
+                "num_samples": len(sampler.dataset)}
 
     def __iter__(self):
         sampler: ResumableSampler = self.sampler

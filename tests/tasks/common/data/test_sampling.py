@@ -61,10 +61,10 @@ def test_saved_position_is_ignored_when_another_epoch_starts():
     assert _epoch(loader, 2) == _epoch(_loader(), 2)
 
 
-@pytest.mark.parametrize("saved", [{"num_replicas": 2}, {"batch_size": 2}, {"seed": 1}])
+@pytest.mark.parametrize("saved", [{"num_replicas": 2}, {"batch_size": 2}, {"seed": 1}, {"num_samples": 24}])
 def test_a_position_is_not_continued_under_another_layout(saved):
-    """A mid-epoch position means other samples under another batch size, process count or seed:
-    continuing that epoch is refused in one line naming the saved value; the next epoch starts
+    """A mid-epoch position means other samples under another batch size, process count, seed or
+    data set size (another data root, files added or removed): continuing that epoch is refused in one line naming the saved value; the next epoch starts
     from its top as usual."""
     state = {**_loader().state_dict(), "epoch": 0, "batches_seen": 2, **saved}
     loader = _loader()
@@ -73,6 +73,17 @@ def test_a_position_is_not_continued_under_another_layout(saved):
     with pytest.raises(ResumeMismatch, match=f"2 batches into it with {key} {value}, this run has {key} "):
         _epoch(loader, 0)
     assert _epoch(loader, 1) == _epoch(_loader(), 1)
+
+
+def test_a_position_saved_before_the_data_set_size_was_recorded_continues():
+    first = _loader()
+    first.sampler.set_epoch(0)
+    it = iter(first)
+    seen = [next(it)[0].tolist() for _ in range(2)]
+    state = {k: v for k, v in first.state_dict().items() if k != "num_samples"}
+    resumed = _loader()
+    resumed.load_state_dict(state)
+    assert seen + [b[0].tolist() for b in resumed] == _epoch(_loader(), 0)
 
 
 class _Noisy(Dataset):
