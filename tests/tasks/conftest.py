@@ -227,6 +227,7 @@ def fit_with_summary():
     CSVLogger; returns ``summary`` (the written ``run_summary.json``), ``logged`` (what the logger
     received, ``{val/ key: [[step, value], ...]}``, the step as the summary counts it: optimizer steps
     done, Lightning's loggers count from 0) and ``trainer``. ``train`` is a DataLoader or a data module."""
+    import contextlib
     import csv
 
     import lightning.pytorch as L
@@ -246,7 +247,8 @@ def fit_with_summary():
         else:
             trainer.fit(module, train, val, ckpt_path=ckpt_path)
         logged: dict[str, list] = {}
-        with open(Path(folder) / "csv" / "version_0" / "metrics.csv", newline="") as f:
+        metrics = Path(folder) / "csv" / "version_0" / "metrics.csv"
+        with open(metrics, newline="") if metrics.exists() else contextlib.nullcontext([]) as f:  # none: nothing logged
             for row in csv.DictReader(f):
                 for key, value in row.items():
                     if key.startswith("val/") and value != "":

@@ -275,7 +275,7 @@ class RunSummary(L.Callback):
             "error": error,
             "diverged_step": diverged_at,
             "steps": trainer.global_step,
-            "epochs": trainer.current_epoch,  # completed epochs (Lightning counts on at the end)
+            "epochs": _epochs(trainer, status),
             "train_seconds": self.seconds,
             "samples": self.samples,  # trained on, in the task's unit, every process together
             "samples_per_second": rate,
@@ -302,6 +302,18 @@ class RunSummary(L.Callback):
             return None
         self._written = True
         return path
+
+
+def _epochs(trainer: L.Trainer, status: str) -> int:
+    """The epochs the run trained in, as Lightning counts them once fitting ends (an epoch that
+    ``max_steps`` cut short counts). A run resumed from a checkpoint saved at its ``max_steps``
+    trains nothing: Lightning leaves ``current_epoch`` at the checkpoint's, one short of the epoch
+    the checkpoint's steps were trained in (its ``max_epochs`` stop sets it right; ``max_steps``
+    does not), so the epoch begun there counts."""
+    epochs = trainer.current_epoch
+    if status != "interrupted" and trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps:
+        epochs = max(epochs, trainer.fit_loop.epoch_progress.current.started)
+    return epochs
 
 
 def _step_loss(trainer: L.Trainer, outputs: Any) -> Optional[float]:

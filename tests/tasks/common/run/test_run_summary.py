@@ -177,3 +177,13 @@ def test_a_resumed_runs_summary_holds_every_validation_once(tmp_path, fit_with_s
         assert [s for s, _ in points] == [4, 8, 12, 16]
         assert same_curve(resumed["summary"]["curves"][key], points), key
         assert same_curve(first["logged"][key] + resumed["logged"][key], points), key
+
+
+def test_a_run_resumed_at_its_max_steps_counts_the_epochs_it_trained(tmp_path, fit_with_summary):
+    """A checkpoint saved at ``max_steps`` (a study point whose summary was lost, run again):
+    the resumed run trains nothing and reports the epochs of the run it resumes, not one fewer."""
+    first = _fit(fit_with_summary, tmp_path / "first", max_epochs=5, max_steps=8)
+    assert (first["summary"]["steps"], first["summary"]["epochs"]) == (8, 2)
+    (ckpt,) = (tmp_path / "first").rglob("*.ckpt")
+    resumed = _fit(fit_with_summary, tmp_path / "resumed", max_epochs=5, max_steps=8, ckpt_path=str(ckpt))
+    assert (resumed["summary"]["steps"], resumed["summary"]["epochs"]) == (8, 2)
