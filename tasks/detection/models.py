@@ -19,7 +19,10 @@ features' dtype and decodes boxes in the dtype of the predicted deltas, so under
 bits) every predicted box landed on a grid of 4 px at the test size's 512-1023 px and 8 px beyond
 (an 800 x 1333 COCO image), a few pixels off for the small objects whose AP75 it costs, in every
 logged and written result; the FPN's features and the predictors' outputs are therefore handed on
-in float32 when evaluating (training keeps autocast's dtype: its losses take the targets' float32).
+in float32 when evaluating. Training makes its anchors in float32 too, and decodes the RPN's
+proposals in float32: the regression targets are offsets from the anchors and proposals, so a
+network trained from anchors on bf16's grid would be evaluated from anchors off it (the other
+outputs go to the losses, which take the targets' float32).
 """
 from __future__ import annotations
 
@@ -55,23 +58,39 @@ def _levels(backbone: nn.Module) -> tuple[list[str], int]:
 
 def _float32_when_evaluating(module: nn.Module, args: Any, output: Any) -> Any:
     """The output's half-precision tensors (in any nesting) as float32, when evaluating."""
-    if module.training:
-        return None
+    return None if module.training else _float32(module, args, output)
+
+
+def _float32(module: nn.Module, args: Any, output: Any) -> Any:
+    """The output's half-precision tensors (in any nesting) as float32."""
     return apply_to_collection(output, torch.Tensor,
                                lambda t: t.float() if t.dtype in (torch.bfloat16, torch.float16) else t)
 
 
+def _float32_anchors(module: nn.Module, args: tuple) -> tuple:
+    """The anchor generator's feature maps as float32 stand-ins: it reads only their sizes, dtype
+    and device, and makes the anchors in their dtype (no copy of the features: a broadcast zero)."""
+    images, features = args
+    return images, [f if f.dtype == torch.float32 else
+                    torch.zeros((), dtype=torch.float32, device=f.device).expand(f.shape) for f in features]
+
+
 def float32_box_arithmetic(detector: nn.Module) -> nn.Module:
-    """``detector`` (built here) with the outputs of its backbone (the anchors take their dtype) and
-    of its box, mask and RetinaNet predictors (the decoded boxes take theirs) in float32 when it
-    evaluates under autocast (see the module docstring); forward hooks, nothing else changes."""
+    """``detector`` (built here) with its anchors made in float32 and its RPN's proposals decoded
+    in float32, and, when it evaluates under autocast, the outputs of its backbone and of its box,
+    mask and RetinaNet predictors (the decoded boxes take their dtype) in float32 (see the module
+    docstring); hooks, nothing else changes."""
     parts = [detector.backbone]
     if isinstance(detector, RetinaNet):
         parts.append(detector.head)
+        anchors = detector.anchor_generator
     else:
-        parts += [detector.rpn.head, detector.roi_heads.box_predictor]
+        parts += [detector.roi_heads.box_predictor]
         if getattr(detector.roi_heads, "mask_predictor", None) is not None:
             parts.append(detector.roi_heads.mask_predictor)
+        detector.rpn.head.register_forward_hook(_float32)
+        anchors = detector.rpn.anchor_generator
+    anchors.register_forward_pre_hook(_float32_anchors)
     for part in parts:
         part.register_forward_hook(_float32_when_evaluating)
     return detector

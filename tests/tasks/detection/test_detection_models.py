@@ -106,3 +106,31 @@ def test_boxes_are_decoded_in_float32_when_evaluating_under_bf16(kind):
     assert len(far) >= 20 and float((far % 4 == 0).float().mean()) < 0.5
     if kind == "maskrcnn":
         assert prediction["masks"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ["fasterrcnn", "retinanet"])
+def test_training_under_bf16_takes_the_anchors_evaluation_takes(kind):
+    """Trained under bf16 autocast at COCO's test size: the anchors the regression targets are
+    offsets from are the float32 anchors evaluation decodes from (not bf16's 4-px grid from 512 px
+    on), and the RPN's proposals are decoded in float32."""
+    backbone_options = dict(returned_layers=(2, 3, 4), extra_blocks="p6p7") if kind == "retinanet" else {}
+    backbone = resnet_fpn_backbone("resnet18", "rescale", network_options={"base_width": 8}, out_channels=16,
+                                   trainable_layers=5, **backbone_options)
+    detector = build_detector(kind, backbone, num_classes=3, min_size=800, max_size=1333, head_channels=8,
+                              fc_dim=32)
+    generator = detector.anchor_generator if kind == "retinanet" else detector.rpn.anchor_generator
+    seen: dict = {}
+    generator.register_forward_hook(lambda module, args, out: seen.setdefault(module.training, out) and None)
+    if kind == "fasterrcnn":
+        detector.roi_heads.register_forward_pre_hook(lambda module, args: seen.setdefault("proposals", args[1]) and None)
+    image = torch.rand(3, 240, 320, generator=torch.Generator().manual_seed(0))
+    targets = [{"boxes": torch.tensor([[30.3, 40.7, 290.1, 230.9]]), "labels": torch.tensor([1])}]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        losses = detector.train()([image], targets)
+        with torch.no_grad():
+            detector.eval()([image])
+    assert all(math.isfinite(v.item()) for v in losses.values())
+    trained, evaluated = seen[True][0], seen[False][0]
+    assert trained.dtype == torch.float32 and torch.equal(trained, evaluated)
+    if kind == "fasterrcnn":
+        assert all(p.dtype == torch.float32 for p in seen["proposals"])
