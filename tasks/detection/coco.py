@@ -419,6 +419,11 @@ class CocoDetection(Dataset):
         return int(self.corrupt.sum())
 
     @property
+    def skipped_ids(self) -> list[int]:
+        """The json ids of the distinct unreadable images met so far (in any process), in json order."""
+        return [self.image_ids[i] for i in self.corrupt.nonzero().flatten().tolist()]
+
+    @property
     def kept_as_stored(self) -> int:
         """Distinct images met so far (in any process) whose EXIF orientation was not applied because
         only their stored pixels have the json's size."""

@@ -391,6 +391,13 @@ class CocoDataModule(TaskDataModule):
         """Distinct unreadable images skipped so far in any split, counted in all worker processes."""
         return sum(ds.skipped for ds in self.datasets.values())
 
+    def skipped_image_ids(self, split: str) -> list[int]:
+        """The json ids of the unreadable images the ``split`` set skipped so far, in this process and
+        its workers (:attr:`~.coco.CocoDetection.skipped_ids`); none before the set is built."""
+        name = "val" if split == "test" or (split == "predict" and self.paths["predict"] is None) else split
+        dataset = self.datasets.get(name)
+        return dataset.skipped_ids if dataset is not None else []
+
     def teardown(self, stage: str | None = None) -> None:
         """Logs, per split, the images kept without their EXIF orientation (:mod:`.coco`) once their
         count has grown since the last stage: one line with the count and an example file."""

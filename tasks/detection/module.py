@@ -132,6 +132,7 @@ class DetectionModule(RescaleTaskModule):
         self.iou_types = ("bbox", "segm") if detector == "maskrcnn" else ("bbox",)
         self.draw_predictions, self.draw_score_threshold = draw_predictions, draw_score_threshold
         self.evaluator: Optional[CocoEvaluator] = None
+        self._evaluated_split = "val"  # the split the evaluator scores (test: the val set)
         self._predicted: list[ImageRecord] = []
 
     @staticmethod
@@ -231,6 +232,7 @@ class DetectionModule(RescaleTaskModule):
                               "ground_truth(split) returns its pycocotools COCO)")
         self.evaluator = CocoEvaluator(ground_truth(split), iou_types=self.iou_types,
                                        label_to_category=self._label_to_category())
+        self._evaluated_split = split
 
     def evaluate_batch(self, batch, stage: str) -> None:
         images, targets = batch
@@ -244,9 +246,27 @@ class DetectionModule(RescaleTaskModule):
         for name, value in metrics.items():
             self.log(f"{prefix}/{name.replace('/', '_')}", float(value), sync_dist=False,
                      prog_bar=name in ("bbox/AP", "segm/AP"))
+        self._report_skipped_images(prefix, len(records))
         if write_results and self.trainer.is_global_zero:
             path = self._write_results(prefix, results)
             log.info(f"{prefix}: {len(results)} detections written to {path} (COCO results format)")
+
+    def _report_skipped_images(self, prefix: str, evaluated: int) -> None:
+        """With unreadable images skipped (``--data.skip_corrupt true``) the COCO AP covers the
+        images read only: ``<prefix>/images`` logged beside it (the printed and logged metrics say
+        on how many it was computed) and one warning line naming the skipped ones. A collective."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        listed = getattr(datamodule, "skipped_image_ids", None)
+        split = self._evaluated_split
+        skipped = sorted(set(gather_objects(list(listed(split)) if callable(listed) else [])))
+        if not skipped:
+            return
+        self.log(f"{prefix}/images", float(evaluated), sync_dist=False)
+        if self.trainer.is_global_zero:
+            shown = ", ".join(str(i) for i in skipped[:5]) + (f" (+{len(skipped) - 5} more)" if len(skipped) > 5 else "")
+            log.warning(f"{prefix}: COCO AP computed on {evaluated} images: {len(skipped)} unreadable image(s) of "
+                        f"the {split} set skipped (--data.skip_corrupt true), image id(s) {shown}; it is not "
+                        "comparable with an AP over the whole set until they are restored")
 
     def on_validation_epoch_start(self) -> None:
         self._start_evaluation("val")

@@ -27,16 +27,16 @@ def _offline(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_SILENT", "true")
 
 
-def truncate_as_jpeg(root: Path, image_index: int) -> int:
-    """Training image ``image_index`` of the json becomes a JPEG cut after 300 bytes; returns its id."""
-    annotations = root / "annotations" / "instances_train2017.json"
+def truncate_as_jpeg(root: Path, image_index: int, split: str = "train") -> int:
+    """Image ``image_index`` of the ``split`` json becomes a JPEG cut after 300 bytes; returns its id."""
+    annotations = root / "annotations" / f"instances_{split}2017.json"
     data = json.loads(annotations.read_text())
     image = data["images"][image_index]
-    old = root / "train2017" / image["file_name"]
+    old = root / f"{split}2017" / image["file_name"]
     image["file_name"] = Path(image["file_name"]).with_suffix(".jpg").name
     encoded = io.BytesIO()
     Image.open(old).convert("RGB").save(encoded, format="JPEG", quality=95)
-    (root / "train2017" / image["file_name"]).write_bytes(encoded.getvalue()[:300])
+    (root / f"{split}2017" / image["file_name"]).write_bytes(encoded.getvalue()[:300])
     annotations.write_text(json.dumps(data))
     return image["id"]
 
@@ -68,3 +68,19 @@ def test_a_truncated_jpeg_alone_in_its_batch_is_no_step(coco_canvases_copy, tmp_
     # throughput in images, the skipped batch left out, to W&B and the summary
     assert (summary["throughput_unit"], summary["samples"]) == ("images", EPOCHS * (n - 1))
     assert run.summary["throughput/images_per_s"] == pytest.approx(summary["samples_per_second"])
+
+
+def test_an_ap_without_skipped_images_says_on_how_many_it_was_computed(coco_canvases_copy, tmp_path, caplog):
+    """A validation image that cannot be read, skipped: the logged metrics hold ``val/images`` (the
+    images the AP was computed on) beside the AP, and one warning line names the skipped image."""
+    root = coco_canvases_copy.root
+    bad_id = truncate_as_jpeg(root, 0, split="val")
+    images = len(json.loads((root / "annotations" / "instances_val2017.json").read_text())["images"])
+    config = tiny_config(tmp_path / "tiny.yaml", root)
+    with pytest.warns(UserWarning, match=r"skipped 1 corrupt input file\(s\)"):
+        assert main(["validate", "--config", str(config), "--data.skip_corrupt", "true"]) == 0
+    [run] = [read_offline_run(d) for d in find_offline_runs("runs")]
+    assert run.summary["val/images"] == images - 1 and "val/bbox_AP" in run.summary
+    [line] = [r.getMessage() for r in caplog.records if "COCO AP computed on" in r.getMessage()]
+    assert f"val: COCO AP computed on {images - 1} images: 1 unreadable image(s) of the val set" in line
+    assert f"image id(s) {bad_id};" in line
