@@ -35,7 +35,7 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
         log.warning(f"warning: {len(unmeasured)} finished point(s) logged no {metric} ({', '.join(unmeasured[:3])}"
                     f"{', ...' if len(unmeasured) > 3 else ''}): their training ended before a validation; give "
                     f"them a budget past their first validation (trainer.val_check_interval), or another --metric")
-    not_done = [r for r in rows if r["status"] in ("not run", "interrupted", "failed")]
+    not_done = [r for r in rows if r["status"] in ("not run", "running", "interrupted", "failed")]
     note = f"; {len(not_done)} of {len(rows)} points not done" if not_done else ""
     seeded = any("seed" in r for r in rows)
     unit = next((r["throughput_unit"] for r in rows if r.get("throughput_unit")), "samples")

@@ -32,7 +32,7 @@ import yaml
 from ..common.cli import CONFIG_FLAGS, flag_values, load_yaml, trainer_defaults, yaml_layers
 from ..common.errors import UserError
 from ..common.run import SUMMARY_FILE, read_summary
-from ..common.system import atomic_open
+from ..common.system import atomic_open, lock_holder
 
 __all__ = ["GridPoint", "Grid", "PointState", "GRID_FILE", "POINTS_DIR", "LOG_FILE", "OUTCOME_FILE",
            "rescale_command", "configured_logger", "configured_network", "wandb_project", "read_json", "write_json"]
@@ -246,6 +246,11 @@ class Grid:
     def status(self, point: GridPoint) -> str:
         """``done``, ``partial``, ``failed`` or ``todo``."""
         return self.state(point).state
+
+    def running(self, point: GridPoint) -> Optional[str]:
+        """Who runs the point now (its folder's lock: pid, host, start, command; a SLURM task,
+        ``rescale study run`` in another shell), or None when no process does."""
+        return lock_holder(self.point_dir(point))
 
     def last_checkpoint(self, point: GridPoint) -> Optional[str]:
         """The newest ``last.ckpt`` of the point (under ``checkpoints/``, any run id)."""

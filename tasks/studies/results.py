@@ -1,5 +1,5 @@
 """What each point of a study ended with, one row per point: its coordinates, its status
-(trained, diverged at step s, failed to learn, failed, interrupted, not run) and its final and best
+(trained, diverged at step s, failed to learn, failed, running, interrupted, not run) and its final and best
 values, read from the points' ``run_summary.json`` files.
 """
 from __future__ import annotations
@@ -60,8 +60,9 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
     status: ``trained``; ``diverged at step s``; ``failed to learn`` (finished, but an accuracy
     metric not above chance (1/classes, k/classes for top-k ``acc<k>``) + ``margin``, or, where the chance level is unknown, the
     mean training loss of the last fifth of its logged curve not below that of the first fifth); ``failed`` (the run stopped with an error,
-    ``error`` says which); ``interrupted`` (a ``last.ckpt`` to resume from; ``error``: why its last
-    attempt ended, where it said, and the checkpoint); ``not run``.
+    ``error`` says which); ``running`` (a process holds the point's folder now, a SLURM task or a
+    study in another shell; ``error``: which); ``interrupted`` (a ``last.ckpt`` to resume from;
+    ``error``: why its last attempt ended, where it said, and the checkpoint); ``not run``.
     Validation values of a diverged run are left empty (a non-finite model was validated).
     """
     states = [(point, grid.state(point)) for point in grid.points]
@@ -91,6 +92,9 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
                 row["steps_to_90"] = steps_to_fraction((s.get("curves") or {}).get(metric) or [],
                                                        row[f"final {metric}"], 0.9, higher)
                 row["status"] = "trained" if _learned(grid, point, s, metric, higher, margin) else "failed to learn"
+        elif (holder := grid.running(point)) is not None:
+            row["status"] = "running"
+            row["error"] = f"running: {holder}"
         elif state.state == "partial":
             row["status"] = "interrupted"
             # why its last attempt ended (a crash after its first checkpoint, a kill), where it said

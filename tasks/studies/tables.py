@@ -120,7 +120,7 @@ def batch_lr_tables(rows: list[dict], metric: str) -> list[dict]:
             "stable_at_grid_max": (largest["lr"] == max(r["lr"] for r in group)) if largest else None,
             "largest_learning_lr": max(r["lr"] for r in learned) if learned else None,
             "lrs": len(group), "diverged": sum(r["status"].startswith("diverged") for r in group),
-            "not_done": sum(r["status"] in ("failed", "interrupted", "not run") for r in group),
+            "not_done": sum(r["status"] in ("failed", "running", "interrupted", "not run") for r in group),
         })
     return out
 

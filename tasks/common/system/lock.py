@@ -6,6 +6,7 @@
 and writes who holds it (pid, host, start, command) into the file; a second process is refused at
 once with one line naming the first. The operating system releases the lock when its holder ends,
 however it ends (a SIGKILL or a crash leaves no stale lock: the file stays, unheld).
+:func:`lock_holder` tells a held lock (a process working in the folder) from one left behind.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Iterator
 from ..errors import UserError
 from .writable import require_writable
 
-__all__ = ["folder_lock", "FolderBusy", "LOCK_FILE"]
+__all__ = ["folder_lock", "lock_holder", "FolderBusy", "LOCK_FILE"]
 
 LOCK_FILE = ".lock"
 
@@ -60,5 +61,29 @@ def folder_lock(folder: str, what: str = "study folder",
             yield path
         finally:
             os.ftruncate(fd, 0)  # the lock goes with the descriptor; the file stays, empty
+    finally:
+        os.close(fd)
+
+
+def lock_holder(folder: str) -> str | None:
+    """Who holds ``<folder>/.lock`` now (the text :func:`folder_lock` wrote: pid, host, start,
+    command), or None when no process does: no file, an empty one (released), or one whose holder
+    ended without emptying it (killed), which a shared lock taken and let go at once tells apart.
+    Held by this very process (another ``folder_lock`` of it) counts as held."""
+    path = os.path.join(folder, LOCK_FILE)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+        if not holder:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return holder
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
     finally:
         os.close(fd)

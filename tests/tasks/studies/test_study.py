@@ -738,3 +738,26 @@ def test_workers_run_points_at_once_and_a_signal_stops_and_resumes_them_all(tmp_
     assert main([*study, "--workers", "2"]) == 0
     said = [line.split("]")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
     assert handed == [] and said == [f"[{k}/{workers}" for k in range(1, workers + 1)]
+
+
+def test_a_point_running_while_the_study_is_aggregated_is_running_not_interrupted(tmp_path, run_config):
+    """A SLURM array aggregated while its tasks train: a point whose folder's lock is held (here by
+    this process, as its run-point holds it) is ``running``, whether or not it has saved a
+    ``last.ckpt`` yet; once its lock is let go, a point with a ``last.ckpt`` is ``interrupted``."""
+    from rescale_tasks.common.system import folder_lock
+    from rescale_tasks.studies.results import point_rows
+
+    config = tiny(run_config, tmp_path / "seeds.yaml")
+    assert main(["study", "seeds", "--config", config, "--seeds", "3", "--out", "seeds", "--engine", "slurm"]) == 0
+    grid = Grid.load("seeds")
+    (Path(grid.point_dir(grid.point(0))) / "checkpoints").mkdir(parents=True)
+    (Path(grid.point_dir(grid.point(0))) / "checkpoints" / "last.ckpt").write_bytes(b"saved")
+    Path(grid.point_dir(grid.point(2))).mkdir(parents=True)
+    (Path(grid.point_dir(grid.point(2))) / "run_summary.json").write_text(json.dumps(summary("finished", 0.5, 2.0, 0.25, 2)))
+    with folder_lock(grid.point_dir(grid.point(0))), folder_lock(grid.point_dir(grid.point(1))):
+        rows, _ = point_rows(grid, "val/acc1")
+        assert [r["status"] for r in rows] == ["running", "running", "trained"]
+        assert rows[0]["error"].startswith(f"running: pid {os.getpid()} on ")
+        assert main(["study", "aggregate", "seeds", "--out", "tables"]) == 0
+    rows, _ = point_rows(grid, "val/acc1")
+    assert [r["status"] for r in rows] == ["interrupted", "not run", "trained"]
