@@ -193,7 +193,8 @@ class RescaleTaskModule(L.LightningModule):
         path = getattr(trainer, "ckpt_path", None) if trainer is not None else None
         source = f"checkpoint {path}" if path else "the checkpoint"
         check_checkpoint_compatible(checkpoint, self.hparams, self.state_dict(), source=source,
-                                    strict=self.strict_loading, normalize=resolved_architecture)
+                                    strict=self.strict_loading, normalize=resolved_architecture,
+                                    ckpt_path=str(path) if path else None)
         self.trained_labels = checkpoint_labels(checkpoint, source, self._datamodule())
         self._unlabelled_checkpoint = source if self.trained_labels is None else None
         self._match_data_labels()

@@ -23,8 +23,7 @@ from ..common.training import batch_size_of, network_inputs, take_samples
 
 __all__ = ["Subject", "load_subject", "subjects", "data_inputs", "gaussian_inputs", "probe_inputs", "run_names"]
 
-CKPT_FIX = ("Give the --config the checkpoint was trained with (its run folder keeps it as "
-            "rescale_config.yaml), with the same overrides after --.")
+CKPT_FIX = "Give the --config the checkpoint was trained with ({config}), with the same overrides after --."
 
 
 @dataclass
@@ -81,7 +80,7 @@ def load_weights(module, path: str) -> int:
     if not checkpoint_exists(path):
         raise UserError(f"checkpoint not found: {path} (--ckpt). Give a .ckpt file written by this suite, "
                         "e.g. runs/<project>/<run id>/checkpoints/last.ckpt")
-    return load_into_module(module, safe_load(path), f"checkpoint {path}", fix=CKPT_FIX)
+    return load_into_module(module, safe_load(path), f"checkpoint {path}", fix=CKPT_FIX, ckpt_path=path)
 
 
 def _stem(path: str) -> str:

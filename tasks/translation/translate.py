@@ -49,7 +49,7 @@ def load_translator(path: str, device: str | torch.device = "cpu") -> Translatio
     accepted = init_parameters(TranslationModule)  # its own arguments and the shared ones it hands on
     hparams = {k: v for k, v in checkpoint["hyper_parameters"].items() if k in accepted}
     module = TranslationModule(**hparams)
-    load_into_module(module, checkpoint, f"checkpoint {path} (--ckpt_path)")
+    load_into_module(module, checkpoint, f"checkpoint {path} (--ckpt_path)", ckpt_path=path)
     return module.to(device).eval()
 
 

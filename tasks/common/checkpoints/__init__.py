@@ -11,17 +11,19 @@ from .files import (SAFE_GLOBALS, AtomicCheckpointIO, CheckpointError, Checkpoin
                     checkpoint_run_id, is_remote, peek_checkpoint, safe_load)
 from .callbacks import (LAST_NAME, EpochCheckpoint, LastCheckpoint, ResumeState, checkpoint_folder,
                         logger_folder, planned_checkpoint_folder, preempted_message, stop_signal)
-from .compat import (ARCHITECTURE_KEYS, CONFIG_KEYS, MISMATCH_FIX, NETWORK_PREFIX,
+from .compat import (ARCHITECTURE_KEYS, CONFIG_FILE, CONFIG_KEYS, MISMATCH_FIX, NETWORK_PREFIX,
                      check_checkpoint_compatible, check_config_against_checkpoint, hparam_differences,
                      load_into_module, network_weights, require_classification_checkpoint,
-                     run_arguments_over_checkpoint, state_dict_differences, typed_model_arguments)
+                     run_arguments_over_checkpoint, saved_config, state_dict_differences,
+                     trained_config_fix, typed_model_arguments)
 from .averaging import average_checkpoints
 
 __all__ = ["SAFE_GLOBALS", "AtomicCheckpointIO", "CheckpointError", "CheckpointInfo", "checkpoint_exists",
            "checkpoint_run_id", "is_remote", "peek_checkpoint", "safe_load", "LAST_NAME", "EpochCheckpoint",
            "LastCheckpoint", "ResumeState", "checkpoint_folder", "logger_folder", "planned_checkpoint_folder",
            "preempted_message", "stop_signal",
-           "ARCHITECTURE_KEYS", "CONFIG_KEYS", "MISMATCH_FIX", "NETWORK_PREFIX",
+           "ARCHITECTURE_KEYS", "CONFIG_FILE", "CONFIG_KEYS", "MISMATCH_FIX", "NETWORK_PREFIX", "saved_config",
+           "trained_config_fix",
            "check_checkpoint_compatible", "check_config_against_checkpoint", "hparam_differences",
            "load_into_module", "network_weights", "require_classification_checkpoint",
            "run_arguments_over_checkpoint", "state_dict_differences", "typed_model_arguments",

@@ -8,15 +8,17 @@ dict's keys and shapes with :func:`check_checkpoint_compatible`.
 """
 from __future__ import annotations
 
+import glob
 import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
 from ..training import class_of, init_parameters, resolved_architecture
-from .files import checkpoint_exists, peek_checkpoint
+from .files import CheckpointError, checkpoint_exists, is_remote, peek_checkpoint
 
 __all__ = ["NETWORK_PREFIX", "network_weights", "ARCHITECTURE_KEYS", "CONFIG_KEYS", "check_checkpoint_compatible", "check_config_against_checkpoint",
-           "hparam_differences", "state_dict_differences", "MISMATCH_FIX", "load_into_module",
+           "hparam_differences", "state_dict_differences", "MISMATCH_FIX", "CONFIG_FILE", "saved_config",
+           "trained_config_fix", "load_into_module",
            "typed_model_arguments", "run_arguments_over_checkpoint", "require_classification_checkpoint"]
 
 #: Hyper-parameters that fix a network's parameters (names, shapes) or its forward pass.
@@ -27,8 +29,52 @@ ARCHITECTURE_KEYS = ("network", "scheme", "scheme_options", "network_options", "
 #: those are checked against the built module instead.
 CONFIG_KEYS = ("_class_path", "network", "scheme", "scheme_options", "network_options", "detector",
                "heads_norm", "fpn_norm")
-MISMATCH_FIX = ("Run with the config the checkpoint was trained with (its run folder keeps it as "
-                "rescale_config.yaml), or drop --ckpt_path to start from scratch.")
+#: How to fix a mismatch; ``{config}`` becomes where the checkpoint's run config is (:func:`trained_config_fix`).
+MISMATCH_FIX = "Run with the config the checkpoint was trained with ({config}), or drop --ckpt_path to start from scratch."
+#: The resolved config every command saves into its run's own folder (``run.outputs.SaveConfigToRun``).
+CONFIG_FILE = "rescale_config.yaml"
+
+
+def saved_config(ckpt_path: Optional[str]) -> Optional[str]:
+    """The config the run that wrote ``ckpt_path`` saved, where it can be found: beside the
+    checkpoint's ``checkpoints/`` (a CSV or TensorBoard logger's version folder), or the W&B run's
+    ``<save_dir>/wandb/*-<run id>/files/`` (the run id the checkpoint records, or its folder's
+    name: ``<save_dir>/<project>/<run id>/checkpoints/``; a study point's
+    ``<point>/checkpoints/<run id>/``); the newest where the run was started several times. None
+    for a remote checkpoint or where none is found."""
+    if not ckpt_path or is_remote(str(ckpt_path)) or not os.path.isfile(str(ckpt_path)):
+        return None
+    folder = os.path.dirname(os.path.abspath(str(ckpt_path)))
+    run = os.path.dirname(folder) if os.path.basename(folder) == "checkpoints" else folder
+    if os.path.isfile(os.path.join(run, CONFIG_FILE)):
+        return os.path.join(run, CONFIG_FILE)
+    try:
+        recorded = peek_checkpoint(str(ckpt_path)).run_id
+    except CheckpointError:
+        recorded = None
+    ids = {i for i in (recorded, os.path.basename(run), os.path.basename(folder)) if i and i != "checkpoints"}
+    found = []
+    above = run
+    for _ in range(3):  # <save_dir>/<project>/<run id>: the save_dir is two folders up
+        above = os.path.dirname(above)
+        for run_id in ids:
+            found += glob.glob(os.path.join(glob.escape(above), "wandb", f"*-{glob.escape(run_id)}", "files",
+                                            CONFIG_FILE))
+    return max(found, key=os.path.getmtime) if found else None
+
+
+def trained_config_fix(fix: str, ckpt_path: Optional[str]) -> str:
+    """``fix`` with ``{config}`` replaced by where the checkpoint's run config is
+    (:func:`saved_config`, shown relative to the working folder where it lies below it), or, when
+    it cannot be found, by where ``rescale fit`` saves it."""
+    found = saved_config(ckpt_path)
+    if found is not None:
+        relative = os.path.relpath(found)
+        where = f"its run saved it as {found if relative.startswith('..') else relative}"
+    else:
+        where = (f"rescale fit saves it as {CONFIG_FILE} in the run's folder: <save_dir>/wandb/*-<run id>/files/ "
+                 "with the W&B logger, the logger's version folder with another")
+    return fix.replace("{config}", where)
 _LABELS = {"_class_path": "module"}
 
 
@@ -79,7 +125,7 @@ def check_checkpoint_compatible(checkpoint: Mapping[str, Any], hparams: Mapping[
                                 keys: Sequence[str] = ARCHITECTURE_KEYS, source: str = "the checkpoint",
                                 strict: bool = True,
                                 normalize: Optional[Callable[[dict], dict]] = None,
-                                fix: str = MISMATCH_FIX) -> None:
+                                fix: str = MISMATCH_FIX, ckpt_path: Optional[str] = None) -> None:
     """Raise :class:`ConfigError` (one line) when ``checkpoint`` is of another architecture.
 
     Args:
@@ -91,6 +137,8 @@ def check_checkpoint_compatible(checkpoint: Mapping[str, Any], hparams: Mapping[
         strict: also report missing and unexpected state-dict entries (as strict loading would).
         normalize: applied to both hyper-parameter dicts first (e.g. fill in a network's
             default scheme, so "scheme: null" and the scheme it resolves to compare equal).
+        fix: how to fix it, its ``{config}`` naming the config ``ckpt_path`` was trained with
+            (:func:`trained_config_fix`).
     """
     saved = dict(checkpoint.get("hyper_parameters") or {})
     current = dict(hparams)
@@ -112,7 +160,7 @@ def check_checkpoint_compatible(checkpoint: Mapping[str, Any], hparams: Mapping[
                   "so cannot change with a checkpoint")
     else:
         reason = f"{source} does not fit this run's {ours}: {'; '.join(problems)}"
-    raise ConfigError(f"{reason}. {fix}")
+    raise ConfigError(f"{reason}. {trained_config_fix(fix, ckpt_path)}")
 
 
 def check_config_against_checkpoint(model_config: Any, ckpt_path: Optional[str],
@@ -135,7 +183,8 @@ def check_config_against_checkpoint(model_config: Any, ckpt_path: Optional[str],
     saved = peek_checkpoint(ckpt_path).hyper_parameters
     current = {"_class_path": model_config.get("class_path"), **(model_config.get("init_args") or {})}
     check_checkpoint_compatible({"hyper_parameters": saved}, current, keys=CONFIG_KEYS,
-                                source=f"checkpoint {ckpt_path}", normalize=normalize, fix=fix)
+                                source=f"checkpoint {ckpt_path}", normalize=normalize, fix=fix,
+                                ckpt_path=str(ckpt_path))
 
 
 def typed_model_arguments(argv: Sequence[Any]) -> set[str]:
@@ -199,15 +248,17 @@ def run_arguments_over_checkpoint(before: Any, after: Any, ckpt_path: Any, typed
     return restored
 
 
-def load_into_module(module, checkpoint: Mapping[str, Any], source: str, fix: str = MISMATCH_FIX) -> int:
+def load_into_module(module, checkpoint: Mapping[str, Any], source: str, fix: str = MISMATCH_FIX,
+                     ckpt_path: Optional[str] = None) -> int:
     """Load a (safely read) checkpoint into a LightningModule outside a Trainer, as Lightning does:
     the architecture check, the module's ``on_load_checkpoint`` hook, then its state dict. Returns
-    the checkpoint's global step."""
+    the checkpoint's global step. ``ckpt_path``: its file, for the fix's run config."""
     if not isinstance(checkpoint.get("state_dict"), Mapping):
         raise ConfigError(f"{source} holds no state_dict: not a Lightning checkpoint of this suite")
     strict = getattr(module, "strict_loading", True)
     check_checkpoint_compatible(checkpoint, getattr(module, "hparams", {}) or {}, module.state_dict(),
-                                source=source, strict=strict, normalize=resolved_architecture, fix=fix)
+                                source=source, strict=strict, normalize=resolved_architecture, fix=fix,
+                                ckpt_path=ckpt_path)
     module.on_load_checkpoint(checkpoint)
     module.load_state_dict(checkpoint["state_dict"], strict=strict)
     return int(checkpoint.get("global_step") or 0)

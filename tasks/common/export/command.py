@@ -45,8 +45,7 @@ log = logging.getLogger(__name__)
 
 #: The network is not compiled: the export captures its own graph.
 NOT_COMPILED = ["--model.init_args.compile", "false"]
-CONFIG_FIX = ("Give the --config the checkpoint was trained with (its run folder keeps it as rescale_config.yaml), "
-              "with the same overrides.")
+CONFIG_FIX = "Give the --config the checkpoint was trained with ({config}), with the same overrides."
 
 
 class ExportCheckFailed(UserError):
@@ -117,7 +116,8 @@ def _build(configs: list[str], overrides: list[str], ckpt_path: str):
     cli = build_run([a for c in configs for a in ("--config", c)] + overrides + NOT_COMPILED)
     check_config_against_checkpoint(cli.config.get("model"), ckpt_path, normalize=resolved_architecture,
                                     fix=CONFIG_FIX)
-    load_into_module(cli.model, safe_load(ckpt_path), f"checkpoint {ckpt_path} (--ckpt_path)", fix=CONFIG_FIX)
+    load_into_module(cli.model, safe_load(ckpt_path), f"checkpoint {ckpt_path} (--ckpt_path)", fix=CONFIG_FIX,
+                     ckpt_path=ckpt_path)
     return cli.model.eval(), cli.datamodule
 
 

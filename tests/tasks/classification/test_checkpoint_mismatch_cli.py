@@ -49,6 +49,8 @@ def test_validate_with_a_checkpoint_of_another_scheme(trained, tmp_path, error_l
     assert f"checkpoint {ckpt} was saved from network=cifar_resnet, scheme=rescale" in line
     assert "this run builds network=cifar_resnet, scheme=bn" in line and "differ in scheme" in line
     assert "drop --ckpt_path" in line and "rescale_config.yaml" in line
+    (saved,) = Path(ckpt).parent.parent.glob("rescale_config.yaml")  # the CSV logger's version folder
+    assert f"its run saved it as {saved}" in line  # the very file, not a name to search for
 
 
 def test_fit_with_a_checkpoint_of_another_network(trained, tmp_path, error_line, run_config):
