@@ -2,7 +2,7 @@
 
     rescale fit|validate|test|predict --config experiments/<task>/<run>.yaml [--key value ...]
     rescale demo [--epochs N] [--out DIR]
-    rescale models [PATTERN] | rescale schemes
+    rescale models [PATTERN] | rescale schemes [PATTERN]
     rescale --help                                  (every command, one line each)
     rescale --version                               (the suite's version; in a git checkout, its commit)
     rescale --quiet|--verbose <command> ...         (warnings and errors only | debug messages too)
@@ -14,6 +14,7 @@ and run: :mod:`rescale_tasks.common.cli.lightning_commands` (the ``_defaults.yam
 """
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import logging
 import sys
@@ -30,32 +31,37 @@ log = logging.getLogger("rescale_tasks.cli")  # the same name under `python -m r
 LOG_FLAGS = ("--quiet", "--verbose")
 
 
-def _cmd_models(argv: list[str]) -> int:
-    p = UserArgumentParser(prog="rescale models", description=COMMAND_HELP["models"])
+def _list_registered(command: str, what: str, argv: list[str], names: Callable[[], list[str]]) -> int:
+    """``rescale models|schemes [PATTERN]``: the registered names matching a shell-style pattern or
+    holding a part of the name, one a line; none: one error line saying so and how to list them
+    all, exit status 1."""
+    p = UserArgumentParser(prog=f"rescale {command}", description=COMMAND_HELP[command])
     p.add_argument("pattern", nargs="?", default="*",
-                   help="a shell-style pattern, e.g. 'rescale*', or a part of the name, e.g. resnet5 "
-                        "(default: all)")
-    pattern = p.parse_args(argv).pattern
-    import rescale_core  # torch: the commands that list its registries only (not --version, --help)
-
-    if not any(c in pattern for c in "*?["):
-        pattern = f"*{pattern}*"  # no wildcard: a part of the name
-    names = rescale_core.list_models(pattern)
-    if not names:
-        log.error("error: no registered network matches %r (rescale models: all of them)", pattern)
+                   help=f"a shell-style pattern, e.g. '{'rescale*' if command == 'models' else 'bn*'}', or a part of "
+                        f"the name, e.g. {'resnet5' if command == 'models' else 'skip'} (default: all)")
+    given = p.parse_args(argv).pattern
+    pattern = given if any(c in given for c in "*?[") else f"*{given}*"  # no wildcard: a part of the name
+    matched = [name for name in names() if fnmatch.fnmatchcase(name, pattern)]
+    if not matched:
+        log.error(f"error: no registered {what} matches {given!r}; `rescale {command}` lists them all")
         return 1
-    for name in names:
+    for name in matched:
         write_output(name)
     return 0
+
+
+def _cmd_models(argv: list[str]) -> int:
+    def names() -> list[str]:
+        import rescale_core  # torch: the commands that list its registries only (not --version, --help)
+        return rescale_core.list_models()
+    return _list_registered("models", "network", argv, names)
 
 
 def _cmd_schemes(argv: list[str]) -> int:
-    UserArgumentParser(prog="rescale schemes", description=COMMAND_HELP["schemes"]).parse_args(argv)
-    import rescale_core  # torch: the commands that list its registries only (not --version, --help)
-
-    for name in rescale_core.list_schemes():
-        write_output(name)
-    return 0
+    def names() -> list[str]:
+        import rescale_core  # torch: the commands that list its registries only (not --version, --help)
+        return rescale_core.list_schemes()
+    return _list_registered("schemes", "scheme", argv, names)
 
 
 def _run_module(module: str, argv: list[str]) -> int:
@@ -92,7 +98,7 @@ COMMAND_HELP: dict[str, str] = {
     "predict": "a checkpoint's predictions on the test split (--config ... --ckpt_path FILE)",
     "demo": "train one deep ResNet under bn/rescale/skipinit/fixup/none on embedded digits",
     "models": "list the registered networks [PATTERN]",
-    "schemes": "list the registered residual schemes",
+    "schemes": "list the registered residual schemes [PATTERN]",
     "prepare-translation": "SentencePiece model and encoded corpus of a parallel text folder, once",
     "prepare-video": "re-encode a video data set (short side, keyframes) for clip decoding, once",
     "translate": "translate text with a translation checkpoint (beam search)",

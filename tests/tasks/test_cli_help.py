@@ -62,7 +62,21 @@ def test_models_matches_a_part_of_the_name_and_says_when_nothing_matches(capsys)
     assert main(["models", "nosuchnet"]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.strip() == (
-        "error: no registered network matches '*nosuchnet*' (rescale models: all of them)")
+        "error: no registered network matches 'nosuchnet'; `rescale models` lists them all")
+
+
+def test_schemes_match_a_pattern_as_models_do(capsys):
+    """`rescale schemes skip` lists the schemes holding it; no match is the same one line as
+    `rescale models` (it refused any pattern: "unrecognized arguments")."""
+    assert main(["schemes", "skip"]) == 0
+    names = capsys.readouterr().out.split()
+    assert "skipinit" in names and all("skip" in n for n in names)
+    assert main(["schemes", "bn*"]) == 0
+    assert all(n.startswith("bn") for n in capsys.readouterr().out.split())
+    assert main(["schemes", "nosuch"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.strip() == (
+        "error: no registered scheme matches 'nosuch'; `rescale schemes` lists them all")
 
 
 @pytest.mark.parametrize("given, line", [
