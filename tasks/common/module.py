@@ -261,7 +261,20 @@ class RescaleTaskModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self._check_resumed_training()
+        self._refuse_fullgraph_while_measuring()
         self._match_data_labels()
+
+    def _refuse_fullgraph_while_measuring(self) -> None:
+        """``compile_options: {fullgraph: true}`` with mean-shift layers still to measure: the first
+        training step's measuring runs eagerly (a graph break), which dynamo refuses with a page of
+        traceback after compiling; one line instead, before anything is compiled (the weights of
+        ``--ckpt_path`` are loaded by now: a run past its measuring compiles whole)."""
+        if not (self.hparams.get("compile") and (self.hparams.get("compile_options") or {}).get("fullgraph")):
+            return
+        if any(m.measuring for m in rescale_core.mean_shift_layers(self.compiled_part())):
+            raise ConfigError(f"model.init_args.compile_options fullgraph: true cannot compile this run's first "
+                              f"steps: {rescale_core.layers.MEASURING_RUNS_EAGERLY}. Drop fullgraph (measuring ends "
+                              "with one recompile), or resume with --ckpt_path from a checkpoint past those steps")
 
     def on_validation_start(self) -> None:
         self._match_data_labels()

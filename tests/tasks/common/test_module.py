@@ -64,3 +64,23 @@ def test_max_steps_does_not_squeeze_the_epochs_of_the_schedule(tmp_path):
     scheduler = trainer.lr_scheduler_configs[0].scheduler
     assert scheduler.steps_per_epoch == 8
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.8 * 4 / 8)  # warm-up: 4th step of 8
+
+
+def test_fullgraph_before_a_rescalenet_has_measured_is_one_line_before_compiling(tmp_path, monkeypatch, run_config,
+                                                                                 error_line):
+    """``compile_options: {fullgraph: true}`` on a RescaleNet whose first steps measure: one error
+    line saying why and what to do, before dynamo compiles (it raised its ``Unsupported`` with a
+    page of traceback at the first step); a network without mean-shift layers is not refused."""
+    from rescale_tasks.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    fullgraph = ["--model.init_args.compile", "true", "--model.init_args.compile_options", "{fullgraph: true}"]
+    config = run_config(tmp_path / "run.yaml", model={"init_args": {"scheme_options": {"measure_batches": 2}}})
+    assert main(["fit", "--config", config, *fullgraph]) == 2
+    line = error_line()
+    assert line.startswith("model.init_args.compile_options fullgraph: true cannot compile this run's first steps")
+    assert "Drop fullgraph" in line and "--ckpt_path" in line
+    module = RescaleTaskModule("cifar_resnet", scheme="bn", network_options={"depth": 8, "base_width": 8},
+                               network_kwargs={"num_classes": 3, "in_channels": 1}, compile=True,
+                               compile_options={"fullgraph": True})
+    module._refuse_fullgraph_while_measuring()  # nothing measures: no refusal
