@@ -19,7 +19,7 @@ import torch
 import rescale_core
 from rescale_core.agc import adaptive_clip_grad_
 
-from .checkpoints import check_checkpoint_compatible
+from .checkpoints import check_checkpoint_compatible, trained_config_fix
 from .data import (LABELS_KEY, Labels, batch_size, checkpoint_labels, data_labels, data_may_skip_files,
                    match_labels, must_skip, nothing_to_evaluate, shards_parameters, skipped_prediction,
                    skipped_step)
@@ -199,7 +199,8 @@ class RescaleTaskModule(L.LightningModule):
         self._unlabelled_checkpoint = source if self.trained_labels is None else None
         self._match_data_labels()
         if trainer is not None and trainer.state.fn == "fit" and checkpoint.get("optimizer_states"):
-            self._resumed_training = (checkpoint["optimizer_states"], checkpoint.get("lr_schedulers") or [], source)
+            self._resumed_training = (checkpoint["optimizer_states"], checkpoint.get("lr_schedulers") or [], source,
+                                      str(path) if path else None)
             if trainer.optimizers:  # a strategy that restores after its setup (FSDP): the run's are built
                 self._check_resumed_training()
 
@@ -212,15 +213,16 @@ class RescaleTaskModule(L.LightningModule):
         resumed, self._resumed_training = getattr(self, "_resumed_training", None), None
         if resumed is None:
             return
-        saved_optimizers, saved_schedulers, source = resumed
+        saved_optimizers, saved_schedulers, source, ckpt_path = resumed
         schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
         differences = training_state_differences(saved_optimizers, saved_schedulers, self.trainer.optimizers,
                                                  schedulers)
         if differences:
             raise ConfigError(f"{source} was trained with another optimizer or learning-rate schedule than this run "
                               f"configures ({'; '.join(differences)}, checkpoint -> this run), and resuming restores "
-                              "the checkpoint's: resume with the config the run was trained with (its run folder "
-                              "keeps it as rescale_config.yaml), or drop --ckpt_path to start a new run with these")
+                              "the checkpoint's: "
+                              + trained_config_fix("resume with the config the run was trained with ({config}), or drop "
+                                                   "--ckpt_path to start a new run with these", ckpt_path))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Record the labels the network was trained on, and the code that trained it (under

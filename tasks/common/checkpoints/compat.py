@@ -75,6 +75,8 @@ def trained_config_fix(fix: str, ckpt_path: Optional[str]) -> str:
         where = (f"rescale fit saves it as {CONFIG_FILE} in the run's folder: <save_dir>/wandb/*-<run id>/files/ "
                  "with the W&B logger, the logger's version folder with another")
     return fix.replace("{config}", where)
+
+
 _LABELS = {"_class_path": "module"}
 
 

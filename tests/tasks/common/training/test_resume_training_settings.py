@@ -4,9 +4,12 @@ what differs, before it trains a step or touches the checkpoint; a schedule that
 ``max_epochs`` trains on for more epochs."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from rescale_tasks.cli import main
+from rescale_tasks.common.checkpoints import saved_config
 
 SCHEDULE = {"optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.05, "momentum": 0.9}},
             "lr_scheduler": {"class_path": "rescale_tasks.common.training.WarmupCosineLR",
@@ -29,7 +32,9 @@ def test_resume_with_other_training_settings_is_refused(tmp_path, monkeypatch, t
     monkeypatch.chdir(tmp_path)
     assert main(["fit", "--config", config, "--trainer.max_epochs", "2", *changed, "--ckpt_path", str(ckpt)]) != 0
     message = error_line()
-    assert said in message and str(ckpt) in message and "rescale_config.yaml" in message, message
+    assert said in message and str(ckpt) in message, message
+    found = saved_config(str(ckpt))
+    assert found is not None and os.path.relpath(found) in message, message
     assert ckpt.read_bytes() == before
 
 
