@@ -57,7 +57,7 @@ class ExportCheckFailed(UserError):
 # --- where the files go ---------------------------------------------------------------------------
 
 def export_paths(ckpt_path: str, out: Optional[str], formats: list[str], programs: list[str]) -> dict:
-    """``{(format, program): path}``: ``--out`` (a format's suffix on it replaced by each format's;
+    """``{(format, program): path}``: ``--out`` (a format's suffix on it, or ``.pt``, replaced by each format's;
     a folder, existing or ending in ``/``: ``<folder>/<checkpoint name>``), else
     ``export/<checkpoint name>`` in the folder of the run that wrote the checkpoint (the folder
     holding its ``checkpoints/``; for a checkpoint elsewhere, its own folder). Several programs:
@@ -72,7 +72,7 @@ def export_paths(ckpt_path: str, out: Optional[str], formats: list[str], program
         stem = os.path.join(out, name)
     else:
         stem = out
-        for suffix in sorted((f.suffix for f in FORMATS.values()), key=len, reverse=True):
+        for suffix in sorted({f.suffix for f in FORMATS.values()} | {".pt"}, key=len, reverse=True):
             if stem.endswith(suffix):
                 stem = stem[:-len(suffix)]
                 break
