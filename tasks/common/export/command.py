@@ -12,7 +12,9 @@ the network's inference plan, with none of the schemes' modules or Python-side h
 file. Each file is read back by its own runtime (:mod:`.formats`) and run on the first batch
 of the config's training data (images, clips, token ids); the largest absolute difference from
 the PyTorch model is printed, and above ``--tolerance`` (relative to the outputs' largest
-magnitude, at least 1) the command fails.
+magnitude, at least 1) the command fails, that file kept as ``<name>.rejected<suffix>``. The files
+are written in a folder beside their destination and moved there once all have passed, so a
+failed export replaces none of an earlier one's.
 
 What is exported per task (:func:`~.programs.export_programs`): the network
 (classification, video); a module whose task needs more says so with an ``export_programs(batch)``
@@ -26,6 +28,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
+import tempfile
 from typing import Optional
 
 import torch
@@ -148,7 +152,15 @@ def _capture(program: ExportProgram, dynamic_shapes) -> "torch.export.ExportedPr
         raise error from None
 
 
-def _export_one(program: ExportProgram, formats: list[str], paths: dict, tolerance: float) -> None:
+def rejected_path(path: str, suffix: str) -> str:
+    """Where a file that failed its check is kept for inspection: ``net.onnx`` -> ``net.rejected.onnx``
+    (the file of an earlier export at ``path``, if any, left as it was)."""
+    return f"{path[:-len(suffix)]}.rejected{suffix}"
+
+
+def _export_one(program: ExportProgram, formats: list[str], paths: dict, staged: dict, tolerance: float) -> None:
+    """Each format of ``program`` written to its ``staged`` path and checked; a file beyond the tolerance
+    is moved to :func:`rejected_path` and fails the command."""
     with torch.no_grad():  # first: the inference plan folds the weights the capture then reads
         reference = evaluating(program.module)(*program.inputs)
     captured = {False: _capture(program, program.dynamic_shapes)}
@@ -161,13 +173,16 @@ def _export_one(program: ExportProgram, formats: list[str], paths: dict, toleran
         fmt, path = FORMATS[name], paths[(name, program.name)]
         if fmt.static and True not in captured:
             captured[True] = _capture(program, None)
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        difference = max_difference(fmt.save_and_load(captured[fmt.static], program.inputs, path), reference)
+        written = staged[(name, program.name)]
+        difference = max_difference(fmt.save_and_load(captured[fmt.static], program.inputs, written), reference)
+        if difference > tolerance * scale:
+            path = rejected_path(path, fmt.suffix)
+            os.replace(written, path)
         line = (f"{path}: the {program.name}{' at these sizes' if fmt.static and free else ''} read back by "
                 f"{fmt.runtime}: max |difference| from PyTorch {difference:.2e}")
         if difference > tolerance * scale:
             raise ExportCheckFailed(f"{line}, above the tolerance {tolerance:g} x {scale:.3g}; the file is kept "
-                                    "for inspection (--tolerance sets the bound)")
+                                    "for inspection, no other file written (--tolerance sets the bound)")
         log.info(line)
 
 
@@ -183,8 +198,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     where = " ".join(f"--config {c}" for c in args.config)
     programs = export_programs(module, _first_batch(datamodule, where))
     paths = export_paths(args.ckpt_path, args.out, args.format, [p.name for p in programs])
-    for program in programs:
-        if program.note:
-            log.info(f"{program.name}: {program.note}")
-        _export_one(program, args.format, paths, args.tolerance)
+    folder = os.path.dirname(os.path.abspath(next(iter(paths.values()))))
+    os.makedirs(folder, exist_ok=True)
+    # every file is written and checked in a folder of its own beside the destination, and moved
+    # there only once all have passed: a failed or interrupted export replaces none of an earlier one's
+    staging = tempfile.mkdtemp(prefix=".export-", dir=folder)
+    try:
+        staged = {key: os.path.join(staging, os.path.basename(path)) for key, path in paths.items()}
+        for program in programs:
+            if program.note:
+                log.info(f"{program.name}: {program.note}")
+            _export_one(program, args.format, paths, staged, args.tolerance)
+        for name in os.listdir(staging):  # the files, and any a format writes beside its own (ONNX's data)
+            os.replace(os.path.join(staging, name), os.path.join(folder, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return 0

@@ -110,14 +110,22 @@ def test_evaluation_runs_on_the_inference_plan(trained, frozen_calls):
         assert frozen_calls and {(grad, training) for _, grad, training in frozen_calls} == {(False, False)}, command
 
 
-def test_a_file_beyond_the_tolerance_fails_in_one_line(trained, error_line):
-    """onnxruntime's kernels round differently from PyTorch's: no difference is allowed at tolerance 0."""
+def test_a_file_beyond_the_tolerance_fails_in_one_line_and_replaces_no_earlier_file(trained, error_line):
+    """onnxruntime's kernels round differently from PyTorch's: no difference is allowed at tolerance 0.
+    The failing file is kept for inspection beside the earlier export's, which stay as they were, the
+    ExportedProgram that passed its check before it included: files are moved into place only once
+    every one has passed."""
     config, ckpt = trained("vgg11")
-    assert main(["export", "--config", config, "--ckpt_path", str(ckpt), "--format", "onnx", "--tolerance", "0",
-                 "--out", "vgg.onnx"]) == 1
+    for name in ("vgg.onnx", "vgg.pt2"):
+        Path(name).write_text("an earlier export")
+    assert main(["export", "--config", config, "--ckpt_path", str(ckpt), "--format", "exported-program", "onnx",
+                 "--tolerance", "0", "--out", "vgg.onnx"]) == 1
     line = error_line()
-    assert line.startswith("vgg.onnx: the network read back by onnxruntime: max |difference| from PyTorch")
-    assert "above the tolerance 0" in line and Path("vgg.onnx").is_file()
+    assert line.startswith("vgg.rejected.onnx: the network read back by onnxruntime: max |difference| from PyTorch")
+    assert "above the tolerance 0" in line and Path("vgg.rejected.onnx").is_file()
+    assert [Path(name).read_text() for name in ("vgg.onnx", "vgg.pt2")] == ["an earlier export"] * 2
+    assert sorted(p.name for p in Path().iterdir() if p.name.startswith("vgg") or p.name.startswith(".export")) == [
+        "vgg.onnx", "vgg.pt2", "vgg.rejected.onnx"]
 
 
 # --- one line for bad input ----------------------------------------------------------------------
