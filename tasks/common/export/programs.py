@@ -8,7 +8,7 @@ detection: the backbone with its FPN).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
@@ -41,12 +41,28 @@ def batch_dynamic(inputs: tuple, dims: Optional[tuple[tuple[int, ...], ...]] = N
     return tuple({d: torch.export.Dim.AUTO for d in ds} for ds in dims)
 
 
+def free_sizes_of_two(program: ExportProgram) -> ExportProgram:
+    """``program`` with each input size it leaves to ``torch.export`` (``Dim.AUTO``) that is 1 in its
+    inputs repeated to 2 (the sample twice): ``torch.export`` fixes a size it samples at 1, so a
+    batch of one (``--data.batch_size 1``) would give a program that takes batches of one only. The
+    size-1 check (:func:`~.formats.size_one_runs`) then names 1 in the range again."""
+    if not isinstance(program.dynamic_shapes, (tuple, list)):
+        return program
+    inputs = []
+    for tensor, dims in zip(program.inputs, program.dynamic_shapes):
+        for dim, spec in (dims or {}).items():
+            if spec is torch.export.Dim.AUTO and isinstance(tensor, torch.Tensor) and tensor.size(dim) == 1:
+                tensor = torch.cat([tensor, tensor], dim=dim)
+        inputs.append(tensor)
+    return replace(program, inputs=tuple(inputs))
+
+
 def export_programs(module, batch) -> list[ExportProgram]:
     """What ``rescale export`` writes for ``module`` on ``batch``: the module's own
     ``export_programs(batch)`` when it has one, else its network (``module.net``) on the batch's
-    network inputs."""
+    network inputs; each free size sampled at 2 or more (:func:`free_sizes_of_two`)."""
     method = getattr(module, "export_programs", None)
     if callable(method):
-        return list(method(batch))
+        return [free_sizes_of_two(p) for p in method(batch)]
     inputs = network_inputs(module, batch)
-    return [ExportProgram("network", module.net, inputs, batch_dynamic(inputs))]
+    return [free_sizes_of_two(ExportProgram("network", module.net, inputs, batch_dynamic(inputs)))]

@@ -70,6 +70,23 @@ def test_the_batch_size_starts_at_the_one_checked_and_a_batch_of_one_runs(traine
     torch.testing.assert_close(program.module()(x), program.module()(x.repeat(3, 1, 1, 1))[:1])
 
 
+def test_a_batch_of_one_still_exports_a_program_for_any_batch(trained, export_files):
+    """``--data.batch_size 1``: torch.export fixes a size it samples at 1, so the sample is taken twice
+    for the capture; the files take any batch, and give a sample what they give it alone."""
+    config, ckpt = trained("cifar_resnet")
+    written, printed = export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "exported-program",
+                                     "onnx", "--data.init_args.batch_size", "1", "--out", "one/"])
+    assert "sizes that may vary: x[0] 1+" in printed, printed
+    x = torch.randn(3, 1, 8, 8)
+    program = torch.export.load("one/last.pt2").module()
+    torch.testing.assert_close(program(x)[:1], program(x[:1]))
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession("one/last.onnx", providers=["CPUExecutionProvider"])
+    [logits] = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    torch.testing.assert_close(torch.from_numpy(logits), program(x), atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("out", ["exports/", "made"], ids=["ending-in-slash", "existing-folder"])
 def test_out_naming_a_folder_writes_the_checkpoints_name_in_it(out, trained, export_files, tmp_path):
     """``--out exports/`` (or a folder that exists) is where the files go, under the checkpoint's
