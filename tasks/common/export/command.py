@@ -47,8 +47,10 @@ __all__ = ["export_paths", "ExportCheckFailed", "main"]
 
 log = logging.getLogger(__name__)
 
-#: The network is not compiled: the export captures its own graph.
-NOT_COMPILED = ["--model.init_args.compile", "false"]
+#: The network is not compiled (the export captures its own graph), and its weights are in the default
+#: memory format: ``channels_last`` is how a training step runs fast; its weights, written in the
+#: files as they are, make ``torch.export.load`` warn that it found "no complete tensor" at every load.
+PLAIN_NETWORK = ["--model.init_args.compile", "false", "--model.init_args.channels_last", "false"]
 CONFIG_FIX = "Give the --config the checkpoint was trained with ({config}), with the same overrides."
 
 
@@ -117,7 +119,7 @@ def _parser() -> UserArgumentParser:
 def _build(configs: list[str], overrides: list[str], ckpt_path: str):
     """The module (the checkpoint's weights loaded, eval mode) and data module of the configs."""
     peek_checkpoint(ckpt_path)  # a missing or unreadable file: one line before anything is built
-    cli = build_run([a for c in configs for a in ("--config", c)] + overrides + NOT_COMPILED)
+    cli = build_run([a for c in configs for a in ("--config", c)] + overrides + PLAIN_NETWORK)
     check_config_against_checkpoint(cli.config.get("model"), ckpt_path, normalize=resolved_architecture,
                                     fix=CONFIG_FIX)
     load_into_module(cli.model, safe_load(ckpt_path), f"checkpoint {ckpt_path} (--ckpt_path)", fix=CONFIG_FIX,

@@ -87,6 +87,22 @@ def test_a_batch_of_one_still_exports_a_program_for_any_batch(trained, export_fi
     torch.testing.assert_close(torch.from_numpy(logits), program(x), atol=1e-5, rtol=1e-4)
 
 
+def test_a_channels_last_run_exports_weights_that_load_without_a_warning(tmp_path, run_config, fit_checkpoint,
+                                                                         export_files, recwarn):
+    """``channels_last`` is how the run's steps ran; the files hold the weights in the default memory
+    format, which ``torch.export.load`` reads whole (channels_last weights: "No complete tensor found
+    in the group!" at the export and at every load of the file)."""
+    overrides = {"model": {"init_args": {"channels_last": True}}, "trainer": ONE_STEP}
+    config = run_config(tmp_path / "cl" / "run.yaml", **overrides)
+    ckpt = fit_checkpoint(tmp_path / "cl", ["--config", config])
+    recwarn.clear()
+    written, _ = export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "exported-program",
+                               "--out", "cl.pt2"])
+    assert max(written.values()) < 1e-4, written
+    torch.export.load("cl.pt2")
+    assert not [w for w in recwarn if "complete tensor" in str(w.message)], [str(w.message) for w in recwarn]
+
+
 @pytest.mark.parametrize("out", ["exports/", "made"], ids=["ending-in-slash", "existing-folder"])
 def test_out_naming_a_folder_writes_the_checkpoints_name_in_it(out, trained, export_files, tmp_path):
     """``--out exports/`` (or a folder that exists) is where the files go, under the checkpoint's
