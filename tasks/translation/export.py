@@ -23,7 +23,7 @@ from rescale_core.models.incremental import KVCache
 
 from ..common.export import ExportProgram, batch_dynamic
 
-__all__ = ["Encoder", "DecodeStep", "SAMPLED_PREFIX", "translation_programs"]
+__all__ = ["Encoder", "DecodeStep", "SAMPLED_PREFIX", "STEP_AT_ANY_LENGTH", "translation_programs"]
 
 
 class Encoder(nn.Module):
@@ -73,6 +73,10 @@ def _without_mask_checks(net: nn.Module) -> None:
             m.mask_check = False
 
 
+#: Why ``decode_step`` is not written in a format traced at the sample's sizes (TorchScript).
+STEP_AT_ANY_LENGTH = ("a search loop calls it at every prefix length, and a file traced at one length fails at any "
+                      "other")
+
 #: The shortest prefix a capture samples (``torch.export`` fixes a sampled size of 0 or 1).
 SAMPLED_PREFIX = 2
 
@@ -99,4 +103,4 @@ def translation_programs(net: nn.Module, src_tokens: torch.Tensor,
     step_dynamic[4][1] = prefix
     step_dynamic[5][3] = step_dynamic[6][3] = prefix + 1
     return [ExportProgram("encoder", Encoder(net), (src_tokens,), batch_dynamic((src_tokens,), ((0, 1),))),
-            ExportProgram("decode_step", DecodeStep(net), step_inputs, step_dynamic)]
+            ExportProgram("decode_step", DecodeStep(net), step_inputs, step_dynamic, any_size_only=STEP_AT_ANY_LENGTH)]

@@ -188,6 +188,18 @@ def _export_one(program: ExportProgram, formats: list[str], paths: dict, staged:
         log.info(line)
 
 
+def refuse_fixed_sizes(programs: list[ExportProgram], formats: list[str]) -> None:
+    """One :class:`UserError` line, before any file is written, for a format captured at the real
+    batch's sizes (TorchScript) asked of a program that must take other sizes (``any_size_only``)."""
+    fixed = [name for name in formats if FORMATS[name].static]
+    for program in programs:
+        if fixed and program.any_size_only:
+            others = " or ".join(name for name in FORMATS if not FORMATS[name].static)
+            raise UserError(f"rescale export --format {' '.join(fixed)}: the {program.name} is not written as "
+                            f"{', '.join(fixed)}: {program.any_size_only}; give --format {others}, whose "
+                            f"{program.name} takes every size")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args, overrides = _parser().parse_known_args(argv)
     args.format = list(dict.fromkeys(args.format))  # each format once
@@ -199,6 +211,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     module, datamodule = _build(args.config, overrides, args.ckpt_path)
     where = " ".join(f"--config {c}" for c in args.config)
     programs = export_programs(module, _first_batch(datamodule, where))
+    refuse_fixed_sizes(programs, args.format)
     paths = export_paths(args.ckpt_path, args.out, args.format, [p.name for p in programs])
     folder = os.path.dirname(os.path.abspath(next(iter(paths.values()))))
     os.makedirs(folder, exist_ok=True)

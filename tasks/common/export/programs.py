@@ -24,13 +24,16 @@ class ExportProgram:
     """One graph to export: ``module(*inputs)``, on real ``inputs`` of the task.
 
     ``dynamic_shapes``: :func:`torch.export.export`'s (None: every size as in ``inputs``);
-    ``note``: one line on what of the task's model the program leaves out."""
+    ``note``: one line on what of the task's model the program leaves out; ``any_size_only``: why a
+    file fixed at the inputs' sizes (a format captured at them, TorchScript) cannot serve the
+    program (None: it may)."""
 
     name: str
     module: nn.Module
     inputs: tuple
     dynamic_shapes: Any = None
     note: Optional[str] = None
+    any_size_only: Optional[str] = None
 
 
 def batch_dynamic(inputs: tuple, dims: Optional[tuple[tuple[int, ...], ...]] = None) -> tuple:

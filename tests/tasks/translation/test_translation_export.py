@@ -40,10 +40,23 @@ def trained(tmp_path_factory, handful_root, fit_checkpoint) -> Path:
 
 def test_the_encoder_and_one_decoding_step_export_and_match_pytorch(trained, handful_root, export_files):
     written, _ = export_files([*run_args(handful_root), "--ckpt_path", str(trained), "--format", "onnx",
-                            "exported-program", "torchscript", "--out", "wmt.onnx"])
+                            "exported-program", "--out", "wmt.onnx"])
     assert sorted(written) == sorted(f"wmt.{program}{suffix}" for program in ("encoder", "decode_step")
-                                     for suffix in (".onnx", ".pt2", ".torchscript.pt"))
+                                     for suffix in (".onnx", ".pt2"))
     assert max(written.values()) < 1e-4, written
+
+
+def test_torchscript_is_refused_in_one_line_for_the_decoding_step(trained, handful_root, error_line):
+    """A traced decode_step holds the prefix length it was traced at (a search calls it at every
+    length, and the file failed at any other with a TorchScript traceback): refused before any file
+    is written, naming the formats whose step takes every length."""
+    assert main(["export", *run_args(handful_root), "--ckpt_path", str(trained), "--format", "onnx", "torchscript",
+                 "--out", "wmt.onnx"]) == 2
+    line = error_line()
+    assert line.startswith("rescale export --format torchscript: the decode_step is not written as torchscript: a "
+                           "search loop calls it at every prefix length"), line
+    assert "give --format onnx or exported-program" in line, line
+    assert not list(Path().glob("wmt*")) and not list(Path().glob(".export-*"))
 
 
 def test_translate_runs_on_the_inference_plan(trained, tmp_path, frozen_calls):
@@ -138,9 +151,9 @@ def test_layer_norm_free_schemes_export_in_every_format(scheme, tmp_path, handfu
                                                         export_files):
     """Derf's and DyT's pointwise layers (erf with a learned shift, tanh; the final ones included),
     DeepNorm's up-weighted shortcut and T-Fixup's sublayers without any norm, in the encoder and the
-    decoding step of every format."""
+    decoding step of every format a search loop can run."""
     args = [*run_args(handful_root), "--model.init_args.scheme", scheme]
     ckpt = fit_checkpoint(tmp_path, [*args, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0"])
     written, _ = export_files([*args, "--ckpt_path", str(ckpt), "--format", "onnx", "exported-program",
-                               "torchscript", "--out", f"{scheme}.onnx"])
-    assert len(written) == 6 and max(written.values()) < 1e-4, written
+                               "--out", f"{scheme}.onnx"])
+    assert len(written) == 4 and max(written.values()) < 1e-4, written
