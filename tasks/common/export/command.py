@@ -39,8 +39,8 @@ from ..cli import build_run
 from ..errors import DataError, UserArgumentParser, UserError
 from ..system import require_writable
 from ..training import resolved_architecture
-from .formats import (FORMATS, capture, evaluating, max_difference, op_counts, require_packages, tensors_of,
-                      size_one_runs, varying_sizes)
+from .formats import (FORMATS, capture, evaluating, max_difference, op_counts, require_packages, size_names,
+                      size_one_runs, tensors_of, varying_sizes)
 from .programs import ExportProgram, export_programs
 
 __all__ = ["export_paths", "ExportCheckFailed", "main"]
@@ -160,6 +160,16 @@ def rejected_path(path: str, suffix: str) -> str:
     return f"{path[:-len(suffix)]}.rejected{suffix}"
 
 
+def _sizes_of_fixed_file(program: ExportProgram, captured, run, bound: float) -> str:
+    """What a file traced at the real batch's sizes (TorchScript) is known to take: the free sizes it
+    also computes right at 1 (checked, as for the program), else the batch's sizes only."""
+    right = size_one_runs(captured, program.module, program.inputs, bound, runner=run)
+    if not right:
+        return ", traced at these sizes (it may fail at others)"
+    checked = " and ".join(f"{name} 1" for name in size_names(captured, right))
+    return f", traced at the batch's sizes and right at {checked} too"
+
+
 def _export_one(program: ExportProgram, formats: list[str], paths: dict, staged: dict, tolerance: float) -> None:
     """Each format of ``program`` written to its ``staged`` path and checked; a file beyond the tolerance
     is moved to :func:`rejected_path` and fails the command."""
@@ -177,11 +187,14 @@ def _export_one(program: ExportProgram, formats: list[str], paths: dict, staged:
             captured[True] = _capture(program, None)
         written = staged[(name, program.name)]
         difference = max_difference(fmt.save_and_load(captured[fmt.static], program.inputs, written), reference)
+        sizes = ""
+        if fmt.static and free and difference <= tolerance * scale:
+            sizes = _sizes_of_fixed_file(program, captured[False], fmt.load(written), tolerance * scale)
         if difference > tolerance * scale:
             path = rejected_path(path, fmt.suffix)
             os.replace(written, path)
-        line = (f"{path}: the {program.name}{' at these sizes' if fmt.static and free else ''} read back by "
-                f"{fmt.runtime}: max |difference| from PyTorch {difference:.2e}")
+        line = (f"{path}: the {program.name} read back by {fmt.runtime}{sizes}: max |difference| from PyTorch "
+                f"{difference:.2e}")
         if difference > tolerance * scale:
             raise ExportCheckFailed(f"{line}, above the tolerance {tolerance:g} x {scale:.3g}; the file is kept "
                                     "for inspection, no other file written (--tolerance sets the bound)")

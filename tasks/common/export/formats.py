@@ -22,14 +22,14 @@ import io
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
 from ..errors import UserError
 
 __all__ = ["Format", "FORMATS", "INSTALL_HINT", "require_packages", "evaluating", "capture", "op_counts",
-           "varying_sizes", "size_one_runs", "tensors_of", "max_difference"]
+           "varying_sizes", "size_one_runs", "size_names", "tensors_of", "max_difference"]
 
 INSTALL_HINT = 'pip install "rescale-suite[export]" (from a clone: pip install -e ".[export]", or make install)'
 
@@ -38,13 +38,15 @@ INSTALL_HINT = 'pip install "rescale-suite[export]" (from a clone: pip install -
 class Format:
     """One export format: the file suffix, the packages it needs, what runs the file read back,
     ``save_and_load(program, inputs, path) -> outputs`` (the file's outputs on ``inputs``), and
-    whether it needs the program captured at the inputs' sizes (``static``)."""
+    whether it needs the program captured at the inputs' sizes (``static``; ``load(path)``: the file
+    read back as a callable, to check it at other sizes)."""
 
     suffix: str
     packages: tuple[str, ...]
     runtime: str
     save_and_load: Callable[[torch.export.ExportedProgram, tuple, str], Any]
     static: bool = False
+    load: Optional[Callable[[str], Callable]] = None
 
 
 def require_packages(names: list[str]) -> None:
@@ -101,17 +103,18 @@ def _lower_bound(program: torch.export.ExportedProgram, symbol: Any) -> int:
 
 
 def size_one_runs(program: torch.export.ExportedProgram, module: torch.nn.Module, inputs: tuple,
-                  bound: float) -> set:
+                  bound: float, runner: Optional[Callable] = None) -> set:
     """The free sizes the capture took as 2 or more (:func:`torch.export.export` traces with
     sizes 0 and 1 set apart) that nonetheless compute right at 1: for each, the inputs cut to 1
-    along every dimension of that size, the program's outputs within ``bound`` of the module's."""
+    along every dimension of that size, the program's outputs (or ``runner``'s: a file read back)
+    within ``bound`` of the module's."""
     names = [n.name for n in program.graph.nodes if n.op == "placeholder"
              and n.name in set(program.graph_signature.user_inputs)]
     dims: dict[Any, list[tuple[int, int]]] = {}
     for name, dim, expr in _free_dims(program):
         if expr.is_Symbol:
             dims.setdefault(expr, []).append((names.index(name), dim))
-    exported, right = program.module(), set()
+    exported, right = runner if runner is not None else program.module(), set()
     for symbol, where in dims.items():
         if _lower_bound(program, symbol) != 2:
             continue
@@ -145,6 +148,16 @@ def varying_sizes(program: torch.export.ExportedProgram, right_at_one: set = fro
         upper = "+" if high is None or not str(high).isdigit() else f"-{high}"
         parts.append(f"{name}[{dim}] {low}{upper}")
     return "; ".join(parts)
+
+
+def size_names(program: torch.export.ExportedProgram, symbols: set) -> list[str]:
+    """Each of the free sizes ``symbols`` named by its first input (``x[0]``), in input order."""
+    names, named = [], set()
+    for name, dim, expr in _free_dims(program):
+        if expr in symbols and expr not in named:
+            named.add(expr)
+            names.append(f"{name}[{dim}]")
+    return names
 
 
 def tensors_of(value: Any) -> list[torch.Tensor]:
@@ -210,15 +223,26 @@ def _quiet_torchscript() -> Iterator[None]:
         yield
 
 
+def _load_torchscript(path: str) -> Callable:
+    """The TorchScript file at ``path`` read back: a callable run without autograd."""
+    with _quiet_torchscript():
+        loaded = torch.jit.load(path)
+
+    def run(*inputs: Any) -> Any:
+        with _quiet_torchscript(), torch.no_grad():
+            return loaded(*inputs)
+    return run
+
+
 def _torchscript(program: torch.export.ExportedProgram, inputs: tuple, path: str) -> Any:
     with _quiet_torchscript(), torch.no_grad():
         traced = torch.jit.trace(program.module(), inputs, strict=False)
         torch.jit.save(traced, path)
-        return torch.jit.load(path)(*inputs)
+    return _load_torchscript(path)(*inputs)
 
 
 FORMATS: dict[str, Format] = {
     "onnx": Format(".onnx", ("onnx", "onnxscript", "onnxruntime"), "onnxruntime", _onnx),
     "exported-program": Format(".pt2", (), "torch.export.load", _exported_program),
-    "torchscript": Format(".torchscript.pt", (), "torch.jit.load", _torchscript, static=True),
+    "torchscript": Format(".torchscript.pt", (), "torch.jit.load", _torchscript, static=True, load=_load_torchscript),
 }

@@ -70,6 +70,18 @@ def test_the_batch_size_starts_at_the_one_checked_and_a_batch_of_one_runs(traine
     torch.testing.assert_close(program.module()(x), program.module()(x.repeat(3, 1, 1, 1))[:1])
 
 
+def test_the_torchscript_line_says_the_batch_sizes_the_traced_file_was_checked_at(trained, export_files):
+    """The TorchScript file is traced at the real batch's sizes; its line says the sizes it was checked
+    at (the batch's, and a batch of one), which it takes, as it takes other batches."""
+    config, ckpt = trained("cifar_resnet")
+    [path], printed = export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "torchscript"])
+    assert "read back by torch.jit.load, traced at the batch's sizes and right at x[0] 1 too: max" in printed, printed
+    assert "at these sizes" not in printed, printed
+    loaded, x = torch.jit.load(path), torch.randn(3, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x)[:1], loaded(x[:1]))
+
+
 def test_a_batch_of_one_still_exports_a_program_for_any_batch(trained, export_files):
     """``--data.batch_size 1``: torch.export fixes a size it samples at 1, so the sample is taken twice
     for the capture; the files take any batch, and give a sample what they give it alone."""
