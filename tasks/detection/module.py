@@ -194,6 +194,21 @@ class DetectionModule(RescaleTaskModule):
         """What ``rescale export`` writes: the backbone with its FPN (:mod:`.export`)."""
         return detection_programs(self.net, batch[0])
 
+    def export_metadata(self, datamodule: Any, folder: str, stem: str) -> dict[str, Any]:
+        """The sidecar's classes (``__background__`` first, with the data set's category ids) and the
+        detector's transform, which makes the backbone's input: pixel values times ``pixel_scale``,
+        ``(x - mean) / std`` per RGB channel, the shorter side resized to ``resize.size`` unless the
+        longer would pass ``resize.max_size``, the batch zero-padded to a multiple of ``pad_to_multiple``."""
+        metadata = super().export_metadata(datamodule, folder, stem)
+        transform = self.net.transform
+        metadata["preprocessing"] = {
+            "layout": "NCHW", "channels": 3, "channel_order": "RGB", "pixel_scale": 1 / 255,
+            "mean": [float(v) for v in transform.image_mean], "std": [float(v) for v in transform.image_std],
+            "resize": {"size": int(transform.min_size[-1]), "to": "shorter side", "max_size": int(transform.max_size),
+                       "interpolation": "bilinear"},
+            "center_crop": None, "pad_to_multiple": int(transform.size_divisible), "order": "normalize, resize, pad"}
+        return metadata
+
     def _label_to_category(self) -> Optional[dict]:
         """The network's label -> the data's category id (the data's labels mapped by name)."""
         table = getattr(self._datamodule(), "label_to_category", None)

@@ -28,8 +28,10 @@ serialized bytes), so ``rescale translate --ckpt_path`` needs nothing else.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 from typing import Any, Iterable, Optional
 
 import sentencepiece as spm
@@ -138,6 +140,35 @@ class TranslationModule(RescaleTaskModule):
     def export_programs(self, batch) -> list:
         """What ``rescale export`` writes: the encoder and one decoding step (:mod:`.export`)."""
         return translation_programs(self.net, batch["src_tokens"], batch["prev_output_tokens"])
+
+    def export_metadata(self, datamodule: Any, folder: str, stem: str) -> dict[str, Any]:
+        """The sidecar's ``translation``: the SentencePiece model (written as ``<stem>.spm.model`` beside
+        the files, with its SHA-256), the special ids, the positions and the decoding defaults of
+        ``rescale translate``, and the sizes of the decoding step's key/value cache."""
+        metadata = super().export_metadata(datamodule, folder, stem)
+        processor = self.processor or getattr(datamodule, "processor", None)  # a checkpoint without one: the data's
+        if processor is None:
+            raise ConfigError("rescale export: neither the checkpoint nor the data module holds the SentencePiece "
+                              "model the network reads: a runtime could not tokenize; give the data.root the run "
+                              "was trained on")
+        proto = processor.serialized_model_proto()
+        name = f"{stem}.spm.model"
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(proto)
+        config, generation = self.net.config, self.generation
+        metadata["translation"] = {
+            "sentencepiece": name, "sentencepiece_sha256": hashlib.sha256(proto).hexdigest(),
+            "bos": self.bos_index, "eos": self.eos_index, "pad": self.pad_index, "unk": processor.unk_id(),
+            "vocab_size": processor.piece_size(), "max_positions": config.max_positions,
+            "source": "the line's pieces, cut to max_positions - 1, then eos",
+            "decoding": {"beam": generation.beam, "len_penalty": generation.len_penalty,
+                         "length_penalty_style": generation.length_penalty_style, "max_len_a": generation.max_len_a,
+                         "max_len_b": generation.max_len_b, "min_len": generation.min_len,
+                         "max_len": "int(max_len_a * non-pad source tokens + max_len_b), at most max_positions - 1",
+                         "never": ["pad"], "start": "bos"},
+            "cache": {"layers": config.num_decoder_layers, "heads": config.nhead,
+                      "head_dim": config.d_model // config.nhead}}
+        return metadata
 
     # --- the subword model ----------------------------------------------------------------
     def setup(self, stage: str) -> None:

@@ -38,7 +38,7 @@ from rescale_tasks.common.system import loader_workers
 from .dataset import DROPPED_KINDS, KINDS, VideoClipDataset, collate_drop_none
 from .layouts import class_names_of, label_samples, read_layout
 from .sampling import preset as sampling_preset
-from .transforms import eval_transform, train_transform
+from .transforms import KINETICS_MEAN, KINETICS_STD, eval_transform, train_transform
 
 __all__ = ["KineticsDataModule"]
 
@@ -120,6 +120,20 @@ class KineticsDataModule(TaskDataModule):
         if T < 1 or tau < 1:
             raise ConfigError(f"data.frames and data.stride must be at least 1, got {T} and {tau}.")
         return int(T), int(tau)
+
+    def export_preprocessing(self) -> dict:
+        """How a video becomes the network's input in the test's views, for ``rescale export``'s
+        sidecar: ``clip.frames`` frames ``clip.stride`` apart (``views.clips`` clips spread over the
+        video), the shorter side resized to ``resize.size``, ``views.crops`` square crops of
+        ``center_crop`` (1: the centre; 3: start, centre and end of the long side), pixel values
+        times ``pixel_scale``, ``(x - mean) / std`` per RGB channel, laid out ``NCTHW``; the
+        video's prediction is the mean of its views' softmax."""
+        return {"layout": "NCTHW", "channels": 3, "channel_order": "RGB", "pixel_scale": 1 / 255,
+                "resize": {"size": self.test_short_side, "to": "shorter side", "interpolation": "bilinear",
+                           "antialias": True},
+                "center_crop": self.crop, "mean": list(KINETICS_MEAN), "std": list(KINETICS_STD),
+                "clip": {"frames": self.frames, "stride": self.stride},
+                "views": {"clips": self.num_clips, "crops": self.num_crops, "combine": "mean of softmax"}}
 
     # --- data ----------------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:

@@ -21,11 +21,15 @@ What is exported per task (:func:`~.programs.export_programs`): the network
 method (translation: the encoder and one decoding step; detection: the backbone with its FPN, and
 one line on what of the detector does not export). Files go to ``--out`` (a path whose suffix is replaced by the
 format's), by default ``export/<checkpoint name>`` in the folder of the run that wrote the
-checkpoint; a task with several programs gets one file each, ``<name>.<program><suffix>``.
+checkpoint; a task with several programs gets one file each, ``<name>.<program><suffix>``. Beside
+them ``<name>.json`` (:func:`_sidecar`, with what the task module's ``export_metadata`` adds: class
+names, preprocessing, the translation task's SentencePiece model as ``<name>.spm.model``), staged and
+moved in with the files.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -37,13 +41,13 @@ import torch
 from ..checkpoints import check_config_against_checkpoint, load_into_module, peek_checkpoint, safe_load
 from ..cli import build_run
 from ..errors import DataError, UserArgumentParser, UserError
-from ..system import require_writable
+from ..system import CODE_KEY, code_version, require_writable
 from ..training import resolved_architecture
-from .formats import (FORMATS, capture, evaluating, max_difference, op_counts, require_packages, size_names,
-                      size_one_runs, tensors_of, varying_sizes)
+from .formats import (FORMATS, capture, evaluating, input_specs, max_difference, op_counts, require_packages,
+                      size_names, size_one_runs, tensors_of, varying_sizes)
 from .programs import ExportProgram, export_programs
 
-__all__ = ["export_paths", "ExportCheckFailed", "main"]
+__all__ = ["export_paths", "export_stem", "ExportCheckFailed", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,8 @@ log = logging.getLogger(__name__)
 #: memory format: ``channels_last`` is how a training step runs fast; its weights, written in the
 #: files as they are, make ``torch.export.load`` warn that it found "no complete tensor" at every load.
 PLAIN_NETWORK = ["--model.init_args.compile", "false", "--model.init_args.channels_last", "false"]
+#: The layout of the sidecar ``<stem>.json``; raised when a key changes meaning or goes.
+SIDECAR_VERSION = 1
 CONFIG_FIX = "Give the --config the checkpoint was trained with ({config}), with the same overrides."
 
 
@@ -68,6 +74,13 @@ def export_paths(ckpt_path: str, out: Optional[str], formats: list[str], program
     ``export/<checkpoint name>`` in the folder of the run that wrote the checkpoint (the folder
     holding its ``checkpoints/``; for a checkpoint elsewhere, its own folder). Several programs:
     ``<stem>.<program><suffix>``."""
+    stem = export_stem(ckpt_path, out)
+    return {(f, p): f"{stem}{'' if len(programs) == 1 else '.' + p}{FORMATS[f].suffix}"
+            for f in formats for p in programs}
+
+
+def export_stem(ckpt_path: str, out: Optional[str]) -> str:
+    """The path every file of an export starts with (:func:`export_paths`); its sidecar is ``<stem>.json``."""
     name = os.path.splitext(os.path.basename(ckpt_path))[0]
     if out is None:
         folder = os.path.dirname(os.path.abspath(ckpt_path))
@@ -82,8 +95,7 @@ def export_paths(ckpt_path: str, out: Optional[str], formats: list[str], program
             if stem.endswith(suffix):
                 stem = stem[:-len(suffix)]
                 break
-    return {(f, p): f"{stem}{'' if len(programs) == 1 else '.' + p}{FORMATS[f].suffix}"
-            for f in formats for p in programs}
+    return stem
 
 
 # --- the command -----------------------------------------------------------------------------------
@@ -109,7 +121,8 @@ def _parser() -> UserArgumentParser:
                    help="one or more of: " + ", ".join(FORMATS))
     p.add_argument("--out", help="the file to write (a .onnx/.pt2/.pt suffix on it becomes each format's), or a "
                                  "folder (existing, or ending in /) to write <checkpoint name>.<suffix> in (default: "
-                                 "export/<checkpoint name> in the run folder of the checkpoint)")
+                                 "export/<checkpoint name> in the run folder of the checkpoint); beside the files, "
+                                 "<name>.json says what a runtime needs (classes, inputs, preprocessing)")
     p.add_argument("--tolerance", type=_tolerance, default=1e-4,
                    help="largest difference from the PyTorch model allowed, relative to the outputs' largest "
                         "magnitude (at least 1) (default 1e-4)")
@@ -117,14 +130,16 @@ def _parser() -> UserArgumentParser:
 
 
 def _build(configs: list[str], overrides: list[str], ckpt_path: str):
-    """The module (the checkpoint's weights loaded, eval mode) and data module of the configs."""
+    """The module (the checkpoint's weights loaded, eval mode) and data module of the configs, and the
+    code the checkpoint records it was trained with (None for one written before checkpoints did)."""
     peek_checkpoint(ckpt_path)  # a missing or unreadable file: one line before anything is built
     cli = build_run([a for c in configs for a in ("--config", c)] + overrides + PLAIN_NETWORK)
     check_config_against_checkpoint(cli.config.get("model"), ckpt_path, normalize=resolved_architecture,
                                     fix=CONFIG_FIX)
-    load_into_module(cli.model, safe_load(ckpt_path), f"checkpoint {ckpt_path} (--ckpt_path)", fix=CONFIG_FIX,
+    checkpoint = safe_load(ckpt_path)
+    load_into_module(cli.model, checkpoint, f"checkpoint {ckpt_path} (--ckpt_path)", fix=CONFIG_FIX,
                      ckpt_path=ckpt_path)
-    return cli.model.eval(), cli.datamodule
+    return cli.model.eval(), cli.datamodule, checkpoint.get(CODE_KEY)
 
 
 def _first_batch(datamodule, where: str):
@@ -170,15 +185,20 @@ def _sizes_of_fixed_file(program: ExportProgram, captured, run, bound: float) ->
     return f", traced at the batch's sizes and right at {checked} too"
 
 
-def _export_one(program: ExportProgram, formats: list[str], paths: dict, staged: dict, tolerance: float) -> None:
+def _export_one(program: ExportProgram, formats: list[str], paths: dict, staged: dict, tolerance: float) -> dict:
     """Each format of ``program`` written to its ``staged`` path and checked; a file beyond the tolerance
-    is moved to :func:`rejected_path` and fails the command."""
+    is moved to :func:`rejected_path` and fails the command. Returns what the sidecar says of the
+    program: its files by format, their differences from PyTorch, its inputs and outputs."""
     with torch.no_grad():  # first: the inference plan folds the weights the capture then reads
         reference = evaluating(program.module)(*program.inputs)
     captured = {False: _capture(program, program.dynamic_shapes)}
     scale = max([1.0] + [float(t.abs().max()) for t in tensors_of(reference) if t.numel() and t.is_floating_point()])
-    free = varying_sizes(captured[False], size_one_runs(captured[False], program.module, program.inputs,
-                                                        tolerance * scale))
+    right_at_one = size_one_runs(captured[False], program.module, program.inputs, tolerance * scale)
+    free = varying_sizes(captured[False], right_at_one)
+    described = {"files": {}, "max_difference": {},
+                 "inputs": input_specs(captured[False], program.inputs, right_at_one),
+                 "outputs": [{"shape": list(t.shape), "dtype": str(t.dtype)[len("torch."):]}
+                             for t in tensors_of(reference)]}
     log.info(f"{program.name}: {sum(op_counts(captured[False]).values())} ops, checked on a real batch "
              f"({_describe(program.inputs)}); " + (f"sizes that may vary: {free}" if free else "every input size fixed"))
     for name in formats:
@@ -199,6 +219,23 @@ def _export_one(program: ExportProgram, formats: list[str], paths: dict, staged:
             raise ExportCheckFailed(f"{line}, above the tolerance {tolerance:g} x {scale:.3g}; the file is kept "
                                     "for inspection, no other file written (--tolerance sets the bound)")
         log.info(line)
+        described["files"][name] = os.path.basename(path)
+        described["max_difference"][name] = difference
+        if fmt.static:  # ``free`` is the program's: a file traced at the batch's sizes says what it was checked at
+            described.setdefault("traced", {})[name] = sizes.lstrip(", ") or "traced at these sizes"
+    return described
+
+
+def _sidecar(module, ckpt_path: str, trained_with, metadata: dict, programs: dict) -> dict:
+    """What ``<stem>.json`` holds (docs/inference.md, "The sidecar")."""
+    info = peek_checkpoint(ckpt_path)
+    package = type(module).__module__.split(".")
+    return {"rescale_export": SIDECAR_VERSION, "task": package[-2] if len(package) > 1 else package[0],
+            "module": type(module).__name__, "network": (module.hparams or {}).get("network"),
+            "scheme": module.scheme_name,
+            "checkpoint": {"path": os.path.abspath(ckpt_path), "run_id": info.run_id, "step": info.global_step,
+                           "code": trained_with},
+            "code": code_version(), "programs": programs, **metadata}
 
 
 def refuse_fixed_sizes(programs: list[ExportProgram], formats: list[str]) -> None:
@@ -221,7 +258,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                                     ["network"]).values()))))
     require_writable(folder, "--out" if args.out else "the export folder",
                      "give --out a path in a folder you can write")
-    module, datamodule = _build(args.config, overrides, args.ckpt_path)
+    module, datamodule, trained_with = _build(args.config, overrides, args.ckpt_path)
     where = " ".join(f"--config {c}" for c in args.config)
     programs = export_programs(module, _first_batch(datamodule, where))
     refuse_fixed_sizes(programs, args.format)
@@ -233,10 +270,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     staging = tempfile.mkdtemp(prefix=".export-", dir=folder)
     try:
         staged = {key: os.path.join(staging, os.path.basename(path)) for key, path in paths.items()}
+        described = {}
         for program in programs:
             if program.note:
                 log.info(f"{program.name}: {program.note}")
-            _export_one(program, args.format, paths, staged, args.tolerance)
+            described[program.name] = _export_one(program, args.format, paths, staged, args.tolerance)
+        # what a runtime needs beside the files (class names, preprocessing, a tokenizer), moved in with them
+        stem = os.path.basename(export_stem(args.ckpt_path, args.out))
+        metadata = module.export_metadata(datamodule, staging, stem)
+        sidecar = _sidecar(module, args.ckpt_path, trained_with, metadata, described)
+        with open(os.path.join(staging, f"{stem}.json"), "w", encoding="utf-8") as f:
+            json.dump(sidecar, f, indent=1)
+            f.write("\n")
+        log.info(f"{os.path.join(os.path.dirname(next(iter(paths.values()))), stem)}.json: what a runtime needs "
+                 "beside the files (task, classes, inputs, preprocessing; docs/inference.md)")
         for name in os.listdir(staging):  # the files, and any a format writes beside its own (ONNX's data)
             os.replace(os.path.join(staging, name), os.path.join(folder, name))
     finally:

@@ -29,7 +29,7 @@ import torch
 from ..errors import UserError
 
 __all__ = ["Format", "FORMATS", "INSTALL_HINT", "require_packages", "evaluating", "capture", "op_counts",
-           "varying_sizes", "size_one_runs", "size_names", "tensors_of", "max_difference"]
+           "varying_sizes", "size_one_runs", "size_names", "input_specs", "tensors_of", "max_difference"]
 
 INSTALL_HINT = 'pip install "rescale-suite[export]" (from a clone: pip install -e ".[export]", or make install)'
 
@@ -141,13 +141,39 @@ def varying_sizes(program: torch.export.ExportedProgram, right_at_one: set = fro
         if expr.free_symbols <= named:
             continue
         named |= expr.free_symbols
-        bounds = program.range_constraints.get(expr)
-        low, high = (bounds.lower, bounds.upper) if bounds is not None else (1, None)
-        if expr in right_at_one:
-            low = 1
-        upper = "+" if high is None or not str(high).isdigit() else f"-{high}"
-        parts.append(f"{name}[{dim}] {low}{upper}")
+        parts.append(f"{name}[{dim}] {_size_range(program, expr, right_at_one)}")
     return "; ".join(parts)
+
+
+def _size_range(program: torch.export.ExportedProgram, expr: Any, right_at_one: set) -> str:
+    """The range a free size may take: ``1+``, ``0-255`` (from 1 where it is in ``right_at_one``)."""
+    bounds = program.range_constraints.get(expr)
+    low, high = (bounds.lower, bounds.upper) if bounds is not None else (1, None)
+    if expr in right_at_one:
+        low = 1
+    return f"{low}{'+' if high is None or not str(high).isdigit() else f'-{high}'}"
+
+
+def input_specs(program: torch.export.ExportedProgram, inputs: tuple, right_at_one: set = frozenset()) -> list[dict]:
+    """Each input of ``program`` as a runtime needs it: ``name`` (the ONNX input's too), ``shape`` and
+    ``dtype`` of the real sample it was checked on, and ``free``: each size that may vary, by
+    dimension, as its range (``"1+"``, ``"0-255"``; :func:`varying_sizes`) where it first appears,
+    else as the size it equals (``"x[0]"``, ``"key_padding[1] + 1"``)."""
+    names = [n.name for n in program.graph.nodes if n.op == "placeholder"
+             and n.name in set(program.graph_signature.user_inputs)]
+    first: dict[Any, str] = {}
+    free: dict[str, dict[str, str]] = {name: {} for name in names}
+    for name, dim, expr in _free_dims(program):
+        if expr.is_Symbol and expr not in first:
+            first[expr] = f"{name}[{dim}]"
+            free[name][str(dim)] = _size_range(program, expr, right_at_one)
+        else:
+            text = str(expr)
+            for symbol in sorted(expr.free_symbols, key=str, reverse=True):
+                text = text.replace(str(symbol), first.get(symbol, str(symbol)))
+            free[name][str(dim)] = text
+    return [{"name": name, "shape": list(t.shape), "dtype": str(t.dtype)[len("torch."):], "free": free[name]}
+            for name, t in zip(names, tensors_of(inputs))]
 
 
 def size_names(program: torch.export.ExportedProgram, symbols: set) -> list[str]:

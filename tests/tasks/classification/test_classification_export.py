@@ -5,6 +5,7 @@ the one-line errors (a bad format, a checkpoint of another task, an exporter not
 --out)."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -77,6 +78,8 @@ def test_the_torchscript_line_says_the_batch_sizes_the_traced_file_was_checked_a
     [path], printed = export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "torchscript"])
     assert "read back by torch.jit.load, traced at the batch's sizes and right at x[0] 1 too: max" in printed, printed
     assert "at these sizes" not in printed, printed
+    [network] = json.loads(Path(path).with_name("last.json").read_text())["programs"].values()
+    assert network["traced"] == {"torchscript": "traced at the batch's sizes and right at x[0] 1 too"}
     loaded, x = torch.jit.load(path), torch.randn(3, 1, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x)[:1], loaded(x[:1]))
@@ -208,3 +211,77 @@ def test_an_unwritable_out_is_one_line(trained, tmp_path, error_line):
     assert main(["export", "--config", config, "--ckpt_path", str(ckpt), "--format", "onnx",
                  "--out", str(tmp_path / "file" / "net.onnx")]) == 2
     assert "cannot write --out" in error_line()
+
+
+# --- the sidecar: a runtime with the exported folder alone ------------------------------------------
+
+#: What a runtime outside the suite runs: onnxruntime on the exported folder and its sidecar, on raw
+#: pixel values (argv: the folder, the sidecar's name, the raw images as .npy); prints the top-1 class
+#: names as JSON, and fails if anything of the suite was imported.
+CLASSIFY = '''
+import json, os, sys
+import numpy as np
+import onnxruntime
+
+folder, sidecar, raw = sys.argv[1:]
+meta = json.load(open(os.path.join(folder, sidecar)))
+pre = meta["preprocessing"]
+assert pre["layout"] == "NCHW" and pre["resize"] is None and pre["center_crop"] is None, pre
+x = np.load(raw).astype(np.float32) * pre["pixel_scale"]
+x = x.reshape(len(x), pre["channels"], *x.shape[-2:])
+mean = np.asarray(pre["mean"], np.float32).reshape(1, -1, 1, 1)
+std = np.asarray(pre["std"], np.float32).reshape(1, -1, 1, 1)
+[network] = meta["programs"].values()
+session = onnxruntime.InferenceSession(os.path.join(folder, network["files"]["onnx"]),
+                                       providers=["CPUExecutionProvider"])
+[logits] = session.run(None, {network["inputs"][0]["name"]: ((x - mean) / std).astype(np.float32)})
+assert not [m for m in sys.modules if m.split(".")[0] in ("rescale_core", "rescale_tasks", "tasks", "torch")]
+print(json.dumps([meta["classes"][i] for i in logits.argmax(axis=1)]))
+'''
+
+
+def test_a_runtime_with_the_exported_folder_alone_gives_the_labels_rescale_predict_gives(tmp_path, run_config,
+                                                                                       fit_checkpoint, export_files):
+    """The export writes ``<name>.json`` beside the files, moved in with them: the task, network and
+    checkpoint, the inputs, the class names in output order and the preprocessing. A script with
+    onnxruntime, numpy and the exported folder alone turns raw digits (scikit-learn's 0-16 pixel
+    values) into the labels ``rescale predict`` writes for them."""
+    import csv
+    import subprocess
+
+    import numpy
+    from sklearn.datasets import load_digits
+
+    from rescale_tasks.classification.data import DigitsDataModule
+
+    trainer = {"max_epochs": 3, "limit_train_batches": 10, "limit_val_batches": 0}
+    config = run_config(tmp_path / "run" / "run.yaml", trainer=trainer)
+    ckpt = fit_checkpoint(tmp_path / "run", ["--config", config])
+    written, printed = export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "onnx",
+                                     "--out", "deploy/"])
+    assert sorted(p.name for p in Path("deploy").iterdir()) == ["last.json", "last.onnx"]
+    meta = json.loads(Path("deploy/last.json").read_text())
+    assert (meta["task"], meta["network"], meta["scheme"]) == ("classification", "cifar_resnet", "rescale")
+    assert meta["checkpoint"]["path"] == str(ckpt.resolve()) and meta["code"]["version"]
+    assert meta["classes"] == [str(d) for d in range(10)]
+    [network] = meta["programs"].values()
+    assert network["inputs"] == [{"name": "x", "shape": [64, 1, 8, 8], "dtype": "float32", "free": {"0": "1+"}}]
+
+    assert main(["predict", "--config", config, "--ckpt_path", str(ckpt), "--trainer.limit_predict_batches", "1",
+                 "--output_dir", "predicted"]) == 0
+    with open("predicted/predictions.test.csv", newline="") as f:
+        expected = {int(row["index"]): row["top1"] for row in csv.DictReader(f)}
+    index = sorted(expected)[:16]
+    data = DigitsDataModule()
+    data.setup()
+    raw = load_digits().images[data.split_indices["test"][index].numpy()]
+    np_path = tmp_path / "raw.npy"
+    numpy.save(np_path, raw)
+    script = tmp_path / "classify.py"
+    script.write_text(CLASSIFY)
+    done = subprocess.run([sys.executable, str(script), "deploy", "last.json", str(np_path)], capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    labels = json.loads(done.stdout)
+    assert labels == [expected[i] for i in index], (labels, expected)
+    assert len(set(labels)) > 2, labels  # a network that tells digits apart

@@ -51,6 +51,22 @@ def test_the_backbone_exports_in_every_format_and_matches_pytorch(trained, expor
     assert f"backbone: {HEADS_NOTE}" in printed.splitlines()  # what is not exported, in one line
 
 
+def test_the_sidecar_names_the_categories_and_the_detectors_transform(trained, export_files, coco_canvases):
+    """``maskrcnn.json`` beside the backbone: the class names in the detector's label order (background
+    first) with their COCO category ids, and the transform that makes the backbone's input."""
+    import json
+
+    config, ckpt = trained
+    export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "exported-program", "--out", "maskrcnn"])
+    meta = json.loads(Path("maskrcnn.json").read_text())
+    categories = json.loads(Path(coco_canvases.root, "annotations", "instances_train2017.json").read_text())["categories"]
+    assert meta["task"] == "detection" and meta["classes"][0] == "__background__"
+    assert dict(zip(meta["classes"][1:], meta["class_ids"][1:])) == {c["name"]: c["id"] for c in categories}
+    pre = meta["preprocessing"]
+    assert (pre["resize"]["size"], pre["resize"]["max_size"], pre["pad_to_multiple"]) == (48, 64, 32)
+    assert pre["mean"] == pytest.approx([0.485, 0.456, 0.406])
+
+
 def test_coco_evaluation_runs_on_the_inference_plan(trained, frozen_calls):
     config, ckpt = trained
     assert main(["test", "--config", config, "--ckpt_path", str(ckpt), "--output_dir", "results"]) == 0

@@ -157,3 +157,91 @@ def test_layer_norm_free_schemes_export_in_every_format(scheme, tmp_path, handfu
     written, _ = export_files([*args, "--ckpt_path", str(ckpt), "--format", "onnx", "exported-program",
                                "--out", f"{scheme}.onnx"])
     assert len(written) == 4 and max(written.values()) < 1e-4, written
+
+
+#: What a runtime outside the suite runs: greedy search over the ONNX encoder and decode_step, with the
+#: SentencePiece model and the settings of the sidecar alone (argv: the folder, the sidecar's name, the
+#: source file); prints the translations as JSON, and fails if anything of the suite was imported.
+GREEDY = '''
+import json, os, sys
+import numpy as np
+import onnxruntime
+import sentencepiece
+
+folder, sidecar, source = sys.argv[1:]
+meta = json.load(open(os.path.join(folder, sidecar)))
+tr = meta["translation"]
+spm = sentencepiece.SentencePieceProcessor(model_file=os.path.join(folder, tr["sentencepiece"]))
+sessions = {name: onnxruntime.InferenceSession(os.path.join(folder, program["files"]["onnx"]),
+                                               providers=["CPUExecutionProvider"])
+            for name, program in meta["programs"].items()}
+
+def run(name, **feeds):
+    session = sessions[name]
+    return session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
+
+dec, cache = tr["decoding"], tr["cache"]
+out = []
+for line in open(source, encoding="utf-8").read().splitlines():
+    src = spm.encode(line, out_type=int)[:tr["max_positions"] - 1] + [tr["eos"]]
+    memory, src_padding_mask = run("encoder", src_tokens=np.array([src], np.int64))
+    max_len = min(int(dec["max_len_a"] * len(src) + dec["max_len_b"]), tr["max_positions"] - 1)
+    free = np.zeros((cache["layers"], 1, cache["heads"], 1, cache["head_dim"]), np.float32)
+    self_k = self_v = free
+    key_padding, token, chosen = np.zeros((1, 0), bool), tr["bos"], []
+    for step in range(max_len + 1):
+        logits, self_k, self_v = run("decode_step", tokens=np.array([[token]], np.int64), memory=memory,
+                                     src_padding_mask=src_padding_mask, num_tokens=np.array([step], np.int64),
+                                     key_padding=key_padding, self_k=self_k, self_v=self_v)
+        key_padding = np.concatenate([key_padding, np.zeros((1, 1), bool)], axis=1)
+        self_k, self_v = (np.concatenate([t, free], axis=3) for t in (self_k, self_v))
+        scores = logits[0, -1].astype(np.float64)
+        scores[tr["pad"]] = -np.inf
+        if step < dec["min_len"]:
+            scores[tr["eos"]] = -np.inf
+        token = tr["eos"] if step == max_len else int(scores.argmax())
+        if token == tr["eos"]:
+            break
+        chosen.append(token)
+    out.append(spm.decode([t for t in chosen if t != tr["bos"]]))
+assert not [m for m in sys.modules if m.split(".")[0] in ("rescale_core", "rescale_tasks", "tasks", "torch")]
+print(json.dumps(out))
+'''
+
+
+def test_a_runtime_with_the_exported_folder_alone_translates_as_rescale_translate(handful_root, tmp_path,
+                                                                                fit_checkpoint, export_files):
+    """The export writes ``<name>.json`` and the SentencePiece model beside the encoder and decode_step,
+    moved in with them: a script with onnxruntime, sentencepiece and the exported folder alone runs
+    greedy search from bos as the sidecar says and gives ``rescale translate --beam 1``'s translations."""
+    import hashlib
+    import json
+    import subprocess
+    import sys
+
+    ckpt = fit_checkpoint(tmp_path, [*run_args(handful_root), "--trainer.max_steps", "60",
+                                     "--trainer.limit_val_batches", "0", "--model.init_args.optimizer.init_args.lr",
+                                     "0.005", "--model.init_args.lr_scheduler.init_args.warmup_updates", "10"])
+    export_files([*run_args(handful_root), "--ckpt_path", str(ckpt), "--format", "onnx", "--out", "deploy/wmt"])
+    files = sorted(p.name for p in Path("deploy").iterdir())
+    assert files == ["wmt.decode_step.onnx", "wmt.encoder.onnx", "wmt.json", "wmt.spm.model"], files
+    meta = json.loads(Path("deploy/wmt.json").read_text())
+    tr = meta["translation"]
+    assert (meta["task"], meta["scheme"], tr["bos"], tr["pad"], tr["eos"]) == ("translation", "rescale", 0, 1, 2)
+    assert tr["sentencepiece_sha256"] == hashlib.sha256(Path("deploy/wmt.spm.model").read_bytes()).hexdigest()
+    assert (tr["decoding"]["beam"], tr["decoding"]["max_len_a"], tr["decoding"]["max_len_b"]) == (4, 1.2, 10)
+    assert meta["programs"]["decode_step"]["inputs"][5]["free"] == {"1": "tokens[0]", "3": "key_padding[1] + 1"}
+
+    source = tmp_path / "source.en"
+    source.write_text("\n".join((handful_root / "test.en").read_text(encoding="utf-8").splitlines()[:4]) + "\n",
+                      encoding="utf-8")
+    assert main(["translate", "--ckpt_path", str(ckpt), "--input", str(source), "--output", "out.de",
+                 "--beam", "1"]) == 0
+    expected = Path("out.de").read_text(encoding="utf-8").splitlines()
+    script = tmp_path / "greedy.py"
+    script.write_text(GREEDY)
+    done = subprocess.run([sys.executable, str(script), "deploy", "wmt.json", str(source)], capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == expected
+    assert len(set(expected)) > 1 and all(expected), expected  # a network that translates

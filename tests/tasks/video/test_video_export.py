@@ -40,6 +40,25 @@ def test_every_format_is_written_read_back_and_matches_pytorch(trained, export_f
     assert max(written.values()) < 1e-4, written
 
 
+def test_the_sidecar_names_the_classes_and_the_clips_the_network_takes(trained, export_files, kinetics_clips):
+    """``r3d.json`` beside the file: the class names in output order (the checkpoint's) and how a video
+    becomes the network's input (clip length and stride, short side, crop, mean/std, the test's views)."""
+    import json
+
+    config, ckpt = trained
+    export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "exported-program", "--out", "r3d"])
+    meta = json.loads(Path("r3d.json").read_text())
+    tiny = kinetics_clips.tiny
+    assert meta["task"] == "video" and meta["classes"] == sorted(p.name for p in (kinetics_clips.root / "train").iterdir())
+    pre = meta["preprocessing"]
+    assert pre["clip"] == {"frames": tiny["frames"], "stride": tiny["stride"]} and pre["layout"] == "NCTHW"
+    assert (pre["center_crop"], pre["resize"]["size"], pre["views"]["clips"]) == (tiny["crop"],
+                                                                                  tiny["test_short_side"], 3)
+    [network] = meta["programs"].values()
+    assert network["files"] == {"exported-program": "r3d.pt2"}
+    assert network["inputs"][0]["shape"] == [2, 3, tiny["frames"], tiny["crop"], tiny["crop"]]
+
+
 def test_the_multi_view_test_runs_on_the_inference_plan(trained, frozen_calls, capsys):
     config, ckpt = trained
     assert main(["test", "--config", config, "--ckpt_path", str(ckpt)]) == 0
