@@ -38,7 +38,8 @@ from typing import Optional
 
 import torch
 
-from ..checkpoints import check_config_against_checkpoint, load_into_module, peek_checkpoint, safe_load
+from ..checkpoints import (check_config_against_checkpoint, is_remote, load_into_module, peek_checkpoint,
+                           safe_load)
 from ..cli import build_run
 from ..errors import DataError, UserArgumentParser, UserError
 from ..system import CODE_KEY, code_version, require_writable
@@ -82,6 +83,9 @@ def export_paths(ckpt_path: str, out: Optional[str], formats: list[str], program
 def export_stem(ckpt_path: str, out: Optional[str]) -> str:
     """The path every file of an export starts with (:func:`export_paths`); its sidecar is ``<stem>.json``."""
     name = os.path.splitext(os.path.basename(ckpt_path))[0]
+    if out is None and is_remote(ckpt_path):  # its run folder is in a store the files cannot be checked in
+        raise UserError(f"--ckpt_path {ckpt_path} is remote: the files are written and checked on this machine; "
+                        f"give --out, a local file or folder for them (e.g. --out export/)")
     if out is None:
         folder = os.path.dirname(os.path.abspath(ckpt_path))
         if os.path.basename(folder) == "checkpoints":
@@ -227,14 +231,14 @@ def _export_one(program: ExportProgram, formats: list[str], paths: dict, staged:
 
 
 def _sidecar(module, ckpt_path: str, trained_with, metadata: dict, programs: dict) -> dict:
-    """What ``<stem>.json`` holds (docs/inference.md, "The sidecar")."""
+    """What ``<stem>.json`` holds (docs/inference.md, under ``rescale export``)."""
     info = peek_checkpoint(ckpt_path)
     package = type(module).__module__.split(".")
     return {"rescale_export": SIDECAR_VERSION, "task": package[-2] if len(package) > 1 else package[0],
             "module": type(module).__name__, "network": (module.hparams or {}).get("network"),
             "scheme": module.scheme_name,
-            "checkpoint": {"path": os.path.abspath(ckpt_path), "run_id": info.run_id, "step": info.global_step,
-                           "code": trained_with},
+            "checkpoint": {"path": ckpt_path if is_remote(ckpt_path) else os.path.abspath(ckpt_path),
+                           "run_id": info.run_id, "step": info.global_step, "code": trained_with},
             "code": code_version(), "programs": programs, **metadata}
 
 

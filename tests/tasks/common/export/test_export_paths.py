@@ -18,3 +18,16 @@ def test_a_suffix_on_out_becomes_each_formats(out):
 def test_a_task_with_several_programs_names_each():
     written = export_paths("last.ckpt", "wmt.pt", ["onnx"], ["encoder", "decode_step"])
     assert sorted(written.values()) == ["wmt.decode_step.onnx", "wmt.encoder.onnx"]
+
+
+def test_a_remote_checkpoint_without_out_is_one_line_and_with_out_goes_there():
+    """A checkpoint in a store (``s3://``, ``memory://``) has no local run folder: its files went to a
+    folder named after the URL below the current one (``./memory:/bucket/run/export/``); without
+    --out the command now says, in one line, to give one."""
+    from rescale_tasks.common.errors import UserError
+
+    with pytest.raises(UserError, match=r"^--ckpt_path memory://bucket/run/checkpoints/last.ckpt is remote: .* "
+                                        r"give --out, a local file or folder"):
+        export_paths("memory://bucket/run/checkpoints/last.ckpt", None, ["onnx"], ["network"])
+    written = export_paths("memory://bucket/run/checkpoints/last.ckpt", "exports/", ["onnx"], ["network"])
+    assert list(written.values()) == ["exports/last.onnx"]
