@@ -99,6 +99,9 @@ def export_stem(ckpt_path: str, out: Optional[str]) -> str:
             if stem.endswith(suffix):
                 stem = stem[:-len(suffix)]
                 break
+        if not os.path.basename(stem):  # "" (an unset shell variable), "deploy/.onnx": hidden files named by a suffix
+            raise UserError(f"--out {out!r} names no file: give a file name (--out deploy/net) or a folder ending "
+                            f"in / (--out deploy/)")
     return stem
 
 

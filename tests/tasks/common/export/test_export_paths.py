@@ -31,3 +31,13 @@ def test_a_remote_checkpoint_without_out_is_one_line_and_with_out_goes_there():
         export_paths("memory://bucket/run/checkpoints/last.ckpt", None, ["onnx"], ["network"])
     written = export_paths("memory://bucket/run/checkpoints/last.ckpt", "exports/", ["onnx"], ["network"])
     assert list(written.values()) == ["exports/last.onnx"]
+
+
+@pytest.mark.parametrize("out", ["", "deploy/.onnx"], ids=["empty", "a-suffix-alone"])
+def test_an_out_naming_no_file_is_one_line(out):
+    """``--out ""`` (an unset shell variable) wrote hidden files named by their suffix alone (``.onnx``,
+    ``.json``) in the current folder, and failed with a page of traceback for an ExportedProgram."""
+    from rescale_tasks.common.errors import UserError
+
+    with pytest.raises(UserError, match=rf"^--out {out!r} names no file: give a file name"):
+        export_paths("runs/x/checkpoints/last.ckpt", out, ["onnx", "exported-program"], ["network"])
