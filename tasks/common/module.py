@@ -204,19 +204,24 @@ class RescaleTaskModule(L.LightningModule):
             if trainer.optimizers:  # a strategy that restores after its setup (FSDP): the run's are built
                 self._check_resumed_training()
 
-    def _check_resumed_training(self) -> None:
+    def _check_resumed_training(self, optimizers: Optional[list] = None, schedulers: Optional[list] = None) -> None:
         """Refuse, in one line, a ``fit --ckpt_path`` whose checkpoint's optimizer or schedule was
         configured otherwise than this run's (another lr, weight decay, schedule, or the cosine's
         ``max_epochs``): Lightning restores the checkpoint's over the run's, which would train on
-        with settings the run's config and ``rescale_config.yaml`` do not say. Runs once the run's
-        optimizers are built and before Lightning restores the saved ones."""
+        with settings the run's config and ``rescale_config.yaml`` do not say. Runs once, as soon as
+        the run's optimizers are built (``optimizers``/``schedulers``: those just built by
+        :meth:`configure_optimizers`; else the Trainer's) and before Lightning restores the saved
+        ones: from :meth:`configure_optimizers`, before any callback's ``on_fit_start`` saves the
+        run's config and starts its W&B run, so a refused resume leaves no W&B segment of the run's
+        id to ``wandb sync``."""
         resumed, self._resumed_training = getattr(self, "_resumed_training", None), None
         if resumed is None:
             return
         saved_optimizers, saved_schedulers, source, ckpt_path = resumed
-        schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
-        differences = training_state_differences(saved_optimizers, saved_schedulers, self.trainer.optimizers,
-                                                 schedulers)
+        if optimizers is None:
+            optimizers = self.trainer.optimizers
+            schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
+        differences = training_state_differences(saved_optimizers, saved_schedulers, optimizers, schedulers or [])
         if differences:
             raise ConfigError(f"{source} was trained with another optimizer or learning-rate schedule than this run "
                               f"configures ({'; '.join(differences)}, checkpoint -> this run), and resuming restores "
@@ -328,10 +333,12 @@ class RescaleTaskModule(L.LightningModule):
         optimizer = build_optimizer(self.net, self.optimizer_factory, self.norm_weight_decay)
         factory = self.scheduler_factory
         if factory is None:
+            self._check_resumed_training([optimizer], [])
             return optimizer
         max_epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else None
         steps_per_epoch = self._steps_per_epoch()
         scheduler, interval = build_scheduler(factory, optimizer, steps_per_epoch, max_epochs)
+        self._check_resumed_training([optimizer], [scheduler])  # before anything of the run is written
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
 
     # --- adaptive gradient clipping ----------------------------------------------------------

@@ -51,3 +51,19 @@ def test_resume_of_a_schedule_that_does_not_end_with_max_epochs_trains_on(tmp_pa
     resumed = torch.load(ckpt, weights_only=True)
     assert resumed["global_step"] == 4
     assert [g["lr"] for g in resumed["optimizer_states"][0]["param_groups"]] == pytest.approx([0.005] * 3)
+
+
+def test_a_refused_resume_leaves_no_wandb_segment_to_sync(tmp_path, offline_in_tmp, run_config, suite_wandb_logger,
+                                                          error_line):
+    """The refusal comes before the run's config is saved and its W&B run started: ``wandb sync``
+    finds only the segment that trained, not one of the same id holding the refused config."""
+    logger = suite_wandb_logger("resume", "refused", id="fixedid")
+    config = run_config(tmp_path / "run.yaml", model={"init_args": SCHEDULE},
+                        trainer={"max_epochs": 2, "logger": logger})
+    assert main(["fit", "--config", config]) == 0
+    segments = sorted((tmp_path / "runs" / "wandb").glob("offline-run-*"))
+    assert len(segments) == 1
+    assert main(["fit", "--config", config, "--model.init_args.optimizer.init_args.lr", "0.5",
+                 "--ckpt_path", "last"]) != 0
+    assert "lr 0.05 -> 0.5" in error_line()
+    assert sorted((tmp_path / "runs" / "wandb").glob("offline-run-*")) == segments
