@@ -174,6 +174,7 @@ class RescaleCLI(LightningCLI):
         if hasattr(model_class, "check_arguments"):  # e.g. a missing checkpoint file, before any data work
             model_class.check_arguments(init)
         if self.subcommand in (None, "fit") and _is_task_module(model_class):  # torch's own value checks
+            _refuse_lightning_optimizer(config, model_class)
             check_optimization(init, config.get("trainer"))
         if self.subcommand == "fit":
             resume_wandb_run(config)
@@ -215,6 +216,25 @@ class RescaleCLI(LightningCLI):
     def _closing_line(self, line: str) -> None:
         if self.trainer.is_global_zero:
             log.info(line)
+
+
+def _refuse_lightning_optimizer(config, model_class) -> None:
+    """Refuse, in one line, Lightning's own top-level ``optimizer`` / ``lr_scheduler`` (``--optimizer
+    Adam``) for a task module: Lightning's CLI would replace the module's ``configure_optimizers``
+    with one of its own (dropping the parameter groups and ``model.init_args.lr_scheduler``, with a
+    warning at most), and a ``--lr_scheduler`` without ``--optimizer`` is ignored without a word.
+    A run's saved ``rescale_config.yaml`` holds both as null, which passes."""
+    effects = {"optimizer": "replace {module}'s optimizer, its parameter groups and model.init_args.lr_scheduler",
+               "lr_scheduler": "be ignored by {module} (or, with a top-level optimizer, replace its schedule)"}
+    for key, effect in effects.items():
+        given = config.get(key)
+        if given is None:
+            continue
+        name = str(given.get("class_path", given) if hasattr(given, "get") else given).rsplit(".", 1)[-1]
+        raise ConfigError(f"{key}: {name} at the top level (--{key}) is Lightning's own option, which would "
+                          f"{effect.format(module=model_class.__name__)}; set model.init_args.{key} instead "
+                          f"(--model.init_args.{key} {name} --model.init_args.{key}.init_args.<name> <value>) and "
+                          f"drop the top-level {key}")
 
 
 def _run_id_given(config) -> bool:

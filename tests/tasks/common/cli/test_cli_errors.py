@@ -91,6 +91,24 @@ def test_bad_trainer_setting_is_one_line(digits_config, error_line):
     assert code == 2 and "bad trainer setting" in line and "accelerator='tpux'" in line and "cpu" in line
 
 
+@pytest.mark.parametrize("args,expected", [
+    (["--optimizer", "Adam", "--optimizer.lr", "0.001"],
+     "optimizer: Adam at the top level (--optimizer) is Lightning's own option, which would replace "
+     "ClassificationModule's optimizer, its parameter groups and model.init_args.lr_scheduler; set "
+     "model.init_args.optimizer instead (--model.init_args.optimizer Adam"),
+    (["--lr_scheduler", "torch.optim.lr_scheduler.StepLR", "--lr_scheduler.step_size", "3"],
+     "lr_scheduler: StepLR at the top level (--lr_scheduler) is Lightning's own option, which would be ignored by "
+     "ClassificationModule"),
+])
+def test_lightnings_own_optimizer_option_is_refused(digits_config, args, expected, error_line):
+    """Lightning's CLI would put its own configure_optimizers in the module's place (the parameter
+    groups and the configured schedule dropped) or ignore a lone --lr_scheduler; a saved
+    rescale_config.yaml's top-level ``optimizer: null`` passes."""
+    config = digits_config("trainer:", "optimizer: null\nlr_scheduler: null\ntrainer:")
+    assert main(["fit", "--config", config, *args]) == 2
+    assert expected in error_line()
+
+
 def test_unknown_command_is_one_line(error_line):
     assert main(["fitt", "--config", RESCALE50]) == 2
     assert error_line() == "unknown command 'fitt'; did you mean fit? (rescale --help lists every command)"
