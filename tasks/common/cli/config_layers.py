@@ -6,19 +6,21 @@ their order, then the ``--key value`` overrides. :func:`defaults_for` finds the 
 :func:`check_layers` refuses, in one line, a config or defaults file that is no config (a key given
 twice included); :func:`yaml_layers` reads the files in that order and :func:`flag_values` the
 overrides, for a caller that needs a setting without building the run (a study resolving its
-points' logger).
+points' logger); :func:`key_location` names the file and line that set a key (a bad one's error).
 """
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Optional
 
 import yaml
 
 from ..errors import UserError
-from .config_files import check_config_file, load_yaml
+from .config_files import SafeLoader, check_config_file, load_yaml
 
-__all__ = ["DEFAULTS_NAME", "CONFIG_FLAGS", "defaults_for", "check_layers", "flag_values", "yaml_layers"]
+__all__ = ["DEFAULTS_NAME", "CONFIG_FLAGS", "defaults_for", "check_layers", "flag_values", "yaml_layers",
+           "key_location"]
 
 DEFAULTS_NAME = "_defaults.yaml"
 CONFIG_FLAGS = ("--config", "-c")
@@ -100,3 +102,35 @@ def yaml_layers(configs: Sequence[str]) -> Iterator[dict]:
             continue
         if isinstance(data, dict):
             yield data
+
+
+def key_location(key: str, configs: Sequence[str]) -> Optional[str]:
+    """``path:line`` of the YAML file that gives the dotted ``key`` its value (the last one of the
+    ``_defaults.yaml`` files and ``configs`` that sets it, as the command applies them), or None
+    when none does. ``init_args`` levels may be written or left out on either side
+    (``data.batch_size``, ``data: {init_args: {batch_size: ...}}``)."""
+    parts = [part for part in key.split(".") if part]
+    for path in reversed([*defaults_for(configs), *configs]):
+        try:
+            with open(path, encoding="utf-8") as f:
+                node = yaml.compose(f.read(), Loader=SafeLoader)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        line = _key_line(node, parts)
+        if line is not None:
+            return f"{path}:{line}"
+    return None
+
+
+def _key_line(node, parts: list[str]) -> Optional[int]:
+    if not parts or not isinstance(node, yaml.MappingNode):
+        return None
+    for key_node, value in node.value:
+        if getattr(key_node, "value", None) == parts[0]:
+            found = key_node.start_mark.line + 1 if len(parts) == 1 else _key_line(value, parts[1:])
+            if found is not None:
+                return found
+    if parts[0] == "init_args":  # written without its init_args level
+        return _key_line(node, parts[1:])
+    inner = next((value for key_node, value in node.value if getattr(key_node, "value", None) == "init_args"), None)
+    return _key_line(inner, parts) if inner is not None else None

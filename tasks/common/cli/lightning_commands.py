@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import re
 import sys
 from typing import Optional
 
@@ -33,7 +34,7 @@ from ..system import require_writable, write_output
 from ..training import (DivergenceMonitor, LearnedScalarsLogger, check_network, check_optimization, class_of,
                         resolved_architecture)
 from .config_files import SafeLoader, refuse_duplicate_keys
-from .config_layers import CONFIG_FLAGS, check_layers, flag_values
+from .config_layers import CONFIG_FLAGS, check_layers, flag_values, key_location
 from .moved_modules import follow_moved_modules
 from .parse_errors import config_errors, trainer_config_errors
 from .quiet import quiet_evaluation, quiet_libraries, quiet_resume
@@ -79,8 +80,11 @@ class RescaleCLI(LightningCLI):
         parsers = getattr(self, "_subcommand_parsers", {})  # Lightning's (system.private_apis)
         sub = next((parsers[a] for a in argv if isinstance(a, str) and a in parsers), parser) \
             if isinstance(argv, (list, tuple)) else parser
-        with config_errors(sub):  # the subcommand's parser knows the valid keys
-            super().parse_arguments(parser, args)
+        try:
+            with config_errors(sub):  # the subcommand's parser knows the valid keys
+                super().parse_arguments(parser, args)
+        except ConfigError as err:
+            raise _naming_the_file(err, self._argv) from None
 
     def _parse_ckpt_path(self) -> None:
         """Refuse a checkpoint of another architecture before Lightning replaces the configured
@@ -216,6 +220,37 @@ class RescaleCLI(LightningCLI):
     def _closing_line(self, line: str) -> None:
         if self.trainer.is_global_zero:
             log.info(line)
+
+
+def _naming_the_file(err: ConfigError, argv: list[str]) -> ConfigError:
+    """``err`` about a key a config file sets (``unknown config key trainer.max_epoch``, ``bad value
+    for ...``) led by that file and line (``run.yaml:3: unknown config key ...``), where the value
+    came from a file and not from the command line; other errors as they are."""
+    match = _KEY_IN_ERROR.match(str(err))
+    if not match or _given_as_flag(match.group(1), argv):
+        return err
+    where = key_location(match.group(1), flag_values(argv, CONFIG_FLAGS))
+    if where is None:
+        return err
+    named = ConfigError(f"{where}: {err}")
+    named.original = getattr(err, "original", None) or err
+    return named
+
+
+_KEY_IN_ERROR = re.compile(r"^(?:unknown config key|bad value for) ([^\s:;]+)")
+
+
+def _given_as_flag(key: str, argv: list[str]) -> bool:
+    """Whether an option of ``argv`` sets ``key`` or a section above it (``init_args`` levels aside)."""
+    def parts(name: str) -> tuple[str, ...]:
+        return tuple(p for p in name.split(".") if p and p != "init_args")
+
+    wanted = parts(key)
+    for arg in argv:
+        name = arg[2:].partition("=")[0].rstrip("+") if arg.startswith("--") else ""
+        if name and name not in ("config", "print_config") and wanted[:len(parts(name))] == parts(name):
+            return True
+    return False
 
 
 def _refuse_lightning_optimizer(config, model_class) -> None:

@@ -32,6 +32,7 @@ _CALLABLE = re.compile(r"^Type .* expects a function or a callable class")
 _GIVEN_CLASS = re.compile(r"class_path='([^']+)'")
 _UNKNOWN_OPTION = re.compile(r"^Option '([^']+)' is not accepted")
 _UNKNOWN_KEY = re.compile(r"^Subcommand '([^']+)' does not accept option '([^']+)'")
+_UNKNOWN_IN_GROUP = re.compile(r"^Group '([^']+)' does not accept option '([^']+)'")  # under --print_config
 _UNRECOGNIZED = re.compile(r"^unrecognized arguments: (.*)")
 _NO_VALUE = re.compile(r"^argument (--\S+): expected one argument$")
 _INVALID_CHOICE = re.compile(r"^argument subcommand: invalid choice: '([^']+)'")
@@ -229,6 +230,9 @@ def describe_argument_error(err: BaseException, parser=None) -> str:
     match = _UNKNOWN_KEY.match(leaf)
     if match:
         return _unknown_key_message(match.group(2), parser)
+    match = _UNKNOWN_IN_GROUP.match(leaf)
+    if match:
+        return _unknown_key_message(f"{match.group(1)}.{match.group(2)}", parser)
     match = _UNKNOWN_OPTION.match(leaf)
     if match:
         name = match.group(1)

@@ -85,6 +85,24 @@ def test_bad_key_or_value_in_yaml_is_one_line(digits_config, old, new, expected,
     assert expected in error_line() and code == 2
 
 
+@pytest.mark.parametrize("overlay,extra,expected", [
+    ("trainer:\n  max_epoch: 3\n", [], "overlay.yaml:2: unknown config key trainer.max_epoch; did you mean "
+                                        "trainer.max_epochs"),
+    ("trainer:\n  max_epoch: 3\n", ["--print_config"], "overlay.yaml:2: unknown config key trainer.max_epoch; "
+                                                          "did you mean trainer.max_epochs"),
+    ("data:\n  init_args:\n    batch_sise: 3\n", [], "overlay.yaml:3: unknown config key data.init_args.batch_sise"),
+    ("# max_epochs\ntrainer: {max_epochs: abc}\n", [], "overlay.yaml:2: bad value for trainer.max_epochs: expected "
+                                                        "int or null, got 'abc'"),
+])
+def test_a_bad_key_in_a_config_file_names_the_file_and_line(tmp_path, digits_config, overlay, extra, expected,
+                                                             error_line):
+    """With several config files, the line says which one holds the bad key (the last to set it)."""
+    (tmp_path / "overlay.yaml").write_text(overlay)
+    assert main(["fit", "--config", digits_config(), "--config", str(tmp_path / "overlay.yaml"), *extra]) == 2
+    line = error_line()
+    assert line.startswith(str(tmp_path)) and expected in line, line
+
+
 def test_bad_trainer_setting_is_one_line(digits_config, error_line):
     code = main(["fit", "--config", digits_config(), "--trainer.accelerator", "tpux"])
     line = error_line()

@@ -80,7 +80,8 @@ USER_TEXT = {"_LIST_INDEX", "_FLOW_MAPPING_NO_SPACE"}
 
 def test_every_pattern_of_cli_errors_has_a_raw_message_here():
     patterns = {name for name, value in vars(cli_errors).items() if isinstance(value, re.Pattern)}
-    assert patterns == set(RAW) | {"_UNKNOWN_KEY"} | USER_TEXT  # _UNKNOWN_KEY: a config file's key, below
+    # _UNKNOWN_KEY, _UNKNOWN_IN_GROUP: a config file's key, below
+    assert patterns == set(RAW) | {"_UNKNOWN_KEY", "_UNKNOWN_IN_GROUP"} | USER_TEXT
 
 
 @pytest.mark.parametrize("name", sorted(RAW))
@@ -99,3 +100,22 @@ def test_an_unknown_key_in_a_subcommand_config_file(tmp_path):
     err = raw_error(suite, ["fit", "--config", str(config)])
     assert cli_errors._UNKNOWN_KEY.match(_first_line(err)), str(err)
     assert describe_argument_error(err, command()).startswith("unknown config key zzz; valid keys: ")
+
+
+class Trainer:
+    def __init__(self, max_epochs: int = 1) -> None:
+        pass
+
+
+def test_an_unknown_key_in_a_config_files_class_group(tmp_path):
+    """What jsonargparse says of a bad key under a class's group (``trainer:``), e.g. under
+    ``--print_config``."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_class_arguments(Trainer, "trainer")
+    config = tmp_path / "run.yaml"
+    config.write_text("trainer:\n  max_epoch: 3\n")
+    err = raw_error(lambda: parser, ["--config", str(config), "--print_config"])
+    assert cli_errors._UNKNOWN_IN_GROUP.match(_first_line(err)), str(err)
+    assert describe_argument_error(err, parser) == ("unknown config key trainer.max_epoch; did you mean "
+                                                    "trainer.max_epochs?")
