@@ -63,3 +63,28 @@ def test_flag_values_reads_both_spellings_in_order():
     assert flag_values(argv, ("--config", "-c")) == ["a.yaml", "b.yaml"]  # the last one has no value
     assert flag_values(argv, ("--trainer.logger",)) == ["false"]
     assert flag_values(["--trainer.logger="], ("--trainer.logger",)) == [""]
+
+
+def test_an_option_that_a_later_config_sets_again_is_refused(tmp_path, run_config, error_line):
+    """jsonargparse applies the command line in order: the later --config would silently win."""
+    run = run_config(tmp_path / "run.yaml")
+    assert main(["fit", "--model.init_args.scheme", "bn", "--config", run]) == 2
+    line = error_line()
+    assert line == (f"--model.init_args.scheme comes before --config {run}, whose line 5 sets it again and is "
+                    "applied after it, so the option would be lost: give options after the last --config")
+    for before in (["--data.init_args.batch_size=8"], ["--trainer.logger", "null"],
+                   ["--model.init_args.network_options", "{depth: 8}"]):
+        assert main(["fit", *before, "--config", run]) == 2
+        assert error_line().startswith(f"--{before[0][2:].partition('=')[0]} comes before --config {run}")
+
+
+def test_an_option_before_a_config_that_leaves_it_alone_is_kept(tmp_path, run_config, capsys):
+    run = run_config(tmp_path / "run.yaml")
+    overlay = _touch(tmp_path / "overlay.yaml", "model: {init_args: {scheme: bn}}\n")
+    try:  # a key the overlay does not set; the class whose arguments it sets
+        main(["fit", "--config", run, "--trainer.max_steps", "3", "--model",
+              "rescale_tasks.classification.module.ClassificationModule", "--config", str(overlay), "--print_config"])
+    except SystemExit:
+        pass
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["trainer"]["max_steps"] == 3 and printed["model"]["init_args"]["scheme"] == "bn"

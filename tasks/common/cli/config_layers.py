@@ -6,7 +6,8 @@ their order, then the ``--key value`` overrides. :func:`defaults_for` finds the 
 :func:`check_layers` refuses, in one line, a config or defaults file that is no config (a key given
 twice included); :func:`yaml_layers` reads the files in that order and :func:`flag_values` the
 overrides, for a caller that needs a setting without building the run (a study resolving its
-points' logger); :func:`key_location` names the file and line that set a key (a bad one's error).
+points' logger); :func:`key_location` names the file and line that set a key (a bad one's error);
+:func:`refuse_lost_overrides` refuses an option that a later ``--config`` would override.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from ..errors import UserError
 from .config_files import SafeLoader, check_config_file, load_yaml
 
 __all__ = ["DEFAULTS_NAME", "CONFIG_FLAGS", "defaults_for", "check_layers", "flag_values", "yaml_layers",
-           "key_location"]
+           "key_location", "refuse_lost_overrides"]
 
 DEFAULTS_NAME = "_defaults.yaml"
 CONFIG_FLAGS = ("--config", "-c")
@@ -134,3 +135,78 @@ def _key_line(node, parts: list[str]) -> Optional[int]:
         return _key_line(node, parts[1:])
     inner = next((value for key_node, value in node.value if getattr(key_node, "value", None) == "init_args"), None)
     return _key_line(inner, parts) if inner is not None else None
+
+
+def refuse_lost_overrides(argv: Sequence[str]) -> None:
+    """Refuse, in one :class:`UserError` line, an option that a later ``--config`` sets again:
+    jsonargparse applies the command line in order, so ``--model.init_args.scheme bn --config
+    run.yaml`` trains the scheme of ``run.yaml`` and the option is silently lost."""
+    configs = list(_config_positions(argv))
+    if not configs:
+        return
+    for i, arg in enumerate(argv):
+        if not arg.startswith("--") or i >= configs[-1][0]:
+            continue
+        name, sep, value = arg[2:].partition("=")
+        if name in ("config", "print_config") or not name or arg in CONFIG_FLAGS:
+            continue
+        if not sep:
+            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else ""
+        wanted = _key_parts(name.rstrip("+"))
+        # a mapping is replaced by the file's; so is a logger, callback ... turned off (false, null)
+        is_mapping = value.lstrip().startswith("{") or value.strip().lower() in ("false", "null", "none")
+        for position, path in configs:
+            if position <= i:
+                continue
+            line = next((line for leaf, line in _leaves(path) if _overlaps(wanted, leaf, is_mapping)), None)
+            if line is not None:
+                raise UserError(f"--{name} comes before --config {path}, whose line {line} sets it again and is "
+                                "applied after it, so the option would be lost: give options after the last --config")
+
+
+def _config_positions(argv: Sequence[str]) -> Iterator[tuple[int, str]]:
+    for i, arg in enumerate(argv):
+        key, sep, value = arg.partition("=")
+        if key in CONFIG_FLAGS:
+            if sep:
+                yield i, value
+            elif i + 1 < len(argv):
+                yield i, argv[i + 1]
+
+
+def _key_parts(name: str) -> tuple[str, ...]:
+    """A dotted key without its ``init_args`` levels (``data.init_args.batch_size`` = ``data.batch_size``)."""
+    return tuple(p for p in name.split(".") if p and p != "init_args")
+
+
+def _overlaps(option: tuple[str, ...], leaf: tuple[str, ...], option_is_mapping: bool) -> bool:
+    """Whether a file's value at ``leaf`` replaces what an option gave ``option``: the same key, a
+    section above it, a key inside a mapping (or a false/null) the option gave, or the class of the
+    option's class_path."""
+    if leaf[:len(option)] != option:
+        return option[:len(leaf)] == leaf  # the file sets the whole section the option is in
+    rest = leaf[len(option):]
+    return not rest or option_is_mapping or rest == ("class_path",)
+
+
+def _leaves(path: str) -> list[tuple[tuple[str, ...], int]]:
+    """The keys a YAML file sets a value of (not a mapping), without ``init_args`` levels, with lines."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            root = yaml.compose(f.read(), Loader=SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    found: list[tuple[tuple[str, ...], int]] = []
+
+    def walk(node, prefix: tuple[str, ...]) -> None:
+        for key_node, value in node.value:
+            key = str(getattr(key_node, "value", ""))
+            at = prefix if key == "init_args" else (*prefix, key)
+            if isinstance(value, yaml.MappingNode) and value.value:
+                walk(value, at)
+            else:
+                found.append((at, key_node.start_mark.line + 1))
+
+    if isinstance(root, yaml.MappingNode):
+        walk(root, ())
+    return found

@@ -34,7 +34,7 @@ from ..system import require_writable, write_output
 from ..training import (DivergenceMonitor, LearnedScalarsLogger, check_network, check_optimization, class_of,
                         resolved_architecture)
 from .config_files import SafeLoader, refuse_duplicate_keys
-from .config_layers import CONFIG_FLAGS, check_layers, flag_values, key_location
+from .config_layers import CONFIG_FLAGS, check_layers, flag_values, key_location, refuse_lost_overrides
 from .moved_modules import follow_moved_modules
 from .parse_errors import config_errors, trainer_config_errors
 from .quiet import quiet_evaluation, quiet_libraries, quiet_resume
@@ -377,6 +377,7 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
     refuse_duplicate_keys()  # in YAML values on the command line too
     follow_moved_modules()  # the class paths of configs written before the modules moved
     defaults = check_layers(flag_values(argv, CONFIG_FLAGS))
+    refuse_lost_overrides(argv)  # an option before a --config that sets it again
     quiet_libraries()  # before the Trainer is built: it prints an advert
     log.debug("defaults applied (outermost first): %s", ", ".join(defaults) or "none")
     if any(a == "--print_config" or a.startswith("--print_config=") for a in argv):
