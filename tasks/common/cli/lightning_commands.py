@@ -10,6 +10,7 @@ loggers are chosen by ``class_path``/``init_args``.
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import os
 import re
@@ -140,8 +141,32 @@ class RescaleCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         with config_errors():  # a UserError raised in a constructor, unwrapped from jsonargparse's report
             super().instantiate_classes()
+        self._refuse_values_the_data_replaced()
         if self.trainer is not None:  # (None: a caller that builds everything but the Trainer)
             label_runs(self.trainer.loggers, self.datamodule)  # run name/group {labels} from the data
+
+    def _refuse_values_the_data_replaced(self) -> None:
+        """A linked argument (``num_classes`` ...) that a config file, or a mapping on the command
+        line (``--model.init_args '{num_classes: 5}'``), gives a value other than the data module's is
+        refused in one line naming the file: the link puts the data's value in its place without a
+        word (``--model.init_args.num_classes`` itself is refused in :meth:`parse_arguments`)."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        init = (config.get("model") or {}).get("init_args") or {}
+        hparams = getattr(self.model, "hparams", {})
+        argv = getattr(self, "_argv", [])
+        for key in LINKED_FROM_DATA:
+            given, actual = init.get(key), hparams.get(key)
+            if given is None or key not in hparams or given == actual:
+                continue
+            where = key_location(f"model.init_args.{key}", flag_values(argv, CONFIG_FLAGS))
+            parameter = inspect.signature(type(self.model).__init__).parameters.get(key)
+            default = parameter.default if parameter is not None else None
+            typed = _given_as_flag(f"model.init_args.{key}", argv) and given != default
+            if where is None and (not typed or config.get("ckpt_path")):
+                continue  # the class's default, or a checkpoint's value
+            raise ConfigError(f"{where + ': ' if where else ''}model.init_args.{key}: {given} is set from the data "
+                              f"module, which gives {actual} (data.{key}), and the value given is not used: drop "
+                              f"model.init_args.{key} (the data decides it: its classes, channels or vocabulary)")
 
     def instantiate_trainer(self, **kwargs):
         with trainer_config_errors():

@@ -311,6 +311,23 @@ def test_a_model_argument_the_data_sets_is_refused_in_one_line(tmp_path, run_con
                                    "and a value given for it is not used: drop --model.init_args.num_classes")
 
 
+def test_a_linked_argument_a_config_file_or_a_mapping_sets_is_refused(tmp_path, run_config, error_line):
+    """Before: num_classes: 5 in a config file (or in --model.init_args '{...}') was silently replaced
+    by the data's 10; the data's own value, or the class's default, passes."""
+    config = run_config(tmp_path / "digits.yaml", model={"init_args": {"num_classes": 5}})
+    assert main(["fit", "--config", config]) == 2
+    line = Path(config).read_text().splitlines().index("    num_classes: 5") + 1
+    assert error_line() == (f"{config}:{line}: model.init_args.num_classes: 5 is set from the data module, which gives 10 "
+                            "(data.num_classes), and the value given is not used: drop model.init_args.num_classes "
+                            "(the data decides it: its classes, channels or vocabulary)")
+    plain = run_config(tmp_path / "plain.yaml")
+    assert main(["fit", "--config", plain, "--model.init_args", "{in_channels: 2}"]) == 2
+    assert error_line().startswith("model.init_args.in_channels: 2 is set from the data module, which gives 1")
+    agreeing = run_config(tmp_path / "agreeing.yaml", model={"init_args": {"num_classes": 10}})
+    assert build_run(["--config", agreeing]).model.hparams.num_classes == 10
+    assert build_run(["--config", plain, "--model", "ClassificationModule"]).model.hparams.num_classes == 10
+
+
 def test_a_scheme_option_is_checked_against_the_networks_default_scheme(tmp_path, run_config, error_line):
     config = run_config(tmp_path / "digits.yaml", model={"init_args": {"scheme": None}})
     assert main(["fit", "--config", config, "--model.init_args.scheme_options.zero_gamma", "maybe"]) == 2
