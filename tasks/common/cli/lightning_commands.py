@@ -199,6 +199,15 @@ class RescaleCLI(LightningCLI):
         init = config.get("model", {}).get("init_args", {}) or {}
         if "network" in init:
             check_network(init.get("network"), init.get("scheme"), init.get("scheme_options"))
+        if (config.get("trainer") or {}).get("enable_checkpointing") is False:
+            argv = getattr(self, "_argv", [])
+            where = None if _given_as_flag("trainer.enable_checkpointing", argv) else \
+                key_location("trainer.enable_checkpointing", flag_values(argv, CONFIG_FLAGS))
+            raise ConfigError(f"{where + ': ' if where else ''}trainer.enable_checkpointing false: every run of the suite "
+                              "writes last.ckpt and epoch<NNN>.ckpt (always-on callbacks, which resuming, the run "
+                              "summary and the closing line's next command rely on), so checkpointing cannot be turned "
+                              "off; drop trainer.enable_checkpointing (last_checkpoint: {every_n_train_steps: N, "
+                              "every_minutes: M} sets how often last.ckpt is written in between)")
         model_class = class_of(config.get("model", {}).get("class_path"))
         if hasattr(model_class, "check_arguments"):  # e.g. a missing checkpoint file, before any data work
             model_class.check_arguments(init)

@@ -127,6 +127,20 @@ def test_lightnings_own_optimizer_option_is_refused(digits_config, args, expecte
     assert expected in error_line()
 
 
+@pytest.mark.parametrize("command", ["fit", "validate"])
+def test_checkpointing_turned_off_is_one_line_that_says_why(tmp_path, run_config, digits_config, error_line, command):
+    """Before: 'bad trainer setting ...: Trainer was configured with enable_checkpointing=False but found
+    ModelCheckpoint in callbacks list', a callback the user never gave."""
+    expected = ("trainer.enable_checkpointing false: every run of the suite writes last.ckpt and epoch<NNN>.ckpt "
+                "(always-on callbacks")
+    assert main([command, "--config", digits_config(), "--trainer.enable_checkpointing", "false"]) == 2
+    assert error_line().startswith(expected)
+    config = run_config(tmp_path / "off.yaml", trainer={"enable_checkpointing": False})
+    assert main([command, "--config", config]) == 2
+    line = error_line()
+    assert line.startswith(f"{config}:") and expected in line, line
+
+
 def test_unknown_command_is_one_line(error_line):
     assert main(["fitt", "--config", RESCALE50]) == 2
     assert error_line() == "unknown command 'fitt'; did you mean fit? (rescale --help lists every command)"
