@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from rescale_tasks.common.data import DECODE_ERRORS, CorruptImageError, open_rgb
+from rescale_tasks.common.data import DECODE_ERRORS, CorruptImageError, open_rgb, scan_class_folders
 from rescale_tasks.common.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -33,30 +33,6 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 def _names(items: Sequence[str], limit: int = 3) -> str:
     shown = ", ".join(items[:limit])
     return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
-
-
-def _scan_split(split_dir: Path, unread: list[str]) -> dict[str, list[str]]:
-    """Map each class folder (sorted) of ``split_dir`` to its sorted image files; every other entry
-    of a class folder (other extensions, hidden files, sub-folders, broken links), and what
-    ``split_dir`` holds besides class folders (files, hidden folders), is appended to ``unread``."""
-    classes: dict[str, list[str]] = {}
-    folders = []
-    with os.scandir(split_dir) as entries:
-        for e in entries:
-            if e.is_dir() and not e.name.startswith("."):
-                folders.append(e.name)
-            else:
-                unread.append(e.path)
-    folders.sort()
-    for name in folders:
-        files = []
-        with os.scandir(split_dir / name) as entries:
-            for e in entries:
-                readable = (e.is_file() and not e.name.startswith(".")
-                            and e.name.lower().endswith(IMAGE_EXTENSIONS))
-                (files if readable else unread).append(e.path)
-        classes[name] = sorted(files)
-    return classes
 
 
 class ImageFolder(NamedTuple):
@@ -91,7 +67,7 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int) -> ImageFolder:
                 f"ImageNet folder {root} (data.root) has no {split}/ sub-folder: expected "
                 f"{split_dir}/<class>/<image>. Point --data.root at a folder holding train/ and val/."
             )
-        classes = _scan_split(split_dir, unread)
+        classes = scan_class_folders(split_dir, IMAGE_EXTENSIONS, unread)
         if not classes:
             raise DataError(
                 f"No class folders in {split_dir} (data.root). Expected one sub-folder per class, "

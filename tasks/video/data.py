@@ -20,7 +20,9 @@ training split's class list: folder names, CSV labels or list labels) so a CLI c
 ``data.num_classes`` to the model; videos are scanned in :meth:`setup`. The class list travels
 in every checkpoint (:meth:`labels`, :mod:`rescale_tasks.common.data.labels`) and is matched to the
 data's by name when a checkpoint is loaded. Bad videos are skipped and counted by kind (:meth:`data_problems`,
-:meth:`problem_files`; reported by :class:`~rescale_tasks.common.run.SkippedDataReport`).
+:meth:`problem_files`; reported by :class:`~rescale_tasks.common.run.SkippedDataReport`), and what the
+class folders hold besides videos (other extensions, hidden files, sub-folders: :attr:`unread_files`)
+is named in one warning line when the data is set up.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.system import loader_workers
 
 from .dataset import DROPPED_KINDS, KINDS, VideoClipDataset, collate_drop_none
-from .layouts import class_names_of, label_samples, read_layout
+from .layouts import VIDEO_EXTENSIONS, class_names_of, label_samples, read_layout
 from .sampling import preset as sampling_preset
 from .transforms import KINETICS_MEAN, KINETICS_STD, eval_transform, train_transform
 
@@ -65,6 +67,7 @@ class KineticsDataModule(TaskDataModule):
 
     #: problem kinds whose videos are repaired and kept (short videos looped or padded), for the report
     kept_problem_kinds = tuple(kind for kind in KINDS if kind not in DROPPED_KINDS)
+    read_extensions = VIDEO_EXTENSIONS  # what the class folders are read for (data report)
 
     def __init__(self, layout: Literal["folders", "cvdf", "list"] = "folders", root: str | None = None,
                  train_csv: str | None = None, val_csv: str | None = None, video_dir: str | None = None,
@@ -109,6 +112,8 @@ class KineticsDataModule(TaskDataModule):
         self.train_set: VideoClipDataset | None = None
         self.val_set: VideoClipDataset | None = None
         self.test_set: VideoClipDataset | None = None
+        # what the class folders hold besides videos (layout folders), reported by common.run.data_report
+        self.unread_files: list[str] = []
 
     @staticmethod
     def _clip_sampling(preset: str | None, frames: int | None, stride: int | None) -> tuple[int, int]:
@@ -144,6 +149,7 @@ class KineticsDataModule(TaskDataModule):
             self._check_classes(self.class_names, splits.class_names, "the class list read at start-up")
         common = dict(frames=self.frames, stride=self.stride, backend=self.backend,
                       short_policy=self.short_policy, skip_bad=self.skip_bad)
+        self.unread_files = splits.unread
         train = label_samples(splits.train, self.class_names)
         val = label_samples(splits.val, self.class_names)
         self.train_set = VideoClipDataset(train, "train", transform=train_transform(self.train_short_side, self.crop),

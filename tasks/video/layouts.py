@@ -28,12 +28,13 @@ from __future__ import annotations
 import csv
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from lightning.pytorch.utilities import rank_zero_warn
 
+from rescale_tasks.common.data import scan_class_folders
 from rescale_tasks.common.errors import DataError
 
 __all__ = [
@@ -62,6 +63,9 @@ class VideoSplits:
     train: list[VideoSample]
     val: list[VideoSample]
     class_names: list[str]
+    #: what the class folders layout holds besides videos (other extensions, hidden files, sub-folders,
+    #: files beside the class folders), for the data report; empty for the other layouts
+    unread: list[str] = field(default_factory=list)
 
 
 def _names(items: Sequence[str], limit: int = 3) -> str:
@@ -111,16 +115,15 @@ def folder_classes(root: str | os.PathLike | None) -> list[str]:
 
 
 def read_folders(root: str | os.PathLike | None) -> VideoSplits:
-    """``root/{train,val}/<class>/<video>``; every training class folder must hold a video."""
+    """``root/{train,val}/<class>/<video>``; every training class folder must hold a video. What the
+    folders hold besides videos is listed in :attr:`VideoSplits.unread`."""
     root = _path(root, "root", "the Kinetics folder")
     found: dict[str, dict[str, list[str]]] = {}
+    unread: list[str] = []
     for split in SPLITS:
         split_dir = _folder_split(root, split)
-        classes: dict[str, list[str]] = {}
-        for name in _class_folders(split_dir):
-            with os.scandir(split_dir / name) as entries:
-                classes[name] = sorted(e.path for e in entries if e.is_file() and not e.name.startswith(".")
-                                       and e.name.lower().endswith(VIDEO_EXTENSIONS))
+        _class_folders(split_dir)  # one line when there is none
+        classes = scan_class_folders(split_dir, VIDEO_EXTENSIONS, unread)
         empty = [name for name, files in classes.items() if not files]
         if split == "train" and empty:
             raise DataError(f"Class folders without videos in {split_dir}: {_names(empty)}. Add video files "
@@ -133,7 +136,7 @@ def read_folders(root: str | os.PathLike | None) -> VideoSplits:
                   "Validation class folders must also exist in train/.")
     samples = {split: [VideoSample(f, name) for name, files in found[split].items() for f in files]
                for split in SPLITS}
-    return VideoSplits(samples["train"], samples["val"], names)
+    return VideoSplits(samples["train"], samples["val"], names, sorted(unread))
 
 
 # ----------------------------------------------------------------------------- official CVDF CSVs

@@ -8,6 +8,7 @@ throughput unit, images as the networks read them, and what the labels mean.
 - ``throughput``: a task's throughput unit (images, clips, tokens) and its count per batch
 - ``images``: any image Pillow opens, as 8-bit RGB with its tones kept and its orientation applied
 - ``labels``: what a network's outputs mean, carried by checkpoints and matched to the data by name
+- ``folders``: class folders on disk (``<split>/<class>/<file>``), what they hold besides the files read listed
 - ``module``: the base of every task's data module
 """
 from .sampling import (PerSampleSeed, ResumableDataLoader, ResumableSampler, ResumeMismatch,
@@ -20,6 +21,7 @@ from .throughput import batch_size, items_in, metric_key, unit_of
 from .images import (DECODE_ERRORS, HIGH_DEPTH_MODES, CorruptImageError, full_scale, open_rgb, orientation,
                      oriented_size, to_rgb)
 from .labels import LABELS_KEY, Labels, checkpoint_labels, data_labels, match_labels
+from .folders import scan_class_folders
 from .module import TaskDataModule
 
 __all__ = ["PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMismatch", "UnrepeatedSampler",
@@ -28,4 +30,4 @@ __all__ = ["PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMi
            "nothing_to_evaluate", "skipped_prediction", "skipped_step", "batch_size", "items_in",
            "metric_key", "unit_of", "DECODE_ERRORS", "HIGH_DEPTH_MODES", "CorruptImageError", "full_scale",
            "open_rgb", "orientation", "oriented_size", "to_rgb", "LABELS_KEY", "Labels", "checkpoint_labels",
-           "data_labels", "match_labels", "TaskDataModule"]
+           "data_labels", "match_labels", "scan_class_folders", "TaskDataModule"]

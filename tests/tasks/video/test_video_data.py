@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import shutil
 
 import lightning.pytorch as L
 import pytest
@@ -268,3 +269,31 @@ def test_problems_are_logged_by_kind_and_listed_in_the_run_dir(kinetics_clips, t
     last = {key: value for row in rows for key, value in row.items() if value}
     assert float(last["data/unreadable"]) == 2 and float(last["data/short_loop"]) == 2
     assert float(last["data/skipped_corrupt"]) == 2
+
+
+def test_what_the_class_folders_hold_besides_videos_is_named_not_dropped_in_silence(kinetics_clips, tmp_path):
+    """A clip of another container (.flv), a sub-folder of clips and a file beside the class folders
+    are not read; the scan lists them and the run names them in one warning line, as the image
+    folders do, instead of validating on fewer videos without a word."""
+    k = kinetics_clips
+    root = tmp_path / "kinetics"
+    shutil.copytree(k.root, root)
+    clip = root / "val" / k.classes[0] / k.val[0][0]
+    shutil.copy(clip, root / "val" / k.classes[0] / "flash.flv")
+    (root / "train" / k.classes[1] / "more").mkdir()
+    shutil.copy(clip, root / "train" / k.classes[1] / "more" / "deeper.mp4")
+    (root / "train" / "README.txt").write_text("Kinetics-400, downloaded 2024\n")
+    unread = {str(root / p) for p in (f"val/{k.classes[0]}/flash.flv", f"train/{k.classes[1]}/more", "train/README.txt")}
+    dm = _dm(k, root=str(root))
+    dm.setup("fit")
+    assert set(dm.unread_files) == unread
+    assert len(dm.train_set.samples) == len(k.train) and len(dm.val_set.samples) == len(k.val)  # videos only
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, limit_train_batches=1,
+                        limit_val_batches=0, callbacks=[SkippedDataReport()], enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False)
+    with pytest.warns(UserWarning) as warned:
+        trainer.fit(_TinyVideoNet(dm.num_classes), datamodule=_dm(k, root=str(root)))
+    lines = [str(w.message) for w in warned if "not read" in str(w.message)]
+    assert lines == [f"data: 3 file(s) under {root} were found but not read (.flv 1, .txt 1, folder 1), "
+                     f"e.g. {root / 'train' / 'README.txt'}; only .mp4/.avi/.mkv/.webm/.mov/.m4v/.mpg/.mpeg files "
+                     "are read: convert them or move them out of the data folder"]

@@ -1,0 +1,42 @@
+"""Class folders on disk: ``<split>/<class>/<file>``, the layout of ImageNet-style image folders and
+of Kinetics-style video folders.
+
+:func:`scan_class_folders` maps every class folder (sorted by name) to its sorted files of the
+extensions a task reads, and lists everything else it meets (files of other extensions, hidden
+files, sub-folders, broken links, files beside the class folders, hidden folders) so that a data
+module can report it (``unread_files``, :mod:`rescale_tasks.common.run.data_report`) instead of
+letting it vanish.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["scan_class_folders"]
+
+
+def scan_class_folders(split_dir: str | os.PathLike, extensions: Sequence[str],
+                       unread: list[str]) -> dict[str, list[str]]:
+    """Map each class folder (sorted) of ``split_dir`` to its sorted files whose lower-case names end
+    with one of ``extensions``; every other entry of a class folder (other extensions, hidden files,
+    sub-folders, broken links), and what ``split_dir`` holds besides class folders (files, hidden
+    folders), is appended to ``unread``."""
+    split_dir = Path(split_dir)
+    extensions = tuple(e.lower() for e in extensions)
+    folders = []
+    with os.scandir(split_dir) as entries:
+        for e in entries:
+            if e.is_dir() and not e.name.startswith("."):
+                folders.append(e.name)
+            else:
+                unread.append(e.path)
+    classes: dict[str, list[str]] = {}
+    for name in sorted(folders):
+        files = []
+        with os.scandir(split_dir / name) as entries:
+            for e in entries:
+                readable = e.is_file() and not e.name.startswith(".") and e.name.lower().endswith(extensions)
+                (files if readable else unread).append(e.path)
+        classes[name] = sorted(files)
+    return classes
