@@ -21,11 +21,14 @@ same whatever was downloaded.
 
 Every function here has a cheap ``*_classes`` twin used right after the DataModule's ``__init__``
 (folder names, CSV labels, list labels; no video is looked at) and a full scan for ``setup``.
+Annotation and list files are UTF-8; a byte-order mark opening one is no part of its first line.
 Every problem is one :class:`~rescale_tasks.common.errors.DataError` line: what, where, how to fix.
 """
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import os
 import re
 from dataclasses import dataclass, field
@@ -77,6 +80,18 @@ def _path(value: str | os.PathLike | None, key: str, what: str) -> Path:
     if value is None or str(value) == "":
         raise DataError(f"data.{key} is not set; point it at {what}.")
     return Path(os.path.expanduser(str(value)))
+
+
+def _text(path: Path, key: str) -> str:
+    """The text of an annotation or list file: UTF-8, a byte-order mark opening it (spreadsheets and
+    Windows editors write one) no part of its first line; other bytes one DataError naming the line."""
+    raw = path.read_bytes().removeprefix(codecs.BOM_UTF8)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line} (data.{key}) is not UTF-8 ({err.reason} at byte {err.start}); convert the "
+                        "file to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8).") from None
 
 
 def _check_subset(train_classes: Sequence[str], val_labels: Sequence[str], where: str, fix: str) -> None:
@@ -152,7 +167,7 @@ def _read_csv(path: Path, key: str) -> list[tuple[str, str]]:
     if not path.is_file():
         raise DataError(f"Kinetics annotation file not found: {path} (data.{key}). Point it at the CVDF "
                         "CSV (e.g. kinetics400/annotations/train.csv).")
-    with open(path, newline="", encoding="utf-8") as f:
+    with io.StringIO(_text(path, key), newline="") as f:
         reader = csv.reader(f)
         header = [h.strip() for h in next(reader, [])]
         missing = [c for c in CVDF_COLUMNS if c not in header]
@@ -224,7 +239,7 @@ def _read_list(path: Path, key: str) -> list[tuple[str, str]]:
         raise DataError(f"Video list file not found: {path} (data.{key}). Point it at an mmaction2/SlowFast "
                         "list file with one '<path> <label>' per line.")
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with io.StringIO(_text(path, key), newline=None) as f:
         for line, text in enumerate(f, start=1):
             text = text.strip()
             if not text or text.startswith("#"):

@@ -110,3 +110,25 @@ def test_validation_classes_must_be_known_from_training(kinetics_clips, tmp_path
     with pytest.raises(DataError, match="yak"):
         read_lists(k.train_list, val, k.list_prefix)
     assert VideoSample("a.mp4", "x") == VideoSample("a.mp4", "x")
+
+
+@pytest.mark.parametrize("layout", ["cvdf", "list"])
+def test_annotation_files_saved_by_a_spreadsheet_read_as_written(kinetics_clips, tmp_path, layout):
+    """A CSV or list file saved as "CSV UTF-8" (a byte-order mark first, Windows line breaks) gives
+    the same samples; one that is not UTF-8 is one line naming the file, the line and the fix."""
+    k = kinetics_clips
+    args = _layout_args(k, layout)
+    key = "train_csv" if layout == "cvdf" else "train_list"
+    expected = read_layout(layout, **args)
+    spreadsheet = tmp_path / args[key].name
+    spreadsheet.write_bytes(b"\xef\xbb\xbf" + args[key].read_bytes().replace(b"\r\n", b"\n").replace(b"\n", b"\r\n"))
+    args = {**args, key: spreadsheet}
+    assert class_names_of(layout, **args) == k.classes
+    assert read_layout(layout, **args) == expected
+    lines = args[key].read_bytes().split(b"\r\n")
+    lines[2] = lines[2].replace(b"bikes", b"v\xe9los")  # a Latin-1 class name
+    args[key].write_bytes(b"\r\n".join(lines))
+    with pytest.raises(DataError) as err:
+        read_layout(layout, **args)
+    assert _one_line(err).startswith(f"{spreadsheet}:3 (data.{key}) is not UTF-8 (")
+    assert "convert the file to UTF-8" in str(err.value)
