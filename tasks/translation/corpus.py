@@ -7,7 +7,8 @@ Two layouts under ``root``, per split ``train``, ``valid``, ``test``:
   ``--trainpref train --source-lang en --target-lang de``).
 - ``tsv``: one file ``<split>.tsv`` of ``source<TAB>target`` lines.
 
-``auto`` takes ``tsv`` when some ``<split>.tsv`` exists and no ``<split>.<lang>`` file, else ``files``.
+``auto`` reads each split its own way: its ``<split>.<lang>`` files where there is one, else its
+``<split>.tsv`` (``train.en``/``train.de`` beside ``valid.tsv`` and ``test.tsv``).
 
 Lines are split on ``\\n`` only (a trailing ``\\r`` is removed): Python's text mode and
 ``str.splitlines`` also break at ``\\r``, form feeds and U+2028, which real corpora contain
@@ -185,18 +186,25 @@ def find_splits(root: str | os.PathLike, src_lang: str, tgt_lang: str,
         point = f"point {flags}root at" if flags == "--data." else "pass"
         raise DataError(f"translation data folder not found: {folder} ({name('root')}); {point} the folder "
                         f"holding train.{src_lang}/train.{tgt_lang} (or train.tsv).")
-    if layout == "auto":  # tsv only when there is a .tsv split and no per-language file
-        per_language = any((folder / f"{split}.{lang}").exists() for split in SPLITS for lang in (src_lang, tgt_lang))
-        layout = "tsv" if not per_language and any((folder / f"{s}.tsv").exists() for s in SPLITS) else "files"
+    def per_language(split: str) -> bool:
+        return any((folder / f"{split}.{lang}").exists() for lang in (src_lang, tgt_lang))
+
+    def tsv_only(split: str) -> bool:
+        return not per_language(split) and (folder / f"{split}.tsv").exists()
+
+    asked = layout
+    if layout == "auto":  # for the messages: tsv when a split has a .tsv and no split a per-language file
+        layout = "tsv" if not any(per_language(s) for s in SPLITS) and any(tsv_only(s) for s in SPLITS) else "files"
     found: dict[str, SplitSource] = {}
     for split in SPLITS:
-        if layout == "tsv":
+        # auto: each split its own way (train.en/train.de beside valid.tsv and test.tsv)
+        if layout == "tsv" or (asked == "auto" and tsv_only(split)):
             paths: tuple[Path, ...] = (folder / f"{split}.tsv",)
         else:
             paths = (folder / f"{split}.{src_lang}", folder / f"{split}.{tgt_lang}")
         present = [p.is_file() for p in paths]
         if all(present):
-            found[split] = SplitSource(split, layout, paths)
+            found[split] = SplitSource(split, "tsv" if len(paths) == 1 else "files", paths)
         elif any(present):  # one side without the other
             missing = paths[present.index(False)]
             hint = _language_hint(folder, src_lang, tgt_lang, "src" if missing == paths[0] else "tgt", flags)

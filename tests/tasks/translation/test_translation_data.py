@@ -168,6 +168,22 @@ def test_tsv_layout_reads_the_same_pairs(gettext_splits, tmp_path, writers, dm):
     assert ids_of(epoch(tsv.loader("train"), 3)) == ids_of(epoch(dm.loader("train"), 3))
 
 
+
+def test_splits_of_either_layout_in_one_folder_are_all_read(gettext_splits, tmp_path, writers, dm):
+    """train.en/train.de beside valid.tsv and test.tsv (WMT's dev and test sets often come apart from
+    the training text): every split is read, none left out without a word."""
+    root = writers.files(tmp_path / "mixed", {"train": gettext_splits["train"]})
+    writers.tsv(root, {split: gettext_splits[split] for split in ("valid", "test")})
+    mixed = make_dm(root, spm_model=str(dm.prepared.spm_model))
+    mixed.setup("fit")
+    assert {name: source.layout for name, source in mixed.prepared.sources.items()} == {
+        "train": "files", "valid": "tsv", "test": "tsv"}
+    for split in ("train", "valid", "test"):
+        a, b = mixed.datasets[split].encoded, dm.datasets[split].encoded
+        assert np.array_equal(a.src.tokens, b.src.tokens) and np.array_equal(a.tgt.offsets, b.tgt.offsets)
+    assert mixed.references("test") == dm.references("test")
+
+
 # --- cleaning -----------------------------------------------------------------------------------
 def test_cleaning_counts_are_exact(dm, gettext_splits, tmp_path, writers):
     """Clean pairs plus planted pairs that each break exactly one rule (piece counts measured
