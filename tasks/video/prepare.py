@@ -11,7 +11,8 @@ re-encoded with a GOP of 16 ~21). SlowFast and PyTorchVideo users prepare Kineti
 no system FFmpeg is needed), in parallel and resumably.
 
 What it does to every video under SRC (the extensions the ``folders`` layout reads, any depth: the class-folder
-tree ``<split>/<class>/<id>.mp4`` as well as a flat folder; hidden files are ignored):
+tree ``<split>/<class>/<id>.mp4`` as well as a flat folder; hidden files are ignored, the other files are
+named in one warning line, as training names what its class folders hold besides videos):
 
 * scales it so the short side is ``--short_side`` pixels (up or down), the long side in
   proportion; both sides are rounded to even numbers (4:2:0 chroma and libx264 need them);
@@ -71,6 +72,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from rescale_tasks.common.errors import ConfigError, DataError, UserArgumentParser
+from rescale_tasks.common.run import unread_line
 from rescale_tasks.common.system import atomic_path, usable_cores, write_atomically
 from rescale_tasks.video.decoding import (DecodeAudit, PyAVDecoder, Step, VideoDataError, display_matrix,
                                           display_steps)
@@ -88,13 +90,19 @@ SETTINGS_JSON = ".prepare-video.json"
 PARTIAL = ".partial"
 
 
-def find_videos(root: Path) -> list[Path]:
-    """Video files under ``root`` (any depth, sorted, hidden files and folders left out)."""
+def find_videos(root: Path, left_out: list[str] | None = None) -> list[Path]:
+    """Video files under ``root`` (any depth, sorted, hidden files and folders left out); the other
+    files (not hidden) are appended to ``left_out`` when it is given."""
     out = []
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        out += [Path(folder) / f for f in sorted(files)
-                if not f.startswith(".") and Path(f).suffix.lower() in VIDEO_EXTENSIONS]
+        for f in sorted(files):
+            if f.startswith("."):
+                continue
+            if Path(f).suffix.lower() in VIDEO_EXTENSIONS:
+                out.append(Path(folder) / f)
+            elif left_out is not None:
+                left_out.append(os.path.join(folder, f))
     return out
 
 
@@ -383,10 +391,13 @@ def prepare_tree(src: str | Path, dst: str | Path, *, short_side: int = 256, gop
     if gop < 1 or workers < 1 or threads < 1:
         raise ConfigError(f"--gop, --workers and --threads must be >= 1, got {gop}, {workers}, {threads}")
     codec = pick_codec(codec)
-    videos = find_videos(src)
+    left_out: list[str] = []
+    videos = find_videos(src, left_out)
     if not videos:
         raise DataError(f"no videos ({' '.join(VIDEO_EXTENSIONS)}) under {src}; pass the folder "
                         "holding them")
+    if left_out:  # neither converted nor read by training: said, not left behind without a word
+        logger.warning("prepare-video: " + unread_line(left_out, VIDEO_EXTENSIONS).removeprefix("data: "))
     dst.mkdir(parents=True, exist_ok=True)
     log = log or logger.info
     summary = Summary()

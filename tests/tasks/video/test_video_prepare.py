@@ -229,3 +229,21 @@ def test_turned_clips_come_out_upright_without_a_display_matrix(tmp_path, turned
         assert prepared.shape == source.shape == upright.shape
         assert np.abs(prepared - source).mean() < 4 and np.abs(prepared - upright).mean() < 5, name
         assert prepared[:, :16, :16].min() > 200, name
+
+
+def test_files_of_other_containers_are_named_not_left_behind_in_silence(tmp_path, capsys):
+    """A clip in a container training does not read (.flv, .3gp) is neither converted nor read later:
+    the command says so in one warning line with the count by kind and an example."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "train/walking").mkdir(parents=True)
+    shutil.copy(DATA / "carphone_pristine.mp4", src / "train/walking/a.mp4")
+    shutil.copy(DATA / "carphone_pristine.mp4", src / "train/walking/b.flv")
+    shutil.copy(DATA / "carphone_pristine.mp4", src / "train/walking/c.3gp")
+    (src / "train/walking/.DS_Store").write_bytes(b"\0\0\0\1Bud1")  # hidden: not data, not named
+    assert main([str(src), str(dst), "--short_side", "96", "--workers", "1"]) == 0
+    captured = capsys.readouterr()
+    lines = [line for line in (captured.out + captured.err).splitlines() if "not read" in line]
+    assert len(lines) == 1, lines
+    assert (f"prepare-video: 2 file(s) under {src / 'train/walking'} were found but not read (.3gp 1, .flv 1), "
+            f"e.g. {src / 'train/walking/b.flv'}; only .mp4/") in lines[0]
+    assert sorted(str(p.relative_to(dst)) for p in dst.rglob("*.mp4")) == ["train/walking/a.mp4"]
