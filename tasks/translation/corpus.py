@@ -13,7 +13,8 @@ Two layouts under ``root``, per split ``train``, ``valid``, ``test``:
 Lines are split on ``\\n`` only (a trailing ``\\r`` is removed): Python's text mode and
 ``str.splitlines`` also break at ``\\r``, form feeds and U+2028, which real corpora contain
 inside sentences, and a single extra break would shift every later pair. Text must be UTF-8; a
-byte-order mark at the start of a file (Windows editors write one) is not part of its first line.
+byte-order mark at the start of a file (Windows editors write one) is not part of its first line, and
+a UTF-16 file (Windows PowerShell's ``>``) is refused in one line saying so.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator, Literal, Optional
 
+from rescale_tasks.common.data import is_utf16, to_utf8_advice
 from rescale_tasks.common.errors import ConfigError, DataError
 
 __all__ = ["SPLITS", "LAYOUTS", "SplitSource", "find_splits", "count_lines", "read_lines", "option_name",
@@ -67,8 +69,16 @@ def _decode(raw: bytes, path: "Path | str", number: int) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise DataError(f"{path} line {number} is not UTF-8 ({err.reason} at byte {err.start}); "
-                        "convert the text to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8).") from None
+        advice = to_utf8_advice(raw if number == 1 else b"")
+        raise DataError(f"{path} line {number} is not UTF-8 ({err.reason} at byte {err.start}); {advice}.") from None
+
+
+def _refuse_utf16(path: Path) -> None:
+    """A one-line DataError for a UTF-16 file, whose lines cannot even be counted as UTF-8 lines."""
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if is_utf16(head):
+        raise DataError(f"{path} is not UTF-8: {to_utf8_advice(head)}.")
 
 
 def _split_lines(stream: BinaryIO) -> Iterator[bytes]:
@@ -102,6 +112,8 @@ class SplitSource:
 
     def check(self) -> int:
         """The number of pairs; a :class:`DataError` when the two sides are not line-aligned."""
+        for path in self.paths:  # its line breaks are \n\0: counted, they would misname the problem
+            _refuse_utf16(path)
         if self.layout == "tsv":
             return count_lines(self.paths[0])
         src, tgt = self.paths

@@ -37,7 +37,7 @@ from typing import Sequence
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from rescale_tasks.common.data import scan_class_folders
+from rescale_tasks.common.data import scan_class_folders, to_utf8_advice
 from rescale_tasks.common.errors import DataError
 
 __all__ = [
@@ -90,8 +90,8 @@ def _text(path: Path, key: str) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         line = raw[:err.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line} (data.{key}) is not UTF-8 ({err.reason} at byte {err.start}); convert the "
-                        "file to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8).") from None
+        raise DataError(f"{path}:{line} (data.{key}) is not UTF-8 ({err.reason} at byte {err.start}); "
+                        f"{to_utf8_advice(raw)}.") from None
 
 
 def _check_subset(train_classes: Sequence[str], val_labels: Sequence[str], where: str, fix: str) -> None:

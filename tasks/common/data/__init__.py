@@ -8,6 +8,7 @@ throughput unit, images as the networks read them, and what the labels mean.
 - ``throughput``: a task's throughput unit (images, clips, tokens) and its count per batch
 - ``images``: any image Pillow opens, as 8-bit RGB with its tones kept and its orientation applied
 - ``labels``: what a network's outputs mean, carried by checkpoints and matched to the data by name
+- ``text``: text files in another encoding than UTF-8, named with the conversion that fixes them
 - ``folders``: class folders on disk (``<split>/<class>/<file>``), what they hold besides the files read listed
 - ``module``: the base of every task's data module
 """
@@ -22,6 +23,7 @@ from .images import (DECODE_ERRORS, HIGH_DEPTH_MODES, CorruptImageError, full_sc
                      oriented_size, to_rgb)
 from .labels import LABELS_KEY, Labels, checkpoint_labels, data_labels, match_labels
 from .folders import scan_class_folders
+from .text import is_utf16, to_utf8_advice
 from .module import TaskDataModule
 
 __all__ = ["PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMismatch", "UnrepeatedSampler",
@@ -30,4 +32,4 @@ __all__ = ["PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMi
            "nothing_to_evaluate", "skipped_prediction", "skipped_step", "batch_size", "items_in",
            "metric_key", "unit_of", "DECODE_ERRORS", "HIGH_DEPTH_MODES", "CorruptImageError", "full_scale",
            "open_rgb", "orientation", "oriented_size", "to_rgb", "LABELS_KEY", "Labels", "checkpoint_labels",
-           "data_labels", "match_labels", "scan_class_folders", "TaskDataModule"]
+           "data_labels", "match_labels", "scan_class_folders", "is_utf16", "to_utf8_advice", "TaskDataModule"]

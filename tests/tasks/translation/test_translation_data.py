@@ -522,6 +522,25 @@ def test_a_byte_order_mark_is_not_text(tmp_path, gettext_splits, writers, dm):
         assert read_lines(f, "test.en")[0] == splits["test"][0][0]
 
 
+
+@pytest.mark.parametrize("layout", ["files", "tsv"])
+def test_a_utf16_file_is_named_as_such_with_its_conversion(tmp_path, gettext_splits, writers, dm, layout):
+    """Windows PowerShell's > writes UTF-16: its line breaks are \\n\\0, so counted as UTF-8 lines it
+    looked one line longer than its other side, and the Latin-1 conversion the usual message advises
+    would make a valid UTF-8 file of garbage. It is named as UTF-16, with the conversion from UTF-16."""
+    root = getattr(writers, layout)(tmp_path / layout, {"train": gettext_splits["train"][:100]})
+    path = root / ("train.en" if layout == "files" else "train.tsv")
+    path.write_bytes(path.read_text(encoding="utf-8").encode("utf-16"))
+    with pytest.raises(DataError) as err:
+        make_dm(root, spm_model=str(dm.prepared.spm_model)).setup("fit")
+    assert one_line(err) == (f"{path} is not UTF-8: it is UTF-16 (it opens with a UTF-16 byte-order mark, as Windows "
+                             "PowerShell's > and Notepad's 'Unicode' write): convert it to UTF-8 (e.g. iconv -f UTF-16 "
+                             "-t UTF-8).")
+    with open(path, "rb") as f, pytest.raises(DataError) as err:  # rescale translate's input
+        read_lines(f, "train.en (--input)")
+    assert one_line(err).startswith("train.en (--input) line 1 is not UTF-8 (") and "iconv -f UTF-16" in str(err.value)
+
+
 def test_empty_corpus_after_cleaning(tmp_path, gettext_splits, writers, dm):
     root = writers.files(tmp_path / "all_long", {"train": gettext_splits["train"][:200]})
     with pytest.raises(DataError) as err:

@@ -131,4 +131,10 @@ def test_annotation_files_saved_by_a_spreadsheet_read_as_written(kinetics_clips,
     with pytest.raises(DataError) as err:
         read_layout(layout, **args)
     assert _one_line(err).startswith(f"{spreadsheet}:3 (data.{key}) is not UTF-8 (")
-    assert "convert the file to UTF-8" in str(err.value)
+    assert "convert the text to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8)" in str(err.value)
+    # saved as UTF-16 (Windows PowerShell's >): named as such, with the conversion from UTF-16
+    args[key].write_bytes(args[key].read_bytes().replace(b"\xe9", b"e").decode("utf-8-sig").encode("utf-16"))
+    with pytest.raises(DataError) as err:
+        read_layout(layout, **args)
+    assert _one_line(err).startswith(f"{spreadsheet}:1 (data.{key}) is not UTF-8 (")
+    assert "it is UTF-16" in str(err.value) and "iconv -f UTF-16 -t UTF-8" in str(err.value)
