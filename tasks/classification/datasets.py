@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from rescale_tasks.common.data import DECODE_ERRORS, CorruptImageError, open_rgb, scan_class_folders
+from rescale_tasks.common.data import (DECODE_ERRORS, CorruptImageError, nested_folders_hint, open_rgb,
+                                       scan_class_folders)
 from rescale_tasks.common.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,9 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int) -> ImageFolder:
         empty = [name for name, files in classes.items() if not files]
         if empty:
             raise DataError(
-                f"Class folders without images in {split_dir}: {_names(empty)}. Add image files "
-                f"({'/'.join(IMAGE_EXTENSIONS)}) or remove those folders."
+                f"Class folders without images in {split_dir}: {_names(empty)}."
+                + (nested_folders_hint(split_dir, empty, unread) or
+                   f" Add image files ({'/'.join(IMAGE_EXTENSIONS)}) or remove those folders.")
             )
         splits[split] = classes
 

@@ -37,7 +37,7 @@ from typing import Sequence
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from rescale_tasks.common.data import scan_class_folders, to_utf8_advice
+from rescale_tasks.common.data import nested_folders_hint, scan_class_folders, to_utf8_advice
 from rescale_tasks.common.errors import DataError
 
 __all__ = [
@@ -141,8 +141,9 @@ def read_folders(root: str | os.PathLike | None) -> VideoSplits:
         classes = scan_class_folders(split_dir, VIDEO_EXTENSIONS, unread)
         empty = [name for name, files in classes.items() if not files]
         if split == "train" and empty:
-            raise DataError(f"Class folders without videos in {split_dir}: {_names(empty)}. Add video files "
-                            f"({'/'.join(VIDEO_EXTENSIONS)}) or remove those folders.")
+            raise DataError(f"Class folders without videos in {split_dir}: {_names(empty)}."
+                            + (nested_folders_hint(split_dir, empty, unread) or
+                               f" Add video files ({'/'.join(VIDEO_EXTENSIONS)}) or remove those folders."))
         if not any(classes.values()):
             raise DataError(f"No videos in {split_dir} (data.root): expected {split_dir}/<class>/<video>.mp4.")
         found[split] = classes

@@ -22,7 +22,7 @@ from .throughput import batch_size, items_in, metric_key, unit_of
 from .images import (DECODE_ERRORS, HIGH_DEPTH_MODES, CorruptImageError, full_scale, open_rgb, orientation,
                      oriented_size, to_rgb)
 from .labels import LABELS_KEY, Labels, checkpoint_labels, data_labels, match_labels
-from .folders import scan_class_folders
+from .folders import nested_folders_hint, scan_class_folders
 from .text import is_utf16, to_utf8_advice
 from .module import TaskDataModule
 
@@ -32,4 +32,4 @@ __all__ = ["PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMi
            "nothing_to_evaluate", "skipped_prediction", "skipped_step", "batch_size", "items_in",
            "metric_key", "unit_of", "DECODE_ERRORS", "HIGH_DEPTH_MODES", "CorruptImageError", "full_scale",
            "open_rgb", "orientation", "oriented_size", "to_rgb", "LABELS_KEY", "Labels", "checkpoint_labels",
-           "data_labels", "match_labels", "scan_class_folders", "is_utf16", "to_utf8_advice", "TaskDataModule"]
+           "data_labels", "match_labels", "nested_folders_hint", "scan_class_folders", "is_utf16", "to_utf8_advice", "TaskDataModule"]

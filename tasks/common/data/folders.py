@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["scan_class_folders"]
+__all__ = ["nested_folders_hint", "scan_class_folders"]
 
 
 def scan_class_folders(split_dir: str | os.PathLike, extensions: Sequence[str],
@@ -40,3 +40,15 @@ def scan_class_folders(split_dir: str | os.PathLike, extensions: Sequence[str],
                 (files if readable else unread).append(e.path)
         classes[name] = sorted(files)
     return classes
+
+
+def nested_folders_hint(split_dir: str | os.PathLike, empty: Sequence[str], unread: Sequence[str]) -> str:
+    """What to say of class folders of ``split_dir`` left ``empty`` (names) when they hold folders (in
+    ``unread``): their files lie a level too deep (Tiny ImageNet's ``<class>/images/``), and are read once
+    moved up; an empty string when none of them holds a folder."""
+    inside = [Path(split_dir) / name for name in empty]
+    nested = [p for p in map(Path, unread) if p.parent in inside and p.is_dir()]
+    if not nested:
+        return ""
+    return (f" They hold folders instead (e.g. {nested[0]}): the files of a class must lie directly in its folder, "
+            f"{Path(split_dir)}/<class>/<file>; move them up a level (e.g. mv {nested[0]}/* {nested[0].parent}/).")

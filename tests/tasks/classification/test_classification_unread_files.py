@@ -77,3 +77,26 @@ def test_class_names_spelt_with_other_unicode_characters_are_named_as_such(image
     with pytest.raises(DataError) as refused:
         scan_image_folder(imagenet_folder, num_classes=3)
     assert "written with other Unicode characters in each split" in str(refused.value)
+
+
+def test_class_folders_whose_images_lie_a_level_deeper_say_so(imagenet_folder):
+    """Tiny ImageNet keeps each class's images in <class>/images/: the class folders look empty, and
+    the line says where the images are and how to move them up, not to add images."""
+    train = imagenet_folder / "train"
+    for name in ("n001", "n002", "n003"):
+        (train / name / "images").mkdir()
+        for image in (train / name).glob("*.JPEG"):
+            image.rename(train / name / "images" / image.name)
+    with pytest.raises(DataError) as refused:
+        scan_image_folder(imagenet_folder, num_classes=3)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message == (f"Class folders without images in {train}: n001, n002, n003. They hold folders instead (e.g. "
+                       f"{train / 'n001/images'}): the files of a class must lie directly in its folder, "
+                       f"{train}/<class>/<file>; move them up a level (e.g. mv {train / 'n001/images'}/* "
+                       f"{train / 'n001'}/).")
+    for name in ("n001", "n002", "n003"):  # moved up as said, every image is read
+        for image in (train / name / "images").glob("*.JPEG"):
+            image.rename(train / name / image.name)
+        (train / name / "images").rmdir()
+    assert len(scan_image_folder(imagenet_folder, num_classes=3).train) == 12
