@@ -136,10 +136,18 @@ class SplitSource:
         for number, raw in enumerate(_raw_lines(path), 1):
             fields = raw.split(b"\t")
             if len(fields) != 2:
-                raise DataError(
-                    f"{path} line {number} has {len(fields)} tab-separated fields; a TSV corpus needs "
-                    "exactly 2 per line (source<TAB>target): remove tabs inside sentences or extra columns.")
+                raise DataError(f"{path} line {number} {_tsv_problem(raw, len(fields))}.")
             yield _decode(fields[side], path, number)
+
+
+def _tsv_problem(raw: bytes, fields: int) -> str:
+    """What is wrong with a TSV line that does not hold two tab-separated fields, and the fix."""
+    needs = "a TSV corpus needs exactly 2 tab-separated fields per line (source<TAB>target)"
+    if not raw.strip():
+        return f"is blank; {needs}: remove the line, or write a tab on it for a pair of empty sentences"
+    if fields == 1:
+        return f"has no tab; {needs}: put a tab between the source and the target sentence"
+    return f"has {fields} tab-separated fields; {needs}: remove tabs inside sentences or extra columns"
 
 
 def option_name(option: str, flags: str = "--data.") -> str:

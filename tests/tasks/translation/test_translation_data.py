@@ -577,6 +577,18 @@ def test_bad_tsv_lines_and_text(tmp_path, gettext_splits, writers):
     with pytest.raises(DataError) as err:
         make_dm(root, vocab_size=200).setup("fit")
     assert "line 101 has 3 tab-separated fields" in one_line(err)
+    # a line without a tab, a blank line: what is wrong and the fix for each, not "remove tabs"
+    for line, said in ((f"{gettext_splits['train'][0][0]} {gettext_splits['train'][0][1]}\n",
+                        "line 101 has no tab; a TSV corpus needs exactly 2 tab-separated fields per line "
+                        "(source<TAB>target): put a tab between the source and the target sentence."),
+                       ("\r\n", "line 101 is blank; a TSV corpus needs exactly 2 tab-separated fields per line "
+                                 "(source<TAB>target): remove the line, or write a tab on it for a pair of empty "
+                                 "sentences.")):
+        lines = (root / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
+        (root / "train.tsv").write_text("".join(lines[:100]) + line, encoding="utf-8")
+        with pytest.raises(DataError) as err:
+            make_dm(root, vocab_size=200).setup("fit")
+        assert one_line(err).endswith(said)
     latin = writers.files(tmp_path / "latin", {"train": gettext_splits["train"][:50]})
     with open(latin / "train.de", "ab") as f:
         f.write("Größe\n".encode("latin-1"))
