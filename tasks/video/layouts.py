@@ -6,7 +6,9 @@ Three layouts (``layout=`` in :class:`~rescale_tasks.video.data.KineticsDataModu
   CVDF download (``cvdfoundation/kinetics-dataset``) after its ``k400_extractor``/arrange script.
 * ``"cvdf"``: the official annotation CSVs (header ``label,youtube_id,time_start,time_end,split``;
   extra columns such as ``is_cc`` are ignored) next to one flat folder of
-  ``<youtube_id>_<start:06d>_<end:06d>.mp4`` files, as the CVDF tarballs unpack. Kinetics
+  ``<youtube_id>_<start:06d>_<end:06d>.mp4`` files, as the CVDF tarballs unpack (or of any video
+  extension the ``folders`` layout reads, as downloaders write ``.mkv``/``.webm``; the ``.mp4`` where a
+  clip is there twice). Kinetics
   downloads always miss some videos (taken off YouTube): rows whose file is absent are counted,
   warned about once, and left out; only a split with no file at all is an error.
 * ``"list"``: mmaction2 / SlowFast list files, one ``<path> <label>`` per line (space or comma
@@ -207,14 +209,20 @@ def read_cvdf(train_csv: str | os.PathLike | None, val_csv: str | os.PathLike | 
     if not folder.is_dir():
         raise DataError(f"Kinetics video folder not found: {folder} (data.video_dir). Point it at the folder "
                         "holding <youtube_id>_<start>_<end>.mp4 files.")
+    present: dict[str, str] = {}  # "<youtube_id>_<start>_<end>" -> its file (a download may be .mkv or .webm)
     with os.scandir(folder) as entries:  # one listing instead of a stat per row (~240k rows)
-        present = {e.name for e in entries if e.is_file()}
+        for e in entries:
+            stem, extension = os.path.splitext(e.name)
+            if (e.is_file() and extension.lower() in VIDEO_EXTENSIONS
+                    and (stem not in present or extension.lower() == ".mp4")):  # the .mp4 of two
+                present[stem] = e.name
     out: dict[str, list[VideoSample]] = {}
     rows_of: dict[str, list[tuple[str, str]]] = {}
     for split, value in (("train", train_csv), ("val", val_csv)):
         key = f"{split}_csv"
         rows = _read_csv(_path(value, key, f"the official Kinetics {split}.csv"), key)
-        kept = [VideoSample(str(folder / name), label) for label, name in rows if name in present]
+        kept = [VideoSample(str(folder / present[stem]), label) for label, stem in
+                ((label, os.path.splitext(name)[0]) for label, name in rows) if stem in present]
         absent = len(rows) - len(kept)
         if not kept:
             raise DataError(f"None of the {len(rows)} videos of {value} (data.{key}) is in {folder} "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 
 import pytest
 
@@ -53,6 +54,30 @@ def test_cvdf_rows_without_a_file_are_counted_warned_once_and_left_out(kinetics_
     with pytest.raises(DataError) as err:  # no video of the split present: an error
         read_cvdf(csv, k.val_csv, tmp_path)
     assert "None of the 11 videos" in _one_line(err) and "data.video_dir" in str(err.value)
+
+
+
+def test_cvdf_clips_downloaded_into_other_containers_are_found(kinetics_clips, tmp_path):
+    """yt-dlp writes <youtube_id>_<start>_<end>.mkv or .webm where it merges formats: those clips are
+    the rows' videos, not downloads missing (warned about and left out)."""
+    k = kinetics_clips
+    folder = tmp_path / "videos"
+    shutil.copytree(k.video_dir, folder)
+    expected = read_cvdf(k.train_csv, k.val_csv, k.video_dir)
+    names = sorted(p.name for p in folder.iterdir())
+    (folder / names[0]).rename(folder / names[0].replace(".mp4", ".mkv"))
+    (folder / names[1]).rename(folder / names[1].replace(".mp4", ".WEBM"))
+    shutil.copy(folder / names[2], folder / names[2].replace(".mp4", ".webm"))  # twice: the .mp4 is read
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "videos listed ... are not in" warning
+        splits = read_cvdf(k.train_csv, k.val_csv, folder)
+    renamed = {names[0]: names[0].replace(".mp4", ".mkv"), names[1]: names[1].replace(".mp4", ".WEBM")}
+    for split in ("train", "val"):
+        got, want = getattr(splits, split), getattr(expected, split)
+        assert [s.label_name for s in got] == [s.label_name for s in want]
+        assert [os.path.basename(s.path) for s in got] == [renamed.get(os.path.basename(s.path), os.path.basename(s.path))
+                                                           for s in want]
+        assert all(os.path.isfile(s.path) for s in got)
 
 
 def test_integer_label_lists_keep_their_numbers_and_accept_commas(kinetics_clips, tmp_path):
