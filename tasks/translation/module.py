@@ -24,7 +24,9 @@ during validation, and the test set's hypotheses written beside its score.
   (:mod:`rescale_tasks.common.run.predictions`).
 
 The SentencePiece model travels inside every checkpoint (``checkpoint["sentencepiece"]``, its
-serialized bytes), so ``rescale translate --ckpt_path`` needs nothing else.
+serialized bytes), so ``rescale translate --ckpt_path`` needs nothing else. So does the direction
+(``checkpoint["translation_pair"]``: source and target language): data read the other way (the same
+joint SentencePiece model) is refused in one line when the checkpoint is loaded.
 """
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ __all__ = ["TranslationModule", "HYPOTHESES_FILE", "BLEU_FILE"]
 log = logging.getLogger(__name__)
 
 HYPOTHESES_FILE = "hypotheses.test.txt"
+#: the checkpoint entry holding the (source, target) languages the network translates
+PAIR_KEY = "translation_pair"
 BLEU_FILE = "bleu.test.json"
 
 
@@ -119,6 +123,7 @@ class TranslationModule(RescaleTaskModule):
         self.val_bleu_sentences = val_bleu_sentences
         self.bleu_style = bleu_style
         self.processor: Optional[spm.SentencePieceProcessor] = None
+        self._trained_pair: Optional[tuple[str, str]] = None  # (source, target) languages of a loaded checkpoint
         self._bleu_stats: Optional[torch.Tensor] = None
         self._hypotheses: dict[int, str] = {}  # this rank's translations in test and predict, by line
         self._signature_shown = False
@@ -187,9 +192,36 @@ class TranslationModule(RescaleTaskModule):
         super().on_save_checkpoint(checkpoint)
         if self.processor is not None:
             checkpoint["sentencepiece"] = self.processor.serialized_model_proto()
+        pair = self._trained_pair or self._data_pair()
+        if pair is not None:
+            checkpoint[PAIR_KEY] = list(pair)
+
+    def _data_pair(self) -> Optional[tuple[str, str]]:
+        """The data's (source, target) languages; None without a translation data module."""
+        run_labels = getattr(self._datamodule(), "run_labels", None)
+        labels = run_labels() if callable(run_labels) else None
+        return (labels["src_lang"], labels["tgt_lang"]) if labels else None
+
+    def _check_pair(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse, in one line, data in the other direction (or another pair) than the checkpoint's:
+        a joint SentencePiece model is the same both ways, so nothing else would tell."""
+        recorded = checkpoint.get(PAIR_KEY)
+        if not (isinstance(recorded, (list, tuple)) and len(recorded) == 2):
+            return  # written before checkpoints recorded the pair
+        self._trained_pair = (str(recorded[0]), str(recorded[1]))
+        data = self._data_pair()
+        if data is None or data == self._trained_pair:
+            return
+        (src, tgt), path = self._trained_pair, getattr(self._trainer, "ckpt_path", None)
+        named = f"checkpoint {path} (--ckpt_path)" if path else "the checkpoint"
+        raise ConfigError(f"{named} translates {src} into {tgt} but the data is read as {data[0]} into {data[1]} "
+                          "(data.src_lang/data.tgt_lang, or the pair prepare-translation recorded last for data.root): "
+                          f"every translation and score would be of the wrong text; pass --data.src_lang {src} "
+                          f"--data.tgt_lang {tgt}")
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
+        self._check_pair(checkpoint)
         proto = checkpoint.get("sentencepiece")
         if proto is not None and self.processor is not None and proto != self.processor.serialized_model_proto():
             # the pieces decide what the ids mean (the bytes also record e.g. the training threads)

@@ -108,6 +108,23 @@ def test_a_checkpoint_of_another_sentencepiece_model_of_the_same_size_is_one_lin
     assert not Path("tested", HYPOTHESES_FILE).exists()
 
 
+
+def test_data_read_in_the_other_direction_than_the_checkpoint_is_one_line(trained, handful_root, error_line):
+    """An English-to-German checkpoint on the same corpus read German to English (the pair given, or the
+    one prepare-translation recorded last for the folder): the joint SentencePiece model is the same
+    both ways, so `rescale test` had fed German to the network and scored its output against English
+    references, and a resumed `fit` had gone on training the other way, without a word."""
+    other_way = ["--data.init_args.src_lang", "de", "--data.init_args.tgt_lang", "en"]
+    for command in (["test", "--output_dir", "tested"], ["fit"]):
+        assert main([*command, *tiny(handful_root), *other_way, "--ckpt_path", str(trained)]) == 2
+        assert error_line() == (f"checkpoint {trained} (--ckpt_path) translates en into de but the data is read as de "
+                                "into en (data.src_lang/data.tgt_lang, or the pair prepare-translation recorded last for "
+                                "data.root): every translation and score would be of the wrong text; pass "
+                                "--data.src_lang en --data.tgt_lang de")
+    assert not Path("tested", HYPOTHESES_FILE).exists()
+    assert main(["test", *tiny(handful_root), "--ckpt_path", str(trained), "--output_dir", "tested"]) == 0
+
+
 def test_translations_that_are_all_empty_score_bleu_0_and_are_written(trained, handful_root, tmp_path, capsys):
     """A test split every translation of which is empty (here: every source line empty; a model
     early in training that ends every sentence at once): `rescale test` logs BLEU 0 and writes its
