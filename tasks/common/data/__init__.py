@@ -9,7 +9,8 @@ throughput unit, images as the networks read them, and what the labels mean.
 - ``images``: any image Pillow opens, as 8-bit RGB with its tones kept and its orientation applied
 - ``labels``: what a network's outputs mean, carried by checkpoints and matched to the data by name
 - ``text``: text files in another encoding than UTF-8, named with the conversion that fixes them
-- ``folders``: class folders on disk (``<split>/<class>/<file>``), what they hold besides the files read listed
+- ``folders``: class folders on disk (``<split>/<class>/<file>``), what they hold besides the files read listed;
+  file names written on Windows
 - ``module``: the base of every task's data module
 """
 from .sampling import (PerSampleSeed, ResumableDataLoader, ResumableSampler, ResumeMismatch,
@@ -22,7 +23,7 @@ from .throughput import batch_size, items_in, metric_key, unit_of
 from .images import (DECODE_ERRORS, HIGH_DEPTH_MODES, CorruptImageError, full_scale, open_rgb, orientation,
                      oriented_size, to_rgb)
 from .labels import LABELS_KEY, Labels, checkpoint_labels, data_labels, match_labels
-from .folders import nested_folders_hint, scan_class_folders
+from .folders import nested_folders_hint, scan_class_folders, windows_path
 from .text import is_utf16, to_utf8_advice
 from .module import TaskDataModule
 
@@ -32,4 +33,4 @@ __all__ = ["PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMi
            "nothing_to_evaluate", "skipped_prediction", "skipped_step", "batch_size", "items_in",
            "metric_key", "unit_of", "DECODE_ERRORS", "HIGH_DEPTH_MODES", "CorruptImageError", "full_scale",
            "open_rgb", "orientation", "oriented_size", "to_rgb", "LABELS_KEY", "Labels", "checkpoint_labels",
-           "data_labels", "match_labels", "nested_folders_hint", "scan_class_folders", "is_utf16", "to_utf8_advice", "TaskDataModule"]
+           "data_labels", "match_labels", "nested_folders_hint", "scan_class_folders", "windows_path", "is_utf16", "to_utf8_advice", "TaskDataModule"]

@@ -1,4 +1,6 @@
-"""Class folders on disk: ``<split>/<class>/<file>``, the layout of ImageNet-style image folders and
+"""Files on disk as data sets list them.
+
+Class folders: ``<split>/<class>/<file>``, the layout of ImageNet-style image folders and
 of Kinetics-style video folders.
 
 :func:`scan_class_folders` maps every class folder (sorted by name) to its sorted files of the
@@ -6,6 +8,9 @@ extensions a task reads, and lists everything else it meets (files of other exte
 files, sub-folders, broken links, files beside the class folders, hidden folders) so that a data
 module can report it (``unread_files``, :mod:`rescale_tasks.common.run.data_report`) instead of
 letting it vanish.
+
+File names written on Windows: a list or annotation file made there names ``images\\0001.jpg``;
+:func:`windows_path` finds the file that name means here.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["nested_folders_hint", "scan_class_folders"]
+__all__ = ["nested_folders_hint", "scan_class_folders", "windows_path"]
 
 
 def scan_class_folders(split_dir: str | os.PathLike, extensions: Sequence[str],
@@ -52,3 +57,13 @@ def nested_folders_hint(split_dir: str | os.PathLike, empty: Sequence[str], unre
         return ""
     return (f" They hold folders instead (e.g. {nested[0]}): the files of a class must lie directly in its folder, "
             f"{Path(split_dir)}/<class>/<file>; move them up a level (e.g. mv {nested[0]}/* {nested[0].parent}/).")
+
+
+def windows_path(folder: str | os.PathLike, name: str) -> str | None:
+    """The file ``folder/name`` names when ``name`` was written on Windows (``images\\0001.jpg``, as
+    annotation tools and scripts running there write it): its ``\\`` read as ``/``, where that file
+    exists; None where it does not, or where ``\\`` is this system's own separator."""
+    if os.sep != "/" or "\\" not in name:
+        return None
+    path = os.path.join(folder, name.replace("\\", "/"))
+    return path if os.path.isfile(path) else None

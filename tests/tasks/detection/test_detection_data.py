@@ -497,6 +497,33 @@ def test_missing_image_files_raise_or_are_skipped_and_counted(coco_canvases_copy
     assert ds[3] is not None
 
 
+
+def test_file_names_written_on_windows_name_their_files(coco_canvases_copy):
+    """A json exported by an annotation tool on Windows names its images images\\0001.jpg: the images
+    are read from images/0001.jpg, not reported missing (nor all skipped with skip_corrupt)."""
+    root, truth = coco_canvases_copy
+    expected = _train(root)
+    names, items = [Path(expected.image_path(i)).name for i in range(len(expected))], list(expected)
+    folder = root / "train2017"
+    (folder / "images").mkdir()
+    ann = root / "annotations" / "instances_train2017.json"
+    data = json.loads(ann.read_text())
+    for image in data["images"]:
+        (folder / image["file_name"]).rename(folder / "images" / image["file_name"])
+        image["file_name"] = "images\\" + image["file_name"]
+    ann.write_text(json.dumps(data))
+    ds = _train(root)
+    assert len(ds) == len(items)
+    for i, (name, (want_image, want_target)) in enumerate(zip(names, items)):
+        assert ds.image_path(i) == str(folder / "images" / name)
+        image, target = ds[i]
+        assert torch.equal(image, want_image) and torch.equal(target["boxes"], want_target["boxes"])
+    (folder / "images" / truth["train"][2]["file_name"]).unlink()  # a file truly missing is still named
+    with pytest.raises(DataError) as excinfo:
+        _train(root)
+    _one_line_error(excinfo, "1 image file(s)", "images\\" + truth["train"][2]["file_name"])
+
+
 def test_corrupt_images_raise_or_are_skipped_and_counted_across_workers(coco_canvases_copy):
     root, truth = coco_canvases_copy
     broken = root / "val2017" / truth["val"][1]["file_name"]
