@@ -13,7 +13,8 @@ Three layouts (``layout=`` in :class:`~rescale_tasks.video.data.KineticsDataModu
   warned about once, and left out; only a split with no file at all is an error.
 * ``"list"``: mmaction2 / SlowFast list files, one ``<path> <label>`` per line (space or comma
   separated, as SlowFast's ``path_to_video label``), the path relative to ``list_prefix`` (or
-  absolute), the label an integer or a class name. Every listed video must exist.
+  absolute; a list written on Windows may separate folders with ``\\``), the label an integer or a
+  class name. Every listed video must exist.
 
 The class list comes from the training split: sorted class names, except for list files whose
 labels are all integers, where ``num_classes = max label + 1`` and the names are ``"0", "1", ...``
@@ -39,7 +40,7 @@ from typing import Sequence
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from rescale_tasks.common.data import nested_folders_hint, scan_class_folders, to_utf8_advice
+from rescale_tasks.common.data import nested_folders_hint, scan_class_folders, to_utf8_advice, windows_path
 from rescale_tasks.common.errors import DataError
 
 __all__ = [
@@ -301,8 +302,15 @@ def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike
             raise DataError(f"{list_path} (data.{key}) has class names ({_names(bad)}) but the training list has "
                             "integer labels; use the same kind of label in both files.")
         base = prefix if prefix is not None else list_path.parent
-        samples = [VideoSample(str(base / rel), _normal_label(label, integer)) for rel, label in rows]
-        missing = [s.path for s in samples if not os.path.isfile(s.path)]
+        samples, missing = [], []
+        for rel, label in rows:
+            path = str(base / rel)
+            if not os.path.isfile(path):  # a list written on Windows names abseiling\\x.mp4
+                found = windows_path(base, rel)
+                path = found or path
+                if found is None:
+                    missing.append(path)
+            samples.append(VideoSample(path, _normal_label(label, integer)))
         if missing:
             raise DataError(f"{len(missing)} of {len(samples)} videos listed in {list_path} (data.{key}) do not "
                             f"exist: {_names(missing)}. Fix data.list_prefix (the folder the paths are "

@@ -80,6 +80,21 @@ def test_cvdf_clips_downloaded_into_other_containers_are_found(kinetics_clips, t
         assert all(os.path.isfile(s.path) for s in got)
 
 
+
+def test_list_files_written_on_windows_name_their_videos(kinetics_clips, tmp_path):
+    """A list file made on Windows separates folders with backslashes (train\\bikes\\clip.mp4): the
+    videos are found, not refused as missing."""
+    k = kinetics_clips
+    expected = read_lists(k.train_list, k.val_list, k.list_prefix)
+    lists = {}
+    for split, listed in (("train", k.train_list), ("val", k.val_list)):
+        lines = listed.read_text(encoding="utf-8").splitlines()
+        lists[split] = tmp_path / listed.name
+        lists[split].write_text("".join(line.replace("/", "\\") + "\r\n" for line in lines), encoding="utf-8")
+    assert "\\" in lists["train"].read_text(encoding="utf-8")
+    assert read_lists(lists["train"], lists["val"], k.list_prefix) == expected
+
+
 def test_integer_label_lists_keep_their_numbers_and_accept_commas(kinetics_clips, tmp_path):
     k = kinetics_clips
     train = tmp_path / "train.csv"
