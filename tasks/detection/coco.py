@@ -154,6 +154,11 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+#: a segmentation written as one polygon's coordinates (``[x1, y1, ...]``) instead of a list of
+#: polygons (``[[x1, y1, ...]]``), as some exporters write it: pycocotools reads neither mask nor score of it
+FLAT_POLYGON = "a flat list of coordinates instead of a list of polygons ([[x1, y1, x2, y2, ...]])"
+
+
 def _part_problem(part: Any) -> str | None:
     """Why one polygon (``[x1, y1, x2, y2, ...]``) is malformed, or None."""
     if not isinstance(part, list) or not part:
@@ -204,6 +209,8 @@ def mask_problem(segmentation: Any, height: int, width: int) -> tuple[str | None
         return problem, problem is None
     if not isinstance(segmentation, list) or not segmentation:
         return "no polygon", False
+    if all(isinstance(part, (int, float)) for part in segmentation):
+        return FLAT_POLYGON, False
     problem, usable = None, False
     for part in segmentation:
         reason = _part_problem(part)
@@ -288,8 +295,9 @@ class CocoDetection(Dataset):
         if self.dropped_unusable_masks or self.partly_unusable_masks:
             log.warning("%s: dropped %d annotation(s) whose segmentation cannot form a mask and left out the "
                         "unusable polygons of %d more (empty, under 3 points, an odd number of coordinates, "
-                        "no pixel covered, or an RLE not of the image's size)", self.annotation_file,
-                        self.dropped_unusable_masks, self.partly_unusable_masks)
+                        "no pixel covered, or an RLE not of the image's size), e.g. annotation id %s: %s",
+                        self.annotation_file, self.dropped_unusable_masks, self.partly_unusable_masks,
+                        *self.first_unusable_mask)
 
     # --- construction -----------------------------------------------------------------------
     @staticmethod
@@ -322,6 +330,7 @@ class CocoDetection(Dataset):
         (or refused in an evaluation set), and both left out."""
         rows: dict[int, list] = {i: [] for i in sizes}
         self.dropped_degenerate = self.dropped_unusable_masks = self.partly_unusable_masks = 0
+        self.first_unusable_mask: tuple[Any, str] | None = None  # (annotation id, problem), for the messages
         unscorable: list[tuple[Any, Any, str]] = []  # (annotation id, image id, problem), evaluation sets
         for ann in annotations:
             if not isinstance(ann, dict) or any(k not in ann for k in _ANN_KEYS):
@@ -368,6 +377,8 @@ class CocoDetection(Dataset):
             if box[2] - box[0] < 1 or box[3] - box[1] < 1:  # SanitizeBoundingBoxes(min_size=1)'s rule
                 self.dropped_degenerate += 1
                 continue
+            if problem is not None and self.first_unusable_mask is None:
+                self.first_unusable_mask = (aid, problem)
             if not usable:
                 self.dropped_unusable_masks += 1
                 continue

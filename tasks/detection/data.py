@@ -311,16 +311,24 @@ class CocoDataModule(TaskDataModule):
                 raise DataError(f"the categories of {ann} ({ann_key}) differ from those of {source} "
                                 f"(the {source_split} json): the splits need the same 'categories' list.")
             if len(dataset) == 0:
-                self._refuse_empty(name, ann, ann_key, images=len(dataset.coco.imgs))
+                self._refuse_empty(name, ann, ann_key, images=len(dataset.coco.imgs), dataset=dataset)
             self.datasets[name] = dataset
         return self.datasets[name]
 
     @staticmethod
-    def _refuse_empty(split: str, ann: Path, ann_key: str, images: int) -> None:
+    def _refuse_empty(split: str, ann: Path, ann_key: str, images: int, dataset: CocoDetection | None = None) -> None:
         """The DataError for a ``split`` (``train``, ``val``, ``predict``) whose json ``ann`` left no
-        image: it lists ``images`` images, all without boxes (dropped by ``keep_empty_*``), or none."""
+        image: it lists ``images`` images, all without boxes (dropped by ``keep_empty_*``), or none.
+        Where boxes were there but their annotations were dropped (``dataset``'s counts), it says why:
+        keeping the images without them would train on no object."""
+        keep, use = ("train", "training") if split == "train" else ("eval", split)
+        masks = dataset.dropped_unusable_masks if dataset is not None else 0
+        if images and masks:
+            aid, problem = dataset.first_unusable_mask
+            raise DataError(f"no {use} images with boxes in {ann} ({ann_key}): the {masks} annotation(s) whose "
+                            f"segmentation cannot form a mask were dropped, e.g. annotation id {aid}: {problem}. Fix "
+                            "the segmentations, or set --data.masks false for a box-only detector.")
         if images:
-            keep, use = ("train", "training") if split == "train" else ("eval", split)
             raise DataError(f"no {use} images with boxes in {ann} ({ann_key}). Check the json, or set "
                             f"--data.keep_empty_{keep} true.")
         use = {"train": "train on", "val": "validate and test on", "predict": "predict on"}[split]

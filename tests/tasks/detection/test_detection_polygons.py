@@ -130,3 +130,34 @@ def test_a_zero_area_polygon_in_the_validation_json_is_scored_as_it_is(coco_canv
     _add(annotations, 1, {9004: UNUSABLE[9004], 9005: UNUSABLE[9005]})
     ds = CocoDetection(annotations, root / "val2017", evaluation=True)
     assert ds.dropped_unusable_masks == 2 and 9004 in ds.coco.anns
+
+
+def test_segmentations_written_as_one_flat_polygon_are_named_as_such(coco_canvases_copy):
+    """An exporter that writes each segmentation as one polygon's coordinates ([x1, y1, ...], not
+    [[x1, y1, ...]]): the problem is named as it is (it was 'an empty polygon'), and a training json
+    left without boxes by it says so, not to set keep_empty_train (training on no object)."""
+    from rescale_tasks.detection.data import CocoDataModule
+
+    root = coco_canvases_copy.root
+    for split in ("train", "val"):
+        annotations = root / "annotations" / f"instances_{split}2017.json"
+        data = json.loads(annotations.read_text())
+        for ann in data["annotations"]:
+            x, y, w, h = ann["bbox"]
+            ann["segmentation"] = [x, y, x + w, y, x + w, y + h, x, y + h]
+        annotations.write_text(json.dumps(data))
+    first = min(a["id"] for a in json.loads((root / "annotations" / "instances_val2017.json").read_text())["annotations"])
+    with pytest.raises(DataError) as err:
+        CocoDetection(root / "annotations" / "instances_val2017.json", root / "val2017", evaluation=True)
+    assert (f"annotation id {first} of image id" in str(err.value) and "has a flat list of coordinates instead of a "
+            "list of polygons ([[x1, y1, x2, y2, ...]]), which cannot form a mask" in str(err.value))
+    data = CocoDataModule(root=str(root), num_workers=0, pin_memory=False, persistent_workers=False)
+    with pytest.raises(DataError) as err:
+        data.setup("fit")
+    message = str(err.value)
+    assert "\n" not in message and "keep_empty_train" not in message
+    assert message.startswith(f"no training images with boxes in {root / 'annotations' / 'instances_train2017.json'} "
+                              "(data.root): the ")
+    assert ("annotation(s) whose segmentation cannot form a mask were dropped, e.g. annotation id" in message
+            and message.endswith(": a flat list of coordinates instead of a list of polygons ([[x1, y1, x2, y2, ...]]). "
+                                 "Fix the segmentations, or set --data.masks false for a box-only detector."))
