@@ -331,6 +331,7 @@ class CocoDetection(Dataset):
         rows: dict[int, list] = {i: [] for i in sizes}
         self.dropped_degenerate = self.dropped_unusable_masks = self.partly_unusable_masks = 0
         self.first_unusable_mask: tuple[Any, str] | None = None  # (annotation id, problem), for the messages
+        self.first_degenerate: tuple[Any, list] | None = None  # (annotation id, bbox), for the messages
         unscorable: list[tuple[Any, Any, str]] = []  # (annotation id, image id, problem), evaluation sets
         for ann in annotations:
             if not isinstance(ann, dict) or any(k not in ann for k in _ANN_KEYS):
@@ -376,6 +377,7 @@ class CocoDetection(Dataset):
                    min(max(x + w, 0.0), width), min(max(y + h, 0.0), height))
             if box[2] - box[0] < 1 or box[3] - box[1] < 1:  # SanitizeBoundingBoxes(min_size=1)'s rule
                 self.dropped_degenerate += 1
+                self.first_degenerate = self.first_degenerate or (aid, bbox)
                 continue
             if problem is not None and self.first_unusable_mask is None:
                 self.first_unusable_mask = (aid, problem)

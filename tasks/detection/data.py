@@ -323,11 +323,18 @@ class CocoDataModule(TaskDataModule):
         keeping the images without them would train on no object."""
         keep, use = ("train", "training") if split == "train" else ("eval", split)
         masks = dataset.dropped_unusable_masks if dataset is not None else 0
-        if images and masks:
+        degenerate = dataset.dropped_degenerate if dataset is not None else 0
+        if images and masks and masks >= degenerate:  # the larger cause of the two
             aid, problem = dataset.first_unusable_mask
             raise DataError(f"no {use} images with boxes in {ann} ({ann_key}): the {masks} annotation(s) whose "
                             f"segmentation cannot form a mask were dropped, e.g. annotation id {aid}: {problem}. Fix "
                             "the segmentations, or set --data.masks false for a box-only detector.")
+        if images and degenerate:
+            aid, bbox = dataset.first_degenerate
+            raise DataError(f"no {use} images with boxes in {ann} ({ann_key}): its {degenerate} box(es) were dropped as "
+                            f"under 1 px wide or high once clipped to their image, e.g. annotation id {aid}: bbox "
+                            f"{str(bbox)[:60]}. COCO boxes are [x, y, width, height] in pixels of the image's width x "
+                            "height: convert boxes given as fractions of the image to pixels.")
         if images:
             raise DataError(f"no {use} images with boxes in {ann} ({ann_key}). Check the json, or set "
                             f"--data.keep_empty_{keep} true.")

@@ -354,6 +354,25 @@ def test_a_split_left_without_images_is_refused_in_one_line(tmp_path, coco_canva
             "--data.keep_empty_eval true", val_json=boxless, keep_empty_eval=False)
     refused("fit", f"no training images with boxes in {boxless} (data.train_annotations)",
             "--data.keep_empty_train true", train_json=boxless)
+    # boxes written as fractions of the image (a YOLO-style converter): every one under 1 px, dropped;
+    # the line says so, not to keep the images without boxes (a detector trained on no object)
+    data = json.loads(train.read_text())
+    sizes = {image["id"]: (image["width"], image["height"]) for image in data["images"]}
+    for ann in data["annotations"]:
+        width, height = sizes[ann["image_id"]]
+        x, y, w, h = ann["bbox"]
+        ann["bbox"] = [x / width, y / height, w / width, h / height]
+    fractions = _write_json(tmp_path / "fractions.json", data)
+    first = data["annotations"][0]
+    message = str(pytest.raises(DataError, CocoDataModule(
+        train_annotations=str(fractions), train_images=str(root / "train2017"), val_annotations=str(val),
+        val_images=str(root / "val2017"), num_workers=0, masks=False).setup, "fit").value)
+    assert "keep_empty_train" not in message and "\n" not in message
+    assert message == (f"no training images with boxes in {fractions} (data.train_annotations): its "
+                       f"{len(data['annotations'])} box(es) were dropped as under 1 px wide or high once clipped to "
+                       f"their image, e.g. annotation id {first['id']}: bbox {str(first['bbox'])[:60]}. COCO boxes are "
+                       "[x, y, width, height] in pixels of the image's width x height: convert boxes given as "
+                       "fractions of the image to pixels.")
 
 
 # ----------------------------------------------------------------------------- bad input
