@@ -94,6 +94,11 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int) -> ImageFolder:
         hint = (f" {_names(same)} {'is' if len(same) == 1 else 'are'} written with other Unicode characters in "
                 "each split (composed and decomposed accents: macOS writes decomposed names); rename the folders of "
                 "one split to the other's spelling." if same else "")
+        cased = {n.casefold(): n for n in extra}
+        cases = [f"{n} / {cased[n.casefold()]}" for n in missing if n.casefold() in cased]
+        if cases and not same:  # a copy through a case-insensitive disk, or a script that changed the case
+            hint = (f" {_names(cases)} differ only in case (train/ / val/): folder names are compared as "
+                    "written; rename the folders of one split to the other's spelling.")
         raise DataError(
             f"Class folders of {root / 'val'} differ from {root / 'train'} ({'; '.join(parts)}). "
             f"Both splits need the same class folder names.{hint}"

@@ -100,3 +100,15 @@ def test_class_folders_whose_images_lie_a_level_deeper_say_so(imagenet_folder):
             image.rename(train / name / image.name)
         (train / name / "images").rmdir()
     assert len(scan_image_folder(imagenet_folder, num_classes=3).train) == 12
+
+
+def test_class_names_differing_only_in_case_are_named_as_such(imagenet_folder):
+    """val/N003 against train/n003 (a copy through a case-insensitive disk, a script that changed the
+    case): the line says the names differ only in case."""
+    (imagenet_folder / "val/n003").rename(imagenet_folder / "val/N003")
+    with pytest.raises(DataError) as refused:
+        scan_image_folder(imagenet_folder, num_classes=3)
+    message = str(refused.value)
+    assert "\n" not in message and "missing from val/: n003; not in train/: N003" in message
+    assert message.endswith(" n003 / N003 differ only in case (train/ / val/): folder names are compared as written; "
+                            "rename the folders of one split to the other's spelling.")
