@@ -159,7 +159,8 @@ class ClassificationDataModule(TaskDataModule):
 
 
 class ImageFolderDataModule(ClassificationDataModule):
-    """ImageNet layout ``root/{train,val}/<class>/<image>``; test (and predict) split = val.
+    """ImageNet layout ``root/{train,val}/<class>/<image>``; test (and predict) split = val. validate,
+    test and predict read a folder holding val/ alone (the classes are its class folders).
 
     Unlike torchvision's ImageFolder: val/ must have the same class folders as train/, the
     class count must equal ``num_classes``, and with ``skip_corrupt`` undecodable files are
@@ -208,13 +209,18 @@ class ImageFolderDataModule(ClassificationDataModule):
                 "center_crop": self.image_size}
 
     def setup(self, stage: str | None = None) -> None:
-        if self.class_names is not None:
+        evaluation = stage in ("validate", "test", "predict")
+        if self.class_names is not None and (self.train_set is not None or evaluation):
             return
-        folder = scan_image_folder(self.root, self.num_classes)
-        self.train_set = ImageFileDataset(folder.train, self.train_transform(), self.skip_corrupt)
+        # an evaluation reads val/ alone where there is no train/ (the checkpoint names its classes)
+        folder = scan_image_folder(self.root, self.num_classes, eval_only=evaluation)
+        self.train_set = ImageFileDataset(folder.train, self.train_transform(), self.skip_corrupt) if folder.train \
+            else None
         self.val_set = self.test_set = ImageFileDataset(folder.val, self.eval_transform(), self.skip_corrupt)
         self.unread_files = folder.unread  # reported by common.run.data_report
         self.class_names = folder.class_names
+        if self.train_set is None:
+            self.labels_source = (f"the class folders of {Path(os.path.expanduser(self.root)) / 'val'}", "data.root")
 
     @property
     def skipped_corrupt(self) -> int:

@@ -45,13 +45,15 @@ class ImageFolder(NamedTuple):
     unread: list[str]  # what the class folders hold besides images: other extensions, hidden, folders
 
 
-def scan_image_folder(root: str | os.PathLike, num_classes: int) -> ImageFolder:
+def scan_image_folder(root: str | os.PathLike, num_classes: int, eval_only: bool = False) -> ImageFolder:
     """Index an ImageNet-style folder ``root/{train,val}/<class>/<image>``.
 
     Samples are ``(path, label)``. Unlike torchvision's ImageFolder, val/ must hold exactly the
     class folders of train/, the class count must equal ``num_classes``, and what the class folders
     hold besides images is listed (:attr:`ImageFolder.unread`) for the data report instead of
-    vanishing.
+    vanishing. ``eval_only`` (validate, test, predict): a folder holding val/ alone will do (a machine
+    that evaluates without the training images); its class folders are the classes, and ``train`` is
+    empty.
     """
     root = Path(os.path.expanduser(str(root)))
     if not root.is_dir():
@@ -61,7 +63,8 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int) -> ImageFolder:
         )
     splits: dict[str, dict[str, list[str]]] = {}
     unread: list[str] = []
-    for split in ("train", "val"):
+    val_only = eval_only and not (root / "train").is_dir() and (root / "val").is_dir()
+    for split in ("val",) if val_only else ("train", "val"):
         split_dir = root / split
         if not split_dir.is_dir():
             raise DataError(
@@ -83,7 +86,8 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int) -> ImageFolder:
             )
         splits[split] = classes
 
-    train_names, val_names = list(splits["train"]), list(splits["val"])
+    val_names = list(splits["val"])
+    train_names = val_names if val_only else list(splits["train"])
     if train_names != val_names:
         missing = [n for n in train_names if n not in splits["val"]]
         extra = [n for n in val_names if n not in splits["train"]]
@@ -106,10 +110,10 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int) -> ImageFolder:
     if len(train_names) != num_classes:
         n = len(train_names)
         raise DataError(
-            f"{root / 'train'} has {n} class folders but data.num_classes is {num_classes}. "
+            f"{root / ('val' if val_only else 'train')} has {n} class folders but data.num_classes is {num_classes}. "
             f"Set --data.num_classes {n} (or --model.num_classes {n} where it is not linked)."
         )
-    train = [(f, label) for label, name in enumerate(train_names) for f in splits["train"][name]]
+    train = [] if val_only else [(f, label) for label, name in enumerate(train_names) for f in splits["train"][name]]
     val = [(f, label) for label, name in enumerate(val_names) for f in splits["val"][name]]
     return ImageFolder(train_names, train, val, sorted(unread))
 

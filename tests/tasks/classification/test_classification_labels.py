@@ -92,3 +92,22 @@ def test_a_checkpoint_without_class_names_still_loads(trained, tmp_path, capsys)
     assert _validate(config, str(tmp_path / "old.ckpt")) == pytest.approx(_validate(config, ckpt))
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("labels: ")]
     assert len(notes) == 1 and "records no label names" in notes[0]
+
+
+def test_a_machine_holding_val_alone_validates_tests_and_predicts(trained, tmp_path, error_line):
+    """An evaluation machine holding ImageNet's val/ without its 140 GB train/: validate scores the
+    same as beside train/ (the checkpoint names the classes, matched to val/'s class folders by
+    name), test and predict run; fit still needs train/, and says so in one line."""
+    root, config, ckpt = trained
+    alone = Path(shutil.copytree(root / "val", tmp_path / "val_alone" / "val")).parent
+    beside = _validate(config, ckpt)
+    cli = run_lightning(["--config", config, "--data.root", str(alone)], run=False)
+    assert cli.trainer.validate(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt, verbose=False)[0] == \
+        pytest.approx(beside)
+    for command in ("test", "predict"):
+        assert main([command, "--config", config, "--ckpt_path", ckpt, "--data.root", str(alone),
+                     "--output_dir", str(tmp_path / command)]) == 0
+    rows = (tmp_path / "predict" / "predictions.test.csv").read_text(encoding="utf-8").splitlines()
+    assert len(rows) == 1 + len(list((alone / "val").rglob("*.JPEG"))) > 1
+    assert main(["fit", "--config", config, "--data.root", str(alone), "--trainer.default_root_dir", str(tmp_path)]) == 2
+    assert error_line().startswith(f"ImageNet folder {alone} (data.root) has no train/ sub-folder")
