@@ -225,10 +225,11 @@ class CocoDataModule(TaskDataModule):
     def _resolve(root, train_annotations, train_images, val_annotations, val_images, predict_annotations,
                  predict_images) -> dict[str, tuple[tuple[Path, str], tuple[Path, str]] | None]:
         """Per split ``((json, its data.* key), (image folder, its key))`` or None (not given)."""
-        if root is None and not (train_annotations or val_annotations):
+        if root is None and not (train_annotations or val_annotations or predict_annotations):
             raise ConfigError("no COCO data given: set --data.root (a folder with annotations/"
                               "instances_{train,val}2017.json) or --data.train_annotations/--data.train_images "
-                              "and --data.val_annotations/--data.val_images.")
+                              "and --data.val_annotations/--data.val_images (to predict only: --data.predict_annotations/"
+                              "--data.predict_images).")
         if root is not None:
             root_path = Path(os.path.expanduser(root))
             if not root_path.is_dir():
@@ -276,13 +277,14 @@ class CocoDataModule(TaskDataModule):
         return given
 
     def _read_categories(self) -> None:
-        """Labels from the validation json's categories (the small one), else the train json's."""
-        given = [s for s in ("val", "train") if self.paths[s] is not None]
+        """Labels from the validation json's categories (the small one), else the train json's, else (a
+        machine that only predicts, on COCO test-dev's image info) the predict json's."""
+        given = [s for s in ("val", "train", "predict") if self.paths[s] is not None]
         split = next((s for s in given if self.paths[s][0][0].is_file()), given[0])
         (ann, ann_key), _ = self._split_paths(split)
         self._categories_source, self._categories_key = (split, ann), ann_key
-        self.category_to_label, self.class_names = category_labels(load_coco_json(ann, ann_key)["categories"],
-                                                                   f"{ann} ({ann_key})")
+        categories = load_coco_json(ann, ann_key, image_info=split == "predict")["categories"]
+        self.category_to_label, self.class_names = category_labels(categories, f"{ann} ({ann_key})")
         self.label_to_category = {label: cid for cid, label in self.category_to_label.items()}
         self.num_classes = len(self.class_names)
 

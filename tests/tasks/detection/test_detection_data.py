@@ -298,6 +298,28 @@ def test_data_module_knows_the_classes_at_init_and_shares_val_for_test_and_predi
     assert len(explicit.dataset("val")) == len(truth["train"])  # explicit paths override root's
 
 
+
+def test_a_machine_holding_only_the_images_to_predict_on_predicts(coco_canvases, tmp_path):
+    """COCO test-dev's image info (no annotations) and its images, without the train or val json (an
+    inference machine, or a config whose data.root holds no annotations there): the categories are
+    the predict json's, and predict runs on it; it had refused to start for want of a val json."""
+    root, truth = coco_canvases
+    info = json.loads((root / "annotations" / "instances_val2017.json").read_text())
+    del info["annotations"]
+    test_dev = _write_json(tmp_path / "image_info_test-dev.json", info)
+    expected = CocoDataModule(root=str(root))
+    for kwargs in ({}, {"root": str(tmp_path / "elsewhere")}):
+        (tmp_path / "elsewhere").mkdir(exist_ok=True)
+        dm = CocoDataModule(predict_annotations=str(test_dev), predict_images=str(root / "val2017"), num_workers=0,
+                            **kwargs)
+        assert (dm.class_names, dm.label_to_category) == (expected.class_names, expected.label_to_category)
+        assert dm.labels().names == expected.labels().names and dm.labels().ids == expected.labels().ids
+        dm.setup("predict")
+        assert len(dm.dataset("predict")) == len(truth["val"])
+        images, targets = next(iter(dm.predict_dataloader()))
+        assert len(images) == 1 and len(targets[0]["boxes"]) == 0
+
+
 def test_data_module_errors_name_the_path_and_the_key(tmp_path, coco_canvases):
     root, _ = coco_canvases
     with pytest.raises(ConfigError) as excinfo:
