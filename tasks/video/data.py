@@ -142,9 +142,10 @@ class KineticsDataModule(TaskDataModule):
 
     # --- data ----------------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
+        evaluation = stage in ("validate", "test", "predict")  # class folders may hold val/ alone
+        if self.val_set is not None and (self.train_set is not None or evaluation):
             return
-        splits = read_layout(self.layout, **self.layout_args)
+        splits = read_layout(self.layout, eval_only=evaluation, **self.layout_args)
         if splits.class_names != self.class_names:  # the data changed since __init__
             self._check_classes(self.class_names, splits.class_names, "the class list read at start-up")
         common = dict(frames=self.frames, stride=self.stride, backend=self.backend,
@@ -153,7 +154,7 @@ class KineticsDataModule(TaskDataModule):
         train = label_samples(splits.train, self.class_names)
         val = label_samples(splits.val, self.class_names)
         self.train_set = VideoClipDataset(train, "train", transform=train_transform(self.train_short_side, self.crop),
-                                          **common)
+                                          **common) if train else None
         self.val_set = VideoClipDataset(val, "val", num_clips=self.val_clips, num_crops=self.val_crops,
                                         transform=eval_transform(self.test_short_side, self.crop, self.val_crops),
                                         **common)

@@ -127,18 +127,28 @@ def _class_folders(split_dir: Path) -> list[str]:
     return names
 
 
+def _val_only(root: Path) -> bool:
+    """Whether ``root`` holds val/ and no train/: a machine that only evaluates."""
+    return root.is_dir() and not (root / "train").is_dir() and (root / "val").is_dir()
+
+
 def folder_classes(root: str | os.PathLike | None) -> list[str]:
-    """The class names of ``root/train`` (folder names only; cheap)."""
-    return _class_folders(_folder_split(_path(root, "root", "the Kinetics folder"), "train"))
+    """The class names of ``root/train`` (folder names only; cheap); of ``root/val`` where there is no
+    train/ (a machine that only evaluates: the checkpoint's classes are matched to them by name)."""
+    root = _path(root, "root", "the Kinetics folder")
+    return _class_folders(root / "val" if _val_only(root) else _folder_split(root, "train"))
 
 
-def read_folders(root: str | os.PathLike | None) -> VideoSplits:
+def read_folders(root: str | os.PathLike | None, eval_only: bool = False) -> VideoSplits:
     """``root/{train,val}/<class>/<video>``; every training class folder must hold a video. What the
-    folders hold besides videos is listed in :attr:`VideoSplits.unread`."""
+    folders hold besides videos is listed in :attr:`VideoSplits.unread`. ``eval_only`` (validate,
+    test, predict): a folder holding val/ alone will do; its class folders are the classes, and
+    ``train`` is empty."""
     root = _path(root, "root", "the Kinetics folder")
     found: dict[str, dict[str, list[str]]] = {}
     unread: list[str] = []
-    for split in SPLITS:
+    splits = ("val",) if eval_only and _val_only(root) else SPLITS
+    for split in splits:
         split_dir = _folder_split(root, split)
         _class_folders(split_dir)  # one line when there is none
         classes = scan_class_folders(split_dir, VIDEO_EXTENSIONS, unread)
@@ -150,10 +160,10 @@ def read_folders(root: str | os.PathLike | None) -> VideoSplits:
         if not any(classes.values()):
             raise DataError(f"No videos in {split_dir} (data.root): expected {split_dir}/<class>/<video>.mp4.")
         found[split] = classes
-    names = list(found["train"])
+    names = list(found.get("train", found["val"]))
     _check_subset(names, list(found["val"]), f"{root / 'val'}",
                   "Validation class folders must also exist in train/.")
-    samples = {split: [VideoSample(f, name) for name, files in found[split].items() for f in files]
+    samples = {split: [VideoSample(f, name) for name, files in found.get(split, {}).items() for f in files]
                for split in SPLITS}
     return VideoSplits(samples["train"], samples["val"], names, sorted(unread))
 
@@ -341,11 +351,12 @@ def class_names_of(layout: str, *, root=None, train_csv=None, train_list=None, *
 
 
 def read_layout(layout: str, *, root=None, train_csv=None, val_csv=None, video_dir=None, train_list=None,
-                val_list=None, list_prefix=None) -> VideoSplits:
-    """The full scan of one layout (see the module docstring)."""
+                val_list=None, list_prefix=None, eval_only: bool = False) -> VideoSplits:
+    """The full scan of one layout (see the module docstring); ``eval_only``: class folders holding
+    val/ alone will do (:func:`read_folders`)."""
     layout = _layout(layout)
     if layout == "folders":
-        return read_folders(root)
+        return read_folders(root, eval_only)
     if layout == "cvdf":
         return read_cvdf(train_csv, val_csv, video_dir)
     return read_lists(train_list, val_list, list_prefix)

@@ -297,3 +297,27 @@ def test_what_the_class_folders_hold_besides_videos_is_named_not_dropped_in_sile
     assert lines == [f"data: 3 file(s) under {root} were found but not read (.flv 1, .txt 1, folder 1), "
                      f"e.g. {root / 'train' / 'README.txt'}; only .mp4/.avi/.mkv/.webm/.mov/.m4v/.mpg/.mpeg files "
                      "are read: convert them or move them out of the data folder"]
+
+
+def test_class_folders_holding_val_alone_serve_validate_test_and_predict(kinetics_clips, tmp_path):
+    """An evaluation machine holding Kinetics' val/ without its train/ (hundreds of GB): the classes are
+    val/'s class folders (a checkpoint's are matched to them by name) and the evaluation loaders serve
+    every view; fit still needs train/ and says so in one line."""
+    from rescale_tasks.common.errors import DataError
+
+    k = kinetics_clips
+    alone = tmp_path / "val_alone"
+    shutil.copytree(k.root / "val", alone / "val")
+    beside = _dm(k)
+    beside.setup("test")
+    dm = _dm(k, root=str(alone))
+    assert dm.class_names == k.classes and dm.labels().names == beside.labels().names
+    dm.setup("test")
+    assert dm.train_set is None and [label for _, label in dm.test_set.samples] == \
+        [label for _, label in beside.test_set.samples]
+    clips, labels, videos, views = next(iter(dm.test_dataloader()))
+    expected = next(iter(beside.test_dataloader()))
+    assert torch.equal(clips, expected[0]) and torch.equal(labels, expected[1])
+    assert len(list(dm.predict_dataloader())) == len(list(beside.predict_dataloader()))
+    with pytest.raises(DataError, match=r"has no train/ sub-folder"):
+        _dm(k, root=str(alone)).setup("fit")
