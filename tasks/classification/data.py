@@ -11,6 +11,7 @@ are read in :meth:`setup`; bad input raises one-line
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,8 @@ from .datasets import (
     IMAGE_EXTENSIONS, ImageFileDataset, TensorImageDataset, collate_drop_none, find_file,
     read_cifar_batch, read_idx_split, scan_image_folder,
 )
+
+log = logging.getLogger(__name__)
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CIFAR_STATS = {
@@ -310,9 +313,10 @@ class CIFARDataModule(ClassificationDataModule):
 class MNISTDataModule(ClassificationDataModule):
     """MNIST / Fashion-MNIST from the four IDX files (each optionally ``.gz``), read directly.
 
-    Looks in ``root``, ``root/raw`` and ``root/MNIST/raw`` (``root/FashionMNIST/raw`` for
-    ``fashion_mnist``), i.e. also inside a torchvision download folder; no checksums.
-    Validation = test set (t10k); no augmentation.
+    Looks in ``root/MNIST/raw`` (``root/FashionMNIST/raw`` for ``fashion_mnist``), ``root`` and
+    ``root/raw``, i.e. also inside a torchvision download folder; no checksums. Both sets use the
+    same file names: training images whose pixel mean is the other set's (MNIST 0.131,
+    Fashion-MNIST 0.286) are named in a warning line. Validation = test set (t10k); no augmentation.
     """
 
     FILES = {
@@ -335,27 +339,41 @@ class MNISTDataModule(ClassificationDataModule):
     def search_dirs(self) -> list[Path]:
         root = Path(os.path.expanduser(self.root))
         sub = "MNIST" if self.variant == "mnist" else "FashionMNIST"
-        return [root, root / "raw", root / sub / "raw"]
+        return [root / sub / "raw", root, root / "raw"]
 
     def eval_stats(self) -> tuple:
         return MNIST_STATS[self.variant]
 
+    def _check_variant(self, images: torch.Tensor, path: Path) -> None:
+        """A warning line where ``images`` (uint8) look like the other set's: MNIST and Fashion-MNIST
+        share their file names, and each set's train pixel mean is far from the other's."""
+        if not len(images):
+            return
+        mean = images.float().mean().item() / 255
+        other = "fashion_mnist" if self.variant == "mnist" else "mnist"
+        (own_mean,), (other_mean,) = MNIST_STATS[self.variant][0], MNIST_STATS[other][0]
+        if abs(mean - other_mean) < 0.02 and abs(mean - own_mean) > 0.1:
+            log.warning("%s: pixel mean %.3f, %s's (%.3f), not %s's (%.3f): the two sets share their file names; "
+                        "set --data.variant %s, or point --data.root at %s's files",
+                        path, mean, other, other_mean, self.variant, own_mean, other, self.variant)
+
     def setup(self, stage: str | None = None) -> None:
         if self.test_set is not None:
             return
-        dirs = self.search_dirs()
-        if not dirs[0].is_dir():
+        dirs, root = self.search_dirs(), Path(os.path.expanduser(self.root))
+        if not root.is_dir():
             raise DataError(
-                f"MNIST folder not found: {dirs[0]} (data.root). Point --data.root at the folder "
+                f"MNIST folder not found: {root} (data.root). Point --data.root at the folder "
                 "holding the IDX files (train-images-idx3-ubyte[.gz], ...)."
             )
         what = "Fashion-MNIST" if self.variant == "fashion_mnist" else "MNIST"
         transform = v2.Compose(_to_float(*MNIST_STATS[self.variant]))
         for split, (image_name, label_name) in self.FILES.items():
-            images, labels = read_idx_split(find_file(image_name, dirs, dirs[0], what),
-                                            find_file(label_name, dirs, dirs[0], what))
+            images_path = find_file(image_name, dirs, root, what)
+            images, labels = read_idx_split(images_path, find_file(label_name, dirs, root, what))
             dataset = TensorImageDataset(images, labels, transform)
             if split == "train":
+                self._check_variant(images, images_path)
                 self.train_set = dataset
             else:
                 self.val_set = self.test_set = dataset

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import logging
 import pickle
 import shutil
 from collections import Counter
@@ -251,6 +252,28 @@ def test_fashion_mnist_reads_root_and_not_mnist_folder(data_writers, tmp_path: P
     with pytest.raises(DataError) as e:
         MNISTDataModule(str(other), variant="fashion_mnist").setup()
     assert "train-images-idx3-ubyte" in one_line(e) and str(other / "FashionMNIST/raw") in str(e.value)
+
+
+def test_the_variants_own_folder_comes_first_and_the_other_sets_pixels_are_named(data_writers, tmp_path: Path,
+                                                                                caplog):
+    # loose files in root (another set's) beside torchvision's FashionMNIST/raw: the variant's folder wins
+    data_writers.mnist(tmp_path, n_train=30, subdir="")
+    fashion = data_writers.mnist(tmp_path, n_train=20, subdir="FashionMNIST/raw")
+    dm = MNISTDataModule(str(tmp_path), variant="fashion_mnist", num_workers=0)
+    dm.setup()
+    assert dm.train_set.labels.tolist() == fashion.train_labels.tolist()
+    # Fashion-MNIST's pixels (mean 0.286) read as MNIST: named in one warning line
+    clothes = tmp_path / "clothes"
+    data_writers.mnist(clothes, subdir="")
+    data_writers.idx(clothes / "train-images-idx3-ubyte", np.full((20, 28, 28), 73, np.uint8))
+    with caplog.at_level(logging.WARNING):
+        MNISTDataModule(str(clothes), num_workers=0).setup()
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "fashion_mnist's (0.286)" in warned[0] and "--data.variant fashion_mnist" in warned[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        MNISTDataModule(str(clothes), variant="fashion_mnist", num_workers=0).setup()
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
 
 
 def test_mnist_bad_files(mnist_root: Path, data_writers, tmp_path: Path):
