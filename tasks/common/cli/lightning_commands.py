@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import sys
+import warnings
 from typing import Optional
 
 import lightning.pytorch as L
@@ -58,8 +59,12 @@ class RescaleCLI(LightningCLI):
     trainer's, model's and data's arguments from their signatures): ``rescale fit`` builds fit's
     alone."""
 
-    def __init__(self, *args, subcommands: Optional[tuple[str, ...]] = None, **kwargs) -> None:
+    def __init__(self, *args, subcommands: Optional[tuple[str, ...]] = None, from_command_line: bool = False,
+                 **kwargs) -> None:
         self._built_subcommands = subcommands
+        # ``args`` are the command line less what ``rescale`` takes before the command (--quiet,
+        # --verbose): parsed instead of sys.argv, which still holds them, without Lightning's warning
+        self._from_command_line = from_command_line
         super().__init__(*args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:  # Lightning's is static; every call is ``self.subcommands()``
@@ -82,7 +87,9 @@ class RescaleCLI(LightningCLI):
         sub = next((parsers[a] for a in argv if isinstance(a, str) and a in parsers), parser) \
             if isinstance(argv, (list, tuple)) else parser
         try:
-            with config_errors(sub):  # the subcommand's parser knows the valid keys
+            with config_errors(sub), warnings.catch_warnings():  # the subcommand's parser knows the valid keys
+                if self._from_command_line:
+                    warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
                 super().parse_arguments(parser, args)
         except ConfigError as err:
             raise _naming_the_file(err, self._argv) from None
@@ -407,7 +414,8 @@ def trainer_defaults() -> dict:
 def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = False) -> RescaleCLI:
     """Run ``rescale fit|validate|test|predict`` with ``argv`` once its config files are checked and
     their ``_defaults.yaml`` applied. ``run=False``: parse and instantiate only (no subcommand), for
-    tests, notebooks and the studies; ``from_command_line``: LightningCLI reads ``sys.argv``."""
+    tests, notebooks and the studies; ``from_command_line``: ``argv`` is the command line (``sys.argv``
+    less the log flags ``rescale`` took before the command)."""
     refuse_duplicate_keys()  # in YAML values on the command line too
     follow_moved_modules()  # the class paths of configs written before the modules moved
     defaults = check_layers(flag_values(argv, CONFIG_FLAGS))
@@ -431,5 +439,5 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
     return RescaleCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
                       subclass_mode_data=True, save_config_callback=SaveConfigToRun,
                       seed_everything_default=0, trainer_defaults=trainer_defaults(),
-                      parser_kwargs=parser_kwargs, args=None if from_command_line else argv, run=run,
-                      subcommands=built if run else None)
+                      parser_kwargs=parser_kwargs, args=argv, run=run,
+                      subcommands=built if run else None, from_command_line=from_command_line)

@@ -26,6 +26,26 @@ def test_quiet_fit_prints_no_info_lines_but_the_error_line(tmp_path, monkeypatch
     assert "fit finished at step 2" in capsys.readouterr().out
 
 
+def test_log_flags_before_a_lightning_command_typed_in_a_shell(tmp_path, monkeypatch, run_config, capsys):
+    """``rescale --quiet fit ...`` as a shell runs it (``main()`` reads ``sys.argv``, which holds the
+    flag): the flag sets the level and is no option of ``fit``."""
+    monkeypatch.chdir(tmp_path)
+    config = run_config(tmp_path / "run.yaml", trainer={"max_epochs": 1, "limit_train_batches": 1,
+                                                        "limit_val_batches": 1, "enable_progress_bar": False})
+    monkeypatch.setattr(sys, "argv", ["rescale", "--verbose", "fit", "--config", config,
+                                      "--trainer.max_epochs", "many"])
+    assert main() == 2
+    captured = capsys.readouterr()
+    assert "defaults applied (outermost first): " in captured.out
+    assert "max_epochs" in captured.err and "--verbose" not in captured.err, captured.err
+    monkeypatch.setattr(sys, "argv", ["rescale", "--quiet", "fit", "--config", config])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="LightningCLI.s args parameter")  # nor its warning about sys.argv
+        assert main() == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == "" and "error" not in captured.err, (captured.out, captured.err)
+
+
 def test_verbose_shows_debug_messages(tmp_path, monkeypatch, run_config, capsys):
     monkeypatch.chdir(tmp_path)
     config = run_config(tmp_path / "run.yaml")
