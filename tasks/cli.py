@@ -21,7 +21,8 @@ import sys
 from typing import Callable, Optional
 
 from .common.errors import UserArgumentParser, UserError
-from .common.system import command_logging, describe_code, keep_freed_memory, log_level, output_closed, write_output
+from .common.system import (command_logging, describe_code, keep_freed_memory, library_levels, log_level, output_closed,
+                            write_output)
 
 __all__ = ["main", "SUITE_COMMANDS", "COMMAND_HELP", "LOG_FLAGS"]
 
@@ -156,6 +157,7 @@ def _main(argv: list[str], from_command_line: bool) -> int:
     # how a command ends: Lightning loads with it (~6 s), never for --help and --version
     from .common.cli import run_command
 
+    library_levels()  # Lightning's import set its loggers to INFO: --quiet silences them again
     if argv[0] in SUITE_COMMANDS:
         return run_command(lambda: SUITE_COMMANDS[argv[0]](argv[1:]))
     return run_command(lambda: _lightning(argv, from_command_line))

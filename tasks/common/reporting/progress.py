@@ -28,7 +28,7 @@ import time
 from typing import Any, Optional, TextIO
 
 import lightning.pytorch as L
-from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 
 from ..data import items_in, metric_key, unit_of
@@ -150,11 +150,15 @@ class LineProgress(ProgressBar):
 def use_line_progress(trainer: L.Trainer, every_n_steps: Optional[int] = None) -> L.Trainer:
     """Where the output is not a terminal (:func:`interactive`), put :class:`LineProgress` in
     place of Lightning's default bar (TQDM's, or Rich's where ``rich`` is installed); a run without a bar, or with a bar of the user's own kind,
-    keeps what it has."""
+    keeps what it has. Where Lightning's INFO lines are silenced (``rescale --quiet``), its Rich model
+    summary goes too: it prints its table straight to stdout, not through Lightning's logger as the
+    plain summary does."""
     bar = trainer.progress_bar_callback
+    callbacks = trainer.callbacks
     if type(bar) in (TQDMProgressBar, RichProgressBar) and not interactive():  # Lightning's default: Rich if installed
-        callbacks = trainer.callbacks
         callbacks[callbacks.index(bar)] = LineProgress(every_n_steps)
+    if not logging.getLogger("lightning.pytorch").isEnabledFor(logging.INFO):
+        callbacks[:] = [c for c in callbacks if not isinstance(c, RichModelSummary)]
     return trainer
 
 

@@ -20,8 +20,8 @@ from .provenance import CODE_KEY, CodeVersion, code_version, describe_code
 from .lock import LOCK_FILE, FolderBusy, folder_lock, lock_holder
 from .writable import require_writable
 from .stop_signals import POLITE_SIGNALS, STOP_SIGNALS, drop_gone_terminal, ignore_in_worker, signal_label
-from .logs import (LEVEL_ENV, StdStreams, command_logging, log_level, output_closed, quiet_dependency_warnings,
-                   rank_zero_log, write_output)
+from .logs import (LEVEL_ENV, StdStreams, command_logging, library_levels, log_level, output_closed,
+                   quiet_dependency_warnings, rank_zero_log, write_output)
 
 __all__ = ["ENV", "host_allocator", "keep_freed_memory", "loader_workers", "usable_cores", "atomic_open",
            "atomic_path", "write_atomically", "CODE_KEY", "CodeVersion", "code_version", "describe_code",
@@ -29,8 +29,8 @@ __all__ = ["ENV", "host_allocator", "keep_freed_memory", "loader_workers", "usab
            "STOP_SIGNALS", "drop_gone_terminal", "ignore_in_worker", "signal_label",
            "broadcast_from_rank_zero", "every_rank_has_samples", "gather_by_key", "gather_objects",
            "max_over_ranks", "rank", "reduce_tensor_to_rank_zero", "sum_over_ranks", "sum_tensor_over_ranks",
-           "world_size", "zero_loss", "LEVEL_ENV", "StdStreams", "command_logging", "log_level", "rank_zero_log",
-           "write_output", "output_closed", "quiet_dependency_warnings", "resolve_device"]
+           "world_size", "zero_loss", "LEVEL_ENV", "StdStreams", "command_logging", "library_levels", "log_level",
+           "rank_zero_log", "write_output", "output_closed", "quiet_dependency_warnings", "resolve_device"]
 
 # torch's: imported with the first of these names a caller asks for (``rescale --version`` and
 # ``rescale --help`` use this package and load no torch)

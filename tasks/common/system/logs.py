@@ -20,13 +20,14 @@ from typing import Iterator, Optional
 
 from ..errors import ConfigError
 
-__all__ = ["ROOT", "LEVEL_ENV", "LIBRARY_LOGGERS", "StdStreams", "command_logging", "log_level",
+__all__ = ["ROOT", "LEVEL_ENV", "LIBRARY_LOGGERS", "StdStreams", "command_logging", "log_level", "library_levels",
            "rank_zero_log", "write_output", "output_closed", "quiet_dependency_warnings"]
 
 ROOT = "rescale_tasks"
 LEVEL_ENV = "RESCALE_LOG_LEVEL"
 # Lightning's own loggers (their INFO lines: accelerator, model summary ...), quieted by --quiet
 LIBRARY_LOGGERS = ("lightning.pytorch", "lightning.fabric")
+_library_level: Optional[int] = None  # what command_logging sets them to (None: left as they are)
 
 
 def quiet_dependency_warnings() -> None:
@@ -95,18 +96,28 @@ def command_logging(level: Optional[int] = None) -> Iterator[None]:
     handler = None if suite.handlers else StdStreams()
     if handler is not None:
         suite.addHandler(handler)
+    global _library_level
     libraries = {name: logging.getLogger(name).level for name in LIBRARY_LOGGERS}
-    if level is not None and level > logging.INFO:
-        for name in LIBRARY_LOGGERS:
-            logging.getLogger(name).setLevel(level)
+    library_level_before = _library_level
+    _library_level = level if level is not None and level > logging.INFO else None
+    library_levels()
     try:
         yield
     finally:
         if handler is not None:
             suite.removeHandler(handler)
         suite.setLevel(before)
+        _library_level = library_level_before
         for name, old in libraries.items():
             logging.getLogger(name).setLevel(old)
+
+
+def library_levels() -> None:
+    """Lightning's loggers at the level :func:`command_logging` gives them (above INFO: ``--quiet``),
+    set again once the command has imported Lightning: its import sets them to INFO."""
+    if _library_level is not None:
+        for name in LIBRARY_LOGGERS:
+            logging.getLogger(name).setLevel(_library_level)
 
 
 def rank_zero_log(logger: logging.Logger, level: int, message: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
 import sys
 import warnings
 
@@ -44,6 +45,17 @@ def test_log_flags_before_a_lightning_command_typed_in_a_shell(tmp_path, monkeyp
         assert main() == 0
     captured = capsys.readouterr()
     assert captured.out.strip() == "" and "error" not in captured.err, (captured.out, captured.err)
+
+
+def test_quiet_fit_in_a_fresh_interpreter_prints_nothing_of_lightning(tmp_path, run_config):
+    """In a fresh interpreter the command imports Lightning after ``--quiet`` set its loggers, and that
+    import sets them to INFO: they are set again. Nor is there the Rich model summary, which prints
+    straight to stdout."""
+    config = run_config(tmp_path / "run.yaml", trainer={"enable_model_summary": True, "log_every_n_steps": 1})
+    done = subprocess.run([sys.executable, "-m", "rescale_tasks", "--quiet", "fit", "--config", config], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "" and done.stderr.strip() == "", (done.stdout, done.stderr)
 
 
 def test_verbose_shows_debug_messages(tmp_path, monkeypatch, run_config, capsys):
