@@ -32,7 +32,7 @@ from ..reporting import label_runs, use_line_progress
 from ..run import (ResultsFolder, RunSummary, SaveConfigToRun, SkippedDataReport, check_run_outputs,
                    claim_run_folder, evaluation_checkpoint, evaluation_report, fit_report, keep_csv_history,
                    refuse_starting_over, resume_point)
-from ..system import require_writable, write_output
+from ..system import rank_zero_log, require_writable, write_output
 from ..training import (DivergenceMonitor, LearnedScalarsLogger, check_network, check_optimization, class_of,
                         resolved_architecture)
 from .config_files import SafeLoader, refuse_duplicate_keys
@@ -421,7 +421,8 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
     defaults = check_layers(flag_values(argv, CONFIG_FLAGS))
     refuse_lost_overrides(argv)  # an option before a --config that sets it again
     quiet_libraries()  # before the Trainer is built: it prints an advert
-    log.debug("defaults applied (outermost first): %s", ", ".join(defaults) or "none")
+    # once per run: under DDP the other ranks run this command again (Lightning's launcher)
+    rank_zero_log(log, logging.DEBUG, "defaults applied (outermost first): " + (", ".join(defaults) or "none"))
     if any(a == "--print_config" or a.startswith("--print_config=") for a in argv):
         # a comment beside the printed config, on stderr: the YAML on stdout stays a config that can be
         # saved and reused

@@ -67,6 +67,18 @@ def test_verbose_shows_debug_messages(tmp_path, monkeypatch, run_config, capsys)
     assert "defaults applied" not in capsys.readouterr().out
 
 
+def test_verbose_lines_of_the_command_come_from_the_first_process_only(tmp_path, monkeypatch, run_config, capsys):
+    """Under DDP Lightning's launcher runs the command again for each other rank (``LOCAL_RANK`` set,
+    which Lightning's ``rank_zero_only.rank`` is read from): the command's debug lines, once a run."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    monkeypatch.chdir(tmp_path)
+    config = run_config(tmp_path / "run.yaml")
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    assert main(["--verbose", "fit", "--config", config, "--trainer.max_epochs", "many"]) == 2
+    assert "defaults applied" not in capsys.readouterr().out
+
+
 def test_a_bad_log_level_is_one_error_line(monkeypatch, error_line):
     monkeypatch.setenv("RESCALE_LOG_LEVEL", "LOUD")
     assert main(["schemes"]) == 2
