@@ -283,10 +283,22 @@ def config_errors(parser=None) -> Iterator[None]:
             raise found from None
         raise ConfigError(describe_argument_error(err, parser)) from None
     except Exception as err:  # noqa: BLE001 - only re-raised changed when it wraps a UserError
-        found = user_error_in(err)
+        found = user_error_in(err) or _missing_package(err)
         if found is None:
             raise
         raise found from None
+
+
+def _missing_package(exc: BaseException) -> Optional[ConfigError]:
+    """A class the config names whose constructor needs a package that is not installed
+    (``--trainer.logger TensorBoardLogger`` without ``tensorboard``): one line naming the class and
+    what its library says to install."""
+    chain = _chain(exc)
+    for outer, cause in zip(chain, chain[1:]):
+        match = _CLASS_PATH.match(str(outer).strip())
+        if match and isinstance(cause, ModuleNotFoundError):
+            return ConfigError(f"cannot build {match.group(1)}: {_first_line(cause)} (or choose another class)")
+    return None
 
 
 _LIGHTNING_PACKAGES = ("lightning", "lightning_fabric", "pytorch_lightning", "lightning_utilities")

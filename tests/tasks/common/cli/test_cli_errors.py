@@ -355,3 +355,16 @@ def test_scheme_options_as_the_command_line_and_yaml_give_them_are_accepted(tmp_
                      "--model.init_args.scheme_options.c", "2", "--model.init_args.scheme_options.gain_init", "0.5"])
     scheme = cli.model.net.scheme
     assert (scheme.mean_shift, scheme.c, scheme.shortcut_gain, scheme.gain_init) == (False, 2.0, 2.0, 0.5)
+
+
+def test_a_logger_whose_package_is_not_installed_is_one_line(digits_config, error_line):
+    """Lightning's TensorBoardLogger without ``tensorboard`` (not a dependency of the suite): the class
+    and what its library says to install, not jsonargparse's report and a traceback."""
+    import importlib.util
+
+    assert importlib.util.find_spec("tensorboard") is None and importlib.util.find_spec("tensorboardX") is None, \
+        "tensorboard is installed: this test needs an environment without it"
+    assert main(["fit", "--config", digits_config(), "--trainer.logger", "TensorBoardLogger",
+                 "--trainer.logger.init_args.save_dir", "tb"]) == 2
+    line = error_line()
+    assert line.startswith("cannot build lightning.pytorch.loggers.TensorBoardLogger: ") and "pip install" in line, line
