@@ -2,7 +2,8 @@
 
 Any DataModule exposing a ``skipped_corrupt`` count (files it dropped because they could not be
 decoded, with ``skip_corrupt`` on) gets the count logged as ``data/skipped_corrupt`` (summed over
-ranks) after every epoch, validation, test and prediction, and one warning line at the end of the run.
+ranks) after every epoch, validation, test and prediction (once a step, at the step the loggers
+record that epoch's or validation's own values), and one warning line at the end of the run.
 
 A DataModule that also tells problems apart by kind -- ``data_problems() -> {kind: count}`` and
 ``problem_files() -> [(path, kind)]``, as the video data does (unreadable, no video stream,
@@ -88,6 +89,7 @@ class SkippedDataReport(L.Callback):
         self.problems: dict[str, int] = {}
         self.files: list[tuple[str, str]] = []
         self.unread: list[str] | None = None  # None until reported
+        self._logged_step: int | None = None  # the step a fit last logged the counts at
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # the data module has scanned its folders by now (Lightning sets it up before the callbacks)
@@ -128,8 +130,12 @@ class SkippedDataReport(L.Callback):
         return self.problems
 
     def _log(self, trainer: L.Trainer) -> None:
-        if trainer.sanity_checking:
+        # on the loggers' step axis: Lightning logs optimizer step k's values (a validation's, an
+        # epoch's) at k - 1; once a step (a fit's last validation and its epoch's end come at one)
+        step = max(trainer.global_step - 1, 0)
+        if trainer.sanity_checking or step == self._logged_step:
             return
+        self._logged_step = step if trainer.state.fn == "fit" else None
         metrics = {}
         count = self._count(trainer)
         if count is not None:
@@ -140,7 +146,7 @@ class SkippedDataReport(L.Callback):
             metrics[f"data/{kind.replace(' ', '_')}"] = float(n)
         if metrics:
             for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step)
+                logger.log_metrics(metrics, step=step)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._log(trainer)

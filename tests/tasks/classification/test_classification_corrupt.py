@@ -45,3 +45,17 @@ def test_corrupt_images_are_skipped_counted_and_reported(corrupt):
         assert _fit(corrupt, "--data.skip_corrupt", "true") == 0
     (run,) = [read_offline_run(r) for r in find_offline_runs("runs")]
     assert run.metric("data/skipped_corrupt")[-1] == 2  # the train and the val file
+
+
+def test_the_counts_are_logged_once_a_step_at_the_epoch_s_own_step(corrupt):
+    """The counts of a validation and of its epoch's end land at the step W&B records that epoch's
+    metrics at (Lightning: optimizer step k at k - 1), once, never past the run's last step."""
+    with pytest.warns(UserWarning, match=r"skipped 2 corrupt input file\(s\)"):
+        assert _fit(corrupt, "--data.skip_corrupt", "true", "--trainer.max_epochs", "2",
+                    "--model.init_args.network", "cifar_resnet",  # the smallest network will do
+                    "--model.init_args.network_options", "{depth: 8, base_width: 4}") == 0
+    (run,) = [read_offline_run(r) for r in find_offline_runs("runs")]
+    steps = lambda key: [row["trainer/global_step"] for row in run.history if key in row]  # noqa: E731
+    assert steps("data/skipped_corrupt") == steps("train/loss_epoch") == steps("val/loss") == [2, 5]
+    assert steps("data/unread_files") == [2, 5]
+    assert max(row["trainer/global_step"] for row in run.history) == 5
