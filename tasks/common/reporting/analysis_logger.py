@@ -88,7 +88,7 @@ class AnalysisPlotsLogger(L.Callback):
         self.seconds.append(time.perf_counter() - start)
         payload["analysis/seconds"] = self.seconds[-1]
         for logger in loggers:
-            logger.log_metrics(payload, step=step)
+            logger.log_metrics(payload, step=step - 1)  # Lightning logs optimizer step k's values at k - 1
 
 
 def _image(fig):

@@ -18,6 +18,7 @@ from rescale_tasks.common.cli.lightning_commands import LoggedLearningRate
 from rescale_tasks.common.errors import ConfigError
 from rescale_tasks.common.reporting import AnalysisPlotsLogger, SuiteWandbLogger
 from rescale_tasks.common.training import LearnedScalarsLogger
+from wandb_runs import find_offline_runs, read_offline_run
 
 
 def test_scalars_and_plots_once_per_due_optimizer_step(tmp_path, offline_in_tmp):
@@ -50,6 +51,10 @@ def test_scalars_and_plots_once_per_due_optimizer_step(tmp_path, offline_in_tmp)
     # the run summary's final values are the trained ones (callback_metrics)
     assert trainer.callback_metrics["scalars/layer1.0"].item() == pytest.approx(logged[1][1])
     assert len(plots.seconds) == 4  # once per optimizer step, none before the first
+    # at the step of each optimizer step's own loss in W&B, as the scalars: never past the run's last step
+    (run,) = [read_offline_run(r) for r in find_offline_runs(str(tmp_path / "runs"))]
+    plotted = [row["trainer/global_step"] for row in run.history if "analysis/seconds" in row]
+    assert plotted == [0, 1, 2, 3] == [row["trainer/global_step"] for row in run.history if "train/loss_step" in row]
     # the learning rate once per optimizer step (Lightning's monitor wrote it at every batch)
     lr_steps = [int(row["step"]) for row in rows if any(v and k.startswith("lr-") for k, v in row.items())]
     assert lr_steps == sorted(set(lr_steps)) and len(lr_steps) == 4, lr_steps
