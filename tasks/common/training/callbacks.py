@@ -140,7 +140,8 @@ class DivergenceMonitor(L.Callback):
                         f"high for this scheme/depth, or a scheme without normalisation at a depth it cannot train "
                         f"(see the scheme's init); lower --model.init_args.optimizer.init_args.lr or add warm-up.")
         for logger in trainer.loggers:
-            logger.log_metrics({"diverged": 1.0}, step=trainer.global_step)
+            # at the row of the last step trained (Lightning logs optimizer step k's values at k - 1)
+            logger.log_metrics({"diverged": 1.0}, step=max(trainer.global_step - 1, 0))
             experiment = getattr(logger, "experiment", None)
             summary = getattr(experiment, "summary", None)
             if summary is not None:  # after the log, which would overwrite it with 1.0

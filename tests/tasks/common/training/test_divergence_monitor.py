@@ -155,3 +155,7 @@ def test_cli_run_that_diverges(tmp_path, monkeypatch, capsys, run_config, suite_
     # every loss logged before the reported step is finite: it really is the first bad one
     losses = [(row["trainer/global_step"], row["train/loss_step"]) for row in run.history if "train/loss_step" in row]
     assert losses and all(math.isfinite(loss) for s, loss in losses if s < step)
+    # the flag at the row of the last step trained (checked every step on a CPU: the bad one, whose loss
+    # the stop leaves unlogged), never past it (rescale compare --wandb_project counts steps from the rows)
+    assert [row["trainer/global_step"] for row in run.history if "diverged" in row] == [step]
+    assert max(row["trainer/global_step"] for row in run.history) == step
