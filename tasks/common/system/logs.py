@@ -28,6 +28,17 @@ LEVEL_ENV = "RESCALE_LOG_LEVEL"
 # Lightning's own loggers (their INFO lines: accelerator, model summary ...), quieted by --quiet
 LIBRARY_LOGGERS = ("lightning.pytorch", "lightning.fabric")
 _library_level: Optional[int] = None  # what command_logging sets them to (None: left as they are)
+# the suite's own files: a warning raised there (Lightning's rank_zero_warn from a callback of the
+# suite) is one line, as the suite's logged warnings are, not Python's location and source line
+_SUITE_FILES = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
+def _one_line_warnings(previous):
+    def format_warning(message, category, filename, lineno, line=None) -> str:
+        if str(filename).startswith(_SUITE_FILES):
+            return f"warning: {message}\n"
+        return previous(message, category, filename, lineno, line)
+    return format_warning
 
 
 def quiet_dependency_warnings() -> None:
@@ -86,7 +97,8 @@ def command_logging(level: Optional[int] = None) -> Iterator[None]:
     """The ``rescale`` command's logging for the ``with`` block: the ``rescale_tasks`` logger at
     ``level`` (None: as configured, INFO when not) writing through :class:`StdStreams` (unless a
     handler of one's own is on it), and Lightning's loggers at WARNING when ``level`` is above
-    INFO. Everything is put back afterwards."""
+    INFO; a warning the suite's own code raises (``rank_zero_warn``) is written as one
+    ``warning: ...`` line. Everything is put back afterwards."""
     suite = logging.getLogger(ROOT)
     before = suite.level
     if level is not None:
@@ -101,9 +113,12 @@ def command_logging(level: Optional[int] = None) -> Iterator[None]:
     library_level_before = _library_level
     _library_level = level if level is not None and level > logging.INFO else None
     library_levels()
+    format_warning = warnings.formatwarning
+    warnings.formatwarning = _one_line_warnings(format_warning)
     try:
         yield
     finally:
+        warnings.formatwarning = format_warning
         if handler is not None:
             suite.removeHandler(handler)
         suite.setLevel(before)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import warnings
 
+import forked
 from rescale_tasks.cli import main
 from rescale_tasks.common.system import quiet_dependency_warnings
 
@@ -56,6 +57,29 @@ def test_quiet_fit_in_a_fresh_interpreter_prints_nothing_of_lightning(tmp_path, 
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "" and done.stderr.strip() == "", (done.stdout, done.stderr)
+
+
+def test_a_warning_of_the_suite_is_one_line_on_the_console(tmp_path, run_config):
+    """A warning the suite raises through Lightning's ``rank_zero_warn`` (files in the data folders
+    that are not read) is one ``warning: ...`` line, as the docs say, without Python's file, line and
+    source line; in a process of its own (pytest records the warnings of the tests' own process)."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for name in ("a", "b"):
+            (tmp_path / "data" / split / name).mkdir(parents=True)
+            Image.new("RGB", (8, 8), (40, 90, 200)).save(tmp_path / "data" / split / name / "0.png")
+    (tmp_path / "data" / "train" / "a" / "notes.txt").write_text("not an image")
+    config = run_config(tmp_path / "run.yaml", data={
+        "class_path": "rescale_tasks.classification.data.ImageFolderDataModule",
+        "init_args": {"root": str(tmp_path / "data"), "num_classes": 2, "image_size": 8, "eval_resize": 8,
+                      "batch_size": 2, "num_workers": 0, "persistent_workers": False, "pin_memory": False}},
+        trainer={"limit_train_batches": 1, "log_every_n_steps": 1})
+    done = forked.run([sys.executable, "-m", "rescale_tasks", "--quiet", "fit", "--config", config], cwd=tmp_path,
+                      capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: data: 1 file(s) under ") and "notes.txt" in lines[0], lines
 
 
 def test_verbose_shows_debug_messages(tmp_path, monkeypatch, run_config, capsys):
