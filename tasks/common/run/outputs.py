@@ -10,6 +10,7 @@ import lightning.pytorch as L
 from lightning.pytorch.cli import SaveConfigCallback
 
 from ..reporting import started
+from ..system import CODE_KEY, code_version
 
 __all__ = ["SaveConfigToRun", "run_directory", "results_folder", "ResultsFolder", "ResultFile",
            "note_result_file", "result_files"]
@@ -99,7 +100,8 @@ def results_folder(trainer: L.Trainer) -> str:
 class SaveConfigToRun(SaveConfigCallback):
     """Writes the resolved ``config.yaml`` into each run's own directory (never a shared folder,
     so runs cannot collide) and pushes the whole config, not only the module's hyper-parameters,
-    to every logger (the W&B run config).
+    to every logger (the W&B run config), with ``code``: the suite's version, commit and dirty flag
+    (:func:`~..system.provenance.code_version`).
 
     Saved when the run starts (fit, validate, test or predict), not at ``setup`` as Lightning's
     callback does: by then the data, the module and the checkpoint have passed their checks, so a
@@ -132,7 +134,9 @@ class SaveConfigToRun(SaveConfigCallback):
     def save_config(self, trainer, pl_module, stage: str) -> None:
         """Written without jsonargparse checking the config again (``skip_validation``): it was
         checked when it was parsed, and a second check of a whole run config costs about as much."""
-        config = self.config.as_dict()
+        # with the code that runs it (run_summary.json's and every checkpoint's `code`): a W&B run's
+        # config is what its runs are filtered by
+        config = {**self.config.as_dict(), CODE_KEY: code_version()}
         for logger in trainer.loggers:
             logger.log_hyperparams(config)
             directory = run_directory(logger)

@@ -36,6 +36,8 @@ def test_fit_writes_its_summary_next_to_its_config(tmp_path, run_config, suite_w
     assert s["samples_per_second"] > 0 and s["checkpoint"].endswith("last.ckpt")
     assert (s["throughput_unit"], s["samples"]) == ("images", 6 * 64)  # 2 epochs of 3 batches of 64 digits
     summary_matches_wandb("runs")  # the values W&B received, the throughput in images/s too
+    config = read_offline_run(run_dir).config  # the run config W&B filters by: the code too, not only the YAML's
+    assert config["code"] == s["code"] and config["seed_everything"] == 7
 
 
 def test_under_gradient_accumulation_the_loss_curve_has_one_point_per_step_as_logged(tmp_path, run_config,
