@@ -22,7 +22,9 @@ in every checkpoint (:meth:`labels`, :mod:`rescale_tasks.common.data.labels`) an
 data's by name when a checkpoint is loaded. Bad videos are skipped and counted by kind (:meth:`data_problems`,
 :meth:`problem_files`; reported by :class:`~rescale_tasks.common.run.SkippedDataReport`), and what the
 class folders hold besides videos (other extensions, hidden files, sub-folders: :attr:`unread_files`)
-is named in one warning line when the data is set up.
+is named in one warning line when the data is set up. Videos the ``cvdf`` or ``list`` annotations name
+but the disk lacks (Kinetics downloads always miss some) are left out with one warning line per split
+and reported as the problem kind ``missing`` (:attr:`missing_videos`: ``data/missing``, ``data_problems.tsv``).
 """
 from __future__ import annotations
 
@@ -114,6 +116,8 @@ class KineticsDataModule(TaskDataModule):
         self.test_set: VideoClipDataset | None = None
         # what the class folders hold besides videos (layout folders), reported by common.run.data_report
         self.unread_files: list[str] = []
+        # the videos the cvdf/list annotations name that are not on disk (left out), reported as ``missing``
+        self.missing_videos: list[str] = []
 
     @staticmethod
     def _clip_sampling(preset: str | None, frames: int | None, stride: int | None) -> tuple[int, int]:
@@ -150,7 +154,7 @@ class KineticsDataModule(TaskDataModule):
             self._check_classes(self.class_names, splits.class_names, "the class list read at start-up")
         common = dict(frames=self.frames, stride=self.stride, backend=self.backend,
                       short_policy=self.short_policy, skip_bad=self.skip_bad)
-        self.unread_files = splits.unread
+        self.unread_files, self.missing_videos = splits.unread, splits.missing
         train = label_samples(splits.train, self.class_names)
         val = label_samples(splits.val, self.class_names)
         self.train_set = VideoClipDataset(train, "train", transform=train_transform(self.train_short_side, self.crop),
@@ -229,8 +233,9 @@ class KineticsDataModule(TaskDataModule):
         return sum(ds.skipped for ds in self._records())
 
     def data_problems(self) -> dict[str, int]:
-        """Videos with a problem so far, by kind (``short_loop``/``short_repeat_last``: kept, repaired)."""
-        total: dict[str, int] = {}
+        """Videos with a problem so far, by kind (``short_loop``/``short_repeat_last``: kept, repaired;
+        ``missing``: listed in the annotations, not on disk, left out)."""
+        total: dict[str, int] = {"missing": len(self.missing_videos)} if self.missing_videos else {}
         for ds in self._records():
             for kind, count in ds.problems().items():
                 total[kind] = total.get(kind, 0) + count
@@ -238,4 +243,5 @@ class KineticsDataModule(TaskDataModule):
 
     def problem_files(self) -> list[tuple[str, str]]:
         """``(path, kind)`` of every video with a problem so far."""
-        return [item for ds in self._records() for item in ds.problem_files()]
+        return ([(path, "missing") for path in self.missing_videos]
+                + [item for ds in self._records() for item in ds.problem_files()])

@@ -14,7 +14,8 @@ Three layouts (``layout=`` in :class:`~rescale_tasks.video.data.KineticsDataModu
 * ``"list"``: mmaction2 / SlowFast list files, one ``<path> <label>`` per line (space or comma
   separated, as SlowFast's ``path_to_video label``), the path relative to ``list_prefix`` (or
   absolute; a list written on Windows may separate folders with ``\\``), the label an integer or a
-  class name. Every listed video must exist.
+  class name. Listed videos that do not exist are counted, warned about once per split, and left
+  out, as for ``"cvdf"``; only a split with no video at all is an error.
 
 The class list comes from the training split: sorted class names, except for list files whose
 labels are all integers, where ``num_classes = max label + 1`` and the names are ``"0", "1", ...``
@@ -72,6 +73,9 @@ class VideoSplits:
     #: what the class folders layout holds besides videos (other extensions, hidden files, sub-folders,
     #: files beside the class folders), for the data report; empty for the other layouts
     unread: list[str] = field(default_factory=list)
+    #: the videos the ``cvdf`` and ``list`` annotations name that are not on disk (left out), for the
+    #: data report; empty for the class folders layout
+    missing: list[str] = field(default_factory=list)
 
 
 def _names(items: Sequence[str], limit: int = 3) -> str:
@@ -95,6 +99,13 @@ def _text(path: Path, key: str) -> str:
         line = raw[:err.start].count(b"\n") + 1
         raise DataError(f"{path}:{line} (data.{key}) is not UTF-8 ({err.reason} at byte {err.start}); "
                         f"{to_utf8_advice(raw)}.") from None
+
+
+def _warn_missing(missing: int, listed: int, value, key: str, where: str) -> None:
+    """One warning line for the listed videos of one split that are not on disk (left out)."""
+    if missing:
+        rank_zero_warn(f"{missing} of {listed} videos listed in {value} (data.{key}) are not in {where} "
+                       "(Kinetics downloads always miss some); going on without them")
 
 
 def _check_subset(train_classes: Sequence[str], val_labels: Sequence[str], where: str, fix: str) -> None:
@@ -229,6 +240,7 @@ def read_cvdf(train_csv: str | os.PathLike | None, val_csv: str | os.PathLike | 
                 present[stem] = e.name
     out: dict[str, list[VideoSample]] = {}
     rows_of: dict[str, list[tuple[str, str]]] = {}
+    missing: list[str] = []
     for split, value in (("train", train_csv), ("val", val_csv)):
         key = f"{split}_csv"
         rows = _read_csv(_path(value, key, f"the official Kinetics {split}.csv"), key)
@@ -238,14 +250,13 @@ def read_cvdf(train_csv: str | os.PathLike | None, val_csv: str | os.PathLike | 
         if not kept:
             raise DataError(f"None of the {len(rows)} videos of {value} (data.{key}) is in {folder} "
                             f"(data.video_dir), e.g. {rows[0][1]}. Point data.video_dir at the unpacked videos.")
-        if absent:
-            rank_zero_warn(f"{absent} of {len(rows)} videos listed in {value} (data.{key}) are not in {folder} "
-                           "(Kinetics downloads always miss some); going on without them")
+        _warn_missing(absent, len(rows), value, key, str(folder))
+        missing += [str(folder / name) for _, name in rows if os.path.splitext(name)[0] not in present]
         out[split], rows_of[split] = kept, rows
     names = sorted({label for label, _ in rows_of["train"]})
     _check_subset(names, [label for label, _ in rows_of["val"]], f"{val_csv} (data.val_csv)",
                   "Use the train and validate CSVs of the same Kinetics version.")
-    return VideoSplits(out["train"], out["val"], names)
+    return VideoSplits(out["train"], out["val"], names, missing=missing)
 
 
 # ----------------------------------------------------------------------------- list files
@@ -292,7 +303,8 @@ def list_classes(train_list: str | os.PathLike | None) -> list[str]:
 
 def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike | None,
                list_prefix: str | os.PathLike | None = None) -> VideoSplits:
-    """mmaction2/SlowFast list files; every listed video must exist under ``list_prefix``."""
+    """mmaction2/SlowFast list files, the paths relative to ``list_prefix``; listed videos that do not
+    exist are counted, warned about once per split, and left out (:attr:`VideoSplits.missing`)."""
     prefix = Path(os.path.expanduser(str(list_prefix))) if list_prefix else None
     if prefix is not None and not prefix.is_dir():
         raise DataError(f"Video folder not found: {prefix} (data.list_prefix). Point it at the folder the "
@@ -300,6 +312,7 @@ def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike
     out: dict[str, list[VideoSample]] = {}
     names: list[str] = []
     integer = False
+    absent: list[str] = []
     for split, value in (("train", train_list), ("val", val_list)):
         key = f"{split}_list"
         list_path = _path(value, key, f"a {split} list file")
@@ -316,19 +329,21 @@ def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike
         for rel, label in rows:
             path = str(base / rel)
             if not os.path.isfile(path):  # a list written on Windows names abseiling\\x.mp4
-                found = windows_path(base, rel)
-                path = found or path
-                if found is None:
-                    missing.append(path)
-            samples.append(VideoSample(path, _normal_label(label, integer)))
-        if missing:
-            raise DataError(f"{len(missing)} of {len(samples)} videos listed in {list_path} (data.{key}) do not "
-                            f"exist: {_names(missing)}. Fix data.list_prefix (the folder the paths are "
-                            "relative to) or the list.")
+                path = windows_path(base, rel) or path
+            if os.path.isfile(path):
+                samples.append(VideoSample(path, _normal_label(label, integer)))
+            else:
+                missing.append(path)
+        if not samples:
+            raise DataError(f"None of the {len(rows)} videos listed in {list_path} (data.{key}) exists, e.g. "
+                            f"{_names(missing)}. Fix data.list_prefix (the folder the paths are relative to) "
+                            "or the list.")
+        _warn_missing(len(missing), len(rows), list_path, key, str(base))
+        absent += missing
         out[split] = samples
     _check_subset(names, [s.label_name for s in out["val"]], f"{val_list} (data.val_list)",
                   "Use labels of the training list in the validation list.")
-    return VideoSplits(out["train"], out["val"], names)
+    return VideoSplits(out["train"], out["val"], names, missing=absent)
 
 
 # ----------------------------------------------------------------------------- dispatch

@@ -271,6 +271,27 @@ def test_problems_are_logged_by_kind_and_listed_in_the_run_dir(kinetics_clips, t
     assert float(last["data/skipped_corrupt"]) == 2
 
 
+def test_listed_videos_not_on_disk_are_reported_as_missing(kinetics_clips, tmp_path):
+    """The list layout's absent videos are left out and counted like the other problems: ``data/missing``
+    logged, the paths in data_problems.tsv, the count in the end-of-run line."""
+    k = kinetics_clips
+    listed = tmp_path / "train.txt"
+    listed.write_text(k.train_list.read_text() + "train/bikes/gone.mp4 bikes\n")
+    dm = _dm(k, layout="list", root=None, train_list=str(listed), val_list=str(k.val_list),
+             list_prefix=str(k.list_prefix), val_clips=1, val_crops=1)
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=CSVLogger(tmp_path), num_sanity_val_steps=0,
+                        limit_train_batches=1, callbacks=[SkippedDataReport()], enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False)
+    with pytest.warns(UserWarning, match=r"data problems: 1 file\(s\) \(missing 1\): 1 skipped"):
+        trainer.fit(_TinyVideoNet(dm.num_classes), datamodule=dm)
+    assert len(dm.train_set.samples) == len(k.train) and dm.data_problems() == {"missing": 1}
+    listed = (tmp_path / "lightning_logs" / "version_0" / PROBLEMS_FILE).read_text().splitlines()
+    assert listed[1:] == [f"{k.list_prefix / 'train/bikes/gone.mp4'}\tmissing"]
+    with open(tmp_path / "lightning_logs" / "version_0" / "metrics.csv") as f:
+        last = {key: value for row in csv.DictReader(f) for key, value in row.items() if value}
+    assert float(last["data/missing"]) == 1 and float(last["data/skipped_corrupt"]) == 0
+
+
 def test_what_the_class_folders_hold_besides_videos_is_named_not_dropped_in_silence(kinetics_clips, tmp_path):
     """A clip of another container (.flv), a sub-folder of clips and a file beside the class folders
     are not read; the scan lists them and the run names them in one warning line, as the image

@@ -57,6 +57,26 @@ def test_cvdf_rows_without_a_file_are_counted_warned_once_and_left_out(kinetics_
 
 
 
+def test_list_videos_not_on_disk_are_counted_warned_once_and_left_out_as_for_cvdf(kinetics_clips, tmp_path):
+    """Kinetics downloads always miss some videos: a list naming them serves the rest, with one warning
+    line per split and the absent paths kept for the data report, as the cvdf layout does."""
+    k = kinetics_clips
+    listed = tmp_path / "train.txt"
+    names = [f"train/bikes/missing_{i}.mp4" for i in range(5)]
+    listed.write_text(k.train_list.read_text() + "".join(f"{n} bikes\n" for n in names) + "train/gone.mp4 zebra\n")
+    with pytest.warns(UserWarning, match=r"^6 of 15 videos listed in .*train\.txt \(data\.train_list\) are not in") \
+            as record:
+        splits = read_lists(listed, k.val_list, k.list_prefix)
+    assert len(record) == 1
+    assert splits.train == read_lists(k.train_list, k.val_list, k.list_prefix).train
+    assert splits.class_names == k.classes + ["zebra"]  # classes come from the list, not the disk
+    assert splits.missing == [str(k.list_prefix / n) for n in names] + [str(k.list_prefix / "train/gone.mp4")]
+    cvdf = tmp_path / "train.csv"
+    cvdf.write_text(k.train_csv.read_text() + "bikes,gone1,5,15,train\n")
+    with pytest.warns(UserWarning):
+        assert read_cvdf(cvdf, k.val_csv, k.video_dir).missing == [str(k.video_dir / "gone1_000005_000015.mp4")]
+
+
 def test_cvdf_clips_downloaded_into_other_containers_are_found(kinetics_clips, tmp_path):
     """yt-dlp writes <youtube_id>_<start>_<end>.mkv or .webm where it merges formats: those clips are
     the rows' videos, not downloads missing (warned about and left out)."""
@@ -127,13 +147,10 @@ def test_one_line_errors(kinetics_clips, tmp_path):
     message = _one_line(err)
     assert "youtube_id" in message and "label,youtube_id,time_start,time_end,split" in message
 
-    listed = tmp_path / "train.txt"
-    names = [f"train/bikes/missing_{i}.mp4" for i in range(5)]
-    listed.write_text(k.train_list.read_text() + "".join(f"{n} bikes\n" for n in names))
-    with pytest.raises(DataError) as err:
-        read_lists(listed, k.val_list, k.list_prefix)
+    with pytest.raises(DataError) as err:  # no listed video there: a wrong prefix, one line
+        read_lists(k.train_list, k.val_list, tmp_path)
     message = _one_line(err)
-    assert "5 of 14 videos" in message and "missing_0.mp4" in message and "(+2 more)" in message
+    assert "None of the 9 videos" in message and "(+6 more)" in message and "data.list_prefix" in message
 
 
 def test_validation_classes_must_be_known_from_training(kinetics_clips, tmp_path):
