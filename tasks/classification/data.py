@@ -29,7 +29,7 @@ from rescale_tasks.common.system import loader_workers
 
 from .datasets import (
     IMAGE_EXTENSIONS, ImageFileDataset, TensorImageDataset, collate_drop_none, find_file,
-    read_cifar_batch, read_idx_split, scan_image_folder,
+    read_cifar_batch, read_cifar_names, read_idx_split, scan_image_folder,
 )
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,10 @@ class CIFARDataModule(ClassificationDataModule):
 
     Reads ``root/cifar-10-batches-py/{data_batch_1..5,test_batch}`` or
     ``root/cifar-100-python/{train,test}`` (``root`` may also be that folder itself). No md5
-    check, and pickles are loaded with an unpickler that only rebuilds numpy arrays.
+    check, and pickles are loaded with an unpickler that only rebuilds numpy arrays. The class names
+    (recorded in every checkpoint, matched by name against other data) are read from the meta file
+    beside the batches (``batches.meta``'s ``label_names``, CIFAR-100's ``meta``'s
+    ``fine_label_names``) in :meth:`setup`; without one, CIFAR-10's documented names, CIFAR-100 none.
     ``val_split`` > 0 holds out that many (seeded) training images as validation; 0 validates
     on the test set.
     """
@@ -245,6 +248,8 @@ class CIFARDataModule(ClassificationDataModule):
         "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], "test_batch", b"labels", 10),
         "cifar100": ("cifar-100-python", ["train"], "test", b"fine_labels", 100),
     }
+    #: the meta file beside the batches and its key of the class names, by variant
+    _META = {"cifar10": ("batches.meta", b"label_names"), "cifar100": ("meta", b"fine_label_names")}
 
     def __init__(self, root: str, variant: Literal["cifar10", "cifar100"] = "cifar10",
                  batch_size: int = 128, num_workers: int = 4, pin_memory: bool = True,
@@ -258,7 +263,7 @@ class CIFARDataModule(ClassificationDataModule):
             raise ConfigError(f"data.val_split must be 0 or more, got {val_split}.")
         self.root, self.variant, self.val_split, self.augment = root, variant, val_split, augment
         self.num_classes, self.in_channels, self.image_size = self._LAYOUT[variant][4], 3, 32
-        self.class_names = CLASS_NAMES.get(variant)  # CIFAR-100's 100 names: not recorded
+        self.class_names = CLASS_NAMES.get(variant)  # CIFAR-100's: read from its meta file in setup
         self.labels_source = (f"{variant}'s classes", "data.variant")
 
     def data_dir(self) -> Path:
@@ -287,6 +292,10 @@ class CIFARDataModule(ClassificationDataModule):
             return
         directory = self.data_dir()
         _, train_files, test_file, label_key, n = self._LAYOUT[self.variant]
+        meta, names_key = self._META[self.variant]
+        names = read_cifar_names(directory / meta, names_key, n)
+        if names is not None:
+            self.class_names, self.labels_source = names, (f"the class names of {directory / meta}", "data.root")
         parts = [read_cifar_batch(directory / name, label_key, n) for name in train_files]
         images, labels = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         test_images, test_labels = read_cifar_batch(directory / test_file, label_key, n)

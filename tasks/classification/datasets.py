@@ -208,6 +208,18 @@ class _ArrayUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
 
 
+_REEXTRACT = "Re-extract the python version of the data set into --data.root."
+
+
+def _unpickle(path: Path):
+    """A CIFAR pickle (batch or meta file), numpy arrays and plain containers only."""
+    try:
+        with open(path, "rb") as f:
+            return _ArrayUnpickler(f, encoding="bytes").load()
+    except Exception as exc:  # any unpickling failure means a damaged / foreign file
+        raise DataError(f"Cannot read CIFAR file {path} ({type(exc).__name__}: {exc}). {_REEXTRACT}") from None
+
+
 def read_cifar_batch(path: Path, label_key: bytes, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One CIFAR python batch file -> uint8 images ``[N, 3, 32, 32]``, int64 labels ``[N]``."""
     if not path.is_file():
@@ -215,15 +227,8 @@ def read_cifar_batch(path: Path, label_key: bytes, num_classes: int) -> tuple[to
             f"CIFAR file not found: {path} (data.root). Extract the python version of the data set "
             "(cifar-10-python.tar.gz / cifar-100-python.tar.gz) into --data.root."
         )
-    try:
-        with open(path, "rb") as f:
-            batch = _ArrayUnpickler(f, encoding="bytes").load()
-    except Exception as exc:  # any unpickling failure means a damaged / foreign file
-        raise DataError(
-            f"Cannot read CIFAR file {path} ({type(exc).__name__}: {exc}). "
-            "Re-extract the python version of the data set into --data.root."
-        ) from None
-    how = "Re-extract the python version of the data set into --data.root."
+    batch = _unpickle(path)
+    how = _REEXTRACT
     if not isinstance(batch, dict) or b"data" not in batch or label_key not in batch:
         raise DataError(f"CIFAR file {path} is not a batch dict with b'data' and {label_key!r}. {how}")
     data = np.asarray(batch[b"data"])
@@ -236,6 +241,20 @@ def read_cifar_batch(path: Path, label_key: bytes, num_classes: int) -> tuple[to
         raise DataError(f"CIFAR file {path}: labels outside 0..{num_classes - 1}. Check --data.variant.")
     images = torch.from_numpy(data.reshape(-1, 3, 32, 32).copy())
     return images, torch.from_numpy(labels.astype(np.int64))
+
+
+def read_cifar_names(path: Path, names_key: bytes, num_classes: int) -> list[str] | None:
+    """The class names in a CIFAR meta file (``batches.meta``'s ``label_names``, CIFAR-100's
+    ``meta``'s ``fine_label_names``), by label; None when there is no such file."""
+    if not path.is_file():
+        return None
+    meta = _unpickle(path)
+    names = meta.get(names_key) if isinstance(meta, dict) else None
+    if (not isinstance(names, (list, tuple)) or len(names) != num_classes
+            or not all(isinstance(n, (bytes, str)) for n in names)):
+        raise DataError(f"CIFAR file {path} does not hold the {num_classes} class names as {names_key!r}. "
+                        f"Check --data.variant. {_REEXTRACT}")
+    return [n.decode("utf-8", "replace") if isinstance(n, bytes) else n for n in names]
 
 
 # ----------------------------------------------------------------------------- MNIST IDX files
@@ -304,6 +323,6 @@ def read_idx_split(images_path: Path, labels_path: Path, size: int = 28) -> tupl
 
 __all__ = [
     "IMAGE_EXTENSIONS", "ImageFileDataset", "ImageFolder", "TensorImageDataset",
-    "collate_drop_none", "find_file", "read_cifar_batch", "read_idx", "read_idx_split",
+    "collate_drop_none", "find_file", "read_cifar_batch", "read_cifar_names", "read_idx", "read_idx_split",
     "scan_image_folder",
 ]

@@ -80,9 +80,26 @@ def _cifar_images(labels: np.ndarray, offset: int) -> np.ndarray:
     return np.stack([_rgb(g, int(y)) for g, y in zip(digit_pictures(labels, 32, offset), labels)])
 
 
-def write_cifar(root: Path, variant: str = "cifar10", n_per_file: int = 4, n_test: int = 6) -> WrittenSplits:
+#: the class names the CIFAR meta files hold, by label (``batches.meta``'s ``label_names``, ``meta``'s
+#: ``fine_label_names``)
+CIFAR_NAMES = {
+    "cifar10": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"],
+    "cifar100": """apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus butterfly
+        camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach couch crab crocodile cup
+        dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo keyboard lamp lawn_mower leopard
+        lion lizard lobster man maple_tree motorcycle mountain mouse mushroom oak_tree orange orchid otter
+        palm_tree pear pickup_truck pine_tree plain plate poppy porcupine possum rabbit raccoon ray road rocket
+        rose sea seal shark shrew skunk skyscraper snail snake spider squirrel streetcar sunflower sweet_pepper
+        table tank telephone television tiger tractor train trout tulip turtle wardrobe whale willow_tree wolf
+        woman worm""".split(),
+}
+
+
+def write_cifar(root: Path, variant: str = "cifar10", n_per_file: int = 4, n_test: int = 6,
+                meta: bool = True) -> WrittenSplits:
     """Standard python-pickle CIFAR files under ``root``: 5 x ``n_per_file`` (cifar10) or
-    ``n_per_file`` (cifar100) training images and ``n_test`` test images."""
+    ``n_per_file`` (cifar100) training images and ``n_test`` test images, and (``meta``) the meta
+    file naming the classes (``batches.meta`` / ``meta``, the names as bytes, as the tarballs hold them)."""
     cifar10 = variant == "cifar10"
     folder = root / ("cifar-10-batches-py" if cifar10 else "cifar-100-python")
     folder.mkdir(parents=True, exist_ok=True)
@@ -104,6 +121,12 @@ def write_cifar(root: Path, variant: str = "cifar10", n_per_file: int = 4, n_tes
             batch[b"coarse_labels"] = [int(y) // 5 for y in labels]
         with open(folder / name, "wb") as f:
             pickle.dump(batch, f, protocol=2)
+    names = [n.encode() for n in CIFAR_NAMES[variant]]
+    if meta:
+        content = ({b"num_cases_per_batch": n_per_file, b"label_names": names, b"num_vis": 3072} if cifar10 else
+                   {b"fine_label_names": names, b"coarse_label_names": [f"super_{i}".encode() for i in range(20)]})
+        with open(folder / ("batches.meta" if cifar10 else "meta"), "wb") as f:
+            pickle.dump(content, f, protocol=2)
     return WrittenSplits(root, train_images, train_labels.astype(np.int64), test_images,
                          test_labels.astype(np.int64))
 
@@ -136,7 +159,7 @@ def write_mnist(root: Path, n_train: int = 20, n_test: int = 10, subdir: str = "
 def data_writers() -> types.SimpleNamespace:
     """The writer functions, for test modules that cannot import this conftest."""
     return types.SimpleNamespace(imagefolder=write_imagefolder, cifar=write_cifar, mnist=write_mnist,
-                                 idx=write_idx, digit_pictures=digit_pictures)
+                                 idx=write_idx, digit_pictures=digit_pictures, cifar_names=CIFAR_NAMES)
 
 
 @pytest.fixture

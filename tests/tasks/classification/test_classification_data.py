@@ -191,6 +191,36 @@ def test_cifar100_fine_labels_round_trip(cifar100_written):
     check_batch(next(iter(dm.train_dataloader())), 3, 32, 100)
 
 
+def test_cifar_class_names_come_from_the_meta_file_and_are_matched_by_name(data_writers, tmp_path: Path):
+    """CIFAR-100's meta file names its 100 classes: a CIFAR-100 checkpoint records them and is matched
+    by name against other data (the same classes in another order mapped, other classes refused)."""
+    from rescale_tasks.common.data import Labels, data_labels, match_labels
+
+    CIFAR_NAMES = data_writers.cifar_names
+    root = data_writers.cifar(tmp_path / "c100", "cifar100", n_per_file=4, n_test=2).root
+    dm = CIFARDataModule(str(root), variant="cifar100", num_workers=0)
+    dm.setup("test")
+    trained = data_labels(dm)
+    assert trained is not None and list(trained.names) == CIFAR_NAMES["cifar100"]
+    assert "cifar-100-python" in trained.source and trained.key == "data.root"
+    order, _ = match_labels(trained, Labels(trained.names[::-1]))
+    assert list(order) == list(range(99, -1, -1))
+    with pytest.raises(DataError, match="not in the data: 'apple'"):
+        match_labels(trained, Labels(["cat", *trained.names[1:]]))
+    ten = CIFARDataModule(str(data_writers.cifar(tmp_path / "c10", "cifar10", n_per_file=1, n_test=2).root),
+                          num_workers=0)
+    ten.setup("test")
+    assert data_labels(ten).names == tuple(CIFAR_NAMES["cifar10"])
+    without = data_writers.cifar(tmp_path / "bare", "cifar100", n_per_file=1, n_test=2, meta=False).root
+    bare = CIFARDataModule(str(without), variant="cifar100", num_workers=0)
+    bare.setup("test")
+    assert bare.labels() is None  # no meta file: no names to record (as before)
+    (root / "cifar-100-python" / "meta").write_bytes(pickle.dumps({b"fine_label_names": [b"apple"]}, protocol=2))
+    with pytest.raises(DataError) as e:
+        CIFARDataModule(str(root), variant="cifar100").setup()
+    assert "does not hold the 100 class names as b'fine_label_names'" in one_line(e)
+
+
 def test_cifar_missing_and_bad_files(cifar10_root: Path, tmp_path: Path):
     with pytest.raises(DataError) as e:
         CIFARDataModule(str(tmp_path / "nope")).setup()
