@@ -16,7 +16,8 @@ folder of videos, mmaction2/SlowFast list files) and serves clips (:mod:`.datase
   the sums over ranks).
 
 ``num_classes`` and ``class_names`` are known right after ``__init__`` (a cheap read of the
-training split's class list: folder names, CSV labels or list labels) so a CLI can link
+training split's class list: folder names, CSV labels or list labels; the validation split's where a
+machine that only evaluates has no training split: validate, test and predict then run without it) so a CLI can link
 ``data.num_classes`` to the model; videos are scanned in :meth:`setup`. The class list travels
 in every checkpoint (:meth:`labels`, :mod:`rescale_tasks.common.data.labels`) and is matched to the
 data's by name when a checkpoint is loaded. Bad videos are skipped and counted by kind (:meth:`data_problems`,
@@ -40,7 +41,7 @@ from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.system import loader_workers
 
 from .dataset import DROPPED_KINDS, KINDS, VideoClipDataset, collate_drop_none
-from .layouts import VIDEO_EXTENSIONS, class_names_of, label_samples, read_layout
+from .layouts import VIDEO_EXTENSIONS, class_list_key, class_names_of, label_samples, read_layout
 from .sampling import preset as sampling_preset
 from .transforms import KINETICS_MEAN, KINETICS_STD, eval_transform, train_transform
 
@@ -204,12 +205,9 @@ class KineticsDataModule(TaskDataModule):
         return self._loader("test_set", self.num_crops)
 
     # --- the class list ---------------------------------------------------------------------------
-    #: the config key naming the training split's class list, per layout (for messages)
-    _CLASS_LIST_KEYS = {"folders": "root", "cvdf": "train_csv", "list": "train_list"}
-
     def labels(self) -> Labels:
         """The class list a checkpoint's labels stand for (:mod:`rescale_tasks.common.data.labels`)."""
-        key = self._CLASS_LIST_KEYS.get(self.layout, "root")
+        key = class_list_key(self.layout, **self.layout_args)
         return Labels(self.class_names, source=f"the classes of {self.layout_args.get(key)}", key=f"data.{key}")
 
     def _check_classes(self, expected: list[str], found: list[str], source: str) -> None:

@@ -19,7 +19,10 @@ Three layouts (``layout=`` in :class:`~rescale_tasks.video.data.KineticsDataModu
 
 The class list comes from the training split: sorted class names, except for list files whose
 labels are all integers, where ``num_classes = max label + 1`` and the names are ``"0", "1", ...``
-(so the integers keep their meaning). Validation may not name a class training lacks. Classes are
+(so the integers keep their meaning). Validation may not name a class training lacks. A machine that
+only evaluates may lack the training split (class folders holding val/ alone; ``train_csv`` or
+``train_list`` unset or not there): validate, test and predict then take the classes from the
+validation split, and a checkpoint's classes are matched to them by name. Classes are
 taken from the annotations, not from which files happen to be present, so ``num_classes`` is the
 same whatever was downloaded.
 
@@ -45,7 +48,7 @@ from rescale_tasks.common.data import nested_folders_hint, scan_class_folders, t
 from rescale_tasks.common.errors import DataError
 
 __all__ = [
-    "CVDF_COLUMNS", "LAYOUTS", "VIDEO_EXTENSIONS", "VideoSample", "VideoSplits", "class_names_of",
+    "CVDF_COLUMNS", "LAYOUTS", "VIDEO_EXTENSIONS", "VideoSample", "VideoSplits", "class_list_key", "class_names_of",
     "cvdf_file_name", "label_samples", "read_cvdf", "read_folders", "read_layout", "read_lists",
 ]
 
@@ -106,6 +109,14 @@ def _warn_missing(missing: int, listed: int, value, key: str, where: str) -> Non
     if missing:
         rank_zero_warn(f"{missing} of {listed} videos listed in {value} (data.{key}) are not in {where} "
                        "(Kinetics downloads always miss some); going on without them")
+
+
+def _eval_file_only(train, val) -> bool:
+    """Whether the training annotation (CSV or list) file is unset or absent while the validation one
+    is there: a machine that only evaluates, whose classes are the validation file's."""
+    def there(value) -> bool:
+        return value is not None and str(value) != "" and Path(os.path.expanduser(str(value))).is_file()
+    return not there(train) and there(val)
 
 
 def _check_subset(train_classes: Sequence[str], val_labels: Sequence[str], where: str, fix: str) -> None:
@@ -217,16 +228,17 @@ def _read_csv(path: Path, key: str) -> list[tuple[str, str]]:
     return rows
 
 
-def csv_classes(train_csv: str | os.PathLike | None) -> list[str]:
-    """The sorted labels of the training CSV (no video is looked at)."""
-    path = _path(train_csv, "train_csv", "the official Kinetics train.csv")
-    return sorted({label for label, _ in _read_csv(path, "train_csv")})
+def csv_classes(train_csv: str | os.PathLike | None, key: str = "train_csv") -> list[str]:
+    """The sorted labels of the training CSV (of ``data.<key>``; no video is looked at)."""
+    path = _path(train_csv, key, f"the official Kinetics {key.split('_')[0]}.csv")
+    return sorted({label for label, _ in _read_csv(path, key)})
 
 
 def read_cvdf(train_csv: str | os.PathLike | None, val_csv: str | os.PathLike | None,
-              video_dir: str | os.PathLike | None) -> VideoSplits:
+              video_dir: str | os.PathLike | None, eval_only: bool = False) -> VideoSplits:
     """Official CSVs next to a flat folder of ``<youtube_id>_<start>_<end>.mp4``; absent files are
-    counted, warned about once per split, and left out."""
+    counted, warned about once per split, and left out. ``eval_only`` (validate, test, predict):
+    without a training CSV the classes are the validation CSV's, and ``train`` is empty."""
     folder = _path(video_dir, "video_dir", "the flat folder of Kinetics .mp4 files")
     if not folder.is_dir():
         raise DataError(f"Kinetics video folder not found: {folder} (data.video_dir). Point it at the folder "
@@ -241,7 +253,8 @@ def read_cvdf(train_csv: str | os.PathLike | None, val_csv: str | os.PathLike | 
     out: dict[str, list[VideoSample]] = {}
     rows_of: dict[str, list[tuple[str, str]]] = {}
     missing: list[str] = []
-    for split, value in (("train", train_csv), ("val", val_csv)):
+    val_only = eval_only and _eval_file_only(train_csv, val_csv)
+    for split, value in (("val", val_csv),) if val_only else (("train", train_csv), ("val", val_csv)):
         key = f"{split}_csv"
         rows = _read_csv(_path(value, key, f"the official Kinetics {split}.csv"), key)
         kept = [VideoSample(str(folder / present[stem]), label) for label, stem in
@@ -253,10 +266,10 @@ def read_cvdf(train_csv: str | os.PathLike | None, val_csv: str | os.PathLike | 
         _warn_missing(absent, len(rows), value, key, str(folder))
         missing += [str(folder / name) for _, name in rows if os.path.splitext(name)[0] not in present]
         out[split], rows_of[split] = kept, rows
-    names = sorted({label for label, _ in rows_of["train"]})
+    names = sorted({label for label, _ in rows_of.get("train", rows_of["val"])})
     _check_subset(names, [label for label, _ in rows_of["val"]], f"{val_csv} (data.val_csv)",
                   "Use the train and validate CSVs of the same Kinetics version.")
-    return VideoSplits(out["train"], out["val"], names, missing=missing)
+    return VideoSplits(out.get("train", []), out["val"], names, missing=missing)
 
 
 # ----------------------------------------------------------------------------- list files
@@ -296,15 +309,18 @@ def _normal_label(label: str, integer: bool) -> str:
     return str(int(label)) if integer and label.isdigit() else label
 
 
-def list_classes(train_list: str | os.PathLike | None) -> list[str]:
-    """The class names of a training list file (no video is looked at)."""
-    return _list_class_names(_read_list(_path(train_list, "train_list", "a training list file"), "train_list"))
+def list_classes(train_list: str | os.PathLike | None, key: str = "train_list") -> list[str]:
+    """The class names of a training list file (of ``data.<key>``; no video is looked at)."""
+    what = "a training list file" if key == "train_list" else "a validation list file"
+    return _list_class_names(_read_list(_path(train_list, key, what), key))
 
 
 def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike | None,
-               list_prefix: str | os.PathLike | None = None) -> VideoSplits:
+               list_prefix: str | os.PathLike | None = None, eval_only: bool = False) -> VideoSplits:
     """mmaction2/SlowFast list files, the paths relative to ``list_prefix``; listed videos that do not
-    exist are counted, warned about once per split, and left out (:attr:`VideoSplits.missing`)."""
+    exist are counted, warned about once per split, and left out (:attr:`VideoSplits.missing`).
+    ``eval_only`` (validate, test, predict): without a training list the classes are the validation
+    list's, and ``train`` is empty."""
     prefix = Path(os.path.expanduser(str(list_prefix))) if list_prefix else None
     if prefix is not None and not prefix.is_dir():
         raise DataError(f"Video folder not found: {prefix} (data.list_prefix). Point it at the folder the "
@@ -313,11 +329,12 @@ def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike
     names: list[str] = []
     integer = False
     absent: list[str] = []
-    for split, value in (("train", train_list), ("val", val_list)):
+    val_only = eval_only and _eval_file_only(train_list, val_list)
+    for split, value in (("val", val_list),) if val_only else (("train", train_list), ("val", val_list)):
         key = f"{split}_list"
         list_path = _path(value, key, f"a {split} list file")
         rows = _read_list(list_path, key)
-        if split == "train":
+        if split == "train" or val_only:
             names = _list_class_names(rows)
             integer = all(label.isdigit() for _, label in rows)
         if integer and not all(label.isdigit() for _, label in rows):
@@ -343,7 +360,7 @@ def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike
         out[split] = samples
     _check_subset(names, [s.label_name for s in out["val"]], f"{val_list} (data.val_list)",
                   "Use labels of the training list in the validation list.")
-    return VideoSplits(out["train"], out["val"], names, missing=absent)
+    return VideoSplits(out.get("train", []), out["val"], names, missing=absent)
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -355,26 +372,39 @@ def _layout(layout: str) -> str:
     return layout
 
 
-def class_names_of(layout: str, *, root=None, train_csv=None, train_list=None, **_ignored) -> list[str]:
-    """The class list of a layout's training split, cheaply (no video file is looked at)."""
+def class_names_of(layout: str, *, root=None, train_csv=None, val_csv=None, train_list=None, val_list=None,
+                   **_ignored) -> list[str]:
+    """The class list of a layout's training split, cheaply (no video file is looked at); of the
+    validation split where only that one is there (a machine that only evaluates)."""
     layout = _layout(layout)
     if layout == "folders":
         return folder_classes(root)
     if layout == "cvdf":
-        return csv_classes(train_csv)
-    return list_classes(train_list)
+        return csv_classes(val_csv, "val_csv") if _eval_file_only(train_csv, val_csv) else csv_classes(train_csv)
+    return list_classes(val_list, "val_list") if _eval_file_only(train_list, val_list) else list_classes(train_list)
+
+
+def class_list_key(layout: str, *, train_csv=None, val_csv=None, train_list=None, val_list=None,
+                   **_ignored) -> str:
+    """The config key (under ``data.``) naming what :func:`class_names_of` reads the classes from."""
+    layout = _layout(layout)
+    if layout == "folders":
+        return "root"
+    train, val = (train_csv, val_csv) if layout == "cvdf" else (train_list, val_list)
+    split = "val" if _eval_file_only(train, val) else "train"
+    return f"{split}_{'csv' if layout == 'cvdf' else 'list'}"
 
 
 def read_layout(layout: str, *, root=None, train_csv=None, val_csv=None, video_dir=None, train_list=None,
                 val_list=None, list_prefix=None, eval_only: bool = False) -> VideoSplits:
-    """The full scan of one layout (see the module docstring); ``eval_only``: class folders holding
-    val/ alone will do (:func:`read_folders`)."""
+    """The full scan of one layout (see the module docstring); ``eval_only``: the validation split
+    alone will do (class folders holding val/ alone, no training CSV or list file)."""
     layout = _layout(layout)
     if layout == "folders":
         return read_folders(root, eval_only)
     if layout == "cvdf":
-        return read_cvdf(train_csv, val_csv, video_dir)
-    return read_lists(train_list, val_list, list_prefix)
+        return read_cvdf(train_csv, val_csv, video_dir, eval_only)
+    return read_lists(train_list, val_list, list_prefix, eval_only)
 
 
 def label_samples(samples: Sequence[VideoSample], class_names: Sequence[str]) -> list[tuple[str, int]]:

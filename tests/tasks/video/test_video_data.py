@@ -342,3 +342,31 @@ def test_class_folders_holding_val_alone_serve_validate_test_and_predict(kinetic
     assert len(list(dm.predict_dataloader())) == len(list(beside.predict_dataloader()))
     with pytest.raises(DataError, match=r"has no train/ sub-folder"):
         _dm(k, root=str(alone)).setup("fit")
+
+
+@pytest.mark.parametrize("layout", ["cvdf", "list"])
+def test_evaluation_runs_without_the_training_annotation_file(kinetics_clips, tmp_path, layout):
+    """An evaluation machine with the validation CSV or list alone (the training one unset, or not
+    copied there): the classes are the validation file's (a checkpoint's are matched to them by
+    name) and the evaluation loaders serve every view; fit still needs the training file, in one line."""
+    from rescale_tasks.common.errors import DataError
+
+    k = kinetics_clips
+    given = (dict(layout="cvdf", train_csv=str(k.train_csv), val_csv=str(k.val_csv), video_dir=str(k.video_dir))
+             if layout == "cvdf" else
+             dict(layout="list", train_list=str(k.train_list), val_list=str(k.val_list), list_prefix=str(k.list_prefix)))
+    key = f"train_{'csv' if layout == 'cvdf' else 'list'}"
+    beside = _dm(k, root=None, **given)
+    beside.setup("test")
+    for train in (None, str(tmp_path / "not_copied.txt")):
+        dm = _dm(k, root=None, **{**given, key: train})
+        assert dm.class_names == k.classes and dm.labels().names == beside.labels().names
+        assert dm.labels().key == f"data.val_{key[6:]}"
+        dm.setup("test")
+        assert dm.train_set is None and dm.test_set.samples == beside.test_set.samples
+        clips, labels, _, _ = next(iter(dm.test_dataloader()))
+        expected = next(iter(beside.test_dataloader()))
+        assert torch.equal(clips, expected[0]) and torch.equal(labels, expected[1])
+        assert len(list(dm.predict_dataloader())) == len(list(beside.predict_dataloader()))
+        with pytest.raises(DataError, match=rf"data\.{key}"):
+            _dm(k, root=None, **{**given, key: train}).setup("fit")
