@@ -45,6 +45,44 @@ class ImageFolder(NamedTuple):
     unread: list[str]  # what the class folders hold besides images: other extensions, hidden, folders
 
 
+#: Tiny ImageNet's validation split: ``val/images/<file>`` with ``val/val_annotations.txt`` naming each
+#: file's class (``<file>\t<wnid>\t<box>``), instead of class folders
+TINY_IMAGENET_VAL = ("images", "val_annotations.txt")
+
+
+def _annotated_split(split_dir: Path, unread: list[str]) -> dict[str, list[str]] | None:
+    """Tiny ImageNet's validation layout (:data:`TINY_IMAGENET_VAL`) read as class -> files (sorted
+    by class name, as class folders are); None where ``split_dir`` is not laid out so. Images of
+    ``images/`` no line names, and the other entries of ``split_dir``, go to ``unread``."""
+    folder, annotations = (split_dir / name for name in TINY_IMAGENET_VAL)
+    if not (folder.is_dir() and annotations.is_file()):
+        return None
+    classes: dict[str, list[str]] = {}
+    named: set[str] = set()
+    for line, text in enumerate(annotations.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+        fields = text.split("\t") if "\t" in text else text.split()
+        if not text.strip():
+            continue
+        if len(fields) < 2 or not fields[0].strip() or not fields[1].strip():
+            raise DataError(f"{annotations}:{line} (data.root) is not '<file>\\t<class>[\\t<box>]': {text[:80]!r}. "
+                            "Fix or delete that line (Tiny ImageNet's val_annotations.txt).")
+        name, wnid = fields[0].strip(), fields[1].strip()
+        path = folder / name
+        if not path.is_file():
+            raise DataError(f"{annotations}:{line} (data.root) names {name}, which is not in {folder}. "
+                            "Re-extract the validation images, or delete that line.")
+        classes.setdefault(wnid, []).append(str(path))
+        named.add(str(path))
+    if not classes:
+        raise DataError(f"{annotations} (data.root) names no image; expected one '<file>\\t<class>' line per "
+                        f"image of {folder}.")
+    with os.scandir(split_dir) as entries:
+        unread += [e.path for e in entries if e.name not in TINY_IMAGENET_VAL]
+    with os.scandir(folder) as entries:
+        unread += [e.path for e in entries if e.path not in named]
+    return {wnid: sorted(classes[wnid]) for wnid in sorted(classes)}
+
+
 def scan_image_folder(root: str | os.PathLike, num_classes: int, eval_only: bool = False) -> ImageFolder:
     """Index an ImageNet-style folder ``root/{train,val}/<class>/<image>``.
 
@@ -53,7 +91,8 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int, eval_only: bool
     hold besides images is listed (:attr:`ImageFolder.unread`) for the data report instead of
     vanishing. ``eval_only`` (validate, test, predict): a folder holding val/ alone will do (a machine
     that evaluates without the training images); its class folders are the classes, and ``train`` is
-    empty.
+    empty. val/ may also be laid out as Tiny ImageNet's is: ``val/images/`` with
+    ``val/val_annotations.txt`` naming each image's class (:data:`TINY_IMAGENET_VAL`).
     """
     root = Path(os.path.expanduser(str(root)))
     if not root.is_dir():
@@ -71,7 +110,9 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int, eval_only: bool
                 f"ImageNet folder {root} (data.root) has no {split}/ sub-folder: expected "
                 f"{split_dir}/<class>/<image>. Point --data.root at a folder holding train/ and val/."
             )
-        classes = scan_class_folders(split_dir, IMAGE_EXTENSIONS, unread)
+        classes = _annotated_split(split_dir, unread) if split == "val" else None
+        if classes is None:
+            classes = scan_class_folders(split_dir, IMAGE_EXTENSIONS, unread)
         if not classes:
             raise DataError(
                 f"No class folders in {split_dir} (data.root). Expected one sub-folder per class, "

@@ -112,3 +112,49 @@ def test_class_names_differing_only_in_case_are_named_as_such(imagenet_folder):
     assert "\n" not in message and "missing from val/: n003; not in train/: N003" in message
     assert message.endswith(" n003 / N003 differ only in case (train/ / val/): folder names are compared as written; "
                             "rename the folders of one split to the other's spelling.")
+
+
+def _tiny_imagenet_val(root: Path) -> list[str]:
+    """Lay val/ out as Tiny ImageNet's is: val/images/val_<i>.JPEG and val/val_annotations.txt
+    (``<file>\\t<wnid>\\t<x0>\\t<y0>\\t<x1>\\t<y1>``); the class of every image, in file order."""
+    val = root / "val"
+    (val / "images").mkdir()
+    lines, labels = [], []
+    for i, image in enumerate(sorted(val.glob("*/*.JPEG"), key=lambda p: p.name)):
+        name = f"val_{i}.JPEG"
+        image.rename(val / "images" / name)
+        lines.append(f"{name}\t{image.parent.name}\t0\t0\t39\t39")
+        labels.append(image.parent.name)
+    for folder in val.iterdir():
+        if folder.name != "images":
+            folder.rmdir()
+    (val / "val_annotations.txt").write_text("\n".join(lines) + "\n")
+    return labels
+
+
+def test_tiny_imagenet_validation_images_are_read_by_their_annotations(imagenet_folder):
+    """Tiny ImageNet's val/ holds no class folders but val/images/ and val_annotations.txt: its
+    images are read with the classes the annotations give them, not refused as a class 'images'."""
+    plain = scan_image_folder(imagenet_folder, num_classes=3)
+    pixels = {Path(path).name: (Path(path).read_bytes(), label) for path, label in plain.val}
+    classes = _tiny_imagenet_val(imagenet_folder)
+    (imagenet_folder / "val/images/stray.JPEG").write_bytes(b"not named by any line")
+    tiny = scan_image_folder(imagenet_folder, num_classes=3)
+    assert tiny.class_names == plain.class_names and tiny.train == plain.train
+    assert sorted((Path(p).read_bytes(), label) for p, label in tiny.val) == sorted(pixels.values())
+    assert [plain.class_names[label] for _, label in tiny.val] == sorted(classes)
+    assert tiny.unread == [str(imagenet_folder / "val/images/stray.JPEG")]  # named, not read
+    dm = ImageFolderDataModule(str(imagenet_folder), num_classes=3, image_size=32, eval_resize=36, batch_size=8,
+                               num_workers=0, pin_memory=False, persistent_workers=False)
+    dm.setup("validate")
+    images, labels = next(iter(dm.val_dataloader()))
+    assert images.shape == (6, 3, 32, 32) and sorted(labels.tolist()) == [0, 0, 1, 1, 2, 2]
+
+    annotations = imagenet_folder / "val/val_annotations.txt"
+    annotations.write_text(annotations.read_text() + "val_99.JPEG\tn001\t0\t0\t1\t1\n")
+    with pytest.raises(DataError) as refused:
+        scan_image_folder(imagenet_folder, num_classes=3)
+    assert "\n" not in str(refused.value) and f"{annotations}:7 (data.root) names val_99.JPEG" in str(refused.value)
+    annotations.write_text("val_0.JPEG\n")
+    with pytest.raises(DataError, match=r"val_annotations\.txt:1 \(data\.root\) is not '<file>"):
+        scan_image_folder(imagenet_folder, num_classes=3)
