@@ -358,7 +358,8 @@ def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike
         _warn_missing(len(missing), len(rows), list_path, key, str(base))
         absent += missing
         out[split] = samples
-    _check_subset(names, [s.label_name for s in out["val"]], f"{val_list} (data.val_list)",
+        val_labels = [_normal_label(label, integer) for _, label in rows]  # the last split: val; absent too
+    _check_subset(names, val_labels, f"{val_list} (data.val_list)",
                   "Use labels of the training list in the validation list.")
     return VideoSplits(out.get("train", []), out["val"], names, missing=absent)
 

@@ -71,6 +71,10 @@ def test_list_videos_not_on_disk_are_counted_warned_once_and_left_out_as_for_cvd
     assert splits.train == read_lists(k.train_list, k.val_list, k.list_prefix).train
     assert splits.class_names == k.classes + ["zebra"]  # classes come from the list, not the disk
     assert splits.missing == [str(k.list_prefix / n) for n in names] + [str(k.list_prefix / "train/gone.mp4")]
+    val = tmp_path / "val.txt"  # a class training lacks is refused, its video there or not
+    val.write_text(k.val_list.read_text() + "val/gone.mp4 yak\n")
+    with pytest.raises(DataError, match="names 1 class"), pytest.warns(UserWarning):
+        read_lists(k.train_list, val, k.list_prefix)
     cvdf = tmp_path / "train.csv"
     cvdf.write_text(k.train_csv.read_text() + "bikes,gone1,5,15,train\n")
     with pytest.warns(UserWarning):
