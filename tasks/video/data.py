@@ -155,7 +155,10 @@ class KineticsDataModule(TaskDataModule):
             self._check_classes(self.class_names, splits.class_names, "the class list read at start-up")
         common = dict(frames=self.frames, stride=self.stride, backend=self.backend,
                       short_policy=self.short_policy, skip_bad=self.skip_bad)
-        self.unread_files, self.missing_videos = splits.unread, splits.missing
+        self.unread_files = splits.unread
+        # an evaluation serves val alone: the training split's missing downloads are no part of it
+        self.missing_videos = [path for split in (("val",) if evaluation else ("train", "val"))
+                               for path in splits.missing.get(split, [])]
         train = label_samples(splits.train, self.class_names)
         val = label_samples(splits.val, self.class_names)
         self.train_set = VideoClipDataset(train, "train", transform=train_transform(self.train_short_side, self.crop),

@@ -76,9 +76,9 @@ class VideoSplits:
     #: what the class folders layout holds besides videos (other extensions, hidden files, sub-folders,
     #: files beside the class folders), for the data report; empty for the other layouts
     unread: list[str] = field(default_factory=list)
-    #: the videos the ``cvdf`` and ``list`` annotations name that are not on disk (left out), for the
-    #: data report; empty for the class folders layout
-    missing: list[str] = field(default_factory=list)
+    #: split -> the videos its ``cvdf`` or ``list`` annotations name that are not on disk (left out), for
+    #: the data report; empty for the class folders layout
+    missing: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _names(items: Sequence[str], limit: int = 3) -> str:
@@ -252,7 +252,7 @@ def read_cvdf(train_csv: str | os.PathLike | None, val_csv: str | os.PathLike | 
                 present[stem] = e.name
     out: dict[str, list[VideoSample]] = {}
     rows_of: dict[str, list[tuple[str, str]]] = {}
-    missing: list[str] = []
+    missing: dict[str, list[str]] = {}
     val_only = eval_only and _eval_file_only(train_csv, val_csv)
     for split, value in (("val", val_csv),) if val_only else (("train", train_csv), ("val", val_csv)):
         key = f"{split}_csv"
@@ -264,7 +264,7 @@ def read_cvdf(train_csv: str | os.PathLike | None, val_csv: str | os.PathLike | 
             raise DataError(f"None of the {len(rows)} videos of {value} (data.{key}) is in {folder} "
                             f"(data.video_dir), e.g. {rows[0][1]}. Point data.video_dir at the unpacked videos.")
         _warn_missing(absent, len(rows), value, key, str(folder))
-        missing += [str(folder / name) for _, name in rows if os.path.splitext(name)[0] not in present]
+        missing[split] = [str(folder / name) for _, name in rows if os.path.splitext(name)[0] not in present]
         out[split], rows_of[split] = kept, rows
     names = sorted({label for label, _ in rows_of.get("train", rows_of["val"])})
     _check_subset(names, [label for label, _ in rows_of["val"]], f"{val_csv} (data.val_csv)",
@@ -328,7 +328,7 @@ def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike
     out: dict[str, list[VideoSample]] = {}
     names: list[str] = []
     integer = False
-    absent: list[str] = []
+    absent: dict[str, list[str]] = {}
     val_only = eval_only and _eval_file_only(train_list, val_list)
     for split, value in (("val", val_list),) if val_only else (("train", train_list), ("val", val_list)):
         key = f"{split}_list"
@@ -356,7 +356,7 @@ def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike
                             f"{_names(missing)}. Fix data.list_prefix (the folder the paths are relative to) "
                             "or the list.")
         _warn_missing(len(missing), len(rows), list_path, key, str(base))
-        absent += missing
+        absent[split] = missing
         out[split] = samples
         val_labels = [_normal_label(label, integer) for _, label in rows]  # the last split: val; absent too
     _check_subset(names, val_labels, f"{val_list} (data.val_list)",

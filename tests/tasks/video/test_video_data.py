@@ -290,6 +290,11 @@ def test_listed_videos_not_on_disk_are_reported_as_missing(kinetics_clips, tmp_p
     with open(tmp_path / "lightning_logs" / "version_0" / "metrics.csv") as f:
         last = {key: value for row in csv.DictReader(f) for key, value in row.items() if value}
     assert float(last["data/missing"]) == 1 and float(last["data/skipped_corrupt"]) == 0
+    evaluating = _dm(k, layout="list", root=None, train_list=str(tmp_path / "train.txt"), val_list=str(k.val_list),
+                     list_prefix=str(k.list_prefix))
+    with pytest.warns(UserWarning, match="1 of 10 videos"):
+        evaluating.setup("test")
+    assert evaluating.data_problems() == {}  # a test serves val alone: training's missing videos are not its
 
 
 def test_what_the_class_folders_hold_besides_videos_is_named_not_dropped_in_silence(kinetics_clips, tmp_path):

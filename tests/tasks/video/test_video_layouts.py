@@ -70,7 +70,8 @@ def test_list_videos_not_on_disk_are_counted_warned_once_and_left_out_as_for_cvd
     assert len(record) == 1
     assert splits.train == read_lists(k.train_list, k.val_list, k.list_prefix).train
     assert splits.class_names == k.classes + ["zebra"]  # classes come from the list, not the disk
-    assert splits.missing == [str(k.list_prefix / n) for n in names] + [str(k.list_prefix / "train/gone.mp4")]
+    assert splits.missing == {"train": [str(k.list_prefix / n) for n in names] + [str(k.list_prefix / "train/gone.mp4")],
+                              "val": []}
     val = tmp_path / "val.txt"  # a class training lacks is refused, its video there or not
     val.write_text(k.val_list.read_text() + "val/gone.mp4 yak\n")
     with pytest.raises(DataError, match="names 1 class"), pytest.warns(UserWarning):
@@ -78,7 +79,8 @@ def test_list_videos_not_on_disk_are_counted_warned_once_and_left_out_as_for_cvd
     cvdf = tmp_path / "train.csv"
     cvdf.write_text(k.train_csv.read_text() + "bikes,gone1,5,15,train\n")
     with pytest.warns(UserWarning):
-        assert read_cvdf(cvdf, k.val_csv, k.video_dir).missing == [str(k.video_dir / "gone1_000005_000015.mp4")]
+        assert read_cvdf(cvdf, k.val_csv, k.video_dir).missing == {"train": [str(k.video_dir / "gone1_000005_000015.mp4")],
+                                                                   "val": []}
 
 
 def test_cvdf_clips_downloaded_into_other_containers_are_found(kinetics_clips, tmp_path):
