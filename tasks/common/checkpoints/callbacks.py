@@ -5,6 +5,7 @@
   same dropout masks and mixup coefficients as an uninterrupted one; in a checkpoint written
   inside an epoch, also what the epoch's logged training values have accumulated so far, so the
   epoch's means (``train/loss_epoch``, ``train/acc1``) cover its batches from before the resume.
+  ``validate``/``test`` of a checkpoint log their metrics at its step and epoch.
 - :class:`LastCheckpoint`: the one writer of ``last.ckpt``: at epoch ends, every n steps or
   minutes, and on SIGTERM (cluster preemption, ``scancel``, ``kill``), Ctrl-C, a closed terminal
   and the other stop signals of :mod:`..system.stop_signals`, where Lightning finishes the current step and
@@ -100,6 +101,7 @@ class ResumeState(L.Callback):
         self._sums: Optional[dict[str, Any]] = None  # the epoch accumulators to restore
         self._trainer: Optional[L.Trainer] = None
         self.run_id: Optional[str] = None
+        self._logged_at: Optional[tuple[int, int]] = None  # the fit loop's logging counters before an evaluation
 
     @property
     def state_key(self) -> str:
@@ -115,6 +117,24 @@ class ResumeState(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending = state_dict.get("rng")
         self._sums = state_dict.get("epoch_sums")
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        """``validate``/``test``/``predict`` of a checkpoint: the loggers' step and epoch are the
+        checkpoint's (its last optimizer step, counted from 0 as fit's own validations there were
+        logged, and its epoch), not 0: Lightning restores the loops' counters only to fit. Put
+        back when the command ends (a later fit of the same Trainer goes on from its own)."""
+        if trainer.state.fn == "fit" or self._logged_at is not None:
+            return
+        loop = trainer.fit_loop
+        self._logged_at = (loop.epoch_loop._batches_that_stepped, loop.epoch_progress.current.completed)
+        loop.epoch_loop._batches_that_stepped = max(int(checkpoint.get("global_step", 0)) - 1, 0)
+        loop.epoch_progress.current.completed = int(checkpoint.get("epoch", 0))
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._logged_at is not None:
+            loop = trainer.fit_loop
+            loop.epoch_loop._batches_that_stepped, loop.epoch_progress.current.completed = self._logged_at
+            self._logged_at = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._trainer = trainer

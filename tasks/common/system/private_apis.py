@@ -104,6 +104,10 @@ PRIVATE_APIS = (
           ("epoch_progress", "reopen_epoch",
            "the epoch counters in last.ckpt saved at the end of an epoch that max_steps cut short, set back to "
            "the epoch still open so a resume goes on at its next batch"))),
+    PrivateApi("lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "_batches_that_stepped", "attribute",
+               "common/checkpoints/callbacks.py: ResumeState.on_load_checkpoint, teardown",
+               "the step the loggers log at: validate/test of a checkpoint set it to the checkpoint's (Lightning "
+               "restores the loops only to fit, so they logged at step 0)"),
     PrivateApi("lightning.pytorch.Trainer", "_logger_connector", "attribute",
                "common/checkpoints/callbacks.py: _restore_epoch_sums",
                "the logger connector whose first-batch flag a mid-epoch resume sets (below)"),
