@@ -421,8 +421,8 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
     network, scheme, their options, ``agc_clip`` (with ``agc_eps`` and ``agc_clip_classifier``), the optimizer's ``lr``, the data's ``batch_size``
     and ``seed_everything`` from the config the suite pushed (:class:`~..common.run.SaveConfigToRun`),
     the curves, best validation values and steps trained from the history (``trainer/global_step``
-    + 1: the summary's steps), the final values and the throughput (``throughput/<unit>_per_s``) from the
-    W&B summary."""
+    + 1: the summary's steps), the final values and the throughput (``throughput/run_<unit>_per_s``,
+    the whole run's; of an older run, ``throughput/<unit>_per_s``) from the W&B summary."""
     init = ((config.get("model") or {}).get("init_args") or {})
     optimizer = init.get("optimizer") if isinstance(init.get("optimizer"), dict) else {}
     optimizer = optimizer.get("init_args") or {}
@@ -446,7 +446,10 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
         values = [v for _, v in points if math.isfinite(v)]
         if key.startswith("val/") and values:
             best[key] = max(values) if higher_is_better(key) else min(values)
-    throughput = next((v for k, v in final.items() if k.startswith("throughput/") and k.endswith("_per_s")), None)
+    # the whole run's (throughput/run_<unit>_per_s); a run logged before it had its own key: the last rate logged
+    rates = [(not k.startswith("throughput/run_"), v) for k, v in final.items()
+             if k.startswith("throughput/") and k.endswith("_per_s")]
+    throughput = min(rates, key=lambda r: r[0])[1] if rates else None
     diverged = summary.get("diverged") is True or final.get("diverged") == 1.0
     return {
         "name": name, "group": group, "run_id": run_id, "project": project, "network": init.get("network"),

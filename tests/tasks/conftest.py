@@ -181,7 +181,8 @@ def summary_matches_wandb():
     ``run_summary.json`` under the folder hold the same validations: every ``val/`` key the run
     logged appears in the summary's curve once per validation, at its step (W&B's
     ``trainer/global_step`` counts from 0, the summary's steps from 1), with the logged value;
-    and the same throughput (``throughput/<unit>_per_s``, the whole run's)."""
+    and the same throughput (``throughput/run_<unit>_per_s``, the whole run's, logged once; the
+    per-window ``throughput/<unit>_per_s`` once per logged step)."""
     import math
 
     from wandb_runs import find_offline_runs, read_offline_run
@@ -200,10 +201,13 @@ def summary_matches_wandb():
             for (_, mine), (_, theirs) in zip(curve, logged):
                 assert mine == pytest.approx(theirs, rel=1e-6) or (math.isnan(mine) and math.isnan(theirs)), key
         # the throughput in the task's unit: the whole run's, in the W&B summary and the run summary
-        key = "throughput/" + summary["throughput_unit"].replace(" ", "_") + "_per_s"
-        assert summary["samples_per_second"] > 0 and run.summary[key] == pytest.approx(summary["samples_per_second"])
-        assert summary["final"][key] == pytest.approx(summary["samples_per_second"])
-        assert sum(key in row for row in run.history) >= 2  # while training, and the whole run's at its end
+        unit = summary["throughput_unit"].replace(" ", "_")
+        key, whole = f"throughput/{unit}_per_s", f"throughput/run_{unit}_per_s"
+        assert summary["samples_per_second"] > 0 and run.summary[whole] == pytest.approx(summary["samples_per_second"])
+        assert summary["final"][whole] == pytest.approx(summary["samples_per_second"])
+        assert sum(whole in row for row in run.history) == 1  # once, when training ends
+        steps = [row["trainer/global_step"] for row in run.history if key in row]  # while training
+        assert steps and len(steps) == len(set(steps)), steps  # one rate per step on a chart
         return summary
 
     return check

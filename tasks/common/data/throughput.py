@@ -3,9 +3,10 @@
 
 A task module names its unit in ``throughput_unit`` and counts a batch with
 ``throughput_items(batch)``; a module without them counts samples (the first dimension of the
-batch's first tensor). :class:`~..run.summary.RunSummary` logs the rate as
-``throughput/<unit>_per_s`` (W&B, the run summary) and the line progress of a non-interactive
-run prints it (:mod:`..reporting.progress`).
+batch's first tensor). :class:`~..run.summary.RunSummary` logs the rate over the last
+``log_every_n_steps`` steps as ``throughput/<unit>_per_s`` while training, and the whole run's,
+once training ends, as ``throughput/run_<unit>_per_s`` (W&B, the run summary); the line
+progress of a non-interactive run prints the former (:mod:`..reporting.progress`).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["unit_of", "items_in", "metric_key", "batch_size"]
+__all__ = ["unit_of", "items_in", "metric_key", "run_metric_key", "batch_size"]
 
 
 def batch_size(batch: Any) -> int:
@@ -44,3 +45,9 @@ def items_in(pl_module: Any, batch: Any) -> int:
 def metric_key(pl_module: Any) -> str:
     """``throughput/images_per_s``, ``throughput/target_tokens_per_s`` ..."""
     return f"throughput/{unit_of(pl_module).replace(' ', '_')}_per_s"
+
+
+def run_metric_key(pl_module: Any) -> str:
+    """``throughput/run_images_per_s`` ...: the whole run's rate, logged once when training ends
+    under its own key, so the per-window curve of :func:`metric_key` has one value per step."""
+    return f"throughput/run_{unit_of(pl_module).replace(' ', '_')}_per_s"

@@ -16,9 +16,9 @@ accumulation, the window's last batch's loss, undivided, as Lightning logs it), 
 metric once per validation with the value the loggers received, also mid-epoch with
 ``val_check_interval`` and across resumes), steps, epochs, training seconds and the
 throughput: ``samples`` and ``samples_per_second`` counted in the task's unit, named by ``throughput_unit``
-(images, clips, target tokens; :mod:`..data.throughput`). The loggers (W&B) receive the same rate as
-``throughput/<unit>_per_s``: over the last ``log_every_n_steps`` steps while training, then the
-whole run's (the summary's value) when training ends. A step is the number of optimizer steps
+(images, clips, target tokens; :mod:`..data.throughput`). The loggers (W&B) receive the rate over the
+last ``log_every_n_steps`` steps while training as ``throughput/<unit>_per_s``, and the whole run's
+(the summary's value) when training ends as ``throughput/run_<unit>_per_s``. A step is the number of optimizer steps
 done (``trainer.global_step``); Lightning's
 loggers record the same points counting from 0 (W&B's ``trainer/global_step`` is one less).
 ``code``: the code that wrote it (``version``, and ``commit`` and ``dirty`` run from a git checkout;
@@ -39,7 +39,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..checkpoints import LastCheckpoint, preempted_message
-from ..data import is_skipped, items_in, metric_key, unit_of
+from ..data import is_skipped, items_in, metric_key, run_metric_key, unit_of
 from ..errors import DataError, UserError
 from ..reporting import current_run, started
 from ..system import CODE_KEY, code_version, write_atomically
@@ -182,7 +182,7 @@ class RunSummary(L.Callback):
         self.rate = self.samples / seconds if seconds > 0 and self.samples else None
         if self.rate is not None and trainer.global_rank == 0:
             for logger in trainer.loggers:
-                logger.log_metrics({metric_key(pl_module): self.rate}, step=max(trainer.global_step - 1, 0))
+                logger.log_metrics({run_metric_key(pl_module): self.rate}, step=max(trainer.global_step - 1, 0))
 
     # A validation's metrics are read at its very end, once Lightning has handed them to the
     # loggers: at ``on_validation_epoch_end`` a callback runs before the module's own hook (where
@@ -248,7 +248,7 @@ class RunSummary(L.Callback):
         final = self._final(trainer)
         rate = self.rate if self.rate is not None else (self.samples / self.seconds if self.seconds > 0 else None)
         if rate is not None:
-            final[metric_key(pl_module)] = rate  # the whole run's, as the loggers last received it
+            final[run_metric_key(pl_module)] = rate  # the whole run's, as the loggers received it
         return {
             "name": _text(getattr(experiment, "name", None)) or _text(getattr(logger, "name", None)),
             "project": _text(getattr(experiment, "project", None))

@@ -67,7 +67,7 @@ def test_a_truncated_jpeg_alone_in_its_batch_is_no_step(coco_canvases_copy, tmp_
     assert summary["status"] == "finished" and summary["steps"] == EPOCHS * ((n + 1) // 2)
     # throughput in images, the skipped batch left out, to W&B and the summary
     assert (summary["throughput_unit"], summary["samples"]) == ("images", EPOCHS * (n - 1))
-    assert run.summary["throughput/images_per_s"] == pytest.approx(summary["samples_per_second"])
+    assert run.summary["throughput/run_images_per_s"] == pytest.approx(summary["samples_per_second"])
 
 
 def test_an_ap_without_skipped_images_says_on_how_many_it_was_computed(coco_canvases_copy, tmp_path, caplog):

@@ -270,6 +270,18 @@ def test_a_wandb_run_with_agc_is_a_variant_of_its_own():
     assert (run["seed"], run["lr"], run["batch_size"]) == (2, 0.2, 128)
 
 
+def test_a_wandb_runs_throughput_is_its_whole_runs():
+    """The W&B summary holds the last window's rate under throughput/<unit>_per_s and the whole
+    run's under throughput/run_<unit>_per_s: compare reads the latter; an older run's only key."""
+    from rescale_tasks.studies.compare import run_from_wandb
+
+    config = {"model": {"init_args": {"network": "resnet20", "scheme": "nf"}}}
+    summary = {"throughput/images_per_s": 900.0, "throughput/run_images_per_s": 700.0}
+    assert run_from_wandb(config=config, summary=summary, history=[])["samples_per_second"] == 700.0
+    old = {"throughput/images_per_s": 800.0}
+    assert run_from_wandb(config=config, summary=old, history=[])["samples_per_second"] == 800.0
+
+
 def test_a_layernorm_free_scheme_is_never_the_baseline(tmp_path, capsys):
     """dyt and derf replace LayerNorm (their norm field names them): without post_ln or pre_ln a
     study of them has no baseline, said in one line; with one, that one is the baseline."""
@@ -474,3 +486,4 @@ def test_experiments_of_one_file_name_each_keep_their_plots(tmp_path, capsys):
     assert main(["compare", str(root), "--out", "cmp"]) == 0
     assert sorted(p.name for p in (tmp_path / "cmp").glob("*.png")) == [
         "en_de-2_curves.png", "en_de-2_metric.png", "en_de_curves.png", "en_de_metric.png"]
+

@@ -40,4 +40,4 @@ def test_a_translation_run_logged_to_a_file_prints_target_tokens_per_second(hand
     s = read_summary(path)
     assert s["throughput_unit"] == "target tokens" and s["samples"] > 0 and s["samples_per_second"] > 0
     (run,) = [read_offline_run(d) for d in find_offline_runs("runs")]
-    assert run.summary["throughput/target_tokens_per_s"] == pytest.approx(s["samples_per_second"])
+    assert run.summary["throughput/run_target_tokens_per_s"] == pytest.approx(s["samples_per_second"])

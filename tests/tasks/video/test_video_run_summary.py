@@ -25,4 +25,4 @@ def test_both_validations_of_a_4_epoch_run_are_in_its_summary(kinetics_clips, tm
         assert s["final"][key] == s["curves"][key][-1][1]
     # throughput in clips: 4 steps of 3 clips, to the logger and the summary
     assert (s["throughput_unit"], s["samples"]) == ("clips", 12) and s["samples_per_second"] > 0
-    assert s["final"]["throughput/clips_per_s"] == s["samples_per_second"]
+    assert s["final"]["throughput/run_clips_per_s"] == s["samples_per_second"]
