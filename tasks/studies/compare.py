@@ -150,7 +150,7 @@ def pooled_differences(runs: list[dict]) -> dict[str, list[str]]:
     lengths = _lengths(runs)
     if len({steps for steps, _ in lengths}) > 1:
         found["steps"] = [f"{steps}" + (f" {status}" if status else "") for steps, status in lengths]
-    seeds = Counter(r["seed"] for r in runs if r.get("seed") is not None)
+    seeds = Counter(r["seed_everything"] for r in runs if r.get("seed_everything") is not None)
     shared = [str(seed) for seed, n in sorted(seeds.items()) if n > 1]
     if shared:
         found["seed"] = shared
@@ -456,7 +456,9 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
         "scheme": init.get("scheme"), "scheme_options": init.get("scheme_options") or {},
         "network_options": init.get("network_options") or {}, "agc_clip": init.get("agc_clip"),
         "agc_eps": init.get("agc_eps"), "agc_clip_classifier": init.get("agc_clip_classifier"),
-        "lr": optimizer.get("lr"), "batch_size": data.get("batch_size"), "seed": seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
+        "lr": optimizer.get("lr"), "batch_size": data.get("batch_size"),
+        "seed_everything": seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
+        "data_seed": data.get("seed") if isinstance(data.get("seed"), int) and not isinstance(data.get("seed"), bool) else None,
         "status": "diverged" if diverged else (state or "finished"), "steps": steps,
         "final": final, "best": best, "samples_per_second": throughput, "curves": curves,
     }

@@ -24,6 +24,8 @@ class TaskDataModule(L.LightningDataModule):
     traceback (``Error while merging hparams``) at such a name, as COCO's ``data.max_size`` (the
     training resize's long-side cap) next to ``model.max_size`` (the test-time one). The model's
     value is logged under the flat name; the data's stays in the logged config (``data``).
+    The data order's ``seed`` is handed over as ``data_seed``: a flat ``seed`` beside the config's
+    ``seed_everything`` read as the run's seed (every seed of ``rescale study --seeds`` showed 0).
     """
 
     @property
@@ -32,7 +34,7 @@ class TaskDataModule(L.LightningDataModule):
         initial = super().hparams_initial
         module = getattr(getattr(self, "trainer", None), "lightning_module", None)
         if module is None:
-            return initial
+            return _data_seed_named(initial)
         theirs = module.hparams_initial
         for key in [k for k in initial if k in theirs and k != "_class_path"]:
             mine, other = initial[key], theirs[key]
@@ -42,8 +44,15 @@ class TaskDataModule(L.LightningDataModule):
                 differ = mine is not other
             if differ:
                 del initial[key]
-        return initial
+        return _data_seed_named(initial)
 
     def __str__(self) -> str:
         arguments = {k: v for k, v in self.hparams.items() if not k.startswith("_")}
         return f"{type(self).__name__}({arguments})"
+
+
+def _data_seed_named(hparams: Any) -> Any:
+    """``seed`` (the data order's) as ``data_seed``, the name the run summary gives it too."""
+    if "seed" in hparams:
+        hparams["data_seed"] = hparams.pop("seed")
+    return hparams

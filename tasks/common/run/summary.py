@@ -6,7 +6,10 @@ says (the studies put it in each grid point's folder). ``rescale compare`` and t
 aggregations read these files wherever the runs ran (this machine, a SLURM array, a sweep
 agent), so they need neither W&B's servers nor its file format.
 
-Contents: the run's identity (project, group, name, network, scheme, seed, lr, the adaptive
+Contents: the run's identity (project, group, name, network, scheme, ``seed_everything`` (the
+weights' and random streams' seed) and ``data_seed`` (the data order's, ``data.init_args.seed``;
+both named as in the W&B config; a summary written before had ``seed``, read as
+``seed_everything``), lr, the adaptive
 gradient clipping threshold ``agc_clip`` (null: off) with its ``agc_eps`` and
 ``agc_clip_classifier``, ``precision``, batch size, ``accumulate_grad_batches``, global batch),
 ``status`` (``finished``, ``diverged``, ``interrupted``), the final value of every logged scalar,
@@ -261,7 +264,8 @@ class RunSummary(L.Callback):
             "scheme_options": hparams.get("scheme_options") or {},
             "network_options": hparams.get("network_options") or {},
             "num_classes": hparams.get("num_classes"),
-            "seed": int(os.environ["PL_GLOBAL_SEED"]) if os.environ.get("PL_GLOBAL_SEED") else None,
+            "seed_everything": int(os.environ["PL_GLOBAL_SEED"]) if os.environ.get("PL_GLOBAL_SEED") else None,
+            "data_seed": data_hparams.get("seed"),  # the data order's (data.init_args.seed)
             "lr": lr,
             "agc_clip": hparams.get("agc_clip"),
             "agc_eps": hparams.get("agc_eps") if hparams.get("agc_clip") is not None else None,
@@ -357,7 +361,7 @@ class MalformedSummary(DataError, ValueError):
 # the fields readers use, by the type RunSummary writes them (each may also be null or absent)
 _TEXT = ("name", "project", "group", "run_id", "task", "network", "scheme", "status", "error", "throughput_unit",
          "checkpoint", "precision")
-_NUMBER = ("num_classes", "seed", "lr", "agc_clip", "agc_eps", "batch_size", "accumulate_grad_batches", "global_batch",
+_NUMBER = ("num_classes", "seed", "seed_everything", "data_seed", "lr", "agc_clip", "agc_eps", "batch_size", "accumulate_grad_batches", "global_batch",
            "world_size", "diverged_step", "steps",
            "epochs", "train_seconds", "samples", "samples_per_second")
 _MAPPING = ("scheme_options", "network_options", CODE_KEY)
@@ -395,7 +399,8 @@ def _field_problem(summary: dict) -> Optional[str]:
 
 
 def read_summary(path: str) -> dict:
-    """A ``run_summary.json`` (or the folder holding one), NaN restored; ``path`` added.
+    """A ``run_summary.json`` (or the folder holding one), NaN restored; ``path`` added; an older
+    file's ``seed`` as ``seed_everything``.
     Raises :class:`MalformedSummary` (one line naming the file) for a file that is not one."""
     if os.path.isdir(path):
         path = os.path.join(path, SUMMARY_FILE)
@@ -413,6 +418,8 @@ def read_summary(path: str) -> dict:
     problem = _field_problem(summary)
     if problem:
         raise MalformedSummary(f"{path} is not a run summary: {problem}")
+    if "seed" in summary:  # written before the seeds had their own names: seed_everything's
+        summary.setdefault("seed_everything", summary.pop("seed"))
     summary["path"] = path
     return summary
 

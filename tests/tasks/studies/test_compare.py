@@ -267,7 +267,7 @@ def test_a_wandb_run_with_agc_is_a_variant_of_its_own():
     config["model"]["init_args"].update(agc_clip_classifier=True, agc_eps=0.01)
     run = run_from_wandb(config=config, summary={}, history=[])
     assert variant_of(run) == "nf[agc_clip=0.01,agc_clip_classifier=True,agc_eps=0.01]"
-    assert (run["seed"], run["lr"], run["batch_size"]) == (2, 0.2, 128)
+    assert (run["seed_everything"], run["data_seed"], run["lr"], run["batch_size"]) == (2, None, 0.2, 128)
 
 
 def test_a_wandb_runs_throughput_is_its_whole_runs():
@@ -487,3 +487,28 @@ def test_experiments_of_one_file_name_each_keep_their_plots(tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "cmp").glob("*.png")) == [
         "en_de-2_curves.png", "en_de-2_metric.png", "en_de_curves.png", "en_de_metric.png"]
 
+
+def test_the_seeds_are_read_by_their_own_names_older_summaries_too(tmp_path):
+    """A summary names ``seed_everything`` and the data order's ``data_seed`` apart (an older one
+    has ``seed``, which was seed_everything): runs sharing a data seed only are not flagged as
+    sharing a seed; two sharing seed_everything are, in the new and the old form alike."""
+    root = tmp_path / "runs"
+    for name, everything in (("a", 0), ("b", 1)):
+        write_run(root / name, "digits", "bn", 0.9, 10.0, 0.1, everything)
+    for name, everything in (("c", 4), ("d", 4)):
+        write_run(root / name, "digits", "rescale", 0.9, 10.0, 0.1, 0, seed_everything=everything, data_seed=0)
+    for name in ("e", "f"):
+        write_run(root / name, "digits", "skipinit", 0.9, 10.0, 0.1, 5)
+    for path in (root / "c" / "run_summary.json", root / "d" / "run_summary.json"):
+        summary = json.loads(path.read_text())
+        del summary["seed"]
+        path.write_text(json.dumps(summary))
+    for name, everything in (("g", 6), ("h", 7)):
+        write_run(root / name, "digits", "fixup", 0.9, 10.0, 0.1, 0, seed_everything=everything, data_seed=0)
+        summary = json.loads((root / name / "run_summary.json").read_text())
+        del summary["seed"]
+        (root / name / "run_summary.json").write_text(json.dumps(summary))
+    assert main(["compare", str(root), "--out", "cmp"]) == 0
+    with open(tmp_path / "cmp/compare.csv") as f:
+        mixed = {r["variant"]: r["mixed"] for r in csv.DictReader(f)}
+    assert mixed == {"bn": "", "rescale": "shared seed 4", "skipinit": "shared seed 5", "fixup": ""}, mixed

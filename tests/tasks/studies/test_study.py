@@ -114,7 +114,7 @@ def test_an_interrupted_study_resumes_without_repeating_finished_runs(tmp_path, 
     assert f"resume from {checkpoint}" in log and f"--ckpt_path {checkpoint}" in log
     resumed, fresh = read_summary("seeds/points/seed1"), read_summary("seeds/points/seed2")
     assert resumed["status"] == fresh["status"] == "finished"
-    assert resumed["steps"] == fresh["steps"] == 6 and (resumed["seed"], fresh["seed"]) == (1, 2)
+    assert resumed["steps"] == fresh["steps"] == 6 and (resumed["seed_everything"], fresh["seed_everything"]) == (1, 2)
     assert [s for s, _ in resumed["curves"]["train/loss"]] == [1, 2, 3, 4, 5, 6]  # both segments
     rows = {(r["metric"], r["use"]): r for r in read_csv(tmp_path / "seeds/seeds.csv")}
     assert rows["val/acc1", "final"]["n"] == "3" and rows["val/acc1", "final"]["diverged"] == "0"

@@ -20,13 +20,14 @@ def test_fit_writes_its_summary_next_to_its_config(tmp_path, run_config, suite_w
     config = run_config(tmp_path / "run.yaml", trainer={
         "limit_train_batches": 3, "log_every_n_steps": 1, "max_epochs": 2,
         "logger": suite_wandb_logger("rescale-test", "summary", group="digits-tiny")})
-    assert main(["fit", "--config", config, "--seed_everything", "7"]) == 0
+    assert main(["fit", "--config", config, "--seed_everything", "7", "--data.init_args.seed", "3"]) == 0
     (path,) = find_summaries("runs")
     (run_dir,) = find_offline_runs("runs")
     assert path.startswith(str(tmp_path / run_dir)) and (tmp_path / run_dir / "files/rescale_config.yaml").is_file()
     s = read_summary(path)
     assert (s["name"], s["project"], s["group"]) == ("summary", "rescale-test", "digits-tiny")
-    assert (s["network"], s["scheme"], s["seed"], s["lr"], s["global_batch"]) == ("cifar_resnet", "rescale", 7, 0.1, 64)
+    assert (s["network"], s["scheme"], s["lr"], s["global_batch"]) == ("cifar_resnet", "rescale", 0.1, 64)
+    assert (s["seed_everything"], s["data_seed"]) == (7, 3) and "seed" not in s  # each seed by its own name
     assert s["agc_clip"] is s["agc_eps"] is s["agc_clip_classifier"] is None  # no AGC: nothing of it
     assert s["status"] == "finished" and s["steps"] == 6 and s["epochs"] == 2 and s["diverged_step"] is None
     assert [step for step, _ in s["curves"]["train/loss"]] == [1, 2, 3, 4, 5, 6]
@@ -38,6 +39,8 @@ def test_fit_writes_its_summary_next_to_its_config(tmp_path, run_config, suite_w
     summary_matches_wandb("runs")  # the values W&B received, the throughput in images/s too
     config = read_offline_run(run_dir).config  # the run config W&B filters by: the code too, not only the YAML's
     assert config["code"] == s["code"] and config["seed_everything"] == 7
+    # the data order's seed by the summary's name: a flat `seed` of 3 read as the run's seed
+    assert config["data_seed"] == 3 and "seed" not in config, sorted(config)
 
 
 def test_under_gradient_accumulation_the_loss_curve_has_one_point_per_step_as_logged(tmp_path, run_config,
