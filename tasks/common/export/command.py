@@ -13,8 +13,8 @@ file. Each file is read back by its own runtime (:mod:`.formats`) and run on the
 of the config's training data (images, clips, token ids); the largest absolute difference from
 the PyTorch model is printed, and above ``--tolerance`` (relative to the outputs' largest
 magnitude, at least 1) the command fails, that file kept as ``<name>.rejected<suffix>``. The files
-are written in a folder beside their destination and moved there once all have passed, so a
-failed export replaces none of an earlier one's.
+are written in a folder beside their destination and moved there once all have passed, all or none
+(:func:`move_in`), so a failed export replaces none of an earlier one's.
 
 What is exported per task (:func:`~.programs.export_programs`): the network
 (classification, video); a module whose task needs more says so with an ``export_programs(batch)``
@@ -48,7 +48,7 @@ from .formats import (FORMATS, capture, evaluating, input_specs, max_difference,
                       size_names, size_one_runs, tensors_of, varying_sizes)
 from .programs import ExportProgram, export_programs
 
-__all__ = ["export_paths", "export_stem", "ExportCheckFailed", "main"]
+__all__ = ["export_paths", "export_stem", "ExportCheckFailed", "move_in", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +257,39 @@ def refuse_fixed_sizes(programs: list[ExportProgram], formats: list[str]) -> Non
                             f"{program.name} takes every size")
 
 
+def move_in(staging: str, folder: str, what: str) -> None:
+    """Every file in ``staging`` moved into ``folder``, all or none as far as the file system allows:
+    each destination is checked first (one that is a folder is refused before any file moves), the
+    files an earlier export left there are set aside in ``staging`` and put back if a move fails
+    midway. A refusal or a failure is one :class:`UserError` line; ``folder`` then holds what it held."""
+    names = sorted(os.listdir(staging))  # the files, and any a format writes beside its own (ONNX's data)
+    for name in names:
+        destination = os.path.join(folder, name)
+        if os.path.isdir(destination) and not os.path.islink(destination):
+            raise UserError(f"cannot write {what} {destination}: a folder is in the way of the export's file "
+                            f"{name}; move it away or give --out another path (no file written)")
+    aside = tempfile.mkdtemp(prefix=".previous-", dir=staging)
+    done: list[tuple[str, bool]] = []  # (name, whether an earlier file was set aside), in order
+    failed = ""
+    try:
+        for name in names:
+            failed, destination = name, os.path.join(folder, name)
+            earlier = os.path.lexists(destination)
+            if earlier:
+                os.replace(destination, os.path.join(aside, name))
+            done.append((name, earlier))
+            os.replace(os.path.join(staging, name), destination)
+    except OSError as err:
+        for name, earlier in reversed(done):  # the failed one's new file is still in staging
+            destination = os.path.join(folder, name)
+            if not os.path.lexists(os.path.join(staging, name)):
+                os.replace(destination, os.path.join(staging, name))
+            if earlier:
+                os.replace(os.path.join(aside, name), destination)
+        raise UserError(f"cannot write {what} {os.path.join(folder, failed)}: {err.strerror or err}; the files "
+                        f"already moved in were taken back, the folder holds what it held (no file written)") from None
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args, overrides = _parser().parse_known_args(argv)
     args.format = list(dict.fromkeys(args.format))  # each format once
@@ -289,10 +322,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         with open(os.path.join(staging, f"{stem}.json"), "w", encoding="utf-8") as f:
             json.dump(sidecar, f, indent=1)
             f.write("\n")
+        move_in(staging, folder, "--out" if args.out else "the export folder")
         log.info(f"{os.path.join(os.path.dirname(next(iter(paths.values()))), stem)}.json: what a runtime needs "
                  "beside the files (task, classes, inputs, preprocessing; docs/inference.md)")
-        for name in os.listdir(staging):  # the files, and any a format writes beside its own (ONNX's data)
-            os.replace(os.path.join(staging, name), os.path.join(folder, name))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return 0

@@ -41,3 +41,60 @@ def test_an_out_naming_no_file_is_one_line(out):
 
     with pytest.raises(UserError, match=rf"^--out {out!r} names no file: give a file name"):
         export_paths("runs/x/checkpoints/last.ckpt", out, ["onnx", "exported-program"], ["network"])
+
+
+# --- moving the files in: all or none ------------------------------------------------------------------
+
+def _staged(tmp_path, names: list[str], text: str):
+    staging = tmp_path / "deploy" / ".export-x"
+    staging.mkdir(parents=True)
+    for name in names:
+        (staging / name).write_text(text)
+    return staging
+
+
+def test_a_folder_in_the_way_of_a_file_is_one_line_before_any_file_moves(tmp_path):
+    """``deploy/last.json`` a folder: the ExportedProgram and ONNX files were moved over the earlier
+    export's, then the sidecar's move failed with a traceback, the folder left holding new files beside
+    old ones."""
+    from rescale_tasks.common.errors import UserError
+    from rescale_tasks.common.export.command import move_in
+
+    deploy = tmp_path / "deploy"
+    staging = _staged(tmp_path, ["last.json", "last.onnx", "last.pt2"], "new")
+    for name in ("last.onnx", "last.pt2"):
+        (deploy / name).write_text("old")
+    (deploy / "last.json").mkdir()
+    with pytest.raises(UserError, match=r"^cannot write --out .*last\.json: a folder is in the way .* \(no file "
+                                        r"written\)$"):
+        move_in(str(staging), str(deploy), "--out")
+    assert [(deploy / name).read_text() for name in ("last.onnx", "last.pt2")] == ["old", "old"]
+
+
+def test_a_move_failing_midway_puts_back_what_it_replaced(tmp_path, monkeypatch):
+    """A file system failing on the third move (a disk error, a file made a folder meanwhile: what no
+    check beforehand can rule out; here ``os.replace`` made to fail): the two files already moved in
+    are taken back and the earlier export's put back, one error line says so."""
+    import os
+
+    from rescale_tasks.common.errors import UserError
+    from rescale_tasks.common.export import command
+
+    deploy = tmp_path / "deploy"
+    staging = _staged(tmp_path, ["net.json", "net.onnx", "net.onnx.data"], "new")
+    for name in ("net.json", "net.onnx"):  # an earlier export without external data
+        (deploy / name).write_text("old")
+    calls, replace = [], os.replace
+
+    def failing_midway(src, dst):
+        calls.append(dst)
+        if len(calls) == 5:  # set aside json, move json, set aside onnx, move onnx, move data: fails
+            raise OSError(5, "Input/output error", str(dst))
+        return replace(src, dst)
+
+    monkeypatch.setattr(command.os, "replace", failing_midway)
+    with pytest.raises(UserError, match=r"^cannot write --out .*net\.onnx\.data: Input/output error; the files "
+                                        r"already moved in were taken back"):
+        command.move_in(str(staging), str(deploy), "--out")
+    assert sorted(p.name for p in deploy.iterdir() if p.is_file()) == ["net.json", "net.onnx"]
+    assert [(deploy / name).read_text() for name in ("net.json", "net.onnx")] == ["old", "old"]
