@@ -7,8 +7,8 @@ builds, and ``rescale average-checkpoints``.
 - ``compat``: does a checkpoint belong to the architecture this run builds? one line saying what differs
 - ``averaging``: ``rescale average-checkpoints``: the weights of a run's last N checkpoints, averaged
 """
-from .files import (SAFE_GLOBALS, AtomicCheckpointIO, CheckpointError, CheckpointInfo, checkpoint_exists,
-                    checkpoint_run_id, is_remote, peek_checkpoint, safe_load)
+from .files import (RUN_CONFIG_KEY, SAFE_GLOBALS, AtomicCheckpointIO, CheckpointError, CheckpointInfo,
+                    checkpoint_exists, checkpoint_run_id, is_remote, peek_checkpoint, safe_load)
 from .callbacks import (LAST_NAME, EpochCheckpoint, LastCheckpoint, ResumeState, checkpoint_folder,
                         logger_folder, planned_checkpoint_folder, preempted_message, stop_signal)
 from .compat import (ARCHITECTURE_KEYS, CONFIG_FILE, CONFIG_KEYS, MISMATCH_FIX, NETWORK_PREFIX,
@@ -18,7 +18,7 @@ from .compat import (ARCHITECTURE_KEYS, CONFIG_FILE, CONFIG_KEYS, MISMATCH_FIX, 
                      trained_config_fix, typed_model_arguments)
 from .averaging import average_checkpoints
 
-__all__ = ["SAFE_GLOBALS", "AtomicCheckpointIO", "CheckpointError", "CheckpointInfo", "checkpoint_exists",
+__all__ = ["RUN_CONFIG_KEY", "SAFE_GLOBALS", "AtomicCheckpointIO", "CheckpointError", "CheckpointInfo", "checkpoint_exists",
            "checkpoint_run_id", "is_remote", "peek_checkpoint", "safe_load", "LAST_NAME", "EpochCheckpoint",
            "LastCheckpoint", "ResumeState", "checkpoint_folder", "logger_folder", "planned_checkpoint_folder",
            "preempted_message", "stop_signal",

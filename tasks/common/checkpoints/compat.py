@@ -36,22 +36,27 @@ CONFIG_FILE = "rescale_config.yaml"
 
 
 def saved_config(ckpt_path: Optional[str]) -> Optional[str]:
-    """The config the run that wrote ``ckpt_path`` saved, where it can be found: beside the
-    checkpoint's ``checkpoints/`` (a CSV or TensorBoard logger's version folder), or the W&B run's
-    ``<save_dir>/wandb/*-<run id>/files/`` (the run id the checkpoint records, or its folder's
-    name: ``<save_dir>/<project>/<run id>/checkpoints/``; a study point's
+    """The config the run that wrote ``ckpt_path`` saved, where it can be found: where the checkpoint
+    records it was saved (its ``run_config``, wherever ``--last_checkpoint.dirpath`` sent the
+    checkpoint), else, for a checkpoint written before it was recorded or a run folder since moved,
+    beside the checkpoint's ``checkpoints/`` (a CSV or TensorBoard logger's version folder), or the
+    W&B run's ``<save_dir>/wandb/*-<run id>/files/`` (the run id the checkpoint records, or its
+    folder's name: ``<save_dir>/<project>/<run id>/checkpoints/``; a study point's
     ``<point>/checkpoints/<run id>/``); the newest where the run was started several times. None
     for a remote checkpoint or where none is found."""
     if not ckpt_path or is_remote(str(ckpt_path)) or not os.path.isfile(str(ckpt_path)):
         return None
+    try:
+        info = peek_checkpoint(str(ckpt_path))
+    except CheckpointError:
+        info = None
+    if info is not None and info.run_config and os.path.isfile(info.run_config):
+        return info.run_config
     folder = os.path.dirname(os.path.abspath(str(ckpt_path)))
     run = os.path.dirname(folder) if os.path.basename(folder) == "checkpoints" else folder
     if os.path.isfile(os.path.join(run, CONFIG_FILE)):
         return os.path.join(run, CONFIG_FILE)
-    try:
-        recorded = peek_checkpoint(str(ckpt_path)).run_id
-    except CheckpointError:
-        recorded = None
+    recorded = info.run_id if info is not None else None
     ids = {i for i in (recorded, os.path.basename(run), os.path.basename(folder)) if i and i != "checkpoints"}
     found = []
     above = run

@@ -29,7 +29,7 @@ from rescale_core.schemes import Scheme
 
 from ..errors import UserError
 
-__all__ = ["AtomicCheckpointIO", "safe_load", "SAFE_GLOBALS", "CheckpointError", "CheckpointInfo",
+__all__ = ["AtomicCheckpointIO", "safe_load", "SAFE_GLOBALS", "CheckpointError", "CheckpointInfo", "RUN_CONFIG_KEY",
            "peek_checkpoint", "checkpoint_run_id", "is_remote", "checkpoint_exists"]
 
 
@@ -240,11 +240,17 @@ def _fsync_dir(folder: Path) -> None:
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """What the CLI needs to know about a checkpoint before building anything."""
+    """What the CLI needs to know about a checkpoint before building anything (``run_config``: where
+    its run saved its config, :data:`RUN_CONFIG_KEY`; None for a checkpoint written before it was recorded)."""
 
     hyper_parameters: dict
     run_id: Optional[str]
     global_step: int = 0
+    run_config: Optional[str] = None
+
+
+#: The checkpoint's entry holding the absolute path its run saved its config to (``rescale_config.yaml``).
+RUN_CONFIG_KEY = "run_config"
 
 
 def peek_checkpoint(path: str | os.PathLike) -> CheckpointInfo:
@@ -272,8 +278,9 @@ def _file_version(path: str) -> tuple:
 @functools.lru_cache(maxsize=4)
 def _peek(path: str, version: Any, size: Optional[int]) -> CheckpointInfo:
     state = safe_load(path, mmap=True)
+    recorded = state.get(RUN_CONFIG_KEY)
     return CheckpointInfo(dict(state.get("hyper_parameters") or {}), checkpoint_run_id(state),
-                          int(state.get("global_step") or 0))
+                          int(state.get("global_step") or 0), recorded if isinstance(recorded, str) else None)
 
 
 def checkpoint_run_id(checkpoint: dict) -> Optional[str]:

@@ -9,6 +9,7 @@ from typing import NamedTuple, Optional
 import lightning.pytorch as L
 from lightning.pytorch.cli import SaveConfigCallback
 
+from ..checkpoints import CONFIG_FILE, RUN_CONFIG_KEY, is_remote
 from ..reporting import started
 from ..system import CODE_KEY, code_version
 
@@ -110,8 +111,9 @@ class SaveConfigToRun(SaveConfigCallback):
     def __init__(self, *args, **kwargs) -> None:
         kwargs["save_to_log_dir"] = False
         # W&B keeps its own run config in files/config.yaml: use a name of our own
-        kwargs.setdefault("config_filename", "rescale_config.yaml")
+        kwargs.setdefault("config_filename", CONFIG_FILE)
         super().__init__(*args, **kwargs)
+        self.saved_to: Optional[str] = None  # where the config was written, recorded in every checkpoint
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         pass  # see the class docstring
@@ -142,9 +144,18 @@ class SaveConfigToRun(SaveConfigCallback):
             directory = run_directory(logger)
             if directory:
                 os.makedirs(directory, exist_ok=True)
-                self.parser.save(self.config, os.path.join(directory, self.config_filename),
-                                 skip_none=False, overwrite=True, multifile=False, skip_validation=True)
+                self._save(os.path.join(directory, self.config_filename))
         if not trainer.loggers and trainer.default_root_dir:
             os.makedirs(trainer.default_root_dir, exist_ok=True)
-            self.parser.save(self.config, os.path.join(trainer.default_root_dir, self.config_filename),
-                             skip_none=False, overwrite=True, multifile=False, skip_validation=True)
+            self._save(os.path.join(trainer.default_root_dir, self.config_filename))
+
+    def _save(self, path: str) -> None:
+        self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=False, skip_validation=True)
+        if self.saved_to is None:  # the first logger's
+            self.saved_to = path if is_remote(path) else os.path.abspath(path)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        """Record where the config was saved (``run_config``): ``saved_config`` finds it from the
+        checkpoint wherever the checkpoint was written (``--last_checkpoint.dirpath``)."""
+        if self.saved_to is not None:
+            checkpoint[RUN_CONFIG_KEY] = self.saved_to

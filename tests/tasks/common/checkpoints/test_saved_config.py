@@ -37,3 +37,20 @@ def test_a_checkpoint_whose_config_is_not_found_gets_where_fit_saves_it(tmp_path
     line = trained_config_fix("Give the --config it was trained with ({config}).", str(ckpt))
     assert "rescale_config.yaml in the run's folder: <save_dir>/wandb/*-<run id>/files/" in line
     assert "{config}" not in line
+
+
+def test_a_csv_run_with_its_checkpoints_sent_elsewhere_records_where_its_config_is(tmp_path, run_config,
+                                                                                   fit_checkpoint):
+    """``--last_checkpoint.dirpath p3/ck`` with a CSV logger saving in ``p3``: the config went to the
+    logger's version folder, ``p3/.../version_0/``, which nothing beside ``p3/ck`` names, and
+    ``saved_config`` found none. The checkpoint records where its run saved the config (``run_config``)."""
+    from rescale_tasks.common.checkpoints import peek_checkpoint
+
+    config = run_config(tmp_path / "run.yaml", trainer={"max_steps": 1, "limit_val_batches": 0, "logger": {
+        "class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "p3"}}})
+    ckpt = fit_checkpoint(tmp_path, ["--config", config, "--last_checkpoint.dirpath", "p3/ck"])
+    assert ckpt == tmp_path / "p3" / "ck" / "last.ckpt"
+    [expected] = (tmp_path / "p3").rglob("rescale_config.yaml")  # the logger's version folder
+    assert expected.parent.name == "version_0"
+    assert peek_checkpoint(str(ckpt)).run_config == str(expected)
+    assert saved_config(str(ckpt)) == str(expected) and "max_steps: 1" in expected.read_text()
