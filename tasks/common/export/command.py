@@ -219,7 +219,7 @@ def _export_one(program: ExportProgram, formats: list[str], paths: dict, staged:
             sizes = _sizes_of_fixed_file(program, captured[False], fmt.load(written), tolerance * scale)
         if difference > tolerance * scale:
             path = rejected_path(path, fmt.suffix)
-            os.replace(written, path)
+            fmt.move(written, path)  # with what it writes beside it: ONNX's external data
         line = (f"{path}: the {program.name} read back by {fmt.runtime}{sizes}: max |difference| from PyTorch "
                 f"{difference:.2e}")
         if difference > tolerance * scale:

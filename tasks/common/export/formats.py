@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import os
 import warnings
 from collections import Counter
 from dataclasses import dataclass
@@ -29,7 +30,8 @@ import torch
 from ..errors import UserError
 
 __all__ = ["Format", "FORMATS", "INSTALL_HINT", "require_packages", "evaluating", "capture", "op_counts",
-           "varying_sizes", "size_one_runs", "size_names", "input_specs", "tensors_of", "max_difference"]
+           "varying_sizes", "size_one_runs", "size_names", "input_specs", "tensors_of", "max_difference",
+           "ONNX_EXTERNAL_DATA_BYTES", "onnx_data_path"]
 
 INSTALL_HINT = 'pip install "rescale-suite[export]" (from a clone: pip install -e ".[export]", or make install)'
 
@@ -39,7 +41,8 @@ class Format:
     """One export format: the file suffix, the packages it needs, what runs the file read back,
     ``save_and_load(program, inputs, path) -> outputs`` (the file's outputs on ``inputs``), and
     whether it needs the program captured at the inputs' sizes (``static``; ``load(path)``: the file
-    read back as a callable, to check it at other sizes)."""
+    read back as a callable, to check it at other sizes), and ``move(path, to)``: the file moved, with
+    any it writes beside its own (ONNX's external data), the two still a pair."""
 
     suffix: str
     packages: tuple[str, ...]
@@ -47,6 +50,7 @@ class Format:
     save_and_load: Callable[[torch.export.ExportedProgram, tuple, str], Any]
     static: bool = False
     load: Optional[Callable[[str], Callable]] = None
+    move: Callable[[str, str], None] = os.replace
 
 
 def require_packages(names: list[str]) -> None:
@@ -217,19 +221,50 @@ def max_difference(outputs: Any, reference: Any) -> float:
 
 # --- the formats -------------------------------------------------------------------------------------
 
+#: Weights above this many bytes are saved beside the ONNX file, as ``<file>.data`` (external data;
+#: torch's exporter does so above its own threshold too, a protobuf file holding at most 2 GB).
+ONNX_EXTERNAL_DATA_BYTES = 1536 * 1024 * 1024
+
+
+def onnx_data_path(path: str) -> str:
+    """Where the ONNX file at ``path`` keeps its weights when they are saved as external data."""
+    return f"{path}.data"
+
+
 def _onnx(program: torch.export.ExportedProgram, inputs: tuple, path: str) -> list:
     # an optional dependency (the export extra): imported only when this format is asked for
     import onnxruntime
 
     with contextlib.redirect_stdout(io.StringIO()):  # the exporter's progress lines
         onnx_program = torch.onnx.export(program, inputs, dynamo=True, verbose=False)
-    onnx_program.save(path)
+    weights = sum(t.numel() * t.element_size() for t in (*program.state_dict.values(), *program.constants.values())
+                  if isinstance(t, torch.Tensor))
+    onnx_program.save(path, external_data=True if weights > ONNX_EXTERNAL_DATA_BYTES else None)
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     # the graph's inputs by name: an input the computation does not read is not one of them
     wanted = {arg.name for arg in session.get_inputs()}
     feeds = {name: t.detach().cpu().numpy() for name, t in zip(program.graph_signature.user_inputs, inputs)
              if name in wanted}
     return [torch.from_numpy(out) for out in session.run(None, feeds)]
+
+
+def _move_onnx(path: str, to: str) -> None:
+    """The ONNX file at ``path`` moved to ``to``; with external data, that moved to ``<to>.data`` and
+    the file rewritten to name it (the file names its data file: a renamed pair no longer loads)."""
+    if not os.path.exists(onnx_data_path(path)):
+        os.replace(path, to)
+        return
+    import onnx
+
+    model = onnx.load(path)  # the weights read from the data file, into the model
+    staged = os.path.join(os.path.dirname(path), os.path.basename(to))
+    for stale in (staged, onnx_data_path(staged)):  # onnx appends to an existing data file
+        if os.path.exists(stale):
+            os.remove(stale)
+    onnx.save_model(model, staged, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=os.path.basename(onnx_data_path(to)))
+    os.replace(onnx_data_path(staged), onnx_data_path(to))
+    os.replace(staged, to)
 
 
 def _exported_program(program: torch.export.ExportedProgram, inputs: tuple, path: str) -> Any:
@@ -268,7 +303,7 @@ def _torchscript(program: torch.export.ExportedProgram, inputs: tuple, path: str
 
 
 FORMATS: dict[str, Format] = {
-    "onnx": Format(".onnx", ("onnx", "onnxscript", "onnxruntime"), "onnxruntime", _onnx),
+    "onnx": Format(".onnx", ("onnx", "onnxscript", "onnxruntime"), "onnxruntime", _onnx, move=_move_onnx),
     "exported-program": Format(".pt2", (), "torch.export.load", _exported_program),
     "torchscript": Format(".torchscript.pt", (), "torch.jit.load", _torchscript, static=True, load=_load_torchscript),
 }

@@ -176,6 +176,31 @@ def test_a_file_beyond_the_tolerance_fails_in_one_line_and_replaces_no_earlier_f
         "vgg.onnx", "vgg.pt2", "vgg.rejected.onnx"]
 
 
+def test_an_onnx_file_with_external_data_is_kept_with_it_rejected_or_moved_in(trained, error_line, monkeypatch):
+    """An ONNX network over the exporter's size limit keeps its weights beside it, ``<file>.data``, which
+    the file names: a rejected file was renamed alone, its data deleted with the staging folder (a
+    file no runtime could load). Weights saved as external data from 0 bytes on, as above 2 GB."""
+    import onnxruntime
+
+    from rescale_tasks.common.export import formats
+
+    monkeypatch.setattr(formats, "ONNX_EXTERNAL_DATA_BYTES", 0)
+    config, ckpt = trained("vgg11")
+    args = ["export", "--config", config, "--ckpt_path", str(ckpt), "--format", "onnx", "--out", "vgg.onnx"]
+    assert main([*args, "--tolerance", "0"]) == 1
+    assert error_line().startswith("vgg.rejected.onnx: the network read back by onnxruntime")
+    assert sorted(p.name for p in Path().iterdir()) == ["vgg.rejected.onnx", "vgg.rejected.onnx.data"]
+    assert main(args) == 0
+    assert sorted(p.name for p in Path().iterdir()) == ["vgg.json", "vgg.onnx", "vgg.onnx.data",
+                                                         "vgg.rejected.onnx", "vgg.rejected.onnx.data"]
+    x = torch.randn(2, 1, 32, 32).numpy()
+    runs = {}
+    for name in ("vgg.rejected.onnx", "vgg.onnx"):
+        session = onnxruntime.InferenceSession(name, providers=["CPUExecutionProvider"])
+        [runs[name]] = session.run(None, {session.get_inputs()[0].name: x})
+    assert (runs["vgg.rejected.onnx"] == runs["vgg.onnx"]).all()
+
+
 # --- one line for bad input ----------------------------------------------------------------------
 
 def test_a_bad_format_is_one_line(trained, error_line):
