@@ -19,8 +19,8 @@ are written in a folder beside their destination and moved there once all have p
 What is exported per task (:func:`~.programs.export_programs`): the network
 (classification, video); a module whose task needs more says so with an ``export_programs(batch)``
 method (translation: the encoder and one decoding step; detection: the backbone with its FPN, and
-one line on what of the detector does not export). Files go to ``--out`` (a path whose suffix is replaced by the
-format's), by default ``export/<checkpoint name>`` in the folder of the run that wrote the
+one line on what of the detector does not export). Files go to ``--out`` (a path whose suffix, a format's or
+the sidecar's ``.json``, is replaced by the format's), by default ``export/<checkpoint name>`` in the folder of the run that wrote the
 checkpoint; a task with several programs gets one file each, ``<name>.<program><suffix>``. Beside
 them ``<name>.json`` (:func:`_sidecar`, with what the task module's ``export_metadata`` adds: class
 names, preprocessing, the translation task's SentencePiece model as ``<name>.spm.model``), staged and
@@ -70,7 +70,8 @@ class ExportCheckFailed(UserError):
 # --- where the files go ---------------------------------------------------------------------------
 
 def export_paths(ckpt_path: str, out: Optional[str], formats: list[str], programs: list[str]) -> dict:
-    """``{(format, program): path}``: ``--out`` (a format's suffix on it, or ``.pt``, replaced by each format's;
+    """``{(format, program): path}``: ``--out`` (a format's suffix on it, ``.pt`` or the sidecar's ``.json``,
+    replaced by each format's;
     a folder, existing or ending in ``/``: ``<folder>/<checkpoint name>``), else
     ``export/<checkpoint name>`` in the folder of the run that wrote the checkpoint (the folder
     holding its ``checkpoints/``; for a checkpoint elsewhere, its own folder). Several programs:
@@ -95,7 +96,8 @@ def export_stem(ckpt_path: str, out: Optional[str]) -> str:
         stem = os.path.join(out, name)
     else:
         stem = out
-        for suffix in sorted({f.suffix for f in FORMATS.values()} | {".pt"}, key=len, reverse=True):
+        # a format's suffix, or the sidecar's (--out deploy/net.json: the sidecar deploy/net.json, deploy/net.onnx)
+        for suffix in sorted({f.suffix for f in FORMATS.values()} | {".pt", ".json"}, key=len, reverse=True):
             if stem.endswith(suffix):
                 stem = stem[:-len(suffix)]
                 break
@@ -126,7 +128,8 @@ def _parser() -> UserArgumentParser:
     p.add_argument("--ckpt_path", required=True, help="a checkpoint written by rescale fit")
     p.add_argument("--format", nargs="+", required=True, choices=list(FORMATS),
                    help="one or more of: " + ", ".join(FORMATS))
-    p.add_argument("--out", help="the file to write (a .onnx/.pt2/.pt suffix on it becomes each format's), or a "
+    p.add_argument("--out", help="the file to write (a .onnx/.pt2/.pt/.json suffix on it becomes each format's: "
+                                 "--out deploy/net.json writes deploy/net.onnx beside deploy/net.json), or a "
                                  "folder (existing, or ending in /) to write <checkpoint name>.<suffix> in (default: "
                                  "export/<checkpoint name> in the run folder of the checkpoint); beside the files, "
                                  "<name>.json says what a runtime needs (classes, inputs, preprocessing)")

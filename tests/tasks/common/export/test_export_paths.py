@@ -15,6 +15,16 @@ def test_a_suffix_on_out_becomes_each_formats(out):
     assert sorted(written.values()) == ["exports/net.onnx", "exports/net.pt2", "exports/net.torchscript.pt"]
 
 
+def test_out_naming_the_sidecar_writes_the_files_beside_it():
+    """``--out deploy/net.json`` (the sidecar's name) wrote ``deploy/net.json.onnx`` and
+    ``deploy/net.json.json``; it names the export ``deploy/net``: ``net.onnx`` beside ``net.json``."""
+    from rescale_tasks.common.export.command import export_stem
+
+    written = export_paths("last.ckpt", "deploy/net.json", ["onnx", "exported-program"], ["network"])
+    assert sorted(written.values()) == ["deploy/net.onnx", "deploy/net.pt2"]
+    assert export_stem("last.ckpt", "deploy/net.json") + ".json" == "deploy/net.json"
+
+
 def test_a_task_with_several_programs_names_each():
     written = export_paths("last.ckpt", "wmt.pt", ["onnx"], ["encoder", "decode_step"])
     assert sorted(written.values()) == ["wmt.decode_step.onnx", "wmt.encoder.onnx"]
