@@ -44,8 +44,8 @@ from ..cli import build_run
 from ..errors import DataError, UserArgumentParser, UserError
 from ..system import CODE_KEY, code_version, require_writable
 from ..training import resolved_architecture
-from .formats import (FORMATS, capture, evaluating, input_specs, max_difference, op_counts, require_packages,
-                      size_names, size_one_runs, tensors_of, varying_sizes)
+from .formats import (FORMATS, capture, evaluating, input_specs, max_difference, onnx_data_path, op_counts,
+                      require_packages, size_names, size_one_runs, tensors_of, varying_sizes)
 from .programs import ExportProgram, export_programs
 
 __all__ = ["export_paths", "export_stem", "ExportCheckFailed", "move_in", "main"]
@@ -230,6 +230,8 @@ def _export_one(program: ExportProgram, formats: list[str], paths: dict, staged:
                                     "for inspection, no other file written (--tolerance sets the bound)")
         log.info(line)
         described["files"][name] = os.path.basename(path)
+        if os.path.exists(onnx_data_path(written)):  # weights kept beside the file: a runtime copies both
+            described.setdefault("data_files", {})[name] = os.path.basename(onnx_data_path(path))
         described["max_difference"][name] = difference
         if fmt.static:  # ``free`` is the program's: a file traced at the batch's sizes says what it was checked at
             described.setdefault("traced", {})[name] = sizes.lstrip(", ") or "traced at these sizes"

@@ -193,6 +193,7 @@ def test_an_onnx_file_with_external_data_is_kept_with_it_rejected_or_moved_in(tr
     assert main(args) == 0
     assert sorted(p.name for p in Path().iterdir()) == ["vgg.json", "vgg.onnx", "vgg.onnx.data",
                                                          "vgg.rejected.onnx", "vgg.rejected.onnx.data"]
+    assert json.loads(Path("vgg.json").read_text())["programs"]["network"]["data_files"] == {"onnx": "vgg.onnx.data"}
     x = torch.randn(2, 1, 32, 32).numpy()
     runs = {}
     for name in ("vgg.rejected.onnx", "vgg.onnx"):
