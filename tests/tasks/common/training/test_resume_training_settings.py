@@ -5,6 +5,7 @@ what differs, before it trains a step or touches the checkpoint; a schedule that
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -16,20 +17,22 @@ SCHEDULE = {"optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0
                              "init_args": {"warmup_epochs": 0}}}
 
 
-@pytest.fixture
-def trained(tmp_path, run_config, fit_checkpoint):
-    config = run_config(tmp_path / "run.yaml", model={"init_args": SCHEDULE}, trainer={"max_epochs": 2})
-    return config, fit_checkpoint(tmp_path, ["--config", config])
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, run_config, fit_checkpoint):
+    """One run trained once for the refusals, which must leave its checkpoint as it was (each checks)."""
+    folder = tmp_path_factory.mktemp("trained")
+    config = run_config(folder / "run.yaml", model={"init_args": SCHEDULE}, trainer={"max_epochs": 2})
+    return config, fit_checkpoint(folder, ["--config", config])
 
 
 @pytest.mark.parametrize("changed, said", [
     (["--model.init_args.optimizer.init_args.lr", "0.5"], "lr 0.05 -> 0.5"),
     (["--trainer.max_epochs", "3"], "max_epochs (trainer.max_epochs) 2 -> 3"),
 ])
-def test_resume_with_other_training_settings_is_refused(tmp_path, monkeypatch, trained, error_line, changed, said):
+def test_resume_with_other_training_settings_is_refused(monkeypatch, trained, error_line, changed, said):
     config, ckpt = trained
     before = ckpt.read_bytes()
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(Path(config).parent)  # where the run was trained
     assert main(["fit", "--config", config, "--trainer.max_epochs", "2", *changed, "--ckpt_path", str(ckpt)]) != 0
     message = error_line()
     assert said in message and str(ckpt) in message, message
