@@ -12,7 +12,8 @@ run keeps its summary in ``wandb/offline-run-*/files``); W&B's own run files are
 and the training settings that change the method (adaptive gradient clipping: ``nf[agc_clip=0.01]``;
 its ``agc_eps`` and ``agc_clip_classifier`` too where they are not the defaults).
 Several runs of a variant are seeds, shown as mean +- std (sample std, n-1); runs of one variant
-that differ in another recorded setting (network, network options, learning rate, batch size), in
+that differ in another recorded setting (network, network options, learning rate, batch size, the
+data read: run_summary.json's ``data``, unknown in older summaries), in
 the steps they trained (a run stopped early among finished ones) or share a seed are still pooled, but named in one warning line per variant (one for the experiment
 where each of its variants was pooled over the same settings, as in a sweep's folder) and marked in
 the table's ``mixed`` column. A run resumed after an interruption is one run however many segments it has (one
@@ -78,7 +79,7 @@ BASELINES = ("bn", "gn", "post_ln", "pre_ln")
 METHOD_SETTINGS = {"agc_clip": None, "agc_eps": agc.DEFAULT_EPS, "agc_clip_classifier": False}
 _AGC_DETAILS = ("agc_eps", "agc_clip_classifier")
 # recorded settings the seeds of one variant are expected to share
-RUN_SETTINGS = ("network", "network_options", "lr", "batch_size", "global_batch")
+RUN_SETTINGS = ("network", "network_options", "lr", "batch_size", "global_batch", "data")
 
 
 def mean_std(values: Iterable[float]) -> tuple[Optional[float], Optional[float], int]:
@@ -144,7 +145,7 @@ def pooled_differences(runs: list[dict]) -> dict[str, list[str]]:
     values concerned."""
     found: dict[str, list[str]] = {}
     for key in RUN_SETTINGS:
-        values = list(dict.fromkeys(_shown(r[key]) for r in runs if r.get(key) is not None))
+        values = list(dict.fromkeys(_shown(_setting(r, key)) for r in runs if _setting(r, key) is not None))
         if len(values) > 1:
             found[key] = values
     lengths = _lengths(runs)
@@ -155,6 +156,15 @@ def pooled_differences(runs: list[dict]) -> dict[str, list[str]]:
     if shared:
         found["seed"] = shared
     return found
+
+
+def _setting(run: dict, key: str):
+    """A run's recorded ``key``; of its data fingerprint the module and the splits (counts, hashes),
+    not where the root lies (the same data read from another folder is the same data)."""
+    value = run.get(key)
+    if key == "data" and isinstance(value, dict):
+        value = {k: v for k, v in value.items() if k in ("class", "splits")}
+    return value
 
 
 def _lengths(runs: list[dict]) -> list[tuple[int, str]]:

@@ -1,11 +1,16 @@
 """The base of every task's data module."""
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+import os
+from typing import Any, Optional
 
 import lightning.pytorch as L
 
-__all__ = ["TaskDataModule"]
+__all__ = ["TaskDataModule", "DATA_KEY", "data_fingerprint"]
+
+#: the name a run summary gives the data fingerprint (:meth:`TaskDataModule.data_fingerprint`)
+DATA_KEY = "data"
 
 
 class TaskDataModule(L.LightningDataModule):
@@ -46,9 +51,76 @@ class TaskDataModule(L.LightningDataModule):
                 del initial[key]
         return _data_seed_named(initial)
 
+    #: the attributes :meth:`data_fingerprint` reads the splits from (a dict of splits also serves)
+    fingerprint_splits = ("train_set", "val_set", "test_set", "datasets")
+
+    def data_fingerprint(self) -> dict:
+        """Which data the run read, from what :meth:`setup` already holds (no file is read again): the
+        class, the root as given and resolved (where there is one), and per split its sample count
+        and a 12-hex-digit hash: of the sorted (path relative to the root, size) list for a split of
+        files (``samples``), of the tensors' bytes for one held in memory. What cannot be said is
+        left out (a split with no count or hash reads as unknown, never as a difference)."""
+        found: dict[str, Any] = {"class": type(self).__name__}
+        root = getattr(self, "root", None)
+        resolved = None
+        if isinstance(root, (str, os.PathLike)):
+            resolved = os.path.realpath(os.path.expanduser(str(root)))
+            found["root"], found["resolved_root"] = str(root), resolved
+        splits: dict[str, Any] = {}
+        for name in self.fingerprint_splits:
+            value = getattr(self, name, None)
+            if isinstance(value, dict):
+                splits.update({str(k): v for k, v in value.items() if v is not None})
+            elif value is not None:
+                splits[name.removesuffix("_set")] = value
+        found["splits"] = {name: _split_fingerprint(dataset, resolved) for name, dataset in splits.items()}
+        return found
+
     def __str__(self) -> str:
         arguments = {k: v for k, v in self.hparams.items() if not k.startswith("_")}
         return f"{type(self).__name__}({arguments})"
+
+
+def data_fingerprint(datamodule: Any) -> Optional[dict]:
+    """``datamodule``'s :meth:`~TaskDataModule.data_fingerprint`; None for none, or one of another kind."""
+    return datamodule.data_fingerprint() if isinstance(datamodule, TaskDataModule) else None
+
+
+def _split_fingerprint(dataset: Any, root: Optional[str]) -> dict:
+    """One split's sample count and short hash (:meth:`TaskDataModule.data_fingerprint`)."""
+    found: dict[str, Any] = {}
+    try:
+        found["count"] = len(dataset)
+    except TypeError:
+        pass
+    digest = _digest(dataset, root)
+    if digest is not None:
+        found["hash"] = digest
+    return found
+
+
+def _digest(dataset: Any, root: Optional[str]) -> Optional[str]:
+    samples = getattr(dataset, "samples", None)
+    if isinstance(samples, (list, tuple)):
+        entries = []
+        for sample in samples:
+            path = str(sample[0] if isinstance(sample, (list, tuple)) else sample)
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                size = -1
+            entries.append((os.path.relpath(path, root) if root else path, size))
+        return hashlib.sha256(repr(sorted(entries)).encode()).hexdigest()[:12]
+    tensors = getattr(dataset, "tensors", None)
+    if tensors is None and hasattr(dataset, "images") and hasattr(dataset, "labels"):
+        tensors = (dataset.images, dataset.labels)
+    if isinstance(tensors, (list, tuple)) and tensors and all(hasattr(t, "numpy") for t in tensors):
+        sha = hashlib.sha256()
+        for tensor in tensors:
+            sha.update(str(tuple(tensor.shape)).encode())
+            sha.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        return sha.hexdigest()[:12]
+    return None
 
 
 def _data_seed_named(hparams: Any) -> Any:

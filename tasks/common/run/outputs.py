@@ -9,6 +9,7 @@ from typing import NamedTuple, Optional
 import lightning.pytorch as L
 from lightning.pytorch.cli import SaveConfigCallback
 
+from ..data import data_fingerprint
 from ..checkpoints import CONFIG_FILE, RUN_CONFIG_KEY, is_remote
 from ..reporting import started
 from ..system import CODE_KEY, code_version
@@ -102,7 +103,8 @@ class SaveConfigToRun(SaveConfigCallback):
     """Writes the resolved ``config.yaml`` into each run's own directory (never a shared folder,
     so runs cannot collide) and pushes the whole config, not only the module's hyper-parameters,
     to every logger (the W&B run config), with ``code``: the suite's version, commit and dirty flag
-    (:func:`~..system.provenance.code_version`).
+    (:func:`~..system.provenance.code_version`), and ``data_fingerprint``: which data it reads
+(:meth:`~..data.TaskDataModule.data_fingerprint`).
 
     Saved when the run starts (fit, validate, test or predict), not at ``setup`` as Lightning's
     callback does: by then the data, the module and the checkpoint have passed their checks, so a
@@ -138,7 +140,9 @@ class SaveConfigToRun(SaveConfigCallback):
         checked when it was parsed, and a second check of a whole run config costs about as much."""
         # with the code that runs it (run_summary.json's and every checkpoint's `code`): a W&B run's
         # config is what its runs are filtered by
-        config = {**self.config.as_dict(), CODE_KEY: code_version()}
+        # and the data it reads (`data_fingerprint`, run_summary.json's `data`; `data` is its config)
+        config = {**self.config.as_dict(), CODE_KEY: code_version(),
+                  "data_fingerprint": data_fingerprint(trainer.datamodule)}
         for logger in trainer.loggers:
             logger.log_hyperparams(config)
             directory = run_directory(logger)

@@ -25,7 +25,8 @@ last ``log_every_n_steps`` steps while training as ``throughput/<unit>_per_s``, 
 done (``trainer.global_step``); Lightning's
 loggers record the same points counting from 0 (W&B's ``trainer/global_step`` is one less).
 ``code``: the code that wrote it (``version``, and ``commit`` and ``dirty`` run from a git checkout;
-:func:`~..system.provenance.code_version`), as every checkpoint of the run records it.
+:func:`~..system.provenance.code_version`), as every checkpoint of the run records it. ``data``: which data it read (:meth:`~..data.TaskDataModule.data_fingerprint`:
+the data module, its root, and each split's sample count and short hash).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..checkpoints import LastCheckpoint, preempted_message
-from ..data import is_skipped, items_in, metric_key, run_metric_key, unit_of
+from ..data import DATA_KEY, data_fingerprint, is_skipped, items_in, metric_key, run_metric_key, unit_of
 from ..errors import DataError, UserError
 from ..reporting import current_run, started
 from ..system import CODE_KEY, code_version, write_atomically
@@ -289,6 +290,7 @@ class RunSummary(L.Callback):
             "curves": {"train/loss": self.train_curve, **self.val_curve},
             "checkpoint": _last_checkpoint(trainer),
             CODE_KEY: code_version(),
+            DATA_KEY: data_fingerprint(trainer.datamodule),  # which data it read (None: unknown)
         }
 
     def write(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str,
@@ -364,7 +366,7 @@ _TEXT = ("name", "project", "group", "run_id", "task", "network", "scheme", "sta
 _NUMBER = ("num_classes", "seed", "seed_everything", "data_seed", "lr", "agc_clip", "agc_eps", "batch_size", "accumulate_grad_batches", "global_batch",
            "world_size", "diverged_step", "steps",
            "epochs", "train_seconds", "samples", "samples_per_second")
-_MAPPING = ("scheme_options", "network_options", CODE_KEY)
+_MAPPING = ("scheme_options", "network_options", CODE_KEY, DATA_KEY)
 _METRICS = ("final", "best")  # metric name -> number
 
 
