@@ -367,6 +367,16 @@ class CocoDataModule(TaskDataModule):
         for split in _STAGE_SPLITS.get(stage or "", ()):
             self.dataset(split)
 
+    # --- the data fingerprint (run_summary.json's ``data``) ---------------------------------
+    def fingerprint_root(self) -> Any:
+        return self.hparams.get("root")
+
+    def fingerprint_files(self, split: str, dataset: Any) -> list | None:
+        """A split's annotation file: it lists the images (stating every image of COCO would cost
+        a walk of its folders); the count says how many of them the split kept."""
+        annotations = getattr(dataset, "annotation_file", None)
+        return [annotations] if annotations is not None else None
+
     # --- loaders ----------------------------------------------------------------------------
     def _loader_options(self) -> dict[str, Any]:
         workers = loader_workers(self.num_workers)  # at most the usable cores

@@ -217,6 +217,16 @@ class TranslationDataModule(TaskDataModule):
             raise DataError(f"no {split} split in {paths[0].parent} (data.root): add {names}.")
         return self.datasets[split]
 
+    # --- the data fingerprint (run_summary.json's ``data``) ---------------------------------
+    def fingerprint_root(self) -> str:
+        return self.settings.root
+
+    def fingerprint_files(self, split: str, dataset: PairDataset) -> list | None:
+        """A split's text files and the SentencePiece model that turned them into tokens."""
+        if self.prepared is None or split not in self.prepared.sources:
+            return None
+        return [*self.prepared.sources[split].paths, self.prepared.spm_model]
+
     # --- loaders ----------------------------------------------------------------------------
     def loader(self, split: str, num_replicas: int | None = None, rank: int | None = None) -> DataLoader:
         """The loader of ``split`` for rank ``rank`` of ``num_replicas`` (default: from

@@ -146,6 +146,10 @@ class KineticsDataModule(TaskDataModule):
                 "views": {"clips": self.num_clips, "crops": self.num_crops, "combine": "mean of softmax"}}
 
     # --- data ----------------------------------------------------------------------------------
+    def fingerprint_root(self) -> str | None:
+        """The folder the videos are under (``root``, else ``video_dir``), for run_summary.json's ``data``."""
+        return self.layout_args["root"] or self.layout_args["video_dir"] or self.layout_args["list_prefix"]
+
     def setup(self, stage: str | None = None) -> None:
         evaluation = stage in ("validate", "test", "predict")  # class folders may hold val/ alone
         if self.val_set is not None and (self.train_set is not None or evaluation):

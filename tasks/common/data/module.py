@@ -56,16 +56,15 @@ class TaskDataModule(L.LightningDataModule):
 
     def data_fingerprint(self) -> dict:
         """Which data the run read, from what :meth:`setup` already holds (no file is read again): the
-        class, the root as given and resolved (where there is one), and per split its sample count
-        and a 12-hex-digit hash: of the sorted (path relative to the root, size) list for a split of
-        files (``samples``), of the tensors' bytes for one held in memory. What cannot be said is
-        left out (a split with no count or hash reads as unknown, never as a difference)."""
+        class, the root as given and resolved (where there is one: :meth:`fingerprint_root`), and per
+        split its sample count and a 12-hex-digit hash: of the sorted (path relative to the root,
+        size) list of its files (:meth:`fingerprint_files`), else of its tensors' bytes for a split
+        held in memory. What cannot be said is left out (a split with neither count nor hash)."""
         found: dict[str, Any] = {"class": type(self).__name__}
-        root = getattr(self, "root", None)
-        resolved = None
+        root, base = self.fingerprint_root(), None
         if isinstance(root, (str, os.PathLike)):
-            resolved = os.path.realpath(os.path.expanduser(str(root)))
-            found["root"], found["resolved_root"] = str(root), resolved
+            base = os.path.abspath(os.path.expanduser(str(root)))  # what the paths are relative to
+            found["root"], found["resolved_root"] = str(root), os.path.realpath(base)
         splits: dict[str, Any] = {}
         for name in self.fingerprint_splits:
             value = getattr(self, name, None)
@@ -73,8 +72,21 @@ class TaskDataModule(L.LightningDataModule):
                 splits.update({str(k): v for k, v in value.items() if v is not None})
             elif value is not None:
                 splits[name.removesuffix("_set")] = value
-        found["splits"] = {name: _split_fingerprint(dataset, resolved) for name, dataset in splits.items()}
+        found["splits"] = {name: _split_fingerprint(dataset, self.fingerprint_files(name, dataset), base)
+                           for name, dataset in splits.items()}
         return found
+
+    def fingerprint_root(self) -> Any:
+        """The data's root folder as given (None: none), for :meth:`data_fingerprint`."""
+        return getattr(self, "root", None)
+
+    def fingerprint_files(self, split: str, dataset: Any) -> Optional[list]:
+        """The files ``split`` reads, for its hash (None: not a split of files); by default the
+        paths of the dataset's ``samples`` (``(path, label)`` pairs or paths)."""
+        samples = getattr(dataset, "samples", None)
+        if not isinstance(samples, (list, tuple)):
+            return None
+        return [sample[0] if isinstance(sample, (list, tuple)) else sample for sample in samples]
 
     def __str__(self) -> str:
         arguments = {k: v for k, v in self.hparams.items() if not k.startswith("_")}
@@ -86,41 +98,44 @@ def data_fingerprint(datamodule: Any) -> Optional[dict]:
     return datamodule.data_fingerprint() if isinstance(datamodule, TaskDataModule) else None
 
 
-def _split_fingerprint(dataset: Any, root: Optional[str]) -> dict:
+def _split_fingerprint(dataset: Any, files: Optional[list], root: Optional[str]) -> dict:
     """One split's sample count and short hash (:meth:`TaskDataModule.data_fingerprint`)."""
     found: dict[str, Any] = {}
     try:
         found["count"] = len(dataset)
     except TypeError:
         pass
-    digest = _digest(dataset, root)
+    digest = _files_digest(files, root) if files is not None else _tensors_digest(dataset)
     if digest is not None:
         found["hash"] = digest
     return found
 
 
-def _digest(dataset: Any, root: Optional[str]) -> Optional[str]:
-    samples = getattr(dataset, "samples", None)
-    if isinstance(samples, (list, tuple)):
-        entries = []
-        for sample in samples:
-            path = str(sample[0] if isinstance(sample, (list, tuple)) else sample)
-            try:
-                size = os.path.getsize(path)
-            except OSError:
-                size = -1
-            entries.append((os.path.relpath(path, root) if root else path, size))
-        return hashlib.sha256(repr(sorted(entries)).encode()).hexdigest()[:12]
+def _files_digest(files: list, root: Optional[str]) -> str:
+    """The sorted (path relative to ``root``, size) list's hash; a file gone since reads as size -1."""
+    entries = []
+    for file in files:
+        path = str(file)
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = -1
+        entries.append((os.path.relpath(os.path.abspath(path), root) if root else path, size))
+    return hashlib.sha256(repr(sorted(entries)).encode()).hexdigest()[:12]
+
+
+def _tensors_digest(dataset: Any) -> Optional[str]:
+    """The hash of a split held in memory: its tensors' shapes and bytes (None: not such a split)."""
     tensors = getattr(dataset, "tensors", None)
     if tensors is None and hasattr(dataset, "images") and hasattr(dataset, "labels"):
         tensors = (dataset.images, dataset.labels)
-    if isinstance(tensors, (list, tuple)) and tensors and all(hasattr(t, "numpy") for t in tensors):
-        sha = hashlib.sha256()
-        for tensor in tensors:
-            sha.update(str(tuple(tensor.shape)).encode())
-            sha.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-        return sha.hexdigest()[:12]
-    return None
+    if not (isinstance(tensors, (list, tuple)) and tensors and all(hasattr(t, "numpy") for t in tensors)):
+        return None
+    sha = hashlib.sha256()
+    for tensor in tensors:
+        sha.update(str(tuple(tensor.shape)).encode())
+        sha.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return sha.hexdigest()[:12]
 
 
 def _data_seed_named(hparams: Any) -> Any:
