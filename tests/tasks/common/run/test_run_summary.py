@@ -39,6 +39,7 @@ def test_fit_writes_its_summary_next_to_its_config(tmp_path, run_config, suite_w
     summary_matches_wandb("runs")  # the values W&B received, the throughput in images/s too
     config = read_offline_run(run_dir).config  # the run config W&B filters by: the code too, not only the YAML's
     assert config["code"] == s["code"] and config["seed_everything"] == 7
+    assert config["data_fingerprint"] == s["data"] and s["data"]["class"] == "DigitsDataModule"  # the data too
     # the data order's seed by the summary's name: a flat `seed` of 3 read as the run's seed
     assert config["data_seed"] == 3 and "seed" not in config, sorted(config)
 
