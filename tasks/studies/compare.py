@@ -433,7 +433,7 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
                    project=None, state=None) -> dict:
     """A W&B run read through W&B's API (its config, summary and history rows) as a run summary:
     network, scheme, their options, ``agc_clip`` (with ``agc_eps`` and ``agc_clip_classifier``), the optimizer's ``lr``, the data's ``batch_size``
-    and ``seed_everything`` from the config the suite pushed (:class:`~..common.run.SaveConfigToRun`),
+    ``seed_everything`` and the data read (``data_fingerprint``; an older run's: unknown) from the config the suite pushed (:class:`~..common.run.SaveConfigToRun`),
     the curves, best validation values and steps trained from the history (``trainer/global_step``
     + 1: the summary's steps), the final values and the throughput (``throughput/run_<unit>_per_s``,
     the whole run's; of an older run, ``throughput/<unit>_per_s``) from the W&B summary."""
@@ -442,6 +442,7 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
     optimizer = optimizer.get("init_args") or {}
     data = (config.get("data") or {}).get("init_args") or {}
     seed = config.get("seed_everything")
+    fingerprint = config.get("data_fingerprint")  # run_summary.json's `data`
     final = {k: float(v) for k, v in summary.items()
              if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")}
     points: dict[str, dict[int, float]] = defaultdict(dict)  # a step logged again (a resume) keeps its last value
@@ -475,6 +476,7 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
         "data_seed": data.get("seed") if isinstance(data.get("seed"), int) and not isinstance(data.get("seed"), bool) else None,
         "status": "diverged" if diverged else (state or "finished"), "steps": steps,
         "final": final, "best": best, "samples_per_second": throughput, "curves": curves,
+        "data": fingerprint if isinstance(fingerprint, dict) else None,
     }
 
 

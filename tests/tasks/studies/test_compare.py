@@ -512,3 +512,19 @@ def test_the_seeds_are_read_by_their_own_names_older_summaries_too(tmp_path):
     with open(tmp_path / "cmp/compare.csv") as f:
         mixed = {r["variant"]: r["mixed"] for r in csv.DictReader(f)}
     assert mixed == {"bn": "", "rescale": "shared seed 4", "skipinit": "shared seed 5", "fixup": ""}, mixed
+
+
+def test_wandb_runs_of_other_data_are_named_as_mixed():
+    """The data fingerprint the suite pushed into a W&B run's config (``data_fingerprint``) is its
+    ``data``: runs of one variant whose data differ are named; an older run without it is unknown."""
+    from rescale_tasks.studies.compare import pooled_differences, run_from_wandb
+
+    def run(seed, val=None):
+        config = {"seed_everything": seed, "model": {"init_args": {"network": "resnet20", "scheme": "bn"}}}
+        if val is not None:
+            config["data_fingerprint"] = {"class": "DigitsDataModule", "splits": {"val": {"count": val, "hash": f"{val:012d}"}}}
+        return run_from_wandb(config=config, summary={}, history=[])
+
+    assert run(0)["data"] is None and pooled_differences([run(0), run(1, 270), run(2, 270)]) == {}
+    assert pooled_differences([run(0, 270), run(1, 360)]) == {
+        "data": ["DigitsDataModule[val 270 #000000000270]", "DigitsDataModule[val 360 #000000000360]"]}
