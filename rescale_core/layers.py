@@ -480,8 +480,8 @@ class StridedAvgPool(nn.Module):
     def _pooled(self, x: torch.Tensor, kernel: tuple[int, ...]) -> torch.Tensor:
         # a CPU has no bfloat16 or float16 avg_pool3d: a network cast to one pools in float32 (as
         # autocast, which casts the pool's input itself, pools there), in its own dtype out
-        low = (x.device.type == "cpu" and self.spatial_dims == 3 and x.dtype in (torch.bfloat16, torch.float16)
-               and not torch.is_autocast_enabled("cpu"))
+        low = (x.dtype in (torch.bfloat16, torch.float16) and self.spatial_dims == 3 and x.device.type == "cpu"
+               and not torch.is_autocast_enabled("cpu"))  # the float32 training step: one dtype test
         out = self._pool(x.float() if low else x, kernel, self._strides, ceil_mode=True, count_include_pad=False)
         return out.to(x.dtype) if low else out
 

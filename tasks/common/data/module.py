@@ -72,9 +72,18 @@ class TaskDataModule(L.LightningDataModule):
                 splits.update({str(k): v for k, v in value.items() if v is not None})
             elif value is not None:
                 splits[name.removesuffix("_set")] = value
-        found["splits"] = {name: _split_fingerprint(dataset, self.fingerprint_files(name, dataset), base)
-                           for name, dataset in splits.items()}
+        found["splits"] = {name: self._split_fingerprint(name, dataset, base) for name, dataset in splits.items()}
         return found
+
+    def _split_fingerprint(self, name: str, dataset: Any, base: Optional[str]) -> dict:
+        """One split's, hashed once per dataset object: the run's config and its summary both
+        record it (an in-memory CIFAR is 150 MB of bytes to hash)."""
+        cache = self.__dict__.setdefault("_fingerprints", {})
+        held = cache.get((name, base))
+        if held is None or held[0] is not dataset:
+            held = cache[(name, base)] = (dataset, _split_fingerprint(dataset, self.fingerprint_files(name, dataset),
+                                                                      base))
+        return dict(held[1])
 
     def fingerprint_root(self) -> Any:
         """The data's root folder as given (None: none), for :meth:`data_fingerprint`."""
