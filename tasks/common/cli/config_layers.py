@@ -110,31 +110,14 @@ def key_location(key: str, configs: Sequence[str]) -> Optional[str]:
     ``_defaults.yaml`` files and ``configs`` that sets it, as the command applies them), or None
     when none does. ``init_args`` levels may be written or left out on either side
     (``data.batch_size``, ``data: {init_args: {batch_size: ...}}``)."""
-    parts = [part for part in key.split(".") if part]
+    parts = _key_parts(key)
+    if not parts:
+        return None
     for path in reversed([*defaults_for(configs), *configs]):
-        try:
-            with open(path, encoding="utf-8") as f:
-                node = yaml.compose(f.read(), Loader=SafeLoader)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue
-        line = _key_line(node, parts)
+        line = next((line for keys, line, _ in _file_keys(path) if keys == parts), None)
         if line is not None:
             return f"{path}:{line}"
     return None
-
-
-def _key_line(node, parts: list[str]) -> Optional[int]:
-    if not parts or not isinstance(node, yaml.MappingNode):
-        return None
-    for key_node, value in node.value:
-        if getattr(key_node, "value", None) == parts[0]:
-            found = key_node.start_mark.line + 1 if len(parts) == 1 else _key_line(value, parts[1:])
-            if found is not None:
-                return found
-    if parts[0] == "init_args":  # written without its init_args level
-        return _key_line(node, parts[1:])
-    inner = next((value for key_node, value in node.value if getattr(key_node, "value", None) == "init_args"), None)
-    return _key_line(inner, parts) if inner is not None else None
 
 
 def refuse_lost_overrides(argv: Sequence[str]) -> None:
@@ -158,7 +141,8 @@ def refuse_lost_overrides(argv: Sequence[str]) -> None:
         for position, path in configs:
             if position <= i:
                 continue
-            line = next((line for leaf, line in _leaves(path) if _overlaps(wanted, leaf, is_mapping)), None)
+            line = next((line for leaf, line, section in _file_keys(path)
+                         if not section and _overlaps(wanted, leaf, is_mapping)), None)
             if line is not None:
                 raise UserError(f"--{name} comes before --config {path}, whose line {line} sets it again and is "
                                 "applied after it, so the option would be lost: give options after the last --config")
@@ -189,23 +173,27 @@ def _overlaps(option: tuple[str, ...], leaf: tuple[str, ...], option_is_mapping:
     return not rest or option_is_mapping or rest == ("class_path",)
 
 
-def _leaves(path: str) -> list[tuple[tuple[str, ...], int]]:
-    """The keys a YAML file sets a value of (not a mapping), without ``init_args`` levels, with lines."""
+def _file_keys(path: str) -> list[tuple[tuple[str, ...], int, bool]]:
+    """Every key a YAML file sets, in file order, as its dotted path without ``init_args`` levels
+    (``data: {init_args: {batch_size: 8}}`` and ``data: {batch_size: 8}`` both give ``("data",
+    "batch_size")``), with its line and whether it holds a section (a mapping with keys, walked in
+    turn: an ``init_args`` section adds no level of its own); [] for a file that cannot be read."""
     try:
         with open(path, encoding="utf-8") as f:
             root = yaml.compose(f.read(), Loader=SafeLoader)
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return []
-    found: list[tuple[tuple[str, ...], int]] = []
+    found: list[tuple[tuple[str, ...], int, bool]] = []
 
     def walk(node, prefix: tuple[str, ...]) -> None:
         for key_node, value in node.value:
             key = str(getattr(key_node, "value", ""))
             at = prefix if key == "init_args" else (*prefix, key)
-            if isinstance(value, yaml.MappingNode) and value.value:
+            section = isinstance(value, yaml.MappingNode) and bool(value.value)
+            if key != "init_args" or not section:
+                found.append((at, key_node.start_mark.line + 1, section))
+            if section:
                 walk(value, at)
-            else:
-                found.append((at, key_node.start_mark.line + 1))
 
     if isinstance(root, yaml.MappingNode):
         walk(root, ())
