@@ -103,4 +103,4 @@ def translation_programs(net: nn.Module, src_tokens: torch.Tensor,
     step_dynamic[4][1] = prefix
     step_dynamic[5][3] = step_dynamic[6][3] = prefix + 1
     return [ExportProgram("encoder", Encoder(net), (src_tokens,), batch_dynamic((src_tokens,), ((0, 1),))),
-            ExportProgram("decode_step", DecodeStep(net), step_inputs, step_dynamic, any_size_only=STEP_AT_ANY_LENGTH)]
+            ExportProgram("decode_step", DecodeStep(net), step_inputs, step_dynamic)]

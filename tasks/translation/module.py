@@ -48,7 +48,7 @@ from ..common.module import OptimizerFactory, RescaleTaskModule
 from ..common.run import results_folder, write_result
 from ..common.system import gather_by_key, sum_tensor_over_ranks, world_size
 from .bleu import STYLES, bleu_statistics, bleu_from_statistics
-from .export import translation_programs
+from .export import STEP_AT_ANY_LENGTH, translation_programs
 from .loss import label_smoothed_nll_loss, tokens_over_ranks
 
 __all__ = ["TranslationModule", "HYPOTHESES_FILE", "BLEU_FILE"]
@@ -94,6 +94,8 @@ class TranslationModule(RescaleTaskModule):
     """
 
     throughput_unit = "target tokens"  # training throughput in target tokens/s (common.data.throughput)
+    #: ``rescale export``: a search calls the decoding step at every prefix length (no TorchScript file of it)
+    export_any_size_only = {"decode_step": STEP_AT_ANY_LENGTH}
 
     @staticmethod
     def throughput_items(batch: dict) -> int:

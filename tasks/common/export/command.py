@@ -46,7 +46,7 @@ from ..system import CODE_KEY, code_version, require_writable
 from ..training import resolved_architecture
 from .formats import (FORMATS, capture, evaluating, input_specs, max_difference, onnx_data_path, op_counts,
                       require_packages, size_names, size_one_runs, tensors_of, varying_sizes)
-from .programs import ExportProgram, export_programs
+from .programs import ExportProgram, any_size_only, export_programs
 
 __all__ = ["export_paths", "export_stem", "ExportCheckFailed", "move_in", "main"]
 
@@ -139,11 +139,13 @@ def _parser() -> UserArgumentParser:
     return p
 
 
-def _build(configs: list[str], overrides: list[str], ckpt_path: str):
+def _build(configs: list[str], overrides: list[str], ckpt_path: str, formats: list[str]):
     """The module (the checkpoint's weights loaded, eval mode) and data module of the configs, and the
-    code the checkpoint records it was trained with (None for one written before checkpoints did)."""
+    code the checkpoint records it was trained with (None for one written before checkpoints did);
+    a format the module's programs cannot be written in is refused before the weights or data are read."""
     peek_checkpoint(ckpt_path)  # a missing or unreadable file: one line before anything is built
     cli = build_run([a for c in configs for a in ("--config", c)] + overrides + PLAIN_NETWORK)
+    refuse_fixed_sizes(cli.model, formats)
     check_config_against_checkpoint(cli.config.get("model"), ckpt_path, normalize=resolved_architecture,
                                     fix=CONFIG_FIX)
     checkpoint = safe_load(ckpt_path)
@@ -250,16 +252,17 @@ def _sidecar(module, ckpt_path: str, trained_with, metadata: dict, programs: dic
             "code": code_version(), "programs": programs, **metadata}
 
 
-def refuse_fixed_sizes(programs: list[ExportProgram], formats: list[str]) -> None:
-    """One :class:`UserError` line, before any file is written, for a format captured at the real
-    batch's sizes (TorchScript) asked of a program that must take other sizes (``any_size_only``)."""
+def refuse_fixed_sizes(module, formats: list[str]) -> None:
+    """One :class:`UserError` line, before any data is read or file written, for a format captured
+    at the real batch's sizes (TorchScript) asked of a program of ``module`` that must take other
+    sizes (:func:`~.programs.any_size_only`)."""
     fixed = [name for name in formats if FORMATS[name].static]
-    for program in programs:
-        if fixed and program.any_size_only:
-            others = " or ".join(name for name in FORMATS if not FORMATS[name].static)
-            raise UserError(f"rescale export --format {' '.join(fixed)}: the {program.name} is not written as "
-                            f"{', '.join(fixed)}: {program.any_size_only}; give --format {others}, whose "
-                            f"{program.name} takes every size")
+    for program, why in any_size_only(module).items():
+        if not fixed:
+            break
+        others = " or ".join(name for name in FORMATS if not FORMATS[name].static)
+        raise UserError(f"rescale export --format {' '.join(fixed)}: the {program} is not written as "
+                        f"{', '.join(fixed)}: {why}; give --format {others}, whose {program} takes every size")
 
 
 def move_in(staging: str, folder: str, what: str) -> None:
@@ -303,10 +306,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                                     ["network"]).values()))))
     require_writable(folder, "--out" if args.out else "the export folder",
                      "give --out a path in a folder you can write")
-    module, datamodule, trained_with = _build(args.config, overrides, args.ckpt_path)
+    module, datamodule, trained_with = _build(args.config, overrides, args.ckpt_path, args.format)
     where = " ".join(f"--config {c}" for c in args.config)
     programs = export_programs(module, _first_batch(datamodule, where))
-    refuse_fixed_sizes(programs, args.format)
     paths = export_paths(args.ckpt_path, args.out, args.format, [p.name for p in programs])
     folder = os.path.dirname(os.path.abspath(next(iter(paths.values()))))
     os.makedirs(folder, exist_ok=True)

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..training import network_inputs
 
-__all__ = ["ExportProgram", "export_programs", "batch_dynamic"]
+__all__ = ["ExportProgram", "export_programs", "any_size_only", "batch_dynamic"]
 
 
 @dataclass
@@ -24,16 +24,22 @@ class ExportProgram:
     """One graph to export: ``module(*inputs)``, on real ``inputs`` of the task.
 
     ``dynamic_shapes``: :func:`torch.export.export`'s (None: every size as in ``inputs``);
-    ``note``: one line on what of the task's model the program leaves out; ``any_size_only``: why a
-    file fixed at the inputs' sizes (a format captured at them, TorchScript) cannot serve the
-    program (None: it may)."""
+    ``note``: one line on what of the task's model the program leaves out. A program that a file
+    fixed at the inputs' sizes (a format captured at them, TorchScript) cannot serve is named, with
+    why, in its module's ``export_any_size_only`` (:func:`any_size_only`), known before any batch."""
 
     name: str
     module: nn.Module
     inputs: tuple
     dynamic_shapes: Any = None
     note: Optional[str] = None
-    any_size_only: Optional[str] = None
+
+
+def any_size_only(module) -> dict[str, str]:
+    """``{program name: why}`` for each program of ``module`` that must take sizes other than its
+    batch's (a file traced at them cannot serve it): the module's ``export_any_size_only``, a class
+    attribute, so that a format fixed at the batch's sizes is refused before any data is read."""
+    return dict(getattr(module, "export_any_size_only", None) or {})
 
 
 def batch_dynamic(inputs: tuple, dims: Optional[tuple[tuple[int, ...], ...]] = None) -> tuple:

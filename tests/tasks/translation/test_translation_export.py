@@ -59,6 +59,21 @@ def test_torchscript_is_refused_in_one_line_for_the_decoding_step(trained, handf
     assert not list(Path().glob("wmt*")) and not list(Path().glob(".export-*"))
 
 
+def test_torchscript_is_refused_before_any_data_is_read(trained, handful_root, tmp_path, error_line):
+    """The refusal comes from the module alone: a training corpus that cannot be read (its two
+    sides of different lengths) is never reached, and the checkpoint's weights never loaded."""
+    root = tmp_path / "broken"
+    root.mkdir()
+    for path in (p for p in handful_root.iterdir() if p.is_file()):
+        text = path.read_text(encoding="utf-8")
+        (root / path.name).write_text(text + "one line more\n" if path.name == "train.en" else text, encoding="utf-8")
+    argv = [*run_args(root), "--ckpt_path", str(trained), "--format", "torchscript", "--out", "wmt.onnx"]
+    assert main(["export", *argv]) == 2
+    assert error_line().startswith("rescale export --format torchscript: the decode_step is not written as torchscript")
+    assert main(["export", *argv[:-4], "--format", "exported-program", "--out", "wmt.onnx"]) != 0
+    assert "train" in error_line()  # the same corpus, read for another format: refused for what it is
+
+
 def test_translate_runs_on_the_inference_plan(trained, tmp_path, frozen_calls):
     source = tmp_path / "source.en"
     source.write_text("Open file\nSave the document\n", encoding="utf-8")
