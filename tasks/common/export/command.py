@@ -269,28 +269,34 @@ def move_in(staging: str, folder: str, what: str) -> None:
     """Every file in ``staging`` moved into ``folder``, all or none as far as the file system allows:
     each destination is checked first (one that is a folder is refused before any file moves), the
     files an earlier export left there are set aside in ``staging`` and put back if a move fails
-    midway. A refusal or a failure is one :class:`UserError` line; ``folder`` then holds what it held."""
+    midway; so is the external data an earlier ONNX file kept beside one of these names
+    (``<name>.onnx.data``) that the new file, holding its weights, does not have (set aside and gone
+    with ``staging``: no stale weights beside the new file). A refusal or a failure is one
+    :class:`UserError` line; ``folder`` then holds what it held."""
     names = sorted(os.listdir(staging))  # the files, and any a format writes beside its own (ONNX's data)
     for name in names:
         destination = os.path.join(folder, name)
         if os.path.isdir(destination) and not os.path.islink(destination):
             raise UserError(f"cannot write {what} {destination}: a folder is in the way of the export's file "
                             f"{name}; move it away or give --out another path (no file written)")
+    stale = [onnx_data_path(name) for name in names if name.endswith(FORMATS["onnx"].suffix)
+             and onnx_data_path(name) not in names and os.path.isfile(os.path.join(folder, onnx_data_path(name)))]
     aside = tempfile.mkdtemp(prefix=".previous-", dir=staging)
-    done: list[tuple[str, bool]] = []  # (name, whether an earlier file was set aside), in order
+    done: list[tuple[str, bool, bool]] = []  # (name, whether an earlier file was set aside, whether one moved in)
     failed = ""
     try:
-        for name in names:
+        for name, new in [*((n, True) for n in names), *((n, False) for n in stale)]:
             failed, destination = name, os.path.join(folder, name)
             earlier = os.path.lexists(destination)
             if earlier:
                 os.replace(destination, os.path.join(aside, name))
-            done.append((name, earlier))
-            os.replace(os.path.join(staging, name), destination)
+            done.append((name, earlier, new))
+            if new:
+                os.replace(os.path.join(staging, name), destination)
     except OSError as err:
-        for name, earlier in reversed(done):  # the failed one's new file is still in staging
+        for name, earlier, new in reversed(done):  # the failed one's new file is still in staging
             destination = os.path.join(folder, name)
-            if not os.path.lexists(os.path.join(staging, name)):
+            if new and not os.path.lexists(os.path.join(staging, name)):
                 os.replace(destination, os.path.join(staging, name))
             if earlier:
                 os.replace(os.path.join(aside, name), destination)

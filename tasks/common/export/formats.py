@@ -250,8 +250,11 @@ def _onnx(program: torch.export.ExportedProgram, inputs: tuple, path: str) -> li
 
 def _move_onnx(path: str, to: str) -> None:
     """The ONNX file at ``path`` moved to ``to``; with external data, that moved to ``<to>.data`` and
-    the file rewritten to name it (the file names its data file: a renamed pair no longer loads)."""
+    the file rewritten to name it (the file names its data file: a renamed pair no longer loads);
+    without, an earlier file's ``<to>.data`` removed (no stale weights beside a file holding its own)."""
     if not os.path.exists(onnx_data_path(path)):
+        if os.path.isfile(onnx_data_path(to)):
+            os.remove(onnx_data_path(to))
         os.replace(path, to)
         return
     import onnx

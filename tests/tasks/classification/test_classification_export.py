@@ -202,6 +202,29 @@ def test_an_onnx_file_with_external_data_is_kept_with_it_rejected_or_moved_in(tr
     assert (runs["vgg.rejected.onnx"] == runs["vgg.onnx"]).all()
 
 
+def test_an_export_without_external_data_takes_away_the_earlier_ones(trained, error_line, monkeypatch):
+    """A big network exported, then a small one to the same --out: the new ``vgg.onnx`` holds its
+    weights, and the earlier ``vgg.onnx.data`` was left beside it (gigabytes of stale weights a
+    deployment copying ``vgg.onnx*`` took along). It goes in the same move as the files, a rejected
+    file's too; a failed export leaves the earlier pair as it was."""
+    import onnxruntime
+
+    from rescale_tasks.common.export import formats
+
+    config, ckpt = trained("vgg11")
+    args = ["export", "--config", config, "--ckpt_path", str(ckpt), "--format", "onnx", "--out", "vgg.onnx"]
+    big = formats.ONNX_EXTERNAL_DATA_BYTES
+    monkeypatch.setattr(formats, "ONNX_EXTERNAL_DATA_BYTES", 0)  # weights beside the file from 0 bytes on
+    assert main(args) == 0 and main([*args, "--tolerance", "0"]) == 1
+    monkeypatch.setattr(formats, "ONNX_EXTERNAL_DATA_BYTES", big)
+    assert main([*args, "--tolerance", "0"]) == 1  # rejected: the earlier pair kept as it was
+    assert sorted(p.name for p in Path().iterdir()) == ["vgg.json", "vgg.onnx", "vgg.onnx.data", "vgg.rejected.onnx"]
+    assert main(args) == 0
+    assert sorted(p.name for p in Path().iterdir()) == ["vgg.json", "vgg.onnx", "vgg.rejected.onnx"]
+    assert "data_files" not in json.loads(Path("vgg.json").read_text())["programs"]["network"]
+    onnxruntime.InferenceSession("vgg.onnx", providers=["CPUExecutionProvider"])
+
+
 # --- one line for bad input ----------------------------------------------------------------------
 
 def test_a_bad_format_is_one_line(trained, error_line):

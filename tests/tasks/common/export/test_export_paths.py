@@ -108,3 +108,33 @@ def test_a_move_failing_midway_puts_back_what_it_replaced(tmp_path, monkeypatch)
         command.move_in(str(staging), str(deploy), "--out")
     assert sorted(p.name for p in deploy.iterdir() if p.is_file()) == ["net.json", "net.onnx"]
     assert [(deploy / name).read_text() for name in ("net.json", "net.onnx")] == ["old", "old"]
+
+
+def test_the_earlier_external_data_goes_in_the_same_move(tmp_path, monkeypatch):
+    """An ONNX file holding its weights moved over one that kept them beside it: the earlier
+    ``net.onnx.data`` is set aside with the move (and put back with the rest if a move fails)."""
+    import os
+
+    from rescale_tasks.common.errors import UserError
+    from rescale_tasks.common.export import command
+
+    deploy = tmp_path / "deploy"
+    staging = _staged(tmp_path, ["net.json", "net.onnx"], "new")
+    for name in ("net.json", "net.onnx", "net.onnx.data"):
+        (deploy / name).write_text("old")
+    calls, replace = [], os.replace
+
+    def failing_last(src, dst):
+        calls.append(dst)
+        if len(calls) == 5:  # set aside json, move json, set aside onnx, move onnx, set aside data: fails
+            raise OSError(5, "Input/output error", str(dst))
+        return replace(src, dst)
+
+    monkeypatch.setattr(command.os, "replace", failing_last)
+    with pytest.raises(UserError, match=r"^cannot write --out .*net\.onnx\.data: Input/output error"):
+        command.move_in(str(staging), str(deploy), "--out")
+    assert {p.name: p.read_text() for p in deploy.iterdir() if p.is_file()} == {"net.json": "old", "net.onnx": "old",
+                                                                                 "net.onnx.data": "old"}
+    monkeypatch.setattr(command.os, "replace", replace)
+    command.move_in(str(staging), str(deploy), "--out")
+    assert {p.name: p.read_text() for p in deploy.iterdir() if p.is_file()} == {"net.json": "new", "net.onnx": "new"}
