@@ -23,7 +23,8 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
 from rescale_tasks.common.data import (Labels, PerSampleSeed, ResumableDataLoader, ResumableSampler, TaskDataModule,
-                                       UnrepeatedSampler, shards_parameters, sigterm_safe_worker_init)
+                                       UnrepeatedSampler, describe_transforms, shards_parameters,
+                                       sigterm_safe_worker_init)
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.system import loader_workers
 
@@ -134,18 +135,20 @@ class ClassificationDataModule(TaskDataModule):
         """How an image becomes the network's input in evaluation, for ``rescale export``'s sidecar:
         pixel values times ``pixel_scale`` (to [0, 1]), resized (``resize``: ``size``, ``to`` the
         shorter side or the ``exact`` square) and center-cropped (``center_crop``) where the set
-        does, then ``(x - mean) / std`` per channel, laid out ``NCHW``; None for a set that does
-        not say (:meth:`eval_stats`)."""
-        stats = self.eval_stats()
-        if stats is None:
-            return None
-        mean, std = stats
-        return {"layout": "NCHW", "channels": self.in_channels, "channel_order": "RGB" if self.in_channels == 3
-                else "gray", "pixel_scale": 1 / 255, "resize": None, "center_crop": None, "mean": list(mean),
-                "std": list(std)}
+        does, then ``(x - mean) / std`` per channel, laid out ``NCHW``: read off the transform the
+        set evaluates with (:meth:`eval_transform`, :func:`~rescale_tasks.common.data.describe_transforms`);
+        None for a set without one."""
+        transform = self.eval_transform()
+        return None if transform is None else {**self.image_layout(), **describe_transforms([transform])}
 
-    def eval_stats(self) -> tuple | None:
-        """The per-channel mean and std evaluation normalizes with (of pixels in [0, 1]); None: not said."""
+    def image_layout(self) -> dict:
+        """The sidecar's ``layout``, ``channels`` and ``channel_order`` of the network's input images."""
+        return {"layout": "NCHW", "channels": self.in_channels,
+                "channel_order": "RGB" if self.in_channels == 3 else "gray"}
+
+    def eval_transform(self) -> v2.Compose | None:
+        """The transform of a stored uint8 image into the network's input in evaluation; None: the set
+        has none of its own (the stored tensors are the inputs)."""
         return None
 
     def train_dataloader(self) -> DataLoader:
@@ -202,14 +205,6 @@ class ImageFolderDataModule(ClassificationDataModule):
             v2.ToImage(), v2.Resize(self.eval_resize, antialias=True), v2.CenterCrop(self.image_size),
             *_to_float(IMAGENET_MEAN, IMAGENET_STD),
         ])
-
-    def eval_stats(self) -> tuple:
-        return IMAGENET_MEAN, IMAGENET_STD
-
-    def export_preprocessing(self) -> dict:
-        return {**super().export_preprocessing(), "resize": {"size": self.eval_resize, "to": "shorter side",
-                                                             "interpolation": "bilinear", "antialias": True},
-                "center_crop": self.image_size}
 
     def setup(self, stage: str | None = None) -> None:
         evaluation = stage in ("validate", "test", "predict")
@@ -284,8 +279,8 @@ class CIFARDataModule(ClassificationDataModule):
             f"{self.variant} there, or point --data.root at the {folder} folder itself."
         )
 
-    def eval_stats(self) -> tuple:
-        return CIFAR_STATS[self.variant]
+    def eval_transform(self) -> v2.Compose:
+        return v2.Compose(_to_float(*CIFAR_STATS[self.variant]))
 
     def setup(self, stage: str | None = None) -> None:
         if self.test_set is not None:
@@ -299,10 +294,9 @@ class CIFARDataModule(ClassificationDataModule):
         parts = [read_cifar_batch(directory / name, label_key, n) for name in train_files]
         images, labels = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         test_images, test_labels = read_cifar_batch(directory / test_file, label_key, n)
-        mean, std = CIFAR_STATS[self.variant]
-        plain = v2.Compose(_to_float(mean, std))
+        plain = self.eval_transform()
         augmented = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(),
-                                *_to_float(mean, std)]) if self.augment else plain
+                                *_to_float(*CIFAR_STATS[self.variant])]) if self.augment else plain
         self.test_set = TensorImageDataset(test_images, test_labels, plain)
         if self.val_split:
             if self.val_split >= len(labels):
@@ -350,8 +344,8 @@ class MNISTDataModule(ClassificationDataModule):
         sub = "MNIST" if self.variant == "mnist" else "FashionMNIST"
         return [root / sub / "raw", root, root / "raw"]
 
-    def eval_stats(self) -> tuple:
-        return MNIST_STATS[self.variant]
+    def eval_transform(self) -> v2.Compose:
+        return v2.Compose(_to_float(*MNIST_STATS[self.variant]))
 
     def _check_variant(self, images: torch.Tensor, path: Path) -> None:
         """A warning line where ``images`` (uint8) look like the other set's: MNIST and Fashion-MNIST
@@ -376,7 +370,7 @@ class MNISTDataModule(ClassificationDataModule):
                 "holding the IDX files (train-images-idx3-ubyte[.gz], ...)."
             )
         what = "Fashion-MNIST" if self.variant == "fashion_mnist" else "MNIST"
-        transform = v2.Compose(_to_float(*MNIST_STATS[self.variant]))
+        transform = self.eval_transform()
         for split, (image_name, label_name) in self.FILES.items():
             images_path = find_file(image_name, dirs, root, what)
             images, labels = read_idx_split(images_path, find_file(label_name, dirs, root, what))
@@ -429,9 +423,13 @@ class EmbeddedDataModule(ClassificationDataModule):
         return self.stats
 
     def export_preprocessing(self) -> dict:
+        """As :meth:`ClassificationDataModule.export_preprocessing` says, for images that
+        :meth:`setup` scales, standardizes and resizes once (no transform; :meth:`eval_stats`)."""
         resize = None if self.image_size == self.native_size else {
             "size": self.image_size, "to": "exact", "interpolation": "bilinear", "antialias": False}
-        return {**super().export_preprocessing(), "pixel_scale": self.pixel_scale, "resize": resize}
+        mean, std = self.eval_stats()
+        return {**self.image_layout(), "pixel_scale": self.pixel_scale, "resize": resize, "center_crop": None,
+                "mean": list(mean), "std": list(std)}
 
     def setup(self, stage: str | None = None) -> None:
         if self.split_indices is not None:

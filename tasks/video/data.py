@@ -30,7 +30,7 @@ and reported as the problem kind ``missing`` (:attr:`missing_videos`: ``data/mis
 from __future__ import annotations
 
 import functools
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 from torch.utils.data import DataLoader
@@ -43,7 +43,7 @@ from rescale_tasks.common.system import loader_workers
 from .dataset import DROPPED_KINDS, KINDS, VideoClipDataset, collate_drop_none
 from .layouts import VIDEO_EXTENSIONS, class_list_key, class_names_of, label_samples, read_layout
 from .sampling import preset as sampling_preset
-from .transforms import KINETICS_MEAN, KINETICS_STD, eval_transform, train_transform
+from .transforms import describe_eval_transform, eval_transform, train_transform
 
 __all__ = ["KineticsDataModule"]
 
@@ -138,12 +138,15 @@ class KineticsDataModule(TaskDataModule):
         ``center_crop`` (1: the centre; 3: start, centre and end of the long side), pixel values
         times ``pixel_scale``, ``(x - mean) / std`` per RGB channel, laid out ``NCTHW``; the
         video's prediction is the mean of its views' softmax."""
-        return {"layout": "NCTHW", "channels": 3, "channel_order": "RGB", "pixel_scale": 1 / 255,
-                "resize": {"size": self.test_short_side, "to": "shorter side", "interpolation": "bilinear",
-                           "antialias": True},
-                "center_crop": self.crop, "mean": list(KINETICS_MEAN), "std": list(KINETICS_STD),
+        described = describe_eval_transform(self.eval_transform())
+        crops = described.pop("crops")
+        return {"layout": "NCTHW", "channels": 3, "channel_order": "RGB", **described,
                 "clip": {"frames": self.frames, "stride": self.stride},
-                "views": {"clips": self.num_clips, "crops": self.num_crops, "combine": "mean of softmax"}}
+                "views": {"clips": self.num_clips, "crops": crops, "combine": "mean of softmax"}}
+
+    def eval_transform(self, crops: int | None = None) -> Callable:
+        """The test's transform of a decoded clip (``crops``: the validation's, ``val_crops``, else ``num_crops``)."""
+        return eval_transform(self.test_short_side, self.crop, self.num_crops if crops is None else crops)
 
     # --- data ----------------------------------------------------------------------------------
     def fingerprint_root(self) -> str | None:
@@ -168,11 +171,11 @@ class KineticsDataModule(TaskDataModule):
         self.train_set = VideoClipDataset(train, "train", transform=train_transform(self.train_short_side, self.crop),
                                           **common) if train else None
         self.val_set = VideoClipDataset(val, "val", num_clips=self.val_clips, num_crops=self.val_crops,
-                                        transform=eval_transform(self.test_short_side, self.crop, self.val_crops),
+                                        transform=self.eval_transform(self.val_crops),
                                         **common)
         # the same videos: one record of their problems for both
         self.test_set = VideoClipDataset(val, "test", num_clips=self.num_clips, num_crops=self.num_crops,
-                                         transform=eval_transform(self.test_short_side, self.crop, self.num_crops),
+                                         transform=self.eval_transform(),
                                          status=self.val_set.status, **common)
 
     def _clip_shape(self, crops: int | None) -> tuple[int, ...]:

@@ -25,8 +25,10 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-__all__ = ["KINETICS_MEAN", "KINETICS_STD", "MultiViewCrops", "ToCTHW", "crop_boxes", "eval_transform",
-           "train_transform"]
+from rescale_tasks.common.data import describe_transforms
+
+__all__ = ["KINETICS_MEAN", "KINETICS_STD", "AsVideo", "MultiViewCrops", "ToCTHW", "crop_boxes", "eval_transform",
+           "train_transform", "describe_eval_transform"]
 
 KINETICS_MEAN = (0.45, 0.45, 0.45)
 KINETICS_STD = (0.225, 0.225, 0.225)
@@ -43,8 +45,11 @@ def _to_float(mean: Sequence[float], std: Sequence[float]) -> list:
     return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
 
 
-def _as_video(clip: torch.Tensor) -> torch.Tensor:
-    return clip if isinstance(clip, tv_tensors.Video) else tv_tensors.Video(clip)
+class AsVideo(v2.Transform):
+    """A ``(T, C, H, W)`` clip as a ``tv_tensors.Video`` (what the v2 transforms after it resize as one)."""
+
+    def forward(self, clip: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return clip if isinstance(clip, tv_tensors.Video) else tv_tensors.Video(clip)
 
 
 def train_transform(train_short_side: Sequence[int] = (256, 320), crop: int = 224,
@@ -54,7 +59,7 @@ def train_transform(train_short_side: Sequence[int] = (256, 320), crop: int = 22
     if not 0 < low <= high:
         raise ValueError(f"train_short_side must be (low, high) with 0 < low <= high, got {tuple(train_short_side)}")
     return v2.Compose([
-        v2.Lambda(_as_video),
+        AsVideo(),
         v2.RandomShortestSize(min_size=list(range(low, high + 1)), antialias=True),
         v2.RandomCrop(crop, pad_if_needed=True),  # pads only when a short side is below the crop
         v2.RandomHorizontalFlip(),
@@ -100,7 +105,19 @@ def eval_transform(test_short_side: int = 256, crop: int = 224, num_crops: int =
                    mean: Sequence[float] = KINETICS_MEAN, std: Sequence[float] = KINETICS_STD) -> v2.Compose:
     """Short side to ``test_short_side``, then :class:`MultiViewCrops` -> ``(num_crops, C, T, crop, crop)``."""
     return v2.Compose([
-        v2.Lambda(_as_video),
+        AsVideo(),
         v2.Resize(int(test_short_side), antialias=True),
         MultiViewCrops(crop, num_crops, mean, std),
     ])
+
+
+def describe_eval_transform(transform: v2.Compose) -> dict:
+    """What an :func:`eval_transform` does, read off its transforms for ``rescale export``'s sidecar
+    (:func:`~rescale_tasks.common.data.describe_transforms`): ``pixel_scale``, ``resize``, ``mean`` and
+    ``std``, and of its :class:`MultiViewCrops` the crop's side (``center_crop``) and ``crops``."""
+    views = [t for t in transform.transforms if isinstance(t, MultiViewCrops)]
+    if len(views) != 1:
+        raise TypeError(f"an evaluation transform of clips with {len(views)} MultiViewCrops, not one")
+    others = [t for t in transform.transforms if t is not views[0]]
+    described = describe_transforms([*others, views[0].finish], layout_only=(AsVideo, ToCTHW))
+    return {**described, "center_crop": views[0].crop, "crops": views[0].num_crops}

@@ -12,6 +12,7 @@ throughput unit, images as the networks read them, and what the labels mean.
 - ``folders``: class folders on disk (``<split>/<class>/<file>``), what they hold besides the files read listed;
   file names written on Windows
 - ``module``: the base of every task's data module
+- ``preprocessing``: an evaluation transform described for a runtime (the export sidecar's ``preprocessing``)
 """
 from .sampling import (PerSampleSeed, ResumableDataLoader, ResumableSampler, ResumeMismatch,
                        UnrepeatedSampler, check_resume, refused_resume, sample_seed, shards_parameters,
@@ -26,6 +27,7 @@ from .labels import LABELS_KEY, Labels, checkpoint_labels, data_labels, match_la
 from .folders import nested_folders_hint, scan_class_folders, windows_path
 from .text import is_utf16, to_utf8_advice
 from .module import DATA_KEY, TaskDataModule, data_fingerprint
+from .preprocessing import LAYOUT_ONLY, describe_transforms
 
 __all__ = ["PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMismatch", "UnrepeatedSampler",
            "check_resume", "refused_resume", "sample_seed", "shards_parameters", "sigterm_safe_worker_init", "worker_init",
@@ -34,4 +36,4 @@ __all__ = ["PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMi
            "metric_key", "run_metric_key", "unit_of", "DECODE_ERRORS", "HIGH_DEPTH_MODES", "CorruptImageError", "full_scale",
            "open_rgb", "orientation", "oriented_size", "to_rgb", "LABELS_KEY", "Labels", "checkpoint_labels",
            "data_labels", "match_labels", "nested_folders_hint", "scan_class_folders", "windows_path", "is_utf16", "to_utf8_advice", "TaskDataModule",
-           "DATA_KEY", "data_fingerprint"]
+           "DATA_KEY", "data_fingerprint", "LAYOUT_ONLY", "describe_transforms"]

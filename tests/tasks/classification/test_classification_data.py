@@ -442,3 +442,53 @@ def test_evaluation_shards_images_without_repeats_except_where_every_forward_is_
     data.trainer = SimpleNamespace(strategy=FSDPStrategy())
     assert not isinstance(data.val_dataloader().sampler, UnrepeatedSampler)
     assert not isinstance(data.test_dataloader().sampler, UnrepeatedSampler)
+
+
+# --- the export sidecar's preprocessing, followed outside the suite ---------------------------------------
+
+def apply_sidecar(pre: dict, image: np.ndarray) -> np.ndarray:
+    """What a runtime does with the sidecar's ``preprocessing`` and numpy and PIL alone: a stored uint8
+    ``[H, W, C]`` (or ``[H, W]``) image -> the ``[C, H, W]`` network input."""
+    from PIL import Image
+
+    picture = Image.fromarray(image)
+    resize = pre["resize"]
+    if resize is not None:
+        assert resize["interpolation"] == "bilinear" and resize["antialias"], resize  # what PIL's resize does
+        width, height = picture.size
+        short = resize["size"]
+        assert resize["to"] == "shorter side", resize
+        picture = picture.resize((short, height * short // width) if width <= height else
+                                 (width * short // height, short), Image.BILINEAR)
+    x = np.asarray(picture, np.float32).reshape(picture.size[1], picture.size[0], -1)
+    if pre["center_crop"] is not None:
+        side = pre["center_crop"]
+        top, left = (x.shape[0] - side) // 2, (x.shape[1] - side) // 2
+        x = x[top:top + side, left:left + side]
+    x = (x * pre["pixel_scale"] - np.asarray(pre["mean"], np.float32)) / np.asarray(pre["std"], np.float32)
+    assert pre["layout"] == "NCHW" and x.shape[-1] == pre["channels"]
+    return x.transpose(2, 0, 1)
+
+
+@pytest.mark.parametrize("family", ["imagefolder", "cifar", "mnist"])
+def test_the_sidecar_preprocessing_turns_a_stored_image_into_the_evaluation_input(family, data_writers, tmp_path):
+    """The ``preprocessing`` is read off the evaluation transform (so it cannot drift from it):
+    followed with numpy and PIL on the stored image, it gives the tensor the data module evaluates."""
+    from PIL import Image
+
+    if family == "imagefolder":
+        module = ImageFolderDataModule(str(data_writers.imagefolder(tmp_path / "in")), num_classes=3, image_size=32,
+                                       eval_resize=36, num_workers=0)
+        module.setup("fit")
+        image = np.asarray(Image.open(module.val_set.samples[0][0]).convert("RGB"))
+        tolerance = 2 / 255 / min(module.export_preprocessing()["std"])  # two levels: PIL's and torch's resize
+    else:
+        written = data_writers.cifar(tmp_path / "c") if family == "cifar" else data_writers.mnist(tmp_path / "m")
+        module = (CIFARDataModule if family == "cifar" else MNISTDataModule)(str(written.root), num_workers=0)
+        module.setup("fit")
+        image = written.test_images[0].reshape(-1, *written.test_images.shape[-2:]).transpose(1, 2, 0)
+        image = image[..., 0] if image.shape[-1] == 1 else image  # [H, W]: a gray picture
+        tolerance = 1e-5
+    expected = module.val_set[0][0].numpy()
+    got = apply_sidecar(module.export_preprocessing(), image)
+    assert got.shape == expected.shape and np.abs(got - expected).max() <= tolerance

@@ -71,6 +71,33 @@ def test_three_test_crops_cover_start_centre_end_of_the_long_side(height, width)
     assert centre.shape == (1, 3, T, 32, 32) and torch.equal(centre[0], out[1])
 
 
+def test_the_sidecar_preprocessing_turns_decoded_frames_into_the_test_input(turned_clips):
+    """The export's ``preprocessing`` is read off the test's transform (so it cannot drift from it):
+    followed with numpy and PIL on real decoded frames, it gives the centre view the test evaluates."""
+    import numpy as np
+    from PIL import Image
+
+    from rescale_tasks.video.transforms import describe_eval_transform
+
+    frames = np.stack(turned_clips[0](T))  # [T, 48, 64, 3] uint8, real frames
+    transform = eval_transform(test_short_side=40, crop=32, num_crops=1)
+    pre = describe_eval_transform(transform)
+    assert pre["crops"] == 1 and pre["resize"]["to"] == "shorter side" and pre["resize"]["antialias"]
+    expected = transform(torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous())[0].numpy()  # C, T, H, W
+    mean, std = np.asarray(pre["mean"], np.float32), np.asarray(pre["std"], np.float32)
+    views = []
+    for frame in frames:
+        picture, short = Image.fromarray(frame), pre["resize"]["size"]
+        width, height = picture.size
+        picture = picture.resize((width * short // height, short) if width >= height else
+                                 (short, height * short // width), Image.BILINEAR)
+        x, side = np.asarray(picture, np.float32), pre["center_crop"]
+        top, left = (x.shape[0] - side) // 2, (x.shape[1] - side) // 2
+        views.append((x[top:top + side, left:left + side] * pre["pixel_scale"] - mean) / std)
+    got = np.stack(views).transpose(3, 0, 1, 2)
+    assert got.shape == expected.shape and np.abs(got - expected).max() <= 2 / 255 / std.min()
+
+
 # ----------------------------------------------------------------------------- dataset
 
 
