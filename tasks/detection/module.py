@@ -109,7 +109,7 @@ class DetectionModule(RescaleTaskModule):
     predict_split = "predict"
 
     #: besides the common ones (network, scheme, num_classes ...): what a checkpoint's weights
-    #: are shaped by, refused with --ckpt_path (rescale_tasks.common.checkpoints.compat)
+    #: are shaped by, refused with --ckpt_path (rescale_tasks.common.checkpoints.architecture_match)
     architecture_arguments = ("fpn_channels",)
 
     def __init__(self, network: str = "resnet50", scheme: Optional[str] = None, *, detector: str = "maskrcnn",

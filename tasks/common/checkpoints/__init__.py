@@ -4,14 +4,14 @@ builds, and ``rescale average-checkpoints``.
 
 - ``files``: checkpoint files written atomically and loaded without running code (local or fsspec URLs)
 - ``callbacks``: ``last.ckpt`` and epoch checkpoints: when they are written, and an exact resume
-- ``compat``: does a checkpoint belong to the architecture this run builds? one line saying what differs
+- ``architecture_match``: does a checkpoint belong to the architecture this run builds? one line saying what differs
 - ``averaging``: ``rescale average-checkpoints``: the weights of a run's last N checkpoints, averaged
 """
 from .files import (RUN_CONFIG_KEY, SAFE_GLOBALS, AtomicCheckpointIO, CheckpointError, CheckpointInfo,
                     checkpoint_exists, checkpoint_run_id, is_remote, peek_checkpoint, safe_load)
 from .callbacks import (LAST_NAME, EpochCheckpoint, LastCheckpoint, ResumeState, checkpoint_folder,
                         logger_folder, planned_checkpoint_folder, preempted_message, stop_signal)
-from .compat import (ARCHITECTURE_KEYS, CONFIG_FILE, CONFIG_KEYS, MISMATCH_FIX, NETWORK_PREFIX,
+from .architecture_match import (ARCHITECTURE_KEYS, CONFIG_FILE, CONFIG_KEYS, MISMATCH_FIX, NETWORK_PREFIX,
                      check_checkpoint_compatible, check_config_against_checkpoint, hparam_differences,
                      load_into_module, network_weights, require_classification_checkpoint,
                      run_arguments_over_checkpoint, saved_config, state_dict_differences,

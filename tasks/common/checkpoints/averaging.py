@@ -46,7 +46,7 @@ import torch
 from ..data import LABELS_KEY, checkpoint_labels
 from ..errors import UserArgumentParser
 from ..training import resolved_architecture
-from .compat import ARCHITECTURE_KEYS, hparam_differences
+from .architecture_match import ARCHITECTURE_KEYS, hparam_differences
 from .files import AtomicCheckpointIO, CheckpointError, checkpoint_exists, checkpoint_run_id, is_remote, safe_load
 
 __all__ = ["average_checkpoints", "main"]

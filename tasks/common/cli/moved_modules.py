@@ -30,8 +30,9 @@ MOVED_MODULES = {f"rescale_tasks.common.{old}": f"rescale_tasks.common.{new}" fo
     "build_only": "cli.build_only",
     "callbacks": "training.callbacks",
     "checkpoint_callbacks": "checkpoints.callbacks",
-    "checkpoint_compat": "checkpoints.compat",
+    "checkpoint_compat": "checkpoints.architecture_match",
     "checkpointing": "checkpoints.files",
+    "checkpoints.compat": "checkpoints.architecture_match",  # named for what it checks since
     "cli_errors": "cli.parse_errors",
     "command": "cli.command",
     "config": "run.outputs",

@@ -1,4 +1,4 @@
-"""Where the config a checkpoint was trained with is (``common/checkpoints/compat.py``): the fix of
+"""Where the config a checkpoint was trained with is (``common/checkpoints/architecture_match.py``): the fix of
 a checkpoint-mismatch line names the file, wherever the run's logger put it."""
 from __future__ import annotations
 

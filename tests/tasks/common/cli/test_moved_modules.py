@@ -48,3 +48,13 @@ def test_every_earlier_path_is_the_module_it_moved_to_and_no_file_of_its_own():
         assert importlib.import_module(earlier) is importlib.import_module(now)
     # a module that exists under its name is never answered by the finder
     assert importlib.import_module("rescale_tasks.common.export").__name__ == "rescale_tasks.common.export"
+
+
+def test_the_checkpoint_architecture_check_is_named_for_its_role_and_found_at_its_earlier_name():
+    """``checkpoints.compat`` read as the compatibility shims of ``rescale_core.compat`` (modules pickled
+    under an earlier layout); it checks that a checkpoint belongs to the network a run builds."""
+    follow_moved_modules()
+    module = importlib.import_module("rescale_tasks.common.checkpoints.architecture_match")
+    assert importlib.import_module("rescale_tasks.common.checkpoints.compat") is module
+    assert not (TASKS / "common" / "checkpoints" / "compat.py").exists()
+    assert callable(module.check_checkpoint_compatible)
