@@ -14,7 +14,8 @@ of the config's training data (images, clips, token ids); the largest absolute d
 the PyTorch model is printed, and above ``--tolerance`` (relative to the outputs' largest
 magnitude, at least 1) the command fails, that file kept as ``<name>.rejected<suffix>``. The files
 are written in a folder beside their destination and moved there once all have passed, all or none
-(:func:`move_in`), so a failed export replaces none of an earlier one's.
+(:func:`move_in`), so a failed export replaces none of an earlier one's, and a new export at a stem
+takes away the earlier one's files it does not write again (:func:`earlier_files`).
 
 What is exported per task (:func:`~.programs.export_programs`): the network
 (classification, video); a module whose task needs more says so with an ``export_programs(batch)``
@@ -34,7 +35,7 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -48,7 +49,7 @@ from .formats import (FORMATS, capture, evaluating, input_specs, max_difference,
                       require_packages, size_names, size_one_runs, tensors_of, varying_sizes)
 from .programs import ExportProgram, any_size_only, export_programs
 
-__all__ = ["export_paths", "export_stem", "ExportCheckFailed", "move_in", "main"]
+__all__ = ["export_paths", "export_stem", "ExportCheckFailed", "earlier_files", "move_in", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -265,22 +266,44 @@ def refuse_fixed_sizes(module, formats: list[str]) -> None:
                         f"{', '.join(fixed)}: {why}; give --format {others}, whose {program} takes every size")
 
 
-def move_in(staging: str, folder: str, what: str) -> None:
+def earlier_files(folder: str, stem: str, names: Sequence[str]) -> list[str]:
+    """The files of an earlier export at ``stem`` in ``folder`` that an export writing ``names`` would
+    leave beside its own: those the earlier sidecar ``<stem>.json`` lists (a format or program not
+    written again, another task's tokenizer) and the external data an earlier ONNX file kept beside a
+    name written again (``<name>.onnx.data``, where the new file holds its weights). Files of this
+    stem only; a rejected file (``<stem>.rejected...``, kept for inspection) is none of them."""
+    try:
+        with open(os.path.join(folder, f"{stem}.json"), encoding="utf-8") as f:
+            sidecar = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError):
+        sidecar = None
+    listed = [onnx_data_path(name) for name in names if name.endswith(FORMATS["onnx"].suffix)]
+    if isinstance(sidecar, dict) and "rescale_export" in sidecar:
+        programs = sidecar.get("programs")
+        for program in programs.values() if isinstance(programs, dict) else ():
+            for key in ("files", "data_files"):
+                files = program.get(key) if isinstance(program, dict) else None
+                listed += list(files.values()) if isinstance(files, dict) else []
+        translation = sidecar.get("translation")
+        listed.append(translation.get("sentencepiece") if isinstance(translation, dict) else None)
+    return sorted({name for name in listed if isinstance(name, str) and name.startswith(f"{stem}.")
+                   and os.path.basename(name) == name and name not in names
+                   and os.path.isfile(os.path.join(folder, name))})
+
+
+def move_in(staging: str, folder: str, what: str, stale: Sequence[str] = ()) -> None:
     """Every file in ``staging`` moved into ``folder``, all or none as far as the file system allows:
     each destination is checked first (one that is a folder is refused before any file moves), the
     files an earlier export left there are set aside in ``staging`` and put back if a move fails
-    midway; so is the external data an earlier ONNX file kept beside one of these names
-    (``<name>.onnx.data``) that the new file, holding its weights, does not have (set aside and gone
-    with ``staging``: no stale weights beside the new file). A refusal or a failure is one
-    :class:`UserError` line; ``folder`` then holds what it held."""
+    midway; so are the files ``stale`` names in ``folder`` (:func:`earlier_files`), which go with
+    ``staging``. A refusal or a failure is one :class:`UserError` line; ``folder`` then holds what it
+    held."""
     names = sorted(os.listdir(staging))  # the files, and any a format writes beside its own (ONNX's data)
     for name in names:
         destination = os.path.join(folder, name)
         if os.path.isdir(destination) and not os.path.islink(destination):
             raise UserError(f"cannot write {what} {destination}: a folder is in the way of the export's file "
                             f"{name}; move it away or give --out another path (no file written)")
-    stale = [onnx_data_path(name) for name in names if name.endswith(FORMATS["onnx"].suffix)
-             and onnx_data_path(name) not in names and os.path.isfile(os.path.join(folder, onnx_data_path(name)))]
     aside = tempfile.mkdtemp(prefix=".previous-", dir=staging)
     done: list[tuple[str, bool, bool]] = []  # (name, whether an earlier file was set aside, whether one moved in)
     failed = ""
@@ -335,7 +358,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         with open(os.path.join(staging, f"{stem}.json"), "w", encoding="utf-8") as f:
             json.dump(sidecar, f, indent=1)
             f.write("\n")
-        move_in(staging, folder, "--out" if args.out else "the export folder")
+        move_in(staging, folder, "--out" if args.out else "the export folder",
+                earlier_files(folder, stem, os.listdir(staging)))
         log.info(f"{os.path.join(os.path.dirname(next(iter(paths.values()))), stem)}.json: what a runtime needs "
                  "beside the files (task, classes, inputs, preprocessing; docs/inference.md)")
     finally:

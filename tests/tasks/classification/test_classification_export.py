@@ -225,6 +225,20 @@ def test_an_export_without_external_data_takes_away_the_earlier_ones(trained, er
     onnxruntime.InferenceSession("vgg.onnx", providers=["CPUExecutionProvider"])
 
 
+def test_an_export_at_the_same_out_leaves_no_file_of_the_earlier_one(trained):
+    """A checkpoint exported as ONNX and ExportedProgram, then (a later checkpoint, say) as ExportedProgram
+    alone to the same --out: the earlier ``net.onnx`` stayed beside the new sidecar, and a runtime
+    loading ``net.onnx`` served the earlier network without a word. The earlier files go with the move."""
+    config, ckpt = trained("cifar_resnet")
+    args = ["export", "--config", config, "--ckpt_path", str(ckpt), "--out", "deploy/net"]
+    assert main([*args, "--format", "onnx", "exported-program"]) == 0
+    assert sorted(p.name for p in Path("deploy").iterdir()) == ["net.json", "net.onnx", "net.pt2"]
+    assert main([*args, "--format", "exported-program"]) == 0
+    assert sorted(p.name for p in Path("deploy").iterdir()) == ["net.json", "net.pt2"]
+    assert json.loads(Path("deploy/net.json").read_text())["programs"]["network"]["files"] == {
+        "exported-program": "net.pt2"}
+
+
 # --- one line for bad input ----------------------------------------------------------------------
 
 def test_a_bad_format_is_one_line(trained, error_line):

@@ -130,11 +130,36 @@ def test_the_earlier_external_data_goes_in_the_same_move(tmp_path, monkeypatch):
             raise OSError(5, "Input/output error", str(dst))
         return replace(src, dst)
 
+    stale = command.earlier_files(str(deploy), "net", sorted(os.listdir(staging)))
+    assert stale == ["net.onnx.data"]
     monkeypatch.setattr(command.os, "replace", failing_last)
     with pytest.raises(UserError, match=r"^cannot write --out .*net\.onnx\.data: Input/output error"):
-        command.move_in(str(staging), str(deploy), "--out")
+        command.move_in(str(staging), str(deploy), "--out", stale)
     assert {p.name: p.read_text() for p in deploy.iterdir() if p.is_file()} == {"net.json": "old", "net.onnx": "old",
                                                                                  "net.onnx.data": "old"}
     monkeypatch.setattr(command.os, "replace", replace)
-    command.move_in(str(staging), str(deploy), "--out")
+    command.move_in(str(staging), str(deploy), "--out", stale)
     assert {p.name: p.read_text() for p in deploy.iterdir() if p.is_file()} == {"net.json": "new", "net.onnx": "new"}
+
+
+def test_the_earlier_exports_files_its_sidecar_lists_are_found_and_nothing_else(tmp_path):
+    """What an earlier export at the stem wrote and the new one does not (a format, a program, a
+    tokenizer): from its sidecar, this stem's files only, never a rejected file or another stem's."""
+    import json
+
+    from rescale_tasks.common.export.command import earlier_files
+
+    sidecar = {"rescale_export": 1, "translation": {"sentencepiece": "net.spm.model"},
+               "programs": {"encoder": {"files": {"onnx": "net.encoder.onnx", "exported-program": "net.encoder.pt2"},
+                                        "data_files": {"onnx": "net.encoder.onnx.data"}},
+                            "decode_step": {"files": {"onnx": "../elsewhere.onnx", "torchscript": "other.pt"}}}}
+    (tmp_path / "net.json").write_text(json.dumps(sidecar))
+    for name in ("net.encoder.onnx", "net.encoder.onnx.data", "net.encoder.pt2", "net.spm.model", "other.pt",
+                 "net.rejected.onnx", "net.onnx.data"):
+        (tmp_path / name).write_text("earlier")
+    assert earlier_files(str(tmp_path), "net", ["net.json", "net.onnx", "net.pt2"]) == [
+        "net.encoder.onnx", "net.encoder.onnx.data", "net.encoder.pt2", "net.onnx.data", "net.spm.model"]
+    assert earlier_files(str(tmp_path), "net", ["net.json", "net.encoder.pt2"]) == [
+        "net.encoder.onnx", "net.encoder.onnx.data", "net.spm.model"]
+    (tmp_path / "net.json").write_text("{not json")
+    assert earlier_files(str(tmp_path), "net", ["net.json", "net.onnx"]) == ["net.onnx.data"]
