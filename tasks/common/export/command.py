@@ -358,8 +358,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         with open(os.path.join(staging, f"{stem}.json"), "w", encoding="utf-8") as f:
             json.dump(sidecar, f, indent=1)
             f.write("\n")
-        move_in(staging, folder, "--out" if args.out else "the export folder",
-                earlier_files(folder, stem, os.listdir(staging)))
+        stale = earlier_files(folder, stem, os.listdir(staging))
+        move_in(staging, folder, "--out" if args.out else "the export folder", stale)
+        if stale:
+            log.info(f"took away the earlier export's {', '.join(os.path.join(folder, name) for name in stale)}: "
+                     f"{stem}.json now describes this export's files only")
         log.info(f"{os.path.join(os.path.dirname(next(iter(paths.values()))), stem)}.json: what a runtime needs "
                  "beside the files (task, classes, inputs, preprocessing; docs/inference.md)")
     finally:

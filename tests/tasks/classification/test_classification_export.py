@@ -6,6 +6,7 @@ the one-line errors (a bad format, a checkpoint of another task, an exporter not
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -225,7 +226,7 @@ def test_an_export_without_external_data_takes_away_the_earlier_ones(trained, er
     onnxruntime.InferenceSession("vgg.onnx", providers=["CPUExecutionProvider"])
 
 
-def test_an_export_at_the_same_out_leaves_no_file_of_the_earlier_one(trained):
+def test_an_export_at_the_same_out_leaves_no_file_of_the_earlier_one(trained, caplog):
     """A checkpoint exported as ONNX and ExportedProgram, then (a later checkpoint, say) as ExportedProgram
     alone to the same --out: the earlier ``net.onnx`` stayed beside the new sidecar, and a runtime
     loading ``net.onnx`` served the earlier network without a word. The earlier files go with the move."""
@@ -233,8 +234,11 @@ def test_an_export_at_the_same_out_leaves_no_file_of_the_earlier_one(trained):
     args = ["export", "--config", config, "--ckpt_path", str(ckpt), "--out", "deploy/net"]
     assert main([*args, "--format", "onnx", "exported-program"]) == 0
     assert sorted(p.name for p in Path("deploy").iterdir()) == ["net.json", "net.onnx", "net.pt2"]
+    caplog.set_level(logging.INFO, logger="rescale_tasks.common.export.command")
     assert main([*args, "--format", "exported-program"]) == 0
     assert sorted(p.name for p in Path("deploy").iterdir()) == ["net.json", "net.pt2"]
+    assert any("took away the earlier export's " in r.getMessage() and r.getMessage().split(":")[0].endswith("deploy/net.onnx")
+               for r in caplog.records)
     assert json.loads(Path("deploy/net.json").read_text())["programs"]["network"]["files"] == {
         "exported-program": "net.pt2"}
 
