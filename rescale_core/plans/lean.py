@@ -303,10 +303,11 @@ def _lean_block_alone(block: ResidualBlock, x: torch.Tensor) -> torch.Tensor:
 @register("lean", ResidualSublayer, applies=lambda sub, x: not has_hooks_below(sub))
 def lean_sublayer(sub: ResidualSublayer, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """The branch as it is, then one ``addcmul(alpha * x, f, gain * branch_scale)``
-    (:func:`gain_merge`)."""
+    (:func:`gain_merge`); with a scalar bias after the multiplier (``scalar_biases``), the
+    merge as it is."""
     out = sub.dropout(sub.fn(sub.pre_norm(x), *args, **kwargs))
     merge = sub.merge
-    if merge.gain is not None:
+    if merge.gain is not None and merge.bias is None:
         s = (merge.gain.weight * merge.branch_scale).to(out.dtype)
         out = gain_merge(x, out, s, merge.skip_scale)
     else:

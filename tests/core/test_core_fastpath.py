@@ -566,19 +566,36 @@ def _tokens(b, t, seed):
 def test_transformer_fused_equals_reference(scheme, plan):
     options = {"gain": "vector"} if scheme == "rescale" else None
     for opts in (None, options):
-        fused, ref = _pair(_transformer(scheme, scheme_options=opts), plan)
-        src, tgt = _tokens(3, 7, 1), _tokens(3, 5, 2)
-        for train in (True, False):
-            fused.train(train), ref.train(train)
-            outs = []
-            for model in (fused, ref):
-                torch.manual_seed(3)
-                out = model(src, tgt)
-                out.pow(2).mean().backward()
-                outs.append((out.detach(), None, {n: p.grad.clone() for n, p in model.named_parameters()
-                                                  if p.grad is not None}))
-                model.zero_grad(set_to_none=True)
-            _assert_same(outs[0], outs[1], F64, f"transformer {scheme} train={train}")
+        _transformer_same(scheme, opts, plan)
+
+
+@pytest.mark.parametrize("plan", FAST_PLANS)
+@pytest.mark.parametrize("scheme, gain", [("skipinit", "scalar"), ("rescale", "vector"), ("pre_ln", None)])
+def test_transformer_scalar_biases_equal_reference(scheme, gain, plan):
+    """A Transformer scheme given Fixup's scalar bias after the merge multiplier (a SkipInit with
+    a learned bias: ``scalar_biases``) computes the reference on every plan: the bias enters the
+    output and gets its gradient, with a gain (scalar or per feature) or without."""
+    model = _transformer_same(scheme, {"scalar_biases": True, "gain": gain}, plan)
+    assert any(n.endswith("merge.bias.bias") for n, _ in model.named_parameters())
+
+
+def _transformer_same(scheme: str, options: dict | None, plan: str) -> nn.Module:
+    """A tiny Transformer of ``scheme`` under ``options`` on ``plan`` computes the reference's
+    outputs and every parameter's gradient, in training and in evaluation; returns it."""
+    fused, ref = _pair(_transformer(scheme, scheme_options=options), plan)
+    src, tgt = _tokens(3, 7, 1), _tokens(3, 5, 2)
+    for train in (True, False):
+        fused.train(train), ref.train(train)
+        outs = []
+        for model in (fused, ref):
+            torch.manual_seed(3)
+            out = model(src, tgt)
+            out.pow(2).mean().backward()
+            outs.append((out.detach(), None, {n: p.grad.clone() for n, p in model.named_parameters()
+                                              if p.grad is not None}))
+            model.zero_grad(set_to_none=True)
+        _assert_same(outs[0], outs[1], F64, f"transformer {scheme} {options} train={train}")
+    return fused
 
 
 @pytest.mark.parametrize("rows", [2, 40])  # the scale on the activations / on the weight
