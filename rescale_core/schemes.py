@@ -159,6 +159,15 @@ def _unread_options(scheme: "Scheme") -> list[tuple[str, str]]:
             if off and getattr(scheme, key) != defaults.get(key, getattr(scheme, key))]
 
 
+def _default(field: "dataclasses.Field") -> Any:
+    """A dataclass field's default value (a sentinel no value equals where it has none)."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
 class _Mismatch(Exception):
     """A value that does not fit a type hint."""
 
@@ -366,10 +375,14 @@ class Scheme:
 
     def overrides(self) -> dict[str, Any]:
         """The fields set off the scheme's definition: those whose value differs from the
-        registered scheme of this name (for a name not registered, from the field defaults)."""
+        registered scheme of this name (for a name not registered, from the field defaults); a
+        field of a ``Scheme`` subclass that the registered scheme lacks, where it differs from
+        the field's default."""
         base = _SCHEMES.get(self.name) or Scheme(self.name)
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(base)
-                if f.name not in ("name", "families") and getattr(self, f.name) != getattr(base, f.name)}
+        defined = {f.name for f in dataclasses.fields(base)}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in ("name", "families")
+                and getattr(self, f.name) != (getattr(base, f.name) if f.name in defined else _default(f))}
 
     def replace(self, **overrides) -> "Scheme":
         unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(self)})

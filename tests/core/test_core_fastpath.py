@@ -20,11 +20,13 @@ from torch import nn
 import rescale_core
 from rescale_core import (MeanShiftBias, ResidualBlock, ResidualSublayer, Scheme, get_scheme,
                           reference_path)
+from rescale_core.schemes import SchemeOptionError
 from rescale_core import plans
 from rescale_core.plans import conditions, folded
 from rescale_core.plans import folds as fp
 from rescale_core.plans.shared import carries_scale
 from rescale_core.models.resnet import ResNet
+from rescale_core.models import vgg as vgg_module
 from rescale_core.models.vgg import VGG
 from rescale_core.testing import randomise_
 
@@ -817,7 +819,11 @@ def _vgg(scheme):
 def test_unknown_switch_runs_the_reference_path(monkeypatch, caplog):
     """A ``Scheme`` subclass with a switch the fast path does not know: every block, sublayer,
     ResNet and VGG built from it computes the reference function (logged once per scheme);
-    the same scheme without the switch runs the fast path."""
+    the same scheme without the switch runs the fast path. VGG, which refuses what it does not
+    read, builds it once the switch is among the options it reads."""
+    with pytest.raises(SchemeOptionError, match="branch_clip: 0.5 is not an option VGG builds"):
+        _vgg(_clipped())
+    monkeypatch.setattr(vgg_module, "VGG_OPTIONS", (*vgg_module.VGG_OPTIONS, "branch_clip"))
     monkeypatch.setattr(conditions, "_logged", set())
     caplog.set_level(logging.INFO, logger="rescale_core.plans.conditions")
     calls = _count_paths(monkeypatch)

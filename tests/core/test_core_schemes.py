@@ -84,6 +84,22 @@ def test_overrides_are_the_fields_set_off_the_schemes_definition():
     assert Scheme("unregistered", families=("transformer",), conv_bias=True).overrides() == {"conv_bias": True}
 
 
+@dataclasses.dataclass(frozen=True)
+class _ShortcutScheme(Scheme):
+    """A scheme with one more switch, as a method under study adds one."""
+
+    shortcut_mult: float = 1.0
+
+
+def test_overrides_name_a_subclass_field_set_off_its_default():
+    """A field of a ``Scheme`` subclass counts as set off the definition where it leaves its
+    default, so that a network that does not read it refuses it instead of ignoring it."""
+    rescale = vars(get_scheme("rescale"))
+    assert _ShortcutScheme(**rescale).overrides() == {}
+    assert _ShortcutScheme(**rescale, shortcut_mult=0.5).overrides() == {"shortcut_mult": 0.5}
+    assert _ShortcutScheme(**{**rescale, "c": 3.0}, shortcut_mult=0.5).overrides() == {"c": 3.0, "shortcut_mult": 0.5}
+
+
 def test_unknown_option_lists_the_options():
     with pytest.raises(ValueError) as exc:
         get_scheme("rescale", measure_batch=2)
