@@ -104,12 +104,15 @@ def input_offset_bias(weight: torch.Tensor, e: torch.Tensor, groups: int = 1) ->
     return torch.bmm(w.reshape(groups, cout // groups, cin_g), e.reshape(groups, cin_g, 1)).reshape(cout)
 
 
-def fold_input_offset(layer: nn.Module, bias: torch.Tensor | None, e: torch.Tensor | None) -> torch.Tensor | None:
+def fold_input_offset(layer: nn.Module, bias: torch.Tensor | None, e: torch.Tensor | None,
+                      weight: torch.Tensor | None = None) -> torch.Tensor | None:
     """Identity 1: the bias that makes ``layer`` (a convolution without padding, or a linear
-    layer) with ``bias`` compute ``layer(x + e)`` from ``x``."""
+    layer) with ``bias`` compute ``layer(x + e)`` from ``x``. ``weight``: the weight the layer
+    computes with where that is not ``layer.weight`` (a Scaled WS convolution's standardized one)."""
     if e is None:
         return bias
-    return add_bias(bias, input_offset_bias(layer.weight, e, getattr(layer, "groups", 1)))
+    weight = layer.weight if weight is None else weight
+    return add_bias(bias, input_offset_bias(weight, e, getattr(layer, "groups", 1)))
 
 
 def add_bias(bias: torch.Tensor | None, term: torch.Tensor | None) -> torch.Tensor | None:

@@ -208,13 +208,13 @@ def freeze_block(block: ResidualBlock, carried: bool, floor: torch.Tensor | None
     scale = block.input_scale if block.preact else 1.0  # relu(x) * input_scale: into the weights
     for i, (shift, conv, post) in enumerate(layers):
         weight, bias = _conv_weight(conv), conv.bias
-        if i == 0 and scale != 1.0:
-            weight = weight * scale
         e = offset_of(shift)
         if i == 0 and e is not None and not carried and pads(conv):
             pre = _channels(e, dims, in_dtype)
         elif e is not None and not pads(conv) and not (i == 0 and carried):
-            bias = fold_input_offset(conv, bias, e)  # (1)
+            bias = fold_input_offset(conv, bias, e, weight)  # (1), on the weight it convolves with
+        if i == 0 and scale != 1.0:
+            weight = weight * scale
         # (an offset before a later padded conv crossed the ReLU before it, below)
         if i < len(layers) - 1:
             bias = add_bias(bias, offset_of(post))  # Fixup's bias before the activation (3)
@@ -248,13 +248,12 @@ def _freeze_shortcut(seq: nn.Sequential, pending: torch.Tensor | None, dims: int
     steps = []
     for mod in seq:
         if isinstance(mod, nn.modules.conv._ConvNd):
-            bias = mod.bias
+            bias, weight = mod.bias, _conv_weight(mod)
             if pending is not None and pads(mod):
                 steps.append(_channels(pending, dims, dtype))
             else:
-                bias = fold_input_offset(mod, bias, pending)
+                bias = fold_input_offset(mod, bias, pending, weight)
             pending = None
-            weight = _conv_weight(mod)
             if scale != 1.0:
                 weight, scale = weight * scale, 1.0
             steps.append(_frozen_conv(mod, weight, bias, weight_dtype))

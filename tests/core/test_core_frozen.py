@@ -83,6 +83,26 @@ def test_frozen_equals_reference(name, scheme):
         assert not any(m.measuring for m in rescale_core.mean_shift_layers(model))
 
 
+# schemes that are only data: Scaled WS (NF-ResNet's convolutions) in the v1 layout beside offsets
+# folded into a convolution's bias (RescaleNet's mean-shift biases, Fixup's scalar biases)
+SCALED_WS_CASES = [("resnet50", "rescale", {"scaled_ws": True}), ("resnet50", "fixup", {"scaled_ws": True}),
+                   ("cifar_resnet", "fixup", {"scaled_ws": True}), ("r3d_18", "fixup", {"scaled_ws": True})]
+
+
+@pytest.mark.parametrize("name, scheme, options", SCALED_WS_CASES, ids=[f"{n}-{s}" for n, s, _ in SCALED_WS_CASES])
+def test_frozen_folds_offsets_on_the_standardized_weight(name, scheme, options):
+    """An offset folded into a Scaled WS convolution's bias is computed with the weight it
+    convolves with (the standardized one), so that evaluation equals the reference."""
+    model, x = _model(name, scheme, **options), _input(name)
+    model.train()
+    model(x)  # measured (RescaleNet)
+    model.eval()
+    ref = _reference(model)
+    with torch.no_grad():
+        assert running_plan(model, x) == FROZEN
+        _close(model(x), ref(x), F64, f"{name}/{scheme} {options} logits")
+
+
 @pytest.mark.parametrize("scheme", ["rescale", "fixup", "skipinit", "nf"])
 def test_backbone_through_torchvision_layer_getter(scheme):
     """A detection backbone: torchvision's ``IntermediateLayerGetter`` calls the stem's modules
