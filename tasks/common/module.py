@@ -137,7 +137,10 @@ class RescaleTaskModule(L.LightningModule):
 
     def build_network(self, network: str, **kwargs: Any) -> torch.nn.Module:
         """The task's network: ``create_network(network, **kwargs)``; a task whose network wraps
-        the core model (a detector around a backbone) overrides this."""
+        the core model (a detector around a backbone) overrides this, as may a task module of
+        one's own outside the suite to build a network outside ``rescale_core``'s registry (a
+        torchvision model, a module of one's own): the ``rescale`` CLI then leaves ``network``
+        to it (docs/cli.md, "Configs")."""
         return create_network(network, **kwargs)
 
     def as_input(self, x: torch.Tensor) -> torch.Tensor:

@@ -204,7 +204,8 @@ class RescaleCLI(LightningCLI):
         (jsonargparse would otherwise wrap the error in its own multi-line report)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         init = config.get("model", {}).get("init_args", {}) or {}
-        if "network" in init:
+        model_class = class_of(config.get("model", {}).get("class_path"))
+        if "network" in init and _builds_registered_network(model_class):
             check_network(init.get("network"), init.get("scheme"), init.get("scheme_options"))
         if (config.get("trainer") or {}).get("enable_checkpointing") is False:
             argv = getattr(self, "_argv", [])
@@ -215,7 +216,6 @@ class RescaleCLI(LightningCLI):
                               "summary and the closing line's next command rely on), so checkpointing cannot be turned "
                               "off; drop trainer.enable_checkpointing (last_checkpoint: {every_n_train_steps: N, "
                               "every_minutes: M} sets how often last.ckpt is written in between)")
-        model_class = class_of(config.get("model", {}).get("class_path"))
         if hasattr(model_class, "check_arguments"):  # e.g. a missing checkpoint file, before any data work
             model_class.check_arguments(init)
         if self.subcommand in (None, "fit") and _is_task_module(model_class):  # torch's own value checks
@@ -351,6 +351,15 @@ def _last_checkpoint_file(config) -> Optional[str]:
 
 def _is_checkpoint_callback(cls) -> bool:
     return isinstance(cls, type) and issubclass(cls, ModelCheckpoint)
+
+
+def _builds_registered_network(model_class) -> bool:
+    """Whether ``model_class`` builds ``network`` by name from ``rescale_core``'s registry, as
+    the suite's task modules do (an unknown class too: its network is checked as theirs). A
+    task module of one's own whose ``build_network`` builds another network (one outside the
+    registry) checks its own arguments when it is built."""
+    build = getattr(model_class, "build_network", None)
+    return build is None or getattr(build, "__module__", "").startswith(f"{RescaleTaskModule.__module__.split('.')[0]}.")
 
 
 def _is_task_module(model_class) -> bool:

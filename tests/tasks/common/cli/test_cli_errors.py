@@ -12,6 +12,7 @@ from pathlib import Path
 
 import lightning.pytorch as L
 import pytest
+import torch
 
 from rescale_tasks.cli import main
 from rescale_tasks.common.cli import build_run, trainer_config_errors
@@ -368,3 +369,32 @@ def test_a_logger_whose_package_is_not_installed_is_one_line(digits_config, erro
                  "--trainer.logger.init_args.save_dir", "tb"]) == 2
     line = error_line()
     assert line.startswith("cannot build lightning.pytorch.loggers.TensorBoardLogger: ") and "pip install" in line, line
+
+
+OWN_MODULE = '''
+from torch import nn
+from rescale_tasks.classification.module import ClassificationModule
+
+
+class OwnNetClassification(ClassificationModule):
+    """A task module of one's own whose network is not in rescale_core's registry."""
+
+    def build_network(self, network, num_classes, in_channels, **options):
+        return nn.Sequential(nn.Conv2d(in_channels, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                             nn.Flatten(), nn.Linear(4, num_classes))
+'''
+
+
+def test_a_task_module_of_ones_own_builds_a_network_outside_the_registry(tmp_path, run_config, monkeypatch,
+                                                                          error_line):
+    """A task module outside the suite that overrides ``build_network`` (as the task modules'
+    base says a task does) is given its own ``network`` name: the CLI's check of registered
+    names before anything is built leaves it to the module. The suite's modules keep the check."""
+    (tmp_path / "own_module.py").write_text(OWN_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = run_config(tmp_path / "own.yaml", model={"class_path": "own_module.OwnNetClassification",
+                                                      "init_args": {"network": "own_net", "scheme": None}})
+    net = build_run(["--config", config]).model.net
+    assert isinstance(net, torch.nn.Sequential) and net[-1].out_features == 10
+    assert main(["fit", "--config", config, "--model", "ClassificationModule"]) == 2
+    assert error_line().startswith("cannot build network 'own_net'")
