@@ -87,6 +87,7 @@ from typing import Any, Callable, Literal, Optional
 __all__ = ["CONV_ONLY_OPTIONS", "TRANSFORMER_ONLY_OPTIONS", "Scheme", "SchemeOptionError", "get_scheme", "list_schemes", "register_scheme"]
 
 Family = Literal["conv", "transformer"]
+_FAMILIES = typing.get_args(Family)  # the networks a scheme may build: conv networks, Transformers
 
 _TRUE, _FALSE = ("true", "yes", "on"), ("false", "no", "off")  # YAML's boolean words, any case
 _KINDS = {bool: ("a boolean (true or false)", "booleans"), int: ("an integer", "integers"),
@@ -299,6 +300,9 @@ class Scheme:
         for key, allowed in _CHOICES.items():
             if getattr(self, key) not in allowed:
                 raise SchemeOptionError(key, getattr(self, key), _one_of(key), name)
+        if not self.families or not set(self.families) <= set(_FAMILIES):
+            raise SchemeOptionError("families", list(self.families), "a list of the families the scheme builds, "
+                                    f"each one of {', '.join(map(_shown, _FAMILIES))}", name)
         for key in ("conv_dropout", "classifier_dropout"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise SchemeOptionError(key, getattr(self, key), "a rate in [0, 1)", name)

@@ -9,7 +9,7 @@ import pytest
 
 from rescale_core import get_scheme, list_schemes, register_scheme
 from rescale_core.init import rescale_conv_multiplier
-from rescale_core.schemes import Scheme
+from rescale_core.schemes import Scheme, SchemeOptionError
 
 
 @pytest.mark.parametrize("L", [1, 16, 33, 498])
@@ -120,6 +120,16 @@ def test_unknown_scheme_suggests_close_matches():
 def test_invalid_values_are_refused(bad):
     with pytest.raises(ValueError):
         get_scheme("rescale", **bad)
+
+
+@pytest.mark.parametrize("families", [("convs",), ("Transformer",), ()])
+def test_a_family_no_network_builds_is_refused(families):
+    """A new scheme's ``families`` name the networks it builds: a typo is refused where the
+    scheme is defined, not met later as "is for Transformers, not ResNets"."""
+    with pytest.raises(SchemeOptionError, match=r'scheme_options.families: .* each one of "conv", "transformer" '
+                                                r"for scheme mine"):
+        Scheme("mine", families=families, gain="scalar", gain_init=0.0)
+    assert Scheme("mine", families=["transformer", "conv"]).families == ("transformer", "conv")
 
 
 def test_duplicate_scheme_refused():
