@@ -35,7 +35,8 @@ from .init import TransformerStack, init_branch, init_shortcut, init_transformer
 from .layers import (RELU_GAMMA, Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_shape, conv_nd,
                      dropout_nd, make_norm, scaled_std_conv_nd)
 from .plans.dispatch import Planned, implementation
-from .schemes import CONV_ONLY_OPTIONS, TRANSFORMER_ONLY_OPTIONS, Scheme, SchemeOptionError, get_scheme, list_schemes
+from .schemes import (CONV_ONLY_OPTIONS, GAIN_INIT_WITHOUT_GAIN, TRANSFORMER_ONLY_OPTIONS, Scheme, SchemeOptionError,
+                      get_scheme, list_schemes)
 
 __all__ = ["ResidualMerge", "BranchLayer", "ResidualBlock", "ResidualSublayer", "pre_conv_bias", "scheme_conv",
            "conv_norm", "check_buildable", "CONV_NORMS"]
@@ -67,8 +68,7 @@ def check_buildable(scheme: Scheme, family: str, given: Iterable[str] = ()) -> N
         raise SchemeOptionError("norm", scheme.norm, f"a norm {network} builds (one of {_listed(norms)} or null)",
                                 scheme.name)
     if "gain_init" in given and scheme.gain is None:
-        raise SchemeOptionError("gain_init", scheme.gain_init, "an option without a gain (gain: scalar or vector; "
-                                "it changes nothing here: remove it)", scheme.name)
+        raise SchemeOptionError("gain_init", scheme.gain_init, GAIN_INIT_WITHOUT_GAIN, scheme.name)
     if family == "transformer" and scheme.layout != "v1":
         raise SchemeOptionError("layout", scheme.layout, 'a layout a Transformer builds ("v1": norm_position places '
                                 "its norms)", scheme.name)

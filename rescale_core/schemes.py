@@ -125,6 +125,8 @@ CONV_ONLY_OPTIONS = frozenset({
 #: the fields only a Transformer reads (where its norms sit, and their alphas per site): a conv
 #: network refuses them set off its scheme's definition
 TRANSFORMER_ONLY_OPTIONS = frozenset({"norm_position", "norm_alpha_attention", "norm_alpha_ffn", "norm_alpha_final"})
+#: what a ``gain_init`` set without a gain is not (no network reads it)
+GAIN_INIT_WITHOUT_GAIN = "an option without a gain (gain: scalar or vector; it changes nothing here: remove it)"
 
 
 class SchemeOptionError(TypeError, ValueError):
@@ -399,11 +401,17 @@ class Scheme:
 
 
 _SCHEMES: dict[str, Scheme] = {}
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Scheme)}
 
 
 def register_scheme(scheme: Scheme) -> Scheme:
+    """Make ``scheme`` selectable by its name (``get_scheme``, ``create_model(..., scheme=name)``,
+    ``model.init_args.scheme``). Refused: a name already registered, and a definition that sets
+    ``gain_init`` without a gain (no network would read it: it would train without any gain)."""
     if scheme.name in _SCHEMES:
         raise ValueError(f"scheme {scheme.name!r} is already registered")
+    if scheme.gain is None and scheme.gain_init != _FIELD_DEFAULTS["gain_init"]:
+        raise SchemeOptionError("gain_init", scheme.gain_init, GAIN_INIT_WITHOUT_GAIN, scheme.name)
     _SCHEMES[scheme.name] = scheme
     return scheme
 

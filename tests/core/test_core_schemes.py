@@ -136,3 +136,23 @@ def test_duplicate_scheme_refused():
     with pytest.raises(ValueError, match="already registered"):
         register_scheme(Scheme("bn"))
     assert get_scheme("bn").norm == "bn"
+
+
+def test_a_registered_gain_init_without_a_gain_is_refused(monkeypatch):
+    """A ReZero variant registered with another ``gain_init`` but no ``gain`` would train as a
+    plain ``x + F(x)`` network (no network reads it): refused where it is registered; with its
+    gain it registers and every family builds the gain at that value."""
+    import rescale_core
+    from rescale_core import schemes
+
+    monkeypatch.setattr(schemes, "_SCHEMES", dict(schemes._SCHEMES))  # the registry as it was, after
+    with pytest.raises(SchemeOptionError, match=r"gain_init: 0.5 is not an option without a gain .* "
+                                                r"for scheme rezero_half"):
+        register_scheme(Scheme("rezero_half", families=("conv", "transformer"), gain_init=0.5))
+    assert "rezero_half" not in list_schemes()
+    register_scheme(Scheme("rezero_half", families=("conv", "transformer"), gain="scalar", gain_init=0.5))
+    for network, options in (("cifar_resnet", {"depth": 8, "base_width": 4}),
+                             ("transformer_tiny", {"src_vocab_size": 20})):
+        net = rescale_core.create_model(network, scheme="rezero_half", **options)
+        gains = [p for n, p in net.named_parameters() if n.endswith("merge.gain.weight")]
+        assert gains and all(float(g.detach()) == 0.5 for g in gains), network
