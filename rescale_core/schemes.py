@@ -64,10 +64,15 @@ value outside a field's choices or range. The coercions a config's reader needs 
 integer for a float field, a string that reads as one (``"2"``), a YAML boolean word for a
 boolean (``"false"``, ``"no"``, ``"off"``), a list for a tuple field.
 
-A new field must be added to :data:`rescale_core.plans.IMPLEMENTED_FIELDS` once the fast plans
-handle it (a new value of a categorical field: to its tuple there). Until then the models run
-the reference path (:func:`rescale_core.plans.implements`): under every scheme for a field not
-listed, under the schemes that use it for a value not listed.
+A new field is listed in :data:`rescale_core.plans.IMPLEMENTED_FIELDS` (a test fails until it is):
+with its default value only (``"shortcut_mult": (1.0,)``) until the fast plans handle it, so that
+the schemes leaving it at its default keep the fast plans and those setting it run the reference
+path (:func:`rescale_core.plans.implements`); with all the values they handle (None: any) once they
+do. A new value of a categorical field runs the reference until it is added to its tuple there.
+A field only conv networks read goes into :data:`CONV_ONLY_OPTIONS` (a Transformer would
+otherwise take it and ignore it), one only Transformers read into :data:`TRANSFORMER_ONLY_OPTIONS`;
+VGG refuses it unless ``rescale_core.models.vgg.VGG_OPTIONS`` names it. docs/design.md, "Adding a
+scheme".
 
 Deviation (all schemes but ``nf``, conv families): blocks use the ResNet v1 layout (ReLU after the
 merge, ``layout="v1"``), including the Wide-ResNets that are pre-activation in Zagoruyko &

@@ -21,7 +21,7 @@ import rescale_core
 from rescale_core import (MeanShiftBias, ResidualBlock, ResidualSublayer, Scheme, get_scheme,
                           reference_path)
 from rescale_core.schemes import SchemeOptionError
-from rescale_core import plans
+from rescale_core import blocks, plans
 from rescale_core.plans import conditions, folded
 from rescale_core.plans import folds as fp
 from rescale_core.plans.shared import carries_scale
@@ -837,6 +837,30 @@ def test_unknown_switch_runs_the_reference_path(monkeypatch, caplog):
         _runs_the_reference_only(build(_clipped()), run, calls)
     logged = [r for r in caplog.records if r.name == "rescale_core.plans.conditions"]
     assert len(logged) == 1 and "branch_clip" in logged[0].getMessage()
+
+
+@dataclasses.dataclass(frozen=True)
+class ShortcutScheme(Scheme):
+    """A switch under study, added as docs/design.md ("Adding a scheme") says: a shortcut multiplier."""
+
+    shortcut_mult: float = 1.0
+
+
+def test_a_new_field_listed_with_its_default_keeps_the_plans_where_it_is_unset(monkeypatch):
+    """The recipe of docs/design.md for a new field: listed in ``IMPLEMENTED_FIELDS`` with its
+    default only, a scheme that leaves it there runs its fast plan, one that sets it the
+    reference; as a conv-only option a Transformer refuses it, and VGG refuses it unread."""
+    monkeypatch.setitem(plans.IMPLEMENTED_FIELDS, "shortcut_mult", (1.0,))
+    x = _model_input("cifar_resnet")
+    for value, plan in ((1.0, "folded"), (0.5, "reference")):
+        scheme = ShortcutScheme(**vars(get_scheme("rescale")), shortcut_mult=value)
+        assert plans.running_plan(_model("cifar_resnet", scheme).layer1[0], x) == plan
+    monkeypatch.setattr(blocks, "CONV_ONLY_OPTIONS", blocks.CONV_ONLY_OPTIONS | {"shortcut_mult"})
+    unread = ShortcutScheme(**vars(get_scheme("rescale")), shortcut_mult=0.5)
+    with pytest.raises(SchemeOptionError, match="shortcut_mult: 0.5 is not an option of a Transformer"):
+        _transformer(unread)
+    with pytest.raises(SchemeOptionError, match="shortcut_mult: 0.5 is not an option VGG builds"):
+        _vgg(unread)
 
 
 def test_unlisted_value_runs_the_reference_path(monkeypatch):
