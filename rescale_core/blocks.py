@@ -98,7 +98,7 @@ class ResidualMerge(nn.Module):
         self.gain = None
         if scheme.gain is not None:
             self.gain = Gain(scheme.gain_init, channel_shape if scheme.gain == "vector" else (1,))
-        # Fixup's scalar bias after the multiplier (not scaled by block_scale: no scheme uses both)
+        # Fixup's scalar bias after the multiplier (a Scheme refuses it beside a block_scale other than 1)
         self.bias = ScalarBias() if scheme.scalar_biases else None
 
     def skip_term(self, skip: torch.Tensor) -> torch.Tensor:

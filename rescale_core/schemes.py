@@ -323,6 +323,12 @@ class Scheme:
                 raise SchemeOptionError(key, value, expected, name)
         if self.classifier_gain is not None and self.zero_classifier:
             raise ValueError(f"scheme {self.name!r}: classifier_gain has no effect with zero_classifier=True")
+        if self.block_scale != 1.0 and self.scalar_biases:
+            # the merge adds Fixup's bias after block_scale's product: not the block_scale * (... + b_k)
+            # of the merge rule above
+            raise SchemeOptionError("block_scale", self.block_scale, "1 under scalar_biases (the merge would add "
+                                    "Fixup's scalar bias outside block_scale * (...), not inside as its rule says)",
+                                    name)
         if self.skip_alpha is not None and self.merge == "rescale":
             raise ValueError(f"scheme {self.name!r}: skip_alpha replaces the shortcut multiplier "
                              "that merge 'rescale' sets (alpha_k); use one or the other")

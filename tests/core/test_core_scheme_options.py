@@ -22,6 +22,16 @@ def test_the_rescale_merge_options_are_refused_under_another_merge(scheme, optio
                                   f"'{merge}' (it shapes merge \"rescale\" only: remove it) for scheme {scheme}")
 
 
+@pytest.mark.parametrize("scheme,options", [("fixup", {"block_scale": 0.5}), ("none", {"block_scale": 2.0,
+                                                                                     "scalar_biases": True})])
+def test_a_block_scale_beside_fixups_bias_is_refused(scheme, options):
+    """Before: accepted, and the merge computed ``block_scale * (s + g f) + b`` where the merge rule
+    says ``block_scale * (s + g f + b)`` (another function than the documented one)."""
+    with pytest.raises(SchemeOptionError, match=r"block_scale: .* is not 1 under scalar_biases"):
+        create_model("cifar_resnet", depth=8, base_width=4, scheme=scheme, scheme_options=options)
+    assert get_scheme("bn_scaled").block_scale != 1.0 and get_scheme("fixup").scalar_biases
+
+
 def test_conv_dropout_stages_without_conv_dropout_is_refused():
     """Before: accepted, and the ResNet built no dropout anywhere (conv_dropout 0)."""
     expected = ("scheme_options.conv_dropout_stages: [1, 2] is not an option without conv_dropout (it picks the "
