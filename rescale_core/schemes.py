@@ -432,7 +432,16 @@ def list_schemes(family: str | None = None) -> list[str]:
 
 
 def get_scheme(scheme: "str | Scheme", **overrides) -> Scheme:
-    """The scheme called ``scheme`` (or the given instance) with ``overrides`` applied."""
+    """The scheme called ``scheme`` (or the given instance) with ``overrides`` applied (a
+    network's ``scheme_options``): any field but ``name`` and ``families``, which say which scheme
+    it is (a run that renamed its scheme would be filed under another: ``rescale compare`` would
+    take a RescaleNet run named ``bn`` for the BN baseline). ``Scheme.replace`` derives a scheme
+    of another name to register."""
+    named = sorted(set(overrides) & {"name", "families"})
+    if named:
+        label = scheme.name if isinstance(scheme, Scheme) else scheme
+        raise SchemeOptionError(named[0], overrides[named[0]], "an option (it says which scheme this is: select "
+                                "another with the scheme argument, model.init_args.scheme)", label)
     if isinstance(scheme, Scheme):
         return scheme.replace(**overrides) if overrides else scheme
     if scheme not in _SCHEMES:

@@ -32,6 +32,17 @@ def test_a_block_scale_beside_fixups_bias_is_refused(scheme, options):
     assert get_scheme("bn_scaled").block_scale != 1.0 and get_scheme("fixup").scalar_biases
 
 
+@pytest.mark.parametrize("option,value", [("name", "bn"), ("families", ["transformer"])])
+def test_the_fields_that_name_the_scheme_are_not_options(option, value):
+    """Before: ``scheme_options: {name: bn}`` built a RescaleNet called ``bn``, and its run summary
+    filed it as the BN baseline (``rescale compare`` compared RescaleNet with itself)."""
+    with pytest.raises(SchemeOptionError) as refused:
+        create_model("cifar_resnet", **TINY["cifar_resnet"], scheme="rescale", scheme_options={option: value})
+    assert str(refused.value).startswith(f"scheme_options.{option}: ") and "model.init_args.scheme" in str(refused.value)
+    derived = get_scheme("rezero").replace(name="rezero_half", gain_init=0.5)  # a new scheme to register
+    assert (derived.name, derived.gain, derived.gain_init) == ("rezero_half", "scalar", 0.5)
+
+
 def test_conv_dropout_stages_without_conv_dropout_is_refused():
     """Before: accepted, and the ResNet built no dropout anywhere (conv_dropout 0)."""
     expected = ("scheme_options.conv_dropout_stages: [1, 2] is not an option without conv_dropout (it picks the "
