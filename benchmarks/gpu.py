@@ -20,7 +20,9 @@ with a registry, for one without; docs/speed.md, "On a GPU machine"). In order:
    section of ``benchmarks/RESULTS.md`` with the device, torch and commit in its header.
 
 ``--device cpu --quick`` runs step 2 on the CPU in a few minutes, to check the command itself (the
-CUDA tests need a GPU: :func:`run_device_tests` is checked on the CPU by the suite).
+CUDA tests need a GPU: :func:`run_device_tests` is checked on the CPU by the suite); such a check
+(any CPU or ``--quick`` run) writes its smoke figures into a results section of its own, ``check``
+(``cuda-bf16-check`` on a GPU), and leaves the CPU and GPU runs' figures as they are.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CUDA_TESTS", "GPU_SECTIONS", "NEEDED", "bench_arguments", "main", "missing_packages",
+__all__ = ["CHECK_TAG", "CUDA_TESTS", "GPU_SECTIONS", "NEEDED", "bench_arguments", "main", "missing_packages",
            "run_device_tests"]
 
 #: the sections, most wanted first: the deadline may leave the last ones out
@@ -75,7 +77,15 @@ def missing_packages(needed: dict[str, str] = NEEDED) -> list[str]:
     return [dist for module, dist in needed.items() if importlib.util.find_spec(module) is None]
 
 
+#: the results section a check of the command writes (a CPU run, or ``--quick``): ``check`` on the CPU,
+#: ``cuda-bf16-check`` on a GPU, never the device's own section with the full runs' figures
+CHECK_TAG = "check"
+
+
 def bench_arguments(device: str, quick: bool, markdown: str | None, deadline: float | None = None) -> list[str]:
+    """The harness's command line: the GPU sections in order; a check of the command (``--device
+    cpu`` or ``--quick``) writes its smoke figures into a results section of its own
+    (:data:`CHECK_TAG`)."""
     args = ["--device", device, "--only", *GPU_SECTIONS]
     if quick:
         args += ["--quick", "--compile"]
@@ -85,6 +95,8 @@ def bench_arguments(device: str, quick: bool, markdown: str | None, deadline: fl
         args += ["--deadline", f"{max(deadline, 0.0):.0f}"]
     if markdown:
         args += ["--markdown", markdown]
+        if quick or device != "cuda":
+            args += ["--markdown-tag", CHECK_TAG]
     return args
 
 
@@ -159,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a check of the command)")
     p.add_argument("--markdown", default="benchmarks/RESULTS.md",
-                   help="results file ('' to print only)")
+                   help="results file ('' to print only); a check (--device cpu, --quick) writes its own "
+                        f"section there, {CHECK_TAG!r}, never the CPU or GPU figures")
     p.add_argument("--budget", type=float, default=420.0, metavar="SECONDS",
                    help="start no benchmark section after this many seconds from the start (default 420: "
                         "with the section in flight, the run ends within about 8 minutes)")

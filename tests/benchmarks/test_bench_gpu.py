@@ -102,3 +102,26 @@ def test_without_the_project_installed_the_tests_import_this_checkouts_tasks(tmp
                           env=env, cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(tmp_path / "rescale_tasks" / "__init__.py")
+
+
+def test_a_check_of_the_command_writes_its_own_results_section():
+    """``python -m benchmarks.gpu --device cpu --quick`` (and ``--quick`` on a GPU) checks the
+    command: its smoke figures go into a section of their own, never over the full CPU run's
+    section or the GPU run's; the full GPU run writes the GPU section."""
+    import torch
+
+    from benchmarks import __main__ as harness, report
+    from benchmarks.gpu import bench_arguments
+    from benchmarks.toolkit import Settings
+
+    def tag(device: str, quick: bool) -> str:
+        args = harness.parse_args(bench_arguments(device, quick, "RESULTS.md", 60))
+        assert args.only == ["train", "eval", "plans", "measuring", "resnet3d", "transformer", "inference", "ops"]
+        settings = Settings(device=torch.device(device), amp_dtype=torch.bfloat16 if device == "cuda" else None,
+                            channels_last=False, batch=2, image_size=8, warmup=2, eval_warmup=1, repeats={},
+                            min_run_time=0.001)
+        return report.results_tag(settings, args.markdown_tag)
+
+    assert tag("cpu", True) == "check" and tag("cpu", False) == "check"
+    assert tag("cuda", True) == "cuda-bf16-check"
+    assert tag("cuda", False) == "cuda-bf16"
