@@ -176,9 +176,10 @@ def selected_sections(args: argparse.Namespace) -> list[str]:
 
 
 def measured_sections(results: list[SectionResult], settings: Settings) -> set[str]:
-    """The sections whose goals this run measured: the plans section's (compiled) goals only
-    where it compiled."""
-    return {r.name for r in results if not r.error and (r.name != "plans" or settings.compile)}
+    """The sections whose goals this run reports: every section it ran, a failed one and one the
+    deadline left out included (their goals read "not measured"); the plans section's (compiled)
+    goals only where it compiled."""
+    return {r.name for r in results if r.name != "plans" or settings.compile}
 
 
 def main(argv: list[str] | None = None) -> int:

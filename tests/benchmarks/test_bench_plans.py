@@ -104,3 +104,18 @@ def test_default_plan_is_the_plan_auto_runs():
     assert default_plan(torch.device("cpu")) == "folded" and default_plan(torch.device("cuda")) == "lean"
     assert ops("auto") == ops("folded") != ops("lean")
 
+
+
+def test_the_goals_of_a_failed_section_read_not_measured():
+    """A section that failed (or that the deadline left out) keeps its goals in the table, marked
+    "not measured" (benchmarks/RESULTS.md), rather than leaving them out as if not selected."""
+    from benchmarks import report
+
+    settings = build_settings(parse_args(["--device", "cpu", "--quick"]))
+    ran = [SectionResult("train", error="RuntimeError: boom"),
+           SectionResult("eval", error="not run: the 5 s deadline had passed")]
+    table = report.goals_table(report.evaluate_goals({}, "cpu"), "cpu", measured_sections(ran, settings))
+    texts = {row[1]: row[4] for row in table.rows}
+    assert texts["rescale50 train step / resnet50 BN"] == "not measured"
+    assert texts["rescale50 eval forward / floor (no norm)"] == "not measured"
+    assert not any("measuring" in text for text in texts)  # not selected: left out
