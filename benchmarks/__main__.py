@@ -1,7 +1,8 @@
 """``python -m benchmarks``: run the harness's sections and print one report (see ``--help``).
 
 Run from the repository root (``make bench`` does). Progress goes to stderr, the tables to stdout,
-and with ``--markdown PATH`` the results section of that file is rewritten.
+and with ``--markdown PATH`` the results section of that file is rewritten after every section
+(a run stopped midway keeps what it measured; the sections left read "not run").
 """
 from __future__ import annotations
 
@@ -189,8 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     env = report.environment(settings, sys.argv[1:] if argv is None else argv)
     print(report.header_text(env), flush=True)
     results: list[SectionResult] = []
+    sections = selected_sections(args)
+    tag = report.results_tag(settings, args.markdown_tag)
     start = time.perf_counter()
-    for name in selected_sections(args):
+    for done, name in enumerate(sections, 1):
         if args.deadline is not None and time.perf_counter() - start > args.deadline:
             results.append(SectionResult(name, error=f"not run: the {args.deadline:.0f} s deadline had passed "
                                                      f"(time it alone with --only {name})"))
@@ -203,17 +206,34 @@ def main(argv: list[str] | None = None) -> int:
             res = SectionResult(name, error=f"{type(exc).__name__}: {exc}")
         results.append(res)
         print(report.section_text(res), flush=True)
+        if args.markdown and done < len(sections):
+            # written after every section: a run stopped later (killed at the end of a lease,
+            # interrupted) keeps the figures it measured; the sections left say so
+            left = [SectionResult(n, error=f"not run: the run stopped before this section ended "
+                                            f"(killed or interrupted; time it with --only {n})")
+                    for n in sections[done:]]
+            _write_results(args, settings, env, results + left, tag)
+    goal_table = _goal_table(args, settings, results)
+    print(report.footer_text(results, goal_table), flush=True)
+    if args.markdown:
+        _write_results(args, settings, env, results, tag)
+        print(f"\nresults written to {args.markdown}", flush=True)
+    return 1 if any(r.error for r in results) else 0
+
+
+def _goal_table(args: argparse.Namespace, settings: Settings, results: list[SectionResult]):
     metrics = {k: v for r in results for k, v in r.metrics.items()}
     goal_table = report.goals_table(report.evaluate_goals(metrics, settings.device), settings.device,
                                     measured_sections(results, settings))
     if args.quick:
         goal_table.notes.insert(0, "--quick smoke run (tiny inputs, 2 repeats): the marks mean nothing here")
-    print(report.footer_text(results, goal_table), flush=True)
-    if args.markdown:
-        tag = report.results_tag(settings, args.markdown_tag)
-        report.write_results(args.markdown, report.render_markdown(env, results, goal_table, tag), tag)
-        print(f"\nresults written to {args.markdown}", flush=True)
-    return 1 if any(r.error for r in results) else 0
+    return goal_table
+
+
+def _write_results(args: argparse.Namespace, settings: Settings, env: list[tuple[str, str]],
+                   results: list[SectionResult], tag: str) -> None:
+    markdown = report.render_markdown(env, results, _goal_table(args, settings, results), tag)
+    report.write_results(args.markdown, markdown, tag)
 
 
 if __name__ == "__main__":
