@@ -58,3 +58,23 @@ def test_frozen_off_contender_evaluates_on_the_plan_it_trains_on():
     with torch.inference_mode():
         assert rescale_core.plans.running_plan(on, x) == "frozen"
         assert rescale_core.plans.running_plan(off, x) == "folded"
+
+
+def test_the_figures_docs_speed_quotes_are_the_inference_blocks_medians_of_per_repeat_ratios():
+    """docs/speed.md's "frozen / frozen off" column quotes RESULTS.md's ``inference`` block: the
+    medians of the per-repeat ratios written there (not a ratio of the medians of the times)."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    begin, end = report.markers("inference")
+    results = (repo / "benchmarks" / "RESULTS.md").read_text()
+    block = results[results.index(begin):results.index(end)]
+    written = {title: (m.group(1), m.group(2)) for title, m in zip(
+        re.findall(r"^### (\S+): eval forward on the frozen plan", block, re.M),
+        re.finditer(r"^- rescale on the frozen plan / rescale with it off \(the same mode\): "
+                    r"eager (\S+) \[[^]]*\], compiled (\S+) \[", block, re.M))}
+    quoted = dict((m.group(1), (m.group(2), m.group(3))) for m in re.finditer(
+        r"^\| (\S+) rescale \|.*\| (\S+), (\S+) \|$", (repo / "docs" / "speed.md").read_text(), re.M))
+    assert written.keys() == {"ResNet-50", "R3D-18"}
+    assert {k: quoted[k] for k in written} == written
