@@ -11,6 +11,7 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import torch
 
@@ -114,7 +115,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "adds this run's tables without replacing the full run's figures; likewise "
                         "--only detection --markdown-tag detection, --only video_loader --markdown-tag "
                         "video_loader)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.markdown:
+        problem = _unwritable(Path(args.markdown))
+        if problem:  # found now, not after an hour of measurements
+            p.error(f"--markdown {args.markdown}: {problem}")
+    return args
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why the results file ``path`` could not be written, or None."""
+    folder = path.parent
+    if path.is_dir():
+        return "is a folder; give the markdown file to write (e.g. benchmarks/RESULTS.md)"
+    if not folder.is_dir():
+        return f"no folder {folder}; create it, or give a file in an existing folder"
+    if not os.access(path if path.exists() else folder, os.W_OK):
+        return f"{'the file' if path.exists() else f'the folder {folder}'} is not writable"
+    return None
 
 
 def build_settings(args: argparse.Namespace) -> Settings:

@@ -344,3 +344,18 @@ def test_a_run_stopped_midway_keeps_the_sections_it_finished(tmp_path):
     assert "hand-written notes" in text and text.count(report.BEGIN) == 1 and report.END in text
     assert "| workers=0 |" in text
     assert "**ops failed:** not run: the run stopped before this section ended" in text
+
+
+@pytest.mark.parametrize("where", ["missing folder", "a folder"])
+def test_a_results_file_that_cannot_be_written_is_refused_before_anything_runs(tmp_path, capsys, where):
+    """A --markdown path in a folder that does not exist (or a folder) is one error line at the
+    start, not a traceback after the run's measurements."""
+    from benchmarks.__main__ import parse_args
+
+    path = tmp_path / "nowhere" / "RESULTS.md" if where == "missing folder" else tmp_path
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--device", "cpu", "--quick", "--only", "data", "--markdown", str(path)])
+    assert exit_.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"python -m benchmarks: error: --markdown {path}: ")
+    assert parse_args(["--markdown", str(tmp_path / "RESULTS.md")]).markdown == str(tmp_path / "RESULTS.md")
