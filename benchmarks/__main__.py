@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+import rescale_core
 from rescale_tasks.common.system import ENV as MALLOC_ENV, keep_freed_memory, usable_cores
 
 from . import report
@@ -116,6 +117,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "--only detection --markdown-tag detection, --only video_loader --markdown-tag "
                         "video_loader)")
     args = p.parse_args(argv)
+    for option, arch, families in (("--resnet3d-arch", args.resnet3d_arch, ("resnet3d", "video_resnet")),
+                                   ("--transformer-arch", args.transformer_arch, ("transformer",))):
+        known = [name for family in families for name in rescale_core.list_models(family=family)]
+        if arch not in known:  # found now, not when its section (or video_loader) builds it
+            p.error(f"{option} {arch}: not a registered {' or '.join(families)} model; one of {', '.join(sorted(known))}")
     if args.markdown:
         problem = _unwritable(Path(args.markdown))
         if problem:  # found now, not after an hour of measurements

@@ -359,3 +359,17 @@ def test_a_results_file_that_cannot_be_written_is_refused_before_anything_runs(t
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith(f"python -m benchmarks: error: --markdown {path}: ")
     assert parse_args(["--markdown", str(tmp_path / "RESULTS.md")]).markdown == str(tmp_path / "RESULTS.md")
+
+
+@pytest.mark.parametrize("option", ["--resnet3d-arch", "--transformer-arch"])
+def test_an_unknown_architecture_is_refused_before_anything_runs(capsys, option):
+    """An architecture that is not registered (or of another family) is one error line naming the
+    choices, not a traceback when its section (perhaps the last of an hour's run) builds it."""
+    from benchmarks.__main__ import parse_args
+
+    with pytest.raises(SystemExit) as exit_:
+        parse_args([option, "resnet50"])
+    assert exit_.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"python -m benchmarks: error: {option} resnet50: not a registered ")
+    assert "transformer_small" in line or "resnet3d_50" in line
