@@ -111,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     config = RunConfig(device, amp, gpu if args.channels_last is None else args.channels_last, args.compile)
     suite, batch = _suite(args.suite, args)
     names = args.contenders or [c.name for c in suite.contenders]
+    unknown = [n for n in names if n not in {c.name for c in suite.contenders}]
+    if unknown:  # before the first contender is built and profiled, not after
+        p.error(f"--contenders: no {', '.join(map(repr, unknown))} in the {args.suite} suite; one of "
+                + ", ".join(repr(c.name) for c in suite.contenders))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     summary = []
     for name in names:

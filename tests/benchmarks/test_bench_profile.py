@@ -22,3 +22,17 @@ def test_cpu_tables_name_every_contender(capsys):
         (line,) = [row for row in summary if row.startswith(name)]
         wall, kernels, calls = (float(v) for v in line[len(name):].split()[:3])
         assert wall > 0 and kernels > 0 and calls > 0
+
+
+def test_an_unknown_contender_is_one_error_line_before_any_is_profiled(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_:
+        profile.main(["--device", "cpu", "--contenders", "floor (no norm)", "rescale",
+                      "--batch", "1", "--image-size", "32", "--steps", "1"])
+    assert exit_.value.code == 2
+    out, err = capsys.readouterr()
+    assert "==" not in out  # the floor, named first, was not built and profiled before the error
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("python -m benchmarks.profile: error: --contenders: no 'rescale' in the resnet50 suite")
+    assert "'rescale50'" in line
