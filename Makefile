@@ -14,7 +14,7 @@ XDIST := -n auto --maxprocesses 4 --dist loadfile
 help:
 	@echo "make demo   - train five residual schemes on the embedded digits and compare them"
 	@echo "make test   - run the whole test suite (slow tests included)"
-	@echo "make bench  - benchmark harness -> benchmarks/RESULTS.md; BENCH_ARGS=\"--quick\" or \"--no-compile\""
+	@echo "make bench  - benchmark harness -> benchmarks/RESULTS.md; BENCH_ARGS=\"--no-compile\", or \"--quick --markdown-tag quick\" (a smoke run in a block of its own)"
 	@echo "make bench-gpu - the GPU checks and tables in one run (~8 min), with the machine's own python and torch"
 	@echo "make gpu-wheels - wheels of what a GPU machine without a package registry lacks, into .whl/"
 

@@ -373,3 +373,20 @@ def test_an_unknown_architecture_is_refused_before_anything_runs(capsys, option)
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith(f"python -m benchmarks: error: {option} resnet50: not a registered ")
     assert "transformer_small" in line or "resnet3d_50" in line
+
+
+def test_the_documented_partial_runs_write_a_block_of_their_own():
+    """Every ``make bench`` example of docs/speed.md and ``make help`` that runs some sections
+    (``--only``) or a smoke run (``--quick``) names a ``--markdown-tag``: without one it would
+    replace the full run's results block (``make bench-gpu``'s checks tag themselves)."""
+    import re
+
+    texts = {"docs/speed.md": (REPO / "docs" / "speed.md").read_text(),
+             "Makefile": (REPO / "Makefile").read_text().replace('\\"', '"')}
+    examples = [(where, args) for where, text in texts.items()
+                for m in re.finditer(r'BENCH_ARGS="([^"]*)"(?:,? or "([^"]*)")?', text.replace("\n", " "))
+                if "bench-gpu" not in text.replace("\n", " ")[max(0, m.start() - 40):m.start()]
+                for args in m.groups() if args is not None]
+    assert examples
+    partial = [(where, args) for where, args in examples if re.search(r"--only|--quick", args)]
+    assert partial and all("--markdown-tag" in args for _, args in partial), partial
