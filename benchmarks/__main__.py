@@ -211,11 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     keep_freed_memory(dict(os.environ, **({MALLOC_ENV: "system"} if args.host_malloc == "system" else {})))
     settings = build_settings(args)
+    tag = report.results_tag(settings, args.markdown_tag)
+    problem = report.markers_problem(args.markdown, tag) if args.markdown else None
+    if problem:  # found now, before the run, rather than when its figures are written
+        raise SystemExit(f"python -m benchmarks: error: --markdown {args.markdown}: {problem}")
     env = report.environment(settings, sys.argv[1:] if argv is None else argv)
     print(report.header_text(env), flush=True)
     results: list[SectionResult] = []
     sections = selected_sections(args)
-    tag = report.results_tag(settings, args.markdown_tag)
     start = time.perf_counter()
     for done, name in enumerate(sections, 1):
         if args.deadline is not None and time.perf_counter() - start > args.deadline:

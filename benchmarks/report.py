@@ -52,7 +52,7 @@ from .timing import Summary
 
 __all__ = ["THRESHOLDS", "Goal", "GoalResult", "goals", "evaluate_goals", "environment",
            "format_table", "markdown_table", "goals_table", "header_text", "section_text",
-           "footer_text", "render_text", "render_markdown", "write_results",
+           "footer_text", "render_text", "render_markdown", "markers_problem", "write_results",
            "BEGIN", "END", "markers", "results_tag"]
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -400,10 +400,30 @@ kept. See `benchmarks/__init__.py` and `python -m benchmarks --help` for what is
 """
 
 
+def markers_problem(path: str | Path, tag: str = "") -> str | None:
+    """Why the results section ``tag`` of ``path`` cannot be replaced safely, or None: its
+    markers must be absent or make exactly one begin ... end pair (a begin whose end was lost
+    would make the replacement run on to the next end marker, over the other sections)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    text = path.read_text()
+    begin, end = markers(tag)
+    starts, ends = text.count(begin), text.count(end)
+    if (starts, ends) in ((0, 0), (1, 1)) and (not starts or text.index(begin) < text.index(end)):
+        return None
+    return (f"its results section {tag or '(the main one)'} has {starts} {begin!r} and {ends} {end!r} "
+            "markers, not one pair in order: mend them by hand (nothing was written)")
+
+
 def write_results(path: str | Path, markdown: str, tag: str = "") -> None:
     """Replace the results section ``tag`` of ``path`` (between its markers), keeping the rest
-    (the other devices' sections included); append it when it is not there yet."""
+    (the other devices' sections included); append it when it is not there yet. Markers that do
+    not pair up (:func:`markers_problem`) raise ``ValueError`` before anything is written."""
     path = Path(path)
+    problem = markers_problem(path, tag)
+    if problem:
+        raise ValueError(f"{path}: {problem}")
     text = path.read_text() if path.exists() else _INTRO
     begin, end = markers(tag)
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.S)

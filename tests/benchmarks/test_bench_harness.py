@@ -390,3 +390,25 @@ def test_the_documented_partial_runs_write_a_block_of_their_own():
     assert examples
     partial = [(where, args) for where, args in examples if re.search(r"--only|--quick", args)]
     assert partial and all("--markdown-tag" in args for _, args in partial), partial
+
+
+def test_a_results_block_whose_end_marker_was_lost_is_refused_not_run_over(tmp_path, capsys):
+    """A begin marker without its end (a hand edit) would make the replacement run on to the next
+    end marker, over the other blocks and notes: the run refuses it at the start, and
+    write_results writes nothing."""
+    from benchmarks.__main__ import main
+
+    gpu_begin, gpu_end = report.markers("cuda-bf16")
+    text = f"# R\n\n{report.BEGIN}\nold cpu figures\n\nnotes\n\n{gpu_begin}\nGPU FIGURES\n{gpu_end}\n"
+    path = tmp_path / "RESULTS.md"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="mend them by hand"):
+        report.write_results(path, f"{report.BEGIN}\nnew\n{report.END}\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--device", "cpu", "--quick", "--threads", str(torch.get_num_threads()),  # (--quick alone: 1)
+              "--only", "data", "--markdown", str(path)])
+    assert str(exit_.value).startswith(f"python -m benchmarks: error: --markdown {path}: its results section")
+    assert "[data]" not in capsys.readouterr().out
+    assert path.read_text() == text
+    report.write_results(path, f"{gpu_begin}\nnew GPU figures\n{gpu_end}\n", "cuda-bf16")  # a sound pair
+    assert "new GPU figures" in path.read_text() and "old cpu figures" in path.read_text()
