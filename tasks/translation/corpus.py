@@ -28,7 +28,7 @@ from rescale_tasks.common.data import is_utf16, to_utf8_advice
 from rescale_tasks.common.errors import ConfigError, DataError
 
 __all__ = ["SPLITS", "LAYOUTS", "SplitSource", "find_splits", "count_lines", "read_lines", "option_name",
-           "breaks_with_cr_only", "cr_only_advice"]
+           "breaks_with_cr_only", "cr_only_advice", "CR_ONLY"]
 
 SPLITS = ("train", "valid", "test")
 LAYOUTS = ("auto", "files", "tsv")
@@ -56,13 +56,16 @@ def breaks_with_cr_only(path: Path) -> bool:
     return found_cr
 
 
+#: what breaking lines with ``\\r`` only is, and its mend (after "<file> breaks")
+CR_ONLY = "lines with \\r only (classic Mac OS line endings): convert the \\r to \\n (e.g. tr '\\r' '\\n')"
+
+
 def cr_only_advice(paths: Iterable[Path]) -> Optional[str]:
     """How to mend the files of ``paths`` that break lines with ``\\r`` only; None when none does."""
     names = [p.name for p in paths if breaks_with_cr_only(p)]
     if not names:
         return None
-    return (f"{' and '.join(names)} break{'s' if len(names) == 1 else ''} lines with \\r only (classic Mac OS line "
-            "endings): convert the \\r to \\n (e.g. tr '\\r' '\\n')")
+    return f"{' and '.join(names)} break{'s' if len(names) == 1 else ''} {CR_ONLY}"
 
 
 def _decode(raw: bytes, path: "Path | str", number: int) -> str:

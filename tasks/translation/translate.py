@@ -32,7 +32,7 @@ from ..common.errors import UserArgumentParser, UserError
 from ..common.system import atomic_open, require_writable, resolve_device
 from ..common.training import init_parameters
 from .batching import batch_by_size
-from .corpus import read_lines
+from .corpus import CR_ONLY, read_lines
 from .module import TranslationModule
 
 __all__ = ["load_translator", "translate_lines", "cut_lines", "cut_warning", "main"]
@@ -103,14 +103,22 @@ def translate_lines(module: TranslationModule, lines: list[str], config: Generat
 def _read_input(path: str) -> list[str]:
     """The source lines of ``--input`` (``-``: stdin), read as bytes and decoded strictly: text that
     is not UTF-8 is one line naming the line, never a tokenizer's traceback (stdin's text layer
-    would pass undecodable bytes on as surrogates, which SentencePiece cannot take)."""
+    would pass undecodable bytes on as surrogates, which SentencePiece cannot take). Text whose
+    lines break with ``\\r`` alone is one line here (lines split on ``\\n``): refused, since its
+    one translation would stand for all of its lines."""
+    where = "standard input" if path == "-" else f"{path} (--input)"
     if path == "-":
-        return read_lines(sys.stdin.buffer, "standard input")
-    try:
-        with open(path, "rb") as f:
-            return read_lines(f, f"{path} (--input)")
-    except OSError as err:
-        raise UserError(f"cannot read --input {path}: {err.strerror}") from None
+        lines = read_lines(sys.stdin.buffer, where)
+    else:
+        try:
+            with open(path, "rb") as f:
+                lines = read_lines(f, where)
+        except OSError as err:
+            raise UserError(f"cannot read --input {path}: {err.strerror}") from None
+    if len(lines) == 1 and "\r" in lines[0]:
+        raise UserError(f"{where} breaks {CR_ONLY}; as it is, all of it is one line and would be translated "
+                        "as one sentence")
+    return lines
 
 
 def _write(lines: Iterable[str], stream: TextIO) -> None:

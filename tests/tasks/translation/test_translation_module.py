@@ -140,6 +140,24 @@ def test_translate_names_the_line_that_is_not_utf8(trained, tmp_path, monkeypatc
     assert err.startswith("error: standard input line 3 is not UTF-8") and "Traceback" not in err
 
 
+def test_translate_refuses_text_whose_lines_break_with_cr_only(trained, tmp_path, capsys):
+    """Lines broken by \\r alone (classic Mac OS) are one line when split on \\n: translated so, three
+    sentences came out as one line, and nothing said so. One error line with the mend instead; the
+    same text with \\r\\n or \\n breaks gives one line per sentence."""
+    sources = (trained["root"] / "test.en").read_text(encoding="utf-8").splitlines()[:3]
+    ckpt, out = trained["summary"]["checkpoint"], tmp_path / "out.de"
+    (tmp_path / "mac.en").write_bytes("\r".join(sources).encode() + b"\r")
+    assert main(["translate", "--ckpt_path", ckpt, "--input", str(tmp_path / "mac.en"), "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {tmp_path / 'mac.en'} (--input) breaks lines with \\r only (classic Mac OS line endings): "
+                   "convert the \\r to \\n (e.g. tr '\\r' '\\n'); as it is, all of it is one line and would be "
+                   "translated as one sentence"]
+    assert not out.exists()
+    (tmp_path / "crlf.en").write_bytes("\r\n".join(sources).encode() + b"\r\n")
+    assert main(["translate", "--ckpt_path", ckpt, "--input", str(tmp_path / "crlf.en"), "--output", str(out)]) == 0
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 3
+
+
 def test_translate_refuses_other_checkpoints_in_one_line(tmp_path, capsys):
     other = tmp_path / "classifier.ckpt"
     torch.save({"state_dict": {}, "hyper_parameters": {"network": "resnet50"}}, other)
