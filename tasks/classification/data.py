@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
-from rescale_tasks.common.data import (Labels, PerSampleSeed, ResumableDataLoader, ResumableSampler, TaskDataModule,
-                                       UnrepeatedSampler, describe_transforms, shards_parameters,
+from rescale_tasks.common.data import (IMAGE_DECODING, Labels, PerSampleSeed, ResumableDataLoader, ResumableSampler,
+                                       TaskDataModule, UnrepeatedSampler, describe_transforms, shards_parameters,
                                        sigterm_safe_worker_init)
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.system import loader_workers
@@ -205,6 +205,11 @@ class ImageFolderDataModule(ClassificationDataModule):
             v2.ToImage(), v2.Resize(self.eval_resize, antialias=True), v2.CenterCrop(self.image_size),
             *_to_float(IMAGENET_MEAN, IMAGENET_STD),
         ])
+
+    def export_preprocessing(self) -> dict:
+        """The base's, with how a file becomes the RGB image the transforms take (``decode``:
+        :data:`~rescale_tasks.common.data.IMAGE_DECODING`)."""
+        return {**super().export_preprocessing(), "decode": dict(IMAGE_DECODING)}
 
     def setup(self, stage: str | None = None) -> None:
         evaluation = stage in ("validate", "test", "predict")

@@ -35,6 +35,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from ..common.checkpoints import require_classification_checkpoint
+from ..common.data import IMAGE_DECODING
 from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule
 from ..common.run import note_result_file, results_folder
@@ -196,13 +197,15 @@ class DetectionModule(RescaleTaskModule):
 
     def export_metadata(self, datamodule: Any, folder: str, stem: str) -> dict[str, Any]:
         """The sidecar's classes (``__background__`` first, with the data set's category ids) and the
-        detector's transform, which makes the backbone's input: pixel values times ``pixel_scale``,
+        detector's transform, which makes the backbone's input: the file decoded as ``decode`` says
+        (:data:`~rescale_tasks.common.data.IMAGE_DECODING`), pixel values times ``pixel_scale``,
         ``(x - mean) / std`` per RGB channel, the shorter side resized to ``resize.size`` unless the
         longer would pass ``resize.max_size``, the batch zero-padded to a multiple of ``pad_to_multiple``."""
         metadata = super().export_metadata(datamodule, folder, stem)
         transform = self.net.transform
         metadata["preprocessing"] = {
-            "layout": "NCHW", "channels": 3, "channel_order": "RGB", "pixel_scale": 1 / 255,
+            "layout": "NCHW", "channels": 3, "channel_order": "RGB", "decode": dict(IMAGE_DECODING),
+            "pixel_scale": 1 / 255,
             "mean": [float(v) for v in transform.image_mean], "std": [float(v) for v in transform.image_std],
             "resize": {"size": int(transform.min_size[-1]), "to": "shorter side", "max_size": int(transform.max_size),
                        "interpolation": "bilinear"},

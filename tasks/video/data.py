@@ -137,10 +137,14 @@ class KineticsDataModule(TaskDataModule):
         video), the shorter side resized to ``resize.size``, ``views.crops`` square crops of
         ``center_crop`` (1: the centre; 3: start, centre and end of the long side), pixel values
         times ``pixel_scale``, ``(x - mean) / std`` per RGB channel, laid out ``NCTHW``; the
-        video's prediction is the mean of its views' softmax."""
+        video's prediction is the mean of its views' softmax. ``decode.display_rotation``: whether
+        the frames are turned as the file's display matrix says (FFmpeg's ``autorotate``, what the
+        ``pyav`` backend does; ``torchcodec`` gives the stored pixels)."""
         described = describe_eval_transform(self.eval_transform())
         crops = described.pop("crops")
-        return {"layout": "NCTHW", "channels": 3, "channel_order": "RGB", **described,
+        rotation = "applied" if self.backend == "pyav" else "not applied"
+        return {"layout": "NCTHW", "channels": 3, "channel_order": "RGB", "decode": {"display_rotation": rotation},
+                **described,
                 "clip": {"frames": self.frames, "stride": self.stride},
                 "views": {"clips": self.num_clips, "crops": crops, "combine": "mean of softmax"}}
 

@@ -21,8 +21,8 @@ from .batch_sampling import BatchListLoader, BatchListSampler
 from .empty_batches import (SKIPPED, data_may_skip_files, is_skipped, must_skip, nothing_to_evaluate,
                             skipped_prediction, skipped_step)
 from .throughput import batch_size, items_in, metric_key, run_metric_key, unit_of
-from .images import (DECODE_ERRORS, HIGH_DEPTH_MODES, CorruptImageError, full_scale, open_rgb, orientation,
-                     oriented_size, to_rgb)
+from .images import (DECODE_ERRORS, HIGH_DEPTH_MODES, IMAGE_DECODING, CorruptImageError, full_scale, open_rgb,
+                     orientation, oriented_size, to_rgb)
 from .labels import LABELS_KEY, Labels, checkpoint_labels, data_labels, match_labels
 from .folders import nested_folders_hint, scan_class_folders, windows_path
 from .text import is_utf16, to_utf8_advice
@@ -33,7 +33,7 @@ __all__ = ["PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMi
            "check_resume", "refused_resume", "sample_seed", "shards_parameters", "sigterm_safe_worker_init", "worker_init",
            "BatchListLoader", "BatchListSampler", "SKIPPED", "data_may_skip_files", "is_skipped", "must_skip",
            "nothing_to_evaluate", "skipped_prediction", "skipped_step", "batch_size", "items_in",
-           "metric_key", "run_metric_key", "unit_of", "DECODE_ERRORS", "HIGH_DEPTH_MODES", "CorruptImageError", "full_scale",
+           "metric_key", "run_metric_key", "unit_of", "DECODE_ERRORS", "HIGH_DEPTH_MODES", "IMAGE_DECODING", "CorruptImageError", "full_scale",
            "open_rgb", "orientation", "oriented_size", "to_rgb", "LABELS_KEY", "Labels", "checkpoint_labels",
            "data_labels", "match_labels", "nested_folders_hint", "scan_class_folders", "windows_path", "is_utf16", "to_utf8_advice", "TaskDataModule",
            "DATA_KEY", "data_fingerprint", "LAYOUT_ONLY", "describe_transforms"]

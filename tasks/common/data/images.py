@@ -32,13 +32,18 @@ from PIL import ExifTags, Image, ImageOps
 
 from ..errors import WorkerDataError
 
-__all__ = ["HIGH_DEPTH_MODES", "DECODE_ERRORS", "CorruptImageError", "full_scale", "open_rgb", "orientation",
-           "oriented_size", "to_rgb"]
+__all__ = ["HIGH_DEPTH_MODES", "DECODE_ERRORS", "IMAGE_DECODING", "CorruptImageError", "full_scale", "open_rgb",
+           "orientation", "oriented_size", "to_rgb"]
 
 #: modes holding more than 8 bits per sample
 HIGH_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 _TIFF_BITS_PER_SAMPLE = 258
 _WHITE = (255, 255, 255, 255)
+#: what :func:`open_rgb` does to a file before the transforms, as ``rescale export``'s sidecar tells a runtime
+#: (``preprocessing.decode``): a runtime that reads a phone photo or a transparent PNG otherwise feeds the
+#: network other pixels than ``rescale predict`` does
+IMAGE_DECODING = {"exif_orientation": "applied", "transparency": "composited over white",
+            "high_bit_depth": "scaled to 8 bits over the full range"}
 #: what Pillow raises for a file it cannot decode: missing or unreadable (OSError), truncated or
 #: malformed data, a decompression bomb
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, zlib.error, Image.DecompressionBombError)

@@ -352,3 +352,82 @@ def test_a_runtime_with_the_exported_folder_alone_gives_the_labels_rescale_predi
     labels = json.loads(done.stdout)
     assert labels == [expected[i] for i in index], (labels, expected)
     assert len(set(labels)) > 2, labels  # a network that tells digits apart
+
+
+#: What a runtime outside the suite runs on image files: Pillow decodes each as the sidecar's
+#: ``preprocessing.decode`` says, then resize, center crop and normalization as it says, onnxruntime
+#: (argv: the folder, the sidecar's name, the image files); prints each file's class probabilities.
+CLASSIFY_FILES = '''
+import json, os, sys
+import numpy as np
+import onnxruntime
+from PIL import Image, ImageOps
+
+folder, sidecar, *files = sys.argv[1:]
+meta = json.load(open(os.path.join(folder, sidecar)))
+pre = meta["preprocessing"]
+decode, size, crop = pre["decode"], pre["resize"]["size"], pre["center_crop"]
+assert decode == {"exif_orientation": "applied", "transparency": "composited over white",
+                  "high_bit_depth": "scaled to 8 bits over the full range"}, decode
+[network] = meta["programs"].values()
+session = onnxruntime.InferenceSession(os.path.join(folder, network["files"]["onnx"]),
+                                       providers=["CPUExecutionProvider"])
+out = {}
+for path in files:
+    image = Image.open(path)
+    image = ImageOps.exif_transpose(image)
+    if image.has_transparency_data:
+        rgba = image.convert("RGBA")
+        image = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
+    image = image.convert("RGB")
+    assert min(image.size) == size, image.size  # written at the eval size: no resampling to compare
+    left, top = (image.size[0] - crop) // 2, (image.size[1] - crop) // 2
+    x = np.asarray(image.crop((left, top, left + crop, top + crop)), np.float32).transpose(2, 0, 1)[None]
+    x = (x * pre["pixel_scale"] - np.reshape(pre["mean"], (1, 3, 1, 1))) / np.reshape(pre["std"], (1, 3, 1, 1))
+    [logits] = session.run(None, {network["inputs"][0]["name"]: x.astype(np.float32)})
+    probs = np.exp(logits[0] - logits[0].max())
+    out[path] = dict(zip(meta["classes"], (probs / probs.sum()).tolist()))
+print(json.dumps(out))
+'''
+
+
+def test_a_runtime_decoding_image_files_as_the_sidecar_says_gets_rescale_predicts_probabilities(
+        tmp_path, run_config, fit_checkpoint, data_writers, export_files):
+    """A phone photo (stored sideways with an EXIF orientation) and a transparent PNG: the sidecar of an
+    image-folder export says how a file is decoded (``preprocessing.decode``: the orientation applied,
+    transparency over white), and a runtime doing so gets the probabilities ``rescale predict`` writes.
+    The sidecar said nothing of it before: a runtime feeding the stored pixels got other ones."""
+    import csv
+    import subprocess
+
+    import numpy as np
+    from PIL import Image
+
+    root = data_writers.imagefolder(tmp_path / "images", train_per_class=2, val_per_class=1, size=36)
+    upright = np.asarray(Image.open(root / "val" / "n002" / "n002_0.JPEG").convert("RGB").resize((36, 48)))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # the viewer turns the stored pixels 90 degrees clockwise
+    phone = root / "val" / "n002" / "phone photo.jpg"
+    Image.fromarray(np.rot90(upright, 1).copy()).save(phone, exif=exif.tobytes(), quality=95)
+    rgba = np.dstack([np.asarray(Image.open(root / "val" / "n001" / "n001_0.JPEG").convert("RGB")),
+                      np.tile(np.linspace(0, 255, 36).astype(np.uint8), (36, 1))])
+    clear = root / "val" / "n001" / "transparent.png"
+    Image.fromarray(rgba, "RGBA").save(clear)
+    config = run_config(tmp_path / "run" / "run.yaml", data={
+        "class_path": "rescale_tasks.classification.data.ImageFolderDataModule",
+        "init_args": {"root": str(root), "num_classes": 3, "image_size": 32, "eval_resize": 36, "batch_size": 4,
+                      "num_workers": 0, "pin_memory": False, "persistent_workers": False}},
+        trainer={"max_steps": 2, "limit_val_batches": 0})
+    ckpt = fit_checkpoint(tmp_path / "run", ["--config", config])
+    export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "onnx", "--out", "deploy/"])
+    assert main(["predict", "--config", config, "--ckpt_path", str(ckpt), "--output_dir", "predicted"]) == 0
+    with open("predicted/predictions.test.csv", newline="", encoding="utf-8") as f:
+        predicted = {row["path"]: {row[f"top{i}"]: float(row[f"top{i}_prob"]) for i in (1, 2, 3)}
+                     for row in csv.DictReader(f)}
+    script = tmp_path / "classify_files.py"
+    script.write_text(CLASSIFY_FILES)
+    done = subprocess.run([sys.executable, str(script), "deploy", "last.json", str(phone), str(clear)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for path, probs in json.loads(done.stdout).items():
+        assert probs == pytest.approx(predicted[path], abs=1e-4), path

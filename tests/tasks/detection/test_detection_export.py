@@ -65,6 +65,7 @@ def test_the_sidecar_names_the_categories_and_the_detectors_transform(trained, e
     pre = meta["preprocessing"]
     assert (pre["resize"]["size"], pre["resize"]["max_size"], pre["pad_to_multiple"]) == (48, 64, 32)
     assert pre["mean"] == pytest.approx([0.485, 0.456, 0.406])
+    assert pre["decode"]["exif_orientation"] == "applied" and pre["decode"]["transparency"] == "composited over white"
 
 
 def test_coco_evaluation_runs_on_the_inference_plan(trained, frozen_calls):

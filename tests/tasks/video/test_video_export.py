@@ -52,6 +52,7 @@ def test_the_sidecar_names_the_classes_and_the_clips_the_network_takes(trained, 
     assert meta["task"] == "video" and meta["classes"] == sorted(p.name for p in (kinetics_clips.root / "train").iterdir())
     pre = meta["preprocessing"]
     assert pre["clip"] == {"frames": tiny["frames"], "stride": tiny["stride"]} and pre["layout"] == "NCTHW"
+    assert pre["decode"] == {"display_rotation": "applied"}  # a phone's portrait clip turned upright, as PyAV reads it
     assert (pre["center_crop"], pre["resize"]["size"], pre["views"]["clips"]) == (tiny["crop"],
                                                                                   tiny["test_short_side"], 3)
     [network] = meta["programs"].values()
