@@ -14,7 +14,8 @@ Lines are split on ``\\n`` only (a trailing ``\\r`` is removed): Python's text m
 ``str.splitlines`` also break at ``\\r``, form feeds and U+2028, which real corpora contain
 inside sentences, and a single extra break would shift every later pair. Text must be UTF-8; a
 byte-order mark at the start of a file (Windows editors write one) is not part of its first line, and
-a UTF-16 file (Windows PowerShell's ``>``) is refused in one line saying so.
+a UTF-16 file (Windows PowerShell's ``>``) is refused in one line saying so, and so is a file whose
+lines break with ``\\r`` alone (classic Mac OS): all of it one line here, one pair for a whole split.
 """
 from __future__ import annotations
 
@@ -22,13 +23,13 @@ import os
 from codecs import BOM_UTF8
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator, Literal, Optional
+from typing import BinaryIO, Iterator, Literal
 
 from rescale_tasks.common.data import is_utf16, to_utf8_advice
 from rescale_tasks.common.errors import ConfigError, DataError
 
 __all__ = ["SPLITS", "LAYOUTS", "SplitSource", "find_splits", "count_lines", "read_lines", "option_name",
-           "breaks_with_cr_only", "cr_only_advice", "CR_ONLY"]
+           "breaks_with_cr_only", "CR_ONLY"]
 
 SPLITS = ("train", "valid", "test")
 LAYOUTS = ("auto", "files", "tsv")
@@ -46,26 +47,28 @@ def count_lines(path: Path) -> int:
 
 
 def breaks_with_cr_only(path: Path) -> bool:
-    """Whether ``path`` has ``\\r`` and no ``\\n`` (classic Mac OS line breaks): all of it one line here."""
-    found_cr = False
+    """Whether ``path`` breaks lines with ``\\r`` and never with ``\\n`` (classic Mac OS line breaks): all
+    of it one line here. A ``\\r`` that only ends the file breaks nothing."""
+    inner = pending = False
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             if b"\n" in block:
                 return False
-            found_cr = found_cr or b"\r" in block
-    return found_cr
+            inner = inner or pending or b"\r" in block[:-1]
+            pending = block.endswith(b"\r")
+    return inner
 
 
 #: what breaking lines with ``\\r`` only is, and its mend (after "<file> breaks")
 CR_ONLY = "lines with \\r only (classic Mac OS line endings): convert the \\r to \\n (e.g. tr '\\r' '\\n')"
 
 
-def cr_only_advice(paths: Iterable[Path]) -> Optional[str]:
-    """How to mend the files of ``paths`` that break lines with ``\\r`` only; None when none does."""
-    names = [p.name for p in paths if breaks_with_cr_only(p)]
-    if not names:
-        return None
-    return f"{' and '.join(names)} break{'s' if len(names) == 1 else ''} {CR_ONLY}"
+def _refuse_cr_only(path: Path) -> None:
+    """A one-line DataError for a file whose lines break with ``\\r`` only: read on ``\\n``, it is one
+    line, so one sentence (or pair) would stand for the whole file."""
+    if breaks_with_cr_only(path):
+        raise DataError(f"{path} breaks {CR_ONLY}; as it is, all of it is one line (lines are split on \\n), "
+                        "one sentence pair for the whole file.")
 
 
 def _decode(raw: bytes, path: "Path | str", number: int) -> str:
@@ -117,15 +120,15 @@ class SplitSource:
         """The number of pairs; a :class:`DataError` when the two sides are not line-aligned."""
         for path in self.paths:  # its line breaks are \n\0: counted, they would misname the problem
             _refuse_utf16(path)
+            _refuse_cr_only(path)
         if self.layout == "tsv":
             return count_lines(self.paths[0])
         src, tgt = self.paths
         n_src, n_tgt = count_lines(src), count_lines(tgt)
         if n_src != n_tgt:
-            fix = cr_only_advice(self.paths) or "fix or remove the unmatched lines"
             raise DataError(
                 f"{src.name} has {n_src} lines but {tgt.name} has {n_tgt} (in {src.parent}): the two "
-                f"sides must be line-aligned, one sentence pair per line number; {fix}.")
+                "sides must be line-aligned, one sentence pair per line number; fix or remove the unmatched lines.")
         return n_src
 
     def lines(self, side: int) -> Iterator[str]:

@@ -32,7 +32,7 @@ from rescale_tasks.common.reporting import CountProgress
 from rescale_tasks.common.system import usable_cores
 
 from .cache import DIGEST_CHARS, digest_of, file_digest, write_atomic
-from .corpus import SplitSource, cr_only_advice, option_name
+from .corpus import SplitSource, option_name
 
 __all__ = ["BOS", "PAD", "EOS", "UNK", "SPECIAL_IDS", "MODEL_TYPES", "SpmOptions", "train_spm",
            "load_spm", "model_name", "training_text"]
@@ -148,10 +148,9 @@ def _training_error(err: RuntimeError, train: SplitSource, options: SpmOptions, 
         if not all_too_long:
             return DataError(f"no text to train SentencePiece on in {where} ({train.paths[0].parent}): "
                              "every line is empty; check the files.")
-        fix = cr_only_advice(train.paths) or "put one sentence on each line"
         return DataError(f"no text to train SentencePiece on in {where} ({train.paths[0].parent}): every line is "
                          f"longer than SentencePiece's limit of {MAX_SENTENCE_BYTES} bytes, which it leaves out; "
-                         f"{fix}.")
+                         "put one sentence on each line.")
     return DataError(f"SentencePiece training on {where} failed: {message}")
 
 

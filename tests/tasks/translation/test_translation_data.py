@@ -477,24 +477,49 @@ def test_line_breaks_inside_sentences_do_not_shift_pairs(tmp_path, gettext_split
     assert len(module.datasets["train"]) == 100
 
 
+def test_a_test_split_whose_lines_break_with_cr_only_is_refused_not_read_as_one_pair(tmp_path, gettext_splits,
+                                                                                     writers):
+    """A valid or test split whose two files break lines with \\r alone has as many lines on each side
+    (one): it was read as one pair, and BLEU scored one sentence of the whole file (`test: 1 of 1 pairs
+    kept`). One line naming the file instead, for the files and the TSV layout alike; a file that merely
+    ends with a \\r reads as before."""
+    splits = {"train": gettext_splits["train"][:300], "valid": gettext_splits["valid"][:20],
+              "test": gettext_splits["test"][:20]}
+    root = writers.files(tmp_path / "files", splits)
+    for name in ("test.en", "test.de"):
+        (root / name).write_bytes((root / name).read_bytes().replace(b"\n", b"\r"))
+    with pytest.raises(DataError) as err:
+        make_dm(root, vocab_size=200).setup("test")
+    assert one_line(err).startswith(f"{root / 'test.en'} breaks lines with \\r only (classic Mac OS line endings)")
+    tsv = writers.tsv(tmp_path / "tsv", splits)
+    (tsv / "valid.tsv").write_bytes((tsv / "valid.tsv").read_bytes().replace(b"\n", b"\r"))
+    with pytest.raises(DataError) as err:
+        make_dm(tsv, vocab_size=200).setup("validate")
+    assert one_line(err).startswith(f"{tsv / 'valid.tsv'} breaks lines with \\r only")
+    one = writers.files(tmp_path / "one", {**splits, "test": splits["test"][:1]})
+    for name in ("test.en", "test.de"):
+        (one / name).write_bytes((one / name).read_bytes().replace(b"\n", b"\r"))
+    module = make_dm(one, vocab_size=200)
+    module.setup("test")
+    assert module.reports["test"].total == 1
+
+
 def test_lines_too_long_for_sentencepiece_are_named_and_so_are_cr_only_line_breaks(tmp_path, gettext_splits, writers):
-    """SentencePiece leaves out lines over its byte limit: a corpus whose every line is one (each
-    file one line, its breaks \\r only) is not said to be empty."""
+    """SentencePiece leaves out lines over its byte limit: a corpus whose every line is one is not said
+    to be empty. A file whose breaks are \\r only is one line: named as such, on either side."""
+    cr = "breaks lines with \\r only (classic Mac OS line endings): convert the \\r to \\n (e.g. tr '\\r' '\\n'); as it is, " \
+         "all of it is one line (lines are split on \\n), one sentence pair for the whole file."
     root = writers.files(tmp_path / "cr_only", {"train": gettext_splits["train"][:300]})
     for name in ("train.en", "train.de"):
         (root / name).write_bytes((root / name).read_bytes().replace(b"\n", b"\r"))
     with pytest.raises(DataError) as err:
         make_dm(root, vocab_size=200).setup("fit")
-    assert one_line(err) == (
-        f"no text to train SentencePiece on in train.en and train.de ({root}): every line is longer than "
-        "SentencePiece's limit of 4192 bytes, which it leaves out; train.en and train.de break lines with \\r only "
-        "(classic Mac OS line endings): convert the \\r to \\n (e.g. tr '\\r' '\\n').")
+    assert one_line(err) == f"{root / 'train.en'} {cr}"
     one_side = writers.files(tmp_path / "cr_one_side", {"train": gettext_splits["train"][:300]})
     (one_side / "train.de").write_bytes((one_side / "train.de").read_bytes().replace(b"\n", b"\r"))
     with pytest.raises(DataError) as err:
         make_dm(one_side, vocab_size=200).setup("fit")
-    assert one_line(err).endswith("one sentence pair per line number; train.de breaks lines with \\r only (classic "
-                                  "Mac OS line endings): convert the \\r to \\n (e.g. tr '\\r' '\\n').")
+    assert one_line(err) == f"{one_side / 'train.de'} {cr}"
     paragraphs = [tuple(" ".join(side) for side in zip(*gettext_splits["train"][i:i + 1000])) for i in (0, 1000)]
     root = writers.files(tmp_path / "paragraphs", {"train": paragraphs})
     with pytest.raises(DataError) as err:
