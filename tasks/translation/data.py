@@ -208,6 +208,9 @@ class TranslationDataModule(TaskDataModule):
             self.reports[name] = report
 
     def _dataset(self, split: str) -> PairDataset:
+        """The pairs of ``split``; one line where it has no files, or where a split to evaluate (test;
+        valid unless validation is off) has files without a line: such a split gave no score and no
+        translation, and the command finished as if it had."""
         if self.prepared is None:
             self.setup()
         if split not in self.datasets:
@@ -215,6 +218,12 @@ class TranslationDataModule(TaskDataModule):
             names = (f"{split}.tsv" if len(paths) == 1 else
                      f"{split}.{self.settings.src_lang} and {split}.{self.settings.tgt_lang}")
             raise DataError(f"no {split} split in {paths[0].parent} (data.root): add {names}.")
+        evaluated = split == "test" or (split == "valid" and getattr(self.trainer, "limit_val_batches", 1) != 0)
+        if evaluated and not len(self.datasets[split]):
+            paths = self.prepared.sources[split].paths
+            raise DataError(f"{' and '.join(p.name for p in paths)} in {paths[0].parent} (data.root) "
+                            f"{'are' if len(paths) > 1 else 'is'} empty: the {split} split has no sentence pair to "
+                            "evaluate; write its pairs there, one per line.")
         return self.datasets[split]
 
     # --- the data fingerprint (run_summary.json's ``data``) ---------------------------------

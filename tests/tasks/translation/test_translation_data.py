@@ -477,6 +477,23 @@ def test_line_breaks_inside_sentences_do_not_shift_pairs(tmp_path, gettext_split
     assert len(module.datasets["train"]) == 100
 
 
+def test_an_empty_split_to_evaluate_is_one_line_not_an_evaluation_of_nothing(tmp_path, gettext_splits, writers):
+    """Zero-byte test files (a download that failed): `rescale test` finished with no BLEU and `predict`
+    with no translation, and a fit whose valid files are empty never validated. One line naming the
+    files instead; an empty valid split with validation off (`limit_val_batches 0`) still trains."""
+    root = writers.files(tmp_path / "empty", {"train": gettext_splits["train"][:300], "valid": [], "test": []})
+    assert (root / "test.en").read_bytes() == b"" == (root / "valid.de").read_bytes()
+    for stage, split in (("test", "test"), ("predict", "test"), ("fit", "valid"), ("validate", "valid")):
+        with pytest.raises(DataError) as err:
+            make_dm(root, vocab_size=200).setup(stage)
+        assert one_line(err) == (f"{split}.en and {split}.de in {root} (data.root) are empty: the {split} split "
+                                 "has no sentence pair to evaluate; write its pairs there, one per line.")
+    module = make_dm(root, vocab_size=200)
+    module.trainer = L.Trainer(limit_val_batches=0, logger=False, enable_checkpointing=False, accelerator="cpu")
+    module.setup("fit")
+    assert len(module.val_dataloader()) == 0 and len(module.train_dataloader()) > 0
+
+
 def test_a_test_split_whose_lines_break_with_cr_only_is_refused_not_read_as_one_pair(tmp_path, gettext_splits,
                                                                                      writers):
     """A valid or test split whose two files break lines with \\r alone has as many lines on each side
