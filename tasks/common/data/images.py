@@ -6,7 +6,7 @@
   floats) is clipped at 255, so a 16-bit picture ends up black and white; here it is scaled to 8
   bits over its full range (:func:`full_scale`);
 - transparency (``RGBA``, ``LA``, ``PA``, premultiplied ``RGBa``, or a ``P``/``L``/``RGB`` image
-  with a transparent colour) is dropped, and the colour stored under transparent pixels (often
+  with a transparent colour, and a 16-bit grey PNG with a transparent grey value) is dropped, and the colour stored under transparent pixels (often
   black, or anything) shows; here the image is composited over white, as a viewer shows it.
 
 Every other mode (``1``, ``L``, ``P``, ``CMYK``, ``YCbCr``, ``LAB``, ``HSV`` ...) goes through
@@ -78,6 +78,9 @@ def to_rgb(image: Image.Image) -> Image.Image:
     if image.mode in HIGH_DEPTH_MODES:
         values = np.asarray(image).astype(np.float64)
         scaled = np.clip(np.rint(values * (255.0 / full_scale(image, values))), 0, 255)
+        key = image.info.get("transparency")  # a 16-bit grey PNG's tRNS: the grey value that is transparent
+        if isinstance(key, int):
+            scaled[values == key] = 255
         return Image.fromarray(scaled.astype(np.uint8)).convert("RGB")
     if image.has_transparency_data:
         rgba = image.convert("RGBA")

@@ -103,6 +103,12 @@ def write(kind: str, folder: Path) -> tuple[Path, np.ndarray, str]:
     elif kind in ("i16_png", "i16_tiff"):
         Image.fromarray(g.astype(np.uint16) * 257).save(path)
         expected = np.repeat(g[..., None], 3, -1)
+    elif kind == "i16_png_transparent":  # the background's grey value marked transparent (tRNS)
+        g16 = g.astype(np.uint16) * 257
+        key = int(np.bincount(g.ravel()).argmax()) * 257
+        Image.fromarray(g16).save(path, transparency=key)
+        expected = np.repeat(g[..., None], 3, -1).astype(np.float64)
+        expected[g16 == key] = 255
     elif kind == "pgm16":  # maxval 65535
         path.write_bytes(f"P5 {SIZE} {SIZE} 65535\n".encode() + (g.astype(">u2") * 257).tobytes())
         expected = np.repeat(g[..., None], 3, -1)
@@ -122,7 +128,7 @@ def write(kind: str, folder: Path) -> tuple[Path, np.ndarray, str]:
 
 KINDS = {  # kind -> the mode Pillow opens it in
     "rgb": "RGB", "rgb48": "RGB", "l": "L", "1": "1", "p": "P", "p_transparent": "P", "la": "LA",
-    "rgba": "RGBA", "cmyk_tiff": "CMYK", "i16_png": "I;16", "i16_tiff": "I;16", "pgm16": "I",
+    "rgba": "RGBA", "cmyk_tiff": "CMYK", "i16_png": "I;16", "i16_png_transparent": "I;16", "i16_tiff": "I;16", "pgm16": "I",
     "i32_tiff": "I", "f_tiff": "F", "f255_tiff": "F",
 }
 
