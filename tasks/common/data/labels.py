@@ -9,12 +9,15 @@ learned into every checkpoint (``checkpoint["labels"]``) and, when a checkpoint 
 
 - the same names in the same order: nothing to do;
 - the same names in another order (or under other ids): the data's label indices are mapped to
-  the checkpoint's, so every score counts the classes the network learned; one line says so;
+  the checkpoint's, so every score counts the classes the network learned; one line says so. A name
+  is the same written in composed or decomposed accents (Unicode NFC and NFD: a class folder copied
+  through macOS comes decomposed), and the line names it;
 - other names: one :class:`~rescale_tasks.common.errors.DataError` line naming a few on each
   side and the data key to point at the data the network was trained on.
 """
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -94,10 +97,14 @@ def match_labels(trained: Labels, data: Labels) -> tuple[Optional[list[int]], Op
     same_ids = trained.ids is None or data.ids is None or trained.ids == data.ids
     if trained.names == data.names and same_ids:
         return None, None
-    index = {name: i for i, name in enumerate(trained.names)}
-    missing = [n for n in trained.names if n not in set(data.names)]
-    extra = [n for n in data.names if n not in index]
-    repeated = len(index) != len(trained.names) or len(set(data.names)) != len(data.names)
+    # a name is the same name in composed or decomposed accents (macOS writes file names decomposed)
+    trained_names, data_names = _nfc(trained.names), _nfc(data.names)
+    spelled = [n for n, c in zip(data.names, data_names) if n != c] + [
+        n for n, c in zip(trained.names, trained_names) if n != c]
+    index = {name: i for i, name in enumerate(trained_names)}
+    missing = [n for n, c in zip(trained.names, trained_names) if c not in set(data_names)]
+    extra = [n for n, c in zip(data.names, data_names) if c not in index]
+    repeated = len(index) != len(trained_names) or len(set(data_names)) != len(data_names)
     if missing or extra or repeated:
         parts = ([f"not in the data: {_some(missing)}"] if missing else []) + (
             [f"not in the checkpoint: {_some(extra)}"] if extra else []) + (
@@ -105,11 +112,16 @@ def match_labels(trained: Labels, data: Labels) -> tuple[Optional[list[int]], Op
         raise DataError(f"{data.source} ({data.key}) does not hold the {len(trained.names)} labels "
                         f"{trained.source} was trained on: {'; '.join(parts)}. Point --{data.key} at the data the "
                         "network was trained on (the same label names, in any order)")
-    order = [index[n] for n in data.names]
-    if order == list(range(len(order))):  # the same names in the same order, under other ids
-        note = (f"labels: {data.source} numbers the {len(order)} labels of {trained.source} with other ids; "
-                "matched by name")
-        return None, note
+    order = [index[n] for n in data_names]
+    accents = (f"; {_some(spelled)} {'is' if len(spelled) == 1 else 'are'} written in other Unicode characters on "
+               "one side (composed and decomposed accents: macOS writes file names decomposed)" if spelled else "")
+    if order == list(range(len(order))):  # the same names in the same order, under other ids or spellings
+        how = "numbers the {} labels of {} with other ids" if not same_ids else "holds the {} labels of {}"
+        return None, f"labels: {data.source} {how.format(len(order), trained.source)}; matched by name{accents}"
     note = (f"labels: {data.source} lists the {len(order)} labels of {trained.source} in another order; its "
             "labels are mapped to the checkpoint's by name, so the scores count the classes the network learned")
-    return order, note
+    return order, note + accents
+
+
+def _nfc(names: Sequence[str]) -> list[str]:
+    return [unicodedata.normalize("NFC", n) for n in names]

@@ -111,3 +111,36 @@ def test_a_machine_holding_val_alone_validates_tests_and_predicts(trained, tmp_p
     assert len(rows) == 1 + len(list((alone / "val").rglob("*.JPEG"))) > 1
     assert main(["fit", "--config", config, "--data.root", str(alone), "--trainer.default_root_dir", str(tmp_path)]) == 2
     assert error_line().startswith(f"ImageNet folder {alone} (data.root) has no train/ sub-folder")
+
+
+def test_class_folders_in_decomposed_accents_match_the_checkpoints_composed_names(trained, tmp_path, capsys):
+    """A checkpoint naming a class 'dóg' (composed, as Linux tools write it) meets that class folder copied
+    through macOS, whose name is decomposed ('do' + a combining accent + 'g'): the same name, which
+    read as two different ones refused the data ("not in the data: 'dóg'; not in the checkpoint: 'dóg'").
+    Matched by name: validate and predict score as the checkpoint does on its own folders, one line
+    names the spelling."""
+    import csv
+    import unicodedata
+
+    root, config, ckpt = trained
+    composed, decomposed = unicodedata.normalize("NFC", "dóg"), unicodedata.normalize("NFD", "dóg")
+    assert composed != decomposed
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
+    checkpoint["labels"]["class_names"] = ["cat", composed, "fox"]
+    torch.save(checkpoint, tmp_path / "accented.ckpt")
+    mac = tmp_path / "mac_copy"
+    for split in ("train", "val"):
+        shutil.copytree(root / split, mac / split)
+        (mac / split / "dog").rename(mac / split / decomposed)
+    capsys.readouterr()
+    cli = run_lightning(["--config", config, "--data.root", str(mac)], run=False)
+    scores = cli.trainer.validate(cli.model, datamodule=cli.datamodule, ckpt_path=str(tmp_path / "accented.ckpt"),
+                                  verbose=False)[0]
+    assert scores == pytest.approx(_validate(config, ckpt))
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("labels: ")]
+    assert len(notes) == 1 and "matched by name" in notes[0] and "decomposed" in notes[0], notes
+    assert main(["predict", "--config", config, "--ckpt_path", str(tmp_path / "accented.ckpt"), "--data.root",
+                 str(mac), "--output_dir", str(tmp_path / "predicted")]) == 0
+    with open(tmp_path / "predicted" / "predictions.test.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(list((mac / "val").rglob("*.JPEG"))) and {r["top1"] for r in rows} <= {"cat", composed, "fox"}
