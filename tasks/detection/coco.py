@@ -62,8 +62,8 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as TF
 
-from rescale_tasks.common.data import (DECODE_ERRORS, CorruptImageError, open_rgb, orientation, oriented_size,
-                                       windows_path)
+from rescale_tasks.common.data import (DECODE_ERRORS, CorruptImageError, found_path, open_rgb, orientation,
+                                       oriented_size)
 from rescale_tasks.common.errors import DataError
 
 __all__ = ["CocoDetection", "decode_masks", "load_coco_json", "category_labels", "mask_problem"]
@@ -287,7 +287,7 @@ class CocoDetection(Dataset):
         self.corrupt = torch.zeros(len(kept), dtype=torch.bool).share_memory_()
         # images kept as stored although their EXIF orientation would turn them (see the module docstring)
         self.as_stored = torch.zeros(len(kept), dtype=torch.bool).share_memory_()
-        self._windows_paths: dict[int, str] = {}  # index -> its file, where file_name has Windows separators
+        self._found_paths: dict[int, str] = {}  # index -> its file, where file_name writes it otherwise (found_path)
         self._check_files(folder_key)
         if self.dropped_degenerate:
             log.warning("%s: dropped %d degenerate box(es) (under 1 px wide or high after clipping to the "
@@ -407,13 +407,14 @@ class CocoDetection(Dataset):
         """Every image file must exist (one ``stat`` each: ~1 s for COCO train); with
         ``skip_corrupt`` the missing ones are only reported here and skipped when read. A ``file_name``
         written on Windows (``images\\0001.jpg``, as annotation tools running there export it) names
-        the file its ``\\`` read as ``/`` gives, where only that one exists."""
+        the file its ``\\`` read as ``/`` gives, where only that one exists; so does one written in the other
+        Unicode form of its accents than the file (a folder copied through macOS holds them decomposed)."""
         missing = [i for i in range(len(self)) if not os.path.isfile(self.image_path(i))]
         for i in missing:
-            path = windows_path(self.image_folder, str(self.image_info(i)["file_name"]))
+            path = found_path(self.image_folder, str(self.image_info(i)["file_name"]))
             if path is not None:
-                self._windows_paths[i] = path
-        missing = [self.image_path(i) for i in missing if i not in self._windows_paths]
+                self._found_paths[i] = path
+        missing = [self.image_path(i) for i in missing if i not in self._found_paths]
         if not missing:
             return
         if not self.skip_corrupt:
@@ -432,7 +433,7 @@ class CocoDetection(Dataset):
         return self.coco.imgs[self.image_ids[index]]
 
     def image_path(self, index: int) -> str:
-        return self._windows_paths.get(index) or os.path.join(self.image_folder, self.image_info(index)["file_name"])
+        return self._found_paths.get(index) or os.path.join(self.image_folder, self.image_info(index)["file_name"])
 
     @property
     def skipped(self) -> int:

@@ -44,7 +44,7 @@ from typing import Sequence
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from rescale_tasks.common.data import nested_folders_hint, scan_class_folders, to_utf8_advice, windows_path
+from rescale_tasks.common.data import found_path, nested_folders_hint, scan_class_folders, to_utf8_advice
 from rescale_tasks.common.errors import DataError
 
 __all__ = [
@@ -345,8 +345,8 @@ def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike
         samples, missing = [], []
         for rel, label in rows:
             path = str(base / rel)
-            if not os.path.isfile(path):  # a list written on Windows names abseiling\\x.mp4
-                path = windows_path(base, rel) or path
+            if not os.path.isfile(path):  # a list written on Windows names abseiling\\x.mp4, or in other accents
+                path = found_path(base, rel) or path
             if os.path.isfile(path):
                 samples.append(VideoSample(path, _normal_label(label, integer)))
             else:

@@ -10,15 +10,18 @@ module can report it (``unread_files``, :mod:`rescale_tasks.common.run.data_repo
 letting it vanish.
 
 File names written on Windows: a list or annotation file made there names ``images\\0001.jpg``;
-:func:`windows_path` finds the file that name means here.
+:func:`windows_path` finds the file that name means here. File names written in the other Unicode form
+of their accents: a json made on Linux names ``café.jpg`` composed (NFC), while a folder copied through
+macOS holds it decomposed (NFD), or the reverse; :func:`found_path` finds the file either way.
 """
 from __future__ import annotations
 
 import os
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["nested_folders_hint", "scan_class_folders", "windows_path"]
+__all__ = ["found_path", "nested_folders_hint", "scan_class_folders", "windows_path"]
 
 
 def scan_class_folders(split_dir: str | os.PathLike, extensions: Sequence[str],
@@ -67,3 +70,17 @@ def windows_path(folder: str | os.PathLike, name: str) -> str | None:
         return None
     path = os.path.join(folder, name.replace("\\", "/"))
     return path if os.path.isfile(path) else None
+
+
+def found_path(folder: str | os.PathLike, name: str) -> str | None:
+    """The file ``folder/name`` names when ``name`` is written otherwise than the file: in the other
+    Unicode form of its accents (composed or decomposed) or on Windows (:func:`windows_path`), or both;
+    None where no such file exists."""
+    for spelled in dict.fromkeys((name, unicodedata.normalize("NFC", name), unicodedata.normalize("NFD", name))):
+        path = os.path.join(folder, spelled)
+        if spelled != name and os.path.isfile(path):
+            return path
+        path = windows_path(folder, spelled)
+        if path is not None:
+            return path
+    return None

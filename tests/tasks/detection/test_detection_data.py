@@ -565,6 +565,33 @@ def test_file_names_written_on_windows_name_their_files(coco_canvases_copy):
     _one_line_error(excinfo, "1 image file(s)", "images\\" + truth["train"][2]["file_name"])
 
 
+def test_file_names_in_other_accents_than_the_files_name_their_files(coco_canvases_copy):
+    """A json written on Linux names 'café 0.jpg' with a composed é; the folder, copied through macOS, holds
+    it decomposed (e + a combining accent). Every image was missing (or, with skip_corrupt, all skipped);
+    they are read, with their boxes, and a file truly missing is still named."""
+    import unicodedata
+
+    root, truth = coco_canvases_copy
+    expected = list(_train(root))
+    folder, ann = root / "train2017", root / "annotations" / "instances_train2017.json"
+    data = json.loads(ann.read_text())
+    for n, image in enumerate(data["images"]):
+        name = f"café {n}.jpg"
+        (folder / image["file_name"]).rename(folder / unicodedata.normalize("NFD", name))
+        image["file_name"] = unicodedata.normalize("NFC", name)
+    ann.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    ds = _train(root)
+    assert len(ds) == len(expected)
+    for i, (want_image, want_target) in enumerate(expected):
+        assert ds.image_path(i) == str(folder / unicodedata.normalize("NFD", f"café {i}.jpg"))
+        image, target = ds[i]
+        assert torch.equal(image, want_image) and torch.equal(target["boxes"], want_target["boxes"])
+    (folder / unicodedata.normalize("NFD", "café 2.jpg")).unlink()
+    with pytest.raises(DataError) as excinfo:
+        _train(root)
+    _one_line_error(excinfo, "1 image file(s)", "café 2.jpg")
+
+
 def test_corrupt_images_raise_or_are_skipped_and_counted_across_workers(coco_canvases_copy):
     root, truth = coco_canvases_copy
     broken = root / "val2017" / truth["val"][1]["file_name"]

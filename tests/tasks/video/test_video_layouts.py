@@ -121,6 +121,35 @@ def test_list_files_written_on_windows_name_their_videos(kinetics_clips, tmp_pat
     assert read_lists(lists["train"], lists["val"], k.list_prefix) == expected
 
 
+def test_list_files_in_other_accents_than_the_files_name_their_videos(kinetics_clips, tmp_path):
+    """A list written on Linux names 'train/<class>/vidéo <clip>' with a composed é; the clips, copied
+    through macOS, are named decomposed (e + a combining accent): every one was missing, and a split
+    with none refused. They are found, each under its own file name."""
+    import unicodedata
+
+    k = kinetics_clips
+    expected = read_lists(k.train_list, k.val_list, k.list_prefix)
+    prefix, lists = tmp_path / "copied", {}
+    for split, listed in (("train", k.train_list), ("val", k.val_list)):
+        lines = []
+        for line in listed.read_text(encoding="utf-8").splitlines():
+            rel, label = line.rsplit(" ", 1)
+            folder, name = rel.rsplit("/", 1)
+            accented = f"{folder}/vidéo {name}"
+            (prefix / folder).mkdir(parents=True, exist_ok=True)
+            (prefix / unicodedata.normalize("NFD", accented)).symlink_to(os.path.join(k.list_prefix, rel))
+            lines.append(f"{unicodedata.normalize('NFC', accented)} {label}\n")
+        lists[split] = tmp_path / listed.name
+        lists[split].write_text("".join(lines), encoding="utf-8")
+    splits = read_lists(lists["train"], lists["val"], prefix)
+    for split in ("train", "val"):
+        got, want = getattr(splits, split), getattr(expected, split)
+        assert [s.label_name for s in got] == [s.label_name for s in want]
+        named = [unicodedata.normalize("NFD", f"vidéo {os.path.basename(w.path)}") for w in want]
+        assert [os.path.basename(s.path) for s in got] == named
+        assert all(os.path.isfile(s.path) and s.path.startswith(str(prefix)) for s in got)
+
+
 def test_integer_label_lists_keep_their_numbers_and_accept_commas(kinetics_clips, tmp_path):
     k = kinetics_clips
     train = tmp_path / "train.csv"
