@@ -38,6 +38,7 @@ import csv
 import io
 import os
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -123,6 +124,12 @@ def _check_subset(train_classes: Sequence[str], val_labels: Sequence[str], where
     known = set(train_classes)
     unknown = sorted({name for name in val_labels if name not in known})
     if unknown:
+        composed = {unicodedata.normalize("NFC", name) for name in known}
+        same = [name for name in unknown if unicodedata.normalize("NFC", name) in composed]
+        if same:  # the same names to the eye: say why they differ
+            fix = (f"{_names(same)} {'is' if len(same) == 1 else 'are'} written with other Unicode characters than in "
+                   "the training split (composed and decomposed accents: macOS writes decomposed names); write them "
+                   "as the training split does.")
         raise DataError(f"{where} names {len(unknown)} class(es) the training split lacks: {_names(unknown)}. {fix}")
 
 

@@ -188,6 +188,24 @@ def test_one_line_errors(kinetics_clips, tmp_path):
     assert "None of the 9 videos" in message and "(+6 more)" in message and "data.list_prefix" in message
 
 
+def test_a_validation_class_written_in_other_accents_is_named_as_such(kinetics_clips, tmp_path):
+    """train/bikés (composed é) and val/bikés copied through macOS (decomposed): the same name to the eye,
+    which the line said the training split lacked, with nothing to tell why. It says why, and the mend."""
+    import unicodedata
+
+    k = kinetics_clips
+    root = tmp_path / "folders"
+    shutil.copytree(k.root, root)
+    (root / "train" / "bikes").rename(root / "train" / unicodedata.normalize("NFC", "bikés"))
+    (root / "val" / "bikes").rename(root / "val" / unicodedata.normalize("NFD", "bikés"))
+    with pytest.raises(DataError) as err:
+        read_folders(root)
+    assert _one_line(err) == (f"{root / 'val'} names 1 class(es) the training split lacks: "
+                              f"{unicodedata.normalize('NFD', 'bikés')}. {unicodedata.normalize('NFD', 'bikés')} is "
+                              "written with other Unicode characters than in the training split (composed and "
+                              "decomposed accents: macOS writes decomposed names); write them as the training split does.")
+
+
 def test_validation_classes_must_be_known_from_training(kinetics_clips, tmp_path):
     k = kinetics_clips
     root = tmp_path / "folders"
