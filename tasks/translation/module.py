@@ -150,8 +150,9 @@ class TranslationModule(RescaleTaskModule):
 
     def export_metadata(self, datamodule: Any, folder: str, stem: str) -> dict[str, Any]:
         """The sidecar's ``translation``: the SentencePiece model (written as ``<stem>.spm.model`` beside
-        the files, with its SHA-256), the special ids, the positions and the decoding defaults of
-        ``rescale translate``, and the sizes of the decoding step's key/value cache."""
+        the files, with its SHA-256), the special ids, the positions, what a line without a piece
+        translates to (``no_pieces``: empty, blank, or of characters the normalisation drops), the
+        decoding defaults of ``rescale translate``, and the sizes of the decoding step's key/value cache."""
         metadata = super().export_metadata(datamodule, folder, stem)
         processor = self.processor or getattr(datamodule, "processor", None)  # a checkpoint without one: the data's
         if processor is None:
@@ -168,6 +169,8 @@ class TranslationModule(RescaleTaskModule):
             "bos": self.bos_index, "eos": self.eos_index, "pad": self.pad_index, "unk": processor.unk_id(),
             "vocab_size": processor.piece_size(), "max_positions": config.max_positions,
             "source": "the line's pieces, cut to max_positions - 1, then eos",
+            # as rescale translate, test and predict: searched from eos alone, it would come out as words
+            "no_pieces": "empty translation, not decoded",
             "decoding": {"beam": generation.beam, "len_penalty": generation.len_penalty,
                          "length_penalty_style": generation.length_penalty_style, "max_len_a": generation.max_len_a,
                          "max_len_b": generation.max_len_b, "min_len": generation.min_len,

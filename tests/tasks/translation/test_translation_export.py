@@ -197,8 +197,13 @@ def run(name, **feeds):
 
 dec, cache = tr["decoding"], tr["cache"]
 out = []
+assert tr["no_pieces"] == "empty translation, not decoded", tr["no_pieces"]
 for line in open(source, encoding="utf-8").read().splitlines():
-    src = spm.encode(line, out_type=int)[:tr["max_positions"] - 1] + [tr["eos"]]
+    pieces = spm.encode(line, out_type=int)
+    if not pieces:
+        out.append("")
+        continue
+    src = pieces[:tr["max_positions"] - 1] + [tr["eos"]]
     memory, src_padding_mask = run("encoder", src_tokens=np.array([src], np.int64))
     max_len = min(int(dec["max_len_a"] * len(src) + dec["max_len_b"]), tr["max_positions"] - 1)
     free = np.zeros((cache["layers"], 1, cache["heads"], 1, cache["head_dim"]), np.float32)
@@ -228,7 +233,8 @@ def test_a_runtime_with_the_exported_folder_alone_translates_as_rescale_translat
                                                                                 fit_checkpoint, export_files):
     """The export writes ``<name>.json`` and the SentencePiece model beside the encoder and decode_step,
     moved in with them: a script with onnxruntime, sentencepiece and the exported folder alone runs
-    greedy search from bos as the sidecar says and gives ``rescale translate --beam 1``'s translations."""
+    greedy search from bos as the sidecar says and gives ``rescale translate --beam 1``'s translations,
+    an empty one for a line without a piece (``no_pieces``; searched from eos alone, it came out as words)."""
     import hashlib
     import json
     import subprocess
@@ -247,9 +253,9 @@ def test_a_runtime_with_the_exported_folder_alone_translates_as_rescale_translat
     assert (tr["decoding"]["beam"], tr["decoding"]["max_len_a"], tr["decoding"]["max_len_b"]) == (4, 1.2, 10)
     assert meta["programs"]["decode_step"]["inputs"][5]["free"] == {"1": "tokens[0]", "3": "key_padding[1] + 1"}
 
-    source = tmp_path / "source.en"
-    source.write_text("\n".join((handful_root / "test.en").read_text(encoding="utf-8").splitlines()[:4]) + "\n",
-                      encoding="utf-8")
+    source = tmp_path / "source.en"  # with an empty, a blank and a zero-width line: no piece, an empty translation
+    lines = (handful_root / "test.en").read_text(encoding="utf-8").splitlines()[:4]
+    source.write_text("\n".join(lines[:2] + ["", "   ", "\u200b"] + lines[2:]) + "\n", encoding="utf-8")
     assert main(["translate", "--ckpt_path", str(ckpt), "--input", str(source), "--output", "out.de",
                  "--beam", "1"]) == 0
     expected = Path("out.de").read_text(encoding="utf-8").splitlines()
@@ -259,4 +265,4 @@ def test_a_runtime_with_the_exported_folder_alone_translates_as_rescale_translat
                           text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == expected
-    assert len(set(expected)) > 1 and all(expected), expected  # a network that translates
+    assert expected[2:5] == ["", "", ""] and len(set(expected)) > 2 and all(expected[:2] + expected[5:]), expected
