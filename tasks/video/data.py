@@ -134,7 +134,7 @@ class KineticsDataModule(TaskDataModule):
     def export_preprocessing(self) -> dict:
         """How a video becomes the network's input in the test's views, for ``rescale export``'s
         sidecar: ``clip.frames`` frames ``clip.stride`` apart (``views.clips`` clips spread over the
-        video), the shorter side resized to ``resize.size``, ``views.crops`` square crops of
+        video; ``clip.short``: what a video shorter than a clip gets, :mod:`.sampling`'s policy), the shorter side resized to ``resize.size``, ``views.crops`` square crops of
         ``center_crop`` (1: the centre; 3: start, centre and end of the long side), pixel values
         times ``pixel_scale``, ``(x - mean) / std`` per RGB channel, laid out ``NCTHW``; the
         video's prediction is the mean of its views' softmax. ``decode.display_rotation``: whether
@@ -145,7 +145,7 @@ class KineticsDataModule(TaskDataModule):
         rotation = "applied" if self.backend == "pyav" else "not applied"
         return {"layout": "NCTHW", "channels": 3, "channel_order": "RGB", "decode": {"display_rotation": rotation},
                 **described,
-                "clip": {"frames": self.frames, "stride": self.stride},
+                "clip": {"frames": self.frames, "stride": self.stride, "short": self.short_policy},
                 "views": {"clips": self.num_clips, "crops": crops, "combine": "mean of softmax"}}
 
     def eval_transform(self, crops: int | None = None) -> Callable:

@@ -46,12 +46,15 @@ def test_the_sidecar_names_the_classes_and_the_clips_the_network_takes(trained, 
     import json
 
     config, ckpt = trained
-    export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "exported-program", "--out", "r3d"])
+    export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "exported-program", "--out", "r3d",
+                  "--data.short_policy", "repeat_last"])
     meta = json.loads(Path("r3d.json").read_text())
     tiny = kinetics_clips.tiny
     assert meta["task"] == "video" and meta["classes"] == sorted(p.name for p in (kinetics_clips.root / "train").iterdir())
     pre = meta["preprocessing"]
-    assert pre["clip"] == {"frames": tiny["frames"], "stride": tiny["stride"]} and pre["layout"] == "NCTHW"
+    # what a clip shorter than the frames sampled gets (the test's policy; a runtime could not tell)
+    assert pre["clip"] == {"frames": tiny["frames"], "stride": tiny["stride"], "short": "repeat_last"}
+    assert pre["layout"] == "NCTHW"
     assert pre["decode"] == {"display_rotation": "applied"}  # a phone's portrait clip turned upright, as PyAV reads it
     assert (pre["center_crop"], pre["resize"]["size"], pre["views"]["clips"]) == (tiny["crop"],
                                                                                   tiny["test_short_side"], 3)
