@@ -59,7 +59,7 @@ def _annotated_split(split_dir: Path, unread: list[str]) -> dict[str, list[str]]
         return None
     classes: dict[str, list[str]] = {}
     named: set[str] = set()
-    for line, text in enumerate(annotations.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+    for line, text in enumerate(annotations.read_text(encoding="utf-8-sig", errors="replace").splitlines(), start=1):
         fields = text.split("\t") if "\t" in text else text.split()
         if not text.strip():
             continue

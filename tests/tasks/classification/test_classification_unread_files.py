@@ -158,3 +158,16 @@ def test_tiny_imagenet_validation_images_are_read_by_their_annotations(imagenet_
     annotations.write_text("val_0.JPEG\n")
     with pytest.raises(DataError, match=r"val_annotations\.txt:1 \(data\.root\) is not '<file>"):
         scan_image_folder(imagenet_folder, num_classes=3)
+
+
+def test_tiny_imagenet_annotations_saved_with_a_byte_order_mark_name_their_first_image(imagenet_folder):
+    """val_annotations.txt saved by a Windows editor ("UTF-8 with BOM", \\r\\n breaks): its first line named
+    an invisible U+FEFF before val_0.JPEG, refused as "names val_0.JPEG, which is not in val/images", a file
+    that is there. The mark is no part of the name: every image is read with its class."""
+    plain = scan_image_folder(imagenet_folder, num_classes=3)
+    _tiny_imagenet_val(imagenet_folder)
+    annotations = imagenet_folder / "val/val_annotations.txt"
+    annotations.write_bytes(b"\xef\xbb\xbf" + annotations.read_text().replace("\n", "\r\n").encode())
+    tiny = scan_image_folder(imagenet_folder, num_classes=3)
+    assert len(tiny.val) == len(plain.val) == 6 and tiny.unread == []
+    assert sorted(label for _, label in tiny.val) == [0, 0, 1, 1, 2, 2]
