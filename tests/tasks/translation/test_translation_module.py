@@ -140,6 +140,22 @@ def test_translate_names_the_line_that_is_not_utf8(trained, tmp_path, monkeypatc
     assert err.startswith("error: standard input line 3 is not UTF-8") and "Traceback" not in err
 
 
+def test_translate_says_a_compressed_input_is_to_be_decompressed(trained, tmp_path, capsys):
+    """news.en.gz as WMT distributes it: not UTF-8, and the advice was to convert it from Latin-1, which
+    gives a valid UTF-8 file of noise that would then be translated without a word. It says to decompress."""
+    import gzip
+
+    sources = (trained["root"] / "test.en").read_text(encoding="utf-8").splitlines()[:3]
+    (tmp_path / "news.en.gz").write_bytes(gzip.compress(("\n".join(sources) + "\n").encode()))
+    out = tmp_path / "out.de"
+    assert main(["translate", "--ckpt_path", trained["summary"]["checkpoint"], "--input", str(tmp_path / "news.en.gz"),
+                 "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {tmp_path / 'news.en.gz'} (--input) line 1 is not UTF-8")
+    assert err[0].endswith("it is gzip-compressed, not text: decompress it first (e.g. gunzip -k FILE).") and \
+        "LATIN1" not in err[0] and not out.exists()
+
+
 def test_translate_refuses_text_whose_lines_break_with_cr_only(trained, tmp_path, capsys):
     """Lines broken by \\r alone (classic Mac OS) are one line when split on \\n: translated so, three
     sentences came out as one line, and nothing said so. One error line with the mend instead; the
