@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -24,12 +24,12 @@ from torchvision.transforms import v2
 
 from rescale_tasks.common.data import (IMAGE_DECODING, Labels, PerSampleSeed, ResumableDataLoader, ResumableSampler,
                                        TaskDataModule, UnrepeatedSampler, describe_transforms, shards_parameters,
-                                       sigterm_safe_worker_init)
+                                       sigterm_safe_worker_init, unnested)
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.system import loader_workers
 
 from .datasets import (
-    IMAGE_EXTENSIONS, ImageFileDataset, TensorImageDataset, collate_drop_none, find_file,
+    IMAGE_EXTENSIONS, TINY_IMAGENET_NESTED, ImageFileDataset, TensorImageDataset, collate_drop_none, find_file,
     read_cifar_batch, read_cifar_names, read_idx_split, scan_image_folder,
 )
 
@@ -224,6 +224,15 @@ class ImageFolderDataModule(ClassificationDataModule):
         self.class_names = folder.class_names
         if self.train_set is None:
             self.labels_source = (f"the class folders of {Path(os.path.expanduser(self.root)) / 'val'}", "data.root")
+
+    def fingerprint_files(self, split: str, dataset: Any) -> list | None:
+        """The files of ``split``, those read from Tiny ImageNet's ``<class>/images/`` named as the
+        flattened layout names them (``<class>/<file>``): the same images are the same data."""
+        files = super().fingerprint_files(split, dataset)
+        if files is None:
+            return None
+        folder = Path(os.path.expanduser(self.root)) / ("train" if split == "train" else "val")
+        return [(path, unnested(str(path), folder, TINY_IMAGENET_NESTED)) for path in files]
 
     @property
     def skipped_corrupt(self) -> int:

@@ -49,6 +49,10 @@ class ImageFolder(NamedTuple):
 #: file's class (``<file>\t<wnid>\t<box>``), instead of class folders
 TINY_IMAGENET_VAL = ("images", "val_annotations.txt")
 
+#: Tiny ImageNet's training split: ``train/<wnid>/images/<file>`` (beside ``<wnid>_boxes.txt``), read as
+#: class ``<wnid>`` where every class folder holds that one folder and no image of its own
+TINY_IMAGENET_NESTED = "images"
+
 
 def _annotated_split(split_dir: Path, unread: list[str]) -> dict[str, list[str]] | None:
     """Tiny ImageNet's validation layout (:data:`TINY_IMAGENET_VAL`) read as class -> files (sorted
@@ -92,7 +96,9 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int, eval_only: bool
     vanishing. ``eval_only`` (validate, test, predict): a folder holding val/ alone will do (a machine
     that evaluates without the training images); its class folders are the classes, and ``train`` is
     empty. val/ may also be laid out as Tiny ImageNet's is: ``val/images/`` with
-    ``val/val_annotations.txt`` naming each image's class (:data:`TINY_IMAGENET_VAL`).
+    ``val/val_annotations.txt`` naming each image's class (:data:`TINY_IMAGENET_VAL`); a split whose
+    every class folder holds one ``images/`` folder and no image of its own (Tiny ImageNet's train/,
+    :data:`TINY_IMAGENET_NESTED`) is read from those folders.
     """
     root = Path(os.path.expanduser(str(root)))
     if not root.is_dir():
@@ -112,7 +118,7 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int, eval_only: bool
             )
         classes = _annotated_split(split_dir, unread) if split == "val" else None
         if classes is None:
-            classes = scan_class_folders(split_dir, IMAGE_EXTENSIONS, unread)
+            classes = scan_class_folders(split_dir, IMAGE_EXTENSIONS, unread, nested=TINY_IMAGENET_NESTED)
         if not classes:
             raise DataError(
                 f"No class folders in {split_dir} (data.root). Expected one sub-folder per class, "
@@ -365,5 +371,5 @@ def read_idx_split(images_path: Path, labels_path: Path, size: int = 28) -> tupl
 __all__ = [
     "IMAGE_EXTENSIONS", "ImageFileDataset", "ImageFolder", "TensorImageDataset",
     "collate_drop_none", "find_file", "read_cifar_batch", "read_cifar_names", "read_idx", "read_idx_split",
-    "scan_image_folder",
+    "scan_image_folder", "TINY_IMAGENET_NESTED",
 ]

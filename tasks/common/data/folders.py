@@ -21,15 +21,20 @@ import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["found_path", "nested_folders_hint", "scan_class_folders", "windows_path"]
+__all__ = ["found_path", "nested_folders_hint", "scan_class_folders", "unnested", "windows_path"]
 
 
 def scan_class_folders(split_dir: str | os.PathLike, extensions: Sequence[str],
-                       unread: list[str]) -> dict[str, list[str]]:
+                       unread: list[str], nested: str | None = None) -> dict[str, list[str]]:
     """Map each class folder (sorted) of ``split_dir`` to its sorted files whose lower-case names end
     with one of ``extensions``; every other entry of a class folder (other extensions, hidden files,
     sub-folders, broken links), and what ``split_dir`` holds besides class folders (files, hidden
-    folders), is appended to ``unread``."""
+    folders), is appended to ``unread``.
+
+    ``nested`` (Tiny ImageNet's ``"images"``, as its zip unpacks: ``train/<wnid>/images/*.JPEG``
+    beside ``train/<wnid>/<wnid>_boxes.txt``): where every class folder holds no file to read and
+    exactly one folder, of that name, the files of ``<class>/<nested>/`` are the class's; other
+    layouts are read as without it."""
     split_dir = Path(split_dir)
     extensions = tuple(e.lower() for e in extensions)
     folders = []
@@ -39,20 +44,51 @@ def scan_class_folders(split_dir: str | os.PathLike, extensions: Sequence[str],
                 folders.append(e.name)
             else:
                 unread.append(e.path)
-    classes: dict[str, list[str]] = {}
+    found: dict[str, tuple[list[str], list[str]]] = {}
     for name in sorted(folders):
-        files = []
-        with os.scandir(split_dir / name) as entries:
-            for e in entries:
-                readable = e.is_file() and not e.name.startswith(".") and e.name.lower().endswith(extensions)
-                (files if readable else unread).append(e.path)
+        found[name] = _readable_files(split_dir / name, extensions)
+    if nested and found and all(_holds_only(split_dir / name, nested, *found[name]) for name in found):
+        for name, (_, other) in found.items():
+            inner = _readable_files(split_dir / name / nested, extensions)
+            found[name] = (inner[0], [path for path in other if path != str(split_dir / name / nested)] + inner[1])
+    classes: dict[str, list[str]] = {}
+    for name, (files, other) in found.items():
         classes[name] = sorted(files)
+        unread += other
     return classes
+
+
+def _readable_files(folder: Path, extensions: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """The files of ``folder`` whose lower-case names end with one of ``extensions`` (not hidden), and
+    its other entries."""
+    files, other = [], []
+    with os.scandir(folder) as entries:
+        for e in entries:
+            readable = e.is_file() and not e.name.startswith(".") and e.name.lower().endswith(extensions)
+            (files if readable else other).append(e.path)
+    return files, other
+
+
+def _holds_only(folder: Path, nested: str, files: list[str], other: list[str]) -> bool:
+    """Whether class ``folder`` (its ``files`` to read and ``other`` entries) holds no file to read and
+    exactly one folder, ``nested``."""
+    inner = [path for path in other if os.path.isdir(path)]
+    return not files and inner == [str(folder / nested)]
+
+
+def unnested(path: str, split_dir: str | os.PathLike, nested: str) -> str:
+    """``<split_dir>/<class>/<nested>/<file>`` (read by :func:`scan_class_folders` with ``nested``) as the
+    flattened layout names it, ``<split_dir>/<class>/<file>``; any other path as it is."""
+    parts = Path(os.path.relpath(path, split_dir)).parts
+    if len(parts) == 3 and parts[1] == nested and ".." not in parts:
+        return os.path.join(split_dir, parts[0], parts[2])
+    return path
 
 
 def nested_folders_hint(split_dir: str | os.PathLike, empty: Sequence[str], unread: Sequence[str]) -> str:
     """What to say of class folders of ``split_dir`` left ``empty`` (names) when they hold folders (in
-    ``unread``): their files lie a level too deep (Tiny ImageNet's ``<class>/images/``), and are read once
+    ``unread``): their files lie a level too deep (e.g. ``<class>/photos/``; Tiny ImageNet's one
+    ``images/`` each is read where :func:`scan_class_folders` is given ``nested``), and are read once
     moved up; an empty string when none of them holds a folder."""
     inside = [Path(split_dir) / name for name in empty]
     nested = [p for p in map(Path, unread) if p.parent in inside and p.is_dir()]

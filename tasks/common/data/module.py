@@ -91,7 +91,9 @@ class TaskDataModule(L.LightningDataModule):
 
     def fingerprint_files(self, split: str, dataset: Any) -> Optional[list]:
         """The files ``split`` reads, for its hash (None: not a split of files); by default the
-        paths of the dataset's ``samples`` (``(path, label)`` pairs or paths)."""
+        paths of the dataset's ``samples`` (``(path, label)`` pairs or paths). An entry may also be a
+        ``(path, name)`` pair: the file at ``path`` hashed under the path ``name`` (a layout that holds
+        the same files elsewhere: the same data, the same hash)."""
         samples = getattr(dataset, "samples", None)
         if not isinstance(samples, (list, tuple)):
             return None
@@ -127,12 +129,13 @@ SIZED_FILES = 1000
 
 def _files_digest(files: list, root: Optional[str]) -> str:
     """The sorted list of paths relative to ``root`` (with each file's size, -1 for one gone since,
-    where there are at most :data:`SIZED_FILES`), hashed."""
+    where there are at most :data:`SIZED_FILES`), hashed; a ``(path, name)`` entry is hashed as
+    ``name`` with the size of ``path``."""
     sized = len(files) <= SIZED_FILES
     entries = []
     for file in files:
-        path = str(file)
-        relative = os.path.relpath(os.path.abspath(path), root) if root else path
+        path, name = (str(file[0]), str(file[1])) if isinstance(file, tuple) else (str(file), str(file))
+        relative = os.path.relpath(os.path.abspath(name), root) if root else name
         if not sized:
             entries.append((relative,))
             continue

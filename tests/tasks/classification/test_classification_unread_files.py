@@ -3,10 +3,12 @@ counted and reported in one line, not silently left out: a ``.heic`` photo or a 
 images in a class folder is not part of the data, and the user is told so."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import lightning.pytorch as L
 import pytest
+import torch
 
 from rescale_tasks.classification.data import ImageFolderDataModule
 from rescale_tasks.classification.datasets import IMAGE_EXTENSIONS, scan_image_folder
@@ -80,26 +82,69 @@ def test_class_names_spelt_with_other_unicode_characters_are_named_as_such(image
 
 
 def test_class_folders_whose_images_lie_a_level_deeper_say_so(imagenet_folder):
-    """Tiny ImageNet keeps each class's images in <class>/images/: the class folders look empty, and
-    the line says where the images are and how to move them up, not to add images."""
+    """Class folders holding a folder of images (not Tiny ImageNet's one images/ each): the class
+    folders look empty, and the line says where the images are and how to move them up, not to add
+    images."""
     train = imagenet_folder / "train"
     for name in ("n001", "n002", "n003"):
-        (train / name / "images").mkdir()
+        (train / name / "photos").mkdir()
         for image in (train / name).glob("*.JPEG"):
-            image.rename(train / name / "images" / image.name)
+            image.rename(train / name / "photos" / image.name)
     with pytest.raises(DataError) as refused:
         scan_image_folder(imagenet_folder, num_classes=3)
     message = str(refused.value)
     assert "\n" not in message
     assert message == (f"Class folders without images in {train}: n001, n002, n003. They hold folders instead (e.g. "
-                       f"{train / 'n001/images'}): the files of a class must lie directly in its folder, "
-                       f"{train}/<class>/<file>; move them up a level (e.g. mv {train / 'n001/images'}/* "
+                       f"{train / 'n001/photos'}): the files of a class must lie directly in its folder, "
+                       f"{train}/<class>/<file>; move them up a level (e.g. mv {train / 'n001/photos'}/* "
                        f"{train / 'n001'}/).")
     for name in ("n001", "n002", "n003"):  # moved up as said, every image is read
-        for image in (train / name / "images").glob("*.JPEG"):
+        for image in (train / name / "photos").glob("*.JPEG"):
             image.rename(train / name / image.name)
-        (train / name / "images").rmdir()
+        (train / name / "photos").rmdir()
     assert len(scan_image_folder(imagenet_folder, num_classes=3).train) == 12
+
+
+def _nest_tiny_imagenet_train(root: Path) -> None:
+    """Lay train/ out as Tiny ImageNet's zip unpacks: train/<wnid>/images/<file> beside
+    train/<wnid>/<wnid>_boxes.txt."""
+    for folder in sorted((root / "train").iterdir()):
+        (folder / "images").mkdir()
+        for image in folder.glob("*.JPEG"):
+            image.rename(folder / "images" / image.name)
+        (folder / f"{folder.name}_boxes.txt").write_text(f"{folder.name}_0.JPEG\t0\t0\t39\t39\n")
+
+
+def _read(root: Path, stage: str) -> ImageFolderDataModule:
+    data = ImageFolderDataModule(str(root), num_classes=3, image_size=32, eval_resize=36, batch_size=4,
+                                 num_workers=0, pin_memory=False, persistent_workers=False)
+    data.setup(stage)
+    return data
+
+
+def test_tiny_imagenet_as_distributed_is_read_as_its_flattened_layout(imagenet_folder, tmp_path):
+    """Tiny ImageNet as its zip unpacks (train/<wnid>/images/, val/images/ + val_annotations.txt) is read,
+    not refused with a mv hint: the same classes in the same order, the same samples with the same
+    labels, and the same data fingerprint as the flattened layout (train/<wnid>/<file>)."""
+    _tiny_imagenet_val(imagenet_folder)
+    flat = tmp_path / "flat"
+    shutil.copytree(imagenet_folder, flat)
+    _nest_tiny_imagenet_train(imagenet_folder)
+    tiny, plain = _read(imagenet_folder, "fit"), _read(flat, "fit")
+    assert tiny.class_names == plain.class_names == ["n001", "n002", "n003"]
+    for split in ("train_set", "val_set"):
+        ours, theirs = getattr(tiny, split).samples, getattr(plain, split).samples
+        assert [(Path(p).name, Path(p).read_bytes(), y) for p, y in ours] == \
+            [(Path(p).name, Path(p).read_bytes(), y) for p, y in theirs]
+    assert len(tiny.train_set) == 12
+    assert tiny.data_fingerprint()["splits"] == plain.data_fingerprint()["splits"]
+    assert tiny.unread_files == [str(imagenet_folder / f"train/{n}/{n}_boxes.txt") for n in ("n001", "n002", "n003")]
+    images, labels = next(iter(tiny.train_dataloader()))
+    assert images.shape == (4, 3, 32, 32) and labels.dtype == torch.long
+
+    (imagenet_folder / "train/n002/n002_9.JPEG").write_bytes(b"")  # a loose image: not that layout, as before
+    with pytest.raises(DataError, match="Class folders without images in .*: n001, n003. They hold folders"):
+        scan_image_folder(imagenet_folder, num_classes=3)
 
 
 def test_class_names_differing_only_in_case_are_named_as_such(imagenet_folder):
