@@ -66,6 +66,11 @@ class KineticsDataModule(TaskDataModule):
         batch_size: training clips per process; eval_batch_size: evaluation items (each with all
             its crops) per process.
         seed: training order and augmentation seeds (the same on every rank).
+        num_classes: the class count integer labels of list files number (None: the highest label of
+            the list the classes are read from, plus one); ``rescale validate/test/predict
+            --ckpt_path`` sets it to the checkpoint's, so a validation list alone, which need not name
+            the highest class, numbers the classes the network learned. Class names (folders, CSVs,
+            named lists) are their own count.
     """
 
     #: problem kinds whose videos are repaired and kept (short videos looped or padded), for the report
@@ -81,7 +86,8 @@ class KineticsDataModule(TaskDataModule):
                  short_policy: Literal["loop", "repeat_last", "skip"] = "loop",
                  backend: Literal["pyav", "torchcodec"] = "pyav", skip_bad: bool = True,
                  batch_size: int = 8, eval_batch_size: int = 4, num_workers: int = 4, pin_memory: bool = True,
-                 persistent_workers: bool = True, seed: int = 0):
+                 persistent_workers: bool = True, seed: int = 0,
+                 num_classes: int | None = None):
         super().__init__()
         self.save_hyperparameters()
         self.frames, self.stride = self._clip_sampling(preset, frames, stride)
@@ -100,8 +106,11 @@ class KineticsDataModule(TaskDataModule):
                               f"data.test_short_side {test_short_side}).")
         if num_workers < 0:
             raise ConfigError(f"data.num_workers must be 0 or more, got {num_workers}.")
+        if num_classes is not None and num_classes < 1:
+            raise ConfigError(f"data.num_classes must be at least 1 (or null: the labels' count), got {num_classes}.")
         self.layout_args = dict(root=root, train_csv=train_csv, val_csv=val_csv, video_dir=video_dir,
-                                train_list=train_list, val_list=val_list, list_prefix=list_prefix)
+                                train_list=train_list, val_list=val_list, list_prefix=list_prefix,
+                                num_classes=num_classes)
         self.layout = layout
         self.train_short_side, self.crop, self.test_short_side = (low, high), crop, test_short_side
         self.num_clips, self.num_crops, self.val_clips, self.val_crops = num_clips, num_crops, val_clips, val_crops

@@ -18,8 +18,10 @@ Three layouts (``layout=`` in :class:`~rescale_tasks.video.data.KineticsDataModu
   out, as for ``"cvdf"``; only a split with no video at all is an error.
 
 The class list comes from the training split: sorted class names, except for list files whose
-labels are all integers, where ``num_classes = max label + 1`` and the names are ``"0", "1", ...``
-(so the integers keep their meaning). Validation may not name a class training lacks. A machine that
+labels are all integers, where the names are ``"0", "1", ...`` (so the integers keep their
+meaning), ``data.num_classes`` of them where it is set, else ``max label + 1``; an evaluation with
+``--ckpt_path`` sets it to the checkpoint's class count, so a validation list alone (which need not
+name the highest class) numbers the classes the network learned. Validation may not name a class training lacks. A machine that
 only evaluates may lack the training split (class folders holding val/ alone; ``train_csv`` or
 ``train_list`` unset or not there): validate, test and predict then take the classes from the
 validation split, and a checkpoint's classes are matched to them by name. Classes are
@@ -305,10 +307,18 @@ def _read_list(path: Path, key: str) -> list[tuple[str, str]]:
     return rows
 
 
-def _list_class_names(rows: list[tuple[str, str]]) -> list[str]:
+def _list_class_names(rows: list[tuple[str, str]], num_classes: int | None = None, where: str = "",
+                      key: str = "train_list") -> list[str]:
     labels = [label for _, label in rows]
     if all(label.isdigit() for label in labels):  # integer labels keep their meaning
-        return [str(i) for i in range(max(int(label) for label in labels) + 1)]
+        highest = max(int(label) for label in labels)
+        if num_classes is None:
+            return [str(i) for i in range(highest + 1)]
+        if highest >= num_classes:
+            raise DataError(f"{where} (data.{key}) has label {highest} but data.num_classes is {num_classes} (labels "
+                            f"0..{num_classes - 1}): set --data.num_classes to the class count the labels number "
+                            "(the checkpoint's), or fix the list.")
+        return [str(i) for i in range(num_classes)]
     return sorted(set(labels))
 
 
@@ -316,18 +326,23 @@ def _normal_label(label: str, integer: bool) -> str:
     return str(int(label)) if integer and label.isdigit() else label
 
 
-def list_classes(train_list: str | os.PathLike | None, key: str = "train_list") -> list[str]:
-    """The class names of a training list file (of ``data.<key>``; no video is looked at)."""
+def list_classes(train_list: str | os.PathLike | None, key: str = "train_list",
+                 num_classes: int | None = None) -> list[str]:
+    """The class names of a training list file (of ``data.<key>``; no video is looked at); integer
+    labels name ``num_classes`` classes where it is given."""
     what = "a training list file" if key == "train_list" else "a validation list file"
-    return _list_class_names(_read_list(_path(train_list, key, what), key))
+    path = _path(train_list, key, what)
+    return _list_class_names(_read_list(path, key), num_classes, str(path), key)
 
 
 def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike | None,
-               list_prefix: str | os.PathLike | None = None, eval_only: bool = False) -> VideoSplits:
+               list_prefix: str | os.PathLike | None = None, eval_only: bool = False,
+               num_classes: int | None = None) -> VideoSplits:
     """mmaction2/SlowFast list files, the paths relative to ``list_prefix``; listed videos that do not
     exist are counted, warned about once per split, and left out (:attr:`VideoSplits.missing`).
     ``eval_only`` (validate, test, predict): without a training list the classes are the validation
-    list's, and ``train`` is empty."""
+    list's, and ``train`` is empty. ``num_classes``: the class count integer labels number (None:
+    the highest label of the list the classes are read from, plus one)."""
     prefix = Path(os.path.expanduser(str(list_prefix))) if list_prefix else None
     if prefix is not None and not prefix.is_dir():
         raise DataError(f"Video folder not found: {prefix} (data.list_prefix). Point it at the folder the "
@@ -342,7 +357,7 @@ def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike
         list_path = _path(value, key, f"a {split} list file")
         rows = _read_list(list_path, key)
         if split == "train" or val_only:
-            names = _list_class_names(rows)
+            names = _list_class_names(rows, num_classes, str(list_path), key)
             integer = all(label.isdigit() for _, label in rows)
         if integer and not all(label.isdigit() for _, label in rows):
             bad = [label for _, label in rows if not label.isdigit()]
@@ -381,15 +396,18 @@ def _layout(layout: str) -> str:
 
 
 def class_names_of(layout: str, *, root=None, train_csv=None, val_csv=None, train_list=None, val_list=None,
-                   **_ignored) -> list[str]:
+                   num_classes=None, **_ignored) -> list[str]:
     """The class list of a layout's training split, cheaply (no video file is looked at); of the
-    validation split where only that one is there (a machine that only evaluates)."""
+    validation split where only that one is there (a machine that only evaluates). ``num_classes``:
+    the class count integer labels of list files number (class names are their own count)."""
     layout = _layout(layout)
     if layout == "folders":
         return folder_classes(root)
     if layout == "cvdf":
         return csv_classes(val_csv, "val_csv") if _eval_file_only(train_csv, val_csv) else csv_classes(train_csv)
-    return list_classes(val_list, "val_list") if _eval_file_only(train_list, val_list) else list_classes(train_list)
+    if _eval_file_only(train_list, val_list):
+        return list_classes(val_list, "val_list", num_classes)
+    return list_classes(train_list, num_classes=num_classes)
 
 
 def class_list_key(layout: str, *, train_csv=None, val_csv=None, train_list=None, val_list=None,
@@ -404,7 +422,7 @@ def class_list_key(layout: str, *, train_csv=None, val_csv=None, train_list=None
 
 
 def read_layout(layout: str, *, root=None, train_csv=None, val_csv=None, video_dir=None, train_list=None,
-                val_list=None, list_prefix=None, eval_only: bool = False) -> VideoSplits:
+                val_list=None, list_prefix=None, num_classes=None, eval_only: bool = False) -> VideoSplits:
     """The full scan of one layout (see the module docstring); ``eval_only``: the validation split
     alone will do (class folders holding val/ alone, no training CSV or list file)."""
     layout = _layout(layout)
@@ -412,7 +430,7 @@ def read_layout(layout: str, *, root=None, train_csv=None, val_csv=None, video_d
         return read_folders(root, eval_only)
     if layout == "cvdf":
         return read_cvdf(train_csv, val_csv, video_dir, eval_only)
-    return read_lists(train_list, val_list, list_prefix, eval_only)
+    return read_lists(train_list, val_list, list_prefix, eval_only, num_classes)
 
 
 def label_samples(samples: Sequence[VideoSample], class_names: Sequence[str]) -> list[tuple[str, int]]:

@@ -123,6 +123,8 @@ class RescaleCLI(LightningCLI):
                                                          typed=getattr(self, "_typed_model_arguments", ()))
                 for key, value in restored.items():
                     self.config[sub].model.init_args[key] = value
+            if sub in ("validate", "test", "predict") and self.config[sub].get("ckpt_path"):
+                _class_count_from_checkpoint(self.config[sub], self.config[sub].ckpt_path)
         finally:
             if sub:
                 self.config[sub].ckpt_path = given
@@ -321,6 +323,21 @@ def _run_id_given(config) -> bool:
         return True
     init = logger.get("init_args") or {}
     return bool(init.get("id")) or init.get("version") is not None
+
+
+def _class_count_from_checkpoint(section, ckpt_path: str) -> None:
+    """An evaluation's data left to count its classes itself (``data.num_classes: null``: the video
+    task's integer-labelled list files, whose validation list alone need not name the highest class)
+    numbers the classes the checkpoint's network learned (its ``num_classes``)."""
+    data = section.get("data")
+    init = data.get("init_args") if hasattr(data, "get") else None
+    if not hasattr(init, "get") or "num_classes" not in init or init.get("num_classes") is not None:
+        return
+    if not checkpoint_exists(str(ckpt_path)):
+        return
+    count = peek_checkpoint(ckpt_path).hyper_parameters.get("num_classes")
+    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        init["num_classes"] = count
 
 
 def _last_checkpoint_file(config) -> Optional[str]:

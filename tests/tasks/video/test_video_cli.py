@@ -89,6 +89,43 @@ def test_a_tiny_r3d_learns_the_clips(kinetics_clips, fit_then_validate):
     assert scores["val/acc1"] >= 8 / 9 and scores["val/clip_acc1"] > 0.8, scores
 
 
+def test_an_integer_labelled_validation_list_alone_numbers_the_checkpoints_classes(kinetics_clips, tmp_path,
+                                                                                    monkeypatch, capsys):
+    """`rescale test --ckpt_path` with an integer-labelled validation list and no training list (a machine
+    that only evaluates), whose videos happen not to show the highest class: the classes are the
+    checkpoint's 3, not the list's highest label + 1 (2, refused as another network); a label beyond
+    data.num_classes is one line."""
+    from rescale_tasks.common.errors import DataError
+    from rescale_tasks.video.data import KineticsDataModule
+
+    monkeypatch.chdir(tmp_path)
+    number = {name: i for i, name in enumerate(kinetics_clips.classes)}
+    lists = {}
+    for split, items in (("train", kinetics_clips.train), ("val", kinetics_clips.val)):
+        lists[split] = tmp_path / f"{split}.txt"
+        lists[split].write_text("".join(f"{split}/{c}/{n} {number[c]}\n" for n, c in items
+                                        if split == "train" or number[c] < 2))
+    config = tiny_config(tmp_path / "tiny.yaml", kinetics_clips, layout="list", train_list=str(lists["train"]),
+                         val_list=str(lists["val"]), list_prefix=str(kinetics_clips.root))
+    off = ["--data.root", "null", "--trainer.logger", "false"]
+    assert main(["fit", "--config", str(config), *off, "--trainer.max_steps", "1",
+                 "--trainer.limit_val_batches", "0"]) == 0
+    [ckpt] = sorted(Path(".").rglob("last.ckpt"))
+    capsys.readouterr()
+    assert main(["test", "--config", str(config), *off, "--data.train_list", "null", "--ckpt_path", str(ckpt)]) == 0
+    videos = 2 * len(kinetics_clips.val) // 3
+    assert f"test: {videos} videos, {videos * 9} views" in capsys.readouterr().out
+
+    data = dict(layout="list", val_list=str(lists["val"]), list_prefix=str(kinetics_clips.root))
+    assert KineticsDataModule(**data).num_classes == 2  # the labels alone
+    assert KineticsDataModule(**data, num_classes=3).class_names == ["0", "1", "2"]
+    with pytest.raises(DataError) as refused:
+        KineticsDataModule(**data, num_classes=1)
+    assert str(refused.value) == (f"{lists['val']} (data.val_list) has label 1 but data.num_classes is 1 (labels 0..0): "
+                                  "set --data.num_classes to the class count the labels number (the checkpoint's), "
+                                  "or fix the list.")
+
+
 @pytest.mark.ddp
 def test_two_process_evaluation_equals_one_process(kinetics_clips, tmp_path, rescale_processes):
     """`rescale test` with 2 CPU processes (gloo): every (video, clip) counted once although the
