@@ -42,7 +42,7 @@ from ..common.run import note_result_file, results_folder
 from ..common.system import gather_objects
 from .backbones import resnet_fpn_backbone
 from .evaluation import CocoEvaluator
-from .export import detection_programs
+from .export import detection_programs, detector_preprocessing
 from .measurement import install_padding_aware_measurement
 from .models import DETECTORS, build_detector
 from .records import ImageRecord, image_record
@@ -198,18 +198,10 @@ class DetectionModule(RescaleTaskModule):
     def export_metadata(self, datamodule: Any, folder: str, stem: str) -> dict[str, Any]:
         """The sidecar's classes (``__background__`` first, with the data set's category ids) and the
         detector's transform, which makes the backbone's input: the file decoded as ``decode`` says
-        (:data:`~rescale_tasks.common.data.IMAGE_DECODING`), pixel values times ``pixel_scale``,
-        ``(x - mean) / std`` per RGB channel, the shorter side resized to ``resize.size`` unless the
-        longer would pass ``resize.max_size``, the batch zero-padded to a multiple of ``pad_to_multiple``."""
+        (:data:`~rescale_tasks.common.data.IMAGE_DECODING`), then the preprocessing read off the
+        detector's transform and the data's evaluation transform (:func:`~.export.detector_preprocessing`)."""
         metadata = super().export_metadata(datamodule, folder, stem)
-        transform = self.net.transform
-        metadata["preprocessing"] = {
-            "layout": "NCHW", "channels": 3, "channel_order": "RGB", "decode": dict(IMAGE_DECODING),
-            "pixel_scale": 1 / 255,
-            "mean": [float(v) for v in transform.image_mean], "std": [float(v) for v in transform.image_std],
-            "resize": {"size": int(transform.min_size[-1]), "to": "shorter side", "max_size": int(transform.max_size),
-                       "interpolation": "bilinear"},
-            "center_crop": None, "pad_to_multiple": int(transform.size_divisible), "order": "normalize, resize, pad"}
+        metadata["preprocessing"] = {**detector_preprocessing(self.net.transform), "decode": dict(IMAGE_DECODING)}
         return metadata
 
     def _label_to_category(self) -> Optional[dict]:

@@ -5,11 +5,14 @@ on the detector's own batch of real images. COCO evaluation (`rescale test`) com
 plan."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
+from PIL import Image
 
 from rescale_tasks.cli import main
 from rescale_tasks.detection.export import HEADS_NOTE
@@ -73,3 +76,52 @@ def test_coco_evaluation_runs_on_the_inference_plan(trained, frozen_calls):
     assert main(["test", "--config", config, "--ckpt_path", str(ckpt), "--output_dir", "results"]) == 0
     assert (Path("results") / "coco_results.test.json").is_file()
     assert frozen_calls and {(grad, training) for _, grad, training in frozen_calls} == {(False, False)}
+
+
+def _follow_the_sidecar(photo, pre: dict) -> np.ndarray:
+    """What a runtime with numpy and PIL makes of ``photo`` (a PIL image) by the sidecar's
+    ``preprocessing`` alone: ``[3, H, W]`` float32, the backbone's input."""
+    x = np.asarray(photo.convert("RGB"), dtype=np.float64) * pre["pixel_scale"]
+    x = (x - np.array(pre["mean"])) / np.array(pre["std"])
+    resize, (height, width) = pre["resize"], x.shape[:2]
+    if resize["to"] == "shorter side":
+        scale = min(resize["size"] / min(height, width), resize["max_size"] / max(height, width))
+        rounding = {"floor": math.floor, "round": round}[resize.get("rounding", "round")]
+        out_h, out_w = rounding(height * scale), rounding(width * scale)
+    else:
+        out_h, out_w = resize["size"]
+    assert resize["interpolation"] == "bilinear"
+    if resize.get("antialias", True):  # PIL's bilinear widens its filter when it shrinks
+        x = np.stack([np.asarray(Image.fromarray(x[..., c].astype(np.float32), "F").resize(
+            (out_w, out_h), Image.Resampling.BILINEAR)) for c in range(3)], axis=-1)
+    else:  # the two nearest pixels per axis, pixel centres at +0.5 (align_corners false)
+        for axis, (n_in, n_out) in enumerate(((height, out_h), (width, out_w))):
+            at = np.clip((np.arange(n_out) + 0.5) * n_in / n_out - 0.5, 0, None)
+            low = np.minimum(at.astype(int), n_in - 1)
+            high, frac = np.minimum(low + 1, n_in - 1), at - low
+            shape = [1, 1, 1]
+            shape[axis] = n_out
+            x = np.take(x, low, axis) * (1 - frac.reshape(shape)) + np.take(x, high, axis) * frac.reshape(shape)
+    step = pre["pad_to_multiple"]
+    padded = np.zeros((-(-out_h // step) * step, -(-out_w // step) * step, 3))
+    padded[:out_h, :out_w] = x
+    return padded.transpose(2, 0, 1).astype(np.float32)
+
+
+def test_a_runtime_following_the_sidecar_makes_the_detectors_input(quokka_coco):
+    """The sidecar's preprocessing, followed with numpy and PIL on a real photo (the quokka, shrunk to
+    the tiny test size, where an antialiased resize and torchvision's differ most), gives the batch the
+    detector's own transform makes of it, within a pixel level; it is read off that transform, so the
+    two cannot drift apart (here: a transform built with other sizes and statistics)."""
+    module = DetectionModule(**{**TINY, "min_size": 40, "max_size": 56}, num_classes=2).eval()
+    module.net.transform.image_mean, module.net.transform.image_std = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
+    pre = module.export_metadata(None, ".", "detector")["preprocessing"]
+    assert (pre["resize"]["size"], pre["resize"]["max_size"], pre["mean"]) == (40, 56, [0.5, 0.4, 0.3])
+    with Image.open(quokka_coco.image_folder / "quokka.jpg") as photo:
+        ours = _follow_the_sidecar(photo, pre)
+        image = torch.from_numpy(np.asarray(photo.convert("RGB")).copy()).permute(2, 0, 1)
+    with torch.no_grad():
+        theirs = module.net.transform([image.float() / 255])[0].tensors[0].numpy()
+    assert ours.shape == theirs.shape
+    levels = np.abs(ours - theirs) * np.array(pre["std"])[:, None, None] * 255
+    assert levels.max() <= 1.0, levels.max()
