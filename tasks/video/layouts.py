@@ -114,6 +114,13 @@ def _warn_missing(missing: int, listed: int, value, key: str, where: str) -> Non
                        "(Kinetics downloads always miss some); going on without them")
 
 
+def _read_by_the_command(split: str, eval_only: bool) -> bool:
+    """Whether the command reads ``split``'s videos: an evaluation (``eval_only``) reads val alone,
+    whatever annotation files it is given; its videos missing from a download are warned about, and
+    a split with none of them is refused; the training split's are not."""
+    return split == "val" or not eval_only
+
+
 def _eval_file_only(train, val) -> bool:
     """Whether the training annotation (CSV or list) file is unset or absent while the validation one
     is there: a machine that only evaluates, whose classes are the validation file's."""
@@ -247,7 +254,8 @@ def read_cvdf(train_csv: str | os.PathLike | None, val_csv: str | os.PathLike | 
               video_dir: str | os.PathLike | None, eval_only: bool = False) -> VideoSplits:
     """Official CSVs next to a flat folder of ``<youtube_id>_<start>_<end>.mp4``; absent files are
     counted, warned about once per split, and left out. ``eval_only`` (validate, test, predict):
-    without a training CSV the classes are the validation CSV's, and ``train`` is empty."""
+    without a training CSV the classes are the validation CSV's, and ``train`` is empty; with one,
+    its absent videos are not warned about (the command reads val alone)."""
     folder = _path(video_dir, "video_dir", "the flat folder of Kinetics .mp4 files")
     if not folder.is_dir():
         raise DataError(f"Kinetics video folder not found: {folder} (data.video_dir). Point it at the folder "
@@ -269,10 +277,11 @@ def read_cvdf(train_csv: str | os.PathLike | None, val_csv: str | os.PathLike | 
         kept = [VideoSample(str(folder / present[stem]), label) for label, stem in
                 ((label, os.path.splitext(name)[0]) for label, name in rows) if stem in present]
         absent = len(rows) - len(kept)
-        if not kept:
-            raise DataError(f"None of the {len(rows)} videos of {value} (data.{key}) is in {folder} "
-                            f"(data.video_dir), e.g. {rows[0][1]}. Point data.video_dir at the unpacked videos.")
-        _warn_missing(absent, len(rows), value, key, str(folder))
+        if _read_by_the_command(split, eval_only):  # (an evaluation reads the training CSV for its classes)
+            if not kept:
+                raise DataError(f"None of the {len(rows)} videos of {value} (data.{key}) is in {folder} "
+                                f"(data.video_dir), e.g. {rows[0][1]}. Point data.video_dir at the unpacked videos.")
+            _warn_missing(absent, len(rows), value, key, str(folder))
         missing[split] = [str(folder / name) for _, name in rows if os.path.splitext(name)[0] not in present]
         out[split], rows_of[split] = kept, rows
     names = sorted({label for label, _ in rows_of.get("train", rows_of["val"])})
@@ -341,7 +350,8 @@ def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike
     """mmaction2/SlowFast list files, the paths relative to ``list_prefix``; listed videos that do not
     exist are counted, warned about once per split, and left out (:attr:`VideoSplits.missing`).
     ``eval_only`` (validate, test, predict): without a training list the classes are the validation
-    list's, and ``train`` is empty. ``num_classes``: the class count integer labels number (None:
+    list's, and ``train`` is empty; with one, its absent videos are not warned about (the command
+    reads val alone). ``num_classes``: the class count integer labels number (None:
     the highest label of the list the classes are read from, plus one)."""
     prefix = Path(os.path.expanduser(str(list_prefix))) if list_prefix else None
     if prefix is not None and not prefix.is_dir():
@@ -373,11 +383,12 @@ def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike
                 samples.append(VideoSample(path, _normal_label(label, integer)))
             else:
                 missing.append(path)
-        if not samples:
-            raise DataError(f"None of the {len(rows)} videos listed in {list_path} (data.{key}) exists, e.g. "
-                            f"{_names(missing)}. Fix data.list_prefix (the folder the paths are relative to) "
-                            "or the list.")
-        _warn_missing(len(missing), len(rows), list_path, key, str(base))
+        if _read_by_the_command(split, eval_only):  # (an evaluation reads the training list for its classes)
+            if not samples:
+                raise DataError(f"None of the {len(rows)} videos listed in {list_path} (data.{key}) exists, e.g. "
+                                f"{_names(missing)}. Fix data.list_prefix (the folder the paths are relative to) "
+                                "or the list.")
+            _warn_missing(len(missing), len(rows), list_path, key, str(base))
         absent[split] = missing
         out[split] = samples
         val_labels = [_normal_label(label, integer) for _, label in rows]  # the last split: val; absent too

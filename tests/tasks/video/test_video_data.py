@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import functools
 import shutil
+import warnings
 
 import lightning.pytorch as L
 import pytest
@@ -13,7 +14,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from rescale_tasks.common.data import PerSampleSeed
-from rescale_tasks.common.errors import ConfigError
+from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.run import PROBLEMS_FILE, SkippedDataReport
 from rescale_tasks.video.data import KineticsDataModule
 from rescale_tasks.video.dataset import BadVideoError, VideoClipDataset, collate_drop_none
@@ -319,9 +320,33 @@ def test_listed_videos_not_on_disk_are_reported_as_missing(kinetics_clips, tmp_p
     assert float(last["data/missing"]) == 1 and float(last["data/skipped_corrupt"]) == 0
     evaluating = _dm(k, layout="list", root=None, train_list=str(tmp_path / "train.txt"), val_list=str(k.val_list),
                      list_prefix=str(k.list_prefix))
-    with pytest.warns(UserWarning, match="1 of 10 videos"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a test serves val alone: training's missing videos are not its
         evaluating.setup("test")
-    assert evaluating.data_problems() == {}  # a test serves val alone: training's missing videos are not its
+    assert evaluating.data_problems() == {}
+
+
+def test_an_evaluation_warns_only_about_the_videos_it_reads(kinetics_clips, tmp_path):
+    """`rescale test` on the cvdf layout with train_csv given, where only the validation videos were
+    downloaded, and one of them is not: one warning line, of the validation split's absent video; the
+    training CSV gives the classes, and its absent videos neither warn nor refuse the test. Training
+    still needs them."""
+    k = kinetics_clips
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    val = [name for name, _ in k.val]
+    for name in val[1:]:
+        shutil.copy(k.video_dir / name, folder / name)
+    dm = _dm(k, layout="cvdf", root=None, train_csv=str(k.train_csv), val_csv=str(k.val_csv), video_dir=str(folder))
+    with pytest.warns(UserWarning) as record:
+        dm.setup("test")
+    assert [str(w.message) for w in record] == [
+        f"1 of {len(val)} videos listed in {k.val_csv} (data.val_csv) are not in {folder} (Kinetics downloads always "
+        "miss some); going on without them"]
+    assert dm.class_names == k.classes and len(dm.test_set.samples) == len(val) - 1 and dm.data_problems() == {"missing": 1}
+    with pytest.raises(DataError, match=r"^None of the 9 videos of .*train\.csv \(data\.train_csv\) is in"):
+        _dm(k, layout="cvdf", root=None, train_csv=str(k.train_csv), val_csv=str(k.val_csv),
+            video_dir=str(folder)).setup("fit")
 
 
 def test_what_the_class_folders_hold_besides_videos_is_named_not_dropped_in_silence(kinetics_clips, tmp_path):
