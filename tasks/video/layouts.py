@@ -181,7 +181,7 @@ def read_folders(root: str | os.PathLike | None, eval_only: bool = False) -> Vid
     """``root/{train,val}/<class>/<video>``; every training class folder must hold a video. What the
     folders hold besides videos is listed in :attr:`VideoSplits.unread`. ``eval_only`` (validate,
     test, predict): a folder holding val/ alone will do; its class folders are the classes, and
-    ``train`` is empty."""
+    ``train`` is empty; with train/, its class folders are the classes, and need not hold videos."""
     root = _path(root, "root", "the Kinetics folder")
     found: dict[str, dict[str, list[str]]] = {}
     unread: list[str] = []
@@ -191,11 +191,12 @@ def read_folders(root: str | os.PathLike | None, eval_only: bool = False) -> Vid
         _class_folders(split_dir)  # one line when there is none
         classes = scan_class_folders(split_dir, VIDEO_EXTENSIONS, unread)
         empty = [name for name, files in classes.items() if not files]
-        if split == "train" and empty:
+        read = _read_by_the_command(split, eval_only)  # (an evaluation reads train/ for its class names)
+        if split == "train" and empty and read:
             raise DataError(f"Class folders without videos in {split_dir}: {_names(empty)}."
                             + (nested_folders_hint(split_dir, empty, unread) or
                                f" Add video files ({'/'.join(VIDEO_EXTENSIONS)}) or remove those folders."))
-        if not any(classes.values()):
+        if not any(classes.values()) and read:
             raise DataError(f"No videos in {split_dir} (data.root): expected {split_dir}/<class>/<video>.mp4.")
         found[split] = classes
     names = list(found.get("train", found["val"]))

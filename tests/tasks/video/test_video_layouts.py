@@ -248,3 +248,25 @@ def test_annotation_files_saved_by_a_spreadsheet_read_as_written(kinetics_clips,
         read_layout(layout, **args)
     assert _one_line(err).startswith(f"{spreadsheet}:1 (data.{key}) is not UTF-8 (")
     assert "it is UTF-16" in str(err.value) and "iconv -f UTF-16 -t UTF-8" in str(err.value)
+
+
+def test_an_evaluation_is_not_refused_for_training_videos_it_does_not_read(kinetics_clips, tmp_path):
+    """Class folders whose train/ lost the videos of a class (or all of them: a machine that copied the
+    validation videos alone): validate, test and predict read val/ with train/'s class names; a fit
+    is still refused in one line."""
+    k = kinetics_clips
+    root = tmp_path / "kinetics"
+    shutil.copytree(k.root, root)
+    for video in (root / "train" / k.classes[1]).iterdir():
+        video.unlink()
+    splits = read_folders(root, eval_only=True)
+    assert splits.class_names == k.classes
+    assert [(os.path.basename(s.path), s.label_name) for s in splits.val] == k.val
+    with pytest.raises(DataError, match=rf"^Class folders without videos in {root / 'train'}: {k.classes[1]}\."):
+        read_folders(root)
+    for folder in (root / "train").iterdir():
+        for video in folder.iterdir():
+            video.unlink()
+    assert read_folders(root, eval_only=True).class_names == k.classes
+    with pytest.raises(DataError, match="^Class folders without videos"):
+        read_folders(root)
