@@ -95,8 +95,9 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int, eval_only: bool
     hold besides images is listed (:attr:`ImageFolder.unread`) for the data report instead of
     vanishing. ``eval_only`` (validate, test, predict): a folder holding val/ alone will do (a machine
     that evaluates without the training images); its class folders are the classes, and ``train`` is
-    empty. val/ may also be laid out as Tiny ImageNet's is: ``val/images/`` with
-    ``val/val_annotations.txt`` naming each image's class (:data:`TINY_IMAGENET_VAL`); a split whose
+    empty; with train/, its class folders are the classes, and need not hold images. val/ may also be
+    laid out as Tiny ImageNet's is: ``val/images/`` with ``val/val_annotations.txt`` naming each
+    image's class (:data:`TINY_IMAGENET_VAL`); a split whose
     every class folder holds one ``images/`` folder and no image of its own (Tiny ImageNet's train/,
     :data:`TINY_IMAGENET_NESTED`) is read from those folders.
     """
@@ -125,7 +126,7 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int, eval_only: bool
                 f"e.g. {split_dir}/n01440764/*.JPEG."
             )
         empty = [name for name, files in classes.items() if not files]
-        if empty:
+        if empty and not (eval_only and split == "train"):  # (an evaluation reads train/ for its class names)
             raise DataError(
                 f"Class folders without images in {split_dir}: {_names(empty)}."
                 + (nested_folders_hint(split_dir, empty, unread) or

@@ -216,3 +216,16 @@ def test_tiny_imagenet_annotations_saved_with_a_byte_order_mark_name_their_first
     tiny = scan_image_folder(imagenet_folder, num_classes=3)
     assert len(tiny.val) == len(plain.val) == 6 and tiny.unread == []
     assert sorted(label for _, label in tiny.val) == [0, 0, 1, 1, 2, 2]
+
+
+def test_an_evaluation_is_not_refused_for_training_images_it_does_not_read(imagenet_folder):
+    """train/ that lost the images of a class (a machine that keeps the validation images): validate,
+    test and predict read val/ with train/'s class names; a fit is still refused in one line."""
+    for image in (imagenet_folder / "train/n002").iterdir():
+        image.unlink()
+    folder = scan_image_folder(imagenet_folder, num_classes=3, eval_only=True)
+    assert folder.class_names == ["n001", "n002", "n003"] and len(folder.val) == 6
+    data = _read(imagenet_folder, "validate")
+    assert sorted(label for _, label in data.val_set.samples) == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(DataError, match=r"^Class folders without images in .*train: n002\. Add image files"):
+        scan_image_folder(imagenet_folder, num_classes=3)
