@@ -35,8 +35,7 @@ from .init import TransformerStack, init_branch, init_shortcut, init_transformer
 from .layers import (RELU_GAMMA, Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_shape, conv_nd,
                      dropout_nd, make_norm, scaled_std_conv_nd)
 from .plans.dispatch import Planned, implementation
-from .schemes import (CONV_ONLY_OPTIONS, GAIN_INIT_WITHOUT_GAIN, TRANSFORMER_ONLY_OPTIONS, Scheme, SchemeOptionError,
-                      get_scheme, list_schemes)
+from .schemes import FIELD_READERS, GAIN_INIT_WITHOUT_GAIN, Scheme, SchemeOptionError, get_scheme, list_schemes
 
 __all__ = ["ResidualMerge", "BranchLayer", "ResidualBlock", "ResidualSublayer", "pre_conv_bias", "scheme_conv",
            "conv_norm", "check_buildable", "CONV_NORMS"]
@@ -47,6 +46,8 @@ CONV_NORMS = ("bn", "gn", "dyt", "derf")
 _BUILDS = {"conv": ("a conv network", CONV_NORMS, ("he_fan_out", "he_fan_in", "rescale", "fixup", "nf")),
            "transformer": ("a Transformer", ("ln", "dyt", "derf"),
                            ("he_fan_out", "he_fan_in", "rescale", "deepnorm", "tfixup"))}
+#: the networks of each family, as the refusal of a field they alone read names them
+_NETWORKS = {"conv": "conv networks", "transformer": "Transformers"}
 #: the conv networks' He inits: a Transformer reads neither (its sublayers keep fairseq's Xavier init)
 _HE_INITS = ("he_fan_out", "he_fan_in")
 
@@ -55,13 +56,17 @@ def check_buildable(scheme: Scheme, family: str, given: Iterable[str] = ()) -> N
     """Refuse, in one :class:`~.schemes.SchemeOptionError`, a ``norm`` that a network of ``family``
     (``conv`` or ``transformer``) cannot build, an ``init`` it cannot apply, or an option only the
     other family reads, set off the scheme's definition or named in ``given`` (the options the
-    caller was given)."""
+    caller was given), or one :data:`~.schemes.FIELD_READERS` does not classify."""
     network, norms, inits = _BUILDS[family]
-    other = TRANSFORMER_ONLY_OPTIONS if family == "conv" else CONV_ONLY_OPTIONS
     given = set(given) | set(scheme.overrides())
-    unread = sorted(other & given)
+    unclassified = sorted(given - set(FIELD_READERS))
+    if unclassified:
+        raise SchemeOptionError(unclassified[0], getattr(scheme, unclassified[0]), "a field "
+                                "rescale_core.schemes.FIELD_READERS classifies (add it there with the networks that "
+                                'read it: "conv", "transformer" or both)', scheme.name)
+    unread = sorted(key for key in given if family not in FIELD_READERS[key])
     if unread:
-        reader = "Transformers" if family == "conv" else "conv networks"
+        reader = " and ".join(_NETWORKS[f] for f in sorted(FIELD_READERS[unread[0]]))
         raise SchemeOptionError(unread[0], getattr(scheme, unread[0]), f"an option of {network} (it shapes "
                                 f"{reader} only: remove it)", scheme.name)
     if scheme.norm is not None and scheme.norm not in norms:

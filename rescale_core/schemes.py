@@ -69,9 +69,10 @@ with its default value only (``"shortcut_mult": (1.0,)``) until the fast plans h
 the schemes leaving it at its default keep the fast plans and those setting it run the reference
 path (:func:`rescale_core.plans.implements`); with all the values they handle (None: any) once they
 do. A new value of a categorical field runs the reference until it is added to its tuple there.
-A field only conv networks read goes into :data:`CONV_ONLY_OPTIONS` (a Transformer would
-otherwise take it and ignore it), one only Transformers read into :data:`TRANSFORMER_ONLY_OPTIONS`;
-VGG refuses it unless ``rescale_core.models.vgg.VGG_OPTIONS`` names it. docs/design.md, "Adding a
+Every field is listed in :data:`FIELD_READERS` with the networks that read it (``conv``,
+``transformer`` or both; a test fails until it is, and every network refuses it set until then): a
+network that does not read a field refuses it rather than take it and ignore it. VGG refuses it
+unless ``rescale_core.models.vgg.VGG_OPTIONS`` names it. docs/design.md, "Adding a
 scheme".
 
 Deviation (all schemes but ``nf``, conv families): blocks use the ResNet v1 layout (ReLU after the
@@ -89,7 +90,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
-__all__ = ["CONV_ONLY_OPTIONS", "TRANSFORMER_ONLY_OPTIONS", "Scheme", "SchemeOptionError", "get_scheme", "list_schemes", "register_scheme"]
+__all__ = ["CONV_ONLY_OPTIONS", "FIELD_READERS", "TRANSFORMER_ONLY_OPTIONS", "Scheme", "SchemeOptionError", "get_scheme",
+           "list_schemes", "register_scheme"]
 
 Family = Literal["conv", "transformer"]
 _FAMILIES = typing.get_args(Family)  # the networks a scheme may build: conv networks, Transformers
@@ -119,17 +121,34 @@ _RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
 }
 
 
-#: the :class:`Scheme` fields only the conv families read (the residual block's convs, norms,
-#: projections and classifier): as ``scheme_options`` of a Transformer they would change
-#: nothing, so the Transformer refuses them (checked field by field in
+_CONV, _TRANSFORMER, _BOTH = frozenset({"conv"}), frozenset({"transformer"}), frozenset(_FAMILIES)
+#: the networks that read each :class:`Scheme` field: ``conv`` (the residual block's convs, norms,
+#: projections and classifier), ``transformer`` (where its norms sit, their alphas per site) or
+#: both. A network refuses a field it does not read, set off its scheme's definition or given as an
+#: option, rather than ignore it (:func:`rescale_core.blocks.check_buildable`), and any field this
+#: table does not name (a new field, or a field of a ``Scheme`` subclass, until it is added here).
+#: tests/core/test_core_schemes.py fails while a field of ``Scheme`` is missing.
+FIELD_READERS: dict[str, frozenset[str]] = {
+    "name": _BOTH, "families": _BOTH,
+    # the branch
+    "norm": _BOTH, "zero_gamma": _CONV, "norm_position": _TRANSFORMER, "mean_shift": _CONV, "measure_batches": _CONV,
+    "scalar_biases": _BOTH, "conv_bias": _CONV, "conv_dropout": _CONV, "conv_dropout_stages": _CONV,
+    "scaled_ws": _CONV, "norm_alpha": _BOTH, "norm_alpha_attention": _TRANSFORMER, "norm_alpha_ffn": _TRANSFORMER,
+    "norm_alpha_final": _TRANSFORMER,
+    # the merge
+    "merge": _BOTH, "c": _BOTH, "fixed_beta": _BOTH, "gain": _BOTH, "gain_init": _BOTH, "block_scale": _BOTH,
+    "skip_alpha": _BOTH, "merge_norm": _CONV, "layout": _BOTH, "nf_alpha": _BOTH,  # a Transformer refuses preact
+    # the network
+    "head_norm": _CONV, "classifier_dropout": _CONV, "init": _BOTH, "zero_classifier": _CONV,
+    "shortcut_gain": _CONV, "classifier_gain": _CONV, "scalar_lr_factor": _BOTH,
+}
+#: the fields only the conv families read (of :data:`FIELD_READERS`): as ``scheme_options`` of a
+#: Transformer they would change nothing, so the Transformer refuses them (checked field by field in
 #: tests/core/models/test_transformer_ln_free.py)
-CONV_ONLY_OPTIONS = frozenset({
-    "zero_gamma", "mean_shift", "measure_batches", "conv_bias", "conv_dropout", "conv_dropout_stages",
-    "scaled_ws", "merge_norm", "head_norm", "classifier_dropout", "zero_classifier", "shortcut_gain",
-    "classifier_gain"})
-#: the fields only a Transformer reads (where its norms sit, and their alphas per site): a conv
-#: network refuses them set off its scheme's definition
-TRANSFORMER_ONLY_OPTIONS = frozenset({"norm_position", "norm_alpha_attention", "norm_alpha_ffn", "norm_alpha_final"})
+CONV_ONLY_OPTIONS = frozenset(k for k, readers in FIELD_READERS.items() if readers == _CONV)
+#: the fields only a Transformer reads (of :data:`FIELD_READERS`): a conv network refuses them set
+#: off its scheme's definition
+TRANSFORMER_ONLY_OPTIONS = frozenset(k for k, readers in FIELD_READERS.items() if readers == _TRANSFORMER)
 #: what a ``gain_init`` set without a gain is not (no network reads it)
 GAIN_INIT_WITHOUT_GAIN = "an option without a gain (gain: scalar or vector; it changes nothing here: remove it)"
 

@@ -21,7 +21,7 @@ import rescale_core
 from rescale_core import (MeanShiftBias, ResidualBlock, ResidualSublayer, Scheme, get_scheme,
                           reference_path)
 from rescale_core.schemes import SchemeOptionError
-from rescale_core import blocks, plans
+from rescale_core import blocks, plans, schemes
 from rescale_core.plans import conditions, folded
 from rescale_core.plans import folds as fp
 from rescale_core.plans.shared import carries_scale
@@ -827,6 +827,7 @@ def test_unknown_switch_runs_the_reference_path(monkeypatch, caplog):
     ResNet and VGG built from it computes the reference function (logged once per scheme);
     the same scheme without the switch runs the fast path. VGG, which refuses what it does not
     read, builds it once the switch is among the options it reads."""
+    monkeypatch.setitem(schemes.FIELD_READERS, "branch_clip", frozenset({"conv", "transformer"}))
     with pytest.raises(SchemeOptionError, match="branch_clip: 0.5 is not an option VGG builds"):
         _vgg(_clipped())
     monkeypatch.setattr(vgg_module, "VGG_OPTIONS", (*vgg_module.VGG_OPTIONS, "branch_clip"))
@@ -857,11 +858,11 @@ def test_a_new_field_listed_with_its_default_keeps_the_plans_where_it_is_unset(m
     default only, a scheme that leaves it there runs its fast plan, one that sets it the
     reference; as a conv-only option a Transformer refuses it, and VGG refuses it unread."""
     monkeypatch.setitem(plans.IMPLEMENTED_FIELDS, "shortcut_mult", (1.0,))
+    monkeypatch.setitem(schemes.FIELD_READERS, "shortcut_mult", frozenset({"conv"}))
     x = _model_input("cifar_resnet")
     for value, plan in ((1.0, "folded"), (0.5, "reference")):
         scheme = ShortcutScheme(**vars(get_scheme("rescale")), shortcut_mult=value)
         assert plans.running_plan(_model("cifar_resnet", scheme).layer1[0], x) == plan
-    monkeypatch.setattr(blocks, "CONV_ONLY_OPTIONS", blocks.CONV_ONLY_OPTIONS | {"shortcut_mult"})
     unread = ShortcutScheme(**vars(get_scheme("rescale")), shortcut_mult=0.5)
     with pytest.raises(SchemeOptionError, match="shortcut_mult: 0.5 is not an option of a Transformer"):
         _transformer(unread)

@@ -156,3 +156,50 @@ def test_a_registered_gain_init_without_a_gain_is_refused(monkeypatch):
         net = rescale_core.create_model(network, scheme="rezero_half", **options)
         gains = [p for n, p in net.named_parameters() if n.endswith("merge.gain.weight")]
         assert gains and all(float(g.detach()) == 0.5 for g in gains), network
+
+
+def test_every_scheme_field_says_which_networks_read_it():
+    """``FIELD_READERS`` classifies every ``Scheme`` field (conv networks, Transformers or both),
+    so that a network that does not read a field refuses it rather than ignore it; a field added
+    without a decision fails here, naming the table to edit."""
+    from rescale_core.schemes import FIELD_READERS
+
+    unclassified = [f.name for f in dataclasses.fields(Scheme) if f.name not in FIELD_READERS]
+    assert not unclassified, (f"Scheme fields missing from rescale_core.schemes.FIELD_READERS: {unclassified}; "
+                              'list each with the networks that read it ("conv", "transformer" or both)')
+    assert set(FIELD_READERS) <= {f.name for f in dataclasses.fields(Scheme)}
+    assert all(readers and readers <= {"conv", "transformer"} for readers in FIELD_READERS.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class _ShortcutScheme(Scheme):
+    """A switch under study in a ``Scheme`` subclass (docs/design.md, "Adding a scheme")."""
+
+    shortcut_mult: float = 1.0
+
+
+def test_a_subclass_field_is_refused_until_classified_then_by_the_networks_not_reading_it(monkeypatch):
+    """Before, a Transformer took a new conv-only field and ignored it unless someone listed it in
+    a blacklist; now a field no table classifies is refused by every network, and once classified
+    as conv-only, by the Transformer only."""
+    from rescale_core import create_model, schemes
+
+    def build(family, scheme):
+        if family == "conv":
+            return create_model("cifar_resnet", depth=8, scheme=scheme, num_classes=3)
+        return create_model("transformer_tiny", scheme=scheme, src_vocab_size=50)
+
+    scheme = _ShortcutScheme(**vars(get_scheme("rescale")), shortcut_mult=0.5)
+    for family in ("conv", "transformer"):
+        with pytest.raises(SchemeOptionError, match="^scheme_options.shortcut_mult: 0.5 is not a field "
+                                                    "rescale_core.schemes.FIELD_READERS classifies"):
+            build(family, scheme)
+    build("transformer", _ShortcutScheme(**vars(get_scheme("rescale"))))  # left at its default: nothing set
+    monkeypatch.setitem(schemes.FIELD_READERS, "shortcut_mult", frozenset({"conv"}))
+    with pytest.raises(SchemeOptionError, match="^scheme_options.shortcut_mult: 0.5 is not an option of a Transformer "
+                                                r"\(it shapes conv networks only: remove it\)"):
+        build("transformer", scheme)
+    assert build("conv", scheme).scheme.shortcut_mult == 0.5
+    monkeypatch.setitem(schemes.FIELD_READERS, "shortcut_mult", frozenset({"transformer"}))
+    with pytest.raises(SchemeOptionError, match="is not an option of a conv network"):
+        build("conv", scheme)

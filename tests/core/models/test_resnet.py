@@ -315,7 +315,7 @@ def test_options_only_transformers_read_change_no_resnet_and_are_refused(monkeyp
     list is right: built with the refusal lifted, under a scheme with a pointwise norm, where the
     alphas would matter), and given as a scheme option it is refused in one line naming it, rather
     than accepted and ignored."""
-    from rescale_core import blocks
+    from rescale_core import schemes
     from rescale_core.schemes import TRANSFORMER_ONLY_OPTIONS, SchemeOptionError
 
     assert set(TRANSFORMER_ONLY_VALUES) == TRANSFORMER_ONLY_OPTIONS
@@ -332,7 +332,8 @@ def test_options_only_transformers_read_change_no_resnet_and_are_refused(monkeyp
             built(scheme, TRANSFORMER_ONLY_VALUES[option])
         assert refused.value.option == option
     with monkeypatch.context() as lifted:
-        lifted.setattr(blocks, "TRANSFORMER_ONLY_OPTIONS", frozenset())
+        for option in TRANSFORMER_ONLY_OPTIONS:
+            lifted.setitem(schemes.FIELD_READERS, option, frozenset({"conv", "transformer"}))
         plain = built("dyt", None)
         for option, values in TRANSFORMER_ONLY_VALUES.items():
             other = built("dyt", values)

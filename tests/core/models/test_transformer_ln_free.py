@@ -142,7 +142,7 @@ def test_options_only_conv_networks_read_change_no_transformer_and_are_refused(m
     """Each of CONV_ONLY_OPTIONS leaves every Transformer scheme's weights and outputs as they were
     (so the list is right: built with the refusal lifted), and given as a scheme option or set on a
     Scheme instance it is refused in one line naming it, rather than accepted and ignored."""
-    from rescale_core import blocks
+    from rescale_core import schemes
     from rescale_core.schemes import CONV_ONLY_OPTIONS
 
     assert set(CONV_ONLY_VALUES) == CONV_ONLY_OPTIONS
@@ -161,7 +161,8 @@ def test_options_only_conv_networks_read_change_no_transformer_and_are_refused(m
                 built(scheme)
             assert refused.value.option in values
     with monkeypatch.context() as lifted:
-        lifted.setattr(blocks, "CONV_ONLY_OPTIONS", frozenset())
+        for option in CONV_ONLY_OPTIONS:
+            lifted.setitem(schemes.FIELD_READERS, option, frozenset({"conv", "transformer"}))
         for name in rescale_core.list_schemes("transformer"):
             plain = built(name)
             for option, values in CONV_ONLY_VALUES.items():
