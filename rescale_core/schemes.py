@@ -149,6 +149,8 @@ CONV_ONLY_OPTIONS = frozenset(k for k, readers in FIELD_READERS.items() if reade
 #: the fields only a Transformer reads (of :data:`FIELD_READERS`): a conv network refuses them set
 #: off its scheme's definition
 TRANSFORMER_ONLY_OPTIONS = frozenset(k for k, readers in FIELD_READERS.items() if readers == _TRANSFORMER)
+#: the fields that say which scheme a :class:`Scheme` is, not how it builds: no option of it
+_IDENTITY = ("name", "families")
 #: what a ``gain_init`` set without a gain is not (no network reads it)
 GAIN_INIT_WITHOUT_GAIN = "an option without a gain (gain: scalar or vector; it changes nothing here: remove it)"
 
@@ -417,16 +419,16 @@ class Scheme:
         base = _SCHEMES.get(self.name) or Scheme(self.name)
         defined = {f.name for f in dataclasses.fields(base)}
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("name", "families")
+                if f.name not in _IDENTITY
                 and getattr(self, f.name) != (getattr(base, f.name) if f.name in defined else _default(f))}
 
     def replace(self, **overrides) -> "Scheme":
         unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(self)})
-        if unknown:
-            fields = [f.name for f in dataclasses.fields(self)]
-            hints = {u: difflib.get_close_matches(u, fields, n=2) for u in unknown}
+        if unknown:  # the options: every field but those saying which scheme this is
+            options = [f.name for f in dataclasses.fields(self) if f.name not in _IDENTITY]
+            hints = {u: difflib.get_close_matches(u, options, n=2) for u in unknown}
             raise ValueError(f"unknown scheme option(s) {hints} for scheme {self.name!r}; "
-                             f"options are {fields}")
+                             f"options are {options}")
         return dataclasses.replace(self, **overrides)
 
 
@@ -456,7 +458,7 @@ def get_scheme(scheme: "str | Scheme", **overrides) -> Scheme:
     it is (a run that renamed its scheme would be filed under another: ``rescale compare`` would
     take a RescaleNet run named ``bn`` for the BN baseline). ``Scheme.replace`` derives a scheme
     of another name to register."""
-    named = sorted(set(overrides) & {"name", "families"})
+    named = sorted(set(overrides) & set(_IDENTITY))
     if named:
         label = scheme.name if isinstance(scheme, Scheme) else scheme
         raise SchemeOptionError(named[0], overrides[named[0]], "an option (it says which scheme this is: select "

@@ -48,6 +48,9 @@ def test_bad_scheme_option_lists_the_options():
     assert "measure_batch" in message and "options are" in message
     for option in ("measure_batches", "conv_dropout", "fixed_beta", "gain", "c"):
         assert repr(option) in message
+    # name and families say which scheme this is: refused as options, so not listed among them
+    listed = message.split("options are ", 1)[1]
+    assert "'name'" not in listed and "'families'" not in listed, message
 
 
 def test_duplicate_registration_refused():
