@@ -161,10 +161,10 @@ class SchemeOptionError(TypeError, ValueError):
 
     def __init__(self, option: str, value: Any, expected: str, scheme: Any):
         self.option, self.value, self.expected, self.scheme = option, value, expected, scheme
-        super().__init__(f"scheme_options.{option}: {_shown(value)} is not {expected} for scheme {scheme}")
+        super().__init__(f"scheme_options.{option}: {shown(value)} is not {expected} for scheme {scheme}")
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     """``value`` as a config writes it: ``"flase"``, ``[1]``, ``true``, ``null``."""
     try:
         return json.dumps(value)
@@ -213,7 +213,7 @@ def _one_of(field: str) -> Optional[str]:
     allowed = _CHOICES.get(field)
     if allowed is None:
         return None
-    return "one of " + ", ".join(_shown(a) for a in allowed if a is not None) + (" or null" if None in allowed else "")
+    return "one of " + ", ".join(shown(a) for a in allowed if a is not None) + (" or null" if None in allowed else "")
 
 
 def _describe(hint: Any) -> str:
@@ -316,7 +316,7 @@ class Scheme:
     scalar_lr_factor: float = 1.0         # lr multiplier of gains and scalar biases
 
     def __post_init__(self) -> None:
-        name = self.name if isinstance(self.name, str) else _shown(self.name)
+        name = self.name if isinstance(self.name, str) else shown(self.name)
         for key, hint in _field_types(type(self)).items():
             value = getattr(self, key)
             try:
@@ -330,7 +330,7 @@ class Scheme:
                 raise SchemeOptionError(key, getattr(self, key), _one_of(key), name)
         if not self.families or not set(self.families) <= set(_FAMILIES):
             raise SchemeOptionError("families", list(self.families), "a list of the families the scheme builds, "
-                                    f"each one of {', '.join(map(_shown, _FAMILIES))}", name)
+                                    f"each one of {', '.join(map(shown, _FAMILIES))}", name)
         for key in ("conv_dropout", "classifier_dropout"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise SchemeOptionError(key, getattr(self, key), "a rate in [0, 1)", name)
@@ -416,7 +416,11 @@ class Scheme:
         registered scheme of this name (for a name not registered, from the field defaults); a
         field of a ``Scheme`` subclass that the registered scheme lacks, where it differs from
         the field's default."""
-        base = _SCHEMES.get(self.name) or Scheme(self.name)
+        return self.unlike(_SCHEMES.get(self.name) or Scheme(self.name))
+
+    def unlike(self, base: "Scheme") -> dict[str, Any]:
+        """The fields (but ``name`` and ``families``) whose value differs from ``base``'s; a field
+        ``base`` lacks (of a ``Scheme`` subclass), where it differs from the field's default."""
         defined = {f.name for f in dataclasses.fields(base)}
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.name not in _IDENTITY

@@ -5,7 +5,9 @@ conv and linear layer; 25.0% top-1 error for VGG-19).
 Attribute names follow torchvision (``features``, ``avgpool``, ``classifier``), so a ``bn`` VGG
 loads torchvision's ``vgg*_bn`` state dicts. VGG has no residual blocks: only the schemes
 ``bn``, ``none`` and ``rescale`` (its mean-shift biases and He init) apply, and of their options
-only ``norm`` (``bn`` or none), ``mean_shift`` and ``measure_batches``; VGG refuses the others.
+only ``norm`` (``bn`` or none), ``mean_shift`` and ``measure_batches``; VGG refuses the others, and
+a scheme of another name whose fields outside these three are not those of one of the three
+(a data-only variant of ``rescale`` with other ``measure_batches`` builds; ``skipinit`` does not).
 Deviation: the classifier width (4096) and stage-1 width (64) are arguments, for small tests.
 
 :class:`VGG` holds the reference definition and one dispatch to its execution plan
@@ -24,7 +26,7 @@ from ..layers import MeanShiftBias
 from ..plans.conditions import eager_while_measuring
 from ..plans.dispatch import Planned, implementation
 from ..registry import register_model
-from ..schemes import Scheme, SchemeOptionError, get_scheme
+from ..schemes import Scheme, SchemeOptionError, get_scheme, list_schemes, shown
 
 __all__ = ["VGG", "vgg"]
 
@@ -34,10 +36,24 @@ VGG_CONFIGS: dict[str, list] = {
     "vgg19": [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M",
               512, 512, 512, 512, "M", 512, 512, 512, 512, "M"],
 }
+#: the schemes VGG was written for: VGG builds a scheme whose every field outside
+#: :data:`VGG_OPTIONS` is as one of their definitions sets it, whatever its name (a data-only variant
+#: of ``rescale`` registered under another name included)
 VGG_SCHEMES = ("bn", "none", "rescale")
 #: the scheme options VGG builds: a BatchNorm after each conv or none, the mean-shift biases and the
 #: batches they average; the others shape residual blocks, which VGG has not
 VGG_OPTIONS = ("norm", "mean_shift", "measure_batches")
+_READS = 'it reads only norm: "bn" or null, mean_shift and measure_batches'
+
+
+def _unbuilt_field(scheme: Scheme) -> "tuple[str, Scheme] | None":
+    """The first field of ``scheme`` that VGG cannot build and the scheme of :data:`VGG_SCHEMES`
+    it is closest to (the fewest fields outside :data:`VGG_OPTIONS` unlike its definition; a field
+    of a ``Scheme`` subclass unlike its default); None where VGG builds it."""
+    unlike = {name: [key for key in scheme.unlike(get_scheme(name)) if key not in VGG_OPTIONS]
+              for name in VGG_SCHEMES}
+    nearest = min(VGG_SCHEMES, key=lambda name: len(unlike[name]))
+    return (unlike[nearest][0], get_scheme(nearest)) if unlike[nearest] else None
 
 
 class VGG(Planned):
@@ -47,12 +63,21 @@ class VGG(Planned):
                  dropout: float = 0.5) -> None:
         super().__init__()
         self.scheme = scheme = get_scheme(scheme, **(scheme_options or {}))
-        if scheme.name not in VGG_SCHEMES:
-            raise ValueError(f"VGG supports the schemes {VGG_SCHEMES}, not {scheme.name!r}")
-        unread = sorted(set(scheme.overrides()) - set(VGG_OPTIONS))
+        if not scheme.supports("conv"):
+            raise ValueError(f"scheme {scheme.name!r} is for Transformers, not VGG")
+        # the options set off a registered scheme's definition (an unregistered one is its fields)
+        unread = sorted(set(scheme.overrides()) - set(VGG_OPTIONS)) if scheme.name in list_schemes() else []
         if unread:
-            raise SchemeOptionError(unread[0], getattr(scheme, unread[0]), "an option VGG builds (it reads only "
-                                    'norm: "bn" or null, mean_shift and measure_batches)', scheme.name)
+            raise SchemeOptionError(unread[0], getattr(scheme, unread[0]), f"an option VGG builds ({_READS})",
+                                    scheme.name)
+        if (unbuilt := _unbuilt_field(scheme)) is not None:
+            field, nearest = unbuilt
+            built = (getattr(nearest, field) if hasattr(nearest, field)  # else a subclass's field: its default
+                     else type(scheme).__dataclass_fields__[field].default)
+            raise ValueError(f"VGG cannot build scheme {scheme.name!r}: its {field} {shown(getattr(scheme, field))} "
+                             f"is not the {shown(built)} of {nearest.name}, the closest of "
+                             f"the schemes VGG builds ({', '.join(VGG_SCHEMES)}; VGG has no residual blocks: {_READS}, "
+                             "and every other field as one of those schemes sets it)")
         if scheme.norm not in (None, "bn"):
             raise SchemeOptionError("norm", scheme.norm, 'a norm VGG builds ("bn" or null)', scheme.name)
         f = base_width / 64

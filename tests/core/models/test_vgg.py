@@ -57,10 +57,36 @@ def test_bn_and_plain_vgg_layers():
     assert _tiny("vgg11").scheme.name == "bn"
 
 
-@pytest.mark.parametrize("scheme", ["skipinit", "fixup", "post_ln"])
-def test_vgg_refuses_residual_schemes(scheme):
-    with pytest.raises(ValueError, match="VGG supports"):
+@pytest.mark.parametrize("scheme,refusal", [
+    ("skipinit", 'its gain "scalar" is not the null of none, the closest'),
+    ("fixup", "its scalar_biases true is not the false of bn, the closest"),
+    ("bn_scaled", "its block_scale 0.7071067811865476 is not the 1.0 of bn, the closest"),
+    ("post_ln", "is for Transformers, not VGG")])
+def test_vgg_refuses_residual_schemes(scheme, refusal):
+    with pytest.raises(ValueError, match=refusal):
         _tiny("vgg11", scheme=scheme)
+
+
+def test_vgg_builds_a_scheme_by_its_fields_not_its_name(monkeypatch):
+    """Before, VGG refused by name a data-only variant of ``rescale`` registered under another
+    name; now it builds one whose fields outside norm, mean_shift and measure_batches are those
+    of bn, none or rescale, and refuses one naming the field it cannot build."""
+    from rescale_core import schemes
+
+    monkeypatch.setattr(schemes, "_SCHEMES", dict(schemes._SCHEMES))  # the registry as it was, after
+    schemes.register_scheme(schemes.get_scheme("rescale").replace(name="rescale_ms2", measure_batches=2))
+    variant = _tiny("vgg11", scheme="rescale_ms2")
+    rescale = _tiny("vgg11_rescale", scheme_options={"measure_batches": 2})
+    assert variant.state_dict().keys() == rescale.state_dict().keys()
+    assert all(torch.equal(v, rescale.state_dict()[k]) for k, v in variant.state_dict().items())
+    assert {m.measure_batches for m in rescale_core.mean_shift_layers(variant)} == {2}
+    unregistered = _tiny("vgg11", scheme=schemes.Scheme("my_rescale", merge="rescale", gain="scalar", mean_shift=True,
+                                                       init="rescale", measure_batches=2))
+    assert all(torch.equal(v, rescale.state_dict()[k]) for k, v in unregistered.state_dict().items())
+    schemes.register_scheme(schemes.get_scheme("rescale").replace(name="rescale_c2", c=2.0))
+    with pytest.raises(ValueError, match="^VGG cannot build scheme 'rescale_c2': its c 2.0 is not the null of "
+                                         "rescale, the closest of the schemes VGG builds"):
+        _tiny("vgg11", scheme="rescale_c2")
 
 
 def test_vgg_has_no_residual_blocks():
