@@ -173,7 +173,7 @@ def _conv_weight(conv: nn.Module) -> torch.Tensor:
 class FrozenBlock(NamedTuple):
     """A residual block as a plain one: ``relu(conv_m(...relu(conv_1(s + pre))...) + alpha
     * skip)``, each ReLU with its floor (None: a plain ReLU), ``skip`` the stream or the
-    shortcut's steps on it. ``preact`` (NF-ResNet): ``conv_m(...relu(conv_1(a))...) + alpha *
+    shortcut's steps on it. ``preact`` (NF-ResNet): ``conv_m(...relu(conv_1(a + pre))...) + alpha *
     skip`` with ``a = relu(s)``, ``skip`` the stream or the shortcut's steps on ``a`` (the
     block's ``input_scale`` is in the first conv's and the shortcut's weights), no ReLU after."""
 
@@ -188,9 +188,10 @@ class FrozenBlock(NamedTuple):
 
 def _carries_input_offset(block: ResidualBlock) -> bool:
     """Whether ``block``'s first offset should ride in the stream: there is one, and the first
-    convolution pads (so it cannot be a bias)."""
+    convolution pads (so it cannot be a bias); never in the pre-activation layout, where it
+    comes after the block's first ReLU (one add there)."""
     shift, conv, _ = block.branch_layers()[0]
-    return isinstance(shift, (MeanShiftBias, ScalarBias)) and pads(conv)
+    return not block.preact and isinstance(shift, (MeanShiftBias, ScalarBias)) and pads(conv)
 
 
 def freeze_block(block: ResidualBlock, carried: bool, floor: torch.Tensor | None, dtype: torch.dtype,
@@ -210,7 +211,7 @@ def freeze_block(block: ResidualBlock, carried: bool, floor: torch.Tensor | None
         weight, bias = _conv_weight(conv), conv.bias
         e = offset_of(shift)
         if i == 0 and e is not None and not carried and pads(conv):
-            pre = _channels(e, dims, in_dtype)
+            pre = _channels(e / scale, dims, in_dtype)  # preact: added before the weight takes input_scale
         elif e is not None and not pads(conv) and not (i == 0 and carried):
             bias = fold_input_offset(conv, bias, e, weight)  # (1), on the weight it convolves with
         if i == 0 and scale != 1.0:
@@ -270,10 +271,11 @@ def _freeze_shortcut(seq: nn.Sequential, pending: torch.Tensor | None, dims: int
 
 def run_frozen_block(block: FrozenBlock, s: torch.Tensor) -> torch.Tensor:
     """A frozen block on the stream ``s``."""
-    h = s if block.pre is None else s + block.pre.to(s.dtype)
     if block.preact:
-        h = torch.relu(h)  # not in place: the stream is the skip
-    a = h
+        a = torch.relu(s)  # not in place: the stream is the skip
+        h = a if block.pre is None else a + block.pre.to(a.dtype)  # the branch's first offset, after the ReLU
+    else:
+        h = a = s if block.pre is None else s + block.pre.to(s.dtype)
     for step, floor in zip(block.convs, block.floors):
         h = _relu(_conv(step, h), floor)
     f = _conv(block.convs[-1], h)
@@ -283,12 +285,9 @@ def run_frozen_block(block: FrozenBlock, s: torch.Tensor) -> torch.Tensor:
 
 
 def _frozen_plain(block: ResidualBlock) -> bool:
-    """Whether the frozen plan computes ``block``: a :func:`plain_block`; in the pre-activation
-    layout one without offsets or Fixup's scalar biases (nothing folds across its first ReLU)."""
-    if not plain_block(block):
-        return False
-    return not block.preact or (block.merge.bias is None and all(
-        isinstance(shift, nn.Identity) and isinstance(post, nn.Identity) for shift, _, post in block.branch_layers()))
+    """Whether the frozen plan computes ``block``: a :func:`plain_block` (in the pre-activation
+    layout too, with Fixup's scalar biases: the first one an add after the block's ReLU)."""
+    return plain_block(block)
 
 
 def _block_applies(block: ResidualBlock, x: torch.Tensor) -> bool:

@@ -295,15 +295,19 @@ FROZEN_NETS = [("resnet50", dict(base_width=8), (2, 3, 32, 32)),
                ("r3d_18", dict(base_width=8), (2, 3, 4, 16, 16))]
 
 
-@pytest.mark.parametrize("scheme", ["nf", "nf_skipinit"])
+@pytest.mark.parametrize("scheme, options", [("nf", {}), ("nf_skipinit", {}), ("nf", {"scalar_biases": True}),
+                                             ("nf_skipinit", {"scalar_biases": True})],
+                         ids=["nf", "nf_skipinit", "nf-scalar_biases", "nf_skipinit-scalar_biases"])
 @pytest.mark.parametrize("arch, kwargs, shape", FROZEN_NETS, ids=[a for a, _, _ in FROZEN_NETS])
-def test_frozen_plan_evaluates_nf_networks(arch, kwargs, shape, scheme):
+def test_frozen_plan_evaluates_nf_networks(arch, kwargs, shape, scheme, options):
     """The frozen plan (each conv's standardized weight computed once, the pre-activation layout
     as a plain conv/ReLU network) equals the reference in float64 on a bottleneck ResNet, a CIFAR
     ResNet and a 3D ResNet: logits, features, every stage's output (a detection backbone's) and a
-    block called on its own; a weight or gain changed after a forward is seen by the next."""
+    block called on its own; a weight or gain changed after a forward is seen by the next. With
+    Fixup's scalar biases too (before, the frozen plan declined them and evaluation ran the
+    reference): the first one, after the block's ReLU and before its padded first conv, an add."""
     torch.manual_seed(0)
-    model = rescale_core.create_model(arch, scheme=scheme, num_classes=5, **kwargs)
+    model = rescale_core.create_model(arch, scheme=scheme, scheme_options=options, num_classes=5, **kwargs)
     randomise_(model)
     model = model.to(F64).eval()
     x = torch.randn(shape, dtype=F64)
