@@ -11,6 +11,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -52,6 +53,20 @@ TRANSLATION_SIZES = {
 }
 
 
+def _positive(kind: type) -> Callable[[str], int | float]:
+    """An argparse type: a ``kind`` number above 0 (0 and below are refused, not read as the default)."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, not {text} (leave the option out for its default)")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
@@ -65,9 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "interleaved repeats, in one run.")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cuda when available, else cpu")
-    p.add_argument("--batch", type=int, default=None, help="ResNet-50 batch (default: cpu 16, cuda 128)")
-    p.add_argument("--image-size", type=int, default=None, help="ResNet-50 image size (default 224)")
-    p.add_argument("--repeats", type=int, default=None,
+    p.add_argument("--batch", type=_positive(int), default=None, help="ResNet-50 batch (default: cpu 16, cuda 128)")
+    p.add_argument("--image-size", type=_positive(int), default=None, help="ResNet-50 image size (default 224)")
+    p.add_argument("--repeats", type=_positive(int), default=None,
                    help="paired repeats of every section (default: per section, see the header)")
     p.add_argument("--warmup", type=int, default=10,
                    help="warm-up train steps per contender; never fewer than measure_batches + 2 (10)")
@@ -84,9 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "check graph capture without generating code)")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                    help="cuda autocast dtype (default bf16); cpu always runs float32")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=_positive(int), default=None,
                    help="torch.set_num_threads (default: torch's own; 1 with --quick)")
-    p.add_argument("--min-run-time", type=float, default=None,
+    p.add_argument("--min-run-time", type=_positive(float), default=None,
                    help="seconds per measurement block of fast statements (default 0.2, quick 0.05)")
     p.add_argument("--resnet3d-arch", default="resnet3d_50", help="3D ResNet of the resnet3d section")
     p.add_argument("--transformer-arch", default="transformer_small",
@@ -96,10 +111,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--translation-root", metavar="DIR",
                    help="folder of the translation section's corpus and caches (default: under the "
                         "temp directory, kept between runs)")
-    p.add_argument("--detection-batch", type=int, default=None,
+    p.add_argument("--detection-batch", type=_positive(int), default=None,
                    help="images per Mask R-CNN step in the detection section (default: cpu 2 at 320 px, "
                         "cuda 4 at 800 px, quick 1)")
-    p.add_argument("--video-workers", type=int, default=None,
+    p.add_argument("--video-workers", type=_positive(int), default=None,
                    help="the N of the video_loader section's 'N workers' DataLoader (default: cpu 2, cuda "
                         "the usable cores up to 8)")
     p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
@@ -157,7 +172,7 @@ def build_settings(args: argparse.Namespace) -> Settings:
     if args.quick:
         repeats = dict.fromkeys(repeats, 2)
     if args.repeats is not None:
-        repeats = dict.fromkeys(repeats, max(1, args.repeats))
+        repeats = dict.fromkeys(repeats, args.repeats)
     dtype = args.dtype or ("bf16" if gpu else "fp32")
     amp = torch.bfloat16 if (gpu and dtype == "bf16") else None
     q = args.quick

@@ -412,3 +412,19 @@ def test_a_results_block_whose_end_marker_was_lost_is_refused_not_run_over(tmp_p
     assert path.read_text() == text
     report.write_results(path, f"{gpu_begin}\nnew GPU figures\n{gpu_end}\n", "cuda-bf16")  # a sound pair
     assert "new GPU figures" in path.read_text() and "old cpu figures" in path.read_text()
+
+
+@pytest.mark.parametrize("option", ["--batch", "--image-size", "--repeats", "--threads", "--min-run-time",
+                                    "--detection-batch", "--video-workers"])
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_a_size_of_zero_or_below_is_refused_not_read_as_the_default(capsys, option, value):
+    """``--batch 0`` (or an image size, threads, repeats... of 0) used to run silently with the
+    default (``--repeats 0``: with 1): one error line naming the option instead."""
+    from benchmarks.__main__ import parse_args
+
+    with pytest.raises(SystemExit) as exit_:
+        parse_args([option, value])
+    assert exit_.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"python -m benchmarks: error: argument {option}: must be above 0, not {value}")
+    assert getattr(parse_args([option, "3"]), option[2:].replace("-", "_")) == 3
