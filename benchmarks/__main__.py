@@ -222,7 +222,11 @@ def measured_sections(results: list[SectionResult], settings: Settings) -> set[s
     return {r.name for r in results if r.name != "plans" or settings.compile}
 
 
-def main(argv: list[str] | None = None) -> int:
+def checked_run(argv: list[str] | None = None) -> tuple[argparse.Namespace, Settings, str]:
+    """The run's options, settings and results section tag, or one error line (``SystemExit``)
+    before anything is measured: a bad option, a ``--markdown`` file that cannot be written or
+    whose section's markers are broken (``make bench-gpu`` checks its run with it before the
+    device tests)."""
     args = parse_args(argv)
     keep_freed_memory(dict(os.environ, **({MALLOC_ENV: "system"} if args.host_malloc == "system" else {})))
     settings = build_settings(args)
@@ -230,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     problem = report.markers_problem(args.markdown, tag) if args.markdown else None
     if problem:  # found now, before the run, rather than when its figures are written
         raise SystemExit(f"python -m benchmarks: error: --markdown {args.markdown}: {problem}")
+    return args, settings, tag
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, settings, tag = checked_run(argv)
     env = report.environment(settings, sys.argv[1:] if argv is None else argv)
     print(report.header_text(env), flush=True)
     results: list[SectionResult] = []

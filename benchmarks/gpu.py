@@ -5,7 +5,8 @@ registry: it runs with the Python it is started with (no virtual environment), i
 checkout's ``rescale_core``, ``benchmarks`` and ``tasks/`` (as ``rescale_tasks``, where the project
 is not installed), and needs the project's other dependencies on that machine: a package missing
 there is named in one line before anything runs (``make gpu-wheels`` downloads them, on a machine
-with a registry, for one without; docs/speed.md, "On a GPU machine"). In order:
+with a registry, for one without; docs/speed.md, "On a GPU machine"), and so is a ``--markdown``
+file that step 2 could not write (no such folder, its section's markers broken). In order:
 
 1. the tests that depend on the device or on torch's version (``pytest -m "cuda or
    compile_check"``, over :data:`CUDA_TESTS`; in parallel where pytest-xdist is installed): the
@@ -194,14 +195,17 @@ def main(argv: list[str] | None = None) -> int:
         # the harness imports rescale_tasks too; from here on this process finds it, so the tests'
         # process is given this environment rather than one made again (which would leave it out)
         env = _importable_tasks(tmp)
+        # the harness's command line imports every section's module: only once a GPU is known to be there
+        from . import __main__ as bench
+
+        # its options and its --markdown file (writable, its section's markers whole): one error
+        # line now, not after the device tests
+        bench.checked_run(bench_arguments(args.device, args.quick, args.markdown or None, args.budget))
         tests_status, tests = 0, "not run"
         if not args.no_tests and args.device == "cuda":
             tests_status, line = run_device_tests(workers=_parallel_workers(), env=env)
             tests = "FAILED" if tests_status else "passed"
             print(f"device tests ({time.perf_counter() - start:.0f} s): {line}", flush=True)
-        # the harness's command line imports every section's module: only once a GPU is known to be there
-        from . import __main__ as bench
-
         left = args.budget - (time.perf_counter() - start)
         status = bench.main(bench_arguments(args.device, args.quick, args.markdown or None, left))
     print(f"make bench-gpu: {time.perf_counter() - start:.0f} s in all; device tests {tests}; benchmarks "

@@ -8,6 +8,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.gpu import CUDA_TESTS, REPO, run_device_tests
 
 RUNS = "import pytest\n\n@pytest.mark.cuda\ndef test_on_gpu():\n    assert 1 + 1 == 2\n"
@@ -125,3 +127,29 @@ def test_a_check_of_the_command_writes_its_own_results_section():
     assert tag("cpu", True) == "check" and tag("cpu", False) == "check"
     assert tag("cuda", True) == "cuda-bf16-check"
     assert tag("cuda", False) == "cuda-bf16"
+
+
+@pytest.mark.parametrize("problem", ["no folder", "a lost end marker"])
+def test_a_results_file_it_cannot_write_is_refused_before_the_device_tests(tmp_path, monkeypatch, capsys, problem):
+    """``make bench-gpu`` with a ``--markdown`` path in no folder, or a file whose GPU section lost
+    its end marker, is one error line before the device tests (minutes of a lease), not after
+    them. (No GPU here: torch is told it has one, which the refusal comes before needing.)"""
+    import torch
+
+    from benchmarks import gpu, report
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    path = tmp_path / "nowhere" / "RESULTS.md"
+    if problem == "a lost end marker":
+        path = tmp_path / "RESULTS.md"
+        path.write_text(f"# R\n\n{report.markers('cuda-bf16')[0]}\nold GPU figures\n")
+    text = path.read_text() if path.exists() else None
+    with pytest.raises(SystemExit) as exit_:
+        gpu.main(["--markdown", str(path)])
+    out = capsys.readouterr()
+    message = str(exit_.value) if exit_.value.code not in (0, 1, 2) else out.err.strip().splitlines()[-1]
+    assert message.startswith(f"python -m benchmarks: error: --markdown {path}: "), message
+    assert "device tests" not in out.out
+    assert (path.read_text() if path.exists() else None) == text
