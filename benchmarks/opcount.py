@@ -210,11 +210,12 @@ class StepCount:
 
 def count_step(model: nn.Module, inputs: tuple, targets: torch.Tensor, loss: Callable,
                optimizer: torch.optim.Optimizer, autocast: bool = True, train: bool = True,
-               inference_mode: bool = True) -> StepCount:
+               inference_mode: bool = True, counter_type: type[OpCounter] | None = None) -> StepCount:
     """The ops of one train step (zero_grad, forward, loss, backward, optimizer step), or of one
     eval forward (``train=False``, under ``torch.inference_mode``, or ``torch.no_grad`` with
-    ``inference_mode=False``)."""
-    counter = OpCounter()
+    ``inference_mode=False``); ``counter_type``: :class:`WriteCounter` counts the in-place ops
+    that return nothing too (SGD's three foreach updates), which the train tables leave out."""
+    counter = (counter_type or OpCounter)()
     with counter:
         if train:
             optimizer.zero_grad(set_to_none=True)
@@ -442,6 +443,13 @@ def agc_table(agc: list[AgcCount], counts: list[ContenderCount]) -> tuple[list[s
     return columns, rows
 
 
+#: what the train tables count (and leave out)
+TRAIN_LAUNCHES_NOTE = (
+    "launches: aten ops that are not views or bare allocations and return a tensor, so not SGD's three in-place "
+    "foreach updates (momentum and weights: 3 more launches per step for every contender); an eager H100 step "
+    "costs about max(kernel time, launches x 9 us); dispatches: every aten call, views included")
+
+
 def section_ops(settings: Settings) -> SectionResult:
     """``make bench``'s op-count section (device independent: counted on the CPU)."""
     counts = op_counts()
@@ -450,8 +458,7 @@ def section_ops(settings: Settings) -> SectionResult:
     result.tables.append(Table(
         "Ops launched per eager train step (CPU count of what a GPU step launches; bf16 autocast, "
         "channels_last, batch 2, foreach SGD)", columns, rows,
-        notes=["launches: aten ops that are not views or bare allocations and return a tensor; an eager H100 "
-               "step costs about max(kernel time, launches x 9 us); dispatches: every aten call, views included",
+        notes=[TRAIN_LAUNCHES_NOTE,
                "x floor / x baseline: against the family's network without normalization (scheme none; "
                "the Transformer without LayerNorm or gains) and its BN / post-LN baseline",
                "plans (rescale_core.plans): folded is the CPU default (auto), lean the accelerator default"]))

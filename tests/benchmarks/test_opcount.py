@@ -223,3 +223,26 @@ def test_frozen_eval_launches_no_weight_cast(evals):
     assert (rescale50.kernels, rescale50.casts) == (125, 1)
     # BN casts its input, its 53 convolutions' weights and its classifier's weight and bias
     assert bn50.casts == 1 + 53 + 2 and bn50.by_kernel["aten.convolution.default"] == 53
+
+
+def test_the_train_counts_leave_out_sgds_three_in_place_updates_and_say_so():
+    """The train launches count the ops that return a tensor: SGD's in-place foreach updates
+    (momentum buffers and weights), which return nothing, are left out, three per step for every
+    contender; the table's note and docs/speed.md say so, rather than letting "foreach SGD" read
+    as counted in full."""
+    from pathlib import Path
+
+    family = FAMILIES["ResNet-18"]
+    for scheme in ("none", "rescale"):
+        model, inputs, targets = opcount._built(family, scheme, None, "lean")
+        model.train()
+        opt = opcount._sgd(model)
+        opcount.count_step(model, inputs, targets, family.loss, opt)  # creates the momentum buffers
+        counted = opcount.count_step(model, inputs, targets, family.loss, opt)
+        every = opcount.count_step(model, inputs, targets, family.loss, opt, counter_type=opcount.WriteCounter)
+        left_out = every.by_op - counted.by_op
+        assert every.launches - counted.launches == 3 == sum(left_out.values()), (scheme, left_out)
+        assert set(left_out) == {"aten._foreach_mul_.Scalar", "aten._foreach_add_.List"}, left_out
+    assert "not SGD's three in-place foreach updates" in opcount.TRAIN_LAUNCHES_NOTE
+    speed = " ".join((Path(__file__).resolve().parents[2] / "docs" / "speed.md").read_text().split())
+    assert "its three in-place foreach updates, which return nothing" in speed
