@@ -246,3 +246,21 @@ def test_the_train_counts_leave_out_sgds_three_in_place_updates_and_say_so():
     assert "not SGD's three in-place foreach updates" in opcount.TRAIN_LAUNCHES_NOTE
     speed = " ".join((Path(__file__).resolve().parents[2] / "docs" / "speed.md").read_text().split())
     assert "its three in-place foreach updates, which return nothing" in speed
+
+
+def test_the_speed_docs_compare_the_eval_launches_that_were_counted(evals):
+    """docs/speed.md's sentence on rescale50's eval launches names the counts it compares, as
+    ``opcount --eval`` counts them (frozen plan on and off, against the floor's on and off),
+    not a "2.5x" that no count gives."""
+    from pathlib import Path
+
+    rescale, floor = evals[("ResNet-50", "rescale")], evals[("ResNet-50", "floor")]
+    on, off = rescale.frozen_no_grad.kernels, rescale.before_no_grad.kernels
+    floor_on, floor_off = floor.frozen_no_grad.kernels, floor.before_no_grad.kernels
+    speed = " ".join((Path(__file__).resolve().parents[2] / "docs" / "speed.md").read_text().split())
+    assert (f"rescale50's eval forward launches {on} on the frozen plan, {on / floor_on:.3f}x the floor's "
+            f"{floor_on}, and {off} with it off, {off / floor_on:.2f}x the floor's {floor_on} and "
+            f"{off / floor_off:.2f}x the floor's own {floor_off} with it off") in speed
+    # the RESULTS.md ops block's older figure: the folded plan evaluating, without autocast's casts
+    old, old_floor = off - rescale.before_no_grad.casts, floor_off - floor.before_no_grad.casts
+    assert f"its {old} eval launches for rescale50, {old / old_floor:.2f}x the floor's {old_floor}," in speed
