@@ -11,7 +11,6 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -21,7 +20,7 @@ from rescale_tasks.common.system import ENV as MALLOC_ENV, keep_freed_memory, us
 
 from . import report
 from .sections import SECTIONS, run_section
-from .toolkit import SectionResult, Settings
+from .toolkit import SectionResult, Settings, positive
 from .video_loader import VIDEO_LOADER_SIZES
 
 try:
@@ -53,20 +52,6 @@ TRANSLATION_SIZES = {
 }
 
 
-def _positive(kind: type) -> Callable[[str], int | float]:
-    """An argparse type: a ``kind`` number above 0 (0 and below are refused, not read as the default)."""
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be above 0, not {text} (leave the option out for its default)")
-        return value
-    parse.__name__ = f"positive {kind.__name__}"
-    return parse
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
@@ -80,9 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "interleaved repeats, in one run.")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cuda when available, else cpu")
-    p.add_argument("--batch", type=_positive(int), default=None, help="ResNet-50 batch (default: cpu 16, cuda 128)")
-    p.add_argument("--image-size", type=_positive(int), default=None, help="ResNet-50 image size (default 224)")
-    p.add_argument("--repeats", type=_positive(int), default=None,
+    p.add_argument("--batch", type=positive(int), default=None, help="ResNet-50 batch (default: cpu 16, cuda 128)")
+    p.add_argument("--image-size", type=positive(int), default=None, help="ResNet-50 image size (default 224)")
+    p.add_argument("--repeats", type=positive(int), default=None,
                    help="paired repeats of every section (default: per section, see the header)")
     p.add_argument("--warmup", type=int, default=10,
                    help="warm-up train steps per contender; never fewer than measure_batches + 2 (10)")
@@ -99,9 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "check graph capture without generating code)")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                    help="cuda autocast dtype (default bf16); cpu always runs float32")
-    p.add_argument("--threads", type=_positive(int), default=None,
+    p.add_argument("--threads", type=positive(int), default=None,
                    help="torch.set_num_threads (default: torch's own; 1 with --quick)")
-    p.add_argument("--min-run-time", type=_positive(float), default=None,
+    p.add_argument("--min-run-time", type=positive(float), default=None,
                    help="seconds per measurement block of fast statements (default 0.2, quick 0.05)")
     p.add_argument("--resnet3d-arch", default="resnet3d_50", help="3D ResNet of the resnet3d section")
     p.add_argument("--transformer-arch", default="transformer_small",
@@ -111,10 +96,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--translation-root", metavar="DIR",
                    help="folder of the translation section's corpus and caches (default: under the "
                         "temp directory, kept between runs)")
-    p.add_argument("--detection-batch", type=_positive(int), default=None,
+    p.add_argument("--detection-batch", type=positive(int), default=None,
                    help="images per Mask R-CNN step in the detection section (default: cpu 2 at 320 px, "
                         "cuda 4 at 800 px, quick 1)")
-    p.add_argument("--video-workers", type=_positive(int), default=None,
+    p.add_argument("--video-workers", type=positive(int), default=None,
                    help="the N of the video_loader section's 'N workers' DataLoader (default: cpu 2, cuda "
                         "the usable cores up to 8)")
     p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",

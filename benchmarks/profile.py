@@ -26,6 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from .models import resnet3d_suite, resnet50_suite, transformer_suite
 from .steps import RunConfig, prepare, warm_up
+from .toolkit import positive
 
 __all__ = ["CATEGORIES", "categorize", "kernel_table", "main"]
 
@@ -90,13 +91,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="autocast dtype (default: bf16 on cuda, fp32 on cpu; bf16 on cpu counts the casts)")
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--compile", action="store_true")
-    p.add_argument("--batch", type=int, default=None, help="ResNet-50 batch (cpu 16, cuda 128)")
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--batch-3d", type=int, default=16)
-    p.add_argument("--frames", type=int, default=16)
-    p.add_argument("--image-size-3d", type=int, default=112)
-    p.add_argument("--batch-transformer", type=int, default=64)
-    p.add_argument("--steps", type=int, default=5, help="profiled train steps")
+    p.add_argument("--batch", type=positive(int), default=None, help="ResNet-50 batch (cpu 16, cuda 128)")
+    p.add_argument("--image-size", type=positive(int), default=224)
+    p.add_argument("--batch-3d", type=positive(int), default=16)
+    p.add_argument("--frames", type=positive(int), default=16)
+    p.add_argument("--image-size-3d", type=positive(int), default=112)
+    p.add_argument("--batch-transformer", type=positive(int), default=64)
+    p.add_argument("--steps", type=positive(int), default=5, help="profiled train steps")
     p.add_argument("--warmup", type=int, default=12)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--trace-dir", default=None, help="also write a Chrome trace per contender here")

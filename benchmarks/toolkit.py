@@ -9,6 +9,7 @@ printing and ``metrics`` (medians of paired ratios, and memory ratios) under sta
 """
 from __future__ import annotations
 
+import argparse
 import gc
 import sys
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from .steps import Prepared, RunConfig, prepare, warm_up
 from .timing import PairedTimes, Summary, paired_repeats, timer_measure
 
 __all__ = ["MiB", "Table", "SectionResult", "Settings", "ratio_text", "ms_text", "release",
-           "prepare_all", "time_paired", "merge"]
+           "prepare_all", "time_paired", "merge", "positive"]
 
 MiB = 2 ** 20
 
@@ -139,3 +140,17 @@ def merge(name: str, parts: list[SectionResult]) -> SectionResult:
         out.tables += part.tables
         out.metrics.update(part.metrics)
     return out
+
+
+def positive(kind: type) -> Callable[[str], int | float]:
+    """An argparse type: a ``kind`` number above 0 (0 and below are refused, not read as the default)."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, not {text} (leave the option out for its default)")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse

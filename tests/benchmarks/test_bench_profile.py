@@ -1,6 +1,8 @@
 """``python -m benchmarks.profile``: kernel categories and a CPU run of the kernel tables."""
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import profile
 
 
@@ -36,3 +38,17 @@ def test_an_unknown_contender_is_one_error_line_before_any_is_profiled(capsys):
     line = err.strip().splitlines()[-1]
     assert line.startswith("python -m benchmarks.profile: error: --contenders: no 'rescale' in the resnet50 suite")
     assert "'rescale50'" in line
+
+
+@pytest.mark.parametrize("option", ["--steps", "--batch", "--image-size", "--batch-3d", "--frames", "--image-size-3d",
+                                    "--batch-transformer"])
+def test_a_size_of_zero_is_refused_before_anything_is_built(capsys, option):
+    """``--steps 0`` used to build and warm up a contender, then end in a ZeroDivisionError
+    traceback; ``--batch 0`` ran the default batch: one error line naming the option instead."""
+    from benchmarks.profile import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([option, "0", "--contenders", "no such contender"])  # (refused after the parse: the size first)
+    assert exit_.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"python -m benchmarks.profile: error: argument {option}: must be above 0, not 0")
