@@ -7,7 +7,6 @@ a plain folder of the repository root, importable because ``python -m pytest`` r
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -324,22 +323,29 @@ def test_the_agc_step_clips_the_model_it_is_given_even_one_built_where_a_dead_on
     assert reused, "no model was built where a dead one was: the test is void"
 
 
-def test_a_run_stopped_midway_keeps_the_sections_it_finished(tmp_path):
+def test_a_run_stopped_midway_keeps_the_sections_it_finished(tmp_path, monkeypatch):
     """The results section is written after every section: a run killed in its second section (a
-    GPU lease that ends) leaves the first one's tables in the file, the rest marked not run."""
+    GPU lease that ends) leaves the first one's tables in the file, the rest marked not run. The
+    kill is a ``BaseException`` raised where the second section starts (where the progress line
+    ``[ops] starting`` is written): nothing of the run after it is written, as after a kill."""
+    from benchmarks import __main__ as bench
+
+    class Killed(BaseException):
+        """The process ended where it stood (past ``main``'s ``except Exception``)."""
+
+    run_section = bench.run_section
+
+    def killed_at_ops(name, settings):
+        if name == "ops":
+            raise Killed
+        return run_section(name, settings)
+
+    monkeypatch.setattr(bench, "run_section", killed_at_ops)
     out = tmp_path / "RESULTS.md"
     out.write_text("# Results\n\nhand-written notes\n")
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = forked.popen([sys.executable, "-m", "benchmarks", "--quick", "--only", "data", "ops",
-                         "--markdown", str(out)], cwd=REPO, env=env, text=True,
-                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        for line in proc.stderr:  # the progress lines: kill it once the second section started
-            if "[ops] starting" in line:
-                break
-    finally:
-        proc.kill()
-        proc.wait()
+    with pytest.raises(Killed):
+        bench.main(["--quick", "--threads", str(torch.get_num_threads()),  # (--quick alone: 1)
+                    "--only", "data", "ops", "--markdown", str(out)])
     text = out.read_text()
     assert "hand-written notes" in text and text.count(report.BEGIN) == 1 and report.END in text
     assert "| workers=0 |" in text
