@@ -180,11 +180,15 @@ def test_a_file_beyond_the_tolerance_fails_in_one_line_and_replaces_no_earlier_f
 def test_an_onnx_file_with_external_data_is_kept_with_it_rejected_or_moved_in(trained, error_line, monkeypatch):
     """An ONNX network over the exporter's size limit keeps its weights beside it, ``<file>.data``, which
     the file names: a rejected file was renamed alone, its data deleted with the staging folder (a
-    file no runtime could load). Weights saved as external data from 0 bytes on, as above 2 GB."""
+    file no runtime could load). Weights saved as external data from 0 bytes on, as above 2 GB. Then a
+    network holding its weights (a small one) to the same --out: the earlier ``vgg.onnx.data`` was left
+    beside it (gigabytes of stale weights a deployment copying ``vgg.onnx*`` took along). It goes in the
+    same move as the files, a rejected file's too; a failed export leaves the earlier pair as it was."""
     import onnxruntime
 
     from rescale_tasks.common.export import formats
 
+    big = formats.ONNX_EXTERNAL_DATA_BYTES
     monkeypatch.setattr(formats, "ONNX_EXTERNAL_DATA_BYTES", 0)
     config, ckpt = trained("vgg11")
     args = ["export", "--config", config, "--ckpt_path", str(ckpt), "--format", "onnx", "--out", "vgg.onnx"]
@@ -202,22 +206,7 @@ def test_an_onnx_file_with_external_data_is_kept_with_it_rejected_or_moved_in(tr
         [runs[name]] = session.run(None, {session.get_inputs()[0].name: x})
     assert (runs["vgg.rejected.onnx"] == runs["vgg.onnx"]).all()
 
-
-def test_an_export_without_external_data_takes_away_the_earlier_ones(trained, error_line, monkeypatch):
-    """A big network exported, then a small one to the same --out: the new ``vgg.onnx`` holds its
-    weights, and the earlier ``vgg.onnx.data`` was left beside it (gigabytes of stale weights a
-    deployment copying ``vgg.onnx*`` took along). It goes in the same move as the files, a rejected
-    file's too; a failed export leaves the earlier pair as it was."""
-    import onnxruntime
-
-    from rescale_tasks.common.export import formats
-
-    config, ckpt = trained("vgg11")
-    args = ["export", "--config", config, "--ckpt_path", str(ckpt), "--format", "onnx", "--out", "vgg.onnx"]
-    big = formats.ONNX_EXTERNAL_DATA_BYTES
-    monkeypatch.setattr(formats, "ONNX_EXTERNAL_DATA_BYTES", 0)  # weights beside the file from 0 bytes on
-    assert main(args) == 0 and main([*args, "--tolerance", "0"]) == 1
-    monkeypatch.setattr(formats, "ONNX_EXTERNAL_DATA_BYTES", big)
+    monkeypatch.setattr(formats, "ONNX_EXTERNAL_DATA_BYTES", big)  # the weights in the file from here on
     assert main([*args, "--tolerance", "0"]) == 1  # rejected: the earlier pair kept as it was
     assert sorted(p.name for p in Path().iterdir()) == ["vgg.json", "vgg.onnx", "vgg.onnx.data", "vgg.rejected.onnx"]
     assert main(args) == 0
