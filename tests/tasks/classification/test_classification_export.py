@@ -86,12 +86,15 @@ def test_the_torchscript_line_says_the_batch_sizes_the_traced_file_was_checked_a
         torch.testing.assert_close(loaded(x)[:1], loaded(x[:1]))
 
 
-def test_a_batch_of_one_still_exports_a_program_for_any_batch(trained, export_files):
+def test_a_batch_of_one_still_exports_a_program_for_any_batch(trained, export_files, caplog):
     """``--data.batch_size 1``: torch.export fixes a size it samples at 1, so the sample is taken twice
-    for the capture; the files take any batch, and give a sample what they give it alone."""
+    for the capture; the files take any batch, and give a sample what they give it alone. Then (a later
+    checkpoint, say) an export as ExportedProgram alone to the same --out: the earlier ``last.onnx``
+    stayed beside the new sidecar, and a runtime loading it served the earlier network without a word.
+    The earlier files go with the move."""
     config, ckpt = trained("cifar_resnet")
-    written, printed = export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "exported-program",
-                                     "onnx", "--data.init_args.batch_size", "1", "--out", "one/"])
+    args = ["--config", config, "--ckpt_path", str(ckpt), "--data.init_args.batch_size", "1", "--out", "one/"]
+    written, printed = export_files([*args, "--format", "exported-program", "onnx"])
     assert "sizes that may vary: x[0] 1+" in printed, printed
     x = torch.randn(3, 1, 8, 8)
     program = torch.export.load("one/last.pt2").module()
@@ -101,6 +104,15 @@ def test_a_batch_of_one_still_exports_a_program_for_any_batch(trained, export_fi
     session = onnxruntime.InferenceSession("one/last.onnx", providers=["CPUExecutionProvider"])
     [logits] = session.run(None, {session.get_inputs()[0].name: x.numpy()})
     torch.testing.assert_close(torch.from_numpy(logits), program(x), atol=1e-5, rtol=1e-4)
+
+    assert sorted(p.name for p in Path("one").iterdir()) == ["last.json", "last.onnx", "last.pt2"]
+    caplog.set_level(logging.INFO, logger="rescale_tasks.common.export.command")
+    assert main(["export", *args, "--format", "exported-program"]) == 0
+    assert sorted(p.name for p in Path("one").iterdir()) == ["last.json", "last.pt2"]
+    assert any("took away the earlier export's " in r.getMessage() and r.getMessage().split(":")[0].endswith("one/last.onnx")
+               for r in caplog.records)
+    assert json.loads(Path("one/last.json").read_text())["programs"]["network"]["files"] == {
+        "exported-program": "last.pt2"}
 
 
 def test_a_channels_last_run_exports_weights_that_load_without_a_warning(tmp_path, run_config, fit_checkpoint,
@@ -213,23 +225,6 @@ def test_an_onnx_file_with_external_data_is_kept_with_it_rejected_or_moved_in(tr
     assert sorted(p.name for p in Path().iterdir()) == ["vgg.json", "vgg.onnx", "vgg.rejected.onnx"]
     assert "data_files" not in json.loads(Path("vgg.json").read_text())["programs"]["network"]
     onnxruntime.InferenceSession("vgg.onnx", providers=["CPUExecutionProvider"])
-
-
-def test_an_export_at_the_same_out_leaves_no_file_of_the_earlier_one(trained, caplog):
-    """A checkpoint exported as ONNX and ExportedProgram, then (a later checkpoint, say) as ExportedProgram
-    alone to the same --out: the earlier ``net.onnx`` stayed beside the new sidecar, and a runtime
-    loading ``net.onnx`` served the earlier network without a word. The earlier files go with the move."""
-    config, ckpt = trained("cifar_resnet")
-    args = ["export", "--config", config, "--ckpt_path", str(ckpt), "--out", "deploy/net"]
-    assert main([*args, "--format", "onnx", "exported-program"]) == 0
-    assert sorted(p.name for p in Path("deploy").iterdir()) == ["net.json", "net.onnx", "net.pt2"]
-    caplog.set_level(logging.INFO, logger="rescale_tasks.common.export.command")
-    assert main([*args, "--format", "exported-program"]) == 0
-    assert sorted(p.name for p in Path("deploy").iterdir()) == ["net.json", "net.pt2"]
-    assert any("took away the earlier export's " in r.getMessage() and r.getMessage().split(":")[0].endswith("deploy/net.onnx")
-               for r in caplog.records)
-    assert json.loads(Path("deploy/net.json").read_text())["programs"]["network"]["files"] == {
-        "exported-program": "net.pt2"}
 
 
 # --- one line for bad input ----------------------------------------------------------------------
