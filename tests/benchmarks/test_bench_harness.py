@@ -345,7 +345,7 @@ def test_a_run_stopped_midway_keeps_the_sections_it_finished(tmp_path, monkeypat
     out.write_text("# Results\n\nhand-written notes\n")
     with pytest.raises(Killed):
         bench.main(["--quick", "--threads", str(torch.get_num_threads()),  # (--quick alone: 1)
-                    "--only", "data", "ops", "--markdown", str(out)])
+                    "--repeats", "1", "--min-run-time", "0.01", "--only", "data", "ops", "--markdown", str(out)])
     text = out.read_text()
     assert "hand-written notes" in text and text.count(report.BEGIN) == 1 and report.END in text
     assert "| workers=0 |" in text
