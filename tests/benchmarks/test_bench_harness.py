@@ -202,7 +202,7 @@ def test_command_line_quick_run(tmp_path):
     out = tmp_path / "RESULTS.md"
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     proc = forked.run([sys.executable, "-m", "benchmarks", "--quick", "--only", "data",  # (tests/forked.py)
-                       "--markdown", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+                       "--repeats", "1", "--min-run-time", "0.01", "--markdown", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "DataLoader throughput" in proc.stdout and "versions" in proc.stdout
     text = out.read_text()
