@@ -376,13 +376,13 @@ print(json.dumps(out))
 
 
 def test_a_runtime_decoding_image_files_as_the_sidecar_says_gets_rescale_predicts_probabilities(
-        tmp_path, run_config, fit_checkpoint, data_writers, export_files):
+        tmp_path, run_config, fit_checkpoint, data_writers, export_files, monkeypatch, capsys):
     """A phone photo (stored sideways with an EXIF orientation) and a transparent PNG: the sidecar of an
     image-folder export says how a file is decoded (``preprocessing.decode``: the orientation applied,
     transparency over white), and a runtime doing so gets the probabilities ``rescale predict`` writes.
     The sidecar said nothing of it before: a runtime feeding the stored pixels got other ones."""
     import csv
-    import subprocess
+    import runpy
 
     import numpy as np
     from PIL import Image
@@ -410,8 +410,12 @@ def test_a_runtime_decoding_image_files_as_the_sidecar_says_gets_rescale_predict
                      for row in csv.DictReader(f)}
     script = tmp_path / "classify_files.py"
     script.write_text(CLASSIFY_FILES)
-    done = subprocess.run([sys.executable, str(script), "deploy", "last.json", str(phone), str(clear)],
-                          capture_output=True, text=True, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    for path, probs in json.loads(done.stdout).items():
+    # run here rather than in an interpreter of its own: the script imports numpy, onnxruntime and
+    # PIL alone, and reads nothing but the folder, its sidecar and the image files
+    monkeypatch.setattr(sys, "argv", [str(script), "deploy", "last.json", str(phone), str(clear)])
+    capsys.readouterr()
+    runpy.run_path(str(script), run_name="__main__")
+    runtime = json.loads(capsys.readouterr().out)
+    assert sorted(runtime) == sorted([str(phone), str(clear)])
+    for path, probs in runtime.items():
         assert probs == pytest.approx(predicted[path], abs=1e-4), path
