@@ -99,8 +99,6 @@ def match_labels(trained: Labels, data: Labels) -> tuple[Optional[list[int]], Op
         return None, None
     # a name is the same name in composed or decomposed accents (macOS writes file names decomposed)
     trained_names, data_names = _nfc(trained.names), _nfc(data.names)
-    spelled = [n for n, c in zip(data.names, data_names) if n != c] + [
-        n for n, c in zip(trained.names, trained_names) if n != c]
     index = {name: i for i, name in enumerate(trained_names)}
     missing = [n for n, c in zip(trained.names, trained_names) if c not in set(data_names)]
     extra = [n for n, c in zip(data.names, data_names) if c not in index]
@@ -113,6 +111,7 @@ def match_labels(trained: Labels, data: Labels) -> tuple[Optional[list[int]], Op
                         f"{trained.source} was trained on: {'; '.join(parts)}. Point --{data.key} at the data the "
                         "network was trained on (the same label names, in any order)")
     order = [index[n] for n in data_names]
+    spelled = [n for n, i in zip(data.names, order) if n != trained.names[i]]  # the data's, once each
     accents = (f"; {_some(spelled)} {'is' if len(spelled) == 1 else 'are'} written in other Unicode characters on "
                "one side (composed and decomposed accents: macOS writes file names decomposed)" if spelled else "")
     if order == list(range(len(order))):  # the same names in the same order, under other ids or spellings

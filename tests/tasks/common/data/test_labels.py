@@ -1,6 +1,8 @@
 """Matching the labels a checkpoint was trained on to the data's, by name (common.data.labels)."""
 from __future__ import annotations
 
+import unicodedata
+
 import pytest
 
 from rescale_tasks.common.data import Labels, checkpoint_labels, data_labels, match_labels
@@ -82,3 +84,12 @@ def test_data_labels_are_what_the_data_module_says():
     assert data_labels(CIFARDataModule("cifar")).names[:2] == ("airplane", "automobile")
     assert data_labels(CIFARDataModule("cifar", variant="cifar100")) is None  # not recorded
     assert data_labels(object()) is None
+
+
+def test_names_in_other_accents_are_named_once_and_only_where_the_sides_differ():
+    composed, decomposed = unicodedata.normalize("NFC", "dóg"), unicodedata.normalize("NFD", "dóg")
+    trained = Labels([decomposed, "cat"], source="checkpoint a.ckpt")
+    order, note = match_labels(trained, _data(["cat", decomposed]))  # decomposed on both sides
+    assert order == [1, 0] and "Unicode" not in note, note
+    order, note = match_labels(trained, _data(["cat", composed]))
+    assert order == [1, 0] and note.count("dóg") == 1 and "'dóg' is written in other Unicode" in note, note
