@@ -72,8 +72,8 @@ class VGG(Planned):
                                     scheme.name)
         if (unbuilt := _unbuilt_field(scheme)) is not None:
             field, nearest = unbuilt
-            built = (getattr(nearest, field) if hasattr(nearest, field)  # else a subclass's field: its default
-                     else type(scheme).__dataclass_fields__[field].default)
+            # a field of a Scheme subclass that the nearest lacks: the subclass's default, as Scheme.unlike reads it
+            built = getattr(nearest, field) if hasattr(nearest, field) else getattr(type(scheme)(nearest.name), field)
             raise ValueError(f"VGG cannot build scheme {scheme.name!r}: its {field} {shown(getattr(scheme, field))} "
                              f"is not the {shown(built)} of {nearest.name}, the closest of "
                              f"the schemes VGG builds ({', '.join(VGG_SCHEMES)}; VGG has no residual blocks: {_READS}, "

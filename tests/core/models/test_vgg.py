@@ -89,6 +89,21 @@ def test_vgg_builds_a_scheme_by_its_fields_not_its_name(monkeypatch):
         _tiny("vgg11", scheme="rescale_c2")
 
 
+def test_vgg_names_the_default_of_a_scheme_subclass_field_it_cannot_build():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Widened(rescale_core.Scheme):
+        widths: tuple = dataclasses.field(default_factory=lambda: (1,))
+
+    rescale = rescale_core.get_scheme("rescale")
+    fields = {f.name: getattr(rescale, f.name) for f in dataclasses.fields(rescale_core.Scheme)}
+    scheme = Widened(**{**fields, "name": "widened"}, widths=(2,))
+    with pytest.raises(ValueError, match=r"^VGG cannot build scheme 'widened': its widths \[2\] is not the \[1\] of "
+                                         "rescale, the closest"):
+        _tiny("vgg11", scheme=scheme)
+
+
 def test_vgg_has_no_residual_blocks():
     model = _tiny("vgg11_rescale")
     assert signal_propagation(model, torch.randn(2, 3, 32, 32)) == []
