@@ -90,8 +90,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
-__all__ = ["CONV_ONLY_OPTIONS", "FIELD_READERS", "TRANSFORMER_ONLY_OPTIONS", "Scheme", "SchemeOptionError", "get_scheme",
-           "list_schemes", "register_scheme"]
+__all__ = ["CONV_ONLY_OPTIONS", "FIELD_READERS", "GAIN_INIT_WITHOUT_GAIN", "TRANSFORMER_ONLY_OPTIONS", "Scheme",
+           "SchemeOptionError", "get_scheme", "list_schemes", "register_scheme", "shown"]
 
 Family = Literal["conv", "transformer"]
 _FAMILIES = typing.get_args(Family)  # the networks a scheme may build: conv networks, Transformers

@@ -203,3 +203,10 @@ def test_a_subclass_field_is_refused_until_classified_then_by_the_networks_not_r
     monkeypatch.setitem(schemes.FIELD_READERS, "shortcut_mult", frozenset({"transformer"}))
     with pytest.raises(SchemeOptionError, match="is not an option of a conv network"):
         build("conv", scheme)
+
+
+def test_the_names_other_modules_import_from_schemes_are_public():
+    from rescale_core import schemes
+
+    assert {"shown", "GAIN_INIT_WITHOUT_GAIN"} <= set(schemes.__all__)
+    assert all(hasattr(schemes, name) for name in schemes.__all__)

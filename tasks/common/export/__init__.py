@@ -8,8 +8,8 @@ TorchScript) and checked against the PyTorch model on real inputs of its task.
 from .command import ExportCheckFailed, export_paths
 from .formats import (FORMATS, INSTALL_HINT, Format, capture, evaluating, max_difference, op_counts,
                       require_packages, tensors_of, varying_sizes)
-from .programs import ExportProgram, batch_dynamic, export_programs
+from .programs import ExportProgram, any_size_only, batch_dynamic, export_programs
 
 __all__ = ["ExportCheckFailed", "export_paths", "FORMATS", "INSTALL_HINT", "Format", "capture", "evaluating",
            "max_difference", "op_counts", "require_packages", "tensors_of", "varying_sizes", "ExportProgram",
-           "batch_dynamic", "export_programs"]
+           "any_size_only", "batch_dynamic", "export_programs"]

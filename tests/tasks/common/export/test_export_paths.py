@@ -163,3 +163,11 @@ def test_the_earlier_exports_files_its_sidecar_lists_are_found_and_nothing_else(
         "net.encoder.onnx", "net.encoder.onnx.data", "net.spm.model"]
     (tmp_path / "net.json").write_text("{not json")
     assert earlier_files(str(tmp_path), "net", ["net.json", "net.onnx"]) == ["net.onnx.data"]
+
+
+def test_the_package_names_every_public_name_of_programs():
+    from rescale_tasks.common import export
+    from rescale_tasks.common.export import programs
+
+    assert set(programs.__all__) <= set(export.__all__)
+    assert all(getattr(export, name) is getattr(programs, name) for name in programs.__all__)
