@@ -32,7 +32,7 @@ MOVED_MODULES = {f"rescale_tasks.common.{old}": f"rescale_tasks.common.{new}" fo
     "checkpoint_callbacks": "checkpoints.callbacks",
     "checkpoint_compat": "checkpoints.architecture_match",
     "checkpointing": "checkpoints.files",
-    "checkpoints.compat": "checkpoints.architecture_match",  # named for what it checks since
+    "checkpoints.compat": "checkpoints.architecture_match",
     "cli_errors": "cli.parse_errors",
     "command": "cli.command",
     "config": "run.outputs",

@@ -258,9 +258,9 @@ def refuse_fixed_sizes(module, formats: list[str]) -> None:
     at the real batch's sizes (TorchScript) asked of a program of ``module`` that must take other
     sizes (:func:`~.programs.any_size_only`)."""
     fixed = [name for name in formats if FORMATS[name].static]
-    for program, why in any_size_only(module).items():
-        if not fixed:
-            break
+    blocked = any_size_only(module)
+    if fixed and blocked:
+        program, why = next(iter(blocked.items()))
         others = " or ".join(name for name in FORMATS if not FORMATS[name].static)
         raise UserError(f"rescale export --format {' '.join(fixed)}: the {program} is not written as "
                         f"{', '.join(fixed)}: {why}; give --format {others}, whose {program} takes every size")
