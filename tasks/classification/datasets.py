@@ -50,7 +50,7 @@ class ImageFolder(NamedTuple):
 TINY_IMAGENET_VAL = ("images", "val_annotations.txt")
 
 #: Tiny ImageNet's training split: ``train/<wnid>/images/<file>`` (beside ``<wnid>_boxes.txt``), read as
-#: class ``<wnid>`` where every class folder holds that one folder and no image of its own
+#: class ``<wnid>`` where every class folder not empty holds that one folder and no image of its own
 TINY_IMAGENET_NESTED = "images"
 
 
@@ -98,7 +98,7 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int, eval_only: bool
     empty; with train/, its class folders are the classes, and need not hold images. val/ may also be
     laid out as Tiny ImageNet's is: ``val/images/`` with ``val/val_annotations.txt`` naming each
     image's class (:data:`TINY_IMAGENET_VAL`); a split whose
-    every class folder holds one ``images/`` folder and no image of its own (Tiny ImageNet's train/,
+    every class folder not empty holds one ``images/`` folder and no image of its own (Tiny ImageNet's train/,
     :data:`TINY_IMAGENET_NESTED`) is read from those folders.
     """
     root = Path(os.path.expanduser(str(root)))

@@ -32,9 +32,9 @@ def scan_class_folders(split_dir: str | os.PathLike, extensions: Sequence[str],
     folders), is appended to ``unread``.
 
     ``nested`` (Tiny ImageNet's ``"images"``, as its zip unpacks: ``train/<wnid>/images/*.JPEG``
-    beside ``train/<wnid>/<wnid>_boxes.txt``): where every class folder holds no file to read and
-    exactly one folder, of that name, the files of ``<class>/<nested>/`` are the class's; other
-    layouts are read as without it."""
+    beside ``train/<wnid>/<wnid>_boxes.txt``): where every class folder that is not empty holds no
+    file to read and exactly one folder, of that name, the files of ``<class>/<nested>/`` are the
+    class's (an empty one stays empty, for the caller to name); other layouts are read as without it."""
     split_dir = Path(split_dir)
     extensions = tuple(e.lower() for e in extensions)
     folders = []
@@ -47,8 +47,10 @@ def scan_class_folders(split_dir: str | os.PathLike, extensions: Sequence[str],
     found: dict[str, tuple[list[str], list[str]]] = {}
     for name in sorted(folders):
         found[name] = _readable_files(split_dir / name, extensions)
-    if nested and found and all(_holds_only(split_dir / name, nested, *found[name]) for name in found):
-        for name, (_, other) in found.items():
+    holding = [name for name in found if any(found[name])]  # an empty class folder says nothing of the layout
+    if nested and holding and all(_holds_only(split_dir / name, nested, *found[name]) for name in holding):
+        for name in holding:
+            other = found[name][1]
             inner = _readable_files(split_dir / name / nested, extensions)
             found[name] = (inner[0], [path for path in other if path != str(split_dir / name / nested)] + inner[1])
     classes: dict[str, list[str]] = {}

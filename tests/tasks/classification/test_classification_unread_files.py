@@ -147,6 +147,16 @@ def test_tiny_imagenet_as_distributed_is_read_as_its_flattened_layout(imagenet_f
         scan_image_folder(imagenet_folder, num_classes=3)
 
 
+def test_an_empty_class_folder_in_tiny_imagenets_layout_is_named_alone(imagenet_folder):
+    """One class folder left empty (an unpacking cut short) among Tiny ImageNet's train/<wnid>/images/:
+    that class is named as holding no image, not every class told to move its images up a level."""
+    _nest_tiny_imagenet_train(imagenet_folder)
+    shutil.rmtree(imagenet_folder / "train/n002")
+    (imagenet_folder / "train/n002").mkdir()
+    with pytest.raises(DataError, match=r"^Class folders without images in .*train: n002\. Add image files"):
+        scan_image_folder(imagenet_folder, num_classes=3)
+
+
 def test_class_names_differing_only_in_case_are_named_as_such(imagenet_folder):
     """val/N003 against train/n003 (a copy through a case-insensitive disk, a script that changed the
     case): the line says the names differ only in case."""
