@@ -135,10 +135,11 @@ def _check_subset(train_classes: Sequence[str], val_labels: Sequence[str], where
     if unknown:
         composed = {unicodedata.normalize("NFC", name) for name in known}
         same = [name for name in unknown if unicodedata.normalize("NFC", name) in composed]
-        if same:  # the same names to the eye: say why they differ
-            fix = (f"{_names(same)} {'is' if len(same) == 1 else 'are'} written with other Unicode characters than in "
-                   "the training split (composed and decomposed accents: macOS writes decomposed names); write them "
-                   "as the training split does.")
+        if same:  # the same names to the eye: say why they differ (and keep the mend of the others)
+            accents = (f"{_names(same)} {'is' if len(same) == 1 else 'are'} written with other Unicode characters than "
+                       "in the training split (composed and decomposed accents: macOS writes decomposed names); write "
+                       "them as the training split does.")
+            fix = accents if len(same) == len(unknown) else f"{accents} {fix}"
         raise DataError(f"{where} names {len(unknown)} class(es) the training split lacks: {_names(unknown)}. {fix}")
 
 

@@ -206,6 +206,23 @@ def test_a_validation_class_written_in_other_accents_is_named_as_such(kinetics_c
                               "decomposed accents: macOS writes decomposed names); write them as the training split does.")
 
 
+def test_a_validation_class_in_other_accents_beside_an_unknown_one_keeps_the_mend_of_the_unknown(kinetics_clips,
+                                                                                                   tmp_path):
+    import unicodedata
+
+    root = tmp_path / "folders"
+    shutil.copytree(kinetics_clips.root, root)
+    (root / "train" / "bikes").rename(root / "train" / unicodedata.normalize("NFC", "bikés"))
+    (root / "val" / "bikes").rename(root / "val" / unicodedata.normalize("NFD", "bikés"))
+    shutil.copytree(root / "val" / unicodedata.normalize("NFD", "bikés"), root / "val" / "zebras")
+    with pytest.raises(DataError) as err:
+        read_folders(root)
+    line = _one_line(err)
+    assert "names 2 class(es) the training split lacks" in line and "written with other Unicode characters" in line
+    assert line.endswith("write them as the training split does. Validation class folders must also exist in "
+                         "train/."), line
+
+
 def test_validation_classes_must_be_known_from_training(kinetics_clips, tmp_path):
     k = kinetics_clips
     root = tmp_path / "folders"
