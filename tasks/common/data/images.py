@@ -6,8 +6,9 @@
   floats) is clipped at 255, so a 16-bit picture ends up black and white; here it is scaled to 8
   bits over its full range (:func:`full_scale`);
 - transparency (``RGBA``, ``LA``, ``PA``, premultiplied ``RGBa``, or a ``P``/``L``/``RGB`` image
-  with a transparent colour, and a 16-bit grey PNG with a transparent grey value) is dropped, and the colour stored under transparent pixels (often
-  black, or anything) shows; here the image is composited over white, as a viewer shows it.
+  with a transparent colour, and a 16-bit grey PNG with a transparent grey value) is dropped, and the
+  colour stored under transparent pixels (often black, or anything) shows; here the image is composited
+  over white, as a viewer shows it.
 
 Every other mode (``1``, ``L``, ``P``, ``CMYK``, ``YCbCr``, ``LAB``, ``HSV`` ...) goes through
 Pillow's own conversion.
@@ -43,7 +44,7 @@ _WHITE = (255, 255, 255, 255)
 #: (``preprocessing.decode``): a runtime that reads a phone photo or a transparent PNG otherwise feeds the
 #: network other pixels than ``rescale predict`` does
 IMAGE_DECODING = {"exif_orientation": "applied", "transparency": "composited over white",
-            "high_bit_depth": "scaled to 8 bits over the full range"}
+                  "high_bit_depth": "scaled to 8 bits over the full range"}
 #: what Pillow raises for a file it cannot decode: missing or unreadable (OSError), truncated or
 #: malformed data, a decompression bomb
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, zlib.error, Image.DecompressionBombError)
