@@ -21,6 +21,8 @@ import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import DataError
+
 __all__ = ["found_path", "nested_folders_hint", "scan_class_folders", "unnested", "windows_path"]
 
 
@@ -113,12 +115,18 @@ def windows_path(folder: str | os.PathLike, name: str) -> str | None:
 def found_path(folder: str | os.PathLike, name: str) -> str | None:
     """The file ``folder/name`` names when ``name`` is written otherwise than the file: in the other
     Unicode form of its accents (composed or decomposed) or on Windows (:func:`windows_path`), or both;
-    None where no such file exists."""
+    None where no such file exists. A name written in both forms at once (one accent composed, another
+    decomposed) that both forms of files match is one :class:`~rescale_tasks.common.errors.DataError`
+    line naming them, not the composed one taken silently."""
+    found: list[str] = []
     for spelled in dict.fromkeys((name, unicodedata.normalize("NFC", name), unicodedata.normalize("NFD", name))):
         path = os.path.join(folder, spelled)
         if spelled != name and os.path.isfile(path):
-            return path
-        path = windows_path(folder, spelled)
-        if path is not None:
-            return path
-    return None
+            found.append(path)
+        elif (path := windows_path(folder, spelled)) is not None:
+            found.append(path)
+        if len(found) > 1 and not os.path.samefile(found[0], found[-1]):  # (one file where the disk ignores the form)
+            raise DataError(f"{name!r} in {folder} is written with composed and decomposed accents at once, and "
+                            f"names two files: {found[0]!r} and {found[-1]!r}; rename one of them, or write the name "
+                            "as the file it means is written.")
+    return found[0] if found else None
