@@ -437,7 +437,6 @@ class Scheme:
 
 
 _SCHEMES: dict[str, Scheme] = {}
-_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Scheme)}
 
 
 def register_scheme(scheme: Scheme) -> Scheme:
@@ -446,7 +445,7 @@ def register_scheme(scheme: Scheme) -> Scheme:
     ``gain_init`` without a gain (no network would read it: it would train without any gain)."""
     if scheme.name in _SCHEMES:
         raise ValueError(f"scheme {scheme.name!r} is already registered")
-    if scheme.gain is None and scheme.gain_init != _FIELD_DEFAULTS["gain_init"]:
+    if scheme.gain is None and scheme.gain_init != Scheme(scheme.name).gain_init:
         raise SchemeOptionError("gain_init", scheme.gain_init, GAIN_INIT_WITHOUT_GAIN, scheme.name)
     _SCHEMES[scheme.name] = scheme
     return scheme
