@@ -41,7 +41,7 @@ from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.system import loader_workers
 
 from .dataset import DROPPED_KINDS, KINDS, VideoClipDataset, collate_drop_none
-from .layouts import VIDEO_EXTENSIONS, class_list_key, class_names_of, label_samples, read_layout
+from .layouts import VIDEO_EXTENSIONS, class_list_key, class_names_of, integer_labels, label_samples, read_layout
 from .sampling import preset as sampling_preset
 from .transforms import describe_eval_transform, eval_transform, train_transform
 
@@ -70,7 +70,7 @@ class KineticsDataModule(TaskDataModule):
             the list the classes are read from, plus one); ``rescale validate/test/predict
             --ckpt_path`` sets it to the checkpoint's, so a validation list alone, which need not name
             the highest class, numbers the classes the network learned. Class names (folders, CSVs,
-            named lists) are their own count.
+            named lists) are their own count: another value is refused.
     """
 
     #: problem kinds whose videos are repaired and kept (short videos looped or padded), for the report
@@ -121,6 +121,11 @@ class KineticsDataModule(TaskDataModule):
         # the class list, cheaply (no video is opened): the CLI links data.num_classes to the model
         self.class_names: list[str] = class_names_of(layout, **self.layout_args)
         self.num_classes = len(self.class_names)
+        if num_classes is not None and num_classes != self.num_classes:  # class names are their own count
+            key = class_list_key(layout, **self.layout_args)
+            raise ConfigError(f"data.num_classes is {num_classes} but the {layout} layout names {self.num_classes} "
+                              f"classes (read from data.{key}: {self.layout_args[key]}); set --data.num_classes "
+                              f"{self.num_classes} or null (the classes found), or fix the data.")
         self.train_set: VideoClipDataset | None = None
         self.val_set: VideoClipDataset | None = None
         self.test_set: VideoClipDataset | None = None
@@ -128,6 +133,16 @@ class KineticsDataModule(TaskDataModule):
         self.unread_files: list[str] = []
         # the videos the cvdf/list annotations name that are not on disk (left out), reported as ``missing``
         self.missing_videos: list[str] = []
+
+    @staticmethod
+    def counts_integer_labels(init_args: dict) -> bool:
+        """Whether ``data.num_classes`` numbers these init arguments' classes (integer-labelled list
+        files), so that an evaluation may set it to the checkpoint's; class names are their own count."""
+        arguments = {key: value for key, value in init_args.items() if key != "layout"}
+        try:
+            return integer_labels(init_args.get("layout", "folders"), **arguments)
+        except DataError:  # unreadable or unset: refused in one line when the data module is built
+            return False
 
     @staticmethod
     def _clip_sampling(preset: str | None, frames: int | None, stride: int | None) -> tuple[int, int]:

@@ -52,7 +52,7 @@ from rescale_tasks.common.errors import DataError
 
 __all__ = [
     "CVDF_COLUMNS", "LAYOUTS", "VIDEO_EXTENSIONS", "VideoSample", "VideoSplits", "class_list_key", "class_names_of",
-    "cvdf_file_name", "label_samples", "read_cvdf", "read_folders", "read_layout", "read_lists",
+    "cvdf_file_name", "integer_labels", "label_samples", "read_cvdf", "read_folders", "read_layout", "read_lists",
 ]
 
 LAYOUTS = ("folders", "cvdf", "list")
@@ -421,6 +421,16 @@ def class_names_of(layout: str, *, root=None, train_csv=None, val_csv=None, trai
     if _eval_file_only(train_list, val_list):
         return list_classes(val_list, "val_list", num_classes)
     return list_classes(train_list, num_classes=num_classes)
+
+
+def integer_labels(layout: str, *, train_list=None, val_list=None, **_ignored) -> bool:
+    """Whether the layout's classes are the integer labels of a list file (``data.num_classes`` of
+    them where it is set), not names that are their own count (folders, CSV labels, named lists)."""
+    if _layout(layout) != "list":
+        return False
+    key = "val_list" if _eval_file_only(train_list, val_list) else "train_list"
+    path = _path(val_list if key == "val_list" else train_list, key, "a list file")
+    return all(label.isdigit() for _, label in _read_list(path, key))
 
 
 def class_list_key(layout: str, *, train_csv=None, val_csv=None, train_list=None, val_list=None,

@@ -326,12 +326,18 @@ def _run_id_given(config) -> bool:
 
 
 def _class_count_from_checkpoint(section, ckpt_path: str) -> None:
-    """An evaluation's data left to count its classes itself (``data.num_classes: null``: the video
-    task's integer-labelled list files, whose validation list alone need not name the highest class)
-    numbers the classes the checkpoint's network learned (its ``num_classes``)."""
+    """An evaluation's data left to count its classes itself (``data.num_classes: null``) numbers the
+    classes the checkpoint's network learned (its ``num_classes``) where the data module says its
+    count numbers integer labels (``counts_integer_labels``: the video task's integer-labelled list
+    files, whose validation list alone need not name the highest class); named classes are their own
+    count, matched to the checkpoint's by name."""
     data = section.get("data")
     init = data.get("init_args") if hasattr(data, "get") else None
     if not hasattr(init, "get") or "num_classes" not in init or init.get("num_classes") is not None:
+        return
+    counts = getattr(class_of(data.get("class_path")), "counts_integer_labels", None)
+    arguments = init.as_dict() if hasattr(init, "as_dict") else dict(init)
+    if counts is None or not counts(arguments):
         return
     if not checkpoint_exists(str(ckpt_path)):
         return

@@ -427,3 +427,48 @@ def test_evaluation_runs_without_the_training_annotation_file(kinetics_clips, tm
         assert len(list(dm.predict_dataloader())) == len(list(beside.predict_dataloader()))
         with pytest.raises(DataError, match=rf"data\.{key}"):
             _dm(k, root=None, **{**given, key: train}).setup("fit")
+
+
+def test_a_class_count_other_than_the_named_classes_is_refused(tmp_path):
+    """Class folders and CSV labels are their own count: a data.num_classes that disagrees is one
+    line naming both counts and where the classes came from; an equal one passes."""
+    for split in ("train", "val"):
+        for name in ("a", "b", "c"):
+            (tmp_path / split / name).mkdir(parents=True)
+    assert KineticsDataModule(root=str(tmp_path), num_classes=3).num_classes == 3
+    with pytest.raises(ConfigError) as refused:
+        KineticsDataModule(root=str(tmp_path), num_classes=5)
+    assert str(refused.value) == (f"data.num_classes is 5 but the folders layout names 3 classes (read from data.root: "
+                                  f"{tmp_path}); set --data.num_classes 3 or null (the classes found), or fix the data.")
+    train_csv = tmp_path / "train.csv"
+    train_csv.write_text("label,youtube_id,time_start,time_end,split\na,x,0,10,train\nb,y,0,10,train\n")
+    with pytest.raises(ConfigError, match=r"is 3 but the cvdf layout names 2 classes \(read from data.train_csv"):
+        KineticsDataModule(layout="cvdf", train_csv=str(train_csv), num_classes=3)
+    assert not KineticsDataModule.counts_integer_labels({"layout": "folders", "root": str(tmp_path)})
+    assert not KineticsDataModule.counts_integer_labels({"layout": "cvdf", "train_csv": str(train_csv)})
+
+
+def test_an_evaluation_fills_the_checkpoints_class_count_only_for_integer_labels(tmp_path):
+    """`validate/test/predict --ckpt_path` sets a null data.num_classes to the checkpoint's for
+    integer-labelled lists alone: class folders (a validation split that lacks some of the
+    checkpoint's classes) keep counting their own, and are not refused."""
+    from jsonargparse import Namespace
+
+    from rescale_tasks.common.cli.lightning_commands import _class_count_from_checkpoint
+
+    ckpt = tmp_path / "model.ckpt"
+    torch.save({"hyper_parameters": {"num_classes": 5}}, ckpt)
+    for name in ("a", "b", "c"):
+        (tmp_path / "val" / name).mkdir(parents=True)
+    listed = tmp_path / "val.txt"
+    listed.write_text("a.mp4 0\nb.mp4 1\n")
+    path = f"{KineticsDataModule.__module__}.{KineticsDataModule.__name__}"
+    folders = Namespace(data=Namespace(class_path=path, init_args=Namespace(layout="folders", root=str(tmp_path),
+                                                                            num_classes=None)))
+    _class_count_from_checkpoint(folders, str(ckpt))
+    assert folders.data.init_args.num_classes is None
+    assert KineticsDataModule(**folders.data.init_args.as_dict()).num_classes == 3
+    lists = Namespace(data=Namespace(class_path=path, init_args=Namespace(layout="list", val_list=str(listed),
+                                                                          num_classes=None)))
+    _class_count_from_checkpoint(lists, str(ckpt))
+    assert lists.data.init_args.num_classes == 5
