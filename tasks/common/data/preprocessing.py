@@ -5,8 +5,9 @@ runtime follows is the transform the data module evaluates with, so the two cann
 :func:`describe_transforms` reads ``ToDtype`` (``pixel_scale``), ``Resize`` (``resize``),
 ``CenterCrop`` (``center_crop``) and ``Normalize`` (``mean``, ``std``), in ``Compose`` at any
 depth; the transforms that change only a tensor's type or layout are passed over; any other
-transform is a ``TypeError`` naming it (a step the sidecar would leave out, caught by the tests
-of every data family rather than by a runtime computing other inputs).
+transform (and a ``Resize`` without a ``size``, which bounds the longer side alone) is a ``TypeError``
+naming it (a step the sidecar would leave out, caught by the tests of every data family rather than
+by a runtime computing other inputs).
 """
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ def describe_transforms(transforms: Iterable[Any], layout_only: tuple[type, ...]
             continue
         if isinstance(t, v2.ToDtype) and t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
             _set(found, t, pixel_scale=1 / 255 if t.scale else 1.0)
+        elif isinstance(t, v2.Resize) and t.size is None:  # the longer side to max_size
+            raise _undescribed(f"{type(t).__name__}(size=None, max_size={t.max_size})",
+                               "Resize with a size: the shorter side or [height, width]")
         elif isinstance(t, v2.Resize):
             size = list(t.size)
             resize = {"size": size[0] if len(size) == 1 else size, "to": "shorter side" if len(size) == 1 else "exact",
@@ -46,9 +50,14 @@ def describe_transforms(transforms: Iterable[Any], layout_only: tuple[type, ...]
         elif isinstance(t, v2.Normalize):
             _set(found, t, mean=[float(m) for m in t.mean], std=[float(s) for s in t.std])
         else:
-            raise TypeError(f"{type(t).__name__} in an evaluation transform: the export's preprocessing does not "
-                            "describe it (describe_transforms reads ToDtype, Resize, CenterCrop, Normalize)")
+            raise _undescribed(type(t).__name__, "ToDtype, Resize, CenterCrop, Normalize")
     return found
+
+
+def _undescribed(step: str, reads: str) -> TypeError:
+    """The one-line refusal of an evaluation step the sidecar cannot describe, by name."""
+    return TypeError(f"{step} in an evaluation transform: the export's preprocessing does not describe it "
+                     f"(describe_transforms reads {reads})")
 
 
 def _flat(transforms: Iterable[Any]) -> Iterable[Any]:

@@ -25,6 +25,9 @@ def test_each_step_is_read_off_its_transform():
 @pytest.mark.parametrize("steps, named", [
     ([v2.Resize(36), v2.GaussianBlur(3)], "GaussianBlur in an evaluation transform"),
     ([v2.Normalize((0.5,), (0.2,)), v2.Normalize((0.1,), (0.3,))], "Normalize: a second mean"),
+    ([v2.Resize(size=None, max_size=64)], r"Resize\(size=None, max_size=64\) in an evaluation transform: the "
+                                          r"export's preprocessing does not describe it \(describe_transforms reads "
+                                          r"Resize with a size: the shorter side or \[height, width\]\)$"),
 ])
 def test_a_step_the_description_cannot_hold_is_refused_by_name(steps, named):
     with pytest.raises(TypeError, match=f"^{named}"):
