@@ -16,10 +16,13 @@ macOS holds it decomposed (NFD), or the reverse; :func:`found_path` finds the fi
 """
 from __future__ import annotations
 
+import functools
 import os
+import re
 import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..errors import DataError
 
@@ -113,20 +116,68 @@ def windows_path(folder: str | os.PathLike, name: str) -> str | None:
 
 
 def found_path(folder: str | os.PathLike, name: str) -> str | None:
-    """The file ``folder/name`` names when ``name`` is written otherwise than the file: in the other
-    Unicode form of its accents (composed or decomposed) or on Windows (:func:`windows_path`), or both;
-    None where no such file exists. A name written in both forms at once (one accent composed, another
-    decomposed) that both forms of files match is one :class:`~rescale_tasks.common.errors.DataError`
-    line naming them, not the composed one taken silently."""
+    """The file ``folder/name`` names when ``name`` is written otherwise than the file: each folder and
+    the file in the other Unicode form of its accents (composed or decomposed; each component
+    compared with the directory listing's names, NFC, so a folder in one form holding a file in the
+    other is found) or on Windows (:func:`windows_path`), or both; None where no such file exists. A
+    name that two distinct files match (the disk holds both forms) is one
+    :class:`~rescale_tasks.common.errors.DataError` line naming them, not one taken silently."""
+    exact = os.path.join(folder, name)
+    if os.path.isfile(exact):
+        return exact
+    drive = os.path.splitdrive(name)[0]
+    base, name_left = (drive + os.sep, name[len(drive):]) if os.path.isabs(name) else (str(folder) or ".", name)
     found: list[str] = []
-    for spelled in dict.fromkeys((name, unicodedata.normalize("NFC", name), unicodedata.normalize("NFD", name))):
-        path = os.path.join(folder, spelled)
-        if spelled != name and os.path.isfile(path):
+    for parts in _components(name_left):
+        for path in _matching(base, parts):
+            if any(os.path.samefile(path, seen) for seen in found):  # (one file where the disk ignores the form)
+                continue
             found.append(path)
-        elif (path := windows_path(folder, spelled)) is not None:
-            found.append(path)
-        if len(found) > 1 and not os.path.samefile(found[0], found[-1]):  # (one file where the disk ignores the form)
-            raise DataError(f"{name!r} in {folder} is written with composed and decomposed accents at once, and "
-                            f"names two files: {found[0]!r} and {found[-1]!r}; rename one of them, or write the name "
-                            "as the file it means is written.")
+            if len(found) > 1:
+                raise DataError(f"{name!r} in {folder} is written with composed and decomposed accents at once, "
+                                f"and names two files: {found[0]!r} and {found[1]!r}; rename one of them, or "
+                                "write the name as the file it means is written.")
     return found[0] if found else None
+
+
+def _components(name: str) -> list[list[str]]:
+    """The folder and file components ``name`` may mean: split at this system's separators, and also at
+    ``\\`` where that is not one of them (a name written on Windows)."""
+    separators = "".join(dict.fromkeys(s for s in (os.sep, os.altsep, "/") if s))
+    spellings = [re.split(f"[{re.escape(separators)}]", name)]
+    if "\\" not in separators and "\\" in name:
+        spellings.append(re.split(f"[{re.escape(separators)}\\\\]", name))
+    return spellings
+
+
+def _matching(folder: str, parts: Sequence[str]) -> list[str]:
+    """The files under ``folder`` whose path components after it equal ``parts`` in NFC."""
+    if not parts:
+        return [folder] if os.path.isfile(folder) else []
+    head, rest = parts[0], parts[1:]
+    if head in ("", ".", ".."):  # an absolute name, a doubled separator, or a step up: as written
+        return _matching(os.path.join(folder, head) if head == ".." else folder, rest)
+    entries = _normal_entries(folder, *_stamp(folder))
+    return [path for entry in entries.get(unicodedata.normalize("NFC", head), ())
+            for path in _matching(os.path.join(folder, entry), rest)]
+
+
+def _stamp(folder: str) -> tuple:
+    """What changes when ``folder``'s entries do (its modification time), for :func:`_normal_entries`."""
+    try:
+        return (os.stat(folder).st_mtime_ns,)
+    except OSError:
+        return (None,)
+
+
+@functools.lru_cache(maxsize=64)
+def _normal_entries(folder: str, stamp: Any) -> dict[str, tuple[str, ...]]:
+    """``folder``'s entry names by their NFC form, listed once per version of the folder (a data set
+    names many files of one folder)."""
+    if stamp is None or not os.path.isdir(folder):
+        return {}
+    entries: dict[str, tuple[str, ...]] = {}
+    for entry in sorted(os.listdir(folder)):
+        key = unicodedata.normalize("NFC", entry)
+        entries[key] = (*entries.get(key, ()), entry)
+    return entries

@@ -26,3 +26,30 @@ def test_a_name_in_both_forms_at_once_matching_two_files_is_refused_naming_them(
         pytest.skip("this file system does not tell the two forms apart")
     with pytest.raises(DataError, match="written with composed and decomposed accents at once, and names two files"):
         found_path(tmp_path, f"{NFC}t{NFD}.jpg")
+
+
+def test_a_folder_in_one_form_holding_a_file_in_the_other_is_found(tmp_path):
+    """Each component is compared with the listing's names (NFC): a folder written decomposed on disk
+    holding a file written composed is found whichever form the name is written in, relative,
+    absolute or written on Windows."""
+    folder = tmp_path / f"{NFD}t{NFD}"
+    folder.mkdir()
+    (folder / f"caf{NFC}.mp4").write_bytes(b"x")
+    meant = os.path.join(tmp_path, f"{NFD}t{NFD}", f"caf{NFC}.mp4")
+    for form in (NFC, NFD):
+        assert os.path.samefile(found_path(tmp_path, f"{form}t{form}/caf{form}.mp4"), meant)
+    assert os.path.samefile(found_path(tmp_path, f"{NFC}t{NFD}/caf{NFD}.mp4"), meant)
+    assert os.path.samefile(found_path("unused", f"{tmp_path}/{NFC}t{NFC}/caf{NFD}.mp4"), meant)
+    if os.sep == "/":
+        assert os.path.samefile(found_path(tmp_path, f"{NFC}t{NFC}\\caf{NFD}.mp4"), meant)
+    assert found_path(tmp_path, f"{NFC}t{NFC}/other.mp4") is None
+
+
+def test_a_name_matching_files_in_two_folders_of_either_form_is_refused_naming_them(tmp_path):
+    for form in (NFC, NFD):
+        (tmp_path / f"{form}t{form}").mkdir(exist_ok=True)
+        (tmp_path / f"{form}t{form}" / "a.mp4").write_bytes(form.encode())
+    if os.path.samefile(tmp_path / f"{NFC}t{NFC}", tmp_path / f"{NFD}t{NFD}"):
+        pytest.skip("this file system does not tell the two forms apart")
+    with pytest.raises(DataError, match="names two files"):
+        found_path(tmp_path, f"{NFC}t{NFD}/a.mp4")
