@@ -51,8 +51,20 @@ def problems_line(problems: dict[str, int], kept_kinds=()) -> str:
     return f"data problems: {sum(counts.values())} file(s) ({listed}): {', '.join(fate)}"
 
 
+#: the kind of Tiny ImageNet's ``<class>/<class>_boxes.txt`` beside its ``<class>/images/`` folder
+BOX_ANNOTATIONS = "box annotations"
+
+
+def _box_annotations(path: str) -> bool:
+    """Whether ``path`` is Tiny ImageNet's ``<class>/<class>_boxes.txt`` beside ``<class>/images/``."""
+    folder = os.path.dirname(path)
+    return (os.path.basename(path) == f"{os.path.basename(folder)}_boxes.txt"
+            and os.path.isdir(os.path.join(folder, "images")))
+
+
 def _unread_kind(path: str, read_extensions: Sequence[str]) -> str:
-    """``folder``, ``broken link``, ``hidden``, ``<ext> outside a class folder`` (a file of a kind
+    """``folder``, ``broken link``, ``hidden``, ``box annotations`` (:func:`_box_annotations`),
+    ``<ext> outside a class folder`` (a file of a kind
     that is read, where none is looked for), the lower-case extension, or ``no extension``."""
     if os.path.isdir(path):
         return "folder"
@@ -61,6 +73,8 @@ def _unread_kind(path: str, read_extensions: Sequence[str]) -> str:
     name = os.path.basename(path)
     if name.startswith("."):
         return "hidden"
+    if _box_annotations(path):
+        return BOX_ANNOTATIONS
     extension = os.path.splitext(name)[1].lower()
     if extension and extension in read_extensions:
         return f"{extension} outside a class folder"
@@ -71,13 +85,18 @@ def unread_line(files: list[str], read_extensions: Sequence[str] = ()) -> str:
     """The warning for entries of the data folders that are not read, with their kinds, where they
     are and what to do, e.g. ``data: 3 file(s) under /data/train were found but not read (.heic 1,
     .txt 1, hidden 1), e.g. /data/train/cat/a.heic; only .jpg/.png files are read: convert them or
-    move them out of the data folder``."""
+    move them out of the data folder``. Tiny ImageNet's ``<class>_boxes.txt`` beside its ``images/``
+    folders are counted as its box annotations, with nothing to do about them."""
     counts = Counter(_unread_kind(f, [e.lower() for e in read_extensions]) for f in files)
     kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()))
     where = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
     reads = f"only {'/'.join(read_extensions)} files are read" if read_extensions else "they are not data"
-    return (f"data: {len(files)} file(s) under {where} were found but not read ({kinds}), e.g. {files[0]}; "
-            f"{reads}: convert them or move them out of the data folder")
+    advice = f"{reads}: convert them or move them out of the data folder"
+    if counts[BOX_ANNOTATIONS]:
+        boxes = "the <class>_boxes.txt files are the dataset's box annotations, which classification does not read"
+        advice = boxes if counts[BOX_ANNOTATIONS] == len(files) else \
+            f"{boxes}; {reads}: convert the others or move them out of the data folder"
+    return f"data: {len(files)} file(s) under {where} were found but not read ({kinds}), e.g. {files[0]}; {advice}"
 
 
 class SkippedDataReport(L.Callback):

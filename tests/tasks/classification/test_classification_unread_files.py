@@ -147,6 +147,22 @@ def test_tiny_imagenet_as_distributed_is_read_as_its_flattened_layout(imagenet_f
         scan_image_folder(imagenet_folder, num_classes=3)
 
 
+def test_tiny_imagenets_box_annotations_are_named_as_such_without_advice_to_convert(imagenet_folder):
+    """train/<wnid>/<wnid>_boxes.txt beside train/<wnid>/images/ are counted as the dataset's box
+    annotations, with no advice to convert or move them; another unread file keeps that advice."""
+    _nest_tiny_imagenet_train(imagenet_folder)
+    train = imagenet_folder / "train"
+    unread = [str(train / f"{n}/{n}_boxes.txt") for n in ("n001", "n002", "n003")]
+    assert unread_line(unread, READ) == (
+        f"data: 3 file(s) under {train} were found but not read (box annotations 3), e.g. {unread[0]}; the "
+        "<class>_boxes.txt files are the dataset's box annotations, which classification does not read")
+    (train / "n001/notes.heic").write_bytes(b"x")
+    line = unread_line([*unread, str(train / "n001/notes.heic")], READ)
+    assert line.startswith(f"data: 4 file(s) under {train} were found but not read (.heic 1, box annotations 3)")
+    assert line.endswith(f"which classification does not read; only {'/'.join(READ)} files are read: convert the "
+                         "others or move them out of the data folder")
+
+
 def test_an_empty_class_folder_in_tiny_imagenets_layout_is_named_alone(imagenet_folder):
     """One class folder left empty (an unpacking cut short) among Tiny ImageNet's train/<wnid>/images/:
     that class is named as holding no image, not every class told to move its images up a level."""
