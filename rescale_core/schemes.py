@@ -188,15 +188,6 @@ def _unread_options(scheme: "Scheme") -> list[tuple[str, str]]:
             if off and getattr(scheme, key) != defaults.get(key, getattr(scheme, key))]
 
 
-def _default(field: "dataclasses.Field") -> Any:
-    """A dataclass field's default value (a sentinel no value equals where it has none)."""
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    if field.default_factory is not dataclasses.MISSING:
-        return field.default_factory()
-    return dataclasses.MISSING
-
-
 class _Mismatch(Exception):
     """A value that does not fit a type hint."""
 
@@ -421,10 +412,9 @@ class Scheme:
     def unlike(self, base: "Scheme") -> dict[str, Any]:
         """The fields (but ``name`` and ``families``) whose value differs from ``base``'s; a field
         ``base`` lacks (of a ``Scheme`` subclass), where it differs from the field's default."""
-        defined = {f.name for f in dataclasses.fields(base)}
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in _IDENTITY
-                and getattr(self, f.name) != (getattr(base, f.name) if f.name in defined else _default(f))}
+        defaults = base if type(self) is type(base) else type(self)(base.name)  # a subclass's fields at their defaults
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _IDENTITY
+                and getattr(self, f.name) != getattr(base, f.name, getattr(defaults, f.name))}
 
     def replace(self, **overrides) -> "Scheme":
         unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(self)})

@@ -24,7 +24,7 @@ from .throughput import batch_size, items_in, metric_key, run_metric_key, unit_o
 from .images import (DECODE_ERRORS, HIGH_DEPTH_MODES, IMAGE_DECODING, CorruptImageError, full_scale, open_rgb,
                      orientation, oriented_size, to_rgb)
 from .labels import LABELS_KEY, Labels, checkpoint_labels, data_labels, match_labels
-from .folders import found_path, nested_folders_hint, scan_class_folders, unnested, windows_path
+from .folders import found_path, nested_folders_hint, scan_class_folders, unnested
 from .text import is_utf16, to_utf8_advice
 from .module import DATA_KEY, TaskDataModule, data_fingerprint
 from .preprocessing import LAYOUT_ONLY, describe_transforms
@@ -35,5 +35,5 @@ __all__ = ["PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMi
            "nothing_to_evaluate", "skipped_prediction", "skipped_step", "batch_size", "items_in",
            "metric_key", "run_metric_key", "unit_of", "DECODE_ERRORS", "HIGH_DEPTH_MODES", "IMAGE_DECODING", "CorruptImageError", "full_scale",
            "open_rgb", "orientation", "oriented_size", "to_rgb", "LABELS_KEY", "Labels", "checkpoint_labels",
-           "data_labels", "match_labels", "found_path", "nested_folders_hint", "scan_class_folders", "unnested", "windows_path", "is_utf16", "to_utf8_advice", "TaskDataModule",
+           "data_labels", "match_labels", "found_path", "nested_folders_hint", "scan_class_folders", "unnested", "is_utf16", "to_utf8_advice", "TaskDataModule",
            "DATA_KEY", "data_fingerprint", "LAYOUT_ONLY", "describe_transforms"]

@@ -9,10 +9,9 @@ files, sub-folders, broken links, files beside the class folders, hidden folders
 module can report it (``unread_files``, :mod:`rescale_tasks.common.run.data_report`) instead of
 letting it vanish.
 
-File names written on Windows: a list or annotation file made there names ``images\\0001.jpg``;
-:func:`windows_path` finds the file that name means here. File names written in the other Unicode form
-of their accents: a json made on Linux names ``café.jpg`` composed (NFC), while a folder copied through
-macOS holds it decomposed (NFD), or the reverse; :func:`found_path` finds the file either way.
+File names written otherwise than the files: a list or annotation file made on Windows names
+``images\\0001.jpg``; a json made on Linux names ``café.jpg`` composed (NFC), while a folder copied
+through macOS holds it decomposed (NFD), or the reverse: :func:`found_path` finds the file they mean.
 """
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ from typing import Any
 
 from ..errors import DataError
 
-__all__ = ["found_path", "nested_folders_hint", "scan_class_folders", "unnested", "windows_path"]
+__all__ = ["found_path", "nested_folders_hint", "scan_class_folders", "unnested"]
 
 
 def scan_class_folders(split_dir: str | os.PathLike, extensions: Sequence[str],
@@ -105,21 +104,11 @@ def nested_folders_hint(split_dir: str | os.PathLike, empty: Sequence[str], unre
             f"{Path(split_dir)}/<class>/<file>; move them up a level (e.g. mv {nested[0]}/* {nested[0].parent}/).")
 
 
-def windows_path(folder: str | os.PathLike, name: str) -> str | None:
-    """The file ``folder/name`` names when ``name`` was written on Windows (``images\\0001.jpg``, as
-    annotation tools and scripts running there write it): its ``\\`` read as ``/``, where that file
-    exists; None where it does not, or where ``\\`` is this system's own separator."""
-    if os.sep != "/" or "\\" not in name:
-        return None
-    path = os.path.join(folder, name.replace("\\", "/"))
-    return path if os.path.isfile(path) else None
-
-
 def found_path(folder: str | os.PathLike, name: str) -> str | None:
     """The file ``folder/name`` names when ``name`` is written otherwise than the file: each folder and
     the file in the other Unicode form of its accents (composed or decomposed; each component
     compared with the directory listing's names, NFC, so a folder in one form holding a file in the
-    other is found) or on Windows (:func:`windows_path`), or both; None where no such file exists. A
+    other is found) or with Windows's ``\\`` separators, or both; None where no such file exists. A
     name that two distinct files match (the disk holds both forms) is one
     :class:`~rescale_tasks.common.errors.DataError` line naming them, not one taken silently."""
     exact = os.path.join(folder, name)
