@@ -426,11 +426,8 @@ def class_names_of(layout: str, *, root=None, train_csv=None, val_csv=None, trai
 def integer_labels(layout: str, *, train_list=None, val_list=None, **_ignored) -> bool:
     """Whether the layout's classes are the integer labels of a list file (``data.num_classes`` of
     them where it is set), not names that are their own count (folders, CSV labels, named lists)."""
-    if _layout(layout) != "list":
-        return False
-    key = "val_list" if _eval_file_only(train_list, val_list) else "train_list"
-    path = _path(val_list if key == "val_list" else train_list, key, "a list file")
-    return all(label.isdigit() for _, label in _read_list(path, key))
+    return _layout(layout) == "list" and all(name.isdigit() for name in class_names_of(
+        layout, train_list=train_list, val_list=val_list))
 
 
 def class_list_key(layout: str, *, train_csv=None, val_csv=None, train_list=None, val_list=None,
