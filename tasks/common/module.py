@@ -20,9 +20,9 @@ import rescale_core
 from rescale_core.agc import adaptive_clip_grad_
 
 from .checkpoints import check_checkpoint_compatible, trained_config_fix
-from .data import (LABELS_KEY, Labels, batch_size, checkpoint_labels, data_labels, data_may_skip_files,
-                   match_labels, must_skip, nothing_to_evaluate, shards_parameters, skipped_prediction,
-                   skipped_step)
+from .data import (FINGERPRINT_KEY, LABELS_KEY, Labels, batch_size, checkpoint_labels, data_fingerprint, data_labels,
+                   data_may_skip_files, describe_fingerprint, match_labels, must_skip, nothing_to_evaluate, same_data,
+                   shards_parameters, skipped_prediction, skipped_step)
 from .errors import ConfigError
 from .run import PREDICTIONS_FILE, write_result
 from .system import CODE_KEY, code_version, quiet_dependency_warnings
@@ -198,14 +198,50 @@ class RescaleTaskModule(L.LightningModule):
         check_checkpoint_compatible(checkpoint, self.hparams, self.state_dict(), source=source,
                                     strict=self.strict_loading, normalize=resolved_architecture,
                                     ckpt_path=str(path) if path else None)
+        resumed = trainer is not None and trainer.state.fn == "fit" and bool(checkpoint.get("optimizer_states"))
+        if resumed:
+            self._check_resumed_data(checkpoint, source, str(path) if path else None)
         self.trained_labels = checkpoint_labels(checkpoint, source, self._datamodule())
         self._unlabelled_checkpoint = source if self.trained_labels is None else None
         self._match_data_labels()
-        if trainer is not None and trainer.state.fn == "fit" and checkpoint.get("optimizer_states"):
+        if resumed:
             self._resumed_training = (checkpoint["optimizer_states"], checkpoint.get("lr_schedulers") or [], source,
                                       str(path) if path else None)
             if trainer.optimizers:  # a strategy that restores after its setup (FSDP): the run's are built
                 self._check_resumed_training()
+
+    #: ``rescale fit --resume_other_data true`` (set by the CLI): a resume whose checkpoint's run read
+    #: other data than this run reads goes on (with a warning) instead of being refused
+    resume_other_data: bool = False
+
+    def _check_resumed_data(self, checkpoint: dict[str, Any], source: str, ckpt_path: Optional[str]) -> None:
+        """Refuse, in one line, a ``fit --ckpt_path`` whose checkpoint's run read other data than
+        this run reads (its data fingerprint, :meth:`~.data.TaskDataModule.data_fingerprint`: another
+        class set, a changed split, another corpus): training on would pool two data sets into one
+        run, its curves and its ``run_summary.json``. ``--resume_other_data true`` goes on with a
+        warning; a checkpoint written before checkpoints carried a fingerprint resumes unchecked
+        (one line says so). Evaluating a checkpoint on other data is never refused."""
+        current = data_fingerprint(self._datamodule())
+        if current is None:
+            return
+        saved = checkpoint.get(FINGERPRINT_KEY)
+        if not isinstance(saved, dict):
+            self._say(f"{source} records no data fingerprint (written before checkpoints carried one): resuming "
+                      "without checking that its run read the data this run reads")
+            return
+        if same_data(saved, current):
+            return
+        what = (f"{source} was trained on other data than this run reads ({describe_fingerprint(saved, root=True)} "
+                f"-> {describe_fingerprint(current, root=True)}, checkpoint -> this run)")
+        if self.resume_other_data:
+            if self._trainer is None or self._trainer.is_global_zero:
+                log.warning(f"warning: {what}; resuming on this run's data (--resume_other_data): the run's curves "
+                            "and summary pool both")
+            return
+        raise ConfigError(f"{what}, and resuming would pool both into one run: "
+                          + trained_config_fix("resume with the data the run was trained on ({config}), drop "
+                                               "--ckpt_path to start a new run on this data, or pass "
+                                               "--resume_other_data true to train on with it", ckpt_path))
 
     def _check_resumed_training(self, optimizers: Optional[list] = None, schedulers: Optional[list] = None) -> None:
         """Refuse, in one line, a ``fit --ckpt_path`` whose checkpoint's optimizer or schedule was
@@ -233,9 +269,14 @@ class RescaleTaskModule(L.LightningModule):
                                                    "--ckpt_path to start a new run with these", ckpt_path))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Record the labels the network was trained on, and the code that trained it (under
-        ``code``: :func:`~.system.provenance.code_version`; a checkpoint written before has none)."""
+        """Record the labels the network was trained on, the code that trained it (under
+        ``code``: :func:`~.system.provenance.code_version`; a checkpoint written before has none) and
+        the data (under ``data_fingerprint``: :meth:`~.data.TaskDataModule.data_fingerprint`, which
+        :meth:`_check_resumed_data` compares on resume; a checkpoint written before has none)."""
         checkpoint[CODE_KEY] = code_version()
+        fingerprint = data_fingerprint(self._datamodule())
+        if fingerprint is not None:  # which data it was trained on: a resume on other data is refused
+            checkpoint[FINGERPRINT_KEY] = fingerprint
         labels = self.trained_labels or data_labels(self._datamodule())
         if labels is not None:
             checkpoint[LABELS_KEY] = labels.to_checkpoint()

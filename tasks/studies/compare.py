@@ -46,6 +46,7 @@ from typing import Iterable, Optional
 from rescale_core import agc, get_scheme
 from rescale_core.registry import model_entry
 
+from ..common.data import describe_fingerprint
 from ..common.errors import UserArgumentParser, UserError
 from ..common.reporting import new_figure, wandb_mode
 from ..common.run import MalformedSummary, find_summaries, higher_is_better, read_summary
@@ -164,10 +165,7 @@ def _setting(run: dict, key: str):
     data read from another folder is the same data)."""
     value = run.get(key)
     if key == "data" and isinstance(value, dict):
-        splits = value.get("splits") if isinstance(value.get("splits"), dict) else {}
-        value = f"{value.get('class')}[" + "; ".join(
-            " ".join([name, *([str(s["count"])] if "count" in s else []), *([f"#{s['hash']}"] if "hash" in s else [])])
-            for name, s in sorted(splits.items()) if isinstance(s, dict)) + "]"
+        value = describe_fingerprint(value)
     return value
 
 

@@ -195,6 +195,10 @@ class RescaleCLI(LightningCLI):
         parser.add_argument("--output_dir", type=Optional[str], default=None,
                             help="where test/predict write their result files (default: results/<checkpoint "
                                  "name>/ in the folder of the run that wrote --ckpt_path; see results_folder)")
+        parser.add_argument("--resume_other_data", type=bool, default=False,
+                            help="fit --ckpt_path: resume a checkpoint whose run read other data than this run "
+                                 "reads (another class set, split or corpus: its data fingerprint differs), which "
+                                 "is refused otherwise; the run's curves and summary then pool both")
         if self._built_subcommands is None:
             # parse and instantiate only (run_lightning's run=False: rescale analyze, export): the config
             # a fit run saved (rescale_config.yaml) holds fit's own arguments (ckpt_path, weights_only),
@@ -231,6 +235,8 @@ class RescaleCLI(LightningCLI):
         config = self.config["fit"]
         check_run_outputs(self.trainer, config.get("run_summary", {}).get("path"))
         kwargs["ckpt_path"] = resume_point(self.trainer, kwargs.get("ckpt_path"), _run_id_given(config))
+        if isinstance(self.model, RescaleTaskModule):
+            self.model.resume_other_data = bool(config.get("resume_other_data"))
         with claim_run_folder(self.trainer):  # a run still training is named first
             refuse_starting_over(self.trainer, kwargs["ckpt_path"])
             keep_csv_history(self.trainer, kwargs["ckpt_path"])

@@ -26,7 +26,7 @@ from .images import (DECODE_ERRORS, HIGH_DEPTH_MODES, IMAGE_DECODING, CorruptIma
 from .labels import LABELS_KEY, Labels, checkpoint_labels, data_labels, match_labels
 from .folders import found_path, nested_folders_hint, scan_class_folders, unnested
 from .text import is_utf16, to_utf8_advice
-from .module import DATA_KEY, TaskDataModule, data_fingerprint
+from .module import DATA_KEY, FINGERPRINT_KEY, TaskDataModule, data_fingerprint, describe_fingerprint, same_data
 from .preprocessing import LAYOUT_ONLY, describe_transforms
 
 __all__ = ["PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMismatch", "UnrepeatedSampler",
@@ -36,4 +36,4 @@ __all__ = ["PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMi
            "metric_key", "run_metric_key", "unit_of", "DECODE_ERRORS", "HIGH_DEPTH_MODES", "IMAGE_DECODING", "CorruptImageError", "full_scale",
            "open_rgb", "orientation", "oriented_size", "to_rgb", "LABELS_KEY", "Labels", "checkpoint_labels",
            "data_labels", "match_labels", "found_path", "nested_folders_hint", "scan_class_folders", "unnested", "is_utf16", "to_utf8_advice", "TaskDataModule",
-           "DATA_KEY", "data_fingerprint", "LAYOUT_ONLY", "describe_transforms"]
+           "DATA_KEY", "FINGERPRINT_KEY", "data_fingerprint", "describe_fingerprint", "same_data", "LAYOUT_ONLY", "describe_transforms"]

@@ -7,10 +7,13 @@ from typing import Any, Optional
 
 import lightning.pytorch as L
 
-__all__ = ["TaskDataModule", "DATA_KEY", "data_fingerprint"]
+__all__ = ["TaskDataModule", "DATA_KEY", "FINGERPRINT_KEY", "data_fingerprint", "describe_fingerprint",
+           "same_data"]
 
 #: the name a run summary gives the data fingerprint (:meth:`TaskDataModule.data_fingerprint`)
 DATA_KEY = "data"
+#: its name in a checkpoint and in the config the loggers receive
+FINGERPRINT_KEY = "data_fingerprint"
 
 
 class TaskDataModule(L.LightningDataModule):
@@ -107,6 +110,33 @@ class TaskDataModule(L.LightningDataModule):
 def data_fingerprint(datamodule: Any) -> Optional[dict]:
     """``datamodule``'s :meth:`~TaskDataModule.data_fingerprint`; None for none, or one of another kind."""
     return datamodule.data_fingerprint() if isinstance(datamodule, TaskDataModule) else None
+
+
+def describe_fingerprint(fingerprint: Any, root: bool = False) -> str:
+    """A data fingerprint in a few words: the module and each split's count and hash
+    (``DigitsDataModule[train 1257 #3f2a...; val 270 #9c1b...]``), with ``root`` where the data lies
+    (``... in /data/a``); not a fingerprint: ``unknown``."""
+    if not isinstance(fingerprint, dict):
+        return "unknown"
+    splits = fingerprint.get("splits") if isinstance(fingerprint.get("splits"), dict) else {}
+    text = f"{fingerprint.get('class')}[" + "; ".join(
+        " ".join([name, *([str(s["count"])] if "count" in s else []), *([f"#{s['hash']}"] if "hash" in s else [])])
+        for name, s in sorted(splits.items()) if isinstance(s, dict)) + "]"
+    return f"{text} in {fingerprint['root']}" if root and fingerprint.get("root") else text
+
+
+def same_data(saved: dict, current: dict) -> bool:
+    """Whether two fingerprints say the same data: the same module and, for each split both hold,
+    the same count and hash where both have one (not where the root lies: the same files read from
+    another folder are the same data)."""
+    if saved.get("class") != current.get("class"):
+        return False
+    mine, theirs = saved.get("splits") or {}, current.get("splits") or {}
+    for name in set(mine) & set(theirs):
+        for key in ("count", "hash"):
+            if key in mine[name] and key in theirs[name] and mine[name][key] != theirs[name][key]:
+                return False
+    return True
 
 
 def _split_fingerprint(dataset: Any, files: Optional[list], root: Optional[str]) -> dict:

@@ -9,7 +9,7 @@ from typing import NamedTuple, Optional
 import lightning.pytorch as L
 from lightning.pytorch.cli import SaveConfigCallback
 
-from ..data import data_fingerprint
+from ..data import FINGERPRINT_KEY, data_fingerprint
 from ..checkpoints import CONFIG_FILE, RUN_CONFIG_KEY, is_remote
 from ..reporting import started
 from ..system import CODE_KEY, code_version
@@ -142,7 +142,7 @@ class SaveConfigToRun(SaveConfigCallback):
         # config is what its runs are filtered by
         # and the data it reads (`data_fingerprint`, run_summary.json's `data`; `data` is its config)
         config = {**self.config.as_dict(), CODE_KEY: code_version(),
-                  "data_fingerprint": data_fingerprint(trainer.datamodule)}
+                  FINGERPRINT_KEY: data_fingerprint(trainer.datamodule)}
         for logger in trainer.loggers:
             logger.log_hyperparams(config)
             directory = run_directory(logger)

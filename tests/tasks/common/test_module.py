@@ -84,3 +84,41 @@ def test_fullgraph_before_a_rescalenet_has_measured_is_one_line_before_compiling
                                network_kwargs={"num_classes": 3, "in_channels": 1}, compile=True,
                                compile_options={"fullgraph": True})
     module._refuse_fullgraph_while_measuring()  # nothing measures: no refusal
+
+
+def test_a_resume_on_other_data_is_refused_unless_asked(tmp_path, monkeypatch, run_config, fit_checkpoint, error_line,
+                                                        caplog):
+    """Every checkpoint records which data its run read; ``fit --ckpt_path`` on other data (here another
+    split of the digits) is refused in one line naming both, leaving the checkpoint as it was, unless
+    ``--resume_other_data true``; evaluating it on other data, and resuming a checkpoint written
+    before checkpoints carried a fingerprint, go on."""
+    import logging
+
+    from rescale_tasks.cli import main
+
+    config = run_config(tmp_path / "run.yaml")
+    ckpt = fit_checkpoint(tmp_path, ["--config", config])
+    saved = torch.load(ckpt, weights_only=True)
+    assert saved["data_fingerprint"]["splits"]["train"]["count"] == 1257
+    before = ckpt.read_bytes()
+    monkeypatch.chdir(tmp_path)
+    other = ["--data.init_args.val_fraction", "0.3"]
+    resume = ["fit", "--config", config, "--trainer.max_epochs", "2", *other]
+    assert main([*resume, "--ckpt_path", str(ckpt)]) != 0
+    message = error_line()
+    assert "was trained on other data than this run reads (DigitsDataModule[" in message, message
+    assert "train 1257 #" in message and "train 988 #" in message and "--resume_other_data true" in message, message
+    assert ckpt.read_bytes() == before
+
+    assert main(["validate", "--config", config, *other, "--ckpt_path", str(ckpt)]) == 0
+
+    with caplog.at_level(logging.INFO):
+        assert main([*resume, "--ckpt_path", str(ckpt), "--resume_other_data", "true"]) == 0
+    assert "resuming on this run's data (--resume_other_data)" in caplog.text
+
+    old = tmp_path / "old.ckpt"
+    torch.save({k: v for k, v in saved.items() if k != "data_fingerprint"}, old)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert main([*resume, "--ckpt_path", str(old)]) == 0
+    assert "records no data fingerprint" in caplog.text
