@@ -43,7 +43,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from lightning.pytorch.utilities import rank_zero_warn
 
@@ -318,10 +318,17 @@ def _read_list(path: Path, key: str) -> list[tuple[str, str]]:
     return rows
 
 
+def _integer_labels(labels: Iterable[str]) -> bool:
+    """Whether every label of a list file is an integer (``0``, ``007``), which keeps its meaning
+    (the class's index), rather than a class name. Decimal digits only: ``str.isdigit`` also takes
+    superscripts such as ``²``, which ``int`` refuses."""
+    return all(label.isdecimal() for label in labels)
+
+
 def _list_class_names(rows: list[tuple[str, str]], num_classes: int | None = None, where: str = "",
                       key: str = "train_list") -> list[str]:
     labels = [label for _, label in rows]
-    if all(label.isdigit() for label in labels):  # integer labels keep their meaning
+    if _integer_labels(labels):  # integer labels keep their meaning
         highest = max(int(label) for label in labels)
         if num_classes is None:
             return [str(i) for i in range(highest + 1)]
@@ -334,7 +341,9 @@ def _list_class_names(rows: list[tuple[str, str]], num_classes: int | None = Non
 
 
 def _normal_label(label: str, integer: bool) -> str:
-    return str(int(label)) if integer and label.isdigit() else label
+    """``label`` of a list whose labels are integers (``integer``: :func:`_integer_labels`) as its
+    index (``007`` -> ``7``); any other as it is."""
+    return str(int(label)) if integer else label
 
 
 def list_classes(train_list: str | os.PathLike | None, key: str = "train_list",
@@ -370,9 +379,9 @@ def read_lists(train_list: str | os.PathLike | None, val_list: str | os.PathLike
         rows = _read_list(list_path, key)
         if split == "train" or val_only:
             names = _list_class_names(rows, num_classes, str(list_path), key)
-            integer = all(label.isdigit() for _, label in rows)
-        if integer and not all(label.isdigit() for _, label in rows):
-            bad = [label for _, label in rows if not label.isdigit()]
+            integer = _integer_labels(label for _, label in rows)
+        if integer and not _integer_labels(label for _, label in rows):
+            bad = [label for _, label in rows if not _integer_labels([label])]
             raise DataError(f"{list_path} (data.{key}) has class names ({_names(bad)}) but the training list has "
                             "integer labels; use the same kind of label in both files.")
         base = prefix if prefix is not None else list_path.parent
@@ -426,7 +435,7 @@ def class_names_of(layout: str, *, root=None, train_csv=None, val_csv=None, trai
 def integer_labels(layout: str, *, train_list=None, val_list=None, **_ignored) -> bool:
     """Whether the layout's classes are the integer labels of a list file (``data.num_classes`` of
     them where it is set), not names that are their own count (folders, CSV labels, named lists)."""
-    return _layout(layout) == "list" and all(name.isdigit() for name in class_names_of(
+    return _layout(layout) == "list" and _integer_labels(class_names_of(
         layout, train_list=train_list, val_list=val_list))
 
 

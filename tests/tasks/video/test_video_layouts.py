@@ -8,8 +8,8 @@ import warnings
 import pytest
 
 from rescale_tasks.common.errors import DataError
-from rescale_tasks.video.layouts import (VideoSample, class_names_of, label_samples, read_cvdf, read_folders,
-                                         read_layout, read_lists)
+from rescale_tasks.video.layouts import (VideoSample, class_names_of, integer_labels, label_samples, read_cvdf,
+                                         read_folders, read_layout, read_lists)
 
 
 def _layout_args(k, layout: str) -> dict:
@@ -164,6 +164,18 @@ def test_integer_label_lists_keep_their_numbers_and_accept_commas(kinetics_clips
     val.write_text(f"val/bikes/{k.val[0][0]} bikes\n")
     with pytest.raises(DataError, match="integer labels"):
         read_lists(train, val, k.list_prefix)
+
+
+def test_a_label_of_digits_int_refuses_is_a_class_name(tmp_path):
+    """``²`` is a digit to ``str.isdigit`` but no integer: a list holding it names its classes, as
+    every check of integer labels (classes, splits, the evaluation's class count) agrees."""
+    for name in ("a.mp4", "b.mp4"):
+        (tmp_path / name).touch()
+    (tmp_path / "train.txt").write_text("a.mp4 \u00b2\nb.mp4 1\n", encoding="utf-8")
+    (tmp_path / "val.txt").write_text("b.mp4 1\n", encoding="utf-8")
+    splits = read_lists(tmp_path / "train.txt", tmp_path / "val.txt", tmp_path)
+    assert splits.class_names == ["1", "\u00b2"] and [s.label_name for s in splits.val] == ["1"]
+    assert not integer_labels("list", train_list=tmp_path / "train.txt", val_list=tmp_path / "val.txt")
 
 
 def test_one_line_errors(kinetics_clips, tmp_path):
