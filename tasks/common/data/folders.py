@@ -15,13 +15,15 @@ through macOS holds it decomposed (NFD), or the reverse: :func:`found_path` find
 """
 from __future__ import annotations
 
-import functools
 import os
 import re
+import threading
+import time
 import unicodedata
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import NamedTuple
 
 from ..errors import DataError
 
@@ -146,24 +148,69 @@ def _matching(folder: str, parts: Sequence[str]) -> list[str]:
     head, rest = parts[0], parts[1:]
     if head in ("", ".", ".."):  # an absolute name, a doubled separator, or a step up: as written
         return _matching(os.path.join(folder, head) if head == ".." else folder, rest)
-    entries = _normal_entries(folder, *_stamp(folder))
-    return [path for entry in entries.get(unicodedata.normalize("NFC", head), ())
+    return [path for entry in _entries_named(folder, unicodedata.normalize("NFC", head))
             for path in _matching(os.path.join(folder, entry), rest)]
 
 
+class _Listing(NamedTuple):
+    """A folder's entry names by NFC form, listed when its :func:`_stamp` was ``stamp`` (first seen
+    at ``seen``, :func:`time.monotonic`); ``settled``: taken once the stamp's clock tick was over."""
+    stamp: tuple
+    entries: dict[str, tuple[str, ...]]
+    seen: float
+    settled: bool
+
+
+#: the folders whose listings :func:`_entries_named` keeps (the most recently used), by path
+_LISTINGS: OrderedDict[str, _Listing] = OrderedDict()
+_KEPT_LISTINGS = 64
+_LISTINGS_LOCK = threading.Lock()  # (found_path may be called from several threads)
+#: the coarsest tick of a file system's clock (FAT's, two seconds): a folder's modification time
+#: can stay the same while it gains a file this long after the time was first seen
+_TICK_S = 2.0
+#: a modification time older than this by the local clock is over its tick wherever the file
+#: system's clock lies (a network file system's server may differ from this machine by seconds)
+_SETTLED_AGE_S = 60.0
+
+
+def _entries_named(folder: str, name: str) -> tuple[str, ...]:
+    """``folder``'s entries whose NFC form is ``name``, from its listing, taken once per version of
+    the folder (a data set names many files of one folder): its :func:`_stamp`. The stamp cannot see
+    a file added within the clock tick of the folder's last change (a file system whose clock ticks
+    in seconds keeps the time), so while that tick may still run a name the kept listing lacks lists
+    the folder again before it is called absent; a settled listing answers every name itself."""
+    now = time.monotonic()
+    stamp = _stamp(folder)
+    with _LISTINGS_LOCK:
+        held = _LISTINGS.get(folder)
+        if held is not None and held.stamp == stamp:
+            _LISTINGS.move_to_end(folder)
+            if held.settled or name in held.entries:
+                return held.entries.get(name, ())
+    seen = held.seen if held is not None and held.stamp == stamp else now
+    settled = stamp[0] is None or now - seen >= _TICK_S or time.time() - stamp[0] / 1e9 >= _SETTLED_AGE_S
+    listing = _Listing(stamp, _normal_entries(folder, stamp), seen, settled)
+    with _LISTINGS_LOCK:
+        _LISTINGS[folder] = listing
+        _LISTINGS.move_to_end(folder)
+        while len(_LISTINGS) > _KEPT_LISTINGS:
+            _LISTINGS.popitem(last=False)
+    return listing.entries.get(name, ())
+
+
 def _stamp(folder: str) -> tuple:
-    """What changes when ``folder``'s entries do (its modification time), for :func:`_normal_entries`."""
+    """What changes when ``folder``'s entries do, on most file systems (its modification time, and
+    its size, which grows with its entries on tmpfs, btrfs and small XFS folders); None: no folder."""
     try:
-        return (os.stat(folder).st_mtime_ns,)
+        found = os.stat(folder)
     except OSError:
         return (None,)
+    return (found.st_mtime_ns, found.st_size)
 
 
-@functools.lru_cache(maxsize=64)
-def _normal_entries(folder: str, stamp: Any) -> dict[str, tuple[str, ...]]:
-    """``folder``'s entry names by their NFC form, listed once per version of the folder (a data set
-    names many files of one folder)."""
-    if stamp is None or not os.path.isdir(folder):
+def _normal_entries(folder: str, stamp: tuple) -> dict[str, tuple[str, ...]]:
+    """``folder``'s entry names by their NFC form."""
+    if stamp == (None,) or not os.path.isdir(folder):
         return {}
     entries: dict[str, tuple[str, ...]] = {}
     for entry in sorted(os.listdir(folder)):

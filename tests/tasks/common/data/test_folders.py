@@ -53,3 +53,39 @@ def test_a_name_matching_files_in_two_folders_of_either_form_is_refused_naming_t
         pytest.skip("this file system does not tell the two forms apart")
     with pytest.raises(DataError, match="names two files"):
         found_path(tmp_path, f"{NFC}t{NFD}/a.mp4")
+
+
+def _counting_listings(monkeypatch) -> list:
+    """The folders ``os.listdir`` lists from now on (the real listing, counted)."""
+    listed, real = [], os.listdir
+
+    def listdir(path="."):
+        listed.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    return listed
+
+
+def test_a_file_added_within_the_folders_clock_tick_is_found(tmp_path, monkeypatch):
+    """A file system whose clock ticks in seconds keeps a folder's modification time when a file is
+    added within the tick of its listing (os.utime sets it back here): the name is still found."""
+    (tmp_path / "a.jpg").write_bytes(b"x")
+    before = os.stat(tmp_path)
+    assert found_path(tmp_path, f"caf{NFC}.jpg") is None
+    (tmp_path / f"caf{NFD}.jpg").write_bytes(b"x")
+    os.utime(tmp_path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert found_path(tmp_path, f"caf{NFC}.jpg") == os.path.join(tmp_path, f"caf{NFD}.jpg")
+
+
+def test_a_folder_is_listed_once_for_the_names_it_holds_and_lacks(tmp_path, monkeypatch):
+    """Names found in a kept listing cost no listing; neither do absent ones once the folder's last
+    change is long past (the listing cannot have missed a file added in its clock tick)."""
+    for n in range(3):
+        (tmp_path / f"{n}caf{NFD}.jpg").write_bytes(b"x")
+    os.utime(tmp_path, (1e9, 1e9))  # changed long ago
+    listed = _counting_listings(monkeypatch)
+    for n in range(3):
+        assert found_path(tmp_path, f"{n}caf{NFC}.jpg") == os.path.join(tmp_path, f"{n}caf{NFD}.jpg")
+        assert found_path(tmp_path, f"gone{n}.jpg") is None
+    assert listed == [str(tmp_path)]
