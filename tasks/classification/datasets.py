@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from rescale_tasks.common.data import (DECODE_ERRORS, CorruptImageError, nested_folders_hint, open_rgb,
-                                       scan_class_folders)
+                                       say_large_image, scan_class_folders, unreadable_image)
 from rescale_tasks.common.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,8 @@ class ImageFileDataset(Dataset):
 
     With ``skip_corrupt`` an undecodable file yields ``None`` (drop it with
     :func:`collate_drop_none`), is logged once and is flagged in the shared-memory
-    tensor ``corrupt`` so the count is visible from the main process across workers.
+    tensor ``corrupt`` so the count is visible from the main process across workers. A file over
+    Pillow's decompression-bomb warning limit is read and logged once (``large``, shared the same way).
     """
 
     def __init__(self, samples: Sequence[tuple[str, int]], transform: Callable,
@@ -181,6 +182,7 @@ class ImageFileDataset(Dataset):
         self.transform = transform
         self.skip_corrupt = skip_corrupt
         self.corrupt = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
+        self.large = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()  # said over Pillow's warning limit
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -195,15 +197,15 @@ class ImageFileDataset(Dataset):
         try:
             image = open_rgb(path)
         except DECODE_ERRORS as exc:
+            what, fix = unreadable_image(path, exc)
             if not self.skip_corrupt:
-                raise CorruptImageError(
-                    f"Cannot decode image {path} ({type(exc).__name__}: {exc}). Replace or delete "
-                    "the file, or set --data.skip_corrupt true to skip unreadable images."
-                ) from None
+                raise CorruptImageError(f"{what}. {fix} the file, or set --data.skip_corrupt true to skip unreadable "
+                                        "images.") from None
             if not bool(self.corrupt[index]):
                 self.corrupt[index] = True
-                log.warning("skipping corrupt image %s (%s: %s)", path, type(exc).__name__, exc)
+                log.warning("skipping: %s", what)
             return None
+        say_large_image(path, image, self.large, index)
         return self.transform(image), label
 
 

@@ -63,7 +63,7 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as TF
 
 from rescale_tasks.common.data import (DECODE_ERRORS, CorruptImageError, found_path, open_rgb, orientation,
-                                       oriented_size)
+                                       oriented_size, say_large_image, unreadable_image)
 from rescale_tasks.common.errors import DataError
 
 __all__ = ["CocoDetection", "decode_masks", "load_coco_json", "category_labels", "mask_problem"]
@@ -287,6 +287,7 @@ class CocoDetection(Dataset):
         self.corrupt = torch.zeros(len(kept), dtype=torch.bool).share_memory_()
         # images kept as stored although their EXIF orientation would turn them (see the module docstring)
         self.as_stored = torch.zeros(len(kept), dtype=torch.bool).share_memory_()
+        self.large = torch.zeros(len(kept), dtype=torch.bool).share_memory_()  # said over Pillow's warning limit
         self._found_paths: dict[int, str] = {}  # index -> its file, where file_name writes it otherwise (found_path)
         self._check_files(folder_key)
         if self.dropped_degenerate:
@@ -480,15 +481,15 @@ class CocoDetection(Dataset):
                 raise ValueError(f"{image.size[0]}x{image.size[1]} pixels{turned} but the json says "
                                  f"{info['width']}x{info['height']}")
         except DECODE_ERRORS as exc:  # FileNotFoundError is an OSError
+            what, fix = unreadable_image(path, exc)
             if not self.skip_corrupt:
-                raise CorruptImageError(
-                    f"Cannot decode image {path} ({type(exc).__name__}: {exc}). Replace or delete the "
-                    "file (and its json entry), or set --data.skip_corrupt true to skip unreadable images."
-                ) from None
+                raise CorruptImageError(f"{what}. {fix} the file (and its json entry), or set --data.skip_corrupt "
+                                        "true to skip unreadable images.") from None
             if not bool(self.corrupt[index]):
                 self.corrupt[index] = True
-                log.warning("skipping unreadable image %s (%s: %s)", path, type(exc).__name__, exc)
+                log.warning("skipping: %s", what)
             return None
+        say_large_image(path, image, self.large, index)
         if stored and not bool(self.as_stored[index]):
             self.as_stored[index] = True
         return tv_tensors.Image(TF.pil_to_tensor(image))

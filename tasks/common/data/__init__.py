@@ -22,7 +22,7 @@ from .empty_batches import (SKIPPED, data_may_skip_files, is_skipped, must_skip,
                             skipped_prediction, skipped_step)
 from .throughput import batch_size, items_in, metric_key, run_metric_key, unit_of
 from .images import (DECODE_ERRORS, HIGH_DEPTH_MODES, IMAGE_DECODING, CorruptImageError, full_scale, open_rgb,
-                     orientation, oriented_size, to_rgb)
+                     orientation, oriented_size, say_large_image, to_rgb, unreadable_image)
 from .labels import LABELS_KEY, Labels, checkpoint_labels, data_labels, match_labels
 from .folders import found_path, nested_folders_hint, scan_class_folders, unnested
 from .text import is_utf16, to_utf8_advice
@@ -34,6 +34,7 @@ __all__ = ["PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMi
            "BatchListLoader", "BatchListSampler", "SKIPPED", "data_may_skip_files", "is_skipped", "must_skip",
            "nothing_to_evaluate", "skipped_prediction", "skipped_step", "batch_size", "items_in",
            "metric_key", "run_metric_key", "unit_of", "DECODE_ERRORS", "HIGH_DEPTH_MODES", "IMAGE_DECODING", "CorruptImageError", "full_scale",
+           "say_large_image", "unreadable_image",
            "open_rgb", "orientation", "oriented_size", "to_rgb", "LABELS_KEY", "Labels", "checkpoint_labels",
            "data_labels", "match_labels", "found_path", "nested_folders_hint", "scan_class_folders", "unnested", "is_utf16", "to_utf8_advice", "TaskDataModule",
            "DATA_KEY", "FINGERPRINT_KEY", "data_fingerprint", "describe_fingerprint", "same_data", "LAYOUT_ONLY", "describe_transforms"]

@@ -20,13 +20,22 @@ pays for reading its header. A caller whose annotations may refer to the stored 
 (COCO records, :mod:`rescale_tasks.detection.coco`) decides per file (``orient``).
 
 A file Pillow cannot decode raises one of :data:`DECODE_ERRORS`; the data sets of every task turn it
-into :class:`CorruptImageError` (one line naming the file) or skip the file.
+into :class:`CorruptImageError` (one line naming the file, :func:`unreadable_image`) or skip the file.
+Pillow's guard against decompression bombs stays as Pillow sets it: an image over twice
+``PIL.Image.MAX_IMAGE_PIXELS`` (about 179 million pixels) is refused, and that line says so rather
+than "cannot decode"; one over the limit itself (about 89 million) is read, and said once per file
+through logging (:func:`say_large_image`), not Pillow's ``DecompressionBombWarning``, which names no
+file and shows once per process.
 """
 from __future__ import annotations
 
+import logging
 import os
+import re
+import warnings
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from PIL import ExifTags, Image, ImageOps
@@ -34,7 +43,9 @@ from PIL import ExifTags, Image, ImageOps
 from ..errors import WorkerDataError
 
 __all__ = ["HIGH_DEPTH_MODES", "DECODE_ERRORS", "IMAGE_DECODING", "CorruptImageError", "full_scale", "open_rgb",
-           "orientation", "oriented_size", "to_rgb"]
+           "orientation", "oriented_size", "say_large_image", "to_rgb", "unreadable_image"]
+
+log = logging.getLogger(__name__)
 
 #: modes holding more than 8 bits per sample
 HIGH_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
@@ -48,6 +59,45 @@ IMAGE_DECODING = {"exif_orientation": "applied", "transparency": "composited ove
 #: what Pillow raises for a file it cannot decode: missing or unreadable (OSError), truncated or
 #: malformed data, a decompression bomb
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, zlib.error, Image.DecompressionBombError)
+
+
+#: Pillow's text for an image over its decompression-bomb limits: its pixels and the limit
+_BOMB = re.compile(r"\((\d+) pixels\) exceeds limit of (\d+) pixels")
+
+
+def unreadable_image(path: str | os.PathLike, exc: BaseException) -> tuple[str, str]:
+    """Why the image file at ``path`` was not read (``exc``: one of :data:`DECODE_ERRORS`), for an
+    error or a skip line, and what to do with the file: ``("Cannot decode image <path> (<error>)",
+    "Replace or delete")``; for an image over Pillow's decompression-bomb limit, that limit (twice
+    ``PIL.Image.MAX_IMAGE_PIXELS``, which the suite leaves as Pillow sets it: decoding such an image
+    takes gigabytes in every loader worker) and ``"Downscale or delete"``."""
+    if not isinstance(exc, Image.DecompressionBombError):
+        return f"Cannot decode image {path} ({type(exc).__name__}: {exc})", "Replace or delete"
+    found = _BOMB.search(str(exc))
+    size = f"{int(found[1]):,} pixels, over the limit of {int(found[2]):,}" if found else str(exc)
+    return (f"Image {path} is too large to decode ({size}: Pillow's guard against decompression bombs, twice "
+            "PIL.Image.MAX_IMAGE_PIXELS)", "Downscale (the network reads it resized) or delete")
+
+
+def say_large_image(path: str | os.PathLike, image: Image.Image, said: Any, index: int) -> None:
+    """Log, once per file, that ``image`` (read from ``path``, the data set's sample ``index``) is over
+    Pillow's decompression-bomb warning limit (``PIL.Image.MAX_IMAGE_PIXELS``, about 89 million
+    pixels) and was read anyway. ``said``: a flag per sample, set here (a shared-memory tensor: once
+    across the loader's worker processes)."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if bool(said[index]) or not limit or image.size[0] * image.size[1] <= limit:
+        return
+    said[index] = True
+    log.warning(f"warning: image {path} has {image.size[0] * image.size[1]:,} pixels, over Pillow's "
+                f"decompression-bomb warning limit of {limit:,} (PIL.Image.MAX_IMAGE_PIXELS): read anyway, taking "
+                "the memory such an image takes; twice the limit is refused")
+
+
+def _quiet_bomb_warning() -> None:
+    """Pillow's ``DecompressionBombWarning`` left out: :func:`say_large_image` says it through logging,
+    naming the file. Set before each file is opened (filtering is cheap next to decoding): a filter
+    set once would be dropped by the first ``warnings.catch_warnings`` block it was set inside."""
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
 class CorruptImageError(WorkerDataError):
@@ -107,8 +157,10 @@ def open_rgb(path: str | os.PathLike,
     (:func:`to_rgb`); Pillow's errors pass through.
 
     ``orient``: apply the orientation (True), keep the stored pixels (False), or ask a function of
-    the opened file (its header read, its pixels as stored) whether to apply it.
+    the opened file (its header read, its pixels as stored) whether to apply it. An image over
+    Pillow's decompression-bomb warning limit is read without Pillow's warning (:func:`say_large_image`).
     """
+    _quiet_bomb_warning()
     with Image.open(path) as image:
         if orientation(image) != 1 and (orient(image) if callable(orient) else orient):
             ImageOps.exif_transpose(image, in_place=True)

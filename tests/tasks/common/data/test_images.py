@@ -162,6 +162,51 @@ def test_every_mode_reaches_the_detector_faithfully(tmp_path, kind):
     assert (image.double() - torch.from_numpy(expected).permute(2, 0, 1)).abs().max() <= 1
 
 
+# ----------------------------------------------------------------------------- Pillow's decompression-bomb limits
+
+
+def test_an_image_over_pillows_limits_is_said_as_such_once_per_file(tmp_path, monkeypatch, caplog):
+    """Over PIL.Image.MAX_IMAGE_PIXELS (lowered here from its 89 million pixels) an image is read and
+    said once per file through logging, not Pillow's warning; over twice that it is refused in a line
+    naming the limit and the fix, not called undecodable. A data set of each task does the same."""
+    import logging
+    import warnings
+
+    from rescale_tasks.common.data import CorruptImageError
+
+    paths = [tmp_path / f"{n}.png" for n in range(2)]
+    for path in paths:
+        Image.new("RGB", (100, 100)).save(path)
+    images = ImageFileDataset([(str(p), 0) for p in paths], v2.ToImage())
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 9_000)
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING):
+        warnings.simplefilter("error")  # no DecompressionBombWarning
+        for index in (0, 1, 0, 1):
+            assert images[index][0].shape == (3, 100, 100)
+    said = [r.getMessage() for r in caplog.records if "decompression-bomb" in r.getMessage()]
+    assert len(said) == 2 and str(paths[0]) in said[0] and str(paths[1]) in said[1], said
+    assert "10,000 pixels, over Pillow's decompression-bomb warning limit of 9,000" in said[0]
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 4_000)
+    with pytest.raises(CorruptImageError) as refused:
+        images[0]
+    line = str(refused.value)
+    assert line.startswith(f"Image {paths[0]} is too large to decode (10,000 pixels, over the limit of 8,000"), line
+    assert "Downscale" in line and "Cannot decode" not in line and "\n" not in line
+
+    folder = tmp_path / "coco"
+    folder.mkdir()
+    Image.new("RGB", (100, 100)).save(folder / "a.png")
+    annotations = tmp_path / "instances.json"
+    annotations.write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "a.png", "width": 100, "height": 100}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [2, 2, 20, 20], "area": 400,
+                         "iscrowd": 0}],
+        "categories": [{"id": 1, "name": "digits"}]}))
+    with pytest.raises(CorruptImageError, match=r"a\.png is too large to decode .* Downscale"):
+        CocoDetection(annotations, folder, masks=False).load_image(0)
+
+
 # ----------------------------------------------------------------------------- EXIF orientation
 
 #: EXIF orientation -> the pixels a camera stores for the upright picture ``u`` ``[H, W, C]`` (the tag
