@@ -28,7 +28,8 @@ from .run import PREDICTIONS_FILE, write_result
 from .system import CODE_KEY, code_version, quiet_dependency_warnings
 from .training import (accepts, as_memory_format, build_optimizer, build_scheduler, check_agc_options,
                        clipped_parameters, compile_in_place, create_network, default_sgd, output_layers,
-                       resolved_architecture, training_state_differences, use_channels_last)
+                       pending_gradient_scale, resolved_architecture, training_state_differences,
+                       use_channels_last)
 
 __all__ = ["RescaleTaskModule", "OptimizerFactory", "SchedulerFactory", "accepts"]
 
@@ -405,8 +406,10 @@ class RescaleTaskModule(L.LightningModule):
         step, inside ``optimizer.step``'s closure wrapper, after the closure has run every
         backward of the step; after ``scaler.unscale_`` under fp16 AMP (a GradScaler's step
         then still skips a step whose unscaled gradients were not finite: ``unscale_`` recorded
-        that before AGC ran; bf16 and fp32 have no scaler); and after every callback's and this
-        module's ``on_before_optimizer_step`` (the divergence monitor checks the raw gradients).
+        that before AGC ran; bf16 and fp32 have no scaler; an optimizer that unscales in its own
+        step, ``fused=True``, gets its gradients still scaled, and AGC clips them at lambda times
+        the scale: :func:`~.training.clipping.pending_gradient_scale`); and after every callback's and
+        this module's ``on_before_optimizer_step`` (the divergence monitor checks the raw gradients).
         With gradient accumulation it runs only at the step that closes the window, on the
         accumulated gradients (the batch gradient the paper clips). Under DDP the gradients are
         all-reduced by DDP's bucket hooks during the last backward of the window, the one run by
@@ -422,7 +425,9 @@ class RescaleTaskModule(L.LightningModule):
         start (:meth:`_check_agc_strategy`)."""
         if self.agc_clip is not None:
             excluded = None if self.agc_clip_classifier else self.output_layers()
-            adaptive_clip_grad_(clipped_parameters(optimizer, excluded), self.agc_clip, self.agc_eps)
+            # an optimizer that unscales in its step (fused=True) sees fp16 AMP's scaled gradients here
+            scale = pending_gradient_scale(self.trainer.precision_plugin, optimizer)
+            adaptive_clip_grad_(clipped_parameters(optimizer, excluded), self.agc_clip * scale, self.agc_eps)
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     @staticmethod

@@ -139,6 +139,11 @@ PRIVATE_APIS = (
                "method", "common/checkpoints/callbacks.py: LastCheckpoint._take_over_signals",
                "Lightning installs its SIGTERM handler here, before the sanity check and training start, "
                "where the suite takes the stop signals over and forwards them to it", ("self",)),
+    PrivateApi("lightning.fabric.plugins.precision.amp", "_optimizer_handles_unscaling", "function",
+               "common/training/clipping.py: pending_gradient_scale",
+               "whether Lightning left fp16 AMP's gradients scaled for the optimizer's own step to unscale "
+               "(a fused optimizer), Lightning's own test of it, so that AGC reads them as Lightning leaves them",
+               ("optimizer",)),
     PrivateApi("lightning.fabric.utilities.cloud_io", "_is_local_file_protocol", "function",
                "common/checkpoints/files.py", "whether a checkpoint path is a local file (not s3://, gs://)",
                ("path",)),

@@ -14,6 +14,11 @@ the network's *output layers*, found by :func:`output_layers` (a task module may
   included).
 
 ``agc_clip_classifier: true`` clips them too.
+
+Under fp16 AMP the gradients AGC reads must be the unscaled ones. Lightning unscales them before
+the clipping hook, except for an optimizer that unscales inside its own step (``fused=True``):
+those keep the GradScaler's scale S until the step divides it out, so AGC clips them at
+``lambda * S`` (:func:`pending_gradient_scale`), which is AGC of the unscaled gradients, times S.
 """
 from __future__ import annotations
 
@@ -21,13 +26,14 @@ from collections.abc import Iterable
 from typing import Any, Optional
 
 import torch
+from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
 from torch import nn
 
 from rescale_core.agc import DEFAULT_EPS, check_agc
 
 from ..errors import ConfigError
 
-__all__ = ["check_agc_options", "check_agc_is_on", "output_layers", "clipped_parameters"]
+__all__ = ["check_agc_options", "check_agc_is_on", "output_layers", "clipped_parameters", "pending_gradient_scale"]
 
 
 def check_agc_options(clip: Any, eps: Any = 1e-3) -> None:
@@ -69,3 +75,15 @@ def clipped_parameters(optimizer: torch.optim.Optimizer, excluded: Optional[Iter
     (None: all)."""
     skip = {id(p) for m in excluded or () for p in m.parameters()}
     return [p for group in optimizer.param_groups for p in group["params"] if id(p) not in skip]
+
+
+def pending_gradient_scale(precision_plugin: Any, optimizer: torch.optim.Optimizer) -> float:
+    """The factor the gradients still carry when the clipping hook runs: 1, but under fp16 AMP with
+    an optimizer that unscales inside its step (a ``fused=True`` one: Lightning then leaves
+    ``scaler.unscale_`` to that step, as its ``MixedPrecision.optimizer_step`` does), the
+    GradScaler's current scale, which that step divides out (read from the device: one host sync
+    a step, in that case only)."""
+    scaler = getattr(precision_plugin, "scaler", None)
+    if scaler is None or not scaler.is_enabled() or not _optimizer_handles_unscaling(optimizer):
+        return 1.0
+    return float(scaler.get_scale())

@@ -2,8 +2,8 @@
 module: the optimizer steps with the clipped gradients (timm's ``adaptive_clip_grad`` of the
 gradients backward left, the output layer left alone unless ``agc_clip_classifier``), in fp32
 with gradient accumulation, under bf16 autocast and under fp16 with a GradScaler (clipped after
-unscaling); each task's output layers; a sharded strategy refused in one line. The 2-process DDP
-run with AGC is in ``test_plans_and_compile.py``."""
+unscaling, a fused optimizer's too); each task's output layers; a sharded strategy refused in
+one line. The 2-process DDP run with AGC is in ``test_plans_and_compile.py``."""
 from __future__ import annotations
 
 import lightning.pytorch as L
@@ -30,6 +30,7 @@ class StepGradients(L.Callback):
     def __init__(self) -> None:
         self.weights: list[dict] = []
         self.raw: list[dict] = []
+        self.scales: list[float] = []  # fp16 AMP's loss scale at each step (1 without a GradScaler)
         self.stepped: dict[int, dict] = {}  # by step: a GradScaler skips the step of non-finite gradients
 
     @staticmethod
@@ -43,13 +44,16 @@ class StepGradients(L.Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         self.weights.append({n: p.detach().clone() for n, p in pl_module.named_parameters()})
         self.raw.append(self.grads(pl_module))
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self.scales.append(1.0 if scaler is None else scaler.get_scale())
 
 
-def fit(steps: int = 2, plugins=None, accumulate: int = 1, precision="32-true", **module_args):
+def fit(steps: int = 2, plugins=None, accumulate: int = 1, precision="32-true", fused: bool = False,
+        **module_args):
     torch.manual_seed(0)
     module = ClassificationModule("cifar_resnet", scheme="skipinit", num_classes=10, in_channels=1,
                                   network_options={"depth": 8, "base_width": 8},
-                                  optimizer=lambda p: torch.optim.SGD(p, lr=0.1), **module_args)
+                                  optimizer=lambda p: torch.optim.SGD(p, lr=0.1, fused=fused), **module_args)
     record = StepGradients()
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
                         enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0,
@@ -91,6 +95,20 @@ def test_the_optimizer_steps_with_clipped_gradients(setting):
     if setting == "fp16 with a GradScaler":  # the raw gradients were unscaled before the hooks saw them
         assert module.trainer.precision_plugin.scaler.get_scale() > 1
         assert max(g.abs().max().item() for g in raw.values()) < 100
+
+
+def test_a_fused_optimizer_under_fp16_steps_with_the_unscaled_gradients_clipped():
+    """A fused optimizer unscales in its own step, so Lightning leaves the gradients scaled for the
+    clipping hook: AGC clips them at lambda x the scale, and the step takes AGC of the true
+    gradients (AGC at lambda of the scaled ones left every clipped unit 65536 times too small)."""
+    module, record = fit(steps=2, agc_clip=0.01, fused=True, plugins=[MixedPrecision("16-mixed", "cpu")])
+    assert record.stepped and all(scale > 1 for scale in record.scales)
+    for step, stepped in record.stepped.items():  # the fused step unscaled the gradients in place
+        unscaled = {n: g / record.scales[step] for n, g in record.raw[step].items()}
+        want = timm_agc(unscaled, record.weights[step], 0.01, ("net.fc.",))
+        for name, g in stepped.items():
+            torch.testing.assert_close(g, want[name], rtol=1e-5, atol=1e-9, msg=name)
+        assert sum(not torch.equal(g, unscaled[name]) for name, g in stepped.items()) > 0
 
 
 def test_without_agc_the_gradients_are_backwards():
