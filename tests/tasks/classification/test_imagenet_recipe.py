@@ -36,6 +36,8 @@ def official_factor(step: int, milestones: list[int], epochs: int, warmup: int =
     ("rescale50_cosine", 0.4, [], 100),
     ("vgg19_rescale", 0.04, [60, 90], 100),  # training.md: vgg19_noBN --multi_step=[60, 90]
     ("vgg19_bn", 0.04, [30, 60, 90], 100),
+    ("rescale50_mixup", 0.4, [60, 120, 180], 200),  # mixup's 200-epoch schedule after the warm-up
+    ("resnet50_bn_mixup", 0.4, [60, 120, 180], 200),
 ])
 def test_each_config_trains_the_official_schedule(config, lr, milestones, epochs):
     cli = build_run(["--config", str(IMAGENET / f"{config}.yaml"), "--model.init_args.network_options", TINY[config]])
