@@ -27,7 +27,9 @@ The merge every scheme reduces to (block k of L, k = 1..L)::
   the other branch layers' He std scaled by ``L^(-1/(2m-2))``, scalar biases before each conv,
   activation and the classifier, one scalar multiplier per branch; scalars at lr/10.
 - ``rezero``: ReZero (Bachlechner et al. 2020): ``x + a F(x)``, ``a = 0`` at init: the fields of
-  ``skipinit``, under the name its paper gives it (the same network, seed for seed).
+  ``skipinit``, under the name its paper gives it (the same network, seed for seed). Deviation:
+  one ``a`` per branch (a Transformer's every sublayer), where the ReZero code shares one between
+  the sublayers of a Transformer layer (docs/transformers.md).
 - SkipInit's counter-examples (rebuttal): ``bn_scaled`` (a BN ResNet whose blocks output
   ``alpha (x + F(x))``, alpha = sqrt(1/2)), ``bn_head`` (one BN before the classifier only),
   ``bn_merge`` (BN on the branch plus a BN after the merge).
