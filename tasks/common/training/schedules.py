@@ -95,21 +95,48 @@ class WarmupMultiStepLR(_EpochScheduleLR):
 
 
 class WarmupCosineLR(_EpochScheduleLR):
+    """Linear warm-up, then a half-cosine down to ``min_factor`` x lr at ``max_epochs``.
+
+    ``cosine_after_warmup`` (default True): the cosine spans the epochs after the warm-up, which
+    climbs to the full lr. False: SlowFast's schedule (``SOLVER.COSINE_AFTER_WARMUP: False``,
+    ``slowfast/utils/lr_policy.py``): the cosine spans the whole run from epoch 0, and the warm-up
+    climbs linearly in epochs from ``warmup_start_factor`` x lr (SlowFast's ``WARMUP_START_LR`` /
+    ``BASE_LR``) to the cosine's value at its end. Only a setting off its default is kept in the
+    schedule's state (a checkpoint written before these options resumes unchanged)."""
+
     uses_max_epochs = True
+    cosine_after_warmup = True
+    warmup_start_factor = 0.0
 
     def __init__(self, optimizer: Optimizer, warmup_epochs: float = 0.0, min_factor: float = 0.0,
-                 steps_per_epoch: int = 1, max_epochs: int | None = None, last_epoch: int = -1) -> None:
+                 steps_per_epoch: int = 1, max_epochs: int | None = None, last_epoch: int = -1,
+                 cosine_after_warmup: bool = True, warmup_start_factor: float = 0.0) -> None:
         if not max_epochs:
             raise ValueError("WarmupCosineLR needs max_epochs (the length of the cosine); set trainer.max_epochs")
-        if not 0.0 <= min_factor <= 1.0:
-            raise ValueError(f"WarmupCosineLR: min_factor ({float(min_factor)}) must be in [0, 1] (the floor of "
-                             "the cosine, a fraction of the base learning rate)")
+        for name, value, what in (("min_factor", min_factor, "the floor of the cosine"),
+                                  ("warmup_start_factor", warmup_start_factor, "where the warm-up starts")):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"WarmupCosineLR: {name} ({float(value)}) must be in [0, 1] ({what}, a fraction "
+                                 "of the base learning rate)")
         self.min_factor = min_factor
+        if not cosine_after_warmup:
+            self.cosine_after_warmup = False
+        if warmup_start_factor:
+            self.warmup_start_factor = float(warmup_start_factor)
         super().__init__(optimizer, warmup_epochs, steps_per_epoch, max_epochs, last_epoch)
 
+    def _factor(self, step: int) -> float:
+        epoch = step / self.steps_per_epoch
+        if not (self.warmup_epochs > 0 and epoch < self.warmup_epochs):
+            return self.decay(epoch)
+        if self.cosine_after_warmup:  # the shared warm-up, from its start factor
+            return self.warmup_start_factor + (1 - self.warmup_start_factor) * super()._factor(step)
+        start, end = self.warmup_start_factor, self.decay(self.warmup_epochs)
+        return start + (end - start) * epoch / self.warmup_epochs
+
     def decay(self, epoch: float) -> float:
-        total = self.max_epochs - self.warmup_epochs
-        t = min(max((epoch - self.warmup_epochs) / max(total, 1e-8), 0.0), 1.0)
+        offset = self.warmup_epochs if self.cosine_after_warmup else 0.0
+        t = min(max((epoch - offset) / max(self.max_epochs - offset, 1e-8), 0.0), 1.0)
         return self.min_factor + (1 - self.min_factor) * 0.5 * (1 + math.cos(math.pi * t))
 
 

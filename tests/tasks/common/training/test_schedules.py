@@ -107,6 +107,52 @@ def test_warmup_cosine_at_its_boundaries():
     assert resumed(make, 3, 10) == pytest.approx(lr[3:13])  # resumed mid-warm-up: the same rates
 
 
+def slowfast_lr(epoch: float, base: float, start: float, warmup: float, max_epoch: float) -> float:
+    """SlowFast's ``get_lr_at_epoch`` with ``lr_func_cosine`` (``COSINE_AFTER_WARMUP: False``,
+    ``COSINE_END_LR`` 0): the cosine over the whole run from epoch 0, the warm-up linear in epochs
+    from ``WARMUP_START_LR`` to the cosine's value at its end."""
+    def cosine(e):
+        return base * (math.cos(math.pi * e / max_epoch) + 1.0) * 0.5
+    if epoch < warmup:
+        return start + epoch * (cosine(warmup) - start) / warmup
+    return cosine(epoch)
+
+
+def test_warmup_cosine_from_epoch_zero_is_slowfasts_schedule():
+    """The Kinetics recipe's (SLOW_8x8_R50: 34 warm-up epochs from lr 0.01 of 0.1, 196 epochs): the
+    lr at every step, SlowFast reading it at epoch ``step / steps_per_epoch``; the shared warm-up
+    then cosine after it ran 8% higher at the warm-up's end and a third higher mid-run."""
+    steps_per_epoch, warmup, epochs = 2, 34, 196
+
+    def make(opt):
+        return WarmupCosineLR(opt, warmup_epochs=warmup, steps_per_epoch=steps_per_epoch, max_epochs=epochs,
+                              cosine_after_warmup=False, warmup_start_factor=0.1)
+    lr = lrs(make(optimizer()), epochs * steps_per_epoch)
+    want = [slowfast_lr(s / steps_per_epoch, BASE, 0.1 * BASE, warmup, epochs) for s in range(len(lr))]
+    assert lr == pytest.approx(want, rel=1e-9, abs=1e-15)
+    assert resumed(make, 60, 20) == pytest.approx(lr[60:80])  # resumed across the warm-up's end
+
+
+def test_a_warmup_start_factor_lifts_the_shared_warmup():
+    lr = lrs(WarmupCosineLR(optimizer(), warmup_epochs=1, steps_per_epoch=4, max_epochs=3, warmup_start_factor=0.2), 5)
+    assert lr[:5] == pytest.approx([BASE * (0.2 + 0.8 * s / 4) for s in (1, 2, 3, 4)] + [BASE])
+
+
+def test_the_new_settings_at_their_defaults_leave_a_saved_schedule_as_it_was():
+    """A checkpoint's schedule written before ``cosine_after_warmup`` and ``warmup_start_factor``
+    existed compares equal to the same schedule now (a resume is not refused), and a setting off
+    its default is one the comparison names."""
+    from rescale_tasks.common.training import training_state_differences
+
+    old = WarmupCosineLR(optimizer(), warmup_epochs=1, steps_per_epoch=2, max_epochs=3)
+    assert "cosine_after_warmup" not in old.state_dict() and "warmup_start_factor" not in old.state_dict()
+    slowfast = WarmupCosineLR(optimizer(), warmup_epochs=1, steps_per_epoch=2, max_epochs=3,
+                              cosine_after_warmup=False)
+    opt = [old.optimizer.state_dict()]
+    assert training_state_differences(opt, [old.state_dict()], [old.optimizer], [old]) == []
+    assert training_state_differences(opt, [old.state_dict()], [slowfast.optimizer], [slowfast])
+
+
 def test_warmup_cosine_to_zero_without_warmup():
     lr = lrs(WarmupCosineLR(optimizer(), steps_per_epoch=4, max_epochs=2), 8)
     assert lr[0] == pytest.approx(BASE)
@@ -161,6 +207,8 @@ def test_iteration_multistep_as_detectron2():
 @pytest.mark.parametrize("make,match", [
     (lambda o: WarmupCosineLR(o, warmup_epochs=-1, max_epochs=5), r"warmup_epochs \(-1.0\) must be >= 0"),
     (lambda o: WarmupCosineLR(o, min_factor=1.5, max_epochs=5), r"min_factor \(1.5\) must be in \[0, 1\]"),
+    (lambda o: WarmupCosineLR(o, warmup_start_factor=-0.1, max_epochs=5),
+     r"warmup_start_factor \(-0.1\) must be in \[0, 1\]"),
     (lambda o: WarmupMultiStepLR(o, milestones=[30, 6, 90]), r"milestones \[30.0, 6.0, 90.0\] must increase"),
     (lambda o: WarmupMultiStepLR(o, milestones=[-1, 3]), r"milestones \[-1.0, 3.0\] must be >= 0"),
     (lambda o: WarmupMultiStepLR(o, gamma=-0.1), r"gamma \(-0.1\) must be > 0"),
