@@ -9,6 +9,11 @@ only ``norm`` (``bn`` or none), ``mean_shift`` and ``measure_batches``; VGG refu
 a scheme of another name whose fields outside these three are not those of one of the three
 (a data-only variant of ``rescale`` with other ``measure_batches`` builds; ``skipinit`` does not).
 Deviation: the classifier width (4096) and stage-1 width (64) are arguments, for small tests.
+Deviations of ``rescale`` from the official code (hukkai/rescaling ``models/vgg.py``): the convs are
+He-initialised fan-in (there fan-out, as every linear layer, the last one too, at gain sqrt(2));
+the classifier's hidden layers He fan-in at gain sqrt(2) and its last at gain 1; a mean-shift bias
+also before the first conv (on the image), and before the first linear layer one per flattened
+feature where the official code has one per channel.
 
 :class:`VGG` holds the reference definition and one dispatch to its execution plan
 (:mod:`rescale_core.plans`): the folded plan moves each mean-shift bias of the conv stack across
