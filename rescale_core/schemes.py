@@ -16,7 +16,10 @@ The merge every scheme reduces to (block k of L, k = 1..L)::
 - ``rescale``: RescaleNet (Shao et al., NeurIPS 2020, Eq. 4-6): ``alpha_k = sqrt((k-1+c)/(k+c))``,
   ``beta = L^-1/2`` fixed with each of the m branch convs' He std multiplied by
   ``(L/(k+c))^(1/2m) * sqrt(1-p)`` (rebuttal [R4]), or ``beta_k = (k+c)^-1/2``
-  (``fixed_beta=False``); learnable gain (init 1, no weight decay); mean-shift biases.
+  (``fixed_beta=False``); learnable gain (init 1, no weight decay); mean-shift biases. ``c``
+  defaults to L, the paper's choice; the official code (hukkai/rescaling ``models/rescale.py``)
+  numbers its blocks from ``block_idx = L - 1``, i.e. ``c = L - 1`` (``scheme_options: {c: ...}``
+  gives it).
   ``shortcut_gain`` / ``classifier_gain`` (default: the official code's He gain 1 for both):
   the basic-block recipe's signal-preserving transition and head (docs/studies.md, the
   basic-block yardstick).
