@@ -557,7 +557,8 @@ def transformer(arch: str = "transformer_base", scheme: "str | Scheme" = "post_l
         raise ValueError("Transformers take src_vocab_size / tgt_vocab_size, not num_classes")
     unknown = sorted(set(overrides) - set(_CONFIG_FIELDS))
     if unknown:
-        accepted = ["depth", "share_embeddings", "tie_output", "pad_index", *_CONFIG_FIELDS]
+        accepted = ["src_vocab_size", "tgt_vocab_size", "depth", "share_embeddings", "tie_output", "pad_index",
+                    *_CONFIG_FIELDS]
         named = []
         for u in unknown:
             close = difflib.get_close_matches(u, accepted, n=2)

@@ -64,7 +64,9 @@ def test_create_model_and_builder_arguments():
         create_model("transformer_tiny", src_vocab_size=V, num_classes=10)
     with pytest.raises(TypeError, match=r"^unknown Transformer argument\(s\) 'd_modle' \(did you mean d_model\?\)"):
         create_model("transformer_tiny", src_vocab_size=V, d_modle=64)
-    with pytest.raises(TypeError, match=r"'depht' \(did you mean depth\?\); the arguments are depth, "):
+    with pytest.raises(TypeError, match=r"'vocab_size' \(did you mean (src_vocab_size|tgt_vocab_size)"):
+        create_model("transformer_tiny", vocab_size=V)
+    with pytest.raises(TypeError, match=r"'depht' \(did you mean depth\?\); the arguments are src_vocab_size, tgt_vocab_size, depth, "):
         create_model("transformer_tiny", src_vocab_size=V, depht=3)
     with pytest.raises(ValueError, match="divisible"):
         create_model("transformer_tiny", src_vocab_size=V, nhead=3)
