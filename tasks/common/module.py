@@ -199,6 +199,7 @@ class RescaleTaskModule(L.LightningModule):
         check_checkpoint_compatible(checkpoint, self.hparams, self.state_dict(), source=source,
                                     strict=self.strict_loading, normalize=resolved_architecture,
                                     ckpt_path=str(path) if path else None)
+        self.check_checkpoint_data(checkpoint)
         resumed = trainer is not None and trainer.state.fn == "fit" and bool(checkpoint.get("optimizer_states"))
         if resumed:
             self._check_resumed_data(checkpoint, source, str(path) if path else None)
@@ -210,6 +211,11 @@ class RescaleTaskModule(L.LightningModule):
                                       str(path) if path else None)
             if trainer.optimizers:  # a strategy that restores after its setup (FSDP): the run's are built
                 self._check_resumed_training()
+
+    def check_checkpoint_data(self, checkpoint: dict[str, Any]) -> None:
+        """A task's own refusals of data the checkpoint cannot be read with (e.g. translation: another
+        language pair, another SentencePiece model), in one line each: they run before the data
+        fingerprint's check of a resume, whose line says only that the data differs."""
 
     #: ``rescale fit --resume_other_data true`` (set by the CLI): a resume whose checkpoint's run read
     #: other data than this run reads goes on (with a warning) instead of being refused

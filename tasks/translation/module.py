@@ -224,8 +224,9 @@ class TranslationModule(RescaleTaskModule):
                           f"every translation and score would be of the wrong text; pass --data.src_lang {src} "
                           f"--data.tgt_lang {tgt}")
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
+    def check_checkpoint_data(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse data in another direction or pair, or tokenized by another SentencePiece model of
+        the same size, than the checkpoint's (one line each)."""
         self._check_pair(checkpoint)
         proto = checkpoint.get("sentencepiece")
         if proto is not None and self.processor is not None and proto != self.processor.serialized_model_proto():
@@ -235,6 +236,10 @@ class TranslationModule(RescaleTaskModule):
             pieces = [_pieces(p) for p in (theirs, self.processor)]
             if len(pieces[0]) == len(pieces[1]) and pieces[0] != pieces[1]:  # other sizes: the weights' shapes say it
                 raise ConfigError(self._other_vocabulary())
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        proto = checkpoint.get("sentencepiece")
         if proto is not None and self.processor is None:
             self.processor = spm.SentencePieceProcessor()
             self.processor.LoadFromSerializedProto(proto)
