@@ -364,7 +364,13 @@ class TranslationModule(RescaleTaskModule):
         count = len(self.trainer.datamodule.references("test"))
         write_result(self.trainer, HYPOTHESES_FILE, self._lines(by_line, count), count, "hypotheses")
         score = {"bleu": result.score, "signature": result.signature, "style": self.bleu_style,
-                 "statistics": result.statistics, "sentences": count, "hypotheses": HYPOTHESES_FILE}
+                 "statistics": result.statistics, "sentences": len(by_line), "lines": count,
+                 "hypotheses": HYPOTHESES_FILE}
+        if len(by_line) < count:  # a partial pass (trainer.limit_test_batches) scores the lines it translated
+            log.warning(f"warning: test BLEU {result.score:.2f} covers {len(by_line)} of the {count} test lines: the "
+                        f"other {count - len(by_line)} were not translated (trainer.limit_test_batches) and are empty "
+                        f"lines in {HYPOTHESES_FILE}, so scoring that file against the references gives another "
+                        "number; leave out --trainer.limit_test_batches to score the whole test set")
         write_result(self.trainer, BLEU_FILE, json.dumps(score, indent=1), None, "BLEU score")
         log.info(f"test BLEU {result.score:.2f} ({result.signature}); written to {results_folder(self.trainer)}: "
                  f"{HYPOTHESES_FILE}, {BLEU_FILE}")

@@ -135,3 +135,19 @@ def test_translations_that_are_all_empty_score_bleu_0_and_are_written(trained, h
     score = json.loads(Path("tested", BLEU_FILE).read_text(encoding="utf-8"))
     assert score["bleu"] == 0.0 and score["sentences"] == 32
     assert "test BLEU 0.00" in capsys.readouterr().out
+
+
+def test_a_partial_test_pass_says_which_lines_its_bleu_covers(trained, handful_root, capsys):
+    """`rescale test --trainer.limit_test_batches 1` translates and scores the lines of one batch: its
+    bleu.test.json counts those sentences (it had said all 32, for statistics of a few) and one warning
+    line says the other lines are empty in the hypotheses file, which scored as a whole gives another BLEU."""
+    args = [*tiny(handful_root), "--data.init_args.max_tokens", "40", "--trainer.limit_test_batches", "1"]
+    assert main(["test", *args, "--ckpt_path", str(trained), "--output_dir", "tested"]) == 0
+    written = Path("tested", HYPOTHESES_FILE).read_text(encoding="utf-8").split("\n")[:-1]
+    score = json.loads(Path("tested", BLEU_FILE).read_text(encoding="utf-8"))
+    assert score["lines"] == len(written) == 32
+    translated = 32 - written.count("")
+    assert 0 < translated <= score["sentences"] < 32
+    captured = capsys.readouterr()
+    assert (f"covers {score['sentences']} of the 32 test lines: the other {32 - score['sentences']} were not "
+            "translated (trainer.limit_test_batches)") in captured.out + captured.err
