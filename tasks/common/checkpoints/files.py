@@ -70,6 +70,9 @@ def safe_load(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = F
             return torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         reason = _first_line(err)
+        if "Unsupported operand" in str(err):  # not a pickle at all (text, random bytes): nothing to refuse
+            raise CheckpointError(f"checkpoint {path} is corrupt or truncated (not a checkpoint file torch can "
+                                  f"read); {_EARLIER}") from None
         if "weights_only" in str(err) or "global" in str(err).lower():
             raise CheckpointError(
                 f"refusing to load {path}: it holds Python objects that could run code "

@@ -87,6 +87,13 @@ def test_truncated_and_missing_checkpoints_are_one_line_errors(tmp_path):
     with pytest.raises(CheckpointError) as err:  # torch's own text names a private save option
         safe_load(tmp_path / "notes.ckpt", mmap=True)
     assert "(not a checkpoint file torch can read); use an earlier checkpoint" in str(err.value), err.value
+    for garbage in (b"Delete\nSave changes\n", b"\x80\x02garbage"):  # read whole: it said the text held code
+        (tmp_path / "notes.ckpt").write_bytes(garbage)
+        with pytest.raises(CheckpointError) as err:
+            safe_load(tmp_path / "notes.ckpt")
+        assert str(err.value) == (f"checkpoint {tmp_path / 'notes.ckpt'} is corrupt or truncated (not a checkpoint "
+                                  f"file torch can read); use an earlier checkpoint in the same folder (the epoch or "
+                                  "step checkpoints beside it)")
 
 
 def test_random_streams_round_trip_through_a_weights_only_checkpoint(tmp_path):
