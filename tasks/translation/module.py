@@ -367,13 +367,20 @@ class TranslationModule(RescaleTaskModule):
                  "statistics": result.statistics, "sentences": len(by_line), "lines": count,
                  "hypotheses": HYPOTHESES_FILE}
         if len(by_line) < count:  # a partial pass (trainer.limit_test_batches) scores the lines it translated
-            log.warning(f"warning: test BLEU {result.score:.2f} covers {len(by_line)} of the {count} test lines: the "
-                        f"other {count - len(by_line)} were not translated (trainer.limit_test_batches) and are empty "
-                        f"lines in {HYPOTHESES_FILE}, so scoring that file against the references gives another "
-                        "number; leave out --trainer.limit_test_batches to score the whole test set")
+            log.warning(self._untranslated(f"test BLEU {result.score:.2f} covers", len(by_line), count, "test",
+                                           HYPOTHESES_FILE, "so scoring that file against the references gives "
+                                           "another number; leave out --trainer.limit_test_batches to score the "
+                                           "whole test set"))
         write_result(self.trainer, BLEU_FILE, json.dumps(score, indent=1), None, "BLEU score")
         log.info(f"test BLEU {result.score:.2f} ({result.signature}); written to {results_folder(self.trainer)}: "
                  f"{HYPOTHESES_FILE}, {BLEU_FILE}")
+
+    @staticmethod
+    def _untranslated(what: str, translated: int, count: int, stage: str, file: str, then: str) -> str:
+        """The warning line of a partial pass (``trainer.limit_<stage>_batches``): which lines it left
+        empty in ``file``."""
+        return (f"warning: {what} {translated} of the {count} test lines: the other {count - translated} were not "
+                f"translated (trainer.limit_{stage}_batches) and are empty lines in {file}, {then}")
 
     @staticmethod
     def _lines(by_line: dict[int, str], count: int) -> str:
@@ -397,4 +404,8 @@ class TranslationModule(RescaleTaskModule):
         by_line = gather_by_key(self._hypotheses)  # a collective
         if self.trainer.is_global_zero:
             count = len(self.trainer.datamodule.references(self.predict_split))
-            self.write_predictions("txt", self._lines(by_line, count), count, "translations")
+            path = self.write_predictions("txt", self._lines(by_line, count), count, "translations")
+            if len(by_line) < count:
+                log.warning(self._untranslated("predict translated", len(by_line), count, "predict",
+                                               os.path.basename(path), "as if their translations were empty; "
+                                               "leave out --trainer.limit_predict_batches to translate them all"))

@@ -151,3 +151,12 @@ def test_a_partial_test_pass_says_which_lines_its_bleu_covers(trained, handful_r
     captured = capsys.readouterr()
     assert (f"covers {score['sentences']} of the 32 test lines: the other {32 - score['sentences']} were not "
             "translated (trainer.limit_test_batches)") in captured.out + captured.err
+    # predict: the same lines left empty in its file, said in one line (it had said nothing)
+    args = [*tiny(handful_root), "--data.init_args.max_tokens", "40", "--trainer.limit_predict_batches", "1"]
+    assert main(["predict", *args, "--ckpt_path", str(trained), "--output_dir", "predicted"]) == 0
+    predicted = Path("predicted/predictions.test.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    assert predicted == written
+    captured = capsys.readouterr()
+    assert (f"warning: predict translated {score['sentences']} of the 32 test lines: the other "
+            f"{32 - score['sentences']} were not translated (trainer.limit_predict_batches) and are empty lines in "
+            "predictions.test.txt") in captured.out + captured.err
