@@ -14,7 +14,10 @@ holds the run's ``checkpoints/`` and ``results/``:
   newest run under the project" may be another config's or another person's: the command is
   refused with the newest candidate's path to pass instead, never resumed from a guess.
   A start without ``--ckpt_path`` whose folder already holds a ``last.ckpt`` (the same id or CSV
-  version given again) is refused: it would write over that run's checkpoint.
+  version given again) is refused: it would write over that run's checkpoint. On SLURM, a
+  command left without a checkpoint while ``trainer.default_root_dir`` holds an
+  ``hpc_ckpt_<N>.ckpt`` (what Lightning's SLURM requeue saves on SIGUSR1) is refused too:
+  Lightning would resume from that file (evaluate its weights), whichever run wrote it.
 - :func:`keep_csv_history`: a resumed run's ``metrics.csv`` keeps the rows logged up to its
   checkpoint (Lightning's CSV logger deletes the file when it opens a folder that holds one).
 - :func:`check_run_outputs`: every local folder the run will write, checked first.
@@ -31,6 +34,8 @@ import warnings
 from typing import Iterator, Optional
 
 import lightning.pytorch as L
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.utilities import rank_zero_only
@@ -92,6 +97,13 @@ def resume_point(trainer: L.Trainer, ckpt_path: Optional[str], id_given: bool) -
     docstring): ``last`` with a ``last.ckpt`` to resume, None (with a line saying so) for a run of
     a fixed id that has none yet, a :class:`UserError` for a new run id or ``best``; anything else
     unchanged."""
+    point = _resume_point(trainer, ckpt_path, id_given)
+    if point is None:
+        _refuse_requeue_checkpoint(trainer, "fit")
+    return point
+
+
+def _resume_point(trainer: L.Trainer, ckpt_path: Optional[str], id_given: bool) -> Optional[str]:
     _refuse_best("fit", ckpt_path)
     _require_file(ckpt_path)
     if ckpt_path != "last":
@@ -124,6 +136,8 @@ def evaluation_checkpoint(trainer: L.Trainer, command: str, ckpt_path: Optional[
     unchanged."""
     _refuse_best(command, ckpt_path)
     _require_file(ckpt_path)
+    if ckpt_path is None:
+        _refuse_requeue_checkpoint(trainer, command)
     if ckpt_path is None and rank_zero_only.rank == 0:
         log.warning(f"warning: rescale {command} without --ckpt_path evaluates the network as the config builds it "
                     "(untrained, unless the config loads weights); pass the checkpoint to evaluate with --ckpt_path")
@@ -141,6 +155,31 @@ def evaluation_checkpoint(trainer: L.Trainer, command: str, ckpt_path: Optional[
                         "checkpoint file with --ckpt_path")
     raise UserError(f"{what} (this run has a new id, {version}); {earlier[1]}: pass it with --ckpt_path {earlier[0]}, "
                     "or give the id of the run to evaluate (--trainer.logger.init_args.id ID)")
+
+
+def _refuse_requeue_checkpoint(trainer: L.Trainer, command: str) -> None:
+    """On SLURM, Lightning gives a command that has no checkpoint the newest ``hpc_ckpt_<N>.ckpt`` of
+    ``trainer.default_root_dir`` (the working folder unless set): what its SLURM requeue handler saves
+    there on SIGUSR1, for whichever run got the signal. A new run (a fresh id, another seed, another
+    config that fits the file) would silently continue another run's weights, an evaluation
+    report them: refused in one line naming the file."""
+    if not SLURMEnvironment.detect():
+        return
+    root = str(trainer.default_root_dir)
+    fs = get_filesystem(root)
+    numbers = {}
+    for path in fs.glob(root.rstrip("/") + "/hpc_ckpt_*.ckpt"):
+        number = os.path.basename(path)[len("hpc_ckpt_"):-len(".ckpt")]
+        if number.isdigit():
+            numbers[int(number)] = path
+    if not numbers:
+        return
+    newest = shown_path(os.path.join(root, os.path.basename(numbers[max(numbers)])))
+    done = "resume this run from it" if command == "fit" else f"{command} its weights"
+    where = "the working folder" if os.path.abspath(root) == os.getcwd() else shown_path(root)
+    raise UserError(f"{newest} is a checkpoint Lightning's SLURM requeue saved (on SIGUSR1), and on SLURM Lightning would "
+                    f"{done} in place of starting from none, whichever run wrote it: pass it with --ckpt_path {newest} "
+                    f"if it is this run's, or move it out of {where} (trainer.default_root_dir)")
 
 
 def _refuse_best(command: str, ckpt_path: Optional[str]) -> None:

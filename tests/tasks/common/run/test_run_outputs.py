@@ -194,3 +194,25 @@ def test_fit_trained_in_processes_it_started_reports_their_checkpoints_step(fini
                         default_root_dir=str(finished["folder"]))
     assert trainer.global_step == 0
     assert fit_report(trainer, ["fit"]).startswith("fit finished at step 3: ")
+
+
+@pytest.mark.parametrize("args", [["--trainer.logger.init_args.id", "job2", "--ckpt_path", "last"], []])
+def test_on_slurm_another_runs_requeue_checkpoint_is_not_taken_for_this_run(finished, tmp_path, monkeypatch,
+                                                                            error_line, args):
+    """Lightning's SLURM requeue (SIGUSR1) leaves ``hpc_ckpt_<N>.ckpt`` in the working folder, and on
+    SLURM Lightning resumes any later command that has no checkpoint from it: a new run of another
+    id (the requeue-safe command's first start) or seed would silently continue the other run's
+    weights. Refused in one line naming the file; nothing trained, nothing written."""
+    for name, value in {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "42", "SLURM_PROCID": "0",
+                        "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost"}.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(finished["last"].read_bytes())
+    same_network = ["--model.init_args.network_options", "{depth: 8, base_width: 4}"]
+    with _in(tmp_path):
+        assert main(["fit", "--config", finished["config"], *same_network, "--seed_everything", "5", *args]) == 2
+        message = error_line()
+        assert message.startswith("hpc_ckpt_1.ckpt is a checkpoint Lightning's SLURM requeue saved (on SIGUSR1)"), message
+        assert "--ckpt_path hpc_ckpt_1.ckpt if it is this run's, or move it out of the working folder" in message
+        assert not list(tmp_path.glob("runs/**/*.ckpt"))
+        assert main(["validate", "--config", finished["config"], *same_network]) == 2
+        assert "Lightning would validate its weights" in error_line()
