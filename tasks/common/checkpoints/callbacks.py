@@ -278,6 +278,19 @@ def _load_train_loader_state(trainer: L.Trainer) -> None:
         loop._combined_loader_states_to_load = []
 
 
+class _SaveAfterStep(L.Callback):
+    """The last of a run's callbacks: writes the ``last.ckpt`` that :class:`LastCheckpoint` found due
+    at this step, after the other callbacks' ``on_train_batch_end`` (Lightning calls them in list
+    order; the run summary, which comes after LastCheckpoint, records the step's loss and samples
+    there)."""
+
+    def __init__(self, owner: "LastCheckpoint") -> None:
+        self.owner = owner
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.owner.save_if_due(trainer)
+
+
 class LastCheckpoint(L.Callback):
     """The one writer of ``last.ckpt``: at every epoch end, every ``every_n_train_steps`` steps
     and every ``every_minutes`` minutes of training (mid-epoch resume points for long epochs),
@@ -322,6 +335,7 @@ class LastCheckpoint(L.Callback):
         self._lightning_stop = None  # Lightning's SIGTERM handler
         self._handler = None  # ours, for every stop signal
         self._stop_due = False  # stop after this window's step: all processes agreed, or one's signal waits
+        self._save_due = False  # a step save, for _SaveAfterStep
         self._last_save = time.monotonic()
 
     def folder(self, trainer: L.Trainer) -> Optional[str]:
@@ -330,7 +344,10 @@ class LastCheckpoint(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Point the ModelCheckpoints without a folder of their own at ``dirpath`` (before their
-        own setup: Lightning runs checkpoint callbacks last)."""
+        own setup: Lightning runs checkpoint callbacks last), and put :class:`_SaveAfterStep` after
+        every callback."""
+        if not any(isinstance(c, _SaveAfterStep) and c.owner is self for c in trainer.callbacks):
+            trainer.callbacks.append(_SaveAfterStep(self))
         folder = self.folder(trainer)
         if folder is None:
             return
@@ -464,7 +481,14 @@ class LastCheckpoint(L.Callback):
             # rank 0's clock decides for everyone, so all ranks enter the collective save together
             late = time.monotonic() - self._last_save >= 60 * self.every_minutes
             due = due or bool(trainer.strategy.broadcast(late))
-        if due:
+        # saved by _SaveAfterStep, the last callback: once every callback has recorded this step (the
+        # run summary's loss point and sample count), so that a run killed outright (SIGKILL, an
+        # out-of-memory kill) resumes from this file with them
+        self._save_due = due
+
+    def save_if_due(self, trainer: L.Trainer) -> None:
+        if self._save_due:
+            self._save_due = False
             self.save(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -238,13 +238,36 @@ def test_after_an_epoch_end_the_batch_size_may_change(tmp_path, run_config, suit
     assert _summary(tmp_path)["status"] == "finished"
 
 
-def _rescale_ddp(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def _rescale(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``rescale fit *args`` in a process of its own (for a signal that would end this one)."""
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     env.pop("WANDB_SERVICE", None)  # this process's W&B service: the runs get their own
-    return forked.run([sys.executable, "-m", "rescale_tasks.cli", "fit", *args, "--trainer.devices", "2",
-                           "--trainer.strategy", "ddp"], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return forked.run([sys.executable, "-m", "rescale_tasks.cli", "fit", *args], cwd=cwd, env=env,
+                      capture_output=True, text=True, timeout=300)
+
+
+def _rescale_ddp(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return _rescale([*args, "--trainer.devices", "2", "--trainer.strategy", "ddp"], cwd)
+
+
+def test_a_run_killed_outright_resumes_from_its_step_checkpoint_to_what_an_uninterrupted_run_reports(
+        uninterrupted, tmp_path, run_config, suite_wandb_logger):
+    """SIGKILL (no handler, nothing saved) after step 5 of a run writing last.ckpt every 2 steps:
+    the resume starts from the file written at step 4, which holds what every callback recorded
+    of step 4 (the run summary's loss point and sample count), so the resumed run's summary and
+    weights are the uninterrupted run's. (The killed segment's W&B records are W&B's to keep.)"""
+    config = _config(run_config, suite_wandb_logger, tmp_path, {"where": "train", "step": 5, "signum": 9})
+    every_2 = ("--last_checkpoint.every_n_train_steps", "2")
+    killed = _rescale(["--config", config, *every_2], tmp_path)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert torch.load(_checkpoints(tmp_path) / "last.ckpt", weights_only=True)["global_step"] == 4
+    assert _fit(tmp_path, "--config", config, *every_2, "--ckpt_path", "last") == 0
+    assert _comparable(_summary(tmp_path)) == _comparable(_summary(uninterrupted))
+    a, b = (torch.load(_checkpoints(f) / "last.ckpt", weights_only=True) for f in (uninterrupted, tmp_path))
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    assert _csv_history(tmp_path) == _csv_history(uninterrupted)
 
 
 @pytest.mark.slow
