@@ -487,9 +487,16 @@ class LastCheckpoint(L.Callback):
         self._save_due = due
 
     def save_if_due(self, trainer: L.Trainer) -> None:
-        if self._save_due:
-            self._save_due = False
+        if not self._save_due:
+            return
+        self._save_due = False
+        # a validation that follows this step is still to come: a resume from this file runs it (Lightning
+        # would take the file for one saved once that validation ended, and skip it)
+        self._stopped_in = "before validation" if _validates_after_this_step(trainer) else None
+        try:
             self.save(trainer)
+        finally:
+            self._stopped_in = None
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if _epoch_complete(trainer):
@@ -539,6 +546,11 @@ def resume_point(checkpoint: dict, stopped_in: str) -> None:
       when the checkpoint holds one batch started and not processed: the validation loop's
       counters are set to exactly that, at its first batch (what the cut validation had
       accumulated lived in the metrics' state, which no checkpoint holds).
+    - ``"before validation"``: saved at the end of a step that a validation follows (a step save
+      of ``last.ckpt``, which a run killed outright during that validation resumes from): the
+      validation counters set as for ``"validation"``, so that the resume runs it; and as the
+      training batch is not yet counted completed there, Lightning raises the count of stepped
+      batches on resume as well as after the validation: it is stored one lower.
     - ``"after validation"``: stopped at the end of a step that ran its validation (several
       processes finish it before they stop together; one process when the signal came during
       the last validation batch). Lightning takes such a checkpoint for one saved at the
@@ -554,12 +566,14 @@ def resume_point(checkpoint: dict, stopped_in: str) -> None:
             or not isinstance(state, dict) or "_batches_that_stepped" not in state:
         raise RuntimeError(f"this Lightning version's checkpoints hold no {_VAL_PROGRESS} or {_EPOCH_STATE}: the "
                            "step the signal stopped cannot be taken up where an uninterrupted run goes on")
-    if stopped_in == "validation":
-        before = progress["total"]["completed"] - progress["current"]["completed"]  # earlier validations' batches
+    if stopped_in in ("validation", "before validation"):
+        before = progress["total"]["completed"]  # earlier validations' batches
+        if stopped_in == "validation":
+            before -= progress["current"]["completed"]
         progress["total"].update(ready=before + 1, started=before + 1, processed=before, completed=before)
         progress["current"].update(ready=1, started=1, processed=0, completed=0)
         progress["is_last_batch"] = False
-    elif stopped_in == "after validation":
+    if stopped_in in ("before validation", "after validation"):
         state["_batches_that_stepped"] -= 1
 
 
@@ -578,6 +592,13 @@ def reopen_epoch(checkpoint: dict) -> None:
     for counts in (progress["total"], progress["current"]):
         if counts["processed"] == counts["completed"] + 1:
             counts["processed"] = counts["completed"]
+
+
+def _validates_after_this_step(trainer: L.Trainer) -> bool:
+    """Whether the fit loop runs a validation once the training batch that just ended is done (its
+    own rule: val_check_interval, the epoch's last batch, check_val_every_n_epoch)."""
+    loop = trainer.fit_loop
+    return bool(loop.epoch_loop._should_check_val_fx(loop._data_fetcher))
 
 
 def _inside_window(trainer: L.Trainer) -> bool:

@@ -93,6 +93,13 @@ PRIVATE_APIS = (
                "whether the batch ends an optimizer step: a stop signal waits for the step's last batch, and "
                "the loss curve takes one point per step",
                ("self",)),
+    PrivateApi("lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "_should_check_val_fx", "method",
+               "common/checkpoints/callbacks.py: _validates_after_this_step (LastCheckpoint's step saves)",
+               "whether a validation follows the step just trained (Lightning's own rule), so that last.ckpt saved "
+               "before it makes a resume run it", ("self", "data_fetcher")),
+    PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", "_data_fetcher", "attribute",
+               "common/checkpoints/callbacks.py: _validates_after_this_step",
+               "the training data fetcher, which _should_check_val_fx reads (the epoch's last batch)"),
     # the fit loop's state in a checkpoint, which the suite sets to where an uninterrupted run goes on
     *(PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", key, "checkpoint key",
                  f"common/checkpoints/callbacks.py: {function}", why)
@@ -100,7 +107,8 @@ PRIVATE_APIS = (
           ("epoch_loop.state_dict/_batches_that_stepped", "resume_point",
            "the loggers' step in a checkpoint taken mid-step by a stop signal"),
           ("epoch_loop.val_loop.batch_progress", "resume_point",
-           "the validation progress in a checkpoint taken during a validation, set so a resume redoes it"),
+           "the validation progress in a checkpoint taken during a validation (or at the end of the step "
+           "before one), set so a resume redoes it"),
           ("epoch_progress", "reopen_epoch",
            "the epoch counters in last.ckpt saved at the end of an epoch that max_steps cut short, set back to "
            "the epoch still open so a resume goes on at its next batch"))),

@@ -251,18 +251,22 @@ def _rescale_ddp(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return _rescale([*args, "--trainer.devices", "2", "--trainer.strategy", "ddp"], cwd)
 
 
+@pytest.mark.parametrize("cut, every, saved", [({"where": "train", "step": 5}, 2, 4),
+                                               ({"where": "val", "step": 3}, 3, 3)], ids=["training", "validation"])
 def test_a_run_killed_outright_resumes_from_its_step_checkpoint_to_what_an_uninterrupted_run_reports(
-        uninterrupted, tmp_path, run_config, suite_wandb_logger):
-    """SIGKILL (no handler, nothing saved) after step 5 of a run writing last.ckpt every 2 steps:
-    the resume starts from the file written at step 4, which holds what every callback recorded
-    of step 4 (the run summary's loss point and sample count), so the resumed run's summary and
-    weights are the uninterrupted run's. (The killed segment's W&B records are W&B's to keep.)"""
-    config = _config(run_config, suite_wandb_logger, tmp_path, {"where": "train", "step": 5, "signum": 9})
-    every_2 = ("--last_checkpoint.every_n_train_steps", "2")
-    killed = _rescale(["--config", config, *every_2], tmp_path)
+        cut, every, saved, uninterrupted, tmp_path, run_config, suite_wandb_logger):
+    """SIGKILL (no handler, nothing saved) after step 5 of a run writing last.ckpt every 2 steps,
+    or during the validation of step 3 of one writing it every 3: the resume starts from the file
+    written at step 4 (3), which holds what every callback recorded of that step (the run
+    summary's loss point and sample count) and, when a validation follows the step, makes the
+    resume run it; so the resumed run's summary (every validation) and weights are the
+    uninterrupted run's. (The killed segment's W&B records are W&B's to keep.)"""
+    config = _config(run_config, suite_wandb_logger, tmp_path, {**cut, "signum": 9})
+    every_n = ("--last_checkpoint.every_n_train_steps", str(every))
+    killed = _rescale(["--config", config, *every_n], tmp_path)
     assert killed.returncode == -9, killed.stderr[-3000:]
-    assert torch.load(_checkpoints(tmp_path) / "last.ckpt", weights_only=True)["global_step"] == 4
-    assert _fit(tmp_path, "--config", config, *every_2, "--ckpt_path", "last") == 0
+    assert torch.load(_checkpoints(tmp_path) / "last.ckpt", weights_only=True)["global_step"] == saved
+    assert _fit(tmp_path, "--config", config, *every_n, "--ckpt_path", "last") == 0
     assert _comparable(_summary(tmp_path)) == _comparable(_summary(uninterrupted))
     a, b = (torch.load(_checkpoints(f) / "last.ckpt", weights_only=True) for f in (uninterrupted, tmp_path))
     for key, value in a["state_dict"].items():
