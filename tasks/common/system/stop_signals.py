@@ -9,7 +9,8 @@ resume; :class:`~..checkpoints.callbacks.LastCheckpoint`) on each of :data:`STOP
 - SIGHUP: the terminal went away (a closed ssh session); output to a terminal that is gone is
   dropped from then on (:func:`drop_gone_terminal`) rather than failing the next write;
 - SIGUSR1, SIGUSR2, SIGXCPU, SIGPWR: what job schedulers send ahead of a kill (``sbatch
-  --signal=USR1@120``, a CPU-time limit) and power daemons before a shutdown.
+  --signal=USR2@120``, a CPU-time limit; under SLURM SIGUSR1 is Lightning's requeue signal) and
+  power daemons before a shutdown.
 
 A signal the process ignores (``nohup``'s SIGHUP, a background job's SIGINT) or already handles
 (Lightning's SLURM requeue on SIGUSR1) is left as it is. SIGQUIT (Ctrl-\\, asking for a core
