@@ -7,7 +7,8 @@ holds the run's ``checkpoints/`` and ``results/``:
   with the same id (two jobs given one ``--trainer.logger.init_args.id``, or a resume of a run
   that is still training) is refused in one line naming the first, before it writes a
   checkpoint or opens a second W&B run of that id (:mod:`..system.lock`; the system lets go of the lock
-  however its holder ends, so a killed run never blocks its own resume).
+  however its holder ends, so a killed run never blocks its own resume). A run without a logger
+  locks its checkpoint folder instead.
 - :func:`resume_point`: what ``--ckpt_path last`` resumes. It means "this run's ``last.ckpt``",
   which exists only for a run id that stays the same from one start to the next (the
   requeue-safe command). Without one every start is a new run with a new folder, and "the
@@ -71,14 +72,32 @@ def run_folder(trainer: L.Trainer) -> Optional[str]:
 @contextlib.contextmanager
 def claim_run_folder(trainer: L.Trainer) -> Iterator[Optional[str]]:
     """Hold the run folder's lock for the ``with`` block (rank 0 holds it for every process of
-    the run); :class:`~..system.lock.FolderBusy` when another process trains the same run."""
+    the run); :class:`~..system.lock.FolderBusy` when another process trains the same run. A run
+    without a logger has no run id: its checkpoint folder (``<default_root_dir>/checkpoints``)
+    is what two runs must not share, and is locked instead."""
     folder = run_folder(trainer)
-    if folder is None or rank_zero_only.rank != 0:
+    if rank_zero_only.rank != 0:
         yield folder
         return
-    with folder_lock(folder, "run folder", "one process at a time trains a run id: wait until that one ends, "
-                                           "or give this run another id (--trainer.logger.init_args.id)",
-                     "give trainer.logger.init_args.save_dir a folder you can write"):
+    if folder is not None:
+        with folder_lock(folder, "run folder", "one process at a time trains a run id: wait until that one ends, "
+                                               "or give this run another id (--trainer.logger.init_args.id)",
+                         "give trainer.logger.init_args.save_dir a folder you can write"):
+            yield folder
+        return
+    checkpoints = checkpoint_folder(trainer)
+    if trainer.loggers or is_remote(checkpoints):
+        yield folder
+        return
+    fresh = not os.path.isdir(checkpoints) or set(os.listdir(checkpoints)) <= {LOCK_FILE}
+    with folder_lock(checkpoints, "checkpoint folder", "one process at a time trains into a checkpoint folder: "
+                                                       "wait until that one ends, or give this run another "
+                                                       "--trainer.default_root_dir (or a logger with a run id of "
+                                                       "its own)",
+                     "give trainer.default_root_dir a folder you can write"), warnings.catch_warnings():
+        if fresh:  # it holds the lock alone: no other run's checkpoints for Lightning to warn about
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty",
+                                    category=UserWarning)
         yield folder
 
 

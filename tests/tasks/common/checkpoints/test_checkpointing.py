@@ -369,4 +369,4 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_naming_the_intact_one(t
     assert f"the last good checkpoint, {last}, is intact" in errors[0]
     assert f"resume with --ckpt_path {last}" in errors[0]
     assert last.read_bytes() == good
-    assert sorted(p.name for p in last.parent.iterdir()) == ["epoch000.ckpt", "last.ckpt"]
+    assert sorted(p.name for p in last.parent.iterdir()) == [".lock", "epoch000.ckpt", "last.ckpt"]  # the run's lock

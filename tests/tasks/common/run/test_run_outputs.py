@@ -216,3 +216,25 @@ def test_on_slurm_another_runs_requeue_checkpoint_is_not_taken_for_this_run(fini
         assert not list(tmp_path.glob("runs/**/*.ckpt"))
         assert main(["validate", "--config", finished["config"], *same_network]) == 2
         assert "Lightning would validate its weights" in error_line()
+
+
+def test_a_run_without_a_logger_is_refused_while_another_trains_into_its_checkpoint_folder(tmp_path, run_config,
+                                                                                          error_line, recwarn):
+    """No logger, no run id: two ``rescale fit`` in one ``default_root_dir`` (a requeued job while
+    the first still runs) would write over each other's ``last.ckpt`` and run summary. The first
+    holds ``checkpoints/.lock`` (taken here as that run takes it); the second is refused in one
+    line, writing nothing; once it is free a run starts there without a warning about it."""
+    from rescale_tasks.common.system import folder_lock
+
+    config = run_config(tmp_path / "run.yaml", trainer={"max_epochs": 1, "limit_val_batches": 0,
+                                                        "num_sanity_val_steps": 0})
+    with _in(tmp_path):
+        with folder_lock(str(tmp_path / "checkpoints"), "checkpoint folder"):
+            assert main(["fit", "--config", config]) == 2
+        message = error_line()
+        assert message.startswith(f"checkpoint folder {tmp_path / 'checkpoints'} is in use by pid {os.getpid()} ")
+        assert "--trainer.default_root_dir" in message
+        assert sorted(p.name for p in tmp_path.rglob("*")) == [".lock", "checkpoints", "run.yaml"]
+        assert main(["fit", "--config", config]) == 0
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    assert not [w for w in recwarn if "exists and is not empty" in str(w.message)]
