@@ -8,6 +8,8 @@
   ``s3fs`` and ``gs://`` needs ``gcsfs``, which are not installed with the suite.
 - :func:`safe_load`, :func:`peek_checkpoint`, :func:`checkpoint_exists`: reading a checkpoint
   (or only its hyper-parameters and run id), every problem one :class:`CheckpointError` line.
+- :func:`require_restorable`: a checkpoint without what a command restores (the weights; for
+  ``fit`` the optimizer, schedule and loop state too) is one line, not Lightning's ``KeyError``.
 
 When a run writes them and how it resumes from them: :mod:`.callbacks`.
 """
@@ -30,7 +32,7 @@ from rescale_core.schemes import Scheme
 from ..errors import UserError
 
 __all__ = ["AtomicCheckpointIO", "safe_load", "SAFE_GLOBALS", "CheckpointError", "CheckpointInfo", "RUN_CONFIG_KEY",
-           "peek_checkpoint", "checkpoint_run_id", "is_remote", "checkpoint_exists"]
+           "peek_checkpoint", "checkpoint_run_id", "is_remote", "checkpoint_exists", "require_restorable"]
 
 
 class CheckpointError(UserError):
@@ -244,12 +246,14 @@ def _fsync_dir(folder: Path) -> None:
 @dataclass(frozen=True)
 class CheckpointInfo:
     """What the CLI needs to know about a checkpoint before building anything (``run_config``: where
-    its run saved its config, :data:`RUN_CONFIG_KEY`; None for a checkpoint written before it was recorded)."""
+    its run saved its config, :data:`RUN_CONFIG_KEY`; None for a checkpoint written before it was recorded;
+    ``keys``: its top-level entries)."""
 
     hyper_parameters: dict
     run_id: Optional[str]
     global_step: int = 0
     run_config: Optional[str] = None
+    keys: frozenset = frozenset()
 
 
 #: The checkpoint's entry holding the absolute path its run saved its config to (``rescale_config.yaml``).
@@ -283,7 +287,33 @@ def _peek(path: str, version: Any, size: Optional[int]) -> CheckpointInfo:
     state = safe_load(path, mmap=True)
     recorded = state.get(RUN_CONFIG_KEY)
     return CheckpointInfo(dict(state.get("hyper_parameters") or {}), checkpoint_run_id(state),
-                          int(state.get("global_step") or 0), recorded if isinstance(recorded, str) else None)
+                          int(state.get("global_step") or 0), recorded if isinstance(recorded, str) else None,
+                          frozenset(state))
+
+
+#: what Lightning restores every command from, and what ``fit`` restores besides (the training state,
+#: which an average of checkpoints or a weights-only save does not hold)
+_WEIGHTS = ("state_dict", "pytorch-lightning_version")
+_TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops")
+
+
+def require_restorable(path: str | os.PathLike, command: str) -> None:
+    """A :class:`CheckpointError` line when the checkpoint at ``path`` lacks what ``rescale <command>
+    --ckpt_path`` restores from it, before Lightning fails on the missing entry with a ``KeyError``:
+    the network's weights as Lightning saves them, and for ``fit`` the optimizer, the schedule and
+    the loops' position too."""
+    keys = peek_checkpoint(path).keys
+    missing = [key for key in _WEIGHTS if key not in keys]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is no checkpoint of a Lightning run (it holds no "
+                              f"{' or '.join(missing)}), so rescale {command} cannot restore a network from it; pass a "
+                              "checkpoint written by rescale fit, e.g. runs/<project>/<run id>/checkpoints/last.ckpt")
+    missing = [key for key in _TRAINING_STATE if key not in keys] if command == "fit" else []
+    if missing:
+        raise CheckpointError(f"checkpoint {path} holds the network's weights but no training state to resume "
+                              f"(no {', '.join(missing)}: an average of checkpoints or a weights-only save, written for "
+                              "evaluation); resume from the run's last.ckpt or an epoch<NNN>.ckpt, or evaluate this one "
+                              f"with rescale test --ckpt_path {path}")
 
 
 def checkpoint_run_id(checkpoint: dict) -> Optional[str]:

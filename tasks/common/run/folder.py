@@ -42,7 +42,7 @@ from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from ..checkpoints import (LAST_NAME, checkpoint_exists, checkpoint_folder, is_remote, logger_folder, peek_checkpoint,
-                           safe_load)
+                           require_restorable, safe_load)
 from ..errors import UserError
 from ..system import LOCK_FILE, folder_lock, require_writable
 
@@ -126,6 +126,7 @@ def _resume_point(trainer: L.Trainer, ckpt_path: Optional[str], id_given: bool) 
     _refuse_best("fit", ckpt_path)
     _require_file(ckpt_path)
     if ckpt_path != "last":
+        _require_restorable(ckpt_path, "fit")
         return ckpt_path
     folder, version = checkpoint_folder(trainer), _version(trainer)
     if checkpoint_exists(_last_of(trainer)):
@@ -161,6 +162,7 @@ def evaluation_checkpoint(trainer: L.Trainer, command: str, ckpt_path: Optional[
         log.warning(f"warning: rescale {command} without --ckpt_path evaluates the network as the config builds it "
                     "(untrained, unless the config loads weights); pass the checkpoint to evaluate with --ckpt_path")
     if ckpt_path != "last":
+        _require_restorable(ckpt_path, command)
         return ckpt_path
     folder, path, version = checkpoint_folder(trainer), _last_of(trainer), _version(trainer)
     if checkpoint_exists(path):
@@ -216,6 +218,12 @@ def _require_file(ckpt_path: Optional[str]) -> None:
     if (ckpt_path and ckpt_path not in ("last", "best", "hpc") and not ckpt_path.startswith("registry")
             and not is_remote(ckpt_path) and not os.path.isfile(ckpt_path)):
         safe_load(ckpt_path)  # raises the CheckpointError saying what the path is
+
+
+def _require_restorable(ckpt_path: Optional[str], command: str) -> None:
+    """A checkpoint file (not a name Lightning resolves) without what ``command`` restores: one line."""
+    if ckpt_path and ckpt_path not in ("last", "best", "hpc") and not ckpt_path.startswith("registry"):
+        require_restorable(ckpt_path, command)
 
 
 def _earlier_run(folder: str, version: str) -> Optional[tuple[str, str]]:

@@ -238,3 +238,33 @@ def test_a_run_without_a_logger_is_refused_while_another_trains_into_its_checkpo
         assert main(["fit", "--config", config]) == 0
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
     assert not [w for w in recwarn if "exists and is not empty" in str(w.message)]
+
+
+def test_fit_from_an_averaged_checkpoint_is_refused_in_one_line(finished, caplog, error_line, tmp_path):
+    """An average of checkpoints holds weights only (it is for evaluation): resuming training from
+    it is one line saying so and what to resume from instead, not Lightning's KeyError."""
+    average = tmp_path / "avg.ckpt"
+    with _in(finished["folder"]):
+        assert main(["average-checkpoints", str(finished["last"].parent), "--output", str(average)]) == 0
+        with caplog.at_level(logging.INFO):
+            assert main(["fit", "--config", finished["config"], "--ckpt_path", str(average),
+                         "--model.init_args.network_options", "{depth: 8, base_width: 4}"]) == 2
+    assert not [r for r in caplog.records if "Restoring states" in r.getMessage()]
+    message = error_line()
+    assert message.startswith(f"checkpoint {average} holds the network's weights but no training state to resume "
+                              "(no optimizer_states, lr_schedulers, loops")
+    assert message.endswith(f"or evaluate this one with rescale test --ckpt_path {average}")
+
+
+@pytest.mark.parametrize("command", ["fit", "test"])
+def test_a_checkpoint_of_weights_alone_is_refused_in_one_line(finished, error_line, tmp_path, command):
+    """``torch.save({"state_dict": ...})`` is no Lightning checkpoint: one line, not a KeyError."""
+    import torch
+
+    plain = tmp_path / "plain.ckpt"
+    torch.save({"state_dict": safe_load(finished["last"])["state_dict"]}, plain)
+    with _in(finished["folder"]):
+        assert main([command, "--config", finished["config"], "--ckpt_path", str(plain),
+                     "--model.init_args.network_options", "{depth: 8, base_width: 4}"]) == 2
+    assert error_line().startswith(f"checkpoint {plain} is no checkpoint of a Lightning run (it holds no "
+                                   f"pytorch-lightning_version), so rescale {command} cannot restore a network from it")
