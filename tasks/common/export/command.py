@@ -30,6 +30,7 @@ moved in with the files.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -365,6 +366,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                      f"{stem}.json now describes this export's files only")
         log.info(f"{os.path.join(os.path.dirname(next(iter(paths.values()))), stem)}.json: what a runtime needs "
                  "beside the files (task, classes, inputs, preprocessing; docs/inference.md)")
+    except OSError as err:
+        if err.errno not in _WRITE_ERRORS:
+            raise
+        raise UserError(f"cannot write the export in {folder}: {err.strerror} ([Errno {err.errno}]); none of its files "
+                        "was moved there (an earlier export's are as they were): free space, or give --out a folder "
+                        "on another disk") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return 0
+
+
+#: what a write of the export's files fails with when the disk or a quota is full, or the folder turned read-only
+_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}

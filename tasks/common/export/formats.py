@@ -270,8 +270,19 @@ def _move_onnx(path: str, to: str) -> None:
     os.replace(staged, to)
 
 
+def _write_through_memory(save: Callable[[io.BytesIO], None], path: str) -> None:
+    """``save(buffer)`` (one of torch's archive writers) into memory, then the bytes to ``path`` by
+    Python: given a path, torch's C++ file writer aborts the whole process when the disk fills
+    (``terminate called after throwing an instance of 'c10::Error'``, no cleanup run), where a
+    Python write fails with an ``OSError`` that ``rescale export`` reports in one line."""
+    buffer = io.BytesIO()
+    save(buffer)
+    with open(path, "wb") as f:
+        f.write(buffer.getbuffer())
+
+
 def _exported_program(program: torch.export.ExportedProgram, inputs: tuple, path: str) -> Any:
-    torch.export.save(program, path)
+    _write_through_memory(lambda buffer: torch.export.save(program, buffer), path)
     with torch.no_grad():
         return torch.export.load(path).module()(*inputs)
 
@@ -301,7 +312,7 @@ def _load_torchscript(path: str) -> Callable:
 def _torchscript(program: torch.export.ExportedProgram, inputs: tuple, path: str) -> Any:
     with _quiet_torchscript(), torch.no_grad():
         traced = torch.jit.trace(program.module(), inputs, strict=False)
-        torch.jit.save(traced, path)
+        _write_through_memory(lambda buffer: torch.jit.save(traced, buffer), path)
     return _load_torchscript(path)(*inputs)
 
 

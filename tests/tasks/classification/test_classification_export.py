@@ -264,6 +264,34 @@ def test_an_unwritable_out_is_one_line(trained, tmp_path, error_line):
     assert "cannot write --out" in error_line()
 
 
+@pytest.mark.parametrize("fmt", ["onnx", "exported-program", "torchscript"])
+def test_a_full_disk_is_one_line_and_leaves_the_earlier_export_as_it_was(fmt, trained, tmp_path):
+    """The disk fills while the files are written (here: a real ``rescale export`` process whose
+    files may not grow past 8 KB, so a write fails in the operating system as on a full disk).
+    torch's own file writer aborted the whole process (``terminate called after throwing``, its
+    staging folder left behind), ONNX's ended in a traceback: one line now, and the earlier export
+    untouched."""
+    import os
+    import resource
+
+    import forked
+
+    config, ckpt = trained("cifar_resnet")
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    (deploy / "net.json").write_text("the earlier export's")
+    command = [sys.executable, "-m", "rescale_tasks.cli", "export", "--config", config, "--ckpt_path", str(ckpt),
+               "--format", fmt, "--out", str(deploy / "net")]
+    done = forked.run(command, cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
+                      text=True, timeout=300, rlimits={"RLIMIT_FSIZE": (8192, resource.RLIM_INFINITY)})
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert errors[0].startswith(f"error: cannot write the export in {deploy}: File too large ([Errno 27]); none of "
+                                "its files was moved there")
+    assert [p.name for p in deploy.iterdir()] == ["net.json"]  # no staging folder left
+    assert (deploy / "net.json").read_text() == "the earlier export's"
+
+
 # --- the sidecar: a runtime with the exported folder alone ------------------------------------------
 
 #: What a runtime outside the suite runs: onnxruntime on the exported folder and its sidecar, on raw
