@@ -4,7 +4,7 @@
   module's ``predict_dataloader`` reads: the test split of classification, video and translation)
   in :func:`~.outputs.results_folder`, where ``test`` writes too: ``--output_dir``, else
   ``results/<checkpoint name>/`` beside the run that wrote the checkpoint. Written whole or not at
-  all (:mod:`..system.atomic`), once, on rank 0, and named in the command's closing line
+  all (:mod:`..system.atomic`; a write that fails, on a full disk, is one line), once, on rank 0, and named in the command's closing line
   (:func:`write_result`, :func:`~.outputs.note_result_file`).
 - Under DDP every rank predicts a shard: the rows, keyed by sample, are gathered onto rank 0
   (:func:`~..system.distributed.gather_by_key`), so a sample that ``DistributedSampler``'s padding hands to
@@ -31,6 +31,7 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from ..data import Labels
+from ..errors import UserError
 from ..system import write_atomically
 from .outputs import note_result_file, results_folder
 
@@ -47,7 +48,12 @@ def write_result(trainer: L.Trainer, name: str, data: str | bytes, count: Option
     """``data`` written whole as ``name`` in the results folder (:func:`~.outputs.results_folder`) and
     noted for the closing line (``count`` ``unit``: 270 predictions); returns the path. Rank 0 calls it."""
     path = os.path.join(results_folder(trainer), name)
-    write_atomically(path, data)
+    try:
+        write_atomically(path, data)
+    except OSError as err:  # a full disk or quota, a folder turned read-only: the target is as it was
+        raise UserError(f"cannot write {path}: {err.strerror or err} ([Errno {err.errno}]); nothing of it was written "
+                        "(an earlier file there is as it was): free space, or give --output_dir a folder on another "
+                        "disk") from None
     note_result_file(trainer, path, count, unit)
     return path
 

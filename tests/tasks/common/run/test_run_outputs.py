@@ -268,3 +268,31 @@ def test_a_checkpoint_of_weights_alone_is_refused_in_one_line(finished, error_li
                      "--model.init_args.network_options", "{depth: 8, base_width: 4}"]) == 2
     assert error_line().startswith(f"checkpoint {plain} is no checkpoint of a Lightning run (it holds no "
                                    f"pytorch-lightning_version), so rescale {command} cannot restore a network from it")
+
+
+def test_predictions_that_cannot_be_written_are_one_line_and_leave_the_earlier_file(tmp_path, run_config,
+                                                                                   fit_checkpoint):
+    """The disk fills as ``predict`` writes its file (here: a real ``rescale predict`` process whose
+    files may not grow past 4 KB, so the write fails in the operating system as on a full disk):
+    one line naming the file, not a traceback, and an earlier file there as it was."""
+    import resource
+    import sys
+
+    import forked
+
+    config = run_config(tmp_path / "run.yaml", trainer={"max_epochs": 1, "limit_val_batches": 0,
+                                                        "num_sanity_val_steps": 0})
+    ckpt = fit_checkpoint(tmp_path, ["--config", config])
+    earlier = tmp_path / "out" / "predictions.test.csv"
+    earlier.parent.mkdir()
+    earlier.write_text("an earlier prediction")
+    done = forked.run([sys.executable, "-m", "rescale_tasks.cli", "predict", "--config", config, "--ckpt_path",
+                       str(ckpt), "--output_dir", str(earlier.parent)], cwd=tmp_path,
+                      env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300,
+                      rlimits={"RLIMIT_FSIZE": (4096, resource.RLIM_INFINITY)})
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert errors[0].startswith(f"error: cannot write {earlier}: File too large ([Errno 27]); nothing of it was "
+                                "written (an earlier file there is as it was)")
+    assert [p.name for p in earlier.parent.iterdir()] == [earlier.name]
+    assert earlier.read_text() == "an earlier prediction"
