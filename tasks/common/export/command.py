@@ -30,7 +30,6 @@ moved in with the files.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
 import os
@@ -44,7 +43,7 @@ from ..checkpoints import (check_config_against_checkpoint, is_remote, load_into
                            safe_load)
 from ..cli import build_run
 from ..errors import DataError, UserArgumentParser, UserError
-from ..system import CODE_KEY, code_version, require_writable
+from ..system import CODE_KEY, code_version, require_writable, write_failure
 from ..training import resolved_architecture
 from .formats import (FORMATS, capture, evaluating, input_specs, max_difference, onnx_data_path, op_counts,
                       require_packages, size_names, size_one_runs, tensors_of, varying_sizes)
@@ -367,15 +366,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         log.info(f"{os.path.join(os.path.dirname(next(iter(paths.values()))), stem)}.json: what a runtime needs "
                  "beside the files (task, classes, inputs, preprocessing; docs/inference.md)")
     except OSError as err:
-        if err.errno not in _WRITE_ERRORS:
+        fix = write_failure(err, "--out")
+        if fix is None:
             raise
         raise UserError(f"cannot write the export in {folder}: {err.strerror} ([Errno {err.errno}]); none of its files "
-                        "was moved there (an earlier export's are as they were): free space, or give --out a folder "
-                        "on another disk") from None
+                        f"was moved there (an earlier export's are as they were): {fix}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return 0
 
-
-#: what a write of the export's files fails with when the disk or a quota is full, or the folder turned read-only
-_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}

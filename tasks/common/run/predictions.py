@@ -32,7 +32,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 from ..data import Labels
 from ..errors import UserError
-from ..system import write_atomically
+from ..system import write_atomically, write_failure
 from .outputs import note_result_file, results_folder
 
 __all__ = ["PREDICTIONS_FILE", "TOP_K", "PredictedSamples", "class_predictions_csv", "class_rows", "kept_samples",
@@ -51,9 +51,9 @@ def write_result(trainer: L.Trainer, name: str, data: str | bytes, count: Option
     try:
         write_atomically(path, data)
     except OSError as err:  # a full disk or quota, a folder turned read-only: the target is as it was
+        fix = write_failure(err, "--output_dir") or "give --output_dir a folder you can write"
         raise UserError(f"cannot write {path}: {err.strerror or err} ([Errno {err.errno}]); nothing of it was written "
-                        "(an earlier file there is as it was): free space, or give --output_dir a folder on another "
-                        "disk") from None
+                        f"(an earlier file there is as it was): {fix}") from None
     note_result_file(trainer, path, count, unit)
     return path
 

@@ -1,5 +1,6 @@
 """Output folders checked before a command starts its work: a folder that cannot be written is
-one line then, not a traceback after an epoch (or a W&B run quietly moved to a temporary folder)."""
+one line then, not a traceback after an epoch (or a W&B run quietly moved to a temporary folder);
+and :func:`write_failure`, how to go on when a write fails later all the same (the disk filled)."""
 from __future__ import annotations
 
 import errno
@@ -8,7 +9,22 @@ import tempfile
 
 from ..errors import UserError
 
-__all__ = ["require_writable"]
+__all__ = ["require_writable", "write_failure"]
+
+#: what a write fails with when the disk or a quota is full (or the file outgrows its size limit)
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+#: ... and when the folder takes no more writes (remounted read-only, permissions taken away)
+_REFUSED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def write_failure(err: OSError, option: str) -> str | None:
+    """What to do after ``err`` failed a write of an output that ``option`` (``--out``) places: free
+    space or write elsewhere; None when ``err`` is no such failure (a missing file, a bad path)."""
+    if err.errno in _FULL:
+        return f"free space, or give {option} a folder on another disk"
+    if err.errno in _REFUSED:
+        return f"give {option} a folder you can write"
+    return None
 
 
 def require_writable(path: str, what: str, fix: str) -> None:

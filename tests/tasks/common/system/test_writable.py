@@ -27,3 +27,14 @@ def test_a_virtual_file_system_is_named_as_such():
     message = refusal("/proc/x.onnx")
     assert message == ("cannot write --out /proc/x.onnx: it takes no new files (a virtual file system such as "
                        "/proc); name another folder")
+
+
+def test_a_failed_write_says_to_free_space_only_when_the_disk_is_full():
+    import errno
+
+    from rescale_tasks.common.system import write_failure
+
+    full = write_failure(OSError(errno.ENOSPC, "No space left on device"), "--out")
+    assert full == "free space, or give --out a folder on another disk"
+    assert write_failure(OSError(errno.EROFS, "Read-only file system"), "--out") == "give --out a folder you can write"
+    assert write_failure(OSError(errno.ENOENT, "No such file or directory"), "--out") is None
