@@ -16,6 +16,7 @@ When a run writes them and how it resumes from them: :mod:`.callbacks`.
 from __future__ import annotations
 
 import functools
+import glob
 import io
 import os
 import pickle
@@ -74,18 +75,37 @@ def safe_load(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = F
         reason = _first_line(err)
         if "Unsupported operand" in str(err):  # not a pickle at all (text, random bytes): nothing to refuse
             raise CheckpointError(f"checkpoint {path} is corrupt or truncated (not a checkpoint file torch can "
-                                  f"read); {_EARLIER}") from None
+                                  f"read); {_earlier(path)}") from None
         if "weights_only" in str(err) or "global" in str(err).lower():
             raise CheckpointError(
                 f"refusing to load {path}: it holds Python objects that could run code "
                 f"({_first_global(str(err))}); only checkpoints written by this suite load safely") from None
-        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason}); {_EARLIER}") from None
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason}); {_earlier(path)}") from None
     except (RuntimeError, EOFError, OSError) as err:
         reason = "not a checkpoint file torch can read" if "zip" in str(err).lower() else _first_line(err)
-        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason}); {_EARLIER}") from None
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({reason}); {_earlier(path)}") from None
 
 
-_EARLIER = "use an earlier checkpoint in the same folder (the epoch or step checkpoints beside it)"
+def _earlier(path: str) -> str:
+    """How to go on from the checkpoint at ``path`` that cannot be read (a node died while it was
+    copied, a disk filled): the newest checkpoint beside it that can, named to pass instead (the bad
+    file is left for its owner to look at; nothing is resumed from a guess)."""
+    if is_remote(path):
+        return "use an earlier checkpoint in the same folder (the epoch or step checkpoints beside it)"
+    folder = os.path.dirname(path)
+    others = [p for p in glob.glob(os.path.join(glob.escape(folder or "."), "*.ckpt"))
+              if os.path.isfile(p) and os.path.abspath(p) != os.path.abspath(path)]
+    for other in sorted(others, key=os.path.getmtime, reverse=True):
+        try:
+            with torch.serialization.safe_globals(SAFE_GLOBALS):
+                state = torch.load(other, map_location="cpu", weights_only=True, mmap=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError):
+            continue
+        if isinstance(state, dict) and "state_dict" in state and "averaged_from" not in state:
+            shown = os.path.join(folder, os.path.basename(other))
+            return (f"the newest readable checkpoint beside it is {shown} (step {state.get('global_step', '?')}): pass "
+                    f"--ckpt_path {shown} (this file is left as it is)")
+    return f"no other checkpoint in {folder or '.'} can be read: start the run again, or pass a checkpoint from elsewhere"
 
 
 def is_remote(path: str | os.PathLike) -> bool:

@@ -86,14 +86,34 @@ def test_truncated_and_missing_checkpoints_are_one_line_errors(tmp_path):
     (tmp_path / "notes.ckpt").write_text("not a checkpoint")
     with pytest.raises(CheckpointError) as err:  # torch's own text names a private save option
         safe_load(tmp_path / "notes.ckpt", mmap=True)
-    assert "(not a checkpoint file torch can read); use an earlier checkpoint" in str(err.value), err.value
+    assert f"(not a checkpoint file torch can read); no other checkpoint in {tmp_path} can be read" in str(err.value)
     for garbage in (b"Delete\nSave changes\n", b"\x80\x02garbage"):  # read whole: it said the text held code
         (tmp_path / "notes.ckpt").write_bytes(garbage)
         with pytest.raises(CheckpointError) as err:
             safe_load(tmp_path / "notes.ckpt")
-        assert str(err.value) == (f"checkpoint {tmp_path / 'notes.ckpt'} is corrupt or truncated (not a checkpoint "
-                                  f"file torch can read); use an earlier checkpoint in the same folder (the epoch or "
-                                  "step checkpoints beside it)")
+        assert str(err.value).startswith(f"checkpoint {tmp_path / 'notes.ckpt'} is corrupt or truncated (not a "
+                                         "checkpoint file torch can read); "), err.value
+
+
+def test_a_truncated_checkpoint_names_the_newest_readable_one_beside_it(tmp_path):
+    """A node died while ``last.ckpt`` was copied: the line names the newest checkpoint beside it
+    that reads (a truncated newer one skipped) to pass instead, and leaves every file as it is."""
+    import os
+
+    writer = AtomicCheckpointIO()
+    for step, name in enumerate(["epoch000.ckpt", "epoch001.ckpt", "epoch002.ckpt", "last.ckpt"]):
+        writer.save_checkpoint({"state_dict": {"w": torch.full((100,), float(step))}, "global_step": 2 * step},
+                               tmp_path / name)
+        os.utime(tmp_path / name, (1_000_000 + step, 1_000_000 + step))  # written in this order
+    for name in ("epoch002.ckpt", "last.ckpt"):
+        (tmp_path / name).write_bytes((tmp_path / name).read_bytes()[:200])
+    files = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(CheckpointError) as err:
+        safe_load(tmp_path / "last.ckpt")
+    good = tmp_path / "epoch001.ckpt"
+    assert str(err.value).endswith(f"; the newest readable checkpoint beside it is {good} (step 2): pass --ckpt_path "
+                                   f"{good} (this file is left as it is)"), err.value
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
 
 
 def test_random_streams_round_trip_through_a_weights_only_checkpoint(tmp_path):
