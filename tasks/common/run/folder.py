@@ -129,6 +129,7 @@ def _resume_point(trainer: L.Trainer, ckpt_path: Optional[str], id_given: bool) 
         _require_restorable(ckpt_path, "fit")
         return ckpt_path
     folder, version = checkpoint_folder(trainer), _version(trainer)
+    _refuse_dangling(_last_of(trainer))
     if checkpoint_exists(_last_of(trainer)):
         return ckpt_path
     if id_given or not version:
@@ -165,6 +166,7 @@ def evaluation_checkpoint(trainer: L.Trainer, command: str, ckpt_path: Optional[
         _require_restorable(ckpt_path, command)
         return ckpt_path
     folder, path, version = checkpoint_folder(trainer), _last_of(trainer), _version(trainer)
+    _refuse_dangling(path)
     if checkpoint_exists(path):
         return path
     what = f"--ckpt_path last: no {LAST_NAME} in {shown_path(folder)}, so there is no network to {command}"
@@ -220,6 +222,16 @@ def _require_file(ckpt_path: Optional[str]) -> None:
         safe_load(ckpt_path)  # raises the CheckpointError saying what the path is
 
 
+def _refuse_dangling(last: str) -> None:
+    """A ``last.ckpt`` that is a symbolic link to a missing file (checkpoints kept on a file system
+    not mounted on this node, or cleaned up) is this run's checkpoint out of reach, not "no
+    checkpoint yet": one line, never a start from scratch that writes over the link."""
+    if not is_remote(last) and os.path.islink(last) and not os.path.exists(last):
+        raise UserError(f"{shown_path(last)} is a symbolic link to {os.readlink(last)}, which does not exist (a file "
+                        "system not mounted here, or cleaned up): make it reachable and run the same command again, "
+                        "pass another checkpoint with --ckpt_path, or remove the link to start this run afresh")
+
+
 def _require_restorable(ckpt_path: Optional[str], command: str) -> None:
     """A checkpoint file (not a name Lightning resolves) without what ``command`` restores: one line."""
     if ckpt_path and ckpt_path not in ("last", "best", "hpc") and not ckpt_path.startswith("registry"):
@@ -243,6 +255,8 @@ def refuse_starting_over(trainer: L.Trainer, ckpt_path: Optional[str]) -> None:
     checkpoint folder holds a ``last.ckpt``: it would train from scratch over that run's checkpoint.
     Checked holding the run's lock, so that a run still training is named as such first."""
     last = _last_of(trainer)
+    if ckpt_path is None:
+        _refuse_dangling(last)
     if ckpt_path is not None or not checkpoint_exists(last):
         return
     try:

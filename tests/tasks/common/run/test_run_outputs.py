@@ -296,3 +296,21 @@ def test_predictions_that_cannot_be_written_are_one_line_and_leave_the_earlier_f
                                 "written (an earlier file there is as it was)")
     assert [p.name for p in earlier.parent.iterdir()] == [earlier.name]
     assert earlier.read_text() == "an earlier prediction"
+
+
+@pytest.mark.parametrize("args", [["--ckpt_path", "last"], []], ids=["ckpt_path-last", "no-ckpt_path"])
+def test_a_last_checkpoint_linked_to_a_missing_file_is_refused_not_started_afresh(tmp_path, run_config, error_line,
+                                                                                  args):
+    """``last.ckpt`` a symbolic link into a scratch file system this node has not mounted: the
+    requeued run said "no last.ckpt yet", trained from step 0 and wrote a new file over the link."""
+    config = run_config(tmp_path / "run.yaml")
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    last.parent.mkdir()
+    last.symlink_to(tmp_path / "scratch" / "last.ckpt")
+    with _in(tmp_path):
+        assert main(["fit", "--config", config, *args]) == 2
+    assert error_line() == (f"checkpoints/last.ckpt is a symbolic link to {tmp_path / 'scratch' / 'last.ckpt'}, which "
+                            "does not exist (a file system not mounted here, or cleaned up): make it reachable and run "
+                            "the same command again, pass another checkpoint with --ckpt_path, or remove the link to "
+                            "start this run afresh")
+    assert last.is_symlink() and {p.name for p in last.parent.iterdir()} <= {".lock", "last.ckpt"}  # nothing written
