@@ -7,11 +7,14 @@ and writes who holds it (pid, host, start, command) into the file; a second proc
 once with one line naming the first. The operating system releases the lock when its holder ends,
 however it ends (a SIGKILL or a crash leaves no stale lock: the file stays, unheld).
 :func:`lock_holder` tells a held lock (a process working in the folder) from one left behind.
+A file system that takes no locks at all (Lustre mounted without ``flock``, NFS without its lock
+service) cannot keep two processes apart: the command goes on, with one warning line saying so.
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import shlex
 import socket
@@ -25,6 +28,8 @@ from .writable import require_writable
 __all__ = ["folder_lock", "lock_holder", "FolderBusy", "LOCK_FILE"]
 
 LOCK_FILE = ".lock"
+
+log = logging.getLogger(__name__)
 
 
 class FolderBusy(UserError):
@@ -53,6 +58,10 @@ def folder_lock(folder: str, what: str = "study folder",
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
             raise FolderBusy(f"{what} {folder} is in use by {holder}; {fix}", holder) from None
+        except OSError as err:  # ENOLCK, EOPNOTSUPP, ENOSYS: locks are not kept on this file system
+            log.warning(f"warning: cannot lock {what} {folder} ({err.strerror or err}): its file system keeps no "
+                        "locks, so a second process working there at the same time is not refused; make sure none "
+                        "does (or mount it with locks, e.g. Lustre's flock option)")
         me = (f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')} "
               f"({shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]])})")
         os.ftruncate(fd, 0)
@@ -82,6 +91,8 @@ def lock_holder(folder: str) -> str | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
+            return holder
+        except OSError:  # a file system without locks: whether its writer still runs cannot be told
             return holder
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
