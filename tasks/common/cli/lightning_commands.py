@@ -30,8 +30,8 @@ from ..errors import ConfigError
 from ..module import RescaleTaskModule
 from ..reporting import label_runs, use_line_progress
 from ..run import (ResultsFolder, RunSummary, SaveConfigToRun, SkippedDataReport, check_run_outputs,
-                   claim_run_folder, evaluation_checkpoint, evaluation_report, fit_report, keep_csv_history,
-                   refuse_starting_over, resume_point)
+                   checkpoint_results_folder, claim_run_folder, evaluation_checkpoint, evaluation_report, fit_report,
+                   keep_csv_history, refuse_starting_over, resume_point)
 from ..system import rank_zero_log, require_writable, write_output
 from ..training import (DivergenceMonitor, LearnedScalarsLogger, check_network, check_optimization, class_of,
                         resolved_architecture)
@@ -262,6 +262,10 @@ class RescaleCLI(LightningCLI):
         output_dir = self._setting("output_dir")
         if output_dir:
             require_writable(output_dir, "--output_dir", "give --output_dir a folder you can write")
+        elif command == "predict" and kwargs["ckpt_path"] and os.path.isfile(kwargs["ckpt_path"]):
+            # every task's predict writes its file there once the whole split is predicted: checked first
+            require_writable(checkpoint_results_folder(kwargs["ckpt_path"]), "the results folder beside the checkpoint",
+                             "give --output_dir a folder you can write")
         with quiet_evaluation():
             getattr(self.trainer, command)(**kwargs)
         self._closing_line(evaluation_report(command, self.trainer, self._argv, kwargs.get("ckpt_path")))

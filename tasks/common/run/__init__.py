@@ -8,8 +8,8 @@
 - ``predictions``: what ``rescale predict`` writes, the same way for every task
 - ``data_report``: what the data pipeline had to skip, logged and reported at the end
 """
-from .outputs import (ResultFile, ResultsFolder, SaveConfigToRun, note_result_file, result_files,
-                      results_folder, run_directory)
+from .outputs import (ResultFile, ResultsFolder, SaveConfigToRun, checkpoint_results_folder, note_result_file,
+                      result_files, results_folder, run_directory)
 from .folder import (check_run_outputs, claim_run_folder, evaluation_checkpoint, keep_csv_history,
                      refuse_starting_over, resume_point, run_folder, shown_path)
 from .summary import (SUMMARY_FILE, MalformedSummary, RunSummary, find_summaries, higher_is_better,
@@ -20,7 +20,7 @@ from .predictions import (PREDICTIONS_FILE, TOP_K, PredictedSamples, class_predi
 from .data_report import PROBLEMS_FILE, SkippedDataReport, problems_line, unread_line
 
 __all__ = ["ResultFile", "ResultsFolder", "SaveConfigToRun", "note_result_file", "result_files",
-           "results_folder", "run_directory", "check_run_outputs", "claim_run_folder",
+           "results_folder", "checkpoint_results_folder", "run_directory", "check_run_outputs", "claim_run_folder",
            "evaluation_checkpoint", "keep_csv_history", "refuse_starting_over", "resume_point",
            "run_folder", "shown_path", "SUMMARY_FILE", "MalformedSummary", "RunSummary", "find_summaries",
            "higher_is_better", "read_summary", "evaluation_report", "fit_report", "next_command",

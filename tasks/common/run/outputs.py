@@ -14,8 +14,8 @@ from ..checkpoints import CONFIG_FILE, RUN_CONFIG_KEY, is_remote
 from ..reporting import started
 from ..system import CODE_KEY, code_version
 
-__all__ = ["SaveConfigToRun", "run_directory", "results_folder", "ResultsFolder", "ResultFile",
-           "note_result_file", "result_files"]
+__all__ = ["SaveConfigToRun", "run_directory", "results_folder", "checkpoint_results_folder", "ResultsFolder",
+           "ResultFile", "note_result_file", "result_files"]
 
 
 def run_directory(logger, start: bool = True) -> str | None:
@@ -90,13 +90,18 @@ def results_folder(trainer: L.Trainer) -> str:
         return os.path.abspath(os.path.expanduser(callback.output_dir))
     checkpoint = trainer.ckpt_path
     if checkpoint and os.path.isfile(str(checkpoint)):
-        folder = os.path.dirname(os.path.abspath(str(checkpoint)))
-        if os.path.basename(folder) == "checkpoints":
-            folder = os.path.dirname(folder)
-        name = os.path.splitext(os.path.basename(str(checkpoint)))[0]
-        return os.path.join(folder, "results", name)
+        return checkpoint_results_folder(str(checkpoint))
     folder = run_directory(trainer.logger) if trainer.logger is not None else None
     return folder or trainer.default_root_dir
+
+
+def checkpoint_results_folder(checkpoint: str) -> str:
+    """``results/<checkpoint name>/`` in the folder of the run that wrote the local file
+    ``checkpoint`` (the folder holding its ``checkpoints/``, else the checkpoint's own folder)."""
+    folder = os.path.dirname(os.path.abspath(checkpoint))
+    if os.path.basename(folder) == "checkpoints":
+        folder = os.path.dirname(folder)
+    return os.path.join(folder, "results", os.path.splitext(os.path.basename(checkpoint))[0])
 
 
 class SaveConfigToRun(SaveConfigCallback):

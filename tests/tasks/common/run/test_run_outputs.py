@@ -314,3 +314,22 @@ def test_a_last_checkpoint_linked_to_a_missing_file_is_refused_not_started_afres
                             "the same command again, pass another checkpoint with --ckpt_path, or remove the link to "
                             "start this run afresh")
     assert last.is_symlink() and {p.name for p in last.parent.iterdir()} <= {".lock", "last.ckpt"}  # nothing written
+
+
+def test_predict_into_a_results_folder_that_cannot_be_written_is_refused_before_predicting(finished, caplog,
+                                                                                          error_line, tmp_path):
+    """Without ``--output_dir`` predict writes beside the checkpoint's run, once the whole split is
+    predicted: a folder there that cannot be written (here a file in its way, for root as for
+    anyone) is one line before a batch is predicted, not after."""
+    import shutil
+
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    last.parent.mkdir(parents=True)
+    shutil.copy(finished["last"], last)
+    (tmp_path / "run" / "results").write_text("")
+    with _in(finished["folder"]), caplog.at_level(logging.INFO):
+        assert main(["predict", "--config", finished["config"], "--ckpt_path", str(last),
+                     "--model.init_args.network_options", "{depth: 8, base_width: 4}"]) == 2
+    assert not [r for r in caplog.records if "Loaded model weights" in r.getMessage()]
+    assert error_line().startswith(f"cannot write the results folder beside the checkpoint "
+                                   f"{tmp_path / 'run' / 'results' / 'last'}: {tmp_path / 'run' / 'results'} is a file")
