@@ -23,7 +23,7 @@ import time
 from typing import Iterator
 
 from ..errors import UserError
-from .writable import require_writable
+from .writable import FULL_DISK, require_writable
 
 __all__ = ["folder_lock", "lock_holder", "FolderBusy", "LOCK_FILE"]
 
@@ -47,7 +47,7 @@ def folder_lock(folder: str, what: str = "study folder",
     """Hold ``<folder>/.lock`` (created if needed) for the ``with`` block; :class:`FolderBusy`
     (one line: ``<what> <folder> is in use by <holder>; <fix>``) when another process holds it,
     a :class:`UserError` (``cannot write <what> <folder>: <why>; <unwritable>``) when the folder
-    cannot be written (a part of its path is a file), nothing created."""
+    cannot be written (a part of its path is a file: nothing created; a full disk)."""
     require_writable(folder, what, unwritable)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, LOCK_FILE)
@@ -64,8 +64,13 @@ def folder_lock(folder: str, what: str = "study folder",
                         "does (or mount it with locks, e.g. Lustre's flock option)")
         me = (f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')} "
               f"({shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]])})")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, me.encode("utf-8") + b"\n", 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, me.encode("utf-8") + b"\n", 0)
+        except OSError as err:  # a full disk: the command could write nothing else there either
+            space = "free space there, or " if err.errno in FULL_DISK else ""
+            raise UserError(f"cannot write {what} {folder}: {err.strerror or err} ([Errno {err.errno}]); "
+                            f"{space}{unwritable}") from None
         try:
             yield path
         finally:

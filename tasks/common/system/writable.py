@@ -9,10 +9,10 @@ import tempfile
 
 from ..errors import UserError
 
-__all__ = ["require_writable", "write_failure"]
+__all__ = ["require_writable", "write_failure", "FULL_DISK"]
 
 #: what a write fails with when the disk or a quota is full (or the file outgrows its size limit)
-_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+FULL_DISK = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 #: ... and when the folder takes no more writes (remounted read-only, permissions taken away)
 _REFUSED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 
@@ -20,7 +20,7 @@ _REFUSED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 def write_failure(err: OSError, option: str) -> str | None:
     """What to do after ``err`` failed a write of an output that ``option`` (``--out``) places: free
     space or write elsewhere; None when ``err`` is no such failure (a missing file, a bad path)."""
-    if err.errno in _FULL:
+    if err.errno in FULL_DISK:
         return f"free space, or give {option} a folder on another disk"
     if err.errno in _REFUSED:
         return f"give {option} a folder you can write"

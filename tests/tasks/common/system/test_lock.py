@@ -33,3 +33,21 @@ def test_a_file_system_without_locks_is_one_warning_and_the_command_goes_on(tmp_
     assert warning.startswith(f"warning: cannot lock run folder {tmp_path} (No locks available): its file system keeps "
                               "no locks, so a second process working there at the same time is not refused")
     assert lock_holder(str(tmp_path)) is None  # emptied on the way out, as with a lock
+
+
+def test_a_full_disk_is_one_line_before_the_command_starts(tmp_path, monkeypatch):
+    """The disk is full as ``rescale fit`` starts: writing who holds the lock fails (here: the system
+    call itself made to answer so), which was an OSError traceback."""
+    import os
+
+    from rescale_tasks.common.errors import UserError
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(UserError) as err:
+        with folder_lock(str(tmp_path), "run folder", "wait", "give --out a folder you can write"):
+            pass
+    assert str(err.value) == (f"cannot write run folder {tmp_path}: No space left on device ([Errno 28]); free space "
+                              "there, or give --out a folder you can write")
