@@ -317,7 +317,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         raise CheckpointError(f"no .ckpt files in {', '.join(args.inputs)}")
     paths = [f for f, _ in candidates]
     checkpoint = average_checkpoints(paths, args.num, {f for f, named in candidates if named})
-    AtomicCheckpointIO().save_checkpoint(checkpoint, args.output)
+    AtomicCheckpointIO(output="--output").save_checkpoint(checkpoint, args.output)
     count = len(checkpoint["averaged_from"])
     skipped = f"; left out {_left_out_text(checkpoint['left_out'], _names(paths))}" if checkpoint["left_out"] else ""
     log.info(f"averaged {count} checkpoint{'s' if count != 1 else ''} ({_steps(checkpoint['averaged_from'])}{skipped})"

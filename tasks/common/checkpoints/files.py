@@ -31,6 +31,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from rescale_core.schemes import Scheme
 
 from ..errors import UserError
+from ..system import write_failure
 
 __all__ = ["AtomicCheckpointIO", "safe_load", "SAFE_GLOBALS", "CheckpointError", "CheckpointInfo", "RUN_CONFIG_KEY",
            "peek_checkpoint", "checkpoint_run_id", "is_remote", "checkpoint_exists", "require_restorable"]
@@ -170,7 +171,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     Remote URLs (``s3://``, ``gs://``...) are written by Lightning's fsspec IO; ``storage_options``
     (``trainer.save_checkpoint(..., storage_options=...)``) are passed to their fsspec filesystem.
+    ``output``: the option naming the file written, for a command whose output is no run's resume
+    point (``--output`` of ``rescale average-checkpoints``): a failed write says to free space or
+    give that option another place, not to resume a run.
     """
+
+    def __init__(self, output: Optional[str] = None) -> None:
+        super().__init__()
+        self.output = output
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
         if is_remote(path):
@@ -189,7 +197,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 os.fsync(handle.fileno())
             os.replace(tmp, target)  # atomic on POSIX: readers see the old file or the new one
         except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
-            raise CheckpointError(_write_failed(target, err)) from err
+            raise CheckpointError(_write_failed(target, err, self.output)) from err
         finally:
             if tmp.exists():
                 tmp.unlink()
@@ -212,13 +220,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return safe_load(path, map_location=map_location if map_location is not None else "cpu")
 
 
-def _write_failed(target: Path, err: BaseException) -> str:
+def _write_failed(target: Path, err: BaseException, output: Optional[str] = None) -> str:
     """The line for a checkpoint that could not be written (a full disk, a quota, a file size
     limit): why, and which earlier checkpoint is intact (the temporary file was removed and the
-    target never touched)."""
+    target never touched); for a command's ``output`` file, how to write it elsewhere."""
     cause = next((e for e in (err, err.__cause__, err.__context__) if isinstance(e, OSError)), None)
     reason = (f"{cause.strerror} ([Errno {cause.errno}])" if cause is not None and cause.strerror
               else _first_line(err))
+    if output is not None:
+        fix = (write_failure(cause, output) if cause is not None else None) or f"give {output} a folder you can write"
+        return f"cannot write {target}: {reason}; nothing was written (an earlier file there is as it was): {fix}"
     folder = target.parent
     kept = target if target.is_file() else max(
         (p for p in folder.glob("*.ckpt") if p.is_file()), key=lambda p: p.stat().st_mtime, default=None)

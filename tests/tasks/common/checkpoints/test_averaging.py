@@ -212,3 +212,25 @@ def test_the_output_never_replaces_a_checkpoint(checkpoints, tmp_path, error_lin
     assert error_line() == (f"--output {notes} exists and is not a checkpoint: writing the average there would "
                             "replace it; give --output a new file name")
     assert notes.read_text() == "BLEU 27.3\n"
+
+
+def test_an_output_that_cannot_be_written_is_one_line_about_the_output(checkpoints, tmp_path):
+    """The disk fills as the average is written (here: a real process whose files may not grow past
+    4 KB, so the write fails in the operating system as on a full disk): the line said
+    "no checkpoint of this run had been written yet: free space and start again", as a training run's."""
+    import os
+    import resource
+    import sys
+
+    import forked
+
+    out = tmp_path / "avg.ckpt"
+    done = forked.run([sys.executable, "-m", "rescale_tasks.cli", "average-checkpoints", str(checkpoints / "s006.ckpt"),
+                       str(checkpoints / "s008.ckpt"), "--output", str(out)], cwd=tmp_path,
+                      env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300,
+                      rlimits={"RLIMIT_FSIZE": (4096, resource.RLIM_INFINITY)})
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert errors[0] == (f"error: cannot write {out}: File too large ([Errno 27]); nothing was written (an earlier file "
+                         "there is as it was): free space, or give --output a folder on another disk")
+    assert list(tmp_path.iterdir()) == []
