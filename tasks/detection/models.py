@@ -12,6 +12,10 @@ Deviations from torchvision's builders: anchors and RoI pooling follow the backb
 returned stages plus its extra blocks) instead of assuming P2-P6: anchor sizes 32, 64, ... per
 level from the finest (torchvision's defaults for 5 levels), RoIAlign over the stage levels only.
 ``head_channels``/``fc_dim`` narrow the heads (256/1024 in the papers) for tiny test models.
+RetinaNet keeps at most 100 detections per image (``detections_per_img``, Detectron2's
+``TEST.DETECTIONS_PER_IMAGE`` and COCO's limit for results; torchvision's default is 300), as the
+R-CNNs do (``box_detections_per_img``): ``COCOeval``'s ``maxDets`` 100 caps each image's detections
+per category, not per image, so the 200 more would be scored.
 
 Evaluation under autocast (``--trainer.precision bf16-mixed``): the layers run in the low precision,
 the box arithmetic in float32 (:func:`float32_box_arithmetic`). torchvision makes anchors in the
@@ -47,6 +51,8 @@ __all__ = ["build_detector", "float32_box_arithmetic", "DETECTORS", "HEADS_NORMS
 
 DETECTORS = ("maskrcnn", "fasterrcnn", "retinanet")
 HEADS_NORMS = (None, "gn")
+#: detections kept per image at evaluation: COCO's limit for a results file (its ``maxDets`` 100)
+RESULTS_PER_IMAGE = 100
 
 
 def _levels(backbone: nn.Module) -> tuple[list[str], int]:
@@ -118,6 +124,10 @@ def build_detector(kind: str, backbone: nn.Module, num_classes: int, heads_norm:
     common = dict(min_size=min_size, max_size=max_size, **kwargs)
 
     if kind == "retinanet":
+        # COCO's results rule and Detectron2's TEST.DETECTIONS_PER_IMAGE: at most 100 per image, as the
+        # R-CNNs' box_detections_per_img (torchvision's RetinaNet keeps 300, which COCOeval's maxDets=100,
+        # a limit per image and category, would score)
+        common.setdefault("detections_per_img", RESULTS_PER_IMAGE)
         sizes = tuple((x, int(x * 2 ** (1 / 3)), int(x * 2 ** (2 / 3))) for x in base)
         anchors = AnchorGenerator(sizes, ((0.5, 1.0, 2.0),) * n_levels)
         head = RetinaNetHead(c, anchors.num_anchors_per_location()[0], num_classes, norm_layer=norm)

@@ -134,3 +134,21 @@ def test_training_under_bf16_takes_the_anchors_evaluation_takes(kind):
     assert trained.dtype == torch.float32 and torch.equal(trained, evaluated)
     if kind == "fasterrcnn":
         assert all(p.dtype == torch.float32 for p in seen["proposals"])
+
+
+def test_retinanet_keeps_at_most_100_detections_per_image_as_coco_scores():
+    """COCO's limit for results is 100 per image; COCOeval's maxDets=100 caps them per image and
+    category, so torchvision's 300 would be scored: a detector confident everywhere keeps 100."""
+    torch.manual_seed(0)
+    backbone = resnet_fpn_backbone("resnet18", "bn", network_options={"base_width": 8}, out_channels=32,
+                                   trainable_layers=5, returned_layers=(2, 3, 4), extra_blocks="p6p7")
+    model = build_detector("retinanet", backbone, num_classes=3, min_size=96, max_size=128, head_channels=32).eval()
+    nn.init.constant_(model.head.classification_head.cls_logits.bias, 5.0)  # every anchor above score_thresh
+    with torch.no_grad():
+        scores = model([torch.rand(3, 96, 96, generator=torch.Generator().manual_seed(0))])[0]["scores"]
+    assert len(scores) == 100 and bool((scores[:-1] >= scores[1:]).all())  # the 100 best
+    wider = build_detector("retinanet", resnet_fpn_backbone("resnet18", "bn", network_options={"base_width": 8},
+                                                            out_channels=32, returned_layers=(2, 3, 4),
+                                                            extra_blocks="p6p7"),
+                           num_classes=3, head_channels=32, detections_per_img=300)
+    assert wider.detections_per_img == 300  # still the caller's to set
