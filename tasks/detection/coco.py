@@ -26,7 +26,8 @@ Detectron2's COCO loader:
   is the number 0 or 1 (pycocotools reads it with ``int()`` and as a truth value, which disagree on
   text such as ``"0"``), 0 where absent, except in an evaluation set, where pycocotools needs it;
 - ``area`` is the annotation's own field (what COCO evaluation buckets by), not recomputed, and is
-  not rescaled by the transforms.
+  not rescaled by the transforms; the box's width x height where absent, except in an evaluation
+  set, where pycocotools reads it on every annotation (a ``KeyError`` once the validation has run).
 
 Images are decoded to 8-bit RGB whatever their mode (:func:`~rescale_tasks.common.data.open_rgb`:
 16-bit and float images scaled, transparency over white). An unreadable file (missing, not an image,
@@ -367,6 +368,18 @@ class CocoDetection(Dataset):
                 raise DataError(f"COCO annotation file {where}: annotation id {aid} of image id {image_id} has no "
                                 "'iscrowd', which the COCO evaluation reads on every annotation of this json. Add "
                                 "\"iscrowd\": 0 (1 for crowd regions) to its annotations.")
+            # the evaluation reads the area of every annotation (degenerate boxes included)
+            if self.evaluation and "area" not in ann:
+                raise DataError(f"COCO annotation file {where}: annotation id {aid} of image id {image_id} has no "
+                                "'area', which the COCO evaluation reads on every annotation of this json to sort "
+                                "objects into small, medium and large. Add each annotation's \"area\" (its mask's "
+                                "pixel count, or the box's width x height).")
+            area = ann.get("area", bbox[2] * bbox[3])
+            if not _finite(area) or isinstance(area, bool):
+                raise DataError(f"COCO annotation file {where}: annotation id {aid} of image id {image_id} has area "
+                                f"{repr(area)[:20]}, expected a finite number (the COCO evaluation buckets objects "
+                                "by it). Fix the json.")
+            area = float(area)
             width, height = sizes[image_id]
             problem, usable = (mask_problem(ann["segmentation"], height, width) if self.with_masks
                                else (None, True))
@@ -386,12 +399,6 @@ class CocoDetection(Dataset):
                 self.dropped_unusable_masks += 1
                 continue
             self.partly_unusable_masks += problem is not None
-            area = ann.get("area", w * h)
-            if not _finite(area) or isinstance(area, bool):
-                raise DataError(f"COCO annotation file {where}: annotation id {aid} of image id {image_id} has area "
-                                f"{repr(area)[:20]}, expected a finite number (the COCO evaluation buckets objects "
-                                "by it). Fix the json.")
-            area = float(area)
             rows[image_id].append((aid, box, self.category_to_label[ann["category_id"]],
                                    int(crowd), area))
         if unscorable:

@@ -482,6 +482,28 @@ def test_iscrowd_is_0_where_absent_except_in_an_evaluation_json(tmp_path, coco_c
                     "'iscrowd'", "Add \"iscrowd\": 0")
 
 
+def test_area_is_the_box_where_absent_except_in_an_evaluation_json(tmp_path, coco_canvases):
+    """pycocotools' evaluation reads ``area`` on every annotation, degenerate boxes included: without
+    it the validation ran to its end and stopped on a KeyError; it is refused when the json is read."""
+    root, _ = coco_canvases
+    data = json.loads((root / "annotations" / "instances_val2017.json").read_text())
+    ann = data["annotations"][0]
+    del ann["area"]
+    path = _write_json(tmp_path / "no_area.json", data)
+    _, target = CocoDetection(path, root / "val2017")[0]
+    assert target["area"][0].item() == pytest.approx(ann["bbox"][2] * ann["bbox"][3])
+    with pytest.raises(DataError) as excinfo:
+        CocoDetection(path, root / "val2017", evaluation=True)
+    _one_line_error(excinfo, str(path), f"annotation id {ann['id']} of image id {ann['image_id']} has no 'area'",
+                    "Add each annotation's \"area\"")
+    # a degenerate box's annotation is scored too (as a ground truth nothing can match): its area is checked
+    data = json.loads((root / "annotations" / "instances_val2017.json").read_text())
+    ann = dict(data["annotations"][0], id=999, bbox=[1.0, 1.0, 0.0, 5.0], area="big")
+    path = _write_json(tmp_path / "degenerate.json", dict(data, annotations=data["annotations"] + [ann]))
+    with pytest.raises(DataError) as excinfo:
+        CocoDetection(path, root / "val2017", evaluation=True)
+    _one_line_error(excinfo, str(path), f"annotation id 999 of image id {ann['image_id']} has area 'big'")
+
 def test_ids_that_are_not_integers_are_refused_in_one_line(tmp_path, coco_canvases):
     """pycocotools' evaluation compares the detections' integer ids with the json's as they are: a
     text id "3" matches none of them (every AP NaN), so it is refused when the json is read."""
