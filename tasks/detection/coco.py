@@ -27,7 +27,10 @@ Detectron2's COCO loader:
   text such as ``"0"``), 0 where absent, except in an evaluation set, where pycocotools needs it;
 - ``area`` is the annotation's own field (what COCO evaluation buckets by), not recomputed, and is
   not rescaled by the transforms; the box's width x height where absent, except in an evaluation
-  set, where pycocotools reads it on every annotation (a ``KeyError`` once the validation has run).
+  set, where pycocotools reads it on every annotation (a ``KeyError`` once the validation has run);
+- annotation ids are distinct in a json (as in jsons merged without renumbering, they are refused):
+  pycocotools indexes annotations by id, so a repeated id would give one annotation's mask to the
+  other in training and score a copy of it in place of the other in the evaluation.
 
 Images are decoded to 8-bit RGB whatever their mode (:func:`~rescale_tasks.common.data.open_rgb`:
 16-bit and float images scaled, transparency over white). An unreadable file (missing, not an image,
@@ -335,6 +338,7 @@ class CocoDetection(Dataset):
         self.first_unusable_mask: tuple[Any, str] | None = None  # (annotation id, problem), for the messages
         self.first_degenerate: tuple[Any, list] | None = None  # (annotation id, bbox), for the messages
         unscorable: list[tuple[Any, Any, str]] = []  # (annotation id, image id, problem), evaluation sets
+        image_of: dict[Any, Any] = {}  # annotation id -> its image id, for the duplicates
         for ann in annotations:
             if not isinstance(ann, dict) or any(k not in ann for k in _ANN_KEYS):
                 raise DataError(f"COCO annotation file {where}: an annotation lacks one of "
@@ -345,6 +349,15 @@ class CocoDetection(Dataset):
                 raise DataError(f"COCO annotation file {where}: annotation id {aid} has {bad} "
                                 f"{repr(ann[bad])[:20]}, not an integer; the COCO evaluation compares ids as they "
                                 f"are and would leave it out. Write its {bad} as a json integer.")
+            if not isinstance(aid, (int, str)) or isinstance(aid, bool):
+                raise DataError(f"COCO annotation file {where}: an annotation of image id {image_id} has id "
+                                f"{repr(aid)[:20]}, expected an integer. Fix the json.")
+            if aid in image_of:  # pycocotools indexes annotations by id: one of the two would stand for both
+                raise DataError(f"COCO annotation file {where}: annotation id {aid} appears twice in 'annotations' "
+                                f"(image ids {image_of[aid]} and {image_id}), as in jsons merged without renumbering; "
+                                "pycocotools keeps one annotation per id, so the other's mask and the evaluation's "
+                                "ground truth would be a copy of it. Give every annotation its own id.")
+            image_of[aid] = image_id
             if image_id not in rows:
                 raise DataError(f"COCO annotation file {where}: annotation id {aid} refers to image id "
                                 f"{image_id}, which is not in 'images'. Fix or remove the annotation.")

@@ -504,6 +504,21 @@ def test_area_is_the_box_where_absent_except_in_an_evaluation_json(tmp_path, coc
         CocoDetection(path, root / "val2017", evaluation=True)
     _one_line_error(excinfo, str(path), f"annotation id 999 of image id {ann['image_id']} has area 'big'")
 
+def test_an_annotation_id_met_twice_is_refused_in_one_line(tmp_path, coco_canvases):
+    """Two jsons merged without renumbering: pycocotools keeps one annotation per id, so the first
+    image trained on the other's mask and perfect detections scored an AP below 1."""
+    root, _ = coco_canvases
+    for split in ("train", "val"):
+        data = json.loads((root / "annotations" / f"instances_{split}2017.json").read_text())
+        first, other = data["annotations"][0], next(a for a in data["annotations"]
+                                                    if a["image_id"] != data["annotations"][0]["image_id"])
+        other["id"] = first["id"]
+        path = _write_json(tmp_path / f"merged_{split}.json", data)
+        with pytest.raises(DataError) as excinfo:
+            CocoDetection(path, root / f"{split}2017", evaluation=split == "val")
+        _one_line_error(excinfo, str(path), f"annotation id {first['id']} appears twice in 'annotations' "
+                        f"(image ids {first['image_id']} and {other['image_id']})", "Give every annotation its own id")
+
 def test_ids_that_are_not_integers_are_refused_in_one_line(tmp_path, coco_canvases):
     """pycocotools' evaluation compares the detections' integer ids with the json's as they are: a
     text id "3" matches none of them (every AP NaN), so it is refused when the json is read."""
