@@ -30,7 +30,10 @@ Detectron2's COCO loader:
   set, where pycocotools reads it on every annotation (a ``KeyError`` once the validation has run);
 - annotation ids are distinct in a json (as in jsons merged without renumbering, they are refused):
   pycocotools indexes annotations by id, so a repeated id would give one annotation's mask to the
-  other in training and score a copy of it in place of the other in the evaluation.
+  other in training and score a copy of it in place of the other in the evaluation; in an evaluation
+  set they are non-zero integers (``COCOeval`` records a match as the matched annotation's id, 0
+  meaning none: a detection matching annotation 0 counted as a false positive; text that is no
+  number crashes it).
 
 Images are decoded to 8-bit RGB whatever their mode (:func:`~rescale_tasks.common.data.open_rgb`:
 16-bit and float images scaled, transparency over white). An unreadable file (missing, not an image,
@@ -352,6 +355,11 @@ class CocoDetection(Dataset):
             if not isinstance(aid, (int, str)) or isinstance(aid, bool):
                 raise DataError(f"COCO annotation file {where}: an annotation of image id {image_id} has id "
                                 f"{repr(aid)[:20]}, expected an integer. Fix the json.")
+            if self.evaluation and not (_is_id(aid) and aid != 0):
+                raise DataError(f"COCO annotation file {where}: annotation id {repr(aid)[:20]} of image id {image_id} "
+                                "is not a non-zero integer: the COCO evaluation records each match as the matched "
+                                "annotation's id and takes 0 for no match (a perfect detection of it would count as a "
+                                "false positive; a text id that is no number stops it). Number the annotations from 1.")
             if aid in image_of:  # pycocotools indexes annotations by id: one of the two would stand for both
                 raise DataError(f"COCO annotation file {where}: annotation id {aid} appears twice in 'annotations' "
                                 f"(image ids {image_of[aid]} and {image_id}), as in jsons merged without renumbering; "

@@ -519,6 +519,22 @@ def test_an_annotation_id_met_twice_is_refused_in_one_line(tmp_path, coco_canvas
         _one_line_error(excinfo, str(path), f"annotation id {first['id']} appears twice in 'annotations' "
                         f"(image ids {first['image_id']} and {other['image_id']})", "Give every annotation its own id")
 
+@pytest.mark.parametrize("aid", [0, "a7"])
+def test_an_annotation_id_the_evaluation_cannot_match_is_refused_in_one_line(aid, tmp_path, coco_canvases):
+    """COCOeval records a match as the matched annotation's id and reads 0 as none: perfect detections
+    of a json whose annotations start at id 0 scored an AP below 1, and a text id stopped it after the
+    whole validation. Training reads ids only as keys."""
+    root, _ = coco_canvases
+    data = json.loads((root / "annotations" / "instances_val2017.json").read_text())
+    ann = data["annotations"][0]
+    ann["id"] = aid
+    path = _write_json(tmp_path / "ids.json", data)
+    assert len(CocoDetection(path, root / "val2017")) == len(data["images"])
+    with pytest.raises(DataError) as excinfo:
+        CocoDetection(path, root / "val2017", evaluation=True)
+    _one_line_error(excinfo, str(path), f"annotation id {aid!r} of image id {ann['image_id']} is not a non-zero "
+                    "integer", "Number the annotations from 1")
+
 def test_ids_that_are_not_integers_are_refused_in_one_line(tmp_path, coco_canvases):
     """pycocotools' evaluation compares the detections' integer ids with the json's as they are: a
     text id "3" matches none of them (every AP NaN), so it is refused when the json is read."""
