@@ -103,6 +103,10 @@ def load_coco_json(path: str | os.PathLike, key: str = "annotation_file",
     if image_info and "annotations" not in data:
         data["annotations"] = []
     missing = [k for k in ("images", "annotations", "categories") if not isinstance(data.get(k), list)]
+    if image_info and missing:  # read with --data.predict_annotations already
+        raise DataError(f"COCO json {path} ({key}) has no {' / '.join(repr(k) for k in missing)} list; a json to "
+                        "predict on needs 'images' and the 'categories' the results name by id (COCO test-dev's "
+                        "image info lists them). Add the 'categories' list of the json the model was trained on.")
     if missing:
         raise DataError(f"COCO annotation file {path} ({key}) has no {' / '.join(repr(k) for k in missing)} "
                         "list; a COCO detection json needs 'images', 'annotations' and 'categories' "

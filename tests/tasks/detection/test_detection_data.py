@@ -320,6 +320,18 @@ def test_a_machine_holding_only_the_images_to_predict_on_predicts(coco_canvases,
         assert len(images) == 1 and len(targets[0]["boxes"]) == 0
 
 
+def test_a_json_to_predict_on_without_categories_is_refused_with_what_to_add(coco_canvases, tmp_path):
+    """The line told one predicting with --data.predict_annotations to predict with it."""
+    root, _ = coco_canvases
+    images = json.loads((root / "annotations" / "instances_val2017.json").read_text())["images"]
+    path = _write_json(tmp_path / "image_info.json", {"images": images})
+    with pytest.raises(DataError) as excinfo:
+        CocoDataModule(root=str(root), predict_annotations=str(path), predict_images=str(root / "val2017")) \
+            .dataset("predict")
+    message = _one_line_error(excinfo, str(path), "(data.predict_annotations) has no 'categories' list",
+                              "Add the 'categories' list of the json the model was trained on")
+    assert "predict on it with --data.predict_annotations" not in message
+
 def test_data_module_errors_name_the_path_and_the_key(tmp_path, coco_canvases):
     root, _ = coco_canvases
     with pytest.raises(ConfigError) as excinfo:
