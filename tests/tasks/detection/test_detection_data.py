@@ -479,42 +479,34 @@ def test_iscrowd_other_than_the_number_0_or_1_is_refused_in_one_line(tmp_path, c
                     f"{iscrowd!r}", "expected the number 0 or 1")
 
 
-def test_iscrowd_is_0_where_absent_except_in_an_evaluation_json(tmp_path, coco_canvases):
-    """pycocotools' evaluation reads ``iscrowd`` on every annotation (KeyError without it)."""
+@pytest.mark.parametrize("field", ["iscrowd", "area"])
+def test_iscrowd_and_area_have_defaults_except_in_an_evaluation_json(field, tmp_path, coco_canvases):
+    """pycocotools' evaluation reads ``iscrowd`` and ``area`` on every annotation (KeyError without
+    them, once the whole validation has run): refused when an evaluation json is read; training takes
+    0 and the box's width x height."""
     root, _ = coco_canvases
     data = json.loads((root / "annotations" / "instances_val2017.json").read_text())
     ann = data["annotations"][0]
-    del ann["iscrowd"]
-    path = _write_json(tmp_path / "no_crowd.json", data)
+    del ann[field]
+    path = _write_json(tmp_path / f"no_{field}.json", data)
     _, target = CocoDetection(path, root / "val2017")[0]
-    assert target["iscrowd"].tolist() == [0, 0]
+    assert target[field][0].item() == pytest.approx(0 if field == "iscrowd" else ann["bbox"][2] * ann["bbox"][3])
     with pytest.raises(DataError) as excinfo:
         CocoDetection(path, root / "val2017", evaluation=True)
-    _one_line_error(excinfo, str(path), f"annotation id {ann['id']} of image id {ann['image_id']} has no "
-                    "'iscrowd'", "Add \"iscrowd\": 0")
+    _one_line_error(excinfo, str(path), f"annotation id {ann['id']} of image id {ann['image_id']} has no '{field}'",
+                    {"iscrowd": "Add \"iscrowd\": 0", "area": "Add each annotation's \"area\""}[field])
 
 
-def test_area_is_the_box_where_absent_except_in_an_evaluation_json(tmp_path, coco_canvases):
-    """pycocotools' evaluation reads ``area`` on every annotation, degenerate boxes included: without
-    it the validation ran to its end and stopped on a KeyError; it is refused when the json is read."""
+def test_the_area_of_a_degenerate_box_of_an_evaluation_json_is_checked(tmp_path, coco_canvases):
+    """The evaluation scores it too (as a ground truth nothing can match), by its area."""
     root, _ = coco_canvases
-    data = json.loads((root / "annotations" / "instances_val2017.json").read_text())
-    ann = data["annotations"][0]
-    del ann["area"]
-    path = _write_json(tmp_path / "no_area.json", data)
-    _, target = CocoDetection(path, root / "val2017")[0]
-    assert target["area"][0].item() == pytest.approx(ann["bbox"][2] * ann["bbox"][3])
-    with pytest.raises(DataError) as excinfo:
-        CocoDetection(path, root / "val2017", evaluation=True)
-    _one_line_error(excinfo, str(path), f"annotation id {ann['id']} of image id {ann['image_id']} has no 'area'",
-                    "Add each annotation's \"area\"")
-    # a degenerate box's annotation is scored too (as a ground truth nothing can match): its area is checked
     data = json.loads((root / "annotations" / "instances_val2017.json").read_text())
     ann = dict(data["annotations"][0], id=999, bbox=[1.0, 1.0, 0.0, 5.0], area="big")
     path = _write_json(tmp_path / "degenerate.json", dict(data, annotations=data["annotations"] + [ann]))
     with pytest.raises(DataError) as excinfo:
         CocoDetection(path, root / "val2017", evaluation=True)
     _one_line_error(excinfo, str(path), f"annotation id 999 of image id {ann['image_id']} has area 'big'")
+
 
 def test_an_annotation_id_met_twice_is_refused_in_one_line(tmp_path, coco_canvases):
     """Two jsons merged without renumbering: pycocotools keeps one annotation per id, so the first
