@@ -148,8 +148,10 @@ def decode_masks(segmentations: list, height: int, width: int) -> torch.Tensor:
     rles = []
     for seg in segmentations:
         if isinstance(seg, list):  # polygons of one object: rasterise each, then union
-            # fewer than 3 points is no polygon (pycocotools would read 4 numbers as a box)
-            polygons = [p for p in seg if len(p) >= 6 and len(p) % 2 == 0]
+            # the well-formed parts only (_part_problem): fewer than 3 points is no polygon (pycocotools
+            # would read 4 numbers as a box), and a coordinate that is no finite number made pycocotools
+            # allocate without bound (NaN and infinity) or stop (text)
+            polygons = [p for p in seg if _part_problem(p) is None]
             rles.append(mask_utils.merge(mask_utils.frPyObjects(polygons, height, width)) if polygons else
                         mask_utils.encode(np.zeros((height, width), dtype=np.uint8, order="F")))
         elif isinstance(seg.get("counts"), list):  # uncompressed RLE (crowd regions)

@@ -58,6 +58,18 @@ def test_unusable_polygons_are_dropped_and_counted_in_training(coco_canvases_cop
     assert int(target["masks"][-1].sum()) == 100 and bool(target["masks"].flatten(1).any(1).all())
 
 
+def test_the_unusable_parts_beside_a_usable_one_are_left_out_of_the_mask(coco_canvases_copy):
+    """The warning says they are left out; rasterised, a part with text stopped the sample and one with
+    json's NaN or Infinity made pycocotools allocate without bound (the process killed for memory)."""
+    root = coco_canvases_copy.root
+    annotations = root / "annotations" / "instances_train2017.json"
+    parts = [["x", 20, 30, 20, 30, 30], [30, 20, 40, 20, float("nan"), 30], [30, 20, float("inf"), 20, 40, 30]]
+    _add(annotations, 0, {9010 + k: [SQUARE, part] for k, part in enumerate(parts)})  # the text first
+    ds = CocoDetection(annotations, root / "train2017")
+    assert ds.partly_unusable_masks == len(parts)
+    _, target = ds[0]
+    assert [int(m.sum()) for m in target["masks"][-len(parts):]] == [100] * len(parts)  # the square alone
+
 def test_an_unusable_polygon_in_the_validation_json_stops_fit_before_training(coco_canvases_copy, tmp_path,
                                                                              monkeypatch, error_line):
     root = coco_canvases_copy.root
