@@ -15,7 +15,8 @@ Detectron2's COCO loader:
 - masks: polygons, compressed and uncompressed RLE decoded with ``pycocotools.mask`` to uint8
   ``[N, H, W]`` at the image size, in ``__getitem__`` (never held for the whole set). Segmentations
   that cannot form a mask (:func:`mask_problem`: a polygon part empty, under 3 points or with an odd
-  number of coordinates, or no part covering a pixel; an RLE whose ``size`` is not the image's) are
+  number of coordinates, or no part covering a pixel; an RLE whose ``size`` is not the image's or
+  whose runs do not add up to it: pycocotools' decoding fails on it and its mask IoU never ends) are
   dropped with their annotation at construction and counted
   (:attr:`~CocoDetection.dropped_unusable_masks`; unusable parts beside usable ones in
   :attr:`~CocoDetection.partly_unusable_masks`), like degenerate boxes; in an evaluation set
@@ -210,7 +211,41 @@ def _rle_problem(rle: dict, height: int, width: int) -> str | None:
         return "an RLE without a 'size' [height, width] and 'counts'"
     if size != [height, width]:
         return f"an RLE of {size[0]}x{size[1]} pixels (height x width) on an image of {height}x{width}"
+    runs = _rle_runs(counts)
+    if runs is None or sum(runs) != height * width:
+        return (f"an RLE whose runs do not cover its {height}x{width} pixels (its 'counts' cut short or "
+                "damaged)")
     return None
+
+
+def _rle_runs(counts: str | list) -> list[int] | None:
+    """The run lengths of an RLE's ``counts`` (a list of numbers, or COCO's compressed text as
+    pycocotools' ``rleFrString`` reads it: 5 bits a character, differences to the run two before from
+    the third run on, 32-bit unsigned); None where a run is no count (negative or not an integer).
+    pycocotools reads runs that do not add up to the image as they are: its decoding then fails and
+    its mask IoU (COCOeval) never ends."""
+    if isinstance(counts, list):
+        ok = all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts)
+        return counts if ok else None
+    runs: list[int] = []
+    p, text = 0, counts.encode("latin-1", "replace")
+    while p < len(text):
+        x = k = 0
+        more = True
+        while more:
+            if p == len(text):
+                return None  # a run cut off inside its characters
+            c = text[p] - 48
+            x |= (c & 0x1F) << 5 * k
+            more = bool(c & 0x20)
+            p += 1
+            k += 1
+            if not more and c & 0x10:
+                x |= -1 << 5 * k
+        if len(runs) > 2:
+            x += runs[-2]
+        runs.append(x % 2 ** 32)
+    return runs
 
 
 def mask_problem(segmentation: Any, height: int, width: int) -> tuple[str | None, bool]:
@@ -309,7 +344,8 @@ class CocoDetection(Dataset):
         if self.dropped_unusable_masks or self.partly_unusable_masks:
             log.warning("%s: dropped %d annotation(s) whose segmentation cannot form a mask and left out the "
                         "unusable polygons of %d more (empty, under 3 points, an odd number of coordinates, "
-                        "no pixel covered, or an RLE not of the image's size), e.g. annotation id %s: %s",
+                        "no pixel covered, or an RLE not of the image's size or not covering it), e.g. annotation "
+                        "id %s: %s",
                         self.annotation_file, self.dropped_unusable_masks, self.partly_unusable_masks,
                         *self.first_unusable_mask)
 

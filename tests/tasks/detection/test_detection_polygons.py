@@ -1,7 +1,6 @@
 """COCO polygons that cannot form a mask (no polygon, under 3 points, an odd number of coordinates,
-zero area) and RLEs not of their image's size: dropped and counted in a training json like
-degenerate boxes, and (malformed ones)
-refused in one line when a validation json is read, before any training (the COCO mask evaluation
+zero area) and RLEs not of their image's size (or whose runs do not add up to it): dropped and
+counted in a training json like degenerate boxes, and (malformed ones) refused in one line when a validation json is read, before any training (the COCO mask evaluation
 scores against every annotation of that json and crashes on some of them). Kept, they would teach
 training empty masks and end ``rescale fit`` after training in a pycocotools traceback."""
 from __future__ import annotations
@@ -84,45 +83,61 @@ def test_an_unusable_polygon_in_the_validation_json_stops_fit_before_training(co
     assert not list(Path("runs").rglob("*.ckpt"))  # nothing trained
 
 
-def _swap_rle_sizes(annotations: Path, path: Path) -> list[dict]:
-    """``annotations`` with the RLEs' size given as [width, height], written to ``path``; returns the
-    annotations with an RLE."""
+def _swap_size(rle: dict) -> None:
+    rle["size"] = rle["size"][::-1]  # [width, height]
+
+
+def _cut_short(rle: dict) -> None:
+    rle["counts"] = rle["counts"][:-1]  # the last run (or its last character) lost
+
+
+RLE_EDITS = {"size": _swap_size, "runs": _cut_short}
+
+
+def _edit_rles(annotations: Path, path: Path, edit) -> list[dict]:
+    """``annotations`` with ``edit`` made to every RLE, written to ``path``; returns the annotations
+    with an RLE."""
     data = json.loads(annotations.read_text())
-    swapped = [a for a in data["annotations"] if isinstance(a["segmentation"], dict)]
-    for ann in swapped:
-        ann["segmentation"]["size"] = ann["segmentation"]["size"][::-1]
+    edited = [a for a in data["annotations"] if isinstance(a["segmentation"], dict)]
+    for ann in edited:
+        edit(ann["segmentation"])
     path.write_text(json.dumps(data))
-    return swapped
+    return edited
 
 
-def test_an_rle_not_of_its_images_size_is_dropped_and_counted_in_training(coco_canvases, tmp_path, caplog):
-    """pycocotools decodes an RLE at its own size: kept, it would stack with the image's other masks."""
+@pytest.mark.parametrize("edit", RLE_EDITS)
+def test_an_rle_not_of_its_images_size_is_dropped_and_counted_in_training(edit, coco_canvases, tmp_path, caplog):
+    """pycocotools decodes an RLE at its own size: kept, it would stack with the image's other masks;
+    one whose runs do not add up to it stopped the sample (``Invalid RLE mask representation``)."""
     root = coco_canvases.root
-    annotations = tmp_path / "swapped.json"
-    swapped = _swap_rle_sizes(root / "annotations" / "instances_train2017.json", annotations)
-    assert {bool(a["iscrowd"]) for a in swapped} == {False, True}  # compressed and uncompressed RLEs
+    annotations = tmp_path / "edited.json"
+    edited = _edit_rles(root / "annotations" / "instances_train2017.json", annotations, RLE_EDITS[edit])
+    assert {bool(a["iscrowd"]) for a in edited} == {False, True}  # compressed and uncompressed RLEs
     with caplog.at_level(logging.WARNING, logger="rescale_tasks.detection.coco"):
         ds = CocoDetection(annotations, root / "train2017")
-    assert ds.dropped_unusable_masks == len(swapped)
-    assert f"dropped {len(swapped)} annotation(s) whose segmentation cannot form a mask" in caplog.text
+    assert ds.dropped_unusable_masks == len(edited)
+    assert f"dropped {len(edited)} annotation(s) whose segmentation cannot form a mask" in caplog.text
     kept = {aid for objects in ds._objects for aid in objects.ann_ids}
-    assert kept and not kept & {a["id"] for a in swapped}
+    assert kept and not kept & {a["id"] for a in edited}
     for index in range(len(ds)):
         image, target = ds[index]
         assert target["masks"].shape == (len(target["boxes"]), *image.shape[1:])
 
 
-def test_an_rle_not_of_its_images_size_in_the_validation_json_is_refused_in_one_line(coco_canvases, tmp_path):
+@pytest.mark.parametrize("edit", RLE_EDITS)
+def test_an_rle_not_of_its_images_size_in_the_validation_json_is_refused_in_one_line(edit, coco_canvases, tmp_path):
+    """One whose runs do not add up to its image made COCOeval's mask IoU run without end."""
     root = coco_canvases.root
-    annotations = tmp_path / "swapped.json"
-    (ann,) = _swap_rle_sizes(root / "annotations" / "instances_val2017.json", annotations)
-    height, width = ann["segmentation"]["size"][::-1]
+    annotations = tmp_path / "edited.json"
+    (ann,) = _edit_rles(root / "annotations" / "instances_val2017.json", annotations, RLE_EDITS[edit])
+    height, width = ann["segmentation"]["size"][::-1] if edit == "size" else ann["segmentation"]["size"]
     with pytest.raises(DataError) as excinfo:
         CocoDetection(annotations, root / "val2017", evaluation=True)
     message = str(excinfo.value)
     assert "\n" not in message and str(annotations) in message
-    assert (f"annotation id {ann['id']} of image id {ann['image_id']} has an RLE of {width}x{height} pixels "
-            f"(height x width) on an image of {height}x{width}, which cannot form a mask") in message
+    problem = (f"an RLE of {width}x{height} pixels (height x width) on an image of {height}x{width}" if edit == "size"
+               else f"an RLE whose runs do not cover its {height}x{width} pixels (its 'counts' cut short or damaged)")
+    assert f"annotation id {ann['id']} of image id {ann['image_id']} has {problem}, which cannot form a mask" in message
     assert "an RLE of the image's height x width" in message
 
 
