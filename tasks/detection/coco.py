@@ -221,12 +221,12 @@ def _rle_problem(rle: dict, height: int, width: int) -> str | None:
 def _rle_runs(counts: str | list) -> list[int] | None:
     """The run lengths of an RLE's ``counts`` (a list of numbers, or COCO's compressed text as
     pycocotools' ``rleFrString`` reads it: 5 bits a character, differences to the run two before from
-    the third run on, 32-bit unsigned); None where a run is no count (negative or not an integer).
+    the third run on, 32-bit unsigned); None where a run is no count (negative or not a whole number).
     pycocotools reads runs that do not add up to the image as they are: its decoding then fails and
     its mask IoU (COCOeval) never ends."""
-    if isinstance(counts, list):
-        ok = all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts)
-        return counts if ok else None
+    if isinstance(counts, list):  # whole numbers, as pycocotools reads them (5.0 is 5)
+        ok = all(_finite(c) and not isinstance(c, bool) and c >= 0 and float(c).is_integer() for c in counts)
+        return [int(c) for c in counts] if ok else None
     runs: list[int] = []
     p, text = 0, counts.encode("latin-1", "replace")
     while p < len(text):

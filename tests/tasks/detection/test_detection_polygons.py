@@ -15,7 +15,7 @@ from test_detection_cli import tiny_config
 
 from rescale_tasks.cli import main
 from rescale_tasks.common.errors import DataError
-from rescale_tasks.detection.coco import CocoDetection
+from rescale_tasks.detection.coco import CocoDetection, mask_problem
 
 UNUSABLE = {  # annotation id -> segmentation that cannot form a mask
     9001: [],
@@ -188,3 +188,9 @@ def test_segmentations_written_as_one_flat_polygon_are_named_as_such(coco_canvas
     assert ("annotation(s) whose segmentation cannot form a mask were dropped, e.g. annotation id" in message
             and message.endswith(": a flat list of coordinates instead of a list of polygons ([[x1, y1, x2, y2, ...]]). "
                                  "Fix the segmentations, or set --data.masks false for a box-only detector."))
+
+
+def test_an_uncompressed_rle_of_whole_number_floats_is_a_mask():
+    """pycocotools reads counts 5.0 as 5 runs' length: such an RLE is usable, 1.5 is not."""
+    assert mask_problem({"size": [2, 3], "counts": [1.0, 5]}, 2, 3) == (None, True)
+    assert mask_problem({"size": [2, 3], "counts": [1.5, 4.5]}, 2, 3)[1] is False
