@@ -339,8 +339,10 @@ class CocoDetection(Dataset):
         self._found_paths: dict[int, str] = {}  # index -> its file, where file_name writes it otherwise (found_path)
         self._check_files(folder_key)
         if self.dropped_degenerate:
+            scored = ("; the COCO evaluation still scores them, from its json, as objects to find (a box "
+                      "that thin is rarely matched): fix or remove them there" if evaluation else "")
             log.warning("%s: dropped %d degenerate box(es) (under 1 px wide or high after clipping to the "
-                        "image)", self.annotation_file, self.dropped_degenerate)
+                        "image) from the targets%s", self.annotation_file, self.dropped_degenerate, scored)
         if self.dropped_unusable_masks or self.partly_unusable_masks:
             log.warning("%s: dropped %d annotation(s) whose segmentation cannot form a mask and left out the "
                         "unusable polygons of %d more (empty, under 3 points, an odd number of coordinates, "

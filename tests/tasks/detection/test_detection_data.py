@@ -87,6 +87,12 @@ def test_degenerate_box_is_dropped_and_counted_once(coco_canvases, caplog):
     (index,) = [i for i, r in enumerate(truth["train"]) if r["degenerate_ann_ids"]]
     _, target = ds[index]
     assert len(target["boxes"]) == len(truth["train"][index]["objects"]) == 1
+    # read as an evaluation json, the line says COCOeval still scores it (it had read as left out)
+    assert "still scores" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rescale_tasks.detection.coco"):
+        _train(root, evaluation=True)
+    assert "dropped 1 degenerate box(es)" in caplog.text and "the COCO evaluation still scores them" in caplog.text
 
 
 def test_without_masks_the_target_has_none_and_segmentation_is_optional(tmp_path, coco_writer):
