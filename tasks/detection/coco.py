@@ -14,8 +14,8 @@ Detectron2's COCO loader:
   applies after the transforms;
 - masks: polygons, compressed and uncompressed RLE decoded with ``pycocotools.mask`` to uint8
   ``[N, H, W]`` at the image size, in ``__getitem__`` (never held for the whole set). Segmentations
-  that cannot form a mask (:func:`mask_problem`: a polygon part empty, under 3 points or with an odd
-  number of coordinates, or no part covering a pixel; an RLE whose ``size`` is not the image's or
+  that cannot form a mask (:func:`mask_problem`: a polygon part empty, under 3 points, with an odd
+  number of coordinates or coordinates far outside the image, or no part covering a pixel; an RLE whose ``size`` is not the image's or
   whose runs do not add up to it: pycocotools' decoding fails on it and its mask IoU never ends) are
   dropped with their annotation at construction and counted
   (:attr:`~CocoDetection.dropped_unusable_masks`; unusable parts beside usable ones in
@@ -150,9 +150,9 @@ def decode_masks(segmentations: list, height: int, width: int) -> torch.Tensor:
     for seg in segmentations:
         if isinstance(seg, list):  # polygons of one object: rasterise each, then union
             # the well-formed parts only (_part_problem): fewer than 3 points is no polygon (pycocotools
-            # would read 4 numbers as a box), and a coordinate that is no finite number made pycocotools
-            # allocate without bound (NaN and infinity) or stop (text)
-            polygons = [p for p in seg if _part_problem(p) is None]
+            # would read 4 numbers as a box), and a coordinate that is no finite number or far outside
+            # the image made pycocotools allocate without bound (NaN, infinity, 1e8) or stop (text)
+            polygons = [p for p in seg if _part_problem(p, height, width) is None]
             rles.append(mask_utils.merge(mask_utils.frPyObjects(polygons, height, width)) if polygons else
                         mask_utils.encode(np.zeros((height, width), dtype=np.uint8, order="F")))
         elif isinstance(seg.get("counts"), list):  # uncompressed RLE (crowd regions)
@@ -173,8 +173,14 @@ def _finite(value: Any) -> bool:
 FLAT_POLYGON = "a flat list of coordinates instead of a list of polygons ([[x1, y1, x2, y2, ...]])"
 
 
-def _part_problem(part: Any) -> str | None:
-    """Why one polygon (``[x1, y1, x2, y2, ...]``) is malformed, or None."""
+#: how far from its image a polygon may reach, in times the image's longer side: pycocotools rasterises a
+#: polygon point by point along its edges, so coordinates in another unit (1e8) made it allocate
+#: without bound or crash (a segmentation fault) in training and in the COCO evaluation
+FAR_OUTSIDE = 16
+
+
+def _part_problem(part: Any, height: int, width: int) -> str | None:
+    """Why one polygon (``[x1, y1, x2, y2, ...]``) of a ``height`` x ``width`` image is malformed, or None."""
     if not isinstance(part, list) or not part:
         return "an empty polygon"
     if len(part) < 6:  # pycocotools reads four numbers as a box and fails on fewer
@@ -183,6 +189,9 @@ def _part_problem(part: Any) -> str | None:
         return "a polygon with an odd number of coordinates"
     if not all(_finite(v) for v in part):
         return "a polygon with coordinates that are not finite numbers"
+    limit = FAR_OUTSIDE * max(height, width)
+    if any(abs(v) > limit for v in part):
+        return f"a polygon reaching beyond {limit} px, far outside its {height}x{width} image (in another unit?)"
     return None
 
 
@@ -261,7 +270,7 @@ def mask_problem(segmentation: Any, height: int, width: int) -> tuple[str | None
         return FLAT_POLYGON, False
     problem, usable = None, False
     for part in segmentation:
-        reason = _part_problem(part)
+        reason = _part_problem(part, height, width)
         if reason is not None:
             problem = problem or reason
         elif not usable:
@@ -345,7 +354,7 @@ class CocoDetection(Dataset):
                         "image) from the targets%s", self.annotation_file, self.dropped_degenerate, scored)
         if self.dropped_unusable_masks or self.partly_unusable_masks:
             log.warning("%s: dropped %d annotation(s) whose segmentation cannot form a mask and left out the "
-                        "unusable polygons of %d more (empty, under 3 points, an odd number of coordinates, "
+                        "unusable polygons of %d more (empty, under 3 points, an odd number of coordinates, far outside, "
                         "no pixel covered, or an RLE not of the image's size or not covering it), e.g. annotation "
                         "id %s: %s",
                         self.annotation_file, self.dropped_unusable_masks, self.partly_unusable_masks,

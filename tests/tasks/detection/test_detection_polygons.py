@@ -25,6 +25,7 @@ UNUSABLE = {  # annotation id -> segmentation that cannot form a mask
     9005: [[10, 10, 10.3, 10, 10.3, 10.3]],  # a sliver covering no pixel
     9007: [["10", "10", "20", "10", "20", "20"]],  # text, not numbers
     9008: [[10, 10, 20, 10, float("nan"), 20]],  # json's NaN
+    9009: [[10, 10, 1e5, 10, 1e5, 20]],  # far outside the image (1e8 made pycocotools crash)
 }
 SQUARE = [10, 10, 20, 10, 20, 20, 10, 20]
 
@@ -194,3 +195,14 @@ def test_an_uncompressed_rle_of_whole_number_floats_is_a_mask():
     """pycocotools reads counts 5.0 as 5 runs' length: such an RLE is usable, 1.5 is not."""
     assert mask_problem({"size": [2, 3], "counts": [1.0, 5]}, 2, 3) == (None, True)
     assert mask_problem({"size": [2, 3], "counts": [1.5, 4.5]}, 2, 3)[1] is False
+
+
+def test_a_polygon_far_outside_its_image_in_the_validation_json_is_refused_in_one_line(coco_canvases_copy):
+    """COCOeval rasterises it point by point along its edges: at 1e8 px it crashed at the end of the validation."""
+    root = coco_canvases_copy.root
+    annotations = root / "annotations" / "instances_val2017.json"
+    image_id = _add(annotations, 0, {9009: UNUSABLE[9009]})
+    with pytest.raises(DataError) as excinfo:
+        CocoDetection(annotations, root / "val2017", evaluation=True)
+    message = str(excinfo.value)
+    assert "\n" not in message and f"annotation id 9009 of image id {image_id} has a polygon reaching beyond" in message
