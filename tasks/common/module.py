@@ -200,12 +200,12 @@ class RescaleTaskModule(L.LightningModule):
                                     strict=self.strict_loading, normalize=resolved_architecture,
                                     ckpt_path=str(path) if path else None)
         self.check_checkpoint_data(checkpoint)
-        resumed = trainer is not None and trainer.state.fn == "fit" and bool(checkpoint.get("optimizer_states"))
-        if resumed:
-            self._check_resumed_data(checkpoint, source, str(path) if path else None)
         self.trained_labels = checkpoint_labels(checkpoint, source, self._datamodule())
         self._unlabelled_checkpoint = source if self.trained_labels is None else None
         self._match_data_labels()
+        resumed = trainer is not None and trainer.state.fn == "fit" and bool(checkpoint.get("optimizer_states"))
+        if resumed:  # after the labels' and the task's own refusals, which say more than "other data"
+            self._check_resumed_data(checkpoint, source, str(path) if path else None)
         if resumed:
             self._resumed_training = (checkpoint["optimizer_states"], checkpoint.get("lr_schedulers") or [], source,
                                       str(path) if path else None)

@@ -136,7 +136,9 @@ def test_sigkill_resumes_from_the_last_checkpoint_identically(cifar, uninterrupt
     proc = _start_and_signal(["fit", "--config", config], tmp_path, "step=012.ckpt", signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL
     (last,) = glob.glob(str(tmp_path / "runs" / "resume-test" / "*" / "checkpoints" / "last.ckpt"))
-    assert 12 <= torch.load(last, weights_only=True)["global_step"] < 30
+    # last.ckpt is written after every other callback of the step (step=012.ckpt's first), so the kill
+    # may land before its step-12 save: the resume point is then its save before
+    assert 0 < torch.load(last, weights_only=True)["global_step"] < 30
     # a kill in the middle of a save leaves at most a temp file; last.ckpt loaded whole above
 
     result = _run(["fit", "--config", config, "--ckpt_path", last], tmp_path)
