@@ -119,6 +119,11 @@ class VideoClipDataset(Dataset):
         """``(path, kind)`` for every video with a problem so far."""
         return [(self.samples[i][0], KINDS[int(c) - 1]) for i, c in enumerate(self.status.tolist()) if c]
 
+    def dropped(self) -> torch.Tensor:
+        """Whether each video was dropped so far (bool, one per video; met in any process of this
+        rank), so that an evaluation leaves out the views of its clips that decoded before one failed."""
+        return torch.isin(self.status, torch.tensor([_CODE[kind] for kind in DROPPED_KINDS], dtype=torch.int8))
+
     @property
     def skipped(self) -> int:
         """Videos dropped so far (repaired short videos are not counted)."""
@@ -126,7 +131,10 @@ class VideoClipDataset(Dataset):
 
     def _record(self, video: int, kind: str, detail: str) -> None:
         kind = kind if kind in _CODE else "unreadable"  # a kind this module does not know yet
-        if int(self.status[video]) != _CODE[kind]:
+        current = int(self.status[video])
+        if kind.startswith("short_") and current and KINDS[current - 1] in DROPPED_KINDS:
+            return  # a short video dropped by an earlier clip stays dropped
+        if current != _CODE[kind]:
             self.status[video] = _CODE[kind]
             log.warning("%s video %s (%s)", "repaired short" if kind.startswith("short_") else "skipping",
                         self.samples[video][0], detail)

@@ -4,9 +4,11 @@ The standard protocol (SlowFast's 10 clips x 3 crops) averages the softmax of al
 and reports video-level top-1/top-5, next to clip-level (each view on its own) accuracy and the
 loss per view. Only the first needs anything per video: the sum of the softmax over its views.
 :class:`MultiViewAccuracy` keeps exactly that, densely (``[videos, classes]`` float32, with the
-view count and label per video and one byte per (video, clip) to count each item once), plus a
-few running totals for the clip-level numbers. Kinetics-400's 20k test videos x 10 x 3 views take
-~32 MB (``tests/tasks/video/test_video_evaluation.py`` measures it), where a record per view or
+view count, label, loss sum and clip-level hits per video and one byte per (video, clip) to count
+each item once). A video the data set dropped part-way (a clip that could not be decoded, after
+others were counted) is left out of every number (:meth:`MultiViewAccuracy.drop`), as the data
+report says it was skipped, never scored on the views that happened to decode. Kinetics-400's
+20k test videos x 10 x 3 views take ~32 MB (``tests/tasks/video/test_video_evaluation.py`` measures it), where a record per view or
 per (video, clip) took several hundred.
 
 Under DDP every rank holds the sums of the items it saw; :meth:`MultiViewAccuracy.compute` reduces
@@ -47,12 +49,14 @@ class MultiViewAccuracy:
         self.views = torch.zeros(0, dtype=torch.int64)  # [videos]
         self.labels = torch.full((0,), -1, dtype=torch.int64)  # [videos], -1: not seen
         self.seen = torch.zeros(0, 0, dtype=torch.uint8)  # [videos, clips]: items counted here
-        self.totals = torch.zeros(2 + len(self.top), dtype=torch.float64)  # views, loss, clip hits at each k
+        self.losses = torch.zeros(0, dtype=torch.float64)  # [videos]: the loss summed over its views
+        self.hits = torch.zeros(0, len(self.top), dtype=torch.float64)  # [videos, k]: its views right at top-k
+        self.dropped = torch.zeros(0, dtype=torch.uint8)  # [videos]: 1 = left out (the data set dropped it)
 
     def nbytes(self) -> int:
         """Bytes held (every tensor of the state)."""
         return sum(t.element_size() * t.nelement() for t in (self.probs, self.views, self.labels, self.seen,
-                                                              self.totals))
+                                                              self.losses, self.hits, self.dropped))
 
     def _grow(self, videos: int, clips: int, classes: int) -> None:
         rows, cols = self.seen.shape
@@ -66,9 +70,24 @@ class MultiViewAccuracy:
             probs[:rows] = self.probs
         views, labels = torch.zeros(new_rows, dtype=torch.int64), torch.full((new_rows,), -1, dtype=torch.int64)
         views[:rows], labels[:rows] = self.views, self.labels
+        losses = torch.zeros(new_rows, dtype=torch.float64)
+        hits = torch.zeros(new_rows, len(self.top), dtype=torch.float64)
+        losses[:rows], hits[:rows] = self.losses, self.hits
         seen = torch.zeros(new_rows, max(clips, cols), dtype=torch.uint8)
         seen[:rows, :cols] = self.seen
         self.probs, self.views, self.labels, self.seen = probs, views, labels, seen
+        self.losses, self.hits = losses, hits
+
+    def drop(self, dropped: torch.Tensor) -> None:
+        """Leave out the videos flagged in ``dropped`` (bool, one per video of the data set: those it
+        dropped, some of whose views may have been counted before a later clip failed) from every
+        number, on any rank (the flags of all ranks are combined)."""
+        dropped = torch.as_tensor(dropped).flatten().to(torch.uint8)
+        if len(dropped) > len(self.dropped):
+            grown = torch.zeros(len(dropped), dtype=torch.uint8)
+            grown[:len(self.dropped)] = self.dropped
+            self.dropped = grown
+        self.dropped[:len(dropped)] |= dropped.clamp(max=1)
 
     def update(self, probs: torch.Tensor, labels: torch.Tensor, videos: torch.Tensor, clips: torch.Tensor,
                losses: torch.Tensor) -> None:
@@ -95,12 +114,14 @@ class MultiViewAccuracy:
         self.views.index_add_(0, videos, torch.full((n,), crops, dtype=torch.int64))
         self.labels[videos] = labels
         ranked = probs.topk(min(max(self.top), probs.shape[-1]), dim=-1).indices == labels.view(n, 1, 1)
-        hits = [float(ranked[..., :k].any(-1).sum()) for k in self.top]
-        self.totals += torch.tensor([n * crops, float(losses.sum()), *hits], dtype=torch.float64)
+        hits = torch.stack([ranked[..., :k].any(-1).sum(1) for k in self.top], 1).double()  # [n, k]
+        self.losses.index_add_(0, videos, losses)
+        self.hits.index_add_(0, videos, hits)
 
     def _reduced(self) -> tuple[torch.Tensor, ...]:
-        """``(probs, views, labels, counted, totals)`` of every rank, reduced onto rank 0 (a collective:
-        sizes agreed, sums reduced in place); only rank 0's are meaningful."""
+        """``(probs, views, labels, counted, losses, hits)`` of every rank, reduced onto rank 0 (a
+        collective: sizes agreed, sums reduced in place), the videos some rank dropped left out (no
+        views); only rank 0's are meaningful."""
         videos = max_over_ranks(self.seen.shape[0])
         clips, classes = max_over_ranks(self.seen.shape[1]), max_over_ranks(self.probs.shape[1])
         self._grow(videos, clips, classes if not self.seen.shape[0] else self.probs.shape[1])
@@ -109,8 +130,13 @@ class MultiViewAccuracy:
         views = reduce_tensor_to_rank_zero(self.views[:n].clone())
         labels = reduce_tensor_to_rank_zero(self.labels[:n].clone(), op="max")
         counted = reduce_tensor_to_rank_zero(self.seen[:n].to(torch.int32))
-        totals = reduce_tensor_to_rank_zero(self.totals.clone())
-        return probs, views, labels, counted, totals
+        losses = reduce_tensor_to_rank_zero(self.losses[:n].clone())
+        hits = reduce_tensor_to_rank_zero(self.hits[:n].clone())
+        dropped = torch.zeros(n, dtype=torch.uint8)
+        dropped[:min(n, len(self.dropped))] = self.dropped[:n]
+        dropped = reduce_tensor_to_rank_zero(dropped, op="max").bool()
+        views[dropped] = 0
+        return probs, views, labels, counted, losses, hits
 
     @staticmethod
     def _refuse_repeats(repeated: int) -> None:
@@ -123,20 +149,20 @@ class MultiViewAccuracy:
         """``acc<k>`` (video level), ``clip_acc<k>``, ``loss`` (per view), ``videos``, ``views``
         over every rank: a collective under DDP (sizes agreed, sums reduced onto rank 0 in place,
         which computes and broadcasts the numbers). The state is spent: it is reset afterwards."""
-        probs, views, labels, counted, totals = self._reduced()
+        probs, views, labels, counted, losses, hits = self._reduced()
         names = [f"acc{k}" for k in self.top] + [f"clip_acc{k}" for k in self.top] + ["loss", "videos", "views",
                                                                                         "repeated"]
         numbers = torch.zeros(len(names), dtype=torch.float64)
         if rank() == 0:
             present = views > 0
-            total_views = float(totals[0])
+            total_views = float(views[present].sum())
             for i, k in enumerate(self.top):
                 if probs.shape[1] and present.any():  # the mean over views ranks classes as the sum does
                     top = probs[present].topk(min(k, probs.shape[1]), dim=-1).indices
                     numbers[i] = float((top == labels[present].unsqueeze(1)).any(1).sum()) / float(present.sum())
-                numbers[len(self.top) + i] = float(totals[2 + i]) / max(total_views, 1.0)
-            numbers[-4:] = torch.tensor([float(totals[1]) / max(total_views, 1.0), float(present.sum()), total_views,
-                                         float((counted > 1).sum())], dtype=torch.float64)
+                numbers[len(self.top) + i] = float(hits[present, i].sum()) / max(total_views, 1.0)
+            numbers[-4:] = torch.tensor([float(losses[present].sum()) / max(total_views, 1.0), float(present.sum()),
+                                         total_views, float((counted > 1).sum())], dtype=torch.float64)
         numbers = broadcast_from_rank_zero(numbers)
         self.reset()
         metrics = dict(zip(names, numbers.tolist()))
@@ -148,7 +174,7 @@ class MultiViewAccuracy:
         index, its softmax averaged over all its views (what the video-level accuracy ranks), its
         label and view count; on rank 0 (a collective under DDP: the sums reduced there), empty
         on the others. The state is spent: it is reset afterwards."""
-        probs, views, labels, counted, _ = self._reduced()
+        probs, views, labels, counted, _, _ = self._reduced()
         repeated = torch.tensor([int((counted > 1).sum()) if rank() == 0 else 0], dtype=torch.int64)
         repeated = int(broadcast_from_rank_zero(repeated).item())
         self.reset()

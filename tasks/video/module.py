@@ -106,7 +106,17 @@ class VideoClassificationModule(RescaleTaskModule):
                                  reduction="none").view(n, crops).sum(1)
         self.evaluation.update(logits.softmax(-1), labels, videos, clip_ids, losses)
 
+    def _drop_skipped(self, stage: str) -> None:
+        """Leave the videos the data set dropped out of the evaluation: a clip that failed after
+        others of its video were counted must not leave the video scored on part of its views."""
+        loaders = getattr(self.trainer, f"{stage}_dataloaders", None)
+        loader = loaders[0] if isinstance(loaders, (list, tuple)) and loaders else loaders
+        dropped = getattr(getattr(loader, "dataset", None), "dropped", None)
+        if callable(dropped):
+            self.evaluation.drop(dropped())
+
     def _finish(self, prefix: str) -> dict[str, float]:
+        self._drop_skipped(prefix)
         metrics = self.evaluation.compute()  # a collective: the sums of all ranks, reduced onto rank 0
         for name, value in metrics.items():
             self.log(f"{prefix}/{name}", value, sync_dist=False, prog_bar=name == "acc1")
@@ -139,6 +149,7 @@ class VideoClassificationModule(RescaleTaskModule):
         return {"video": videos, "clip": clip_ids, "probs": views.mean(1)}
 
     def on_predict_epoch_end(self) -> None:
+        self._drop_skipped("predict")
         videos, probs, labels, views = self.evaluation.videos()  # a collective: the sums reduced onto rank 0
         if not self.trainer.is_global_zero:
             return
