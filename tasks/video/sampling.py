@@ -3,8 +3,8 @@
 SlowFast (``slowfast/datasets/decoder.py``: ``get_start_end_idx``, ``temporal_sampling``; used by
 ``kinetics.py``) does this:
 
-* the clip covers ``clip_size = T * tau`` frames (at the target fps); ``delta = max(num_frames -
-  clip_size, 0)``;
+* the clip covers ``clip_size = T * tau`` frames at the target fps (``DATA.TARGET_FPS`` 30: ``T * tau
+  * fps / 30`` of the video's own frames); ``delta = max(num_frames - clip_size, 0)``;
 * training (``clip_idx == -1``): ``start = random.uniform(0, delta)``;
 * testing, clip ``i`` of ``K``: ``start = delta * i / K`` (or, with ``USE_OFFSET_SAMPLING``,
   ``i * floor(delta / (K - 1))`` so the clips span the whole video);
@@ -17,6 +17,9 @@ Ours, and where it deviates:
 * The indices are exactly ``start + k * tau`` (k < T): the stride is tau, not
   ``(T * tau - 1) / (T - 1)`` as SlowFast's linspace gives. The clip then needs
   ``span = (T - 1) * tau + 1`` frames, and a video is *short* when it has fewer.
+* tau counts the video's own decoded frames, whatever its frame rate: there is no resampling to
+  a target fps, so a clip of a 25 fps video spans 6/5 of the time SlowFast's does (the same
+  time for 30 fps videos, most of Kinetics). ``rescale prepare-video`` keeps the source rate.
 * Training starts are integers drawn uniformly from ``[0, num_frames - span]`` with the given
   generator (reproducible with a seed; SlowFast uses the global ``random`` module).
 * Test clip ``i`` of ``K`` starts at ``round(i * delta / (K - 1))`` (the centre for ``K == 1``):
