@@ -28,7 +28,8 @@ is higher (accuracy, box AP, BLEU) or lower (a loss); a tie is not better.
 
 Writes ``compare.csv/.md`` (one row per experiment and variant: n, the task's metric mean and
 std, its difference to the baseline, final train loss, throughput and its ratio to the
-baseline's (both of the runs that did not diverge), diverged runs, what its pooled runs differ in besides their seed) and, per
+baseline's (each of the runs that did not diverge: the metric, loss and speed of a diverged run
+are the blow-up's), diverged runs, what its pooled runs differ in besides their seed) and, per
 experiment, ``<experiment>_curves.png`` (training loss and validation metric of every run) and
 ``<experiment>_metric.png`` (the metric per variant, error bars over seeds).
 """
@@ -235,6 +236,13 @@ def _metric_value(run: dict, metric: str, use: str) -> Optional[float]:
     return None if value is None else float(value)
 
 
+def _train_loss(runs: list[dict]) -> Optional[float]:
+    """Mean final training loss of the runs that did not diverge: a diverged run's last loss (finite
+    until the monitor stopped it) is the blow-up's, not what the method trained to; the ``diverged``
+    column counts it."""
+    return mean_std((r.get("final") or {}).get("train/loss_epoch") for r in runs if r.get("status") != "diverged")[0]
+
+
 def _speed(runs: list[dict]) -> Optional[float]:
     """Mean training throughput of the runs that did not diverge: a diverged run stopped after a few
     steps (its rate is the warm-up's, not the method's); the ``diverged`` column counts it."""
@@ -296,7 +304,7 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
         for variant in order:
             group = variants[variant]
             mean, std, _ = mean_std(_metric_value(r, mine, use) for r in group)
-            loss = mean_std((r.get("final") or {}).get("train/loss_epoch") for r in group)[0]
+            loss = _train_loss(group)
             speed = _speed(group)
             diverged = sum(r.get("status") == "diverged" for r in group)
             mixed = pooled_differences(group)

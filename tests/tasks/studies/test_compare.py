@@ -528,3 +528,16 @@ def test_wandb_runs_of_other_data_are_named_as_mixed():
     assert run(0)["data"] is None and pooled_differences([run(0), run(1, 270), run(2, 270)]) == {}
     assert pooled_differences([run(0, 270), run(1, 360)]) == {
         "data": ["DigitsDataModule[val 270 #000000000270]", "DigitsDataModule[val 360 #000000000360]"]}
+
+
+def test_a_diverged_runs_training_loss_is_left_out_of_the_mean(tmp_path):
+    """A seed that diverged stopped with a large but finite loss: the variant's train_loss is of the
+    runs that did not diverge, as its throughput is (it made 0.06 read 25.03)."""
+    root = tmp_path / "runs"
+    write_run(root / "a", "digits", "bn", 0.97, 100.0, 0.05, 0)
+    write_run(root / "c", "digits", "rescale", 0.96, 150.0, 0.06, 0)
+    write_run(root / "d", "digits", "rescale", None, 150.0, 50.0, 1, status="diverged")
+    assert main(["compare", str(root), "--out", "cmp"]) == 0
+    with open(tmp_path / "cmp/compare.csv") as f:
+        rows = [(r["variant"], r["train_loss"], r["diverged"]) for r in csv.DictReader(f)]
+    assert rows == [("bn", "0.05", "0/1"), ("rescale", "0.06", "1/2")]
