@@ -95,7 +95,8 @@ def depth_axis(depth_key: str | None) -> str:
 # --- batch size x learning rate ------------------------------------------------------------------------
 def batch_lr_tables(rows: list[dict], metric: str) -> list[dict]:
     """Per (scheme, batch size): the optimal learning rate (best final metric among the finished,
-    learning runs) and the largest stable one (the largest that did not diverge)."""
+    learning runs) and the largest stable one (the largest that did not diverge); ``not_done``: the
+    runs (of every seed) that have not finished."""
     higher = higher_is_better(metric)
     key = f"final {metric}"
     groups: dict[tuple, list[dict]] = defaultdict(list)
@@ -120,9 +121,18 @@ def batch_lr_tables(rows: list[dict], metric: str) -> list[dict]:
             "stable_at_grid_max": (largest["lr"] == max(r["lr"] for r in group)) if largest else None,
             "largest_learning_lr": max(r["lr"] for r in learned) if learned else None,
             "lrs": len(group), "diverged": sum(r["status"].startswith("diverged") for r in group),
-            "not_done": sum(r["status"] in ("failed", "running", "interrupted", "not run") for r in group),
+            "not_done": sum(_not_done(r) for r in group),
         })
     return out
+
+
+def _not_done(row: dict) -> int:
+    """The runs of a row that have not finished: a point's row is one run; a setting collapsed over
+    seeds (:func:`~.seeded.collapse_seeds`) counts its seeds not done, also where the others trained
+    (its mean is then of fewer seeds than the other learning rates')."""
+    if "not_done" in row:
+        return int(row["not_done"])
+    return int(row["status"] in ("failed", "running", "interrupted", "not run"))
 
 
 # --- seeds ------------------------------------------------------------------------------------------

@@ -106,6 +106,24 @@ def test_a_learning_rate_is_stable_only_when_no_seed_diverged():
     assert summary["largest_stable_lr"] == 0.1 and summary["largest_learning_lr"] is None
 
 
+def test_seeds_not_done_are_counted_where_the_others_of_their_learning_rate_trained():
+    """lr 0.2 with 1 of 3 seeds finished: its mean (the optimal one here) is of one seed, and the
+    table's not_done says so (it read 0: only a learning rate none of whose seeds ran counted)."""
+    rows = []
+    for lr, statuses in ((0.1, ["trained"] * 3), (0.2, ["trained", "interrupted", "not run"]),
+                         (0.4, ["not run"] * 3)):
+        for seed, status in enumerate(statuses):
+            rows.append({"scheme": "rescale", "batch_size": 64, "lr": lr, "seed": seed, "status": status,
+                         f"final {M}": (0.9 + lr / 10) if status == "trained" else None, f"best {M}": None,
+                         "train_loss": None, "steps_to_90": None, "diverged_step": None})
+    collapsed = [{**r, "status": "diverged" if r["diverged"] else r["status"]}
+                 for r in collapse_seeds(rows, ["scheme", "batch_size", "lr"], M)]
+    (summary,) = batch_lr_tables(collapsed, M)
+    assert summary["optimal_lr"] == 0.2 and summary["not_done"] == 5
+    (plain,) = batch_lr_tables([r for r in rows if r["seed"] == 1], M)  # without seeds: one run a row
+    assert plain["not_done"] == 2
+
+
 def test_mean_curve_at_the_shared_steps():
     assert mean_curve([[[10, 0.2], [20, 0.4]], [[10, 0.4], [20, 0.8], [30, 0.9]]]) == [
         (10, pytest.approx(0.3), 0.2, 0.4), (20, pytest.approx(0.6), 0.4, 0.8)]
