@@ -22,8 +22,8 @@ Each variant is set against the experiment's baseline: the variant named by ``--
 default, the first of bn, gn, post_ln, pre_ln present, else another scheme with BatchNorm, GroupNorm
 or LayerNorm under its options (never a LayerNorm-free one: dyt, derf, post_ln[norm=None]); an
 experiment without one is named in one warning line, its rows compared to nothing; a variant that
-shares no network (architecture and network options) with its baseline is named in one warning line
-and marked in the ``mixed`` column. A variant is better than the baseline when its metric
+shares no network (architecture and network options), or no data read, with its baseline is named in
+one warning line and marked in the ``mixed`` column. A variant is better than the baseline when its metric
 is higher (accuracy, box AP, BLEU) or lower (a loss); a tie is not better.
 
 Writes ``compare.csv/.md`` (one row per experiment and variant: n, the task's metric mean and
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import os
 import re
 import json
@@ -47,7 +48,7 @@ from typing import Iterable, Optional
 from rescale_core import agc, get_scheme
 from rescale_core.registry import model_entry
 
-from ..common.data import describe_fingerprint
+from ..common.data import describe_fingerprint, same_data
 from ..common.errors import UserArgumentParser, UserError
 from ..common.reporting import new_figure, wandb_mode
 from ..common.run import MalformedSummary, find_summaries, higher_is_better, read_summary
@@ -310,11 +311,15 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
             mixed = pooled_differences(group)
             if mixed:
                 pooled.append((variant, group, mixed))
-            other = _other_network(group, variants[base]) if base and variant != base else None
-            if other:
-                log.warning(f"warning: {experiment}: {variant} ran another network than its baseline {base} "
-                            f"({other}), yet is compared with it (marked in the mixed column); give such runs "
-                            "different W&B groups, or compare their folders apart")
+            against = {}  # what the variant's runs share none of with its baseline's: network, data
+            for what, read, same, ran in (("network", _network, operator.eq, "ran another network"),
+                                          ("data", _data, same_data, "read other data")):
+                other = _other_than_baseline(group, variants[base], read, same) if base and variant != base else None
+                if other:
+                    against[what] = other
+                    log.warning(f"warning: {experiment}: {variant} {ran} than its baseline {base} ({other}), yet is "
+                                "compared with it (marked in the mixed column); give such runs different W&B groups, "
+                                "or compare their folders apart")
             rows.append({
                 "experiment": experiment, "variant": variant,
                 "role": "baseline" if variant == base else "",
@@ -326,7 +331,7 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
                 "speed_vs_baseline": speed / base_speed if speed and base_speed else None,
                 "diverged": f"{diverged}/{len(group)}",
                 "mixed": ", ".join([*(k if k != "seed" else f"shared seed {', '.join(v)}" for k, v in mixed.items()),
-                                    *(["network vs baseline"] if other else [])]),
+                                    *(f"{what} vs baseline" for what in against)]),
             })
         _warn_pooled(experiment, pooled)
     return rows, first
@@ -349,15 +354,24 @@ def _network(run: dict) -> Optional[tuple[str, str]]:
     return json.dumps([entry.family, fixed, options], sort_keys=True, default=str), shown
 
 
-def _other_network(runs: list[dict], baseline: list[dict]) -> Optional[str]:
+def _data(run: dict) -> Optional[tuple[dict, str]]:
+    """(which data the run read: its data fingerprint, how it is shown: :func:`_setting`); None when
+    the run recorded none (an older summary)."""
+    value = run.get("data")
+    return (value, _setting(run, "data")) if isinstance(value, dict) else None
+
+
+def _other_than_baseline(runs: list[dict], baseline: list[dict], what, same=operator.eq) -> Optional[str]:
     """``cifar_resnet {"depth": 56} against cifar_resnet {"depth": 20}`` when the runs of a variant
-    and of its baseline share no network (architecture and network options): a variant compared
-    with a baseline of another depth or width. None when they share one, or either recorded none."""
-    mine = dict(n for n in map(_network, runs) if n)
-    theirs = dict(n for n in map(_network, baseline) if n)
-    if not mine or not theirs or mine.keys() & theirs.keys():
+    and of its baseline share no ``what`` (:func:`_network`: architecture and network options; or
+    :func:`_data` under :func:`same_data`: the data read): a variant compared with a baseline of
+    another depth or width, or trained and validated on other data. None when they share one, or
+    either recorded none."""
+    mine = [n for n in map(what, runs) if n]
+    theirs = [n for n in map(what, baseline) if n]
+    if not mine or not theirs or any(same(a, b) for a, _ in mine for b, _ in theirs):
         return None
-    return f"{', '.join(sorted(mine.values()))} against {', '.join(sorted(theirs.values()))}"
+    return f"{', '.join(sorted({s for _, s in mine}))} against {', '.join(sorted({s for _, s in theirs}))}"
 
 
 def _logged(groups: Iterable[list[dict]], use: str) -> str:

@@ -541,3 +541,27 @@ def test_a_diverged_runs_training_loss_is_left_out_of_the_mean(tmp_path):
     with open(tmp_path / "cmp/compare.csv") as f:
         rows = [(r["variant"], r["train_loss"], r["diverged"]) for r in csv.DictReader(f)]
     assert rows == [("bn", "0.05", "0/1"), ("rescale", "0.06", "1/2")]
+
+
+def test_a_variant_against_a_baseline_on_other_data_is_named(tmp_path, capsys):
+    """A BN run on the 8x8 digits and a RescaleNet run of the same network on MNIST 5k, both without
+    a W&B group (the experiment is the network), were set against each other silently: now one
+    warning line and the mixed column. A run that recorded no data (an older summary) is not named."""
+    digits = {"class": "DigitsDataModule", "splits": {"val": {"count": 270, "hash": "521e"}}}
+    mnist = {"class": "MNIST5kDataModule", "splits": {"val": {"count": 1000, "hash": "9c1b"}}}
+    root = tmp_path / "runs"
+    write_run(root / "bn", None, "bn", 0.97, 20.0, 0.05, 0, network="cifar_resnet", data=digits)
+    write_run(root / "r", None, "rescale", 0.90, 10.0, 0.1, 0, network="cifar_resnet", data=mnist)
+    write_run(root / "f", None, "fixup", 0.95, 10.0, 0.1, 0, network="cifar_resnet", data={**digits, "root": "/x"})
+    write_run(root / "s", None, "skipinit", 0.95, 10.0, 0.1, 0, network="cifar_resnet")
+    # the same data, its fingerprint holding a split more (as the data module reads it): not named
+    write_run(root / "n", None, "nf", 0.95, 10.0, 0.1, 0, network="cifar_resnet",
+              data={**digits, "splits": {**digits["splits"], "test": {"count": 270, "hash": "e343"}}})
+    assert main(["compare", str(root), "--out", "cmp"]) == 0
+    with open(tmp_path / "cmp/compare.csv") as f:
+        assert {r["variant"]: r["mixed"] for r in csv.DictReader(f)} == {
+            "bn": "", "fixup": "", "nf": "", "rescale": "data vs baseline", "skipinit": ""}
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "warning: cifar_resnet: rescale read other data than its baseline bn (MNIST5kDataModule[val 1000 #9c1b] "
+        "against DigitsDataModule[val 270 #521e]), yet is compared with it (marked in the mixed column); give such "
+        "runs different W&B groups, or compare their folders apart"]
