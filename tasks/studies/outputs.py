@@ -15,7 +15,7 @@ from ..common.errors import UserError
 from ..common.reporting import wandb_mode
 from ..common.system import atomic_open, atomic_path, require_writable, write_output
 
-__all__ = ["write_table", "markdown_table", "format_cell", "save_figure", "log_to_wandb", "check_wandb_run",
+__all__ = ["write_table", "markdown_table", "csv_markdown_table", "format_cell", "save_figure", "log_to_wandb", "check_wandb_run",
            "StudyOutputs"]
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,29 @@ def markdown_table(rows: Sequence[dict], columns: Optional[Sequence[str]] = None
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     lines += ["| " + " | ".join(format_cell(row.get(c)) for c in cols) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def _csv_value(text: str) -> Any:
+    """A cell of a table's CSV as the value it was written from: a bool, an int, a float, None
+    (empty) or text."""
+    if text in ("True", "False"):
+        return text == "True"
+    if text == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def csv_markdown_table(path: str) -> str:
+    """The markdown table (without its title) :func:`write_table` writes beside the CSV ``path``:
+    the full-precision values rounded as the ``.md`` rounds them."""
+    with open(path, newline="", encoding="utf-8") as f:
+        header, *rows = list(csv.reader(f)) or [[]]
+    return markdown_table([dict(zip(header, map(_csv_value, row))) for row in rows], header)
 
 
 def write_table(rows: Sequence[dict], stem: str, columns: Optional[Sequence[str]] = None,

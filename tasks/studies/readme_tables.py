@@ -10,7 +10,9 @@ A block of the document::
 names the table file (``<out>/<name>.md`` of ``rescale study ...`` or ``rescale study aggregate``,
 relative to the document's folder); the command replaces each block's body with the file's
 current content and says which blocks changed. ``--check`` changes nothing and exits 1 when a
-block differs from its file (what a test or CI runs, so that a figure edited by hand is caught).
+block differs from its file (what a test or CI runs, so that a figure edited by hand is caught),
+and both refuse a table file that is not the rounding of the full-precision ``.csv`` written beside
+it (a figure edited by hand in the study's ``.md``).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import shlex
 
 from ..common.errors import UserError
 from ..common.system import write_atomically
+from .outputs import csv_markdown_table
 
 __all__ = ["check_markers", "fill_tables", "update_document"]
 
@@ -71,6 +74,7 @@ def fill_tables(text: str, root: str, where: str = "the document") -> tuple[str,
                             "run the study command shown above the block, or rescale study aggregate")
         with open(path, encoding="utf-8") as f:
             body = f.read()
+        _check_against_csv(rel, path, body)
         body = body if body.endswith("\n") else body + "\n"
         seen.append(rel)
         if body != match.group("body"):
@@ -78,6 +82,19 @@ def fill_tables(text: str, root: str, where: str = "the document") -> tuple[str,
         return match.group(1) + body + match.group(4)
 
     return _BLOCK.sub(replace, text), changed, seen
+
+
+def _check_against_csv(rel: str, path: str, body: str) -> None:
+    """Refuse, in one line, a table file whose table is not the rounding of the ``.csv`` the study
+    wrote beside it (a number edited by hand in the ``.md``); a table without a ``.csv`` is taken
+    as it is."""
+    table = os.path.splitext(path)[0] + ".csv"
+    if not os.path.isfile(table):
+        return
+    expected = csv_markdown_table(table).splitlines()
+    if [line for line in body.splitlines() if line.startswith("|")] != expected:
+        raise UserError(f"study table {rel} is not the table of {os.path.basename(table)} beside it (a number "
+                        f"edited by hand?): write both again with rescale study aggregate {shlex.quote(os.path.dirname(path))}")
 
 
 def update_document(document: str, check: bool = False) -> int:

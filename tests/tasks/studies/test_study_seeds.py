@@ -171,6 +171,32 @@ def test_markers_that_do_not_pair_up_are_refused_and_the_document_is_kept(tmp_pa
     assert doc.read_text() == text
 
 
+def test_a_table_file_edited_by_hand_against_its_csv_is_refused(tmp_path, error_line):
+    """The study wrote depth_grid.csv (full precision) and its rounding depth_grid.md; a number
+    edited by hand in the .md, and copied into the document, passed --check: now both commands
+    refuse it in one line, and the document is kept."""
+    from rescale_tasks.cli import main
+    from rescale_tasks.studies.outputs import write_table
+
+    study = tmp_path / "s"
+    write_table([{"scheme": "bn", "final val/acc1": 0.95123, "n": 3, "stable": True, "note": None},
+                 {"scheme": "rescale", "final val/acc1": 0.94, "n": 2, "stable": False, "note": "1/3 diverged"}],
+                str(study / "depth_grid"), title="Depth study")
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- study-table: s/depth_grid.md -->\n<!-- /study-table -->\n")
+    assert main(["study", "tables", str(doc)]) == 0 and main(["study", "tables", str(doc), "--check"]) == 0
+    table = (study / "depth_grid.md").read_text()
+    assert "| bn | 0.9512 | 3 | yes |  |" in table
+    (study / "depth_grid.md").write_text(table.replace("0.9512", "0.9612"))
+    text = doc.read_text().replace("0.9512", "0.9612")
+    doc.write_text(text)
+    for check in (["--check"], []):
+        assert main(["study", "tables", str(doc), *check]) == 2
+        assert error_line() == ("study table s/depth_grid.md is not the table of depth_grid.csv beside it (a number "
+                                f"edited by hand?): write both again with rescale study aggregate {study}")
+    assert doc.read_text() == text
+
+
 @pytest.mark.parametrize("document, tables", [("docs/studies.md", 19), ("README.md", 3)])
 def test_the_published_study_tables_are_the_files_the_studies_wrote(document, tables):
     text = (REPO / document).read_text()
