@@ -527,10 +527,12 @@ def _wandb_runs(project: str, wandb_dir: str) -> list[dict]:
 
 
 def run_identity(run: dict) -> Optional[str]:
-    """What the segments of one resumed run share: its W&B run id (every segment of a resumed run
-    continues it), else its checkpoint folder; None: a run on its own."""
+    """What the segments of one resumed run share: its W&B project's name and run id (every segment
+    of a resumed run continues it; the name without its entity, as a run summary records it, so that
+    a run read from its folder and from W&B's API is one), else its checkpoint folder; None: a run on
+    its own."""
     if run.get("run_id"):
-        return f"{run.get('project') or ''}/{run['run_id']}"
+        return f"{(run.get('project') or '').rsplit('/', 1)[-1]}/{run['run_id']}"
     if run.get("checkpoint"):
         return os.path.dirname(os.path.abspath(run["checkpoint"]))
     return None

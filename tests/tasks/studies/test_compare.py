@@ -565,3 +565,18 @@ def test_a_variant_against_a_baseline_on_other_data_is_named(tmp_path, capsys):
         "warning: cifar_resnet: rescale read other data than its baseline bn (MNIST5kDataModule[val 1000 #9c1b] "
         "against DigitsDataModule[val 270 #521e]), yet is compared with it (marked in the mixed column); give such "
         "runs different W&B groups, or compare their folders apart"]
+
+
+def test_a_run_read_from_its_folder_and_from_wandb_counts_once(tmp_path):
+    """``rescale compare runs/ --wandb_project me/rescale-digits`` logged in: a run's summary under
+    runs/ names its project ``rescale-digits``, W&B's API read the same run as of
+    ``me/rescale-digits``; the two were two seeds (n doubled, the std shrunk), now one run."""
+    from rescale_tasks.studies.compare import latest_segments, run_from_wandb
+
+    config = {"seed_everything": 0, "model": {"init_args": {"network": "resnet20", "scheme": "bn"}}}
+    history = [{"trainer/global_step": 99, "val/acc1": 0.9}]
+    online = run_from_wandb(config=config, summary={}, history=history, group="digits", run_id="abc",
+                            project="me/rescale-digits", state="finished")
+    folder = {**online, "project": "rescale-digits", "path": str(tmp_path / "run_summary.json")}
+    assert len(latest_segments([folder, online])) == 1
+    assert len(latest_segments([folder, {**online, "run_id": "xyz"}])) == 2
