@@ -26,8 +26,9 @@ shares no network (architecture and network options), or no data read, with its 
 one warning line and marked in the ``mixed`` column. A variant is better than the baseline when its metric
 is higher (accuracy, box AP, BLEU) or lower (a loss); a tie is not better.
 
-Writes ``compare.csv/.md`` (one row per experiment and variant: n, the task's metric mean and
-std, its difference to the baseline, final train loss, throughput and its ratio to the
+Writes ``compare.csv/.md`` (one row per experiment and variant: its runs, the task's metric mean and
+std and ``n``, the runs they are of (a diverged run, or one that logged no finite value, left out),
+its difference to the baseline, final train loss, throughput and its ratio to the
 baseline's (each of the runs that did not diverge: the metric, loss and speed of a diverged run
 are the blow-up's), diverged runs, what its pooled runs differ in besides their seed) and, per
 experiment, ``<experiment>_curves.png`` (training loss and validation metric of every run) and
@@ -304,7 +305,7 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
         pooled: list[tuple[str, list[dict], dict[str, list[str]]]] = []
         for variant in order:
             group = variants[variant]
-            mean, std, _ = mean_std(_metric_value(r, mine, use) for r in group)
+            mean, std, n = mean_std(_metric_value(r, mine, use) for r in group)
             loss = _train_loss(group)
             speed = _speed(group)
             diverged = sum(r.get("status") == "diverged" for r in group)
@@ -323,7 +324,7 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
             rows.append({
                 "experiment": experiment, "variant": variant,
                 "role": "baseline" if variant == base else "",
-                "runs": len(group), "metric": mine, "mean": mean, "std": std,
+                "runs": len(group), "metric": mine, "mean": mean, "std": std, "n": n,
                 "vs_baseline": (mean - base_mean) if mean is not None and base_mean is not None else None,
                 "better": (None if mean is None or base_mean is None or variant == base
                            else (mean > base_mean if higher else mean < base_mean)),

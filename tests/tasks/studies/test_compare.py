@@ -60,7 +60,7 @@ def test_compare_gives_exactly_the_expected_table(runs, tmp_path, capsys):
     ]
     assert got == expected
     out = capsys.readouterr().out
-    assert "| imagenet-r50 | rescale |  | 2 | val/acc1 | 0.75 | 0.02828 | 0.03 | yes | 0.8 | 140 | 1.4 | 0/2 |" in out
+    assert "| imagenet-r50 | rescale |  | 2 | val/acc1 | 0.75 | 0.02828 | 2 | 0.03 | yes | 0.8 | 140 | 1.4 | 0/2 |" in out
     for name in ("compare.md", "imagenet-r50_curves.png", "imagenet-r50_metric.png", "digits_curves.png"):
         assert (tmp_path / "cmp" / name).stat().st_size > 0
 
@@ -580,3 +580,16 @@ def test_a_run_read_from_its_folder_and_from_wandb_counts_once(tmp_path):
     folder = {**online, "project": "rescale-digits", "path": str(tmp_path / "run_summary.json")}
     assert len(latest_segments([folder, online])) == 1
     assert len(latest_segments([folder, {**online, "run_id": "xyz"}])) == 2
+
+
+def test_the_runs_a_mean_is_of_are_counted(tmp_path):
+    """A finished seed whose metric is not finite (NaN) is left out of the mean, which the table
+    said was of every run of the variant (runs 2, diverged 0/2): n says of how many."""
+    root = tmp_path / "runs"
+    write_run(root / "a", "digits", "bn", 0.97, 100.0, 0.05, 0)
+    write_run(root / "b", "digits", "rescale", 0.96, 150.0, 0.06, 0)
+    write_run(root / "c", "digits", "rescale", float("nan"), 150.0, 0.06, 1)
+    assert main(["compare", str(root), "--out", "cmp"]) == 0
+    with open(tmp_path / "cmp/compare.csv") as f:
+        rows = [(r["variant"], r["runs"], r["mean"], r["n"], r["diverged"]) for r in csv.DictReader(f)]
+    assert rows == [("bn", "1", "0.97", "1", "0/1"), ("rescale", "2", "0.96", "1", "0/2")]
