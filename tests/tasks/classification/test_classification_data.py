@@ -444,6 +444,23 @@ def test_evaluation_shards_images_without_repeats_except_where_every_forward_is_
     assert not isinstance(data.test_dataloader().sampler, UnrepeatedSampler)
 
 
+def test_images_counted_twice_under_a_sharding_strategy_are_named(imagenet_folder, recwarn):
+    """Under FSDP on 4 processes Lightning's sampler pads the 6 validation images to 8: val/acc1
+    counted 2 of them twice, silently; now one warning line says so (none where the count divides)."""
+    data = ImageFolderDataModule(str(imagenet_folder), num_classes=3, image_size=32,
+                                 eval_resize=36, batch_size=2, num_workers=0)
+    data.trainer = SimpleNamespace(strategy=FSDPStrategy(), world_size=3)
+    data.val_dataloader()
+    assert not recwarn.list
+    data.trainer = SimpleNamespace(strategy=FSDPStrategy(), world_size=4)
+    with pytest.warns(UserWarning) as caught:
+        data.val_dataloader()
+    assert [str(w.message) for w in caught] == [
+        "val/acc1, val/acc5 and val/loss count 2 of the split's 6 images twice: under FSDPStrategy Lightning's "
+        "sampler repeats the first of them to fill 4 processes; evaluate on a number of processes that divides 6, "
+        "or under DDP (each image once)"]
+
+
 # --- the export sidecar's preprocessing, followed outside the suite ---------------------------------------
 
 def apply_sidecar(pre: dict, image: np.ndarray) -> np.ndarray:
