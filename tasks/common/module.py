@@ -196,6 +196,7 @@ class RescaleTaskModule(L.LightningModule):
         trainer = self._trainer
         path = getattr(trainer, "ckpt_path", None) if trainer is not None else None
         source = f"checkpoint {path}" if path else "the checkpoint"
+        self._refuse_other_classes(checkpoint, source)
         check_checkpoint_compatible(checkpoint, self.hparams, self.state_dict(), source=source,
                                     strict=self.strict_loading, normalize=resolved_architecture,
                                     ckpt_path=str(path) if path else None)
@@ -211,6 +212,20 @@ class RescaleTaskModule(L.LightningModule):
                                       str(path) if path else None)
             if trainer.optimizers:  # a strategy that restores after its setup (FSDP): the run's are built
                 self._check_resumed_training()
+
+    def _refuse_other_classes(self, checkpoint: dict[str, Any], source: str) -> None:
+        """A checkpoint of another class count whose recorded labels the data's do not hold: the line
+        names the classes the data lacks or adds (:func:`~.data.labels.match_labels`), the cause,
+        not the class count the architecture check would name (its fix, "run with the config the
+        checkpoint was trained with", misleads where the config is that one and the data lost a
+        class folder). Without recorded labels the architecture check says what it can."""
+        saved = (checkpoint.get("hyper_parameters") or {}).get("num_classes")
+        current = self.hparams.get("num_classes") if hasattr(self.hparams, "get") else None
+        if saved is None or current is None or saved == current:
+            return
+        trained, data = checkpoint_labels(checkpoint, source, self._datamodule()), data_labels(self._datamodule())
+        if trained is not None and data is not None:
+            match_labels(trained, data)
 
     def check_checkpoint_data(self, checkpoint: dict[str, Any]) -> None:
         """A task's own refusals of data the checkpoint cannot be read with (e.g. translation: another

@@ -144,3 +144,24 @@ def test_class_folders_in_decomposed_accents_match_the_checkpoints_composed_name
     with open(tmp_path / "predicted" / "predictions.test.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(list((mac / "val").rglob("*.JPEG"))) and {r["top1"] for r in rows} <= {"cat", composed, "fox"}
+
+
+
+@pytest.mark.parametrize("command", ["validate", "predict", "fit"])
+def test_data_lacking_a_class_names_the_class_not_the_class_count(trained, tmp_path, command, error_line):
+    """An evaluation machine whose val/ (alone: no train/) lost the 'dog' folder, run with the
+    checkpoint's config and --data.num_classes 2: the line said "num_classes=3 but this run builds
+    num_classes=2 ... Run with the config the checkpoint was trained with" (the config was that one).
+    It names the class the data lacks; so does fit on folders that lost it."""
+    root, config, ckpt = trained
+    lacking = tmp_path / "lacking"
+    for split in ("train", "val") if command == "fit" else ("val",):
+        shutil.copytree(root / split, lacking / split)
+        shutil.rmtree(lacking / split / "dog")
+    where = ["--output_dir", str(tmp_path / "out")] if command == "predict" else \
+        ["--trainer.default_root_dir", str(tmp_path)]
+    assert main([command, "--config", config, "--ckpt_path", ckpt, "--data.root", str(lacking),
+                 "--data.num_classes", "2", *where]) == 2
+    line = error_line()
+    assert "not in the data: 'dog'" in line and "num_classes" not in line, line
+    assert "Point --data.root at the data the network was trained on" in line

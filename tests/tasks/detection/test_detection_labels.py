@@ -100,3 +100,19 @@ def test_other_categories_are_refused_in_one_line(trained, coco_canvases, tmp_pa
     message = str(err.value)
     assert "\n" not in message and "not in the data: 'two'; not in the checkpoint: 'deux'" in message
     assert f"checkpoint {ckpt}" in message and "Point --data.val_annotations at the data" in message
+
+
+def test_a_val_json_lacking_a_category_names_the_category_not_the_class_count(trained, coco_canvases, tmp_path,
+                                                                             cpu_trainer):
+    """A val json without category 'two' (and its boxes): the model built from it has num_classes 3,
+    the checkpoint 4; the line named num_classes and said to run with the config the checkpoint was
+    trained with. It names the category the data lacks."""
+    val, ckpt = trained
+    data = json.loads(val.read_text())
+    data["categories"] = [c for c in data["categories"] if c["name"] != "two"]
+    data["annotations"] = [a for a in data["annotations"] if a["category_id"] != 11]
+    (tmp_path / "lacking.json").write_text(json.dumps(data))
+    with pytest.raises(DataError) as err:
+        _test(cpu_trainer, tmp_path / "lacking.json", coco_canvases.root / "val2017", ckpt, tmp_path / "lacking")
+    message = str(err.value)
+    assert "\n" not in message and "not in the data: 'two'" in message and "num_classes" not in message

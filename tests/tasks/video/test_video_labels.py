@@ -70,3 +70,16 @@ def test_a_renamed_class_is_refused_in_one_line(kinetics_clips, trained, tmp_pat
     message = str(err.value)
     assert "\n" not in message and "not in the data: 'bunny'; not in the checkpoint: 'zebra'" in message
     assert f"checkpoint {trained}" in message and "Point --data.root at the data" in message
+
+
+def test_a_val_folder_lacking_a_class_names_the_class_not_the_class_count(kinetics_clips, trained, tmp_path,
+                                                                          cpu_trainer):
+    """An evaluation machine whose val/ (alone) lost the 'bunny' folder: the data names 2 classes,
+    the model built from it 2, the checkpoint 3; the line named num_classes and said to run with
+    the config the checkpoint was trained with. It names the class the data lacks."""
+    lacking = Path(shutil.copytree(kinetics_clips.root / "val", tmp_path / "lacking" / "val")).parent
+    shutil.rmtree(lacking / "val" / "bunny")
+    with pytest.raises(DataError) as err:
+        _validate(cpu_trainer, kinetics_clips, lacking, trained)
+    message = str(err.value)
+    assert "\n" not in message and "not in the data: 'bunny'" in message and "num_classes" not in message
