@@ -233,7 +233,7 @@ class ImageFolderDataModule(ClassificationDataModule):
         if self.class_names is not None and (self.train_set is not None or evaluation):
             return
         # an evaluation reads val/ alone where there is no train/ (the checkpoint names its classes)
-        folder = scan_image_folder(self.root, self.num_classes, eval_only=evaluation)
+        folder = scan_image_folder(self.root, self.num_classes, eval_only=evaluation, trained=self.trained_labels)
         self.train_set = ImageFileDataset(folder.train, self.train_transform(), self.skip_corrupt) if folder.train \
             else None
         self.val_set = self.test_set = ImageFileDataset(folder.val, self.eval_transform(), self.skip_corrupt)

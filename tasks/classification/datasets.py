@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from rescale_tasks.common.data import (DECODE_ERRORS, CorruptImageError, nested_folders_hint, open_rgb,
-                                       say_large_image, scan_class_folders, unreadable_image)
+from rescale_tasks.common.data import (DECODE_ERRORS, CorruptImageError, Labels, match_labels, nested_folders_hint,
+                                       open_rgb, say_large_image, scan_class_folders, unreadable_image)
 from rescale_tasks.common.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,8 @@ def _annotated_split(split_dir: Path, unread: list[str]) -> dict[str, list[str]]
     return {wnid: sorted(classes[wnid]) for wnid in sorted(classes)}
 
 
-def scan_image_folder(root: str | os.PathLike, num_classes: int, eval_only: bool = False) -> ImageFolder:
+def scan_image_folder(root: str | os.PathLike, num_classes: int, eval_only: bool = False,
+                      trained: Labels | None = None) -> ImageFolder:
     """Index an ImageNet-style folder ``root/{train,val}/<class>/<image>``.
 
     Samples are ``(path, label)``. Unlike torchvision's ImageFolder, val/ must hold exactly the
@@ -99,7 +100,9 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int, eval_only: bool
     laid out as Tiny ImageNet's is: ``val/images/`` with ``val/val_annotations.txt`` naming each
     image's class (:data:`TINY_IMAGENET_VAL`); a split whose
     every class folder not empty holds one ``images/`` folder and no image of its own (Tiny ImageNet's train/,
-    :data:`TINY_IMAGENET_NESTED`) is read from those folders.
+    :data:`TINY_IMAGENET_NESTED`) is read from those folders. ``trained``: the labels of the
+    checkpoint the run starts from; a class count other than ``num_classes`` then names the classes
+    the folders lack or add, not the count.
     """
     root = Path(os.path.expanduser(str(root)))
     if not root.is_dir():
@@ -156,6 +159,9 @@ def scan_image_folder(root: str | os.PathLike, num_classes: int, eval_only: bool
             f"Both splits need the same class folder names.{hint}"
         )
     if len(train_names) != num_classes:
+        if trained is not None:  # the checkpoint's classes: name those the folders lack or add
+            split = root / ("val" if val_only else "train")
+            match_labels(trained, Labels(train_names, source=f"the class folders of {split}", key="data.root"))
         n = len(train_names)
         raise DataError(
             f"{root / ('val' if val_only else 'train')} has {n} class folders but data.num_classes is {num_classes}. "

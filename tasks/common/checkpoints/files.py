@@ -30,6 +30,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from rescale_core.schemes import Scheme
 
+from ..data.labels import Labels, checkpoint_labels
 from ..errors import UserError
 from ..system import write_failure
 
@@ -278,13 +279,15 @@ def _fsync_dir(folder: Path) -> None:
 class CheckpointInfo:
     """What the CLI needs to know about a checkpoint before building anything (``run_config``: where
     its run saved its config, :data:`RUN_CONFIG_KEY`; None for a checkpoint written before it was recorded;
-    ``keys``: its top-level entries)."""
+    ``keys``: its top-level entries; ``labels``: the labels its network learned, None where it does
+    not record them, :func:`~..data.labels.checkpoint_labels`)."""
 
     hyper_parameters: dict
     run_id: Optional[str]
     global_step: int = 0
     run_config: Optional[str] = None
     keys: frozenset = frozenset()
+    labels: Optional[Labels] = None
 
 
 #: The checkpoint's entry holding the absolute path its run saved its config to (``rescale_config.yaml``).
@@ -319,7 +322,7 @@ def _peek(path: str, version: Any, size: Optional[int]) -> CheckpointInfo:
     recorded = state.get(RUN_CONFIG_KEY)
     return CheckpointInfo(dict(state.get("hyper_parameters") or {}), checkpoint_run_id(state),
                           int(state.get("global_step") or 0), recorded if isinstance(recorded, str) else None,
-                          frozenset(state))
+                          frozenset(state), checkpoint_labels(state, f"checkpoint {path}"))
 
 
 #: what Lightning restores every command from, and what ``fit`` restores besides (the training state,

@@ -23,9 +23,10 @@ import yaml
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from ..checkpoints import (LAST_NAME, EpochCheckpoint, LastCheckpoint, ResumeState, check_config_against_checkpoint,
-                           checkpoint_exists, peek_checkpoint, planned_checkpoint_folder,
+from ..checkpoints import (LAST_NAME, CheckpointError, EpochCheckpoint, LastCheckpoint, ResumeState,
+                           check_config_against_checkpoint, checkpoint_exists, peek_checkpoint, planned_checkpoint_folder,
                            run_arguments_over_checkpoint, typed_model_arguments)
+from ..data import TaskDataModule
 from ..errors import ConfigError
 from ..module import RescaleTaskModule
 from ..reporting import label_runs, use_line_progress
@@ -237,6 +238,7 @@ class RescaleCLI(LightningCLI):
         kwargs["ckpt_path"] = resume_point(self.trainer, kwargs.get("ckpt_path"), _run_id_given(config))
         if isinstance(self.model, RescaleTaskModule):
             self.model.resume_other_data = bool(config.get("resume_other_data"))
+        self._give_checkpoint_labels(kwargs["ckpt_path"])
         with claim_run_folder(self.trainer):  # a run still training is named first
             refuse_starting_over(self.trainer, kwargs["ckpt_path"])
             keep_csv_history(self.trainer, kwargs["ckpt_path"])
@@ -266,9 +268,20 @@ class RescaleCLI(LightningCLI):
             # every task's predict writes its file there once the whole split is predicted: checked first
             require_writable(checkpoint_results_folder(kwargs["ckpt_path"]), "the results folder beside the checkpoint",
                              "give --output_dir a folder you can write")
+        self._give_checkpoint_labels(kwargs["ckpt_path"])
         with quiet_evaluation():
             getattr(self.trainer, command)(**kwargs)
         self._closing_line(evaluation_report(command, self.trainer, self._argv, kwargs.get("ckpt_path")))
+
+    def _give_checkpoint_labels(self, ckpt_path: Optional[str]) -> None:
+        """The labels ``ckpt_path`` records, handed to the data module before its setup, whose check
+        of its class count then names the classes the data lacks or adds (a val/ that lost a class
+        folder), not the count."""
+        if isinstance(self.datamodule, TaskDataModule) and ckpt_path and checkpoint_exists(str(ckpt_path)):
+            try:
+                self.datamodule.trained_labels = peek_checkpoint(str(ckpt_path)).labels
+            except (CheckpointError, OSError):  # unreadable or unreachable: Lightning's restore says so in one line
+                pass
 
     def _closing_line(self, line: str) -> None:
         if self.trainer.is_global_zero:

@@ -7,6 +7,8 @@ from typing import Any, Optional
 
 import lightning.pytorch as L
 
+from .labels import Labels
+
 __all__ = ["TaskDataModule", "DATA_KEY", "FINGERPRINT_KEY", "data_fingerprint", "describe_fingerprint",
            "same_data"]
 
@@ -35,6 +37,11 @@ class TaskDataModule(L.LightningDataModule):
     The data order's ``seed`` is handed over as ``data_seed``: a flat ``seed`` beside the config's
     ``seed_everything`` read as the run's seed (every seed of ``rescale study --seeds`` showed 0).
     """
+
+    #: the labels of the checkpoint the run starts from (``--ckpt_path``; set by the CLI before the
+    #: data is set up; None: none, or it records none), so that a data module's own check of its
+    #: class count names the classes the data lacks or adds (:func:`~.labels.match_labels`)
+    trained_labels: Optional[Labels] = None
 
     @property
     def hparams_initial(self) -> Any:

@@ -165,3 +165,38 @@ def test_data_lacking_a_class_names_the_class_not_the_class_count(trained, tmp_p
     line = error_line()
     assert "not in the data: 'dog'" in line and "num_classes" not in line, line
     assert "Point --data.root at the data the network was trained on" in line
+
+
+@pytest.mark.parametrize("change", ["lacking", "extra"])
+def test_the_trained_config_on_folders_of_another_class_set_names_the_classes(trained, tmp_path, change, error_line):
+    """The checkpoint's own config (data.num_classes 3) on a val/ that lost 'dog', or holds a 4th
+    class 'bunny': the line said "has 2 class folders but data.num_classes is 3. Set --data.num_classes
+    2", a change the checkpoint then refuses. It names the class the data lacks or adds."""
+    root, config, ckpt = trained
+    other = Path(shutil.copytree(root / "val", tmp_path / "other" / "val")).parent
+    if change == "lacking":
+        shutil.rmtree(other / "val" / "dog")
+    else:
+        shutil.copytree(other / "val" / "dog", other / "val" / "bunny")
+    assert main(["validate", "--config", config, "--ckpt_path", ckpt, "--data.root", str(other)]) == 2
+    line = error_line()
+    named = "not in the data: 'dog'" if change == "lacking" else "not in the checkpoint: 'bunny'"
+    assert named in line and "num_classes" not in line and str(other / "val") in line, line
+
+
+def test_data_lacking_a_class_with_a_checkpoint_recording_no_labels_names_the_class_count(trained, tmp_path,
+                                                                                          error_line):
+    """A checkpoint written before checkpoints carried labels cannot name the missing class: the
+    class count, as before."""
+    root, config, ckpt = trained
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
+    del checkpoint["labels"]
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+    lacking = Path(shutil.copytree(root / "val", tmp_path / "lacking" / "val")).parent
+    shutil.rmtree(lacking / "val" / "dog")
+    assert main(["validate", "--config", config, "--ckpt_path", str(tmp_path / "old.ckpt"), "--data.root",
+                 str(lacking), "--data.num_classes", "2"]) == 2
+    assert "num_classes=3 but this run builds" in error_line()
+    assert main(["validate", "--config", config, "--ckpt_path", str(tmp_path / "old.ckpt"), "--data.root",
+                 str(lacking)]) == 2
+    assert "has 2 class folders but data.num_classes is 3" in error_line()
