@@ -107,7 +107,9 @@ def match_labels(trained: Labels, data: Labels) -> tuple[Optional[list[int]], Op
         parts = ([f"not in the data: {_some(missing)}"] if missing else []) + (
             [f"not in the checkpoint: {_some(extra)}"] if extra else []) + (
             ["names repeat, so their order cannot be matched"] if repeated and not (missing or extra) else [])
-        raise DataError(f"{data.source} ({data.key}) does not hold the {len(trained.names)} labels "
+        # every trained label there, and more: the data holds them, besides labels the network never learned
+        how = "does not hold" if missing or repeated else "holds labels besides"
+        raise DataError(f"{data.source} ({data.key}) {how} the {len(trained.names)} labels "
                         f"{trained.source} was trained on: {'; '.join(parts)}. Point --{data.key} at the data the "
                         "network was trained on (the same label names, in any order)")
     order = [index[n] for n in data_names]

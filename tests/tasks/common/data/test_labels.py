@@ -26,18 +26,19 @@ def test_the_same_names_in_another_order_are_mapped_by_name():
                            "in another order")
 
 
-@pytest.mark.parametrize("names,shown", [
-    (["cat", "fox", "zebra"], "not in the data: 'dog'; not in the checkpoint: 'zebra'"),
-    (["cat", "dog"], "not in the data: 'fox'"),
-    (["cat", "dog", "fox", "yak"], "not in the checkpoint: 'yak'"),
-    (["cat", "dog", "dog"], "not in the data: 'fox'"),
+@pytest.mark.parametrize("names,shown,lead", [
+    (["cat", "fox", "zebra"], "not in the data: 'dog'; not in the checkpoint: 'zebra'", "does not hold"),
+    (["cat", "dog"], "not in the data: 'fox'", "does not hold"),
+    # every trained class there, and one more: the line said the data "does not hold the 3 labels"
+    (["cat", "dog", "fox", "yak"], "not in the checkpoint: 'yak'", "holds labels besides"),
+    (["cat", "dog", "dog"], "not in the data: 'fox'", "does not hold"),
 ])
-def test_other_names_are_refused_in_one_line(names, shown):
+def test_other_names_are_refused_in_one_line(names, shown, lead):
     with pytest.raises(DataError) as err:
         match_labels(TRAINED, _data(names))
     message = str(err.value)
     assert "\n" not in message and shown in message
-    assert message.startswith("the class folders of /data/train (data.root) does not hold the 3 labels "
+    assert message.startswith(f"the class folders of /data/train (data.root) {lead} the 3 labels "
                               "checkpoint a.ckpt was trained on")
     assert message.endswith("Point --data.root at the data the network was trained on (the same label names, "
                             "in any order)")
