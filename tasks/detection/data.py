@@ -296,18 +296,27 @@ class CocoDataModule(TaskDataModule):
                       key=self._categories_key)
 
     # --- data sets --------------------------------------------------------------------------
+    def _set_name(self, split: str) -> str:
+        """The key in :attr:`datasets` of ``split``'s set: ``test`` reads the validation set, and so
+        does ``predict`` unless it has a json of its own, where the validation set keeps every image
+        (``keep_empty_eval``; ``predict`` predicts on every image, boxes or not)."""
+        if split == "test" or (split == "predict" and self.paths["predict"] is None and self.keep_empty_eval):
+            return "val"
+        return split
+
     def dataset(self, split: str) -> CocoDetection:
         """The :class:`CocoDetection` of ``train``, ``val``, ``test`` (= val) or ``predict``
-        (= val unless given), built on first use."""
-        name = "val" if split == "test" or (split == "predict" and self.paths["predict"] is None) else split
+        (the validation json unless given; every image of it, ``keep_empty_eval`` or not), built on first use."""
+        name = self._set_name(split)
         if name not in self.datasets:
-            (ann, ann_key), (folder, folder_key) = self._split_paths(name)
+            read = "val" if name == "predict" and self.paths["predict"] is None else name
+            (ann, ann_key), (folder, folder_key) = self._split_paths(read)
             train = name == "train"
             transforms = (train_transforms(self.train_sizes, self.max_size) if train else eval_transforms())
-            dataset = CocoDetection(ann, folder, transforms, keep_empty=self.keep_empty_eval if not train
-                                    else self.keep_empty_train, skip_corrupt=self.skip_corrupt,
-                                    masks=self.masks, keys=(ann_key, folder_key), evaluation=name == "val",
-                                    image_info=name == "predict")
+            keep_empty = self.keep_empty_train if train else (self.keep_empty_eval or name == "predict")
+            dataset = CocoDetection(ann, folder, transforms, keep_empty=keep_empty, skip_corrupt=self.skip_corrupt,
+                                    masks=self.masks, keys=(ann_key, folder_key), evaluation=read == "val",
+                                    image_info=read == "predict")
             if dataset.category_to_label != self.category_to_label or dataset.class_names != self.class_names:
                 source_split, source = self._categories_source
                 raise DataError(f"the categories of {ann} ({ann_key}) differ from those of {source} "
@@ -421,8 +430,7 @@ class CocoDataModule(TaskDataModule):
     def skipped_image_ids(self, split: str) -> list[int]:
         """The json ids of the unreadable images the ``split`` set skipped so far, in this process and
         its workers (:attr:`~.coco.CocoDetection.skipped_ids`); none before the set is built."""
-        name = "val" if split == "test" or (split == "predict" and self.paths["predict"] is None) else split
-        dataset = self.datasets.get(name)
+        dataset = self.datasets.get(self._set_name(split))
         return dataset.skipped_ids if dataset is not None else []
 
     def teardown(self, stage: str | None = None) -> None:

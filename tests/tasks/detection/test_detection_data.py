@@ -710,3 +710,21 @@ def test_exif_orientation_is_applied_where_the_json_gives_the_turned_size_and_co
         dm.teardown("validate")  # nothing new met: said once
     (line,) = [r.getMessage() for r in caplog.records if r.name == "rescale_tasks.detection.data"]
     assert "1 image(s) kept without their EXIF orientation" in line and str(files[1]) in line
+
+
+def test_predict_covers_every_image_whatever_keep_empty_eval(coco_canvases, tmp_path):
+    """With --data.keep_empty_eval false, predict on the validation json had left its images without
+    boxes out of coco_results.predict.json, and refused an image-info json (no boxes at all)."""
+    root, truth = coco_canvases
+    val = json.loads((root / "annotations" / "instances_val2017.json").read_text())
+    boxless = val["images"][0]["id"]
+    val_json = _write_json(tmp_path / "val.json", dict(val, annotations=[a for a in val["annotations"]
+                                                                          if a["image_id"] != boxless]))
+    info = _write_json(tmp_path / "info.json", {k: v for k, v in val.items() if k != "annotations"})
+    folder = str(root / "val2017")
+    dm = CocoDataModule(val_annotations=str(val_json), val_images=folder, keep_empty_eval=False, num_workers=0)
+    assert boxless not in dm.dataset("val").image_ids and dm.dataset("test") is dm.dataset("val")
+    assert dm.dataset("predict").image_ids == [image["id"] for image in truth["val"]]
+    dm = CocoDataModule(val_annotations=str(val_json), val_images=folder, predict_annotations=str(info),
+                        predict_images=folder, keep_empty_eval=False, num_workers=0)
+    assert len(dm.dataset("predict")) == len(truth["val"])
