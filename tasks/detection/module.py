@@ -28,6 +28,7 @@ next to the FrozenBN and GN baselines).
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any, Iterable, Optional
@@ -38,7 +39,7 @@ from ..common.checkpoints import require_classification_checkpoint
 from ..common.data import IMAGE_DECODING
 from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule
-from ..common.run import note_result_file, results_folder
+from ..common.run import note_result_file, results_folder, write_result
 from ..common.system import gather_objects
 from .backbones import resnet_fpn_backbone
 from .evaluation import CocoEvaluator
@@ -46,7 +47,7 @@ from .export import detection_programs, detector_preprocessing
 from .measurement import install_padding_aware_measurement
 from .models import DETECTORS, build_detector
 from .records import ImageRecord, image_record
-from .results import coco_results, save_drawn, write_coco_results
+from .results import coco_results, drawn_png
 
 __all__ = ["DetectionModule", "RESULTS_FILE"]
 
@@ -319,16 +320,13 @@ class DetectionModule(RescaleTaskModule):
     # --- outputs --------------------------------------------------------------------------
     def _write_results(self, split: str, results: list[dict]) -> str:
         """``coco_results.<split>.json`` in the results folder, named in the closing line; its path."""
-        path = os.path.join(results_folder(self.trainer), RESULTS_FILE.format(split=split))
-        write_coco_results(path, results)
-        note_result_file(self.trainer, path, len(results), "detections")
-        return path
+        return write_result(self.trainer, RESULTS_FILE.format(split=split), json.dumps(results), len(results),
+                            "detections")
 
     def _draw(self, image_id: int, image: torch.Tensor, prediction: dict) -> None:
         names = self.trained_labels.names if self.trained_labels is not None else \
             getattr(self._datamodule(), "class_names", None)
-        folder = os.path.join(results_folder(self.trainer), "predictions")
-        os.makedirs(folder, exist_ok=True)
         pixels = (image.detach().cpu().clamp(0, 1) * 255).to(torch.uint8)
-        save_drawn(os.path.join(folder, f"{image_id}.png"), pixels, prediction, names, self.draw_score_threshold)
+        write_result(self.trainer, os.path.join("predictions", f"{image_id}.png"),
+                     drawn_png(pixels, prediction, names, self.draw_score_threshold), None, "", note=False)
         self._drawn.append(image_id)

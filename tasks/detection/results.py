@@ -10,13 +10,14 @@ annotation file give the evaluator's numbers. For mask AP drop the ``bbox`` of e
 as Detectron2's evaluator does: with a ``bbox`` present ``loadRes`` takes the box area as the
 detection's area, which changes the small/medium/large split.
 
-:func:`draw_detections` / :func:`save_drawn` draw the detections above a score on the image
+:func:`draw_detections` / :func:`drawn_png` / :func:`save_drawn` draw the detections above a score on the image
 (torchvision's ``draw_segmentation_masks`` and ``draw_bounding_boxes``), for a look at a model's
 output.
 """
 from __future__ import annotations
 
 import colorsys
+import io
 import json
 import os
 from pathlib import Path
@@ -33,7 +34,7 @@ from rescale_tasks.common.system import atomic_open
 
 from .records import MASK_THRESHOLD, ImageRecord, image_record
 
-__all__ = ["coco_results", "write_coco_results", "draw_detections", "save_drawn", "category_of"]
+__all__ = ["coco_results", "write_coco_results", "draw_detections", "drawn_png", "save_drawn", "category_of"]
 
 
 def category_of(label_to_category: Mapping[int, int] | Sequence[int] | None):
@@ -131,13 +132,21 @@ def draw_detections(image: torch.Tensor, prediction: Mapping[str, torch.Tensor],
     return draw_bounding_boxes(image, boxes, labels=text, colors=colors, width=width)
 
 
+def drawn_png(image: torch.Tensor, prediction: Mapping[str, torch.Tensor],
+              class_names: Mapping[int, str] | Sequence[str] | None = None, score_threshold: float = 0.5) -> bytes:
+    """:func:`draw_detections` as the bytes of a PNG file."""
+    drawn = draw_detections(image, prediction, class_names, score_threshold)
+    array = np.ascontiguousarray(drawn.permute(1, 2, 0).numpy())
+    picture = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
+    out = io.BytesIO()
+    picture.save(out, format="PNG")
+    return out.getvalue()
+
+
 def save_drawn(path: str | os.PathLike, image: torch.Tensor, prediction: Mapping[str, torch.Tensor],
                class_names: Mapping[int, str] | Sequence[str] | None = None,
                score_threshold: float = 0.5) -> Path:
     """:func:`draw_detections` written to ``path`` as a PNG (whole or not at all)."""
-    drawn = draw_detections(image, prediction, class_names, score_threshold)
-    array = np.ascontiguousarray(drawn.permute(1, 2, 0).numpy())
-    picture = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
     with atomic_open(path, "wb") as f:
-        picture.save(f, format="PNG")
+        f.write(drawn_png(image, prediction, class_names, score_threshold))
     return Path(path)

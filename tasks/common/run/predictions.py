@@ -44,17 +44,21 @@ PREDICTIONS_FILE = "predictions.{split}.{ext}"
 TOP_K = 5
 
 
-def write_result(trainer: L.Trainer, name: str, data: str | bytes, count: Optional[int], unit: str) -> str:
-    """``data`` written whole as ``name`` in the results folder (:func:`~.outputs.results_folder`) and
-    noted for the closing line (``count`` ``unit``: 270 predictions); returns the path. Rank 0 calls it."""
+def write_result(trainer: L.Trainer, name: str, data: str | bytes, count: Optional[int], unit: str,
+                 note: bool = True) -> str:
+    """``data`` written whole as ``name`` (a subfolder in it made where missing) in the results folder
+    (:func:`~.outputs.results_folder`) and, with ``note``, noted for the closing line (``count`` ``unit``:
+    270 predictions); returns the path. Rank 0 calls it."""
     path = os.path.join(results_folder(trainer), name)
     try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         write_atomically(path, data)
     except OSError as err:  # a full disk or quota, a folder turned read-only: the target is as it was
         fix = write_failure(err, "--output_dir") or "give --output_dir a folder you can write"
         raise UserError(f"cannot write {path}: {err.strerror or err} ([Errno {err.errno}]); nothing of it was written "
                         f"(an earlier file there is as it was): {fix}") from None
-    note_result_file(trainer, path, count, unit)
+    if note:
+        note_result_file(trainer, path, count, unit)
     return path
 
 

@@ -63,3 +63,33 @@ def test_predict_on_an_image_info_json_without_annotations(trained, coco_canvase
                  "--data.init_args.val_annotations", str(info), "--data.init_args.val_images",
                  str(root / "val2017")]) != 0
     assert "has no 'annotations' list" in caplog.text
+
+
+
+@pytest.mark.parametrize("draw", [0, 1], ids=["results", "drawing"])
+def test_a_failed_write_of_the_results_or_a_drawing_is_one_line(trained, tmp_path, draw):
+    """The disk fills as predict writes coco_results.predict.json (a real process whose files may not
+    grow past 4 KB), or a drawing's folder cannot be made (a file holds its name): one line naming
+    the file, as every task's predict, not a traceback."""
+    import os
+    import resource
+    import sys
+
+    import forked
+
+    config, ckpt = trained
+    out = tmp_path / "out"
+    out.mkdir()
+    if draw:
+        (out / "predictions").write_text("a file where the drawings' folder goes")
+    done = forked.run([sys.executable, "-m", "rescale_tasks.cli", "predict", "--config", str(config), "--ckpt_path",
+                       str(ckpt), "--trainer.logger", "false", "--output_dir", str(out),
+                       "--model.init_args.draw_predictions", str(draw)], cwd=tmp_path,
+                      env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300,
+                      rlimits={} if draw else {"RLIMIT_FSIZE": (4096, resource.RLIM_INFINITY)})
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    written = out / "predictions" if draw else out / "coco_results.predict.json"
+    assert errors[0].startswith(f"error: cannot write {written}"), errors[0]
+    assert ("give --output_dir a folder you can write" if draw else
+            "File too large ([Errno 27]); nothing of it was written") in errors[0], errors[0]
