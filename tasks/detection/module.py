@@ -39,7 +39,7 @@ from ..common.checkpoints import require_classification_checkpoint
 from ..common.data import IMAGE_DECODING
 from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule
-from ..common.run import note_result_file, results_folder, write_result
+from ..common.run import note_result_file, predict_dataset, results_folder, write_result
 from ..common.system import gather_objects
 from .backbones import resnet_fpn_backbone
 from .evaluation import CocoEvaluator
@@ -295,7 +295,7 @@ class DetectionModule(RescaleTaskModule):
     # --- prediction -----------------------------------------------------------------------
     def on_predict_epoch_start(self) -> None:
         self._predicted = []
-        self._drawn: list[int] = []
+        self._drawings: list[tuple[int, bytes]] = []  # this rank's first draw_predictions images, as PNGs
 
     def predict_batch(self, batch) -> list[dict]:
         images, targets = batch
@@ -303,19 +303,30 @@ class DetectionModule(RescaleTaskModule):
         for image, target, prediction in zip(images, targets, predictions):
             # kept compact (RLE masks) until the epoch ends, as the evaluation keeps its records
             self._predicted.append(image_record(prediction, image_id=int(target["image_id"])))
-            if len(self._predicted) <= self.draw_predictions:
-                self._draw(self._predicted[-1].image_id, image, prediction)
+            if len(self._drawings) < self.draw_predictions:
+                self._drawings.append((self._predicted[-1].image_id, self._drawn(image, prediction)))
         return predictions
 
     def on_predict_epoch_end(self) -> None:
         # by image id: an image met twice (padded sampler) counts once
         records = {r.image_id: r for r in gather_objects(self._predicted)}
-        drawn = set(gather_objects(self._drawn))
+        # every rank drew its own first images: the first draw_predictions of the split are among them
+        drawings = dict(gather_objects(self._drawings))
         if self.trainer.is_global_zero:
             self._write_results(self.predict_split, coco_results(records, self._label_to_category()))
-            if drawn:
-                note_result_file(self.trainer, os.path.join(results_folder(self.trainer), "predictions"), len(drawn),
+            if drawings:
+                position = {image_id: k for k, image_id in enumerate(self._split_image_ids())}
+                first = sorted(drawings, key=lambda i: (position.get(i, len(position)), i))[:self.draw_predictions]
+                for image_id in first:
+                    write_result(self.trainer, os.path.join("predictions", f"{image_id}.png"), drawings[image_id],
+                                 None, "", note=False)
+                note_result_file(self.trainer, os.path.join(results_folder(self.trainer), "predictions"), len(first),
                                  "drawn images")
+
+    def _split_image_ids(self) -> list[int]:
+        """The image ids of the predicted split in its order (none where the loader's data set lists none)."""
+        dataset = getattr(predict_dataset(self.trainer), "dataset", None)
+        return list(getattr(dataset, "image_ids", None) or [])
 
     # --- outputs --------------------------------------------------------------------------
     def _write_results(self, split: str, results: list[dict]) -> str:
@@ -323,10 +334,9 @@ class DetectionModule(RescaleTaskModule):
         return write_result(self.trainer, RESULTS_FILE.format(split=split), json.dumps(results), len(results),
                             "detections")
 
-    def _draw(self, image_id: int, image: torch.Tensor, prediction: dict) -> None:
+    def _drawn(self, image: torch.Tensor, prediction: dict) -> bytes:
+        """The PNG of ``image`` with ``prediction``'s detections drawn, named as the checkpoint names them."""
         names = self.trained_labels.names if self.trained_labels is not None else \
             getattr(self._datamodule(), "class_names", None)
         pixels = (image.detach().cpu().clamp(0, 1) * 255).to(torch.uint8)
-        write_result(self.trainer, os.path.join("predictions", f"{image_id}.png"),
-                     drawn_png(pixels, prediction, names, self.draw_score_threshold), None, "", note=False)
-        self._drawn.append(image_id)
+        return drawn_png(pixels, prediction, names, self.draw_score_threshold)

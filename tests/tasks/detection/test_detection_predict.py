@@ -93,3 +93,20 @@ def test_a_failed_write_of_the_results_or_a_drawing_is_one_line(trained, tmp_pat
     assert errors[0].startswith(f"error: cannot write {written}"), errors[0]
     assert ("give --output_dir a folder you can write" if draw else
             "File too large ([Errno 27]); nothing of it was written") in errors[0], errors[0]
+
+
+@pytest.mark.ddp
+def test_two_processes_draw_the_first_images_of_the_split_once(trained, coco_canvases, tmp_path, rescale_processes):
+    """Under 2-process DDP each rank drew its own first draw_predictions images: up to twice as many
+    drawings, not the split's first ones. Now the first draw_predictions of the split, as 1 process."""
+    config, ckpt = trained
+    drawn = {}
+    for devices in (1, 2):
+        out = tmp_path / f"out{devices}"
+        done = rescale_processes(["predict", "--config", str(config), "--ckpt_path", str(ckpt), "--trainer.logger",
+                                  "false", "--output_dir", str(out), "--model.init_args.draw_predictions", "2"],
+                                 devices)
+        drawn[devices] = sorted(p.name for p in (out / "predictions").iterdir())
+        assert ", 2 drawn images in" in done.stdout, done.stdout[-2000:]
+    first = [image["id"] for image in coco_canvases.truth["val"]][:2]
+    assert drawn[2] == drawn[1] == sorted(f"{i}.png" for i in first)
