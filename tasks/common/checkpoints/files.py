@@ -32,7 +32,7 @@ from rescale_core.schemes import Scheme
 
 from ..data.labels import Labels, checkpoint_labels
 from ..errors import UserError
-from ..system import write_failure
+from ..system import FULL_DISK, write_failure
 
 __all__ = ["AtomicCheckpointIO", "safe_load", "SAFE_GLOBALS", "CheckpointError", "CheckpointInfo", "RUN_CONFIG_KEY",
            "peek_checkpoint", "checkpoint_run_id", "is_remote", "checkpoint_exists", "require_restorable"]
@@ -234,9 +234,13 @@ def _write_failed(target: Path, err: BaseException, output: Optional[str] = None
     folder = target.parent
     kept = target if target.is_file() else max(
         (p for p in folder.glob("*.ckpt") if p.is_file()), key=lambda p: p.stat().st_mtime, default=None)
-    intact = (f"the last good checkpoint, {kept}, is intact: free space (or set last_checkpoint.dirpath to "
-              f"another disk) and resume with --ckpt_path {kept}" if kept is not None
-              else "no checkpoint of this run had been written yet: free space and start again")
+    # a folder that takes no more writes (remounted read-only, permissions taken away) wants another
+    # folder, not space; a failure of unknown cause (torch.save's RuntimeError) is most often a full disk
+    refused = write_failure(cause, "last_checkpoint.dirpath") if cause is not None and cause.errno not in FULL_DISK \
+        else None
+    how = refused or "free space (or set last_checkpoint.dirpath to another disk)"
+    intact = (f"the last good checkpoint, {kept}, is intact: {how} and resume with --ckpt_path {kept}"
+              if kept is not None else f"no checkpoint of this run had been written yet: {how} and start again")
     return f"cannot write checkpoint {target}: {reason}; {intact}"
 
 

@@ -390,3 +390,21 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_naming_the_intact_one(t
     assert f"resume with --ckpt_path {last}" in errors[0]
     assert last.read_bytes() == good
     assert sorted(p.name for p in last.parent.iterdir()) == [".lock", "epoch000.ckpt", "last.ckpt"]  # the run's lock
+
+
+def test_a_checkpoint_folder_turned_read_only_is_not_told_to_free_space(tmp_path):
+    """A save failing with EROFS (the folder remounted read-only mid-run) said "free space"; it says
+    to give another folder, as every other failed write; a full disk still says to free space."""
+    import errno
+
+    from rescale_tasks.common.checkpoints.files import _write_failed
+
+    last = tmp_path / "last.ckpt"
+    last.write_bytes(b"good")
+    read_only = _write_failed(last, OSError(errno.EROFS, "Read-only file system"))
+    assert read_only == (f"cannot write checkpoint {last}: Read-only file system ([Errno {errno.EROFS}]); the last "
+                         f"good checkpoint, {last}, is intact: give last_checkpoint.dirpath a folder you can write "
+                         f"and resume with --ckpt_path {last}")
+    full = _write_failed(tmp_path / "none" / "last.ckpt", OSError(errno.ENOSPC, "No space left on device"))
+    assert full.endswith("no checkpoint of this run had been written yet: free space (or set "
+                         "last_checkpoint.dirpath to another disk) and start again")
