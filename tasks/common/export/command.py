@@ -43,7 +43,7 @@ from ..checkpoints import (check_config_against_checkpoint, is_remote, load_into
                            safe_load)
 from ..cli import build_run
 from ..errors import DataError, UserArgumentParser, UserError
-from ..system import CODE_KEY, code_version, require_writable, write_failure
+from ..system import CODE_KEY, code_version, require_writable, write_failure, writer_folder
 from ..training import resolved_architecture
 from .formats import (FORMATS, capture, evaluating, input_specs, max_difference, onnx_data_path, op_counts,
                       require_packages, size_names, size_one_runs, tensors_of, varying_sizes)
@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 PLAIN_NETWORK = ["--model.init_args.compile", "false", "--model.init_args.channels_last", "false"]
 #: The layout of the sidecar ``<stem>.json``; raised when a key changes meaning or goes.
 SIDECAR_VERSION = 1
+#: the hidden folder beside the export's files where they are written and checked before they move in
+STAGING_PREFIX = ".export-"
 CONFIG_FIX = "Give the --config the checkpoint was trained with ({config}), with the same overrides."
 
 
@@ -343,7 +345,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     os.makedirs(folder, exist_ok=True)
     # every file is written and checked in a folder of its own beside the destination, and moved
     # there only once all have passed: a failed or interrupted export replaces none of an earlier one's
-    staging = tempfile.mkdtemp(prefix=".export-", dir=folder)
+    with writer_folder(folder, STAGING_PREFIX, "export staging folder") as staging:
+        _export_in(args, module, datamodule, trained_with, programs, paths, folder, staging)
+    return 0
+
+
+def _export_in(args, module, datamodule, trained_with, programs, paths, folder: str, staging: str) -> None:
+    """The export's files written and checked in ``staging``, then moved into ``folder``."""
     try:
         staged = {key: os.path.join(staging, os.path.basename(path)) for key, path in paths.items()}
         described = {}
@@ -371,7 +379,4 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise
         raise UserError(f"cannot write the export in {folder}: {err.strerror} ([Errno {err.errno}]); none of its files "
                         f"was moved there (an earlier export's are as they were): {fix}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return 0
 

@@ -17,7 +17,7 @@ from .allocator import ENV, host_allocator, keep_freed_memory
 from .cores import loader_workers, usable_cores
 from .atomic import atomic_open, atomic_path, write_atomically
 from .provenance import CODE_KEY, CodeVersion, code_version, describe_code
-from .lock import LOCK_FILE, FolderBusy, folder_lock, lock_holder
+from .lock import LOCK_FILE, FolderBusy, folder_lock, lock_holder, writer_folder
 from .writable import FULL_DISK, require_writable, write_failure
 from .stop_signals import POLITE_SIGNALS, STOP_SIGNALS, drop_gone_terminal, ignore_in_worker, signal_label
 from .logs import (LEVEL_ENV, StdStreams, command_logging, library_levels, log_level, output_closed,
@@ -25,7 +25,7 @@ from .logs import (LEVEL_ENV, StdStreams, command_logging, library_levels, log_l
 
 __all__ = ["ENV", "host_allocator", "keep_freed_memory", "loader_workers", "usable_cores", "atomic_open",
            "atomic_path", "write_atomically", "CODE_KEY", "CodeVersion", "code_version", "describe_code",
-           "LOCK_FILE", "FolderBusy", "folder_lock", "lock_holder", "require_writable", "write_failure", "FULL_DISK", "POLITE_SIGNALS",
+           "LOCK_FILE", "FolderBusy", "folder_lock", "lock_holder", "writer_folder", "require_writable", "write_failure", "FULL_DISK", "POLITE_SIGNALS",
            "STOP_SIGNALS", "drop_gone_terminal", "ignore_in_worker", "signal_label",
            "broadcast_from_rank_zero", "every_rank_has_samples", "gather_by_key", "gather_objects",
            "max_over_ranks", "rank", "reduce_tensor_to_rank_zero", "sum_over_ranks", "sum_tensor_over_ranks",

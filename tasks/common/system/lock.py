@@ -6,7 +6,9 @@
 and writes who holds it (pid, host, start, command) into the file; a second process is refused at
 once with one line naming the first. The operating system releases the lock when its holder ends,
 however it ends (a SIGKILL or a crash leaves no stale lock: the file stays, unheld).
-:func:`lock_holder` tells a held lock (a process working in the folder) from one left behind.
+:func:`lock_holder` tells a held lock (a process working in the folder) from one left behind;
+:func:`writer_folder` so removes the hidden work folders of writers killed on the way (``rescale
+export``'s staging folders).
 A file system that takes no locks at all (Lustre mounted without ``flock``, NFS without its lock
 service) cannot keep two processes apart: the command goes on, with one warning line saying so.
 """
@@ -17,15 +19,17 @@ import fcntl
 import logging
 import os
 import shlex
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from typing import Iterator
 
 from ..errors import UserError
 from .writable import FULL_DISK, require_writable
 
-__all__ = ["folder_lock", "lock_holder", "FolderBusy", "LOCK_FILE"]
+__all__ = ["folder_lock", "lock_holder", "writer_folder", "FolderBusy", "LOCK_FILE"]
 
 LOCK_FILE = ".lock"
 
@@ -103,3 +107,34 @@ def lock_holder(folder: str) -> str | None:
         return None
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def writer_folder(folder: str, prefix: str, what: str,
+                  unwritable: str = "give --out a folder you can write") -> Iterator[str]:
+    """A new, empty folder inside a hidden ``<prefix>*`` folder of ``folder`` for the ``with`` block
+    (``what`` names it), removed after it. The hidden folder's lock (:func:`folder_lock`) says its writer
+    still runs: the ones a writer killed on the way left (SIGKILL, the out-of-memory killer) are removed
+    first, with a line; never one whose writer runs, nor one whose lock says nothing (being made).
+    ``unwritable``: what to do when ``folder`` takes no new folder (:func:`folder_lock`)."""
+    root = tempfile.mkdtemp(prefix=prefix, dir=folder)
+    try:
+        with folder_lock(root, what, fix="", unwritable=unwritable):
+            for name in sorted(os.listdir(folder)):
+                left = os.path.join(folder, name)
+                if (name.startswith(prefix) and left != root and os.path.isdir(left)
+                        and _size(os.path.join(left, LOCK_FILE)) > 0 and lock_holder(left) is None):
+                    shutil.rmtree(left, ignore_errors=True)
+                    log.info(f"removed {left}: the {what} of a process killed before it ended")
+            files = os.path.join(root, "files")
+            os.mkdir(files)
+            yield files
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

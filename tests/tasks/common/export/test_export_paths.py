@@ -171,3 +171,4 @@ def test_the_package_names_every_public_name_of_programs():
 
     assert set(programs.__all__) <= set(export.__all__)
     assert all(getattr(export, name) is getattr(programs, name) for name in programs.__all__)
+

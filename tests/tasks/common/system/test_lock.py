@@ -51,3 +51,43 @@ def test_a_full_disk_is_one_line_before_the_command_starts(tmp_path, monkeypatch
             pass
     assert str(err.value) == (f"cannot write run folder {tmp_path}: No space left on device ([Errno 28]); free space "
                               "there, or give --out a folder you can write")
+
+
+# --- staging folders left by killed exports ----------------------------------------------------------
+
+_HOLD = ("import sys, time\nfrom rescale_tasks.common.system.lock import writer_folder\n"
+         "with writer_folder(sys.argv[1], '.export-', 'export staging folder') as staging:\n"
+         "    print(staging, flush=True)\n    time.sleep(120)\n")
+
+
+def test_the_staging_folder_of_a_killed_export_is_removed_by_the_next_never_a_live_ones(tmp_path, caplog):
+    """``rescale export`` killed with SIGKILL (the out-of-memory killer) left its hidden ``.export-*``
+    folder in the export folder, and nothing removed it; the next export removes it, with a line,
+    and leaves the one of an export that still runs, and one it cannot tell (no lock in it)."""
+    import logging
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from rescale_tasks.common.system.lock import writer_folder
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    exports = [subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                                env=env) for _ in range(2)]
+    killed, live = exports
+    try:
+        folders = [os.path.dirname(p.stdout.readline().strip()) for p in exports]
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+        (tmp_path / ".export-unknown").mkdir()
+        with caplog.at_level(logging.INFO, logger="rescale_tasks.common.system.lock"):
+            with writer_folder(str(tmp_path), ".export-", "export staging folder") as staging:
+                assert sorted(os.listdir(tmp_path)) == sorted([".export-unknown", os.path.basename(folders[1]),
+                                                              os.path.basename(os.path.dirname(staging))])
+        assert [r.getMessage() for r in caplog.records] == [
+            f"removed {folders[0]}: the export staging folder of a process killed before it ended"]
+        assert sorted(os.listdir(tmp_path)) == sorted([".export-unknown", os.path.basename(folders[1])])
+    finally:
+        live.kill()
+        live.wait()
