@@ -129,6 +129,8 @@ class TranslationModule(RescaleTaskModule):
         self._bleu_stats: Optional[torch.Tensor] = None
         self._hypotheses: dict[int, str] = {}  # this rank's translations in test and predict, by line
         self._signature_shown = False
+        self._partial_val_said = False  # the warning of a partial val/bleu, said once a run
+        self._bleu_lines = 0  # the lines this rank scored in this evaluation
         # per-token means weighted by target tokens, synced as sums (Lightning's own epoch mean
         # averages its integer token counts over ranks and truncates them); a batch whose loss is
         # not finite makes the mean NaN, as Lightning's own means do (torchmetrics' default drops
@@ -299,6 +301,7 @@ class TranslationModule(RescaleTaskModule):
         keep = (ids >= 0) & (ids < bleu_rows)
         if not bool(keep.any()):
             return
+        self._bleu_lines += int(keep.sum())
         translated = self._translate(batch, keep)
         split = "valid" if prefix == "val" else "test"
         references = self.trainer.datamodule.references(split)
@@ -329,16 +332,17 @@ class TranslationModule(RescaleTaskModule):
         self._eval_step(batch, stage, (self.val_bleu_sentences or None) if stage == "val" else 1 << 62)
 
     def on_validation_epoch_start(self) -> None:
-        self._bleu_stats = None
+        self._bleu_stats, self._bleu_lines = None, 0
 
     def on_test_epoch_start(self) -> None:
-        self._bleu_stats, self._hypotheses = None, {}
+        self._bleu_stats, self._hypotheses, self._bleu_lines = None, {}, 0
 
     def _log_bleu(self, key: str):
         """Corpus BLEU from the statistics of every rank (a collective: every rank calls it)."""
         stats = self._bleu_stats if self._bleu_stats is not None else torch.zeros(10, dtype=torch.int64)
-        scored = torch.tensor([int(self._bleu_stats is not None)], dtype=torch.int64)
-        stats, scored = sum_tensor_over_ranks(torch.cat([stats, scored])).split([10, 1])
+        scored = torch.tensor([int(self._bleu_stats is not None), self._bleu_lines], dtype=torch.int64)
+        stats, scored, lines = sum_tensor_over_ranks(torch.cat([stats, scored])).split([10, 1, 1])
+        self._bleu_scored_lines = int(lines)  # of every rank
         if int(scored) == 0:  # no sentence scored on any rank (every translation empty still scores: 0)
             return None
         result = bleu_from_statistics(stats.tolist(), self.bleu_style)
@@ -354,7 +358,17 @@ class TranslationModule(RescaleTaskModule):
 
     def on_validation_epoch_end(self) -> None:
         if self.val_bleu_sentences and not self.trainer.sanity_checking:
-            self._log_bleu("val/bleu")
+            result = self._log_bleu("val/bleu")
+            if result is None or not self.trainer.is_global_zero or self._partial_val_said:
+                return
+            expected = min(self.val_bleu_sentences, len(self.trainer.datamodule.references("valid")))
+            if self._bleu_scored_lines < expected:  # a partial pass (trainer.limit_val_batches)
+                log.warning(f"warning: val/bleu covers {self._bleu_scored_lines} of the first {expected} validation "
+                            "lines (model.init_args.val_bleu_sentences): the batches of the others did not run "
+                            "(trainer.limit_val_batches), and as the batches go by length it scores the lines of "
+                            "some lengths only, a number not comparable with a whole validation's; leave out "
+                            "--trainer.limit_val_batches to score them all")
+                self._partial_val_said = True
 
     def on_test_epoch_end(self) -> None:
         result = self._log_bleu("test/bleu")

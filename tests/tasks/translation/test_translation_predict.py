@@ -160,3 +160,19 @@ def test_a_partial_test_pass_says_which_lines_its_bleu_covers(trained, handful_r
     assert (f"warning: predict translated {score['sentences']} of the 32 test lines: the other "
             f"{32 - score['sentences']} were not translated (trainer.limit_predict_batches) and are empty lines in "
             "predictions.test.txt") in captured.out + captured.err
+
+
+def test_a_partial_validation_says_which_lines_its_bleu_covers(handful_root, capsys):
+    """`--trainer.limit_val_batches 1` made val/bleu score the lines of the one (length-sorted) batch
+    that ran, without a word; one warning line says so, once; a whole validation says nothing."""
+    partial = "lines (model.init_args.val_bleu_sentences): the batches of the others did not run"
+    for limit, warned in (("1", True), ("1.0", False)):
+        assert main(["fit", *tiny(handful_root), "--model.init_args.val_bleu_sentences", "1000",
+                     "--data.init_args.max_tokens", "40", "--trainer.max_steps", "2", "--trainer.val_check_interval", "1",
+                     "--trainer.limit_val_batches", limit, "--trainer.num_sanity_val_steps", "0",
+                     "--trainer.logger", "false", "--trainer.default_root_dir", f"run{limit}"]) == 0
+        captured = capsys.readouterr()
+        said = [line for line in (captured.out + captured.err).splitlines() if partial in line]
+        assert len(said) == int(warned), said
+        if warned:
+            assert said[0].split("warning: val/bleu covers ")[1].split(" of the first ")[1].startswith("32 validation")
