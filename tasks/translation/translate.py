@@ -69,11 +69,12 @@ def cut_lines(module: TranslationModule, lines: list[str]) -> dict[int, int]:
 
 def cut_warning(cut: dict[int, int], total: int, positions: int, where: str, shown: int = 5) -> str:
     """One line naming the lines ``cut`` (0-based indices) leaves short, for the user."""
-    named = ", ".join(f"line {i + 1} ({n} pieces cut)" for i, n in list(cut.items())[:shown])
+    named = ", ".join(f"line {i + 1} ({n} piece{'s' if n != 1 else ''} cut)" for i, n in list(cut.items())[:shown])
     more = f" and {len(cut) - shown} more" if len(cut) > shown else ""
-    return (f"warning: {len(cut)} of {total} lines of {where} are longer than the model's {positions} source "
-            f"positions and are translated from their first {positions - 1} pieces only: {named}{more}; split "
-            "them into sentences to translate them whole")
+    are, them, their = ("is", "it", "its") if len(cut) == 1 else ("are", "them", "their")
+    return (f"warning: {len(cut)} of {total} lines of {where} {are} longer than the model's {positions} source "
+            f"positions and {are} translated from {their} first {positions - 1} pieces only: {named}{more}; split "
+            f"{them} into sentences to translate {them} whole")
 
 
 @torch.no_grad()

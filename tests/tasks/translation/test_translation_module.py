@@ -109,9 +109,9 @@ def test_translate_says_which_lines_are_too_long_for_the_model(trained, tmp_path
     lines = out.read_text(encoding="utf-8").splitlines()
     assert len(lines) == 4 and lines[1] and not lines[2]
     assert capsys.readouterr().err.splitlines() == [
-        f"warning: 1 of 4 lines of {source} (--input) are longer than the model's 256 source positions and are "
-        f"translated from their first 255 pieces only: line 2 ({pieces - 255} pieces cut); split them into "
-        "sentences to translate them whole"]
+        f"warning: 1 of 4 lines of {source} (--input) is longer than the model's 256 source positions and is "
+        f"translated from its first 255 pieces only: line 2 ({pieces - 255} piece{'s' if pieces != 256 else ''} "
+        "cut); split it into sentences to translate it whole"]
     source.write_text("\n".join([sources[0], sources[1]]) + "\n", encoding="utf-8")
     assert main(["translate", "--ckpt_path", ckpt, "--input", str(source), "--output", str(out), *short]) == 0
     assert capsys.readouterr().err == ""
@@ -267,3 +267,14 @@ def test_mixed_precision_fit(fit_at_precision, precision_run, handful_root, tmp_
                           "--model.init_args.val_bleu_sentences", "4", "--trainer.max_steps", "3",
                           "--trainer.val_check_interval", "3", "--trainer.limit_val_batches", "1"], steps=3,
                          name=scheme)
+
+
+def test_the_long_line_warning_counts_one_piece_and_one_line_in_the_singular():
+    """It said "1 pieces cut" and "1 of 4 lines ... are longer"."""
+    from rescale_tasks.translation.translate import cut_warning
+
+    assert cut_warning({1: 1}, 4, 256, "in.en") == (
+        "warning: 1 of 4 lines of in.en is longer than the model's 256 source positions and is translated from its "
+        "first 255 pieces only: line 2 (1 piece cut); split it into sentences to translate it whole")
+    assert "2 of 4 lines of in.en are longer" in cut_warning({0: 1, 2: 3}, 4, 256, "in.en")
+    assert "line 1 (1 piece cut), line 3 (3 pieces cut); split them" in cut_warning({0: 1, 2: 3}, 4, 256, "in.en")
