@@ -305,6 +305,9 @@ class LastCheckpoint(L.Callback):
     ``KeyboardInterrupt`` wherever the step happens to be, saves nothing); the same signal again
     stops at once. Other exceptions are left alone: a diverged or crashed run must not overwrite
     its last good checkpoint.
+    Any other checkpoint saved at the end of a step that a validation follows (Lightning's
+    ``ModelCheckpoint(every_n_train_steps=N)``, the WMT recipe's ``step<NNN>.ckpt``) is marked as
+    ``last.ckpt`` is there (:func:`resume_point`): a resume from it runs that validation.
     The file goes beside the run's other checkpoints (the ModelCheckpoint folder), where
     Lightning's ``ckpt_path="last"`` looks for it.
 
@@ -336,6 +339,7 @@ class LastCheckpoint(L.Callback):
         self._handler = None  # ours, for every stop signal
         self._stop_due = False  # stop after this window's step: all processes agreed, or one's signal waits
         self._save_due = False  # a step save, for _SaveAfterStep
+        self._step_ended = False  # between a training step's end and what follows it (a validation, the next batch)
         self._last_save = time.monotonic()
 
     def folder(self, trainer: L.Trainer) -> Optional[str]:
@@ -453,6 +457,9 @@ class LastCheckpoint(L.Callback):
         self.stopped_by = signum
         self._lightning_stop(signum, None)
 
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._step_ended = False
+
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn != "fit" or trainer.sanity_checking:
             return
@@ -462,6 +469,7 @@ class LastCheckpoint(L.Callback):
             self._stop_together(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step_ended = False
         # the step's last batch, so that no accumulated gradient is lost
         if self._stop_due and not _inside_window(trainer):
             self._stop_together(trainer)
@@ -471,10 +479,15 @@ class LastCheckpoint(L.Callback):
             reopen_epoch(checkpoint)
         if self._stopped_in is not None:
             resume_point(checkpoint, self._stopped_in)
+        elif self._step_ended and _validates_after_this_step(trainer):
+            # another callback's step save (a ModelCheckpoint every n steps), a validation to come:
+            # the same file as a step save of last.ckpt there, so that a resume from it runs that validation
+            resume_point(checkpoint, "before validation")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.sanity_checking or _inside_window(trainer):
             return
+        self._step_ended = True
         self._vote(trainer)
         due = bool(self.every_n_train_steps) and trainer.global_step % self.every_n_train_steps == 0
         if self.every_minutes:
@@ -499,6 +512,7 @@ class LastCheckpoint(L.Callback):
             self._stopped_in = None
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._step_ended = False
         if _epoch_complete(trainer):
             self.save(trainer)
             return

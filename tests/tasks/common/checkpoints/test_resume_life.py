@@ -291,3 +291,24 @@ def test_under_ddp_a_validation_cut_by_sigterm_is_done_again_on_resume(tmp_path,
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_same_run(whole, cut)
     assert json.loads(Path(_newest_summary(cut / "runs" / "wandb")).read_text())["world_size"] == 2
+
+
+def test_a_resume_from_a_step_checkpoint_a_validation_follows_runs_that_validation(uninterrupted, tmp_path, run_config,
+                                                                                  suite_wandb_logger):
+    """A run killed outright (SIGKILL) in the validation of step 6 leaves ``step006.ckpt``, saved by
+    Lightning's ModelCheckpoint(every_n_train_steps=2) at the end of step 6, before that validation.
+    Resumed from it, the run skipped the validation (Lightning took the file for one saved after it)
+    and logged the next steps one too high; it now runs it, as a resume from last.ckpt does, and
+    reports what the uninterrupted run does."""
+    config = _config(run_config, suite_wandb_logger, tmp_path, {"where": "val", "step": 6, "signum": 9})
+    killed = _rescale(["--config", config], tmp_path)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    step = _checkpoints(tmp_path) / "step006.ckpt"
+    assert torch.load(step, weights_only=True)["global_step"] == 6
+    assert _fit(tmp_path, "--config", config, "--ckpt_path", str(step)) == 0
+    assert _comparable(_summary(tmp_path)) == _comparable(_summary(uninterrupted))
+    a, b = (torch.load(_checkpoints(f) / "last.ckpt", weights_only=True) for f in (uninterrupted, tmp_path))
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    validations = [{k: v for k, v in _csv_history(f).items() if k[0] == "val/acc1"} for f in (tmp_path, uninterrupted)]
+    assert validations[0] == validations[1] and ("val/acc1", 5) in validations[0]
