@@ -207,7 +207,6 @@ class RescaleTaskModule(L.LightningModule):
         resumed = trainer is not None and trainer.state.fn == "fit" and bool(checkpoint.get("optimizer_states"))
         if resumed:  # after the labels' and the task's own refusals, which say more than "other data"
             self._check_resumed_data(checkpoint, source, str(path) if path else None)
-        if resumed:
             self._resumed_training = (checkpoint["optimizer_states"], checkpoint.get("lr_schedulers") or [], source,
                                       str(path) if path else None)
             if trainer.optimizers:  # a strategy that restores after its setup (FSDP): the run's are built
@@ -218,14 +217,15 @@ class RescaleTaskModule(L.LightningModule):
         names the classes the data lacks or adds (:func:`~.data.labels.match_labels`), the cause,
         not the class count the architecture check would name (its fix, "run with the config the
         checkpoint was trained with", misleads where the config is that one and the data lost a
-        class folder). Without recorded labels the architecture check says what it can."""
+        class folder). Without recorded labels, or labels of which the data holds none (another
+        data set), the architecture check says what it can."""
         saved = (checkpoint.get("hyper_parameters") or {}).get("num_classes")
         current = self.hparams.get("num_classes") if hasattr(self.hparams, "get") else None
         if saved is None or current is None or saved == current:
             return
         trained, data = checkpoint_labels(checkpoint, source, self._datamodule()), data_labels(self._datamodule())
-        if trained is not None and data is not None:
-            match_labels(trained, data)
+        if trained is not None and data is not None and set(trained.names) & set(data.names):
+            match_labels(trained, data)  # (sharing no label, it is another data set: the architecture line)
 
     def check_checkpoint_data(self, checkpoint: dict[str, Any]) -> None:
         """A task's own refusals of data the checkpoint cannot be read with (e.g. translation: another
