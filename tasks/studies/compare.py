@@ -150,6 +150,10 @@ def pooled_differences(runs: list[dict]) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for key in RUN_SETTINGS:
         values = list(dict.fromkeys(_shown(_setting(r, key)) for r in runs if _setting(r, key) is not None))
+        if key == "data":  # other data as same_data judges it, as against the baseline (a split more is the same)
+            prints = [d for d, _ in filter(None, map(_data, runs))]
+            if all(same_data(a, b) for a in prints for b in prints):
+                continue
         if len(values) > 1:
             found[key] = values
     lengths = _lengths(runs)

@@ -528,6 +528,10 @@ def test_wandb_runs_of_other_data_are_named_as_mixed():
     assert run(0)["data"] is None and pooled_differences([run(0), run(1, 270), run(2, 270)]) == {}
     assert pooled_differences([run(0, 270), run(1, 360)]) == {
         "data": ["DigitsDataModule[val 270 #000000000270]", "DigitsDataModule[val 360 #000000000360]"]}
+    # a run that recorded one split more (its summary besides its W&B config) read the same data
+    more = run(3, 270)
+    more["data"] = {**more["data"], "splits": {**more["data"]["splits"], "test": {"count": 9, "hash": "9" * 12}}}
+    assert pooled_differences([run(1, 270), more]) == {}
 
 
 def test_a_diverged_runs_training_loss_is_left_out_of_the_mean(tmp_path):
