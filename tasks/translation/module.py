@@ -299,9 +299,10 @@ class TranslationModule(RescaleTaskModule):
             return
         ids = batch["id"]
         keep = (ids >= 0) & (ids < bleu_rows)
-        if not bool(keep.any()):
+        kept = int(keep.sum())  # (one device sync)
+        if not kept:
             return
-        self._bleu_lines += int(keep.sum())
+        self._bleu_lines += kept
         translated = self._translate(batch, keep)
         split = "valid" if prefix == "val" else "test"
         references = self.trainer.datamodule.references(split)
@@ -338,13 +339,13 @@ class TranslationModule(RescaleTaskModule):
         self._bleu_stats, self._hypotheses, self._bleu_lines = None, {}, 0
 
     def _log_bleu(self, key: str):
-        """Corpus BLEU from the statistics of every rank (a collective: every rank calls it)."""
+        """``(result, lines)``: the corpus BLEU from the statistics of every rank (None where no rank
+        scored a sentence) and the lines it scored on every rank (a collective: every rank calls it)."""
         stats = self._bleu_stats if self._bleu_stats is not None else torch.zeros(10, dtype=torch.int64)
         scored = torch.tensor([int(self._bleu_stats is not None), self._bleu_lines], dtype=torch.int64)
         stats, scored, lines = sum_tensor_over_ranks(torch.cat([stats, scored])).split([10, 1, 1])
-        self._bleu_scored_lines = int(lines)  # of every rank
         if int(scored) == 0:  # no sentence scored on any rank (every translation empty still scores: 0)
-            return None
+            return None, int(lines)
         result = bleu_from_statistics(stats.tolist(), self.bleu_style)
         self.log(key, result.score, sync_dist=False)  # the same on every rank (summed statistics)
         if not self._signature_shown and self.trainer.is_global_zero:
@@ -354,16 +355,16 @@ class TranslationModule(RescaleTaskModule):
                 if summary is not None:
                     summary["bleu_signature"] = result.signature
             self._signature_shown = True
-        return result
+        return result, int(lines)
 
     def on_validation_epoch_end(self) -> None:
         if self.val_bleu_sentences and not self.trainer.sanity_checking:
-            result = self._log_bleu("val/bleu")
+            result, scored = self._log_bleu("val/bleu")
             if result is None or not self.trainer.is_global_zero or self._partial_val_said:
                 return
             expected = min(self.val_bleu_sentences, len(self.trainer.datamodule.references("valid")))
-            if self._bleu_scored_lines < expected:  # a partial pass (trainer.limit_val_batches)
-                log.warning(f"warning: val/bleu covers {self._bleu_scored_lines} of the first {expected} validation "
+            if scored < expected:  # a partial pass (trainer.limit_val_batches)
+                log.warning(f"warning: val/bleu covers {scored} of the first {expected} validation "
                             "lines (model.init_args.val_bleu_sentences): the batches of the others did not run "
                             "(trainer.limit_val_batches), and as the batches go by length it scores the lines of "
                             "some lengths only, a number not comparable with a whole validation's; leave out "
@@ -371,7 +372,7 @@ class TranslationModule(RescaleTaskModule):
                 self._partial_val_said = True
 
     def on_test_epoch_end(self) -> None:
-        result = self._log_bleu("test/bleu")
+        result, _ = self._log_bleu("test/bleu")
         by_line = gather_by_key(self._hypotheses)  # a collective
         if not self.trainer.is_global_zero or result is None:
             return
