@@ -10,7 +10,7 @@ annotation file give the evaluator's numbers. For mask AP drop the ``bbox`` of e
 as Detectron2's evaluator does: with a ``bbox`` present ``loadRes`` takes the box area as the
 detection's area, which changes the small/medium/large split.
 
-:func:`draw_detections` / :func:`drawn_png` / :func:`save_drawn` draw the detections above a score on the image
+:func:`draw_detections` / :func:`drawn_png` draw the detections above a score on the image
 (torchvision's ``draw_segmentation_masks`` and ``draw_bounding_boxes``), for a look at a model's
 output.
 """
@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import colorsys
 import io
-import json
-import os
-from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -30,11 +27,10 @@ from torchvision.ops import box_convert
 from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks
 
 from rescale_tasks.common.errors import DataError
-from rescale_tasks.common.system import atomic_open
 
 from .records import MASK_THRESHOLD, ImageRecord, image_record
 
-__all__ = ["coco_results", "write_coco_results", "draw_detections", "drawn_png", "save_drawn", "category_of"]
+__all__ = ["coco_results", "draw_detections", "drawn_png", "category_of"]
 
 
 def category_of(label_to_category: Mapping[int, int] | Sequence[int] | None):
@@ -87,13 +83,6 @@ def coco_results(records: Mapping[int, ImageRecord] | Iterable[ImageRecord] | Se
     return out
 
 
-def write_coco_results(path: str | os.PathLike, results: list[dict[str, Any]]) -> Path:
-    """Write ``results`` as JSON to ``path``, whole or not at all (:mod:`rescale_tasks.common.system.atomic`)."""
-    with atomic_open(path, "wb") as f:
-        f.write(json.dumps(results).encode("utf-8"))
-    return Path(path)
-
-
 def _color(label: int) -> tuple[int, int, int]:
     """A distinct, fixed colour per label (hues spaced by the golden ratio)."""
     r, g, b = colorsys.hsv_to_rgb((int(label) * 0.618033988749895) % 1.0, 0.85, 1.0)
@@ -141,12 +130,3 @@ def drawn_png(image: torch.Tensor, prediction: Mapping[str, torch.Tensor],
     out = io.BytesIO()
     picture.save(out, format="PNG")
     return out.getvalue()
-
-
-def save_drawn(path: str | os.PathLike, image: torch.Tensor, prediction: Mapping[str, torch.Tensor],
-               class_names: Mapping[int, str] | Sequence[str] | None = None,
-               score_threshold: float = 0.5) -> Path:
-    """:func:`draw_detections` written to ``path`` as a PNG (whole or not at all)."""
-    with atomic_open(path, "wb") as f:
-        f.write(drawn_png(image, prediction, class_names, score_threshold))
-    return Path(path)

@@ -24,7 +24,8 @@ from pycocotools.cocoeval import COCOeval
 
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.detection.evaluation import STAT_NAMES, CocoEvaluator
-from rescale_tasks.detection.results import coco_results, draw_detections, save_drawn, write_coco_results
+from rescale_tasks.common.system import write_atomically
+from rescale_tasks.detection.results import coco_results, draw_detections, drawn_png
 
 H, W = 64, 80
 
@@ -262,7 +263,9 @@ def test_written_results_give_the_same_ap_under_pycocotools(tmp_path):
     evaluator.update(predictions[:2], targets[:2])
     evaluator.update(predictions[2:], targets[2:])
     ours = evaluator.compute()
-    path = write_coco_results(tmp_path / "out" / "results.json", evaluator.results())
+    path = tmp_path / "out" / "results.json"
+    path.parent.mkdir()
+    write_atomically(path, json.dumps(evaluator.results()))
     assert [p.name for p in path.parent.iterdir()] == ["results.json"]  # no temporary file left
     results = json.loads(path.read_text())
     assert len(results) == sum(len(p["scores"]) for p in predictions)
@@ -313,7 +316,8 @@ def test_the_real_data_sets_ap_is_cocoevals_on_its_own_json(coco_canvases, tmp_p
         evaluator.update([{"boxes": boxes, "labels": labels, "scores": scores, "masks": cut[:, None] * 0.9}],
                          [target])
     assert len(evaluator) == 9  # the empty image too
-    path = write_coco_results(tmp_path / "results.json", evaluator.results())
+    path = tmp_path / "results.json"
+    write_atomically(path, json.dumps(evaluator.results()))
     ours = evaluator.compute()
     assert 0.2 < ours["bbox/AP"] < 0.95 and 0.2 < ours["segm/AP"] < 0.95  # not a trivial score
     _assert_same(ours, _official(annotation_file, json.loads(path.read_text())))
@@ -366,6 +370,7 @@ def test_draw_detections_marks_the_box_and_skips_low_scores(tmp_path):
     assert changed[10:50, 10:40].float().mean() > 0.9  # mask fill and outline inside the first box
     assert not changed[5:30, 52:80].any()  # the low-scored detection is not drawn
     assert not changed[55:, 45:].any()
-    path = save_drawn(tmp_path / "drawn.png", image, prediction, ["__background__", "cat", "dog"])
+    path = tmp_path / "drawn.png"
+    path.write_bytes(drawn_png(image, prediction, ["__background__", "cat", "dog"]))
     with Image.open(path) as picture:
         assert picture.size == (W, H) and np.array_equal(np.asarray(picture), drawn.permute(1, 2, 0).numpy())
