@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from ..common.checkpoints import require_classification_checkpoint
 from ..common.module import RescaleTaskModule
-from ..common.run import class_predictions_csv, class_rows, output_names, predict_dataset
+from ..common.run import class_predictions_csv, class_rows, output_names, predict_dataset, stage_dataset
 from .evaluation import MultiViewAccuracy
 from .inflation import inflate_checkpoint
 
@@ -109,9 +109,7 @@ class VideoClassificationModule(RescaleTaskModule):
     def _drop_skipped(self, stage: str) -> None:
         """Leave the videos the data set dropped out of the evaluation: a clip that failed after
         others of its video were counted must not leave the video scored on part of its views."""
-        loaders = getattr(self.trainer, f"{stage}_dataloaders", None)
-        loader = loaders[0] if isinstance(loaders, (list, tuple)) and loaders else loaders
-        dropped = getattr(getattr(loader, "dataset", None), "dropped", None)
+        dropped = getattr(stage_dataset(self.trainer, stage), "dropped", None)
         if callable(dropped):
             self.evaluation.drop(dropped())
 

@@ -16,7 +16,8 @@ from .summary import (SUMMARY_FILE, MalformedSummary, RunSummary, find_summaries
                       read_summary)
 from .report import evaluation_report, fit_report, next_command, written_files
 from .predictions import (PREDICTIONS_FILE, TOP_K, PredictedSamples, class_predictions_csv, class_rows,
-                          kept_samples, output_names, predict_dataset, sample_path, top_classes, write_result)
+                          kept_samples, output_names, predict_dataset, sample_path, stage_dataset, top_classes,
+                          write_result)
 from .data_report import PROBLEMS_FILE, SkippedDataReport, problems_line, unread_line
 
 __all__ = ["ResultFile", "ResultsFolder", "SaveConfigToRun", "note_result_file", "result_files",
@@ -25,5 +26,5 @@ __all__ = ["ResultFile", "ResultsFolder", "SaveConfigToRun", "note_result_file",
            "run_folder", "shown_path", "SUMMARY_FILE", "MalformedSummary", "RunSummary", "find_summaries",
            "higher_is_better", "read_summary", "evaluation_report", "fit_report", "next_command",
            "written_files", "PREDICTIONS_FILE", "TOP_K", "PredictedSamples", "class_predictions_csv",
-           "class_rows", "kept_samples", "output_names", "predict_dataset", "sample_path", "top_classes",
+           "class_rows", "kept_samples", "output_names", "predict_dataset", "sample_path", "stage_dataset", "top_classes",
            "write_result", "PROBLEMS_FILE", "SkippedDataReport", "problems_line", "unread_line"]

@@ -36,7 +36,7 @@ from ..system import write_atomically, write_failure
 from .outputs import note_result_file, results_folder
 
 __all__ = ["PREDICTIONS_FILE", "TOP_K", "PredictedSamples", "class_predictions_csv", "class_rows", "kept_samples",
-           "output_names", "predict_dataset", "sample_path", "top_classes", "write_result"]
+           "output_names", "predict_dataset", "sample_path", "stage_dataset", "top_classes", "write_result"]
 
 #: the file ``predict`` writes: the split it predicted, the format's extension
 PREDICTIONS_FILE = "predictions.{split}.{ext}"
@@ -111,11 +111,17 @@ def class_predictions_csv(rows: Iterable[dict[str, Any]]) -> str:
     return out.getvalue()
 
 
-def predict_dataset(trainer: L.Trainer) -> Any:
-    """The data set the predict loader reads (its first loader's), None where there is none."""
-    loaders = trainer.predict_dataloaders
-    loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+def stage_dataset(trainer: L.Trainer, stage: str) -> Any:
+    """The data set the ``stage`` loader reads (``val``, ``test``, ``predict``: its first loader's),
+    None where there is none."""
+    loaders = getattr(trainer, f"{stage}_dataloaders", None)
+    loader = loaders[0] if isinstance(loaders, (list, tuple)) and loaders else loaders
     return getattr(loader, "dataset", None)
+
+
+def predict_dataset(trainer: L.Trainer) -> Any:
+    """The data set the predict loader reads (:func:`stage_dataset`)."""
+    return stage_dataset(trainer, "predict")
 
 
 def sample_path(dataset: Any, index: int) -> Optional[str]:
