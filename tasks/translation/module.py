@@ -3,9 +3,10 @@ and the normalization-free ``rescale``, ``rezero``, ``skipinit``): the training 
 during validation, and the test set's hypotheses written beside its score.
 
 - Training: fairseq's label-smoothed cross entropy (:mod:`.loss`, eps 0.1) summed over the
-  target tokens and divided by the target tokens of the step on every rank together, so each
-  token weighs the same whatever rank and batch it is in (fairseq's normalisation; with gradient
-  accumulation each micro-batch is normalised by its own tokens). Adam (0.9, 0.98) with the
+  target tokens of an update (every micro-batch of ``trainer.accumulate_grad_batches``, fairseq's
+  ``--update-freq``, on every rank) and its gradient divided by their number before any clipping
+  and the step (:meth:`TranslationModule.optimizer_step`), so each token weighs the same whatever
+  rank and micro-batch it is in (fairseq's normalisation). Adam (0.9, 0.98) with the
   inverse-sqrt schedule (:class:`~rescale_tasks.common.training.InverseSqrtLR`), clipping and
   accumulation through the Trainer (``gradient_clip_val``, ``accumulate_grad_batches``), bf16 on
   GPUs with ``trainer.precision: bf16-mixed`` (the loss is computed in float32).
@@ -49,7 +50,7 @@ from ..common.run import results_folder, write_result
 from ..common.system import gather_by_key, sum_tensor_over_ranks, world_size
 from .bleu import STYLES, bleu_statistics, bleu_from_statistics
 from .export import STEP_AT_ANY_LENGTH, translation_programs
-from .loss import label_smoothed_nll_loss, tokens_over_ranks
+from .loss import UpdateTokens, label_smoothed_nll_loss, scale_gradients, tokens_over_ranks
 
 __all__ = ["TranslationModule", "HYPOTHESES_FILE", "BLEU_FILE"]
 
@@ -131,6 +132,7 @@ class TranslationModule(RescaleTaskModule):
         self._signature_shown = False
         self._partial_val_said = False  # the warning of a partial val/bleu, said once a run
         self._bleu_lines = 0  # the lines this rank scored in this evaluation
+        self._update_tokens = UpdateTokens()  # the target tokens of the update being accumulated
         # per-token means weighted by target tokens, synced as sums (Lightning's own epoch mean
         # averages its integer token counts over ranks and truncates them); a batch whose loss is
         # not finite makes the mean NaN, as Lightning's own means do (torchmetrics' default drops
@@ -269,10 +271,9 @@ class TranslationModule(RescaleTaskModule):
         logits = self(batch["src_tokens"], batch["prev_output_tokens"])
         loss_sum, nll_sum = label_smoothed_nll_loss(logits, batch["target"], self.label_smoothing, self.pad_index)
         ntokens = int(batch["ntokens"])
-        total = tokens_over_ranks(ntokens)
-        # DDP averages gradients over ranks: times the world size, the gradient is that of
-        # the loss summed over all ranks' tokens divided by their number
-        loss = loss_sum * (world_size() / max(total, 1))
+        # DDP averages gradients over ranks, hence the world size; optimizer_step divides the
+        # gradient by the tokens of the whole update (UpdateTokens)
+        loss = loss_sum * (world_size() / self._update_tokens.add(tokens_over_ranks(ntokens)))
         per_token = loss_sum.detach() / max(ntokens, 1)
         nll = nll_sum.detach() / max(ntokens, 1)
         self.train_loss.update(per_token, weight=ntokens)
@@ -283,6 +284,31 @@ class TranslationModule(RescaleTaskModule):
         self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True)
         self.log("train/nll_loss_epoch", self.train_nll, on_step=False, on_epoch=True)
         return loss
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        self._update_tokens.reset()
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        """Lightning's step, with the gradients of the update made those of its loss summed over
+        every micro-batch and rank divided by the target tokens of them all (fairseq's
+        ``train_step``): the closure runs the update's last backward (DDP all-reduces the
+        gradients in it); right after it, before the GradScaler's unscaling (a factor commutes
+        with it), the callbacks' ``on_before_optimizer_step``, AGC, ``gradient_clip_val`` and the
+        step, the gradients are multiplied by :meth:`UpdateTokens.gradient_factor`."""
+        if optimizer_closure is None or self.trainer.strategy.handles_gradient_accumulation:
+            # a strategy that accumulates itself (DeepSpeed) steps at every micro-batch: each is
+            # divided by its own tokens
+            self._update_tokens.reset()
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+
+        def closure():
+            result = optimizer_closure()
+            factor = self._update_tokens.gradient_factor(self.trainer.accumulate_grad_batches)
+            scale_gradients((p for group in optimizer.param_groups for p in group["params"]), factor)
+            return result
+
+        return super().optimizer_step(epoch, batch_idx, optimizer, closure)
 
     def _eval_step(self, batch: dict, prefix: str, bleu_rows: Optional[int]) -> None:
         ntokens = int(batch["ntokens"])
