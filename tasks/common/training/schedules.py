@@ -145,12 +145,17 @@ class ConstantLR(_EpochScheduleLR):
 
 
 class InverseSqrtLR(_MethodLambdaLR):
-    """The Transformer schedule (Vaswani et al. 2017; fairseq's ``inverse_sqrt``), in updates:
-    linear warm-up from ``warmup_init_factor * lr`` to ``lr`` over ``warmup_updates``, then
-    ``lr * sqrt(warmup_updates / update)``. Update ``u`` (1-based) is the one being taken.
-    ``decay_period`` P (with ``warmup_updates: 0``): no warm-up, ``lr * sqrt(P / (P + u - 1))`` from
-    the first update at ``lr`` (T-Fixup's ``inverse_sqrt_nowarmup``, layer6ai-labs/T-Fixup).
-    ``steps_per_epoch``/``max_epochs`` are accepted (the task module passes them) and unused."""
+    """The Transformer schedule (Vaswani et al. 2017), as fairseq's ``inverse_sqrt`` sets it: the
+    rate of an update is a function of ``n``, the updates already taken (fairseq's
+    ``num_updates``; 0 for the first update). For ``n < warmup_updates`` W, a linear warm-up
+    ``lr * (f + n * (1 - f) / W)`` with ``f = warmup_init_factor`` (fairseq's ``--warmup-init-lr``
+    over ``--lr``: the first update runs at ``f * lr``, 0 by default as fairseq's, whose WMT recipe
+    gives 1e-7); from ``n = W`` (update W + 1, the peak at ``lr``) on, ``lr * sqrt(W / n)``.
+    ``warmup_updates: 0`` alone: ``lr / sqrt(n + 1)`` from the first update at ``lr`` (fairseq
+    has no such case). ``decay_period`` P (with ``warmup_updates: 0``): no warm-up,
+    ``lr * sqrt(P / (P + n))`` from the first update at ``lr`` (T-Fixup's ``inverse_sqrt_nowarmup``,
+    layer6ai-labs/T-Fixup). ``steps_per_epoch``/``max_epochs`` are accepted (the task module
+    passes them) and unused."""
 
     def __init__(self, optimizer: Optimizer, warmup_updates: int = 4000, warmup_init_factor: float = 0.0,
                  decay_period: int | None = None, steps_per_epoch: int = 1, max_epochs: int | None = None,
@@ -169,10 +174,11 @@ class InverseSqrtLR(_MethodLambdaLR):
     def _factor(self, step: int) -> float:
         if self.decay_period is not None:
             return math.sqrt(self.decay_period / (self.decay_period + step))
-        update = step + 1
-        if update < self.warmup_updates:
-            return self.warmup_init_factor + update * (1.0 - self.warmup_init_factor) / self.warmup_updates
-        return math.sqrt(max(self.warmup_updates, 1) / update)
+        if self.warmup_updates == 0:
+            return math.sqrt(1.0 / (step + 1))
+        if step < self.warmup_updates:  # step: the updates already taken
+            return self.warmup_init_factor + step * (1.0 - self.warmup_init_factor) / self.warmup_updates
+        return math.sqrt(self.warmup_updates / step)
 
 
 class IterationMultiStepLR(_MethodLambdaLR):

@@ -31,8 +31,9 @@ def lrs(scheduler, steps: int) -> list[float]:
 def test_inverse_sqrt_warms_up_linearly_then_decays_as_fairseq():
     opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=5e-4, betas=(0.9, 0.98))
     got = lrs(InverseSqrtLR(opt, warmup_updates=4), 16)
-    assert got[:4] == pytest.approx([5e-4 * u / 4 for u in (1, 2, 3)] + [5e-4])
-    assert got[15] == pytest.approx(5e-4 * math.sqrt(4 / 16))  # update 16: lr * sqrt(warmup / update)
+    # step s runs at fairseq's num_updates s: from warmup_init_lr (0), the peak at step 4 (update 5)
+    assert got[:5] == pytest.approx([5e-4 * s / 4 for s in (0, 1, 2, 3)] + [5e-4])
+    assert got[15] == pytest.approx(5e-4 * math.sqrt(4 / 15))  # lr * sqrt(warmup / num_updates)
     assert max(got) == pytest.approx(5e-4)
 
 
