@@ -16,6 +16,7 @@ and micro-batch it is in: :class:`UpdateTokens` keeps the count.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Optional
 
 import torch
 
@@ -54,13 +55,21 @@ class UpdateTokens:
     then divides each by ``accumulate_grad_batches`` and DDP averages over the ranks.
     :meth:`gradient_factor`, taken once the update's last backward has run, gives what the
     gradients are multiplied by, before any clipping and the optimizer step; it starts the count of
-    the next update. Host integers only (no device sync)."""
+    the next update. Host integers only (no device sync); :meth:`add_sums` keeps the update's
+    logged losses, as fairseq logs an update's."""
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
         self.first, self.total = 0, 0
+        self.sums: Optional[torch.Tensor] = None
+
+    def add_sums(self, sums: torch.Tensor) -> torch.Tensor:
+        """Add a micro-batch's losses summed over all ranks (any tensor, on the device: no sync);
+        those of the update so far per target token (of the micro-batches :meth:`add` counted)."""
+        self.sums = sums if self.sums is None else self.sums + sums
+        return self.sums / max(self.total, 1)
 
     def add(self, tokens: int) -> int:
         """Count a micro-batch of ``tokens`` target tokens over all ranks; the number its summed

@@ -11,9 +11,10 @@ during validation, and the test set's hypotheses written beside its score.
   accumulation through the Trainer (``gradient_clip_val``, ``accumulate_grad_batches``), bf16 on
   GPUs with ``trainer.precision: bf16-mixed`` (the loss is computed in float32).
   Logged: ``train/loss_step``/``_epoch`` and ``train/nll_loss_step``/``_epoch`` per target token
-  (natural log; fairseq logs base 2), ``train/ppl`` = exp(nll). Epoch and evaluation means are
-  token-weighted ``MeanMetric``s synced as sums (Lightning's own weighted epoch mean averages its
-  integer token counts over ranks, truncating them: a 0.2% error seen with 2 ranks).
+  (natural log; fairseq logs base 2), ``train/ppl`` = exp(nll); a step's over every micro-batch of
+  its update on every rank, weighted by tokens, as fairseq logs an update's. Epoch and evaluation
+  means are token-weighted ``MeanMetric``s synced as sums (Lightning's own weighted epoch mean
+  averages its integer token counts over ranks, truncating them: a 0.2% error seen with 2 ranks).
 - Validation: the same loss per token over the whole validation set, and corpus BLEU
   (:mod:`.bleu`, its sacreBLEU signature printed once) of beam-search translations of the first
   ``val_bleu_sentences`` validation lines (0: no BLEU while training).
@@ -274,13 +275,15 @@ class TranslationModule(RescaleTaskModule):
         # DDP averages gradients over ranks, hence the world size; optimizer_step divides the
         # gradient by the tokens of the whole update (UpdateTokens)
         loss = loss_sum * (world_size() / self._update_tokens.add(tokens_over_ranks(ntokens)))
-        per_token = loss_sum.detach() / max(ntokens, 1)
-        nll = nll_sum.detach() / max(ntokens, 1)
-        self.train_loss.update(per_token, weight=ntokens)
-        self.train_nll.update(nll, weight=ntokens)
-        self.log("train/loss_step", per_token, prog_bar=True, on_step=True, on_epoch=False, sync_dist=True)
-        self.log("train/nll_loss_step", nll, on_step=True, on_epoch=False, sync_dist=True)
-        self.log("train/ppl", nll.exp(), on_step=True, on_epoch=False, sync_dist=True)
+        sums = torch.stack([loss_sum.detach(), nll_sum.detach()])
+        self.train_loss.update(sums[0] / max(ntokens, 1), weight=ntokens)
+        self.train_nll.update(sums[1] / max(ntokens, 1), weight=ntokens)
+        # the step's: per token of the update so far, every micro-batch and rank (fairseq logs
+        # an update's); the last micro-batch of an update logs the whole update's
+        update_loss, update_nll = self._update_tokens.add_sums(self.trainer.strategy.reduce(sums, reduce_op="sum"))
+        self.log("train/loss_step", update_loss, prog_bar=True, on_step=True, on_epoch=False)
+        self.log("train/nll_loss_step", update_nll, on_step=True, on_epoch=False)
+        self.log("train/ppl", update_nll.exp(), on_step=True, on_epoch=False)
         self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True)
         self.log("train/nll_loss_epoch", self.train_nll, on_step=False, on_epoch=True)
         return loss

@@ -52,8 +52,9 @@ def _sgd(params):
     return torch.optim.SGD(params, lr=1.0)
 
 
-def _update(batches: list[dict], accumulate: int, **trainer: object) -> tuple[dict, dict]:
-    """(gradients, weights) after one update of a float64 tiny Transformer over ``batches``."""
+def _update(batches: list[dict], accumulate: int, **trainer: object) -> tuple[dict, dict, dict]:
+    """(gradients, weights, logged step losses) after one update of a float64 tiny Transformer
+    over ``batches``."""
     torch.manual_seed(0)
     module = TranslationModule("transformer_tiny", "pre_ln", vocab_size=VOCAB, pad_index=PAD, val_bleu_sentences=0,
                                network_options={"dropout": 0.0}, optimizer=_sgd).double()
@@ -62,7 +63,8 @@ def _update(batches: list[dict], accumulate: int, **trainer: object) -> tuple[di
                     gradient_clip_val=0.05, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False, limit_val_batches=0, callbacks=[grads], **trainer)
     fit.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
-    return grads.grads, {n: p.detach().clone() for n, p in module.named_parameters()}
+    logged = {k: float(fit.callback_metrics[k]) for k in ("train/loss_step", "train/nll_loss_step", "train/ppl")}
+    return grads.grads, {n: p.detach().clone() for n, p in module.named_parameters()}, logged
 
 
 def _assert_same(ours: dict, expected: dict) -> None:
@@ -76,21 +78,23 @@ def test_accumulated_micro_batches_give_the_gradient_of_the_whole_update():
     norm clipping at 0.05, which is not linear in them) of one step on the 24 tokens together; each
     micro-batch divided by its own tokens would weigh a token of the short one 17/7 times more."""
     first, second = BATCHES[:2]
-    grads, weights = _update([first, second], 2)
-    one_grads, one_weights = _update([_together(first, second)], 1)
+    grads, weights, logged = _update([first, second], 2)
+    one_grads, one_weights, one_logged = _update([_together(first, second)], 1)
     _assert_same(grads, one_grads)
     _assert_same(weights, one_weights)
+    # the step's logged losses are the update's per token, not its last micro-batch's (fairseq's)
+    assert logged == pytest.approx(one_logged, rel=1e-12)
     # and a partial update at the end of the data (1 micro-batch of 2) is that micro-batch's own
-    grads, _ = _update([first], 2)
+    grads, _, _ = _update([first], 2)
     _assert_same(grads, _update([first], 1)[0])
 
 
 def _rank(rank: int, port: int, folder: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
                       LOCAL_RANK=str(rank), NODE_RANK="0", OMP_NUM_THREADS="1")
-    grads, weights = _update(BATCHES[rank::2], 2, devices=2, use_distributed_sampler=False,
-                             strategy=DDPStrategy(process_group_backend="gloo"))
-    torch.save({"grads": grads, "weights": weights}, os.path.join(folder, f"rank{rank}.pt"))
+    grads, weights, logged = _update(BATCHES[rank::2], 2, devices=2, use_distributed_sampler=False,
+                                     strategy=DDPStrategy(process_group_backend="gloo"))
+    torch.save({"grads": grads, "weights": weights, "logged": logged}, os.path.join(folder, f"rank{rank}.pt"))
 
 
 def _free_port() -> int:
@@ -102,7 +106,8 @@ def _free_port() -> int:
 @pytest.mark.ddp
 def test_two_ranks_accumulating_equal_one_process_on_all_their_batches(tmp_path):
     """Two gloo processes, each accumulating 2 micro-batches (7 + 6 tokens on rank 0, 17 + 11 on
-    rank 1): the gradients and weights of one process stepping once on the four together."""
+    rank 1): the gradients and weights of one process stepping once on the four together, and
+    the step losses both log are its, weighted by tokens over both ranks' whole update."""
     context = mp.get_context("fork")
     ranks = [context.Process(target=_rank, args=(r, port, str(tmp_path))) for port in [_free_port()] for r in (0, 1)]
     for process in ranks:
@@ -110,8 +115,9 @@ def test_two_ranks_accumulating_equal_one_process_on_all_their_batches(tmp_path)
     for process in ranks:
         process.join(120)
     assert [p.exitcode for p in ranks] == [0, 0]
-    one_grads, one_weights = _update([_together(*BATCHES)], 1)
+    one_grads, one_weights, one_logged = _update([_together(*BATCHES)], 1)
     for r in (0, 1):
         state = torch.load(tmp_path / f"rank{r}.pt", weights_only=True)
         _assert_same(state["grads"], one_grads)
         _assert_same(state["weights"], one_weights)
+        assert state["logged"] == pytest.approx(one_logged, rel=1e-12)
