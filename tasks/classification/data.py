@@ -19,12 +19,11 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
 from rescale_tasks.common.data import (IMAGE_DECODING, Labels, PerSampleSeed, ResumableDataLoader, ResumableSampler,
-                                       TaskDataModule, UnrepeatedSampler, describe_transforms, shards_parameters,
+                                       TaskDataModule, describe_transforms, eval_sampler,
                                        sigterm_safe_worker_init, unnested)
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.system import loader_workers
@@ -110,35 +109,14 @@ class ClassificationDataModule(TaskDataModule):
                       # a private generator: creating an iterator never draws from the global RNG,
                       # so the training stream (dropout, mixup) is the same after a resume
                       generator=torch.Generator().manual_seed(self.seed))
-        sharded = shards_parameters(getattr(self.trainer, "strategy", None))
-        if not train and stage != "predict" and not sharded:
-            # each image on one process: Lightning's DistributedSampler would pad the split to a
-            # multiple of the process count with its first images, counted twice in acc1/acc5/loss.
-            # Not for predict (its rows are gathered by index: a repeat counts once), nor where every
-            # forward is a collective (FSDP): there a rank's extra batch would leave the others waiting
-            return DataLoader(dataset, sampler=UnrepeatedSampler(dataset), **kwargs)
-        if not train:
-            if sharded and stage != "predict":
-                self._warn_repeated(dataset, stage)
-            return DataLoader(dataset, shuffle=False, **kwargs)
+        if not train:  # each image counted once (common.data.eval_sampler decides how, by strategy)
+            dataset, sampler = eval_sampler(dataset, getattr(self.trainer, "strategy", None))
+            return DataLoader(dataset, sampler=sampler, **kwargs)
         # seeded order per epoch, sharded over ranks, resumable mid-epoch; per-sample seeds make
         # augmentation independent of workers and restarts
         sampler = ResumableSampler(dataset, shuffle=True, seed=self.seed, with_seeds=True)
         return ResumableDataLoader(PerSampleSeed(dataset), sampler,
                                    drop_last=len(sampler) > self.batch_size, **kwargs)
-
-    def _warn_repeated(self, dataset: Dataset, stage: str) -> None:
-        """Under a strategy that shards the parameters, Lightning's sampler pads the split to a
-        multiple of the process count with its first images, counted twice in the metrics: say how
-        many, once, where any are."""
-        processes = int(getattr(self.trainer, "world_size", 1) or 1)
-        repeated = -len(dataset) % processes
-        if repeated:
-            name = "val" if stage == "validate" else "test"
-            rank_zero_warn(f"{name}/acc1, {name}/acc5 and {name}/loss count {repeated} of the split's {len(dataset)} "
-                           f"images twice: under {type(self.trainer.strategy).__name__} Lightning's sampler repeats "
-                           f"the first of them to fill {processes} processes; evaluate on a number of processes that "
-                           f"divides {len(dataset)}, or under DDP (each image once)")
 
     def labels(self) -> Labels | None:
         """What the labels mean (:mod:`rescale_tasks.common.data.labels`); None when the data set does

@@ -13,7 +13,8 @@ folder of videos, mmaction2/SlowFast list files) and serves clips (:mod:`.datase
   10 x 3): batches ``(clips [B, crops, C, T, H, W], labels, video_index, clip_index)``, in order,
   each item to one process under DDP (:class:`~rescale_tasks.common.data.UnrepeatedSampler`:
   contiguous chunks, no padding repeats, so the module sums the views of each video and reduces
-  the sums over ranks).
+  the sums over ranks); under FSDP padded, each batch then ending with the mask of its real items
+  (:func:`~rescale_tasks.common.data.eval_sampler`).
 
 ``num_classes`` and ``class_names`` are known right after ``__init__`` (a cheap read of the
 training split's class list: folder names, CSV labels or list labels; the validation split's where a
@@ -36,7 +37,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from rescale_tasks.common.data import (Labels, PerSampleSeed, ResumableDataLoader, ResumableSampler, TaskDataModule,
-                                       UnrepeatedSampler, sigterm_safe_worker_init)
+                                       eval_sampler, sigterm_safe_worker_init)
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.system import loader_workers
 
@@ -224,8 +225,9 @@ class KineticsDataModule(TaskDataModule):
                       worker_init_fn=sigterm_safe_worker_init() if workers > 0 else None,
                       # a private generator: making an iterator never draws from the global RNG
                       generator=torch.Generator().manual_seed(self.seed))
-        if not train:  # each item to one process (Lightning keeps a DistributedSampler it is given)
-            return DataLoader(dataset, sampler=UnrepeatedSampler(dataset), **kwargs)
+        if not train:  # each item counted once (common.data.eval_sampler decides how, by strategy)
+            dataset, sampler = eval_sampler(dataset, getattr(self.trainer, "strategy", None))
+            return DataLoader(dataset, sampler=sampler, **kwargs)
         sampler = ResumableSampler(dataset, shuffle=True, seed=self.seed, with_seeds=True)
         return ResumableDataLoader(PerSampleSeed(dataset), sampler, drop_last=len(sampler) > self.batch_size,
                                    **kwargs)

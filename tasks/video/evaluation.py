@@ -17,8 +17,9 @@ metrics and broadcasts the few numbers, so all ranks log the same values (``pred
 same sums: :meth:`MultiViewAccuracy.videos` hands rank 0 each video's softmax averaged over its
 views, as the video-level accuracy ranks it). Sums can only be reduced if no item was seen twice:
 the data module shards evaluation without repeats
-(:class:`~rescale_tasks.common.data.UnrepeatedSampler`); an item met by two ranks (a padding
-sampler) is one clear error, never a silently double-counted view.
+(:class:`~rescale_tasks.common.data.UnrepeatedSampler`), or, under a strategy that shards the
+parameters, marks the padding the module leaves out (:func:`~rescale_tasks.common.data.eval_sampler`);
+an item met by two ranks all the same is one clear error, never a silently double-counted view.
 """
 from __future__ import annotations
 
@@ -143,7 +144,7 @@ class MultiViewAccuracy:
         if repeated:
             raise DataError(f"{repeated} evaluation item(s) (video, clip) reached more than one process, so their "
                             "views would count twice; shard evaluation without repeats (rescale_tasks.common."
-                            "sampling.UnrepeatedSampler, as KineticsDataModule does)")
+                            "data.eval_sampler, as KineticsDataModule does)")
 
     def compute(self) -> dict[str, float]:
         """``acc<k>`` (video level), ``clip_acc<k>``, ``loss`` (per view), ``videos``, ``views``

@@ -27,6 +27,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
+from ..common.data import real_rows
 from ..common.checkpoints import require_classification_checkpoint
 from ..common.module import RescaleTaskModule
 from ..common.run import class_predictions_csv, class_rows, output_names, predict_dataset, stage_dataset
@@ -98,13 +99,14 @@ class VideoClassificationModule(RescaleTaskModule):
         self.evaluation.reset()
 
     def evaluate_batch(self, batch, stage: str) -> None:
-        clips, labels, videos, clip_ids = batch
+        (clips, labels, videos, clip_ids), real = real_rows(batch, 4)
         labels = self.network_labels(labels)
-        logits = self._view_logits(clips)
+        logits = self._view_logits(clips)  # every item: under a sharded strategy each rank runs the same forwards
         n, crops = logits.shape[:2]
         losses = F.cross_entropy(logits.flatten(0, 1), labels.repeat_interleave(crops),
                                  reduction="none").view(n, crops).sum(1)
-        self.evaluation.update(logits.softmax(-1), labels, videos, clip_ids, losses)
+        views, labels, videos, clip_ids, losses = _real(real, logits.softmax(-1), labels, videos, clip_ids, losses)
+        self.evaluation.update(views, labels, videos, clip_ids, losses)
 
     def _drop_skipped(self, stage: str) -> None:
         """Leave the videos the data set dropped out of the evaluation: a clip that failed after
@@ -141,9 +143,10 @@ class VideoClassificationModule(RescaleTaskModule):
         self._start()
 
     def predict_batch(self, batch) -> dict:
-        clips, labels, videos, clip_ids = batch
+        (clips, labels, videos, clip_ids), real = real_rows(batch, 4)
         views = self._view_logits(clips).softmax(-1)
-        self.evaluation.update(views, self.network_labels(labels), videos, clip_ids, torch.zeros(len(videos)))
+        views, labels, videos, clip_ids = _real(real, views, self.network_labels(labels), videos, clip_ids)
+        self.evaluation.update(views, labels, videos, clip_ids, torch.zeros(len(videos)))
         return {"video": videos, "clip": clip_ids, "probs": views.mean(1)}
 
     def on_predict_epoch_end(self) -> None:
@@ -154,3 +157,11 @@ class VideoClassificationModule(RescaleTaskModule):
         rows = class_rows(probs, output_names(self.trained_labels, probs.shape[-1]), videos.tolist(),
                           labels.tolist(), predict_dataset(self.trainer), views=views.tolist())
         self.write_predictions("csv", class_predictions_csv(rows.values()), len(rows))
+
+
+def _real(real: Optional[torch.Tensor], *columns: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The rows of ``columns`` that ``real`` marks (all of them without a mask): a sharded
+    strategy's padding is run, never counted (:func:`~rescale_tasks.common.data.eval_sampler`)."""
+    if real is None:
+        return columns
+    return tuple(column[real.to(column.device)] for column in columns)

@@ -30,7 +30,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from ..errors import ConfigError
 from ..system import ignore_in_worker
 
-__all__ = ["ResumableSampler", "ResumableDataLoader", "UnrepeatedSampler", "shards_parameters", "PerSampleSeed", "sample_seed",
+__all__ = ["ResumableSampler", "ResumableDataLoader", "UnrepeatedSampler", "PaddedEvalSampler", "MarkedPadding",
+           "eval_sampler", "real_rows", "shards_parameters", "PerSampleSeed", "sample_seed",
            "worker_init", "sigterm_safe_worker_init", "ResumeMismatch", "refused_resume", "check_resume"]
 
 _MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, epoch, index) over seeds
@@ -121,6 +122,83 @@ def shards_parameters(strategy: Any) -> bool:
     (an :class:`UnrepeatedSampler`'s extra batch would leave the others waiting), and a rank's
     gradient norms are not the whole parameter's."""
     return isinstance(strategy, (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy))
+
+
+class PaddedEvalSampler(DistributedSampler):
+    """Evaluation order for strategies that shard the parameters: Lightning's ``DistributedSampler``
+    (natural order, the split padded to a multiple of ``R`` with its first items, so every rank runs
+    the same number of forwards: each one gathers the parameters), which knows its padding.
+
+    On one rank the padding is the tail of its share, and a padded index is never also a real one
+    of the same rank (rank ``r`` holds positions ``r, r + R, ...``; position ``p >= n`` repeats index
+    ``(p - n) % n``, which is ``r - n`` modulo ``R``, not ``r``, unless ``n`` divides by ``R`` and
+    nothing is padded). So the padded items of a rank are known by index alone: :meth:`padded`.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int | None = None, rank: int | None = None) -> None:
+        distributed = dist.is_available() and dist.is_initialized()
+        num_replicas = num_replicas if num_replicas is not None else (dist.get_world_size() if distributed else 1)
+        rank = rank if rank is not None else (dist.get_rank() if distributed else 0)
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+
+    def padded(self) -> frozenset[int]:
+        """The indices this rank is handed only to fill its share (repeats of other ranks' items)."""
+        n = len(self.dataset)
+        return frozenset((p - n) % n for p in range(self.rank, self.total_size, self.num_replicas) if p >= n)
+
+
+class MarkedPadding(Dataset):
+    """``dataset[index]`` with one more field, ``True`` where the item is real on this rank and
+    ``False`` where a :class:`PaddedEvalSampler` repeats it as padding: collated, the batch ends
+    with a boolean mask of its real rows (:func:`real_rows`). Items ``None`` (unreadable files a
+    collate function leaves out) stay ``None``; attributes are the wrapped data set's."""
+
+    def __init__(self, dataset: Dataset, padded: frozenset[int]) -> None:
+        self.dataset, self.padded = dataset, frozenset(padded)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        item = self.dataset[index]
+        if item is None:
+            return None
+        return (*item, int(index) not in self.padded)
+
+    def __getattr__(self, name: str):
+        # never a dunder: a wrapped ``__getitems__`` would be fetched in place of this one's items
+        if name in ("dataset", "padded") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+def eval_sampler(dataset: Dataset, strategy: Any) -> tuple[Dataset, DistributedSampler]:
+    """``(data set, sampler)`` for evaluating ``dataset`` (validate, test, predict) under ``strategy``:
+    the one place that chooses how an evaluation is sharded over processes.
+
+    - Every item on one process (:class:`UnrepeatedSampler`), the data set as it is: sums and
+      metrics reduce over ranks as they are.
+    - Under a strategy that shards the parameters (:func:`shards_parameters`: FSDP, DeepSpeed, model
+      parallel) every rank must run as many forwards as the others, so the split is padded
+      (:class:`PaddedEvalSampler`) and each item carries whether it is real here
+      (:class:`MarkedPadding`): a task's evaluation runs every forward and keeps only the rows
+      :func:`real_rows` marks, so each item counts once, as in one process.
+
+    A sampler that is a ``DistributedSampler`` is kept by Lightning as it is.
+    """
+    if not shards_parameters(strategy):
+        return dataset, UnrepeatedSampler(dataset)
+    sampler = PaddedEvalSampler(dataset)
+    return MarkedPadding(dataset, sampler.padded()), sampler
+
+
+def real_rows(batch: Sequence, fields: int) -> tuple[Sequence, Optional[torch.Tensor]]:
+    """``(the batch's first fields, mask of its real rows or None)`` for an evaluation batch of
+    ``fields`` fields: a batch from :class:`MarkedPadding` has one more, the mask; other batches
+    (no padding, or a batch every file of which was skipped) have none."""
+    if len(batch) == fields + 1:
+        return batch[:fields], batch[fields]
+    return batch, None
 
 
 class ResumeMismatch(ConfigError):

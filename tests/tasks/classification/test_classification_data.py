@@ -18,7 +18,8 @@ from rescale_tasks.classification.data import (
     CIFARDataModule, ClassificationDataModule, DigitsDataModule, ImageFolderDataModule,
     MNISTDataModule,
 )
-from rescale_tasks.common.data import UnrepeatedSampler
+from rescale_tasks.common.data import PaddedEvalSampler, UnrepeatedSampler
+from rescale_tasks.classification.module import ClassificationModule
 from rescale_tasks.common.errors import ConfigError, DataError
 
 
@@ -428,37 +429,38 @@ def test_corrupt_images_skipped_and_counted(corrupt_folder, workers):
     check_batch((x, y), 3, 32, 3)
 
 
-def test_evaluation_shards_images_without_repeats_except_where_every_forward_is_a_collective(imagenet_folder):
-    """Validation and test give each image to one process (no padding counted twice in the
+def test_evaluation_shards_images_without_repeats_or_marks_the_padding_where_every_forward_is_a_collective(
+        imagenet_folder):
+    """Validation, test and predict give each image to one process (no padding counted twice in the
     metrics); under a strategy that shards the parameters (FSDP: a forward is a collective, which
-    a rank with one batch more than the others would wait in forever) Lightning's padded sampler
-    stays, as it does for predict (whose rows are gathered by index)."""
+    a rank with one batch more than the others would wait in forever) the split is padded and each
+    batch ends with the mask of its real images (common.data.eval_sampler)."""
     data = ImageFolderDataModule(str(imagenet_folder), num_classes=3, image_size=32,
                                  eval_resize=36, batch_size=2, num_workers=0)
     data.trainer = SimpleNamespace(strategy=DDPStrategy())
-    assert isinstance(data.val_dataloader().sampler, UnrepeatedSampler)
-    assert isinstance(data.test_dataloader().sampler, UnrepeatedSampler)
-    assert not isinstance(data.predict_dataloader().sampler, UnrepeatedSampler)
+    for loader in (data.val_dataloader(), data.test_dataloader(), data.predict_dataloader()):
+        assert isinstance(loader.sampler, UnrepeatedSampler)
     data.trainer = SimpleNamespace(strategy=FSDPStrategy())
-    assert not isinstance(data.val_dataloader().sampler, UnrepeatedSampler)
-    assert not isinstance(data.test_dataloader().sampler, UnrepeatedSampler)
+    for loader in (data.val_dataloader(), data.test_dataloader(), data.predict_dataloader()):
+        assert isinstance(loader.sampler, PaddedEvalSampler)
+        x, y, real = next(iter(loader))
+        assert real.tolist() == [True, True]  # one process: nothing padded
 
 
-def test_images_counted_twice_under_a_sharding_strategy_are_named(imagenet_folder, recwarn):
-    """Under FSDP on 4 processes Lightning's sampler pads the 6 validation images to 8: val/acc1
-    counted 2 of them twice, silently; now one warning line says so (none where the count divides)."""
-    data = ImageFolderDataModule(str(imagenet_folder), num_classes=3, image_size=32,
-                                 eval_resize=36, batch_size=2, num_workers=0)
-    data.trainer = SimpleNamespace(strategy=FSDPStrategy(), world_size=3)
-    data.val_dataloader()
-    assert not recwarn.list
-    data.trainer = SimpleNamespace(strategy=FSDPStrategy(), world_size=4)
-    with pytest.warns(UserWarning) as caught:
-        data.val_dataloader()
-    assert [str(w.message) for w in caught] == [
-        "val/acc1, val/acc5 and val/loss count 2 of the split's 6 images twice: under FSDPStrategy Lightning's "
-        "sampler repeats the first of them to fill 4 processes; evaluate on a number of processes that divides 6, "
-        "or under DDP (each image once)"]
+def test_classification_evaluation_leaves_the_padded_images_out(tmp_path):
+    """Under a sharded strategy the padded images are run but counted nowhere: val/acc1, val/acc5
+    and val/loss of a batch with its mask are those of its real images alone."""
+    torch.manual_seed(0)
+    module = ClassificationModule("cifar_resnet", scheme="rescale", num_classes=3,
+                                  network_options={"depth": 8, "base_width": 4}).eval()
+    x, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 0])
+    real = torch.tensor([True, True, True, False])
+    with torch.no_grad():
+        module.evaluate_batch((x, y, real), "val")
+        module.evaluate_batch((x[:3], y[:3]), "test")
+    for name in ("acc1", "acc5", "loss"):
+        assert float(getattr(module, f"val_{name}").compute()) == pytest.approx(
+            float(getattr(module, f"test_{name}").compute()), rel=1e-6)
 
 
 # --- the export sidecar's preprocessing, followed outside the suite ---------------------------------------

@@ -127,3 +127,22 @@ def test_the_evaluation_sampler_deals_each_item_once_in_contiguous_chunks():
     assert [len(UnrepeatedSampler(range(10), num_replicas=4, rank=r)) for r in range(4)] == [len(c) for c in chunks]
     with pytest.raises(Exception, match="2 item\\(s\\) for 3 processes"):
         UnrepeatedSampler(range(2), num_replicas=3, rank=0)
+
+
+def test_a_sharded_strategys_padded_items_are_run_but_counted_nowhere():
+    """Under FSDP the evaluation split is padded so every rank runs the same forwards
+    (common.data.eval_sampler); the batch's mask leaves the padding out: the metrics of a batch
+    with a padded item are those of its real items alone (before, MultiViewAccuracy refused the
+    repeated item, or counted it where the repeat was of another rank's)."""
+    from rescale_tasks.video.module import VideoClassificationModule
+
+    torch.manual_seed(0)
+    module = VideoClassificationModule("r3d_18", "skipinit", network_options={"base_width": 4}, num_classes=3).eval()
+    clips, labels = torch.randn(3, 3, 4, 16, 16), torch.tensor([0, 1, 2])
+    videos, clip_ids = torch.tensor([0, 1, 2]), torch.tensor([0, 0, 0])
+    with torch.no_grad():
+        module.evaluate_batch((clips, labels, videos, clip_ids, torch.tensor([True, True, False])), "val")
+        padded = module.evaluation.compute()
+        module.evaluate_batch((clips[:2], labels[:2], videos[:2], clip_ids[:2]), "val")
+        real = module.evaluation.compute()
+    assert padded == real and padded["videos"] == 2

@@ -1,0 +1,51 @@
+"""How evaluation is sharded over processes (``eval_sampler``): each item counted once, whatever
+the strategy; under one that shards the parameters (FSDP) every rank runs the same forwards and the
+padding that makes them equal is run but counted nowhere."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+from torch.utils.data import DataLoader, TensorDataset
+
+from rescale_tasks.common.data import (MarkedPadding, PaddedEvalSampler, UnrepeatedSampler, eval_sampler, real_rows)
+from eval_rank import evaluate, sharded_eval_rank, split
+
+
+@pytest.mark.parametrize("n, world", [(5, 2), (7, 3), (2, 3), (6, 3)])
+def test_the_real_rows_of_all_ranks_are_the_split_once_and_ranks_run_alike(n, world):
+    data = TensorDataset(torch.arange(n))
+    real, lengths = [], set()
+    for rank in range(world):
+        sampler = PaddedEvalSampler(data, num_replicas=world, rank=rank)
+        marked = MarkedPadding(data, sampler.padded())
+        items = [marked[i] for i in sampler]
+        lengths.add(len(items))
+        real += [int(index) for index, keep in items if keep]
+    assert sorted(real) == list(range(n)) and len(lengths) == 1
+
+
+def test_the_strategy_decides_the_sampler():
+    data = TensorDataset(torch.arange(4))
+    assert isinstance(eval_sampler(data, DDPStrategy())[1], UnrepeatedSampler)
+    assert eval_sampler(data, None)[0] is data
+    marked, sampler = eval_sampler(data, FSDPStrategy())
+    assert isinstance(sampler, PaddedEvalSampler) and isinstance(marked, MarkedPadding)
+    batch = next(iter(DataLoader(marked, sampler=sampler, batch_size=4)))
+    (values,), real = real_rows(batch, 1)
+    assert real.dtype == torch.bool and real.all() and values.tolist() == [0, 1, 2, 3]
+
+
+def test_two_fsdp_processes_evaluate_as_one(tmp_path):
+    """7 items, 2 FSDP processes over gloo: both run 2 forwards, and the metrics synced over them
+    are one process's over the 7; without the mask the padded item counts twice."""
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 3)
+    single, _ = evaluate(net, DataLoader(split(), batch_size=2))
+    out = tmp_path / "metrics.pt"
+    mp.spawn(sharded_eval_rank, args=(2, str(tmp_path / "rendezvous"), net, str(out)), nprocs=2)
+    got = torch.load(out, weights_only=True)
+    assert got["forwards"] == [2, 2]
+    assert got["masked"] == pytest.approx(single, rel=1e-6)
+    assert got["unmasked"] != pytest.approx(single, rel=1e-6)  # what the padding did to the numbers
