@@ -141,26 +141,28 @@ def category_labels(categories: list[dict], where: str) -> tuple[dict[int, int],
     return {cid: label for label, cid in enumerate(ids, start=1)}, ["__background__"] + [by_id[i] for i in ids]
 
 
-def decode_masks(segmentations: list, height: int, width: int) -> torch.Tensor:
+def decode_masks(segmentations: list, height: int, width: int, checked: bool = False) -> torch.Tensor:
     """COCO ``segmentation`` entries (polygon lists, uncompressed RLE with ``counts`` a list,
-    compressed RLE with ``counts`` a string) -> uint8 ``[N, H, W]``."""
+    compressed RLE with ``counts`` a string) -> uint8 ``[N, H, W]``. ``checked``: the polygons are the
+    usable parts already (:meth:`CocoDetection.usable_segmentation`), not checked again at every load."""
     if not segmentations:
         return torch.zeros((0, height, width), dtype=torch.uint8)
-    rles = []
-    for seg in segmentations:
-        if isinstance(seg, list):  # polygons of one object: rasterise each, then union
-            # the well-formed parts only (_part_problem): fewer than 3 points is no polygon (pycocotools
-            # would read 4 numbers as a box), and a coordinate that is no finite number or far outside
-            # the image made pycocotools allocate without bound (NaN, infinity, 1e8) or stop (text)
-            polygons = [p for p in seg if _part_problem(p, height, width) is None]
-            rles.append(mask_utils.merge(mask_utils.frPyObjects(polygons, height, width)) if polygons else
-                        mask_utils.encode(np.zeros((height, width), dtype=np.uint8, order="F")))
-        elif isinstance(seg.get("counts"), list):  # uncompressed RLE (crowd regions)
-            rles.append(mask_utils.frPyObjects(seg, height, width))
-        else:
-            rles.append(seg)  # compressed RLE, decoded as it is
-    masks = mask_utils.decode(rles)  # [H, W, N], Fortran order
+    masks = mask_utils.decode([_rle(seg, height, width, checked) for seg in segmentations])  # [H, W, N], Fortran order
     return torch.from_numpy(np.ascontiguousarray(masks.transpose(2, 0, 1)))
+
+
+def _rle(seg: Any, height: int, width: int, checked: bool = False) -> dict:
+    """pycocotools' RLE of one object's ``segmentation``."""
+    if isinstance(seg, list):  # polygons of one object: rasterise each, then union
+        # the well-formed parts only (_part_problem): fewer than 3 points is no polygon (pycocotools
+        # would read 4 numbers as a box), and a coordinate that is no finite number or far outside
+        # the image made pycocotools allocate without bound (NaN, infinity, 1e8) or stop (text)
+        polygons = seg if checked else [p for p in seg if _part_problem(p, height, width) is None]
+        return (mask_utils.merge(mask_utils.frPyObjects(polygons, height, width)) if polygons else
+                mask_utils.encode(np.zeros((height, width), dtype=np.uint8, order="F")))
+    if isinstance(seg.get("counts"), list):  # uncompressed RLE (crowd regions)
+        return mask_utils.frPyObjects(seg, height, width)
+    return seg  # compressed RLE, decoded as it is
 
 
 def _finite(value: Any) -> bool:
@@ -390,6 +392,7 @@ class CocoDetection(Dataset):
         :attr:`dropped_degenerate`, segmentations that cannot form a mask in :attr:`dropped_unusable_masks`
         (or refused in an evaluation set), and both left out."""
         rows: dict[int, list] = {i: [] for i in sizes}
+        self.usable_parts: dict[Any, list] = {}  # annotation id -> its usable polygons, where some are not
         self.dropped_degenerate = self.dropped_unusable_masks = self.partly_unusable_masks = 0
         self.first_unusable_mask: tuple[Any, str] | None = None  # (annotation id, problem), for the messages
         self.first_degenerate: tuple[Any, list] | None = None  # (annotation id, bbox), for the messages
@@ -473,6 +476,8 @@ class CocoDetection(Dataset):
                 self.dropped_unusable_masks += 1
                 continue
             self.partly_unusable_masks += problem is not None
+            if problem is not None and isinstance(ann["segmentation"], list):  # checked here once, not at every load
+                self.usable_parts[aid] = [p for p in ann["segmentation"] if _part_problem(p, height, width) is None]
             rows[image_id].append((aid, box, self.category_to_label[ann["category_id"]],
                                    int(crowd), area))
         if unscorable:
@@ -509,6 +514,11 @@ class CocoDetection(Dataset):
     # --- access -----------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.image_ids)
+
+    def usable_segmentation(self, ann_id: Any) -> Any:
+        """An annotation's segmentation as its masks are drawn: the well-formed polygons only, where
+        some of its parts are not (found once, when the set was built: :attr:`usable_parts`)."""
+        return self.usable_parts.get(ann_id, self.coco.anns[ann_id]["segmentation"])
 
     def image_info(self, index: int) -> dict[str, Any]:
         """The json's ``images`` entry of sample ``index`` (``id``, ``file_name``, ``width``, ``height``)."""
@@ -585,8 +595,8 @@ class CocoDetection(Dataset):
             "labels": torch.from_numpy(objects.labels.copy()),
         }
         if self.with_masks:
-            segmentations = [self.coco.anns[a]["segmentation"] for a in objects.ann_ids]
-            target["masks"] = tv_tensors.Mask(decode_masks(segmentations, height, width))
+            target["masks"] = tv_tensors.Mask(decode_masks([self.usable_segmentation(a) for a in objects.ann_ids],
+                                                           height, width, checked=True))
         target["iscrowd"] = torch.from_numpy(objects.iscrowd.copy())
         target["area"] = torch.from_numpy(objects.area.copy())
         target["image_id"] = int(info["id"])
