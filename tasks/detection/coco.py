@@ -74,7 +74,8 @@ from rescale_tasks.common.data import (DECODE_ERRORS, CorruptImageError, found_p
                                        oriented_size, say_large_image, unreadable_image)
 from rescale_tasks.common.errors import DataError
 
-__all__ = ["CocoDetection", "decode_masks", "load_coco_json", "category_labels", "mask_problem"]
+__all__ = ["CocoDetection", "decode_masks", "load_coco_json", "category_labels", "mask_problem", "fill_boxes",
+           "box_from_segmentation"]
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +164,25 @@ def _rle(seg: Any, height: int, width: int, checked: bool = False) -> dict:
     if isinstance(seg.get("counts"), list):  # uncompressed RLE (crowd regions)
         return mask_utils.frPyObjects(seg, height, width)
     return seg  # compressed RLE, decoded as it is
+
+
+def box_from_segmentation(segmentation: Any, height: int, width: int) -> list[float]:
+    """The ``[x, y, width, height]`` box around a usable ``segmentation`` (its well-formed parts), as
+    pycocotools' ``toBbox`` computes it for a mask."""
+    return [float(v) for v in mask_utils.toBbox(_rle(segmentation, height, width))]
+
+
+def fill_boxes(annotations: list, sizes: dict[int, tuple[int, int]]) -> list:
+    """Give every annotation that has a usable ``segmentation`` but no ``bbox`` the box of its mask
+    (in place); ``sizes``: image id -> (width, height). The ids of the annotations given one."""
+    filled = []
+    for ann in annotations:
+        if isinstance(ann, dict) and "bbox" not in ann and "segmentation" in ann and ann.get("image_id") in sizes:
+            width, height = sizes[ann["image_id"]]
+            if mask_problem(ann["segmentation"], height, width)[1]:
+                ann["bbox"] = box_from_segmentation(ann["segmentation"], height, width)
+                filled.append(ann.get("id"))
+    return filled
 
 
 def _finite(value: Any) -> bool:
@@ -349,6 +369,11 @@ class CocoDetection(Dataset):
         self.large = torch.zeros(len(kept), dtype=torch.bool).share_memory_()  # said over Pillow's warning limit
         self._found_paths: dict[int, str] = {}  # index -> its file, where file_name writes it otherwise (found_path)
         self._check_files(folder_key)
+        if self.boxes_from_masks:
+            log.warning("%s: %d annotation(s) have a 'segmentation' but no 'bbox' (e.g. annotation id %s): their "
+                        "boxes are computed from their masks (pycocotools' toBbox), in training and in the COCO "
+                        "evaluation; write each box into the json ([x, y, width, height]) to use boxes of your own",
+                        self.annotation_file, len(self.boxes_from_masks), self.boxes_from_masks[0])
         if self.dropped_degenerate:
             scored = ("; the COCO evaluation still scores them, from its json, as objects to find (a box "
                       "that thin is rarely matched): fix or remove them there" if evaluation else "")
@@ -392,6 +417,7 @@ class CocoDetection(Dataset):
         :attr:`dropped_degenerate`, segmentations that cannot form a mask in :attr:`dropped_unusable_masks`
         (or refused in an evaluation set), and both left out."""
         rows: dict[int, list] = {i: [] for i in sizes}
+        self.boxes_from_masks = fill_boxes(annotations, sizes)  # a segmentation but no bbox: its mask's box
         self.usable_parts: dict[Any, list] = {}  # annotation id -> its usable polygons, where some are not
         self.dropped_degenerate = self.dropped_unusable_masks = self.partly_unusable_masks = 0
         self.first_unusable_mask: tuple[Any, str] | None = None  # (annotation id, problem), for the messages
@@ -399,6 +425,8 @@ class CocoDetection(Dataset):
         unscorable: list[tuple[Any, Any, str]] = []  # (annotation id, image id, problem), evaluation sets
         image_of: dict[Any, Any] = {}  # annotation id -> its image id, for the duplicates
         for ann in annotations:
+            if isinstance(ann, dict) and [k for k in _ANN_KEYS if k not in ann] == ["bbox"]:
+                raise DataError(_no_box(ann, sizes, where))
             if not isinstance(ann, dict) or any(k not in ann for k in _ANN_KEYS):
                 raise DataError(f"COCO annotation file {where}: an annotation lacks one of "
                                 f"{', '.join(_ANN_KEYS)} ({str(ann)[:80]}). Fix the json.")
@@ -610,6 +638,22 @@ class CocoDetection(Dataset):
         if self.transforms is not None:
             image, target = self.transforms(image, target)
         return image, target
+
+
+def _no_box(ann: dict, sizes: dict[int, tuple[int, int]], where: str) -> str:
+    """The error line of an annotation without a ``bbox`` that :func:`fill_boxes` could not give one."""
+    aid, image_id = ann["id"], ann["image_id"]
+    if "segmentation" not in ann:
+        return (f"COCO annotation file {where}: annotation id {aid} of image id {image_id} has no 'bbox' and no "
+                "'segmentation' to compute one from. Add its \"bbox\": [x, y, width, height] to the json.")
+    if image_id not in sizes:
+        return (f"COCO annotation file {where}: annotation id {aid} refers to image id {image_id}, which is not in "
+                "'images'. Fix or remove the annotation.")
+    width, height = sizes[image_id]
+    problem = mask_problem(ann["segmentation"], height, width)[0]
+    return (f"COCO annotation file {where}: annotation id {aid} of image id {image_id} has no 'bbox', and its "
+            f"'segmentation' has {problem}, which cannot form a mask to compute the box from. Add its \"bbox\": "
+            "[x, y, width, height] to the json, or fix its 'segmentation'.")
 
 
 class _Objects(NamedTuple):

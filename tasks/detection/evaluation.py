@@ -47,6 +47,7 @@ from pycocotools.cocoeval import COCOeval
 from rescale_tasks.common.errors import ConfigError, DataError
 from rescale_tasks.common.system import gather_by_key
 
+from .coco import fill_boxes
 from .records import ImageRecord, image_record
 from .results import coco_results
 
@@ -64,7 +65,11 @@ def load_ground_truth(annotations: "COCO | str | os.PathLike") -> COCO:
         raise DataError(f"COCO annotation file not found: {path}; the evaluation scores against the data "
                         "set's own json")
     with contextlib.redirect_stdout(io.StringIO()):  # COCO() prints its progress
-        return COCO(path)
+        coco = COCO(path)
+    # a segmentation without a bbox: scored with its mask's box, as the data set trains on (and says)
+    fill_boxes(coco.dataset.get("annotations", []),
+               {i: (img["width"], img["height"]) for i, img in coco.imgs.items()})
+    return coco
 
 
 def coco_eval(ground_truth: COCO, results: list[dict], iou_type: str,

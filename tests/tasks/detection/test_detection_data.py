@@ -16,6 +16,7 @@ from rescale_tasks.detection.coco import CocoDetection
 from rescale_tasks.detection.data import (AspectRatioBatchSampler, BatchOfSamples, CocoDataModule,
                                           SequentialBatchSampler, collate_detection)
 from rescale_tasks.detection.transforms import eval_transforms, train_transforms
+from rescale_tasks.detection.evaluation import load_ground_truth
 
 
 def _train(root: Path, **kwargs) -> CocoDetection:
@@ -107,6 +108,35 @@ def test_without_masks_the_target_has_none_and_segmentation_is_optional(tmp_path
     with pytest.raises(DataError) as excinfo:
         _train(tmp_path)
     _one_line_error(excinfo, "has no 'segmentation'", "--data.masks false")
+
+
+def test_an_annotation_with_a_mask_but_no_bbox_gets_its_masks_box_in_one_line(tmp_path, coco_writer, caplog):
+    """A segmentation without a ``bbox`` (exporters that write masks only): the box is computed from
+    the mask, in training and in the COCO evaluation's ground truth, with one warning line; where
+    there is no usable mask either, one error line says what the annotation has and what to add."""
+    coco_writer(tmp_path, ("train",))
+    path = tmp_path / "annotations" / "instances_train2017.json"
+    data = json.loads(path.read_text())
+    first = data["annotations"][0]
+    box = first.pop("bbox")
+    path.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger="rescale_tasks.detection.coco"):
+        ds = _train(tmp_path)
+    assert ds.boxes_from_masks == [first["id"]] and ds.coco.anns[first["id"]]["bbox"] == box
+    assert "1 annotation(s) have a 'segmentation' but no 'bbox' (e.g. annotation id" in caplog.text
+    assert load_ground_truth(str(path)).anns[first["id"]]["bbox"] == box  # scored with the same box
+
+    first["segmentation"] = [[1, 2, 3, 4]]
+    path.write_text(json.dumps(data))
+    with pytest.raises(DataError) as excinfo:
+        _train(tmp_path)
+    _one_line_error(excinfo, f"annotation id {first['id']} of image id {first['image_id']} has no 'bbox', and its "
+                    "'segmentation' has a polygon of fewer than 3 points", "Add its \"bbox\": [x, y, width, height]")
+    del first["segmentation"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(DataError) as excinfo:
+        _train(tmp_path, masks=False)
+    _one_line_error(excinfo, "has no 'bbox' and no 'segmentation' to compute one from")
 
 
 # ----------------------------------------------------------------------------- transforms
