@@ -66,18 +66,10 @@ class MultiViewAccuracy:
         if classes != self.probs.shape[1] and rows:
             raise ValueError(f"class count changed from {self.probs.shape[1]} to {classes} within one evaluation")
         new_rows = max(videos, int(rows * self.GROWTH) + 1) if videos > rows else rows
-        probs = torch.zeros(new_rows, classes)
-        if rows:
-            probs[:rows] = self.probs
-        views, labels = torch.zeros(new_rows, dtype=torch.int64), torch.full((new_rows,), -1, dtype=torch.int64)
-        views[:rows], labels[:rows] = self.views, self.labels
-        losses = torch.zeros(new_rows, dtype=torch.float64)
-        hits = torch.zeros(new_rows, len(self.top), dtype=torch.float64)
-        losses[:rows], hits[:rows] = self.losses, self.hits
-        seen = torch.zeros(new_rows, max(clips, cols), dtype=torch.uint8)
-        seen[:rows, :cols] = self.seen
-        self.probs, self.views, self.labels, self.seen = probs, views, labels, seen
-        self.losses, self.hits = losses, hits
+        self.probs = _grown(self.probs, (new_rows, classes))
+        self.views, self.labels = _grown(self.views, (new_rows,)), _grown(self.labels, (new_rows,), fill=-1)
+        self.losses, self.hits = _grown(self.losses, (new_rows,)), _grown(self.hits, (new_rows, len(self.top)))
+        self.seen = _grown(self.seen, (new_rows, max(clips, cols)))
 
     def drop(self, dropped: torch.Tensor) -> None:
         """Leave out the videos flagged in ``dropped`` (bool, one per video of the data set: those it
@@ -85,9 +77,7 @@ class MultiViewAccuracy:
         number, on any rank (the flags of all ranks are combined)."""
         dropped = torch.as_tensor(dropped).flatten().to(torch.uint8)
         if len(dropped) > len(self.dropped):
-            grown = torch.zeros(len(dropped), dtype=torch.uint8)
-            grown[:len(self.dropped)] = self.dropped
-            self.dropped = grown
+            self.dropped = _grown(self.dropped, (len(dropped),))
         self.dropped[:len(dropped)] |= dropped.clamp(max=1)
 
     def update(self, probs: torch.Tensor, labels: torch.Tensor, videos: torch.Tensor, clips: torch.Tensor,
@@ -133,9 +123,7 @@ class MultiViewAccuracy:
         counted = reduce_tensor_to_rank_zero(self.seen[:n].to(torch.int32))
         losses = reduce_tensor_to_rank_zero(self.losses[:n].clone())
         hits = reduce_tensor_to_rank_zero(self.hits[:n].clone())
-        dropped = torch.zeros(n, dtype=torch.uint8)
-        dropped[:min(n, len(self.dropped))] = self.dropped[:n]
-        dropped = reduce_tensor_to_rank_zero(dropped, op="max").bool()
+        dropped = reduce_tensor_to_rank_zero(_grown(self.dropped[:n], (n,)), op="max").bool()
         views[dropped] = 0
         return probs, views, labels, counted, losses, hits
 
@@ -185,3 +173,13 @@ class MultiViewAccuracy:
                     torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
         video = (views > 0).nonzero().flatten()
         return video, probs[video] / views[video].unsqueeze(1), labels[video], views[video]
+
+
+def _grown(values: torch.Tensor, shape: tuple[int, ...], fill: float = 0) -> torch.Tensor:
+    """A new tensor of ``shape`` (no smaller than ``values``' in any dimension it has rows in), ``fill``
+    everywhere but its leading corner, which holds ``values``: the per-video state grown by rows (and
+    clips), and the dropped flags grown to the data set's videos."""
+    grown = torch.full(shape, fill, dtype=values.dtype)
+    if values.numel():
+        grown[tuple(slice(0, size) for size in values.shape)] = values
+    return grown
