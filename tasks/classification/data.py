@@ -1,6 +1,8 @@
 """LightningDataModules for image classification.
 
-Every DataModule yields ``(images float32 [B, C, H, W], labels int64 [B])`` batches and knows
+Every DataModule yields ``(images float32 [B, C, H, W], labels int64 [B])`` batches (evaluated
+under a strategy that shards the parameters, FSDP: then a third field, the mask of the real images
+beside the padding every rank runs: :func:`~rescale_tasks.common.data.eval_sampler`) and knows
 ``num_classes``, ``in_channels`` and ``image_size`` right after ``__init__`` without touching
 disk (so a CLI can link ``data.num_classes`` to ``model.num_classes`` and configs instantiate
 with no data present), and what its labels mean (:meth:`ClassificationDataModule.labels`: the

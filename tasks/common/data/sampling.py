@@ -184,7 +184,10 @@ def eval_sampler(dataset: Dataset, strategy: Any) -> tuple[Dataset, DistributedS
       (:class:`MarkedPadding`): a task's evaluation runs every forward and keeps only the rows
       :func:`real_rows` marks, so each item counts once, as in one process.
 
-    A sampler that is a ``DistributedSampler`` is kept by Lightning as it is.
+    A sampler that is a ``DistributedSampler`` is kept by Lightning as it is. Tasks that evaluate
+    batch lists (:mod:`.batch_sampling`: detection, translation) pad by whole batches under every
+    strategy, so every rank runs as many forwards, and count each item once by key (detection's
+    COCO evaluation merges by image id) or mark the padding batches (translation's fillers).
     """
     if not shards_parameters(strategy):
         return dataset, UnrepeatedSampler(dataset)
