@@ -31,7 +31,10 @@ corrupt files, a batch of one bad video. First thing in the base's ``validation_
 skipped_prediction()`` (which also silences Lightning's warning about a None prediction): the
 batch adds nothing to the metrics (they cover the samples that were read, not a batch of zero
 samples, which torchmetrics and the multi-view evaluation cannot take) and no prediction. No vote
-is needed: evaluation steps exchange nothing between ranks, each rank skips its own empty batches.
+is needed: under DDP evaluation steps exchange nothing between ranks, each rank skips its own empty
+batches. Under a strategy that shards the parameters (FSDP) every forward is a collective, so there
+an unreadable item is replaced by a readable one marked as padding, run and never counted
+(:class:`~.sampling.MarkedPadding`), and no batch is left empty.
 The skipped files are counted by the data module and reported by
 :class:`~..run.data_report.SkippedDataReport` after every stage.
 """

@@ -150,8 +150,13 @@ class PaddedEvalSampler(DistributedSampler):
 class MarkedPadding(Dataset):
     """``dataset[index]`` with one more field, ``True`` where the item is real on this rank and
     ``False`` where a :class:`PaddedEvalSampler` repeats it as padding: collated, the batch ends
-    with a boolean mask of its real rows (:func:`real_rows`). Items ``None`` (unreadable files a
-    collate function leaves out) stay ``None``; attributes are the wrapped data set's."""
+    with a boolean mask of its real rows (:func:`real_rows`); attributes are the wrapped data set's.
+
+    An item the data set cannot read (``None``: a corrupt file it skips and counts) is replaced by
+    the next readable item of the split, marked ``False``: run, never counted. A batch left empty
+    would be skipped without a forward (:func:`~.empty_batches.nothing_to_evaluate`), and every
+    forward is a collective under these strategies, so the other ranks would wait forever.
+    """
 
     def __init__(self, dataset: Dataset, padded: frozenset[int]) -> None:
         self.dataset, self.padded = dataset, frozenset(padded)
@@ -160,10 +165,15 @@ class MarkedPadding(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int):
-        item = self.dataset[index]
+        item, real = self.dataset[index], int(index) not in self.padded
+        n = len(self.dataset)
+        for step in range(1, n):
+            if item is not None:
+                break
+            item, real = self.dataset[(int(index) + step) % n], False  # a stand-in: run, not counted
         if item is None:
-            return None
-        return (*item, int(index) not in self.padded)
+            return None  # nothing of the split can be read
+        return (*item, real)
 
     def __getattr__(self, name: str):
         # never a dunder: a wrapped ``__getitems__`` would be fetched in place of this one's items

@@ -10,7 +10,7 @@ from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
 from rescale_tasks.common.data import (MarkedPadding, PaddedEvalSampler, UnrepeatedSampler, eval_sampler, real_rows)
-from eval_rank import evaluate, sharded_eval_rank, split
+from eval_rank import Unreadable, collate_readable, evaluate, sharded_eval_rank, split
 
 
 @pytest.mark.parametrize("n, world", [(5, 2), (7, 3), (2, 3), (6, 3)])
@@ -49,3 +49,19 @@ def test_two_fsdp_processes_evaluate_as_one(tmp_path):
     assert got["forwards"] == [2, 2]
     assert got["masked"] == pytest.approx(single, rel=1e-6)
     assert got["unmasked"] != pytest.approx(single, rel=1e-6)  # what the padding did to the numbers
+
+
+def test_an_unreadable_item_is_replaced_by_a_stand_in_that_counts_nowhere(tmp_path):
+    """7 items on 2 FSDP processes in batches of 3: rank 0's last batch is item 6 alone. Unreadable,
+    it left that batch empty, rank 0 skipped its forward and rank 1 waited in the parameter
+    all-gather forever; now the next readable item stands in, run and marked padding, and the
+    metrics are one process's over the readable items."""
+    marked, _ = eval_sampler(Unreadable((6,)), FSDPStrategy())
+    assert marked[6][-1] is False and marked[5][-1] is True
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 3)
+    single, _ = evaluate(net, DataLoader(Unreadable((6,)), batch_size=3, collate_fn=collate_readable))
+    out = tmp_path / "metrics.pt"
+    mp.spawn(sharded_eval_rank, args=(2, str(tmp_path / "rendezvous"), net, str(out), (6,), 3), nprocs=2)
+    got = torch.load(out, weights_only=True)
+    assert got["forwards"] == [2, 2] and got["masked"] == pytest.approx(single, rel=1e-6)
