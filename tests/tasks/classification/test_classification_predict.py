@@ -78,3 +78,19 @@ def test_predictions_name_the_checkpoints_classes_in_output_dir(trained, tmp_pat
         [(r["path"], r["label"], r["top1"], r["top2"]) for r in original]
     assert [float(r["top1_prob"]) for r in mapped] == pytest.approx([float(r["top1_prob"]) for r in original],
                                                                      abs=1e-5)
+
+
+@pytest.mark.ddp
+def test_two_processes_write_the_rows_of_one(trained, tmp_path, rescale_processes):
+    """10 images (one unreadable) on 2 DDP processes, each image on one of them
+    (common.data.eval_sampler): the rows written are one process's, each image once."""
+    root, config, ckpt = trained
+    rows = {}
+    for devices in (1, 2):
+        out = tmp_path / f"out{devices}"
+        rescale_processes(["predict", "--config", config, "--ckpt_path", str(ckpt), "--output_dir", str(out),
+                           "--trainer.logger", "false"], devices)
+        rows[devices] = _rows(out / "predictions.test.csv")
+    assert [row["index"] for row in rows[2]] == [row["index"] for row in rows[1]]
+    for one, two in zip(rows[1], rows[2]):
+        assert float(one["top1_prob"]) == pytest.approx(float(two["top1_prob"]), abs=1e-5)
