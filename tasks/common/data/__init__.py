@@ -2,7 +2,8 @@
 across process counts, whole batches spread over DDP ranks, batches left empty by bad files, the
 throughput unit, images as the networks read them, and what the labels mean.
 
-- ``sampling``: seeded samplers and loaders that resume mid-epoch; per-sample seeds; resume checks
+- ``sampling``: seeded samplers and loaders that resume mid-epoch; per-sample seeds; resume checks; how
+  evaluation is sharded over processes (``eval_sampler``: each item counted once, whatever the strategy)
 - ``batch_sampling``: whole batches built by a task (token budgets, aspect-ratio groups) over DDP ranks
 - ``empty_batches``: a batch left empty by bad files is no step and no score
 - ``throughput``: a task's throughput unit (images, clips, tokens) and its count per batch
