@@ -22,7 +22,9 @@ files it left out, naming files by as much of their paths as tells them apart. F
 parameters and buffers (mean-shift ``mu0``, BN running statistics) are averaged in float64 and
 stored in their own dtype; integer buffers (counters) are taken from the newest checkpoint. The
 output keeps the newest checkpoint's hyper-parameters (so ``validate``/``test`` rebuild the
-network) but no optimizer or loop state: it is for evaluation, not for resuming.
+network) but no optimizer or loop state: it is for evaluation, not for resuming. Of a run trained
+with an average of the weights (``--ema.decay``) it averages what ``state_dict`` holds, the averaged
+weights, and drops the training ones (``current_model_state``).
 
 Averaging is only meaningful for the weights of one run: checkpoints of other runs (other W&B
 run ids, recorded by :class:`.callbacks.ResumeState`), saved from other network hyper-parameters
@@ -53,7 +55,10 @@ __all__ = ["average_checkpoints", "main"]
 
 log = logging.getLogger(__name__)
 
-_TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks", "MixedPrecision")
+# (a run with an average of the weights, training.ema: its state_dict is the average, the training
+# weights and the average's count are training state)
+_TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks", "MixedPrecision",
+                   "current_model_state", "averaging_state")
 _SENTENCEPIECE = "sentencepiece"  # the translation module's SentencePiece model (serialized) in its checkpoints
 _ONE_RUN = "average checkpoints of one run only"
 

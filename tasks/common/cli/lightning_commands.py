@@ -34,7 +34,7 @@ from ..run import (ResultsFolder, RunSummary, SaveConfigToRun, SkippedDataReport
                    checkpoint_results_folder, claim_run_folder, evaluation_checkpoint, evaluation_report, fit_report,
                    keep_csv_history, refuse_starting_over, resume_point)
 from ..system import rank_zero_log, require_writable, write_output
-from ..training import (DivergenceMonitor, LearnedScalarsLogger, check_network, check_optimization, class_of,
+from ..training import (DivergenceMonitor, LearnedScalarsLogger, WeightEMA, check_network, check_optimization, class_of,
                         resolved_architecture)
 from .config_files import SafeLoader, refuse_duplicate_keys
 from .config_layers import CONFIG_FLAGS, check_layers, flag_values, key_location, refuse_lost_overrides
@@ -192,6 +192,7 @@ class RescaleCLI(LightningCLI):
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
         parser.add_lightning_class_args(DivergenceMonitor, "divergence")
         parser.add_lightning_class_args(LearnedScalarsLogger, "learned_scalars")
+        parser.add_lightning_class_args(WeightEMA, "ema")  # off unless ema.decay is given
         parser.add_lightning_class_args(RunSummary, "run_summary")  # run_summary.json for compare/studies
         parser.add_argument("--output_dir", type=Optional[str], default=None,
                             help="where test/predict write their result files (default: results/<checkpoint "

@@ -74,6 +74,10 @@ PRIVATE_APIS = (
       for name, why in (("_name", "the name (the run's folder under save_dir), filled from the data's labels before "
                                   "the folder is made"),
                         ("_experiment", "whether the logger has made its writer (and its folder), without making it"))),
+    PrivateApi("lightning.pytorch.callbacks.WeightAveraging", "_average_model", "attribute",
+               "common/training/ema.py: WeightEMA",
+               "the averaged copy (an AveragedModel, None outside fit), which WeightEMA starts from the initial "
+               "weights and which tells a fit (whose checkpoints hold both weights) from an evaluation"),
     PrivateApi("lightning.pytorch.callbacks.ModelCheckpoint", "_fs", "attribute",
                "common/checkpoints/callbacks.py: LastCheckpoint (a ModelCheckpoint without dirpath)",
                "the filesystem ModelCheckpoint chose from its dirpath in __init__: set again with the "

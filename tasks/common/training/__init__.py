@@ -9,6 +9,7 @@ callbacks every run has, and the network's inputs taken from a batch.
 - ``optim_check``: the configured optimizer and schedule, checked before any data work
 - ``acceleration``: channels_last and ``torch.compile`` of the network, checkpoint keys kept
 - ``callbacks``: divergence detection and learned-scalar logging
+- ``ema``: an exponential moving average of the weights as a training option (the official NF code's)
 - ``clipping``: adaptive gradient clipping as a training option: its checks, the layers it leaves alone
 - ``inputs``: the network's positional inputs taken from a batch, whatever the task
 """
@@ -19,6 +20,7 @@ from .class_paths import class_of, init_parameters
 from .optim_check import check_optimization
 from .acceleration import as_memory_format, compile_in_place, memory_format_of, use_channels_last
 from .callbacks import DivergenceMonitor, LearnedScalarsLogger, TrainingDiverged, optimizer_step_due
+from .ema import WeightEMA, ema_decay_at
 from .clipping import (check_agc_is_on, check_agc_options, clipped_parameters, output_layers,
                        pending_gradient_scale)
 from .inputs import batch_size_of, network_inputs, take_samples
@@ -28,6 +30,6 @@ __all__ = ["check_network", "create_network", "default_scheme", "resolved_archit
            "InverseSqrtLR", "IterationMultiStepLR",
            "WarmupCosineLR", "WarmupMultiStepLR", "class_of", "init_parameters", "check_optimization", "as_memory_format",
            "compile_in_place", "memory_format_of", "use_channels_last", "DivergenceMonitor",
-           "LearnedScalarsLogger", "TrainingDiverged", "optimizer_step_due", "check_agc_is_on", "check_agc_options", "clipped_parameters", "output_layers",
+           "LearnedScalarsLogger", "TrainingDiverged", "optimizer_step_due", "WeightEMA", "ema_decay_at", "check_agc_is_on", "check_agc_options", "clipped_parameters", "output_layers",
            "pending_gradient_scale",
            "batch_size_of", "network_inputs", "take_samples"]

@@ -13,7 +13,7 @@ from unittest import mock
 import lightning.pytorch as L
 import pytest
 from jsonargparse import ArgumentParser
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
@@ -81,6 +81,7 @@ INSTANCES = {
     "lightning.fabric.loggers.CSVLogger": lambda tmp: CSVLogger(str(tmp)),
     "lightning.fabric.loggers.TensorBoardLogger": _tensorboard_logger,
     "lightning.pytorch.callbacks.ModelCheckpoint": lambda tmp: ModelCheckpoint(),
+    "lightning.pytorch.callbacks.WeightAveraging": lambda tmp: WeightAveraging(),
     "lightning.pytorch.loops.fit_loop._FitLoop": lambda tmp: _quiet_trainer().fit_loop,
     "lightning.pytorch.LightningModule": lambda tmp: L.LightningModule(),
     "lightning.pytorch.LightningDataModule": lambda tmp: _Data(),
