@@ -27,6 +27,7 @@ What uses which weights:
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any, Optional
 
@@ -91,8 +92,8 @@ class WeightEMA(WeightAveraging):
         weight = 1.0 - self.decay_at(self._step)
         with torch.no_grad():
             for a, c in zip(averaged, current):
-                if a.is_floating_point():
-                    a.lerp_(c, weight)
+                if a.is_floating_point():  # a half-precision module's (bf16-true) average kept in float32
+                    a.lerp_(c.to(a.dtype), weight)
                 else:  # integer buffers (a batch norm's batch count): the current value
                     a.copy_(c)
 
@@ -109,6 +110,12 @@ class WeightEMA(WeightAveraging):
             # the copy already holds the initial weights: the first step is averaged into them
             # (AveragedModel copies the weights at its first update while it counts none)
             self._average_model.n_averaged.fill_(1)
+            # in float32 at least: a half-precision average would not move (1 - decay is below bf16's
+            # and fp16's resolution)
+            module = self._average_model.module
+            for tensor in itertools.chain(module.parameters(), module.buffers()):
+                if tensor.is_floating_point() and tensor.element_size() < 4:
+                    tensor.data = tensor.data.float()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.on:

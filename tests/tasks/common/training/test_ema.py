@@ -139,3 +139,40 @@ def test_resuming_an_averaged_checkpoint_without_the_average_is_refused(tmp_path
 def test_a_decay_outside_0_1_is_one_line():
     with pytest.raises(ConfigError, match="ema.decay must be between 0 and 1"):
         WeightEMA(decay=1.0)
+
+
+class _Line(L.LightningModule):
+    """One weight, trained in the Trainer's precision: each step lowers it by lr x 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1, bias=False)
+        torch.nn.init.constant_(self.lin.weight, 1.0)
+
+    def training_step(self, batch, batch_idx):
+        return self.lin(batch[0]).mean() / 4
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def test_a_half_precision_module_is_averaged_in_float32(tmp_path):
+    """Under bf16-true the module's weights are bfloat16 after setup, the average's float32: the
+    average follows the weights' bfloat16 values exactly in float32 (it crashed on the dtypes)."""
+    weights, ema = [], WeightEMA(decay=0.5, warmup=False)
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+            weights.append(pl_module.lin.weight.detach().float().clone())
+
+    trainer = L.Trainer(max_steps=5, precision="bf16-true", accelerator="cpu", devices=1, logger=False,
+                        callbacks=[Record(), ema], enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer.fit(_Line(), DataLoader(TensorDataset(torch.ones(8, 4)), batch_size=1))
+    average = ema._average_model.module.lin.weight
+    assert average.dtype == torch.float32
+    expected = torch.ones(1, 4)
+    for w in weights:
+        expected = 0.5 * expected + 0.5 * w
+    assert torch.equal(average.detach(), expected)
+    assert weights[-1][0, 0] < 0.95  # it trained
