@@ -7,6 +7,7 @@ from collections import defaultdict
 from typing import Optional
 
 from ..common.system import CODE_KEY, describe_code
+from .compare import check_last_k
 from .grid import Grid
 from .outputs import StudyOutputs
 from .plots import batch_lr_plots, curves_plot, depth_plot, seed_plot
@@ -20,14 +21,19 @@ log = logging.getLogger(__name__)
 
 
 def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = None,
-              wandb_run: Optional[str] = None, wandb_project_name: Optional[str] = None) -> StudyOutputs:
+              wandb_run: Optional[str] = None, wandb_project_name: Optional[str] = None,
+              last_k: Optional[int] = None) -> StudyOutputs:
     """Read every point's results and write the study's tables and plots into ``out`` (default:
-    the study folder); log them to ``wandb_run`` when given."""
+    the study folder); log them to ``wandb_run`` when given. ``last_k`` (default: the study's
+    ``--last_k``): the tables also give each run's mean of its last ``last_k`` epoch-end validations
+    (``last<k> <metric>``; over seeds, its mean, std and n)."""
+    check_last_k(last_k)
     settings = grid.settings
     metric = metric or settings.get("metric")
+    last_k = last_k or settings.get("last_k")  # the study's --last_k, unless given again
     margin = float(settings.get("learn_margin", 0.05))
     outputs = StudyOutputs(out or grid.study_dir)
-    rows, metric = point_rows(grid, metric, margin)
+    rows, metric = point_rows(grid, metric, margin, last_k)
     _warn_mixed_code(grid)
     unmeasured = [r["point"] for r in rows if r["status"] in ("trained", "failed to learn")
                   and r[f"final {metric}"] is None]
@@ -82,7 +88,7 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
         echo = ["batch_lr"]
     elif grid.kind == "seeds":
         done = [(p.name, s.summary) for p in grid.points if (s := grid.state(p)).state == "done"]
-        table = seed_table([s for _, s in done])
+        table = seed_table([s for _, s in done], last_k)
         outputs.table("seeds", table, title=f"Over {len(done)} seeds: mean, std = sample standard deviation "
                       f"(ddof=1, n-1), n = finite values (diverged runs left out){note}")
         outputs.table("seeds_points", rows, title=f"One row per seed{note}")

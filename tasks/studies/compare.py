@@ -30,7 +30,9 @@ Writes ``compare.csv/.md`` (one row per experiment and variant: its runs, the ta
 std and ``n``, the runs they are of (a diverged run, or one that logged no finite value, left out),
 its difference to the baseline, final train loss, throughput and its ratio to the
 baseline's (each of the runs that did not diverge: the metric, loss and speed of a diverged run
-are the blow-up's), diverged runs, what its pooled runs differ in besides their seed) and, per
+are the blow-up's), diverged runs, what its pooled runs differ in besides their seed; with
+``--last_k K``, ``last<K> mean``/``std``/``n``: over its runs, each run's mean of its last K
+epoch-end validations, :func:`last_k_mean`) and, per
 experiment, ``<experiment>_curves.png`` (training loss and validation metric of every run) and
 ``<experiment>_metric.png`` (the metric per variant, error bars over seeds).
 """
@@ -56,7 +58,7 @@ from ..common.run import MalformedSummary, find_summaries, higher_is_better, rea
 from .outputs import StudyOutputs, check_wandb_run
 
 __all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of", "pick_metric", "METRICS",
-           "latest_segments", "run_identity", "bar_label"]
+           "latest_segments", "run_identity", "bar_label", "last_k_mean", "last_k_column", "check_last_k"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,40 @@ def mean_std(values: Iterable[float]) -> tuple[Optional[float], Optional[float],
     if not finite:
         return None, None, 0
     return statistics.fmean(finite), (statistics.stdev(finite) if len(finite) > 1 else None), len(finite)
+
+
+def last_k_column(k: int) -> str:
+    """The name of the statistic: ``last5``."""
+    return f"last{k}"
+
+
+def check_last_k(k: Optional[int]) -> None:
+    if k is not None and k < 1:
+        raise UserError(f"--last_k {k}: give the number of last epochs to average, 1 or more (e.g. --last_k 5)")
+
+
+def last_k_mean(run: dict, metric: str, k: int) -> tuple[Optional[float], Optional[str]]:
+    """The mean of ``metric`` at the run's last ``k`` epoch-end validations (the validations at an
+    epoch's last batch, ``val_epoch_ends``; one per epoch, a resumed run's re-run validation once),
+    and why there is none: None for a diverged run (counted apart), else a phrase for a run that
+    validated at the end of fewer than ``k`` epochs, or recorded no epoch ends (an older summary).
+    A non-finite value among the ``k`` makes the mean non-finite (left out of the mean over seeds)."""
+    if run.get("status") == "diverged":
+        return None, None
+    ends = run.get("val_epoch_ends")
+    if ends is None:
+        return None, ("recorded no epoch-end validations (a run_summary.json written before they were kept, or a "
+                      "W&B history without the epochs' train/loss_epoch)")
+    ends = set(int(step) for step in ends)
+    values = [float(v) for step, v in (run.get("curves") or {}).get(metric, []) if int(step) in ends]
+    if len(values) < k:
+        return None, (f"validated {metric} at the end of {len(values)} epoch{'s' if len(values) != 1 else ''}, "
+                      f"fewer than --last_k {k}")
+    return statistics.fmean(values[-k:]), None
+
+
+def _run_name(run: dict) -> str:
+    return str(run.get("name") or run.get("path") or run.get("run_id") or "a run")
 
 
 def experiment_of(run: dict) -> str:
@@ -274,9 +310,12 @@ def _warn_no_baseline(experiment: str, variants: Iterable[str], wanted: Optional
 
 
 def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optional[str] = None,
-                 use: str = "best") -> tuple[list[dict], str]:
+                 use: str = "best", last_k: Optional[int] = None) -> tuple[list[dict], str]:
     """One row per (experiment, variant), baseline first; and the metric used (without ``metric``,
-    each experiment's own task metric: accuracy, box AP, BLEU; the first of them overall is returned)."""
+    each experiment's own task metric: accuracy, box AP, BLEU; the first of them overall is returned).
+    With ``last_k``, also ``last<k> mean``, ``std`` and ``n``: over the variant's runs, each run's
+    :func:`last_k_mean` (a run without one named in one warning line)."""
+    check_last_k(last_k)
     requested, first = metric, pick_metric(runs, metric)
     if requested:
         _check_logged(runs, requested, use)
@@ -310,6 +349,17 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
         for variant in order:
             group = variants[variant]
             mean, std, n = mean_std(_metric_value(r, mine, use) for r in group)
+            recent = {}
+            if last_k:
+                values = []
+                for run in group:
+                    value, why = last_k_mean(run, mine, last_k)
+                    values.append(value)
+                    if why:
+                        log.warning(f"warning: {experiment}: {variant}: run {_run_name(run)} {why}: left out of "
+                                    f"{last_k_column(last_k)}")
+                column = last_k_column(last_k)
+                recent = dict(zip((f"{column} mean", f"{column} std", f"{column} n"), mean_std(values)))
             loss = _train_loss(group)
             speed = _speed(group)
             diverged = sum(r.get("status") == "diverged" for r in group)
@@ -328,7 +378,7 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
             rows.append({
                 "experiment": experiment, "variant": variant,
                 "role": "baseline" if variant == base else "",
-                "runs": len(group), "metric": mine, "mean": mean, "std": std, "n": n,
+                "runs": len(group), "metric": mine, "mean": mean, "std": std, "n": n, **recent,
                 "vs_baseline": (mean - base_mean) if mean is not None and base_mean is not None else None,
                 "better": (None if mean is None or base_mean is None or variant == base
                            else (mean > base_mean if higher else mean < base_mean)),
@@ -459,8 +509,9 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
     """A W&B run read through W&B's API (its config, summary and history rows) as a run summary:
     network, scheme, their options, ``agc_clip`` (with ``agc_eps`` and ``agc_clip_classifier``), the optimizer's ``lr``, the data's ``batch_size``
     ``seed_everything`` and the data read (``data_fingerprint``; an older run's: unknown) from the config the suite pushed (:class:`~..common.run.SaveConfigToRun`),
-    the curves, best validation values and steps trained from the history (``trainer/global_step``
-    + 1: the summary's steps), the final values and the throughput (``throughput/run_<unit>_per_s``,
+    the curves, best validation values, steps trained (``trainer/global_step`` + 1: the summary's
+    steps) and the epoch-end validations (``val_epoch_ends``: at the steps ``train/loss_epoch`` was
+    logged, an epoch's end) from the history, the final values and the throughput (``throughput/run_<unit>_per_s``,
     the whole run's; of an older run, ``throughput/<unit>_per_s``) from the W&B summary."""
     init = ((config.get("model") or {}).get("init_args") or {})
     optimizer = init.get("optimizer") if isinstance(init.get("optimizer"), dict) else {}
@@ -472,11 +523,14 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
              if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")}
     points: dict[str, dict[int, float]] = defaultdict(dict)  # a step logged again (a resume) keeps its last value
     steps = None  # the furthest step logged: a run still training (state running) has fewer than its seeds
+    epoch_ends = None  # the steps an epoch ended at (Lightning logs its epoch's loss there), once each
     for row in history:
         step = row.get("trainer/global_step")
         if not isinstance(step, (int, float)):
             continue
         steps = max(steps or 0, int(step) + 1)
+        if "train/loss_epoch" in row:
+            epoch_ends = (epoch_ends or set()) | {int(step) + 1}
         for key, value in row.items():
             if (key == "train/loss_step" or key.startswith("val/")) and isinstance(value, (int, float)):
                 points["train/loss" if key == "train/loss_step" else key][int(step) + 1] = float(value)
@@ -502,6 +556,9 @@ def run_from_wandb(*, config: dict, summary: dict, history: Iterable[dict], name
         "status": "diverged" if diverged else (state or "finished"), "steps": steps,
         "final": final, "best": best, "samples_per_second": throughput, "curves": curves,
         "data": fingerprint if isinstance(fingerprint, dict) else None,
+        # the validations at an epoch's end: at a step an epoch ended (unknown where no epoch logged its loss)
+        "val_epoch_ends": None if epoch_ends is None else sorted(
+            epoch_ends & {step for key, points in curves.items() if key.startswith("val/") for step, _ in points}),
     }
 
 
@@ -593,6 +650,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                        "logger's save_dir (default: runs)")
     p.add_argument("--metric", help=f"the metric to compare (default: the first logged of {', '.join(METRICS)})")
     p.add_argument("--use", choices=("best", "final"), default="best", help="best or final validation value")
+    p.add_argument("--last_k", type=int, metavar="K", help="also the mean of the last K epoch-end validations of "
+                                                           "each run (e.g. 5), then mean +- std over seeds")
     p.add_argument("--baseline", help="the baseline variant (default: bn, gn, post_ln or pre_ln, else another "
                                      "scheme with BatchNorm, GroupNorm or LayerNorm; never dyt or derf)")
     p.add_argument("--out", default="compare", help="output folder")
@@ -605,6 +664,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if missing:
         raise UserError(f"rescale compare: no such folder {missing[0]}")
     check_wandb_run(args.wandb_run, args.wandb_project)
+    check_last_k(args.last_k)
     outputs = StudyOutputs(args.out)
     runs, skipped = _read_summaries(args.folders)
     if args.wandb_project:  # a run under both the folders and --wandb_dir counts once
@@ -613,10 +673,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         which = f"readable run_summary.json ({skipped} malformed, named above)" if skipped else "run_summary.json"
         raise UserError(f"no {which} under {', '.join(args.folders)}: every `rescale fit` writes one beside its "
                         "config; point at the runs' folders")
-    rows, metric = compare_rows(runs, args.metric, args.baseline, args.use)
+    rows, metric = compare_rows(runs, args.metric, args.baseline, args.use, args.last_k)
     metrics = ", ".join(dict.fromkeys(r["metric"] for r in rows)) or metric
     left_out = f"; {skipped} malformed run_summary.json left out" if skipped else ""
-    outputs.table("compare", rows, title=f"{metrics} ({args.use}; each experiment its task's metric, see the "
+    recent = (f"; {last_k_column(args.last_k)}: each run's mean of its last {args.last_k} epoch-end validations, "
+              "then over seeds" if args.last_k else "")
+    outputs.table("compare", rows, title=f"{metrics} ({args.use}{recent}; each experiment its task's metric, see the "
                   f"metric column), each variant against its baseline; std: sample std over seeds (n-1){left_out}")
     _plots(outputs, runs, rows, metric)
     outputs.finish(args.wandb_run, args.wandb_project, echo=["compare"])

@@ -4,6 +4,7 @@ values, read from the points' ``run_summary.json`` files.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import Any, Optional
@@ -11,11 +12,13 @@ from typing import Any, Optional
 from ..common.checkpoints import CheckpointError, peek_checkpoint
 from ..common.errors import UserError
 from ..common.run import higher_is_better
-from .compare import pick_metric
+from .compare import last_k_column, last_k_mean, pick_metric
 from .grid import Grid, GridPoint
 from .seeded import steps_to_fraction
 
 __all__ = ["point_rows", "as_float"]
+
+log = logging.getLogger(__name__)
 
 
 def as_float(value: Any) -> Optional[float]:
@@ -53,7 +56,8 @@ def _num_classes(grid: Grid, point: GridPoint, summary: dict) -> Optional[int]:
     return int(value) if value else None
 
 
-def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -> tuple[list[dict], str]:
+def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05,
+               last_k: Optional[int] = None) -> tuple[list[dict], str]:
     """One row per grid point: its params, status and final/best values; and the metric used.
 
     ``throughput``: the run's training samples (or target tokens: ``throughput_unit``) per second.
@@ -64,6 +68,8 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
     study in another shell; ``error``: which); ``interrupted`` (a ``last.ckpt`` to resume from;
     ``error``: why its last attempt ended, where it said, and the checkpoint); ``not run``.
     Validation values of a diverged run are left empty (a non-finite model was validated).
+    ``last_k``: also ``last<k> <metric>``, the mean of the run's last ``last_k`` epoch-end
+    validations (:func:`~.compare.last_k_mean`; a finished run with fewer is named in one warning line).
     """
     states = [(point, grid.state(point)) for point in grid.points]
     if metric:
@@ -79,6 +85,8 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
                     "val_loss": None, f"final {metric}": None, f"best {metric}": None, "steps_to_90": None,
                     "train_seconds": s.get("train_seconds"), "throughput": as_float(s.get("samples_per_second")),
                     "throughput_unit": s.get("throughput_unit"), "error": None, "point": point.name})
+        if last_k:  # every row has the column (a point not run, or diverged: empty)
+            row[f"{last_k_column(last_k)} {metric}"] = None
         if state.state == "done":
             diverged = s.get("status") == "diverged"
             row["train_loss"] = _train_loss(s)
@@ -92,6 +100,11 @@ def point_rows(grid: Grid, metric: Optional[str] = None, margin: float = 0.05) -
                 row["steps_to_90"] = steps_to_fraction((s.get("curves") or {}).get(metric) or [],
                                                        row[f"final {metric}"], 0.9, higher)
                 row["status"] = "trained" if _learned(grid, point, s, metric, higher, margin) else "failed to learn"
+            if last_k:
+                value, why = last_k_mean(s, metric, last_k)
+                row[f"{last_k_column(last_k)} {metric}"] = value
+                if why:
+                    log.warning(f"warning: point {point.name} {why}: left out of {last_k_column(last_k)} {metric}")
         elif (holder := grid.running(point)) is not None:
             row["status"] = "running"
             row["error"] = f"running: {holder}"

@@ -49,7 +49,7 @@ def collapse_seeds(rows: Sequence[dict], keys: Sequence[str], metric: str) -> li
 
     Each row: the setting, ``seeds`` (runs), ``diverged`` (runs that diverged, with their steps in
     ``diverged_steps``), ``failed_to_learn``, ``not_done``; mean, std (n-1) and n of the final and best
-    metric, final train loss and steps to 90% over the runs that trained (diverged runs left out), and
+    metric (and ``last<k> <metric>`` where the rows have it: :func:`.results.point_rows`), final train loss and steps to 90% over the runs that trained (diverged runs left out), and
     of the throughput over every run that ran (a diverged run's speed is measured all the same);
     ``status``: ``trained`` (every run trained), ``diverged`` (every run that ran diverged),
     ``partly diverged`` (some did), ``failed to learn`` (no run learned) or ``not run``.
@@ -64,9 +64,9 @@ def collapse_seeds(rows: Sequence[dict], keys: Sequence[str], metric: str) -> li
         finished = [r for r in ran if not r["status"].startswith("diverged")]
         learned = [r for r in finished if r["status"] == "trained"]
         row: dict[str, Any] = dict(zip(keys, setting))
-        for name, field in ((f"final {metric}", f"final {metric}"), (f"best {metric}", f"best {metric}"),
-                            ("train_loss", "train_loss"), ("steps_to_90", "steps_to_90")):
-            mean, std, n = mean_std(r.get(field) for r in finished)
+        recent = [k for k in mine[0] if k.startswith("last") and k.endswith(f" {metric}")]  # last<k> <metric>
+        for name in (f"final {metric}", f"best {metric}", *recent, "train_loss", "steps_to_90"):
+            mean, std, n = mean_std(r.get(name) for r in finished)
             row[name], row[f"{name} std"], row[f"{name} n"] = mean, std, n
         row["throughput"], row["throughput std"], row["throughput n"] = mean_std(r.get("throughput") for r in ran)
         if not ran:

@@ -39,7 +39,7 @@ from ..common.cli import CONFIG_FLAGS, check_layers, defaults_for, flag_values
 from ..common.errors import UserArgumentParser as _Parser, UserError
 from ..common.system import folder_lock
 from .aggregate import aggregate
-from .compare import METRICS
+from .compare import METRICS, check_last_k
 from .cluster import check_slurm_options, write_slurm, write_sweep
 from .engines import StudyInterrupted, check_workers, run_grid, run_one
 from .grid import LOG_FILE, Grid, GridPoint, rescale_command, wandb_project
@@ -78,6 +78,8 @@ def _add_common(p: argparse.ArgumentParser, kind: str) -> None:
                         "val_check_interval, by default at epoch ends only; epoch-based schedules are sized by "
                         "max_epochs: prefer --budget_epochs where the configs validate per epoch)")
     g.add_argument("--metric", help=f"the metric of the tables (default: the first logged of {', '.join(METRICS)})")
+    g.add_argument("--last_k", type=int, metavar="K", help="the tables also give each run's mean of its last K "
+                                                           "epoch-end validations of the metric (e.g. 5)")
     g.add_argument("--learn_margin", type=float, default=0.05,
                    help="a finished run whose final accuracy is not above chance + this 'failed to learn' "
                         "(default: %(default)s)")
@@ -164,7 +166,8 @@ def _run_locked(args, grid: Grid) -> int:
     busy = f", {counts['busy']} running elsewhere" if counts["busy"] else ""
     log.info(f"points: {counts['ran']} run, {counts['resumed']} resumed, {counts['skipped']} already done, "
              f"{counts['failed']} failed{busy}")
-    aggregate(grid, metric=args.metric, wandb_run=args.wandb_run, wandb_project_name=args.wandb_project)
+    aggregate(grid, metric=args.metric, wandb_run=args.wandb_run, wandb_project_name=args.wandb_project,
+              last_k=args.last_k)
     if counts["failed"]:
         log.error(f"error: {counts['failed']} of {n} points failed (the table says which and why; their "
                   f"{LOG_FILE} has the output); run the same command again to retry them")
@@ -185,7 +188,8 @@ def _where_stopped(grid: Grid, name: str) -> str:
 
 def _study(args, points: list[GridPoint], settings: dict, overrides: list[str]) -> int:
     """The grid of ``args.command`` (the budget and fit overrides for every point) run by the engine."""
-    settings = {**settings, "metric": args.metric, "learn_margin": args.learn_margin}
+    check_last_k(args.last_k)  # before a point runs
+    settings = {**settings, "metric": args.metric, "learn_margin": args.learn_margin, "last_k": args.last_k}
     overlays = flag_values(overrides, CONFIG_FLAGS)
     if overlays and points:  # checked as --config is, before a point runs or a script is written
         check_layers([*points[0].configs, *overlays], "--config (after --)")
@@ -266,7 +270,7 @@ def _cmd_aggregate(args, overrides: list[str]) -> int:
         raise UserError("rescale study aggregate takes no fit overrides (after --)")
     grid = Grid.load(args.study_dir)
     with folder_lock(grid.study_dir):
-        aggregate(grid, args.out, args.metric, args.wandb_run, args.wandb_project)
+        aggregate(grid, args.out, args.metric, args.wandb_run, args.wandb_project, args.last_k)
     return 0
 
 
@@ -349,6 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("study_dir")
     a.add_argument("--out", help="output folder (default: the study folder)")
     a.add_argument("--metric", help="the metric of the tables (default: the study's)")
+    a.add_argument("--last_k", type=int, metavar="K", help="the tables also give each run's mean of its last K "
+                                                           "epoch-end validations of the metric (e.g. 5)")
     a.add_argument("--wandb_run", help="log the tables and plots to this W&B run (folder or id)")
     a.add_argument("--wandb_project", help="the W&B project of --wandb_run given as an id")
     a.set_defaults(func=_cmd_aggregate)

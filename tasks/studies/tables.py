@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from typing import Optional
 
 from ..common.run import higher_is_better
-from .compare import mean_std
+from .compare import last_k_column, last_k_mean, mean_std
 from .points import KEYS
 from .results import as_float
 from .seeded import collapse_seeds, format_mean_std
@@ -136,10 +137,12 @@ def _not_done(row: dict) -> int:
 
 
 # --- seeds ------------------------------------------------------------------------------------------
-def seed_table(summaries: list[dict]) -> list[dict]:
+def seed_table(summaries: list[dict], last_k: Optional[int] = None) -> list[dict]:
     """Every final and best metric (``val/``, ``train/``, ``test/``) over the runs: n (finite values),
     mean, sample std (n-1; empty for one value), min, max; runs and diverged runs. Diverged runs'
-    values are left out of the statistics (they are counted in ``diverged``)."""
+    values are left out of the statistics (they are counted in ``diverged``). ``last_k``: also, per
+    validation metric, each run's mean of its last ``last_k`` epoch-end validations (use
+    ``last<k>``; a run with fewer left out: :func:`~.results.point_rows` names it)."""
     runs = len(summaries)
     diverged = sum(s.get("status") == "diverged" for s in summaries)
     keys: dict[tuple[str, str], None] = {}
@@ -149,9 +152,15 @@ def seed_table(summaries: list[dict]) -> list[dict]:
             for k in (s.get(use) or {}):
                 if k.startswith(AGGREGATE_PREFIXES):
                     keys[(use, k)] = None
+    if last_k:
+        for s in kept:
+            for k in (s.get("curves") or {}):
+                if k.startswith("val/"):
+                    keys[(last_k_column(last_k), k)] = None
     rows = []
-    for use, k in sorted(keys, key=lambda x: (x[1], x[0] != "final")):
-        values = [as_float((s.get(use) or {}).get(k)) for s in summaries if s.get("status") != "diverged"]
+    for use, k in sorted(keys, key=lambda x: (x[1], x[0] != "final", x[0] != "best")):
+        values = [(last_k_mean(s, k, last_k)[0] if last_k and use == last_k_column(last_k)
+                   else as_float((s.get(use) or {}).get(k))) for s in summaries if s.get("status") != "diverged"]
         finite = [v for v in values if v is not None and math.isfinite(v)]
         mean, std, n = mean_std(finite)
         rows.append({"metric": k, "use": use, "n": n, "mean": mean, "std": std,

@@ -17,7 +17,8 @@ the best validation values, curves (``[step, value]`` pairs: ``train/loss`` once
 optimizer step, with the ``train/loss_step`` the loggers received at it (with gradient
 accumulation, the window's last batch's loss, undivided, as Lightning logs it), every validation
 metric once per validation with the value the loggers received, also mid-epoch with
-``val_check_interval`` and across resumes), steps, epochs, training seconds and the
+``val_check_interval`` and across resumes), ``val_epoch_ends`` (the steps of the validations that
+ran at an epoch's last batch, once each: a run's per-epoch history, read by ``--last_k``), steps, epochs, training seconds and the
 throughput: ``samples`` and ``samples_per_second`` counted in the task's unit, named by ``throughput_unit``
 (images, clips, target tokens; :mod:`..data.throughput`). The loggers (W&B) receive the rate over the
 last ``log_every_n_steps`` steps while training as ``throughput/<unit>_per_s``, and the whole run's
@@ -110,6 +111,7 @@ class RunSummary(L.Callback):
     def _reset(self) -> None:
         self.train_curve: list[list[float]] = []
         self.val_curve: dict[str, list[list[float]]] = {}
+        self.epoch_ends: list[int] = []  # the steps of the validations that ran at an epoch's last batch
         self.samples = 0  # in the task's unit (images, clips, target tokens)
         self.rate: Optional[float] = None  # the whole run's, fixed when training ends
         self._window = (0.0, 0)  # (time, samples) at the last logged rate
@@ -130,12 +132,14 @@ class RunSummary(L.Callback):
         return self.seconds_before + (time.perf_counter() - self._start if self._start is not None else 0.0)
 
     def state_dict(self) -> dict:
-        return {"train_curve": self.train_curve, "val_curve": self.val_curve, "samples": self.samples,
+        return {"train_curve": self.train_curve, "val_curve": self.val_curve, "epoch_ends": self.epoch_ends,
+                "samples": self.samples,
                 "seconds": self._elapsed(), "final": self._final()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.train_curve = [list(p) for p in state_dict.get("train_curve", [])]
         self.val_curve = {k: [list(p) for p in v] for k, v in state_dict.get("val_curve", {}).items()}
+        self.epoch_ends = [int(step) for step in state_dict.get("epoch_ends", [])]
         self.samples = int(state_dict.get("samples", 0))
         self.seconds_before = float(state_dict.get("seconds", 0.0))
         self.final_before = {k: float(v) for k, v in state_dict.get("final", {}).items()}
@@ -199,6 +203,10 @@ class RunSummary(L.Callback):
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
         before = self._before
+        # a validation at an epoch's last batch (not one mid-epoch, nor at a max_steps that cut the
+        # epoch short); once per step: a resumed run validating its step again is the same one
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch and trainer.global_step not in self.epoch_ends:
+            self.epoch_ends.append(trainer.global_step)
         for key, value in trainer.logged_metrics.items():
             # logged_metrics keeps every key ever logged: one this validation did not log still
             # holds its old value, the very same object
@@ -288,6 +296,7 @@ class RunSummary(L.Callback):
             "final": final,
             "best": {k: self._best(k) for k in self.val_curve},
             "curves": {"train/loss": self.train_curve, **self.val_curve},
+            "val_epoch_ends": self.epoch_ends,
             "checkpoint": _last_checkpoint(trainer),
             CODE_KEY: code_version(),
             DATA_KEY: data_fingerprint(trainer.datamodule),  # which data it read (None: unknown)
@@ -393,6 +402,9 @@ def _field_problem(summary: dict) -> Optional[str]:
         bad = next((k for k, v in (summary.get(key) or {}).items() if v is not None and not _is_number(v)), None)
         if bad is not None:
             return f"{key}[{bad!r}] is {_kind(summary[key][bad])}, not a number"
+    ends = summary.get("val_epoch_ends")
+    if ends is not None and not (isinstance(ends, list) and all(map(_is_number, ends))):
+        return "'val_epoch_ends' is not a list of steps"
     for key, points in (summary.get("curves") or {}).items():
         if not isinstance(points, list) or not all(
                 isinstance(p, list) and len(p) == 2 and all(map(_is_number, p)) for p in points):
