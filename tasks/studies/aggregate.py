@@ -72,18 +72,22 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
         depth_plot(outputs, ordered, metric, axis)
         echo = ["depth_grid"]
     elif grid.kind == "batch-lr":
-        if seeded:  # a setting is stable when none of its seeds diverged; optimal: the best mean
+        points = rows
+        if seeded:  # a setting is stable when none of its seeds diverged; optimal: the best mean of those
             outputs.table("batch_lr_runs", sorted(rows, key=lambda r: (r["scheme"], r["batch_size"], r["lr"],
                                                                        r["seed"])),
                           title=f"Batch size x learning rate: one row per run{note}")
-            rows = [{**r, "status": "diverged" if r["diverged"] else r["status"], "diverged_step": None}
-                    for r in collapse_seeds(rows, ["scheme", "batch_size", "lr"], metric)]
+            rows = [{**r, "diverged_step": None} for r in collapse_seeds(rows, ["scheme", "batch_size", "lr"], metric)]
+            points = [{**r, "diverged": f"{r['diverged']}/{r['seeds']}"} for r in rows]  # 1/3: seeds diverged
         summary = batch_lr_tables(rows, metric)
-        outputs.table("batch_lr", summary, title=f"Optimal (best final {metric}), largest stable (did not "
+        over = (" (over seeds: the best mean among the learning rates at which no seed diverged; diverged_seeds: "
+                "how many did at each)" if seeded else "")
+        outputs.table("batch_lr", summary, title=f"Optimal (best final {metric}{over}), largest stable (did not "
                       f"diverge) and largest learning (trained, not collapsed to chance) learning rate per scheme "
                       f"and batch size{note}")
-        outputs.table("batch_lr_points", sorted(rows, key=lambda r: (r["scheme"], r["batch_size"], r["lr"])),
-                      title=f"Batch size x learning rate: one row per run{note}")
+        outputs.table("batch_lr_points", sorted(points, key=lambda r: (r["scheme"], r["batch_size"], r["lr"])),
+                      title=f"Batch size x learning rate: one row per {'learning rate over seeds' if seeded else 'run'}"
+                      f"{note}")
         batch_lr_plots(outputs, rows, summary, metric)
         echo = ["batch_lr"]
     elif grid.kind == "seeds":

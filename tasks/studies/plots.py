@@ -13,6 +13,7 @@ from ..common.run import higher_is_better
 from .grid import Grid
 from .outputs import StudyOutputs
 from .seeded import mean_curve
+from .tables import unstable
 
 __all__ = ["curves_plot", "depth_plot", "batch_lr_plots", "seed_plot"]
 
@@ -116,11 +117,13 @@ def batch_lr_plots(outputs: StudyOutputs, rows: list[dict], summary: list[dict],
     for ax, scheme in zip(axes, schemes):
         mine = [r for r in rows if r["scheme"] == scheme]
         for j, batch in enumerate(sorted({r["batch_size"] for r in mine})):
-            pts = sorted((r["lr"], r[key]) for r in mine if r["batch_size"] == batch and r[key] is not None)
+            # a learning rate at which a seed diverged is marked diverged, not by the others' mean
+            pts = sorted((r["lr"], r[key]) for r in mine
+                         if r["batch_size"] == batch and r[key] is not None and not unstable(r))
             color = f"C{j % 10}"
             if pts:
                 ax.plot(*zip(*pts), marker="o", color=color, label=f"batch {batch}")
-            bad = [r["lr"] for r in mine if r["batch_size"] == batch and r["status"].startswith("diverged")]
+            bad = [r["lr"] for r in mine if r["batch_size"] == batch and unstable(r)]
             if bad:
                 ax.scatter(bad, [0.0 if higher_is_better(metric) else ax.get_ylim()[1]] * len(bad),
                            marker="x", color=color, clip_on=False)

@@ -14,7 +14,7 @@ from .points import KEYS
 from .results import as_float
 from .seeded import collapse_seeds, format_mean_std
 
-__all__ = ["depth_tables", "depth_seed_tables", "batch_lr_tables", "seed_table", "AGGREGATE_PREFIXES"]
+__all__ = ["depth_tables", "depth_seed_tables", "batch_lr_tables", "seed_table", "AGGREGATE_PREFIXES", "unstable"]
 
 AGGREGATE_PREFIXES = ("val/", "train/", "test/")
 
@@ -94,10 +94,19 @@ def depth_axis(depth_key: str | None) -> str:
 
 
 # --- batch size x learning rate ------------------------------------------------------------------------
+def unstable(row: dict) -> bool:
+    """Whether a run diverged, or, a setting over seeds (:func:`~.seeded.collapse_seeds`), any of
+    its seeds did (``partly diverged``: the mean of the others is no result of that learning rate)."""
+    return row["status"].startswith("diverged") or row["status"] == "partly diverged"
+
+
 def batch_lr_tables(rows: list[dict], metric: str) -> list[dict]:
-    """Per (scheme, batch size): the optimal learning rate (best final metric among the finished,
-    learning runs) and the largest stable one (the largest that did not diverge); ``not_done``: the
-    runs (of every seed) that have not finished."""
+    """Per (scheme, batch size): the optimal learning rate (best final metric, over seeds its mean,
+    among the learning rates whose runs all finished without diverging: one at which any seed
+    diverged is neither optimal nor stable, however good the others' mean) and the largest stable
+    one (the largest at which no run diverged); ``diverged``: the learning rates at which a run
+    diverged; over seeds, ``diverged_seeds``: at each of them, how many of its seeds
+    (``0.2: 1/3; 0.4: 3/3``); ``not_done``: the runs (of every seed) that have not finished."""
     higher = higher_is_better(metric)
     key = f"final {metric}"
     groups: dict[tuple, list[dict]] = defaultdict(list)
@@ -110,8 +119,8 @@ def batch_lr_tables(rows: list[dict], metric: str) -> list[dict]:
         finished = [r for r in group if r["status"] in ("trained", "failed to learn")
                     and r[key] is not None and math.isfinite(r[key])]
         best = (max if higher else min)(finished, key=lambda r: r[key]) if finished else None
-        ran = [r for r in group if r["status"] in ("trained", "failed to learn") or r["status"].startswith("diverged")]
-        stable = [r for r in ran if not r["status"].startswith("diverged")]
+        ran = [r for r in group if r["status"] in ("trained", "failed to learn") or unstable(r)]
+        stable = [r for r in ran if not unstable(r)]
         largest = max(stable, key=lambda r: r["lr"]) if stable else None
         # a run that stayed finite but collapsed to chance did not diverge, yet did not train either
         learned = [r for r in stable if r["status"] == "trained"]
@@ -121,7 +130,9 @@ def batch_lr_tables(rows: list[dict], metric: str) -> list[dict]:
             "largest_stable_lr": largest["lr"] if largest else None,
             "stable_at_grid_max": (largest["lr"] == max(r["lr"] for r in group)) if largest else None,
             "largest_learning_lr": max(r["lr"] for r in learned) if learned else None,
-            "lrs": len(group), "diverged": sum(r["status"].startswith("diverged") for r in group),
+            "lrs": len(group), "diverged": sum(unstable(r) for r in group),
+            **({"diverged_seeds": "; ".join(f"{r['lr']:g}: {r['diverged']}/{r['seeds']}" for r in group
+                                            if r["diverged"])} if "seeds" in group[0] else {}),
             "not_done": sum(_not_done(r) for r in group),
         })
     return out
