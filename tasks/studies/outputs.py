@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import csv
 import glob
+import hashlib
+import io
+import json
 import logging
 import math
 import os
@@ -16,7 +19,10 @@ from ..common.reporting import wandb_mode
 from ..common.system import atomic_open, atomic_path, require_writable, write_output
 
 __all__ = ["write_table", "markdown_table", "csv_markdown_table", "format_cell", "save_figure", "log_to_wandb", "check_wandb_run",
-           "StudyOutputs"]
+           "StudyOutputs", "TableEdited", "WRITTEN_SUFFIX"]
+
+# beside <stem>.csv: what write_table wrote there (each cell's type, the file's digest)
+WRITTEN_SUFFIX = ".written.json"
 
 log = logging.getLogger(__name__)
 
@@ -50,38 +56,96 @@ def markdown_table(rows: Sequence[dict], columns: Optional[Sequence[str]] = None
     return "\n".join(lines) + "\n"
 
 
+class TableEdited(ValueError):
+    """A table's ``.csv`` that is not what :func:`write_table` wrote (edited by hand since)."""
+
+
+def _kind(value: Any) -> str:
+    """A cell's type as :data:`WRITTEN_SUFFIX` records it: none, bool, int, float or text."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    return "float" if isinstance(value, float) else "text"
+
+
+def _typed(text: str, kind: str) -> Any:
+    """A cell of a table's CSV as the value of ``kind`` it was written from."""
+    if kind == "none":
+        return None
+    if kind == "bool":
+        return text == "True"
+    return int(text) if kind == "int" else float(text) if kind == "float" else text
+
+
 def _csv_value(text: str) -> Any:
-    """A cell of a table's CSV as the value it was written from: a bool, an int, a float, None
-    (empty) or text."""
+    """A cell of a table's CSV written without :data:`WRITTEN_SUFFIX` beside it, as the value it was
+    most likely written from: a bool, None (empty), a number only where the text is how the CSV writes
+    that number (``0.001``, not ``1e-3``, ``0.10`` or ``NaN``: text a study wrote as such), else text."""
     if text in ("True", "False"):
         return text == "True"
     if text == "":
         return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
+    try:
+        if str(int(text)) == text:
+            return int(text)
+    except ValueError:
+        pass
+    try:
+        if repr(float(text)) == text:
+            return float(text)
+    except ValueError:
+        pass
     return text
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def csv_markdown_table(path: str) -> str:
     """The markdown table (without its title) :func:`write_table` writes beside the CSV ``path``:
-    the full-precision values rounded as the ``.md`` rounds them."""
-    with open(path, newline="", encoding="utf-8") as f:
-        header, *rows = list(csv.reader(f)) or [[]]
-    return markdown_table([dict(zip(header, map(_csv_value, row))) for row in rows], header)
+    the full-precision values rounded as the ``.md`` rounds them, each cell read as the type it was
+    written from (recorded in ``<stem>.written.json``; a table written before that record: guessed
+    by :func:`_csv_value`). Raises :class:`TableEdited` when the CSV is not the one recorded (a value
+    edited by hand, even one that rounds the same)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    header, *rows = list(csv.reader(io.StringIO(data.decode("utf-8"), newline=""))) or [[]]
+    written = os.path.splitext(path)[0] + WRITTEN_SUFFIX
+    if not os.path.isfile(written):
+        return markdown_table([dict(zip(header, map(_csv_value, row))) for row in rows], header)
+    try:
+        with open(written, encoding="utf-8") as f:
+            record = json.load(f)
+        kinds = record["kinds"]
+        digest = record["csv_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise TableEdited(f"{written} is not the record write_table wrote (unreadable)") from None
+    if digest != _digest(data) or len(kinds) != len(rows) or any(len(k) != len(r) for k, r in zip(kinds, rows)):
+        raise TableEdited(f"{os.path.basename(path)} is not the file the study wrote (edited by hand?)")
+    return markdown_table([dict(zip(header, map(_typed, row, kind))) for row, kind in zip(rows, kinds)], header)
 
 
 def write_table(rows: Sequence[dict], stem: str, columns: Optional[Sequence[str]] = None,
                 title: Optional[str] = None) -> tuple[str, str]:
-    """``<stem>.csv`` (full precision) and ``<stem>.md`` (rounded, with an optional title line)."""
+    """``<stem>.csv`` (full precision) and ``<stem>.md`` (rounded, with an optional title line); and
+    ``<stem>.written.json``: each cell's type and the CSV's digest, so that ``rescale study tables``
+    reads the CSV back as it was written (text ``1e-3`` stays text) and knows it unedited."""
     cols = _columns(rows, columns)
     os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
-    with atomic_open(stem + ".csv", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows([{c: ("" if row.get(c) is None else row.get(c)) for c in cols} for row in rows])
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=cols, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows([{c: ("" if row.get(c) is None else row.get(c)) for c in cols} for row in rows])
+    data = text.getvalue().encode("utf-8")
+    with atomic_open(stem + ".csv", "wb") as f:
+        f.write(data)
+    record = {"csv_sha256": _digest(data), "kinds": [[_kind(row.get(c)) for c in cols] for row in rows]}
+    with atomic_open(stem + WRITTEN_SUFFIX) as f:
+        f.write(json.dumps(record, separators=(",", ":")) + "\n")
     with atomic_open(stem + ".md") as f:
         f.write((f"{title}\n\n" if title else "") + markdown_table(rows, cols))
     return stem + ".csv", stem + ".md"

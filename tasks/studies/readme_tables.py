@@ -16,6 +16,7 @@ it (a figure edited by hand in the study's ``.md``).
 """
 from __future__ import annotations
 
+import csv
 import logging
 import os
 import re
@@ -23,7 +24,7 @@ import shlex
 
 from ..common.errors import UserError
 from ..common.system import write_atomically
-from .outputs import csv_markdown_table
+from .outputs import TableEdited, csv_markdown_table
 
 __all__ = ["check_markers", "fill_tables", "update_document"]
 
@@ -86,12 +87,19 @@ def fill_tables(text: str, root: str, where: str = "the document") -> tuple[str,
 
 def _check_against_csv(rel: str, path: str, body: str) -> None:
     """Refuse, in one line, a table file whose table is not the rounding of the ``.csv`` the study
-    wrote beside it (a number edited by hand in the ``.md``); a table without a ``.csv`` is taken
-    as it is."""
+    wrote beside it (a number edited by hand in the ``.md``), or a ``.csv`` that is not the one the
+    study wrote (:func:`~.outputs.csv_markdown_table`: its ``.written.json`` records it); a table
+    without a ``.csv`` is taken as it is."""
     table = os.path.splitext(path)[0] + ".csv"
     if not os.path.isfile(table):
         return
-    expected = csv_markdown_table(table).splitlines()
+    again = f"write both again with rescale study aggregate {shlex.quote(os.path.dirname(path))}"
+    try:
+        expected = csv_markdown_table(table).splitlines()
+    except TableEdited as err:
+        raise UserError(f"study table {rel}: {err}: {again}") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise UserError(f"study table {rel}: cannot read {os.path.basename(table)} beside it ({err}): {again}") from None
     if [line for line in body.splitlines() if line.startswith("|")] != expected:
         raise UserError(f"study table {rel} is not the table of {os.path.basename(table)} beside it (a number "
                         f"edited by hand?): write both again with rescale study aggregate {shlex.quote(os.path.dirname(path))}")
