@@ -345,6 +345,10 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
                         "no comparison to a baseline (name another of its variants with --baseline)")
         base_speed = _speed(variants[base]) if base else None
         order = ([base] if base else []) + sorted(v for v in variants if v != base)
+        checks = (("network", _network, operator.eq, "ran another network"),
+                  ("data", _data, same_data, "read other data"))
+        # the baseline's networks and data, read once for all its variants
+        theirs = {what: [n for n in map(read, variants[base]) if n] if base else [] for what, read, _, _ in checks}
         pooled: list[tuple[str, list[dict], dict[str, list[str]]]] = []
         for variant in order:
             group = variants[variant]
@@ -367,9 +371,8 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
             if mixed:
                 pooled.append((variant, group, mixed))
             against = {}  # what the variant's runs share none of with its baseline's: network, data
-            for what, read, same, ran in (("network", _network, operator.eq, "ran another network"),
-                                          ("data", _data, same_data, "read other data")):
-                other = _other_than_baseline(group, variants[base], read, same) if base and variant != base else None
+            for what, read, same, ran in checks:
+                other = _other_than_baseline(group, theirs[what], read, same) if base and variant != base else None
                 if other:
                     against[what] = other
                     log.warning(f"warning: {experiment}: {variant} {ran} than its baseline {base} ({other}), yet is "
@@ -416,14 +419,14 @@ def _data(run: dict) -> Optional[tuple[dict, str]]:
     return (value, _setting(run, "data")) if isinstance(value, dict) else None
 
 
-def _other_than_baseline(runs: list[dict], baseline: list[dict], what, same=operator.eq) -> Optional[str]:
+def _other_than_baseline(runs: list[dict], theirs: list[tuple], what, same=operator.eq) -> Optional[str]:
     """``cifar_resnet {"depth": 56} against cifar_resnet {"depth": 20}`` when the runs of a variant
     and of its baseline share no ``what`` (:func:`_network`: architecture and network options; or
     :func:`_data` under :func:`same_data`: the data read): a variant compared with a baseline of
     another depth or width, or trained and validated on other data. None when they share one, or
-    either recorded none."""
+    either recorded none. ``theirs``: what the baseline's runs recorded (``what`` of each, None left
+    out), read once for all its variants."""
     mine = [n for n in map(what, runs) if n]
-    theirs = [n for n in map(what, baseline) if n]
     if not mine or not theirs or any(same(a, b) for a, _ in mine for b, _ in theirs):
         return None
     return f"{', '.join(sorted({s for _, s in mine}))} against {', '.join(sorted({s for _, s in theirs}))}"
