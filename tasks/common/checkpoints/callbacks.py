@@ -547,6 +547,7 @@ class LastCheckpoint(L.Callback):
 
 # Lightning 2.6's keys in a checkpoint's loops.fit_loop
 _VAL_PROGRESS, _EPOCH_STATE = "epoch_loop.val_loop.batch_progress", "epoch_loop.state_dict"
+_BATCH_PROGRESS = "epoch_loop.batch_progress"
 _EPOCH_PROGRESS = "epoch_progress"
 
 
@@ -562,9 +563,12 @@ def resume_point(checkpoint: dict, stopped_in: str) -> None:
       accumulated lived in the metrics' state, which no checkpoint holds).
     - ``"before validation"``: saved at the end of a step that a validation follows (a step save
       of ``last.ckpt``, which a run killed outright during that validation resumes from): the
-      validation counters set as for ``"validation"``, so that the resume runs it; and as the
-      training batch is not yet counted completed there, Lightning raises the count of stepped
-      batches on resume as well as after the validation: it is stored one lower.
+      file a stop signal would have saved as that validation began. The validation counters are
+      set as for ``"validation"``, so that the resume runs it, and the training batch, which
+      Lightning counts completed only after the step's callbacks, is counted completed: taken for
+      one saved inside the batch, Lightning would take a checkpoint of the epoch's last batch for
+      one of an epoch that ended, and skip the epoch's end on resume (its training means never
+      logged, an epoch-wise schedule never stepped).
     - ``"after validation"``: stopped at the end of a step that ran its validation (several
       processes finish it before they stop together; one process when the signal came during
       the last validation batch). Lightning takes such a checkpoint for one saved at the
@@ -575,11 +579,15 @@ def resume_point(checkpoint: dict, stopped_in: str) -> None:
     eagerly and under DDP: it fails if a Lightning release changes these counters.
     """
     loops = checkpoint.get("loops", {}).get("fit_loop", {})
-    progress, state = loops.get(_VAL_PROGRESS), loops.get(_EPOCH_STATE)
-    if not isinstance(progress, dict) or not {"total", "current"} <= progress.keys() \
+    progress, state, batches = loops.get(_VAL_PROGRESS), loops.get(_EPOCH_STATE), loops.get(_BATCH_PROGRESS)
+    if any(not isinstance(p, dict) or not {"total", "current"} <= p.keys() for p in (progress, batches)) \
             or not isinstance(state, dict) or "_batches_that_stepped" not in state:
-        raise RuntimeError(f"this Lightning version's checkpoints hold no {_VAL_PROGRESS} or {_EPOCH_STATE}: the "
-                           "step the signal stopped cannot be taken up where an uninterrupted run goes on")
+        raise RuntimeError(f"this Lightning version's checkpoints hold no {_VAL_PROGRESS}, {_BATCH_PROGRESS} or "
+                           f"{_EPOCH_STATE}: the step the signal stopped cannot be taken up where an uninterrupted "
+                           "run goes on")
+    if stopped_in == "before validation":
+        for counts in (batches["total"], batches["current"]):
+            counts["completed"] = counts["processed"]
     if stopped_in in ("validation", "before validation"):
         before = progress["total"]["completed"]  # earlier validations' batches
         if stopped_in == "validation":
@@ -587,7 +595,7 @@ def resume_point(checkpoint: dict, stopped_in: str) -> None:
         progress["total"].update(ready=before + 1, started=before + 1, processed=before, completed=before)
         progress["current"].update(ready=1, started=1, processed=0, completed=0)
         progress["is_last_batch"] = False
-    if stopped_in in ("before validation", "after validation"):
+    if stopped_in == "after validation":
         state["_batches_that_stepped"] -= 1
 
 

@@ -110,6 +110,9 @@ PRIVATE_APIS = (
       for key, function, why in (
           ("epoch_loop.state_dict/_batches_that_stepped", "resume_point",
            "the loggers' step in a checkpoint taken mid-step by a stop signal"),
+          ("epoch_loop.batch_progress", "resume_point",
+           "the training batch progress in a checkpoint taken at the end of a step a validation follows, "
+           "counted completed as in one a stop signal takes during that validation"),
           ("epoch_loop.val_loop.batch_progress", "resume_point",
            "the validation progress in a checkpoint taken during a validation (or at the end of the step "
            "before one), set so a resume redoes it"),

@@ -252,15 +252,19 @@ def _rescale_ddp(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("cut, every, saved", [({"where": "train", "step": 5}, 2, 4),
-                                               ({"where": "val", "step": 3}, 3, 3)], ids=["training", "validation"])
+                                               ({"where": "val", "step": 3}, 3, 3),
+                                               ({"where": "val", "step": 6}, 3, 6)],
+                         ids=["training", "validation", "epoch-end validation"])
 def test_a_run_killed_outright_resumes_from_its_step_checkpoint_to_what_an_uninterrupted_run_reports(
         cut, every, saved, uninterrupted, tmp_path, run_config, suite_wandb_logger):
     """SIGKILL (no handler, nothing saved) after step 5 of a run writing last.ckpt every 2 steps,
-    or during the validation of step 3 of one writing it every 3: the resume starts from the file
-    written at step 4 (3), which holds what every callback recorded of that step (the run
-    summary's loss point and sample count) and, when a validation follows the step, makes the
-    resume run it; so the resumed run's summary (every validation) and weights are the
-    uninterrupted run's. (The killed segment's W&B records are W&B's to keep.)"""
+    or during the validation of step 3 (6, the epoch's last) of one writing it every 3: the resume
+    starts from the file written at step 4 (3, 6), which holds what every callback recorded of
+    that step (the run summary's loss point and sample count) and, when a validation follows the
+    step, makes the resume run it, and at an epoch's last step the epoch's end after it (its
+    training means were never logged: Lightning took the file for one of an ended epoch); so the
+    resumed run's summary (every validation), weights and metrics.csv (every training epoch's
+    means) are the uninterrupted run's. (The killed segment's W&B records are W&B's to keep.)"""
     config = _config(run_config, suite_wandb_logger, tmp_path, {**cut, "signum": 9})
     every_n = ("--last_checkpoint.every_n_train_steps", str(every))
     killed = _rescale(["--config", config, *every_n], tmp_path)
@@ -310,5 +314,5 @@ def test_a_resume_from_a_step_checkpoint_a_validation_follows_runs_that_validati
     a, b = (torch.load(_checkpoints(f) / "last.ckpt", weights_only=True) for f in (uninterrupted, tmp_path))
     for key, value in a["state_dict"].items():
         assert torch.equal(value, b["state_dict"][key]), key
-    validations = [{k: v for k, v in _csv_history(f).items() if k[0] == "val/acc1"} for f in (tmp_path, uninterrupted)]
-    assert validations[0] == validations[1] and ("val/acc1", 5) in validations[0]
+    history = _csv_history(tmp_path)
+    assert history == _csv_history(uninterrupted) and ("val/acc1", 5) in history and ("train/acc1", 5) in history
