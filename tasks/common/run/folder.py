@@ -15,7 +15,9 @@ holds the run's ``checkpoints/`` and ``results/``:
   newest run under the project" may be another config's or another person's: the command is
   refused with the newest candidate's path to pass instead, never resumed from a guess.
   A start without ``--ckpt_path`` whose folder already holds a ``last.ckpt`` (the same id or CSV
-  version given again) is refused: it would write over that run's checkpoint. On SLURM, a
+  version given again) is refused: it would write over that run's checkpoint; so is one whose
+  ``run_summary.json`` (no logger, a CSV version) would replace the summary of an earlier run that
+  trained and left no ``last.ckpt`` (it diverged or crashed before its first save). On SLURM, a
   command left without a checkpoint while ``trainer.default_root_dir`` holds an
   ``hpc_ckpt_<N>.ckpt`` (what Lightning's SLURM requeue saves on SIGUSR1) is refused too:
   Lightning would resume from that file (evaluate its weights), whichever run wrote it.
@@ -45,6 +47,7 @@ from ..checkpoints import (LAST_NAME, checkpoint_exists, checkpoint_folder, is_r
                            require_restorable, safe_load)
 from ..errors import UserError
 from ..system import LOCK_FILE, folder_lock, require_writable
+from .summary import RunSummary, read_summary
 
 __all__ = ["run_folder", "claim_run_folder", "resume_point", "refuse_starting_over", "evaluation_checkpoint",
            "keep_csv_history",
@@ -252,12 +255,16 @@ def _earlier_run(folder: str, version: str) -> Optional[tuple[str, str]]:
 
 def refuse_starting_over(trainer: L.Trainer, ckpt_path: Optional[str]) -> None:
     """A :class:`UserError` for a ``fit`` without ``ckpt_path`` (after :func:`resume_point`) whose
-    checkpoint folder holds a ``last.ckpt``: it would train from scratch over that run's checkpoint.
+    checkpoint folder holds a ``last.ckpt``: it would train from scratch over that run's checkpoint
+    (without one, whose run summary would replace an earlier run's: :func:`_refuse_earlier_summary`).
     Checked holding the run's lock, so that a run still training is named as such first."""
     last = _last_of(trainer)
     if ckpt_path is None:
         _refuse_dangling(last)
-    if ckpt_path is not None or not checkpoint_exists(last):
+    if ckpt_path is not None:
+        return
+    if not checkpoint_exists(last):
+        _refuse_earlier_summary(trainer)
         return
     try:
         step = f" at step {peek_checkpoint(last).global_step}"
@@ -267,6 +274,28 @@ def refuse_starting_over(trainer: L.Trainer, ckpt_path: Optional[str]) -> None:
                     "write over it: resume it with --ckpt_path last, or start a new run in another folder (another "
                     "--trainer.logger.init_args.id, a CSV or TensorBoard logger's version, or without a logger another "
                     "--trainer.default_root_dir), or move that folder away")
+
+
+def _refuse_earlier_summary(trainer: L.Trainer) -> None:
+    """A :class:`UserError` for a new run whose ``run_summary.json`` would replace an earlier run's
+    that trained (a diverged or crashed run leaves no ``last.ckpt`` to refuse on, only its summary
+    and config): runs without a logger in one ``default_root_dir``, or of one CSV version. A given
+    ``--run_summary.path`` is the caller's to reuse (a study runs a failed point again there)."""
+    callback = next((c for c in trainer.callbacks if isinstance(c, RunSummary)), None)
+    path = callback.default_path(trainer) if callback is not None else None
+    if path is None or is_remote(path) or not os.path.isfile(path):
+        return
+    try:
+        earlier = read_summary(path)
+    except (OSError, ValueError):  # unreadable: still another run's file
+        earlier = {}
+    if earlier.get("steps") == 0:  # stopped before its first step: nothing of it to lose
+        return
+    what = f"{earlier.get('status')} at step {earlier.get('steps')}" if earlier else "unreadable"
+    raise UserError(f"{shown_path(path)} holds an earlier run's summary ({what}), and this new run would write over it "
+                    "and its rescale_config.yaml: start it in another folder (another --trainer.default_root_dir, a CSV "
+                    "logger's version, or the suite's W&B logger, which gives every run a folder of its own), or move "
+                    "that run's files away")
 
 
 def _resumed_step(trainer: L.Trainer, ckpt_path: Optional[str]) -> Optional[int]:

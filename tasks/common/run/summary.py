@@ -302,6 +302,13 @@ class RunSummary(L.Callback):
             DATA_KEY: data_fingerprint(trainer.datamodule),  # which data it read (None: unknown)
         }
 
+    def default_path(self, trainer: L.Trainer) -> Optional[str]:
+        """The file this run writes when no ``path`` is given (None: a path is given, or there is
+        no run folder yet): ``run_summary.json`` in the run's folder, which a run without a logger
+        (``trainer.default_root_dir``) or with a fixed CSV version shares with every earlier run
+        there."""
+        return None if self.path else _default_path(trainer)
+
     def write(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str,
               error: Optional[str] = None) -> Optional[str]:
         if self._written or trainer.global_rank != 0 or trainer.sanity_checking and status == "finished":

@@ -240,6 +240,28 @@ def test_a_run_without_a_logger_is_refused_while_another_trains_into_its_checkpo
     assert not [w for w in recwarn if "exists and is not empty" in str(w.message)]
 
 
+def test_a_run_without_a_logger_after_one_that_diverged_in_its_folder_is_refused_not_written_over(tmp_path, run_config,
+                                                                                                  error_line):
+    """No logger: one after the other in one ``default_root_dir``. The first diverges at its first
+    step and leaves no ``last.ckpt``, only its ``run_summary.json`` (status diverged, a result) and
+    ``rescale_config.yaml``; a second ``fit`` there silently wrote over both. It is refused in one
+    line naming the file, and leaves them as they were; in another folder it runs."""
+    config = run_config(tmp_path / "run.yaml", trainer={"limit_val_batches": 0, "num_sanity_val_steps": 0})
+    with _in(tmp_path):
+        assert main(["fit", "--config", config, "--model.init_args.optimizer",
+                     "{class_path: torch.optim.SGD, init_args: {lr: 1.0e+8}}"]) != 0
+        written = {name: (tmp_path / name).read_bytes() for name in ("run_summary.json", "rescale_config.yaml")}
+        assert not (tmp_path / "checkpoints" / "last.ckpt").exists()
+        error_line()
+        assert main(["fit", "--config", config]) == 2
+        message = error_line()
+        assert message.startswith("run_summary.json holds an earlier run's summary (diverged at step "), message
+        assert "--trainer.default_root_dir" in message
+        assert {name: (tmp_path / name).read_bytes() for name in written} == written
+        assert main(["fit", "--config", config, "--trainer.default_root_dir", "other"]) == 0
+    assert (tmp_path / "other" / "checkpoints" / "last.ckpt").is_file()
+
+
 def test_fit_from_an_averaged_checkpoint_is_refused_in_one_line(finished, caplog, error_line, tmp_path):
     """An average of checkpoints holds weights only (it is for evaluation): resuming training from
     it is one line saying so and what to resume from instead, not Lightning's KeyError."""
