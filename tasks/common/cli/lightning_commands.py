@@ -27,9 +27,9 @@ from ..checkpoints import (LAST_NAME, CheckpointError, EpochCheckpoint, LastChec
                            check_config_against_checkpoint, checkpoint_exists, peek_checkpoint, planned_checkpoint_folder,
                            run_arguments_over_checkpoint, typed_model_arguments)
 from ..data import TaskDataModule
-from ..errors import ConfigError
+from ..errors import ConfigError, UserError
 from ..module import RescaleTaskModule
-from ..reporting import label_runs, use_line_progress
+from ..reporting import discard_run, label_runs, use_line_progress
 from ..run import (ResultsFolder, RunSummary, SaveConfigToRun, SkippedDataReport, check_run_outputs,
                    checkpoint_results_folder, claim_run_folder, evaluation_checkpoint, evaluation_report, fit_report,
                    keep_csv_history, refuse_starting_over, resume_point)
@@ -244,7 +244,11 @@ class RescaleCLI(LightningCLI):
             refuse_starting_over(self.trainer, kwargs["ckpt_path"])
             keep_csv_history(self.trainer, kwargs["ckpt_path"])
             with quiet_resume(kwargs["ckpt_path"] is not None):
-                self.trainer.fit(**kwargs)
+                try:
+                    self.trainer.fit(**kwargs)
+                except UserError:
+                    _discard_untrained_runs(self.trainer)
+                    raise
         self._closing_line(fit_report(self.trainer, self._argv))
 
     def validate(self, **kwargs) -> None:
@@ -287,6 +291,18 @@ class RescaleCLI(LightningCLI):
     def _closing_line(self, line: str) -> None:
         if self.trainer.is_global_zero:
             log.info(line)
+
+
+def _discard_untrained_runs(trainer: L.Trainer) -> None:
+    """A fit refused before this process trained a batch (a resume whose data, layout or checkpoint
+    does not fit, found once the W&B run has started: under FSDP the checkpoint is read after it)
+    leaves no offline W&B run behind: it holds none of the run's results, only the refused config,
+    which ``wandb sync`` would make the run's, and a run for ``compare --wandb_project`` to read."""
+    summary = next((c for c in trainer.callbacks if isinstance(c, RunSummary)), None)
+    if trainer.global_rank != 0 or summary is None or summary.stepped:
+        return
+    for logger in trainer.loggers:
+        discard_run(logger)
 
 
 def _naming_the_file(err: ConfigError, argv: list[str]) -> ConfigError:

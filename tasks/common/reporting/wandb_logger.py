@@ -17,9 +17,11 @@ are listed, with the versions they were checked on, in :mod:`..system.private_ap
 """
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import secrets
+import shutil
 import string
 import time
 from typing import Any, Optional
@@ -31,7 +33,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from ..errors import ConfigError
 from ..system import require_writable
 
-__all__ = ["SuiteWandbLogger", "wandb_mode", "started", "current_run", "label_runs"]
+__all__ = ["SuiteWandbLogger", "wandb_mode", "started", "current_run", "discard_run", "label_runs"]
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +140,31 @@ def current_run(logger):
     """The W&B run of a W&B logger when it has started, else None: never starts one (Lightning's
     ``WandbLogger.experiment`` would)."""
     return logger._experiment if isinstance(logger, WandbLogger) else None
+
+
+def discard_run(logger) -> Optional[str]:
+    """Finish the offline W&B run this process started for ``logger`` and remove its folder (a fit
+    refused before its first step: the segment holds none of the run's results, only the refused
+    command's config, which ``wandb sync`` would make the run's, and a run for readers of the
+    folder); ``latest-run`` is pointed at the newest run left. Returns the folder removed; None
+    when no run started or it is online (W&B's server has it: it is left as it is)."""
+    run = current_run(logger)
+    if run is None or not run.offline:
+        return None
+    folder = os.path.dirname(os.path.abspath(run.dir))
+    run.finish(exit_code=1)
+    logger._experiment = None
+    shutil.rmtree(folder, ignore_errors=True)
+    parent = os.path.dirname(folder)
+    for name in ("latest-run", "debug.log", "debug-internal.log"):  # W&B's links to the newest run
+        link = os.path.join(parent, name)
+        if os.path.islink(link) and not os.path.exists(link):
+            os.unlink(link)
+    left = [p for p in glob.glob(os.path.join(parent, "*run-*")) if os.path.isdir(p) and not os.path.islink(p)]
+    latest = os.path.join(parent, "latest-run")
+    if left and not os.path.lexists(latest):
+        os.symlink(os.path.basename(max(left, key=os.path.getmtime)), latest)
+    return folder
 
 
 def _new_run_id() -> str:

@@ -226,9 +226,16 @@ class RunSummary(L.Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.write(trainer, pl_module, "finished")
 
+    @property
+    def stepped(self) -> bool:
+        """Whether this process has trained a batch (a fit refused before one has nothing to report)."""
+        return self._stepped
+
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if self._resumed and not self._stepped and isinstance(exception, UserError):
-            return  # a resume refused before its first step: the run is where its last summary says
+        if not self._stepped and isinstance(exception, UserError):
+            # refused before its first step: a resumed run is where its last summary says, a new one
+            # trained nothing (a summary would be a run for compare and the studies to count)
+            return
         # a signal: which one, and where it saved (LastCheckpoint's on_exception ran first)
         error = preempted_message(exception) if isinstance(exception, SIGTERMException) \
             else f"{type(exception).__name__}: {exception}"

@@ -214,8 +214,13 @@ def test_resuming_mid_epoch_with_another_batch_size_or_starting_over_is_refused_
     assert _fit(tmp_path, "--config", config) == 143
     before = {p: Path(p).read_bytes() for p in glob.glob(str(tmp_path / "runs" / "**" / "*.*"), recursive=True)
               if p.endswith((".ckpt", "run_summary.json")) and "latest-run" not in p}
+    segments = find_offline_runs(str(tmp_path / "runs"))
     capsys.readouterr()
     assert _fit(tmp_path, "--config", config, "--ckpt_path", "last", "--data.init_args.batch_size", "32") == 2
+    # the refusal came once the W&B run had started: no segment of it is left (its config, batch
+    # size 32, would be the run's once synced), and latest-run is the run's own
+    assert find_offline_runs(str(tmp_path / "runs")) == segments
+    assert (tmp_path / "runs" / "wandb" / "latest-run").resolve() == Path(segments[-1]).resolve()
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, lines
     assert "in the middle of epoch 0" in lines[0] and "4 batches into it with batch_size 16" in lines[0]
