@@ -10,7 +10,9 @@ checkpoint's weights are loaded (a checkpoint of another task or network is one 
 the network is captured in evaluation, autograd off: the computation ``rescale test`` runs, on
 the network's inference plan, with none of the schemes' modules or Python-side hooks left in the
 file. Each file is read back by its own runtime (:mod:`.formats`) and run on the first batch
-of the config's training data (images, clips, token ids); the largest absolute difference from
+of the config's data (images, clips, token ids), from its training split, else its val, test or
+predict split, the first that is there (:data:`CHECK_SPLITS`: a machine holding the val split
+alone exports too); the largest absolute difference from
 the PyTorch model is printed, and above ``--tolerance`` (relative to the outputs' largest
 magnitude, at least 1) the command fails, that file kept as ``<name>.rejected<suffix>``. The files
 are written in a folder beside their destination and moved there once all have passed, all or none
@@ -38,6 +40,7 @@ import tempfile
 from typing import Optional, Sequence
 
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from ..checkpoints import (check_config_against_checkpoint, is_remote, load_into_module, peek_checkpoint,
                            safe_load)
@@ -157,15 +160,34 @@ def _build(configs: list[str], overrides: list[str], ckpt_path: str, formats: li
     return cli.model.eval(), cli.datamodule, checkpoint.get(CODE_KEY)
 
 
+#: where the check batch comes from, in this order: (split, the stage that sets it up, its loader)
+CHECK_SPLITS = (("train", "fit", "train_dataloader"), ("val", "validate", "val_dataloader"),
+                ("test", "test", "test_dataloader"), ("predict", "predict", "predict_dataloader"))
+
+
 def _first_batch(datamodule, where: str):
-    """The first batch of the data module's training loader (real inputs of the task)."""
+    """The first batch of the first split the data has, in :data:`CHECK_SPLITS` order (real inputs
+    of the task): a machine holding the val (or test) split alone exports as one holding them all;
+    one line when none gives a batch, with why the first did not."""
     if datamodule is None or not hasattr(datamodule, "train_dataloader"):
         raise UserError(f"{where} has no data module to take real inputs from; give the run config the "
                         "checkpoint was trained with")
-    datamodule.setup("fit")
-    for batch in datamodule.train_dataloader():
-        return batch
-    raise DataError(f"the training data of {where} is empty: no batch to check the exported network on")
+    why: list[str] = []
+    for split, stage, loader in CHECK_SPLITS:
+        try:
+            datamodule.setup(stage)
+            batches = getattr(datamodule, loader)()
+            batch = next(iter(batches), None) if batches is not None else None
+        except (UserError, MisconfigurationException) as err:  # the split is not there (or not this task's)
+            why.append(f"{split}: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
+            continue
+        if batch is not None:
+            log.info(f"checking the exported files on the first batch of the {split} split")
+            return batch
+        why.append(f"{split}: empty")
+    raise DataError(f"the data of {where} gives no batch to check the exported network on (of the train, val, test "
+                    f"and predict splits, in that order; {why[0]}): give the data a split holding samples, e.g. "
+                    "--data.init_args.root")
 
 
 def _describe(inputs: tuple) -> str:

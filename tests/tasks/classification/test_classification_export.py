@@ -447,3 +447,31 @@ def test_a_runtime_decoding_image_files_as_the_sidecar_says_gets_rescale_predict
     assert sorted(runtime) == sorted([str(phone), str(clear)])
     for path, probs in runtime.items():
         assert probs == pytest.approx(predicted[path], abs=1e-4), path
+
+
+def test_a_machine_holding_the_val_split_alone_exports_on_its_first_batch(tmp_path, run_config, fit_checkpoint,
+                                                                         data_writers, export_files, error_line):
+    """An image folder trained on, then on a machine with ``val/`` alone (no ``train/``): export took
+    its check batch from the training loader and stopped at the missing train folder. It checks on
+    the first batch of the first split there is (train, val, test, predict: here val), and says
+    which; with no split at all, one line."""
+    import shutil
+
+    root = data_writers.imagefolder(tmp_path / "images", train_per_class=2, val_per_class=1)
+    data = {"class_path": "rescale_tasks.classification.data.ImageFolderDataModule",
+            "init_args": {"root": str(root), "num_classes": 3, "image_size": 32, "eval_resize": 36, "batch_size": 3,
+                          "num_workers": 0}}
+    config = run_config(tmp_path / "run" / "run.yaml", data=data, trainer=ONE_STEP,
+                        model={"init_args": {"in_channels": 3, "num_classes": 3}})
+    ckpt = fit_checkpoint(tmp_path / "run", ["--config", config])
+    shutil.rmtree(root / "train")
+    written, printed = export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "onnx", "--out",
+                                     str(tmp_path / "deploy" / "net")])
+    assert list(written) == [str(tmp_path / "deploy" / "net.onnx")]
+    assert "checking the exported files on the first batch of the val split" in printed
+    shutil.rmtree(root / "val")
+    assert main(["export", "--config", config, "--ckpt_path", str(ckpt), "--format", "onnx", "--out",
+                 str(tmp_path / "again" / "net")]) != 0
+    message = error_line()
+    assert "gives no batch to check the exported network on (of the train, val, test and predict splits" in message
+    assert not (tmp_path / "again" / "net.onnx").exists()
