@@ -33,7 +33,7 @@ from torch import nn
 
 from .init import TransformerStack, init_branch, init_shortcut, init_transformer_branch, rescale_conv_multiplier
 from .layers import (RELU_GAMMA, Gain, MeanShiftBias, ScalarBias, StridedAvgPool, channel_shape, conv_nd,
-                     dropout_nd, make_norm, scaled_std_conv_nd)
+                     drop_path, dropout_nd, make_norm, scaled_std_conv_nd)
 from .plans.dispatch import Planned, implementation
 from .schemes import FIELD_READERS, GAIN_INIT_WITHOUT_GAIN, Scheme, SchemeOptionError, get_scheme, list_schemes
 
@@ -199,7 +199,8 @@ class ResidualBlock(Planned):
         in_channels, planes: input channels and branch width (output = planes * expansion).
         stride: stride of the block (on the 3x3 conv, as torchvision's ResNet v1.5).
         kind: "basic" (3x3, 3x3; expansion 1) or "bottleneck" (1x1, 3x3, 1x1; expansion 4).
-        k, L: this block's 1-based index among the network's L residual blocks.
+        k, L: this block's 1-based index among the network's L residual blocks (they set the
+            stochastic-depth rate, ``scheme.stochdepth_rate * (k - 1) / L``: :attr:`drop_rate`).
         spatial_dims: 2 for images, 3 for video.
         groups, base_width: ResNeXt cardinality and width per group.
         conv_dropout: dropout after every branch conv (RescaleNet's Dropout2d/3d); None: the
@@ -219,6 +220,9 @@ class ResidualBlock(Planned):
     # the v1 layout's values: what a block built (or pickled) without the NF layout holds
     preact = False
     input_var = input_scale = output_var = 1.0
+    # stochastic depth: the rate this block drops its branch at in training (what a block pickled
+    # before the option holds: none)
+    drop_rate = 0.0
 
     def __init__(self, scheme: Scheme, in_channels: int, planes: int, stride: "int | tuple[int, ...]" = 1,
                  kind: str = "basic", k: int = 1, L: int = 1, spatial_dims: int = 2,
@@ -231,6 +235,9 @@ class ResidualBlock(Planned):
         if kind not in self.expansions:
             raise ValueError(f"unknown block kind {kind!r}; expected basic or bottleneck")
         self.kind, self.k, self.L = kind, k, L
+        # the official NF-ResNet rule (deepmind-research nfnets, nf_resnet.py): the overall block
+        # index over the number of blocks, 0 for the first block (docs/nf_resnets.md)
+        self.drop_rate = scheme.stochdepth_rate * (k - 1) / L
         self.preact = scheme.layout == "preact"
         out_channels = planes * self.expansions[kind]
         if kind == "basic":
@@ -329,9 +336,9 @@ class ResidualBlock(Planned):
         if self.preact:
             h = self.preact_relu(x) * self.input_scale
             shortcut = x if self.downsample is None else self.downsample(h)
-            return self.merge(shortcut, self.branch(h))
+            return self.merge(shortcut, drop_path(self.branch(h), self.drop_rate, self.training))
         shortcut = x if self.downsample is None else self.downsample(x)
-        out = self.merge(shortcut, self.branch(x))
+        out = self.merge(shortcut, drop_path(self.branch(x), self.drop_rate, self.training))
         return self.relu(self.merge_norm(out))
 
 

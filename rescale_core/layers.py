@@ -50,7 +50,7 @@ from torch import nn
 
 from .compat import mean_shift_state
 
-__all__ = ["MeanShiftBias", "ScalarBias", "Gain", "PointwiseNorm", "POINTWISE_NORMS", "POINTWISE_ALPHA_INIT",
+__all__ = ["MeanShiftBias", "drop_path", "ScalarBias", "Gain", "PointwiseNorm", "POINTWISE_NORMS", "POINTWISE_ALPHA_INIT",
            "channel_shape", "make_norm", "conv_nd", "pool_nd",
            "dropout_nd", "StridedAvgPool", "RELU_GAMMA", "RELU_GAMMA_EXACT", "ScaledStdConv1d", "ScaledStdConv2d",
            "ScaledStdConv3d", "scaled_std_conv_nd", "writes_into_buffers", "backward_writes_into_buffers",
@@ -493,3 +493,16 @@ def dropout_nd(p: float, spatial_dims: int) -> nn.Module:
     if p <= 0:
         return nn.Identity()
     return {0: nn.Dropout, 1: nn.Dropout1d, 2: nn.Dropout2d, 3: nn.Dropout3d}[spatial_dims](p)
+
+
+def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
+    """Stochastic depth (Huang et al. 2016) on a residual branch's output ``x``: in training, each
+    sample's whole ``x`` is zeroed with probability ``rate`` and kept ones are divided by the keep
+    probability ``1 - rate`` (so evaluation, which returns ``x`` unchanged, sees the training
+    mean). One Bernoulli draw per sample, from the global generator of ``x``'s device: the stream
+    dropout draws from, seeded and checkpointed with it."""
+    if not training or rate == 0.0:
+        return x
+    keep = 1.0 - rate
+    mask = torch.empty((x.shape[0],) + (1,) * (x.ndim - 1), dtype=x.dtype, device=x.device).bernoulli_(keep)
+    return x * mask.div_(keep)

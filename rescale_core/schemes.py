@@ -46,6 +46,10 @@ The merge every scheme reduces to (block k of L, k = 1..L)::
   default); ``init="nf"``. ``nf_skipinit``: that gain starts at 1 and a scalar SkipInit gain, init
   0, ends each branch (timm's ``skipinit=True``). Formulas, layout and where we differ from timm
   and from the official JAX code: docs/nf_resnets.md.
+- ``stochdepth_rate`` (any conv scheme; NF-ResNet's recipe sets 0.1): stochastic depth (Huang et
+  al. 2016) by the official NF-ResNet rule: in training block k of L drops its whole branch, per
+  sample, with probability ``stochdepth_rate * (k - 1) / L`` and divides the kept ones by the keep
+  probability; evaluation is unchanged (:func:`rescale_core.layers.drop_path`).
 - Transformer sublayers: ``post_ln`` and ``pre_ln`` beside ``rescale``, ``rezero``, ``skipinit``;
   ``dyt`` (Zhu et al., CVPR 2025) and ``derf`` (Chen et al. 2025): ``pre_ln`` with every
   LayerNorm, the stacks' final ones included, replaced by the pointwise
@@ -144,7 +148,8 @@ FIELD_READERS: dict[str, frozenset[str]] = {
     "merge": _BOTH, "c": _BOTH, "fixed_beta": _BOTH, "gain": _BOTH, "gain_init": _BOTH, "block_scale": _BOTH,
     "skip_alpha": _BOTH, "merge_norm": _CONV, "layout": _BOTH, "nf_alpha": _BOTH,  # a Transformer refuses preact
     # the network
-    "head_norm": _CONV, "classifier_dropout": _CONV, "init": _BOTH, "zero_classifier": _CONV,
+    "head_norm": _CONV, "classifier_dropout": _CONV, "stochdepth_rate": _CONV, "init": _BOTH,
+    "zero_classifier": _CONV,
     "shortcut_gain": _CONV, "classifier_gain": _CONV, "scalar_lr_factor": _BOTH,
 }
 #: the fields only the conv families read (of :data:`FIELD_READERS`): as ``scheme_options`` of a
@@ -304,6 +309,7 @@ class Scheme:
     # --- the network ----------------------------------------------------------------------
     head_norm: bool = False               # counter-example: BN before the classifier only
     classifier_dropout: float = 0.0
+    stochdepth_rate: float = 0.0          # stochastic depth: block k of L drops its branch at rate * (k-1) / L
     init: str = "he_fan_out"              # "he_fan_out" | "he_fan_in" | "rescale" | "fixup" | "nf"
     #                                       | "deepnorm" | "tfixup" (Transformers: rescale_core.init)
     zero_classifier: bool = False
@@ -327,7 +333,7 @@ class Scheme:
         if not self.families or not set(self.families) <= set(_FAMILIES):
             raise SchemeOptionError("families", list(self.families), "a list of the families the scheme builds, "
                                     f"each one of {', '.join(map(shown, _FAMILIES))}", name)
-        for key in ("conv_dropout", "classifier_dropout"):
+        for key in ("conv_dropout", "classifier_dropout", "stochdepth_rate"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise SchemeOptionError(key, getattr(self, key), "a rate in [0, 1)", name)
         for key in ("norm_alpha", "norm_alpha_attention", "norm_alpha_ffn", "norm_alpha_final"):

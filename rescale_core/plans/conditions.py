@@ -79,6 +79,7 @@ IMPLEMENTED_FIELDS: dict[str, tuple | None] = {
     # --- the network
     "head_norm": _BOOL,           # runs as a module in the ResNet head on every plan
     "classifier_dropout": None,   # runs as a module in the head on every plan
+    "stochdepth_rate": (0.0,),    # the fast training plans never drop a branch: a rate runs the reference
     "init": ("he_fan_out", "he_fan_in", "rescale", "fixup", "deepnorm", "tfixup"),  # construction only; by value, as
     #                               a new rule may build something forward has to know about
     "zero_classifier": _BOOL,     # init only
@@ -96,6 +97,7 @@ PLAN_FIELDS: dict[str, dict[str, tuple | None]] = {
         #                           folded into the first conv and the shortcut's), no ReLU after
         #                           the merge, none after the stem, the head's before pooling
         "init": ("he_fan_out", "he_fan_in", "rescale", "fixup", "nf", "deepnorm", "tfixup"),
+        "stochdepth_rate": None,  # evaluation only, where stochastic depth is the identity
     },
 }
 

@@ -26,6 +26,10 @@ FAMILIES = {
     # NF-ResNet: Scaled WS convs standardized once, the pre-activation layout as a plain network
     "cifar_resnet_nf": {"model": {"init_args": {"network": "cifar_resnet", "scheme": "nf",
                                                 "network_options": {"depth": 8, "base_width": 8}}}},
+    # stochastic depth: training only, the exported network is the one without it
+    "cifar_resnet_nf_stochdepth": {"model": {"init_args": {
+        "network": "cifar_resnet", "scheme": "nf", "scheme_options": {"stochdepth_rate": 0.5},
+        "network_options": {"depth": 8, "base_width": 8}}}},
     "resnet18": {"model": {"init_args": {"network": "resnet18", "scheme": "fixup",
                                          "network_options": {"depth": None, "base_width": 8}}}},
     # five 2x2 pools: the digits at 32x32 pixels
@@ -142,7 +146,7 @@ def test_out_naming_a_folder_writes_the_checkpoints_name_in_it(out, trained, exp
     assert list(written) == [str(tmp_path / out.rstrip("/") / "last.torchscript.pt")]
 
 
-@pytest.mark.parametrize("family", ["cifar_resnet", "cifar_resnet_nf"])
+@pytest.mark.parametrize("family", ["cifar_resnet", "cifar_resnet_nf", "cifar_resnet_nf_stochdepth"])
 def test_the_export_is_a_plain_network_beside_the_run(family, trained, export_files):
     """The written graph holds the ops of the same network without normalization (the floor) and no
     scheme's: RescaleNet's offsets fold into biases and ReLU floors (``max(z + e, e)``), its gains into

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rescale_core.blocks import ResidualBlock
 from rescale_tasks.common.cli import build_run
 from rescale_tasks.common.training import WeightEMA, build_optimizer, build_scheduler
 
@@ -66,3 +67,11 @@ def test_weight_decay_skips_what_the_official_code_skips(cli):
     assert any(names[id(p)].endswith("fc.weight") for g in optimizer.param_groups if g["weight_decay"] for p in
                g["params"])
     assert model.net.scheme.nf_alpha == 0.2 and model.net.scheme.classifier_dropout == 0.0
+
+
+def test_stochastic_depth_is_the_official_one(cli):
+    """NF_ResNet's stochdepth_rate 0.1, block ``index`` (from 0) of ``num_blocks`` dropping at
+    0.1 * index / num_blocks (nfnets/nf_resnet.py)."""
+    assert cli.model.net.scheme.stochdepth_rate == 0.1
+    rates = [m.drop_rate for m in cli.model.net.modules() if isinstance(m, ResidualBlock)]
+    assert len(rates) == 16 and rates == [0.1 * index / 16 for index in range(16)]
