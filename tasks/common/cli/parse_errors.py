@@ -19,7 +19,7 @@ import os
 import re
 import traceback
 from contextlib import contextmanager
-from typing import Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from ..errors import ConfigError, UserError
 from ..training import init_parameters
@@ -109,11 +109,30 @@ def _expected_types(subtypes: str) -> str:
     return " or ".join(list(dict.fromkeys(kinds)) + (["null"] if nullable else []))
 
 
-def _class_parameters(class_path: str) -> list[str]:
-    """Names of the keyword arguments a class (or function) accepts, for suggestions."""
+def _imported(class_path: str) -> Any:
+    """The class (or function) ``class_path`` names, or None where it does not import."""
     module, _, name = class_path.rpartition(".")
     try:
-        target = getattr(importlib.import_module(module), name)
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def _set_by_the_class(class_path: Optional[str], name: str) -> Optional[str]:
+    """Where the class ``class_path`` hands argument ``name`` to its base itself (its
+    ``internal_init_arguments``), how to set it instead ("" where it does not say); else None."""
+    internal = getattr(_imported(class_path), "internal_init_arguments", ()) if class_path else ()
+    if name not in internal:
+        return None
+    return (internal.get(name) or "") if isinstance(internal, dict) else ""
+
+
+def _class_parameters(class_path: str) -> list[str]:
+    """Names of the keyword arguments a class (or function) accepts, for suggestions."""
+    try:
+        target = _imported(class_path)
+        if target is None:
+            return []
         if inspect.isclass(target):  # its own arguments and those it hands on (**options)
             return list(init_parameters(target))
         params = inspect.signature(target).parameters.values()
@@ -238,8 +257,13 @@ def describe_argument_error(err: BaseException, parser=None) -> str:
         name = match.group(1)
         owner = class_path.rsplit(".", 1)[-1] if class_path else "this class"
         full = f"{key}.{name}" if key else name
+        how = _set_by_the_class(class_path, name)
+        if how is not None:
+            return f"unknown config key {full}: {owner} sets {name!r} itself{': ' + how if how else ''}"
+        # never the rejected name itself: whatever lists it, the parser does not take it
+        valid = [p for p in (_class_parameters(class_path) if class_path else []) if p != name]
         return (f"unknown config key {full}: {owner} has no parameter {name!r}"
-                f"{_suggest(name, _class_parameters(class_path) if class_path else [], key + '.' if key else '')}")
+                f"{_suggest(name, valid, key + '.' if key else '')}")
     match = _UNRECOGNIZED.match(leaf) or _INVALID_CHOICE.search(leaf)
     if match and path and _LIST_INDEX.match(match.group(1)):  # --trainer.callbacks.0.init_args.x
         return _list_index_message(path[0], match.group(1).split()[0], parser)

@@ -64,6 +64,12 @@ class SuiteWandbLogger(WandbLogger):
     checkpoints.
     """
 
+    # what it hands WandbLogger itself, never a configuration key: {name: how to set it instead}
+    # (the one-line error of a config that gives one says it)
+    internal_init_arguments = dict.fromkeys(
+        ("offline", "mode"), "the mode is online when you are logged in to W&B, offline otherwise; the "
+        "environment variable WANDB_MODE (offline, online or disabled) sets it: WANDB_MODE=offline rescale ...")
+
     def __init__(self, name: Optional[str] = None, save_dir: str = "runs", project: str = "rescale",
                  group: Optional[str] = None, tags: Optional[list[str]] = None,
                  job_type: Optional[str] = None, id: Optional[str] = None,

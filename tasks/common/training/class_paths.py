@@ -24,7 +24,8 @@ def init_parameters(cls: type) -> dict[str, inspect.Parameter]:
     ``**options`` on to its base class (as every task module does with the arguments all tasks
     share), the base's, as jsonargparse reads them; an argument a subclass names itself keeps the
     subclass's default. Names a class lists in ``internal_init_arguments`` (what a subclass hands
-    its base itself, never a configuration key) are left out."""
+    its base itself, never a configuration key; a mapping gives, for each, how to set it instead,
+    which the one-line error of a config that names it says) are left out."""
     found: dict[str, inspect.Parameter] = {}
     internal = set(getattr(cls, "internal_init_arguments", ()))
     for klass in cls.__mro__:

@@ -371,6 +371,23 @@ def test_a_logger_whose_package_is_not_installed_is_one_line(digits_config, erro
     assert line.startswith("cannot build lightning.pytorch.loggers.TensorBoardLogger: ") and "pip install" in line, line
 
 
+@pytest.mark.parametrize("key,expected", [
+    # what the logger hands WandbLogger itself: the line says so and how to set it instead
+    ("offline", "SuiteWandbLogger sets 'offline' itself: the mode is online when you are logged in to W&B, "
+                "offline otherwise; the environment variable WANDB_MODE"),
+    ("mode", "SuiteWandbLogger sets 'mode' itself: "),
+    # a close name: never one the logger refuses
+    ("offlin", "SuiteWandbLogger has no parameter 'offlin'; valid keys under trainer.logger.init_args: name, "),
+])
+def test_a_logger_argument_the_suite_sets_names_how_to_set_it_not_itself(tmp_path, run_config, suite_wandb_logger,
+                                                                         key, expected, error_line):
+    config = run_config(tmp_path / "run.yaml", trainer={"logger": suite_wandb_logger("p", "n", str(tmp_path))})
+    assert main(["fit", "--config", config, f"--trainer.logger.init_args.{key}", "true"]) == 2
+    line = error_line()
+    assert line.startswith(f"unknown config key trainer.logger.init_args.{key}: ") and expected in line, line
+    assert "did you mean" not in line, line
+
+
 OWN_MODULE = '''
 from torch import nn
 from rescale_tasks.classification.module import ClassificationModule
