@@ -76,10 +76,16 @@ def test_at_rate_0_the_network_is_the_one_of_before_and_draws_nothing(scheme):
     assert torch.equal(out, plain(x))
 
 
-def test_a_rate_runs_the_reference_in_training():
+@pytest.mark.parametrize("scheme", ["rescale", "fixup"])
+def test_a_rate_runs_the_reference_in_training_and_the_frozen_plan_in_evaluation(scheme):
     x = _input("cifar basic")
-    assert running_plan(_net("cifar basic", "rescale"), x) == "folded"
-    assert running_plan(_net("cifar basic", "rescale", stochdepth_rate=0.1), x) == "reference"
+    plain, net = _net("cifar basic", scheme), _net("cifar basic", scheme, stochdepth_rate=0.5)
+    assert running_plan(plain, x) == "folded"
+    assert running_plan(net, x) == "reference"
+    net.eval(), plain.eval()
+    with torch.no_grad():
+        assert running_plan(net, x) == "frozen"
+        assert torch.equal(net(x), plain(x))
 
 
 @pytest.mark.parametrize("scheme", ["none", "nf"])
