@@ -160,16 +160,35 @@ def test_ckpt_path_last_resumes_with_the_model_arguments_the_run_was_started_wit
                                                                                   suite_wandb_logger):
     """A model argument set off its default when the run started (AGC) and not repeated on resume:
     ``--ckpt_path last`` takes it from the checkpoint, as a checkpoint's path does."""
+    whole, cut = _whole_and_resumed(tmp_path, run_config, suite_wandb_logger, "--model.init_args.agc_clip", "0.01")
+    assert _summary(cut)["agc_clip"] == _summary(whole)["agc_clip"] == 0.01
+
+
+def test_stochastic_depth_draws_on_resume_what_the_uninterrupted_run_draws(tmp_path, run_config, suite_wandb_logger):
+    """NF-ResNet with stochastic depth (``scheme_options.stochdepth_rate``): its per-sample draws
+    come from the checkpointed random streams, so the run stopped mid-epoch and resumed is the
+    uninterrupted one."""
+    nf = ("--model.init_args.scheme", "nf", "--model.init_args.scheme_options", "{stochdepth_rate: 0.5}")
+    # the config names another scheme: the resume repeats the one of the checkpoint
+    whole, cut = _whole_and_resumed(tmp_path, run_config, suite_wandb_logger, *nf, on_resume=nf)
+    saved = torch.load(_checkpoints(cut) / "last.ckpt", weights_only=True)["hyper_parameters"]
+    assert saved["scheme_options"] == {"stochdepth_rate": 0.5}
+
+
+def _whole_and_resumed(tmp_path: Path, run_config, suite_wandb_logger, *args: str,
+                       on_resume: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """An uninterrupted run with the arguments ``args`` and one stopped by SIGTERM after training
+    step 4 (mid-epoch) and resumed with ``--ckpt_path last`` and ``on_resume``; asserts they are
+    the same run and returns their folders."""
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     whole.mkdir()
     cut.mkdir()
-    agc = ("--model.init_args.agc_clip", "0.01")
-    assert _fit(whole, "--config", _config(run_config, suite_wandb_logger, whole), *agc) == 0
+    assert _fit(whole, "--config", _config(run_config, suite_wandb_logger, whole), *args) == 0
     config = _config(run_config, suite_wandb_logger, cut, CUTS["training"])
-    assert _fit(cut, "--config", config, *agc) == 143
-    assert _fit(cut, "--config", config, "--ckpt_path", "last") == 0
-    assert _summary(cut)["agc_clip"] == _summary(whole)["agc_clip"] == 0.01
+    assert _fit(cut, "--config", config, *args) == 143
+    assert _fit(cut, "--config", config, "--ckpt_path", "last", *on_resume) == 0
     _assert_same_run(whole, cut)
+    return whole, cut
 
 
 def test_a_signal_inside_an_accumulation_window_stops_after_the_step_that_closes_it(tmp_path, run_config,
