@@ -7,7 +7,9 @@ their order, then the ``--key value`` overrides. :func:`defaults_for` finds the 
 twice included); :func:`yaml_layers` reads the files in that order and :func:`flag_values` the
 overrides, for a caller that needs a setting without building the run (a study resolving its
 points' logger); :func:`key_location` names the file and line that set a key (a bad one's error);
-:func:`refuse_lost_overrides` refuses an option that a later ``--config`` would override.
+:func:`refuse_lost_overrides` refuses an option that a later ``--config`` would override;
+:func:`replaced_mappings` says which keys of a mapping argument (``scheme_options`` ...) a later
+layer that gives the whole mapping drops.
 """
 from __future__ import annotations
 
@@ -21,9 +23,15 @@ from ..errors import UserError
 from .config_files import SafeLoader, check_config_file, load_yaml
 
 __all__ = ["DEFAULTS_NAME", "CONFIG_FLAGS", "defaults_for", "check_layers", "flag_values", "yaml_layers",
-           "key_location", "refuse_lost_overrides"]
+           "key_location", "refuse_lost_overrides", "replaced_mappings", "MAPPING_ARGUMENTS"]
 
 DEFAULTS_NAME = "_defaults.yaml"
+#: the task modules' mapping arguments (dotted, without ``init_args`` levels): a layer that gives
+#: one whole (a config's ``scheme_options: {...}``, ``--model.init_args.scheme_options "{...}"``)
+#: replaces the mapping of the layers before it, where a class's section (``trainer``,
+#: ``optimizer``) is merged key by key
+MAPPING_ARGUMENTS = ("model.scheme_options", "model.network_options", "model.compile_options",
+                     "model.detector_options")
 CONFIG_FLAGS = ("--config", "-c")
 
 
@@ -146,6 +154,53 @@ def refuse_lost_overrides(argv: Sequence[str]) -> None:
             if line is not None:
                 raise UserError(f"--{name} comes before --config {path}, whose line {line} sets it again and is "
                                 "applied after it, so the option would be lost: give options after the last --config")
+
+
+def replaced_mappings(argv: Sequence[str]) -> list[str]:
+    """One line for each layer of the run (the ``_defaults.yaml`` files, the ``--config`` files
+    and the command line, in the order the command applies them) that gives a mapping argument
+    (:data:`MAPPING_ARGUMENTS`) whole and so drops keys a layer before it set: the mapping is
+    replaced, not merged, so ``--model.init_args.scheme_options "{zero_gamma: false}"`` after a
+    recipe that sets ``scheme_options: {stochdepth_rate: 0.1}`` trains without stochastic depth.
+    A dotted option (``--model.init_args.scheme_options.zero_gamma false``) adds its key."""
+    configs = dict(_config_positions(argv))
+    layers: list[tuple[str, list[tuple[tuple[str, ...], int, bool]]]] = [
+        (path, _file_keys(path)) for path in defaults_for(list(configs.values()))]
+    for i, arg in enumerate(argv):
+        if i in configs:
+            layers.append((configs[i], _file_keys(configs[i])))
+            continue
+        name, sep, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        if not sep:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        parts = _key_parts(name)
+        if not any(parts[:len(_key_parts(m))] == _key_parts(m) for m in MAPPING_ARGUMENTS):
+            continue
+        try:
+            given = load_yaml(value, file=False)
+        except (UserError, yaml.YAMLError):
+            given = None
+        keys = [(parts, 0, isinstance(given, dict) and bool(given))]
+        keys += [((*parts, str(k)), 0, False) for k in given] if isinstance(given, dict) else []
+        layers.append((f"--{name}", keys))
+    found = []
+    for mapping in map(_key_parts, MAPPING_ARGUMENTS):
+        held: dict[str, str] = {}  # key -> where it was set
+        for source, keys in layers:
+            whole = any(leaf == mapping for leaf, _, _ in keys)
+            inside = {leaf[len(mapping)]: f"{source}:{line}" if line else source
+                      for leaf, line, _ in keys if len(leaf) > len(mapping) and leaf[:len(mapping)] == mapping}
+            if whole:
+                dropped = sorted(set(held) - set(inside))
+                if dropped:
+                    what = ", ".join(f"{k} ({held[k]})" for k in dropped)
+                    option = "--" + ".".join((mapping[0], "init_args", *mapping[1:]))
+                    found.append(f"{source} gives {'.'.join(mapping)} whole, which replaces the mapping set before "
+                                 f"it and drops {what}: repeat the dropped keys in it, or change one key alone "
+                                 f"with {option}.KEY VALUE")
+                held = {}
+            held.update(inside)
+    return found
 
 
 def _config_positions(argv: Sequence[str]) -> Iterator[tuple[int, str]]:

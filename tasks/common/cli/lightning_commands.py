@@ -37,7 +37,8 @@ from ..system import rank_zero_log, require_writable, write_output
 from ..training import (DivergenceMonitor, LearnedScalarsLogger, WeightEMA, check_network, check_optimization, class_of,
                         resolved_architecture)
 from .config_files import SafeLoader, refuse_duplicate_keys
-from .config_layers import CONFIG_FLAGS, check_layers, flag_values, key_location, refuse_lost_overrides
+from .config_layers import (CONFIG_FLAGS, check_layers, flag_values, key_location, refuse_lost_overrides,
+                            replaced_mappings)
 from .moved_modules import follow_moved_modules
 from .parse_errors import config_errors, trainer_config_errors
 from .quiet import quiet_evaluation, quiet_libraries, quiet_resume
@@ -492,6 +493,8 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
     follow_moved_modules()  # the class paths of configs written before the modules moved
     defaults = check_layers(flag_values(argv, CONFIG_FLAGS))
     refuse_lost_overrides(argv)  # an option before a --config that sets it again
+    for line in replaced_mappings(argv):  # a mapping given whole drops the keys set before it
+        rank_zero_log(log, logging.WARNING, line)
     quiet_libraries()  # before the Trainer is built: it prints an advert
     # once per run: under DDP the other ranks run this command again (Lightning's launcher)
     rank_zero_log(log, logging.DEBUG, "defaults applied (outermost first): " + (", ".join(defaults) or "none"))

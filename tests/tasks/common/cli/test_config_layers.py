@@ -1,12 +1,25 @@
 """The keys of the config layers and where they are set: a key written with its ``init_args``
 level and the same key written without it are one key, to the error that names its line and to
-the refusal of an option a later ``--config`` sets again."""
+the refusal of an option a later ``--config`` sets again; the keys of a mapping argument a later
+layer giving the whole mapping drops."""
 from __future__ import annotations
+
+import logging
+import typing
+from pathlib import Path
 
 import pytest
 
-from rescale_tasks.common.cli.config_layers import key_location, refuse_lost_overrides
+from rescale_tasks.classification.module import ClassificationModule
+from rescale_tasks.common.cli import build_run
+from rescale_tasks.common.cli.config_layers import (MAPPING_ARGUMENTS, key_location, refuse_lost_overrides,
+                                                    replaced_mappings)
 from rescale_tasks.common.errors import UserError
+from rescale_tasks.common.module import RescaleTaskModule
+from rescale_tasks.common.training import init_parameters
+from rescale_tasks.detection.module import DetectionModule
+from rescale_tasks.translation.module import TranslationModule
+from rescale_tasks.video.module import VideoClassificationModule
 
 SPELLINGS = {"with init_args": "trainer:\n  max_epochs: 1\nmodel:\n  class_path: M\n  init_args:\n    depth: 8\n"
                                "    scheme: bn\n",
@@ -24,3 +37,46 @@ def test_a_key_with_or_without_init_args_is_found_on_its_line(tmp_path, spelling
     with pytest.raises(UserError, match=rf"^--{key} comes before --config {run}, whose line 7 sets it again"):
         refuse_lost_overrides(["fit", f"--{key}", "gn", "--config", str(run)])
     refuse_lost_overrides(["fit", f"--{key.replace('scheme', 'width')}", "2", "--config", str(run)])
+
+
+NF_RECIPE = str(Path(__file__).resolve().parents[4] / "experiments" / "imagenet" / "nf_resnet50.yaml")
+RECIPE_LINE = f"stochdepth_rate ({NF_RECIPE}:24)"
+
+
+@pytest.mark.parametrize("given,dropped", [
+    (["--model.init_args.scheme_options", "{zero_gamma: false}"], True),
+    (["--model.init_args.scheme_options=zero_gamma: false"], True),  # a block mapping, --key=value
+    (["--model.init_args.scheme_options", "{zero_gamma: false, stochdepth_rate: 0.1}"], False),
+    (["--model.init_args.scheme_options.zero_gamma", "false"], False),  # one key: merged
+    (["--model.scheme_options.zero_gamma", "false", "--model.scheme_options", "{stochdepth_rate: 0.1}"], True),
+])
+def test_a_mapping_given_whole_says_which_keys_set_before_it_it_drops(given, dropped):
+    """The recipe's stochastic depth is lost to ``scheme_options: {zero_gamma: false}`` (jsonargparse
+    replaces a mapping argument): the run says so, naming the key and the line that set it."""
+    lines = replaced_mappings(["fit", "--config", NF_RECIPE, *given])
+    assert len(lines) == dropped and (not dropped or (RECIPE_LINE in lines[0] or "zero_gamma (--model" in lines[0]))
+    if dropped and given[0].endswith("{zero_gamma: false}"):
+        assert lines[0] == (f"--model.init_args.scheme_options gives model.scheme_options whole, which replaces the "
+                            f"mapping set before it and drops {RECIPE_LINE}: repeat the dropped keys in it, or "
+                            "change one key alone with --model.init_args.scheme_options.KEY VALUE")
+
+
+def test_a_config_file_giving_the_mapping_after_another_is_logged_and_the_run_is_what_it_says(tmp_path, caplog):
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("model:\n  init_args:\n    scheme_options: {zero_gamma: false}\n")
+    with caplog.at_level(logging.WARNING):
+        cli = build_run(["--config", NF_RECIPE, "--config", str(overlay), "--model.init_args.network_options",
+                         "{base_width: 4}"])
+    assert cli.model.net.scheme.stochdepth_rate == 0.0  # what the line says: dropped
+    assert f"{overlay} gives model.scheme_options whole" in caplog.text and RECIPE_LINE in caplog.text
+
+
+def test_every_mapping_argument_of_the_task_modules_is_listed():
+    mappings = set()
+    for module in (ClassificationModule, DetectionModule, TranslationModule, VideoClassificationModule):
+        hints = {**typing.get_type_hints(RescaleTaskModule.__init__), **typing.get_type_hints(module.__init__)}
+        for name in init_parameters(module):
+            hint = hints.get(name)
+            if dict in (typing.get_origin(hint), *map(typing.get_origin, typing.get_args(hint))):
+                mappings.add(f"model.{name}")
+    assert mappings == set(MAPPING_ARGUMENTS)
