@@ -332,6 +332,9 @@ class ResidualBlock(Planned):
             return impl(self, x)
         return self._forward_reference(x)
 
+    def extra_repr(self) -> str:
+        return f"drop_rate={self.drop_rate:.4g}" if self.drop_rate else ""
+
     def _forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         if self.preact:
             h = self.preact_relu(x) * self.input_scale

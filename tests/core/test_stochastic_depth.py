@@ -47,6 +47,7 @@ def test_each_block_gets_the_official_rate_and_evaluation_is_the_network_without
     L = len(blocks)
     # deepmind-research nfnets/nf_resnet.py: stochdepth_rate * index / num_blocks, index from 0
     assert [b.drop_rate for b in blocks] == [0.9 * i / L for i in range(L)]
+    assert "drop_rate" not in repr(blocks[0]) and f"drop_rate={blocks[-1].drop_rate:.4g}" in repr(blocks[-1])
     plain = _net(family, zero_gamma=False)
     plain.load_state_dict(net.state_dict())
     x = _input(family, 16)
