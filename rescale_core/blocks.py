@@ -223,6 +223,7 @@ class ResidualBlock(Planned):
     # stochastic depth: the rate this block drops its branch at in training (what a block pickled
     # before the option holds: none)
     drop_rate = 0.0
+    drop_scale = True
 
     def __init__(self, scheme: Scheme, in_channels: int, planes: int, stride: "int | tuple[int, ...]" = 1,
                  kind: str = "basic", k: int = 1, L: int = 1, spatial_dims: int = 2,
@@ -238,6 +239,7 @@ class ResidualBlock(Planned):
         # the official NF-ResNet rule (deepmind-research nfnets, nf_resnet.py): the overall block
         # index over the number of blocks, 0 for the first block (docs/nf_resnets.md)
         self.drop_rate = scheme.stochdepth_rate * (k - 1) / L
+        self.drop_scale = scheme.stochdepth_scale
         self.preact = scheme.layout == "preact"
         out_channels = planes * self.expansions[kind]
         if kind == "basic":
@@ -339,9 +341,9 @@ class ResidualBlock(Planned):
         if self.preact:
             h = self.preact_relu(x) * self.input_scale
             shortcut = x if self.downsample is None else self.downsample(h)
-            return self.merge(shortcut, drop_path(self.branch(h), self.drop_rate, self.training))
+            return self.merge(shortcut, drop_path(self.branch(h), self.drop_rate, self.training, self.drop_scale))
         shortcut = x if self.downsample is None else self.downsample(x)
-        out = self.merge(shortcut, drop_path(self.branch(x), self.drop_rate, self.training))
+        out = self.merge(shortcut, drop_path(self.branch(x), self.drop_rate, self.training, self.drop_scale))
         return self.relu(self.merge_norm(out))
 
 

@@ -495,14 +495,16 @@ def dropout_nd(p: float, spatial_dims: int) -> nn.Module:
     return {0: nn.Dropout, 1: nn.Dropout1d, 2: nn.Dropout2d, 3: nn.Dropout3d}[spatial_dims](p)
 
 
-def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
+def drop_path(x: torch.Tensor, rate: float, training: bool, scale_by_keep: bool = True) -> torch.Tensor:
     """Stochastic depth (Huang et al. 2016) on a residual branch's output ``x``: in training, each
-    sample's whole ``x`` is zeroed with probability ``rate`` and kept ones are divided by the keep
-    probability ``1 - rate`` (so evaluation, which returns ``x`` unchanged, sees the training
-    mean). One Bernoulli draw per sample, from the global generator of ``x``'s device: the stream
-    dropout draws from, seeded and checkpointed with it."""
+    sample's whole ``x`` is zeroed with probability ``rate`` and, with ``scale_by_keep``, kept ones
+    are divided by the keep probability ``1 - rate`` (so evaluation, which returns ``x``
+    unchanged, sees the training mean; without it, the official NF-ResNet code's ``StochDepth``,
+    evaluation sees each branch ``1 / (1 - rate)`` times its training mean). One Bernoulli draw per
+    sample, from the global generator of ``x``'s device: the stream dropout draws from, seeded and
+    checkpointed with it."""
     if not training or rate == 0.0:
         return x
     keep = 1.0 - rate
     mask = torch.empty((x.shape[0],) + (1,) * (x.ndim - 1), dtype=x.dtype, device=x.device).bernoulli_(keep)
-    return x * mask.div_(keep)
+    return x * (mask.div_(keep) if scale_by_keep else mask)

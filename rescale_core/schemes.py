@@ -49,7 +49,8 @@ The merge every scheme reduces to (block k of L, k = 1..L)::
 - ``stochdepth_rate`` (any conv scheme; NF-ResNet's recipe sets 0.1): stochastic depth (Huang et
   al. 2016) by the official NF-ResNet rule: in training block k of L drops its whole branch, per
   sample, with probability ``stochdepth_rate * (k - 1) / L`` and divides the kept ones by the keep
-  probability; evaluation is unchanged (:func:`rescale_core.layers.drop_path`).
+  probability (``stochdepth_scale: false``: keeps them as they are, the official code's
+  ``StochDepth``); evaluation is unchanged (:func:`rescale_core.layers.drop_path`).
 - Transformer sublayers: ``post_ln`` and ``pre_ln`` beside ``rescale``, ``rezero``, ``skipinit``;
   ``dyt`` (Zhu et al., CVPR 2025) and ``derf`` (Chen et al. 2025): ``pre_ln`` with every
   LayerNorm, the stacks' final ones included, replaced by the pointwise
@@ -148,7 +149,8 @@ FIELD_READERS: dict[str, frozenset[str]] = {
     "merge": _BOTH, "c": _BOTH, "fixed_beta": _BOTH, "gain": _BOTH, "gain_init": _BOTH, "block_scale": _BOTH,
     "skip_alpha": _BOTH, "merge_norm": _CONV, "layout": _BOTH, "nf_alpha": _BOTH,  # a Transformer refuses preact
     # the network
-    "head_norm": _CONV, "classifier_dropout": _CONV, "stochdepth_rate": _CONV, "init": _BOTH,
+    "head_norm": _CONV, "classifier_dropout": _CONV, "stochdepth_rate": _CONV, "stochdepth_scale": _CONV,
+    "init": _BOTH,
     "zero_classifier": _CONV,
     "shortcut_gain": _CONV, "classifier_gain": _CONV, "scalar_lr_factor": _BOTH,
 }
@@ -310,6 +312,8 @@ class Scheme:
     head_norm: bool = False               # counter-example: BN before the classifier only
     classifier_dropout: float = 0.0
     stochdepth_rate: float = 0.0          # stochastic depth: block k of L drops its branch at rate * (k-1) / L
+    stochdepth_scale: bool = True         # kept branches divided by the keep probability (timm's); false: the
+    #                                       official NF-ResNet code's StochDepth, kept branches as they are
     init: str = "he_fan_out"              # "he_fan_out" | "he_fan_in" | "rescale" | "fixup" | "nf"
     #                                       | "deepnorm" | "tfixup" (Transformers: rescale_core.init)
     zero_classifier: bool = False

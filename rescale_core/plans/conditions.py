@@ -80,6 +80,7 @@ IMPLEMENTED_FIELDS: dict[str, tuple | None] = {
     "head_norm": _BOOL,           # runs as a module in the ResNet head on every plan
     "classifier_dropout": None,   # runs as a module in the head on every plan
     "stochdepth_rate": (0.0,),    # the fast training plans never drop a branch: a rate runs the reference
+    "stochdepth_scale": _BOOL,    # read only where a branch is dropped (the reference)
     "init": ("he_fan_out", "he_fan_in", "rescale", "fixup", "deepnorm", "tfixup"),  # construction only; by value, as
     #                               a new rule may build something forward has to know about
     "zero_classifier": _BOOL,     # init only

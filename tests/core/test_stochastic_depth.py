@@ -118,6 +118,26 @@ def test_a_block_drops_its_branch_per_sample_at_its_rate_and_scales_the_kept_one
     assert torch.equal(block.eval()(x), merged(branch))  # evaluation: the identity
 
 
+def test_unscaled_stochastic_depth_keeps_the_kept_branches_as_they_are():
+    """stochdepth_scale false (the official NF-ResNet StochDepth): a kept branch is the branch itself,
+    a dropped one zero; evaluation is the same network."""
+    block = ResidualBlock(get_scheme("nf", stochdepth_rate=0.8, stochdepth_scale=False,
+                                     zero_gamma=False), 4, 4, k=2, L=2)  # drops at 0.4
+    x = torch.randn(400, 4, 3, 3)
+    with torch.no_grad():
+        branch = block.branch(torch.relu(x) * block.input_scale)
+        kept, dropped = block.merge(x, branch), block.merge(x, torch.zeros_like(branch))
+        torch.manual_seed(2)
+        out = block.train()(x)
+        is_kept = torch.isclose(out, kept, atol=1e-6).flatten(1).all(1)
+        is_dropped = torch.isclose(out, dropped, atol=1e-6).flatten(1).all(1)
+        assert bool((is_kept ^ is_dropped).all()) and 0 < int(is_dropped.sum()) < 400
+        assert torch.allclose(block.eval()(x), kept, atol=1e-6)
+    torch.manual_seed(0)
+    y = drop_path(torch.ones(1000, 1, 2), 0.25, True, scale_by_keep=False)
+    assert set(y.unique().tolist()) == {0.0, 1.0}
+
+
 def test_drop_path_keeps_the_input_where_it_does_not_draw():
     x = torch.randn(3, 2)
     assert drop_path(x, 0.0, True) is x and drop_path(x, 0.5, False) is x

@@ -134,7 +134,7 @@ CONV_ONLY_VALUES = {"zero_gamma": {"zero_gamma": True, "scaled_ws": True}, "mean
                     "conv_dropout": {"conv_dropout": 0.5}, "conv_dropout_stages": {"conv_dropout": 0.5, "conv_dropout_stages": [1]},
                     "scaled_ws": {"scaled_ws": True}, "merge_norm": {"merge_norm": True},
                     "head_norm": {"head_norm": True}, "classifier_dropout": {"classifier_dropout": 0.3},
-                    "stochdepth_rate": {"stochdepth_rate": 0.1},
+                    "stochdepth_rate": {"stochdepth_rate": 0.1}, "stochdepth_scale": {"stochdepth_scale": False},
                     "zero_classifier": {"zero_classifier": True}, "shortcut_gain": {"shortcut_gain": 2.0},
                     "classifier_gain": {"classifier_gain": 2.0}}
 

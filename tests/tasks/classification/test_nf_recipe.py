@@ -71,7 +71,9 @@ def test_weight_decay_skips_what_the_official_code_skips(cli):
 
 def test_stochastic_depth_is_the_official_one(cli):
     """NF_ResNet's stochdepth_rate 0.1, block ``index`` (from 0) of ``num_blocks`` dropping at
-    0.1 * index / num_blocks (nfnets/nf_resnet.py)."""
-    assert cli.model.net.scheme.stochdepth_rate == 0.1
-    rates = [m.drop_rate for m in cli.model.net.modules() if isinstance(m, ResidualBlock)]
-    assert len(rates) == 16 and rates == [0.1 * index / 16 for index in range(16)]
+    0.1 * index / num_blocks (nfnets/nf_resnet.py), the kept branches not divided by the keep
+    probability (nfnets/base.py's StochDepth, scale_by_keep=False)."""
+    assert cli.model.net.scheme.stochdepth_rate == 0.1 and cli.model.net.scheme.stochdepth_scale is False
+    blocks = [m for m in cli.model.net.modules() if isinstance(m, ResidualBlock)]
+    assert len(blocks) == 16 and [m.drop_rate for m in blocks] == [0.1 * index / 16 for index in range(16)]
+    assert not any(m.drop_scale for m in blocks)
