@@ -27,10 +27,10 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
     the study folder); log them to ``wandb_run`` when given. ``last_k`` (default: the study's
     ``--last_k``): the tables also give each run's mean of its last ``last_k`` epoch-end validations
     (``last<k> <metric>``; over seeds, its mean, std and n)."""
-    check_last_k(last_k)
     settings = grid.settings
     metric = metric or settings.get("metric")
     last_k = last_k or settings.get("last_k")  # the study's --last_k, unless given again
+    check_last_k(last_k, metric)
     margin = float(settings.get("learn_margin", 0.05))
     outputs = StudyOutputs(out or grid.study_dir)
     rows, metric = point_rows(grid, metric, margin, last_k)

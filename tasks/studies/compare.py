@@ -101,9 +101,13 @@ def last_k_column(k: int) -> str:
     return f"last{k}"
 
 
-def check_last_k(k: Optional[int]) -> None:
+def check_last_k(k: Optional[int], metric: Optional[str] = None) -> None:
+    """Refuse a ``--last_k`` below 1, or one with a ``metric`` that no validation logs (``val/...``)."""
     if k is not None and k < 1:
         raise UserError(f"--last_k {k}: give the number of last epochs to average, 1 or more (e.g. --last_k 5)")
+    if k and metric and not metric.startswith("val/"):
+        raise UserError(f"--last_k {k} averages the last epoch-end validations, and {metric} is not a validation "
+                        "metric: give a val/ metric with --metric (e.g. --metric val/acc1), or leave out --last_k")
 
 
 def last_k_mean(run: dict, metric: str, k: int) -> tuple[Optional[float], Optional[str]]:
@@ -315,8 +319,8 @@ def compare_rows(runs: list[dict], metric: Optional[str] = None, baseline: Optio
     each experiment's own task metric: accuracy, box AP, BLEU; the first of them overall is returned).
     With ``last_k``, also ``last<k> mean``, ``std`` and ``n``: over the variant's runs, each run's
     :func:`last_k_mean` (a run without one named in one warning line)."""
-    check_last_k(last_k)
     requested, first = metric, pick_metric(runs, metric)
+    check_last_k(last_k, requested or first)
     if requested:
         _check_logged(runs, requested, use)
     groups: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))

@@ -188,7 +188,7 @@ def _where_stopped(grid: Grid, name: str) -> str:
 
 def _study(args, points: list[GridPoint], settings: dict, overrides: list[str]) -> int:
     """The grid of ``args.command`` (the budget and fit overrides for every point) run by the engine."""
-    check_last_k(args.last_k)  # before a point runs
+    check_last_k(args.last_k, args.metric)  # before a point runs
     settings = {**settings, "metric": args.metric, "learn_margin": args.learn_margin, "last_k": args.last_k}
     overlays = flag_values(overrides, CONFIG_FLAGS)
     if overlays and points:  # checked as --config is, before a point runs or a script is written

@@ -11,7 +11,8 @@ import pytest
 
 from rescale_tasks.cli import main
 from rescale_tasks.common.run import read_summary
-from rescale_tasks.studies.compare import last_k_mean, run_from_wandb
+from rescale_tasks.common.errors import UserError
+from rescale_tasks.studies.compare import compare_rows, last_k_mean, run_from_wandb
 
 
 @pytest.fixture(autouse=True)
@@ -78,6 +79,16 @@ def test_a_summary_without_epoch_ends_and_a_bad_k_are_each_one_line(tmp_path, er
     (tmp_path / "runs").mkdir()
     assert main(["compare", str(tmp_path / "runs"), "--last_k", "0"]) == 2
     assert "--last_k 0" in error_line()
+
+
+def test_last_k_of_a_metric_no_validation_logs_is_refused_in_one_line():
+    """Not "validated train/loss_epoch at the end of 0 epochs" for every run: the metric is named."""
+    run = {"status": "finished", "curves": {"train/loss_epoch": [[2, 0.5]]}, "val_epoch_ends": [2],
+           "final": {"train/loss_epoch": 0.5}, "best": {"train/loss_epoch": 0.5}}
+    with pytest.raises(UserError, match=r"--last_k 1 averages the last epoch-end validations, and train/loss_epoch "
+                                        r"is not a validation metric") as err:
+        compare_rows([run], "train/loss_epoch", last_k=1)
+    assert "\n" not in str(err.value)
 
 
 def test_study_aggregate_last_k_over_the_seeds_of_a_study(tmp_path, run_config, caplog):
