@@ -76,6 +76,12 @@ class VideoClassificationModule(RescaleTaskModule):
     def forward(self, clips: torch.Tensor) -> torch.Tensor:
         return self.net(self.as_input(clips))
 
+    def network_inputs(self, batch) -> tuple:
+        """The clips of a batch as the network takes them: an evaluation batch's views
+        ``(n, crops, C, T, H, W)`` as ``n * crops`` clips (export's check batch, the probes)."""
+        (clips,) = super().network_inputs(batch)
+        return (clips.flatten(0, 1) if clips.dim() == 6 else clips,)
+
     def train_batch(self, batch, batch_idx: int) -> torch.Tensor:
         clips, labels = batch[0], batch[1]
         labels = self.network_labels(labels)

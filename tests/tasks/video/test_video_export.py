@@ -68,3 +68,15 @@ def test_the_multi_view_test_runs_on_the_inference_plan(trained, frozen_calls, c
     assert main(["test", "--config", config, "--ckpt_path", str(ckpt)]) == 0
     assert "views" in capsys.readouterr().out
     assert frozen_calls and {(grad, training) for _, grad, training in frozen_calls} == {(False, False)}
+
+
+def test_a_machine_holding_the_val_split_alone_exports_on_its_multi_view_batch(trained, export_files, kinetics_clips,
+                                                                                 tmp_path):
+    """The check batch then comes from val, whose items are the test's views (clips x crops): the
+    network takes them as a batch of clips."""
+    config, ckpt = trained
+    (tmp_path / "val_only").mkdir()
+    (tmp_path / "val_only" / "val").symlink_to(kinetics_clips.root / "val", target_is_directory=True)
+    written, _ = export_files(["--config", config, "--ckpt_path", str(ckpt), "--format", "exported-program",
+                               "--out", "r3d_val", "--data.root", str(tmp_path / "val_only")])
+    assert list(written) == ["r3d_val.pt2"] and written["r3d_val.pt2"] < 1e-4, written
