@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from ..common.data import real_rows
+from ..common.data import keep_real, real_rows
 from ..common.errors import ConfigError
 from ..common.module import RescaleTaskModule
 from ..common.run import (PredictedSamples, class_predictions_csv, class_rows, kept_samples, output_names,
@@ -119,16 +119,16 @@ class ClassificationModule(RescaleTaskModule):
         self.log("train/acc1", self.train_acc, on_step=False, on_epoch=True)
         return loss
 
-    def evaluate_batch(self, batch, stage: str) -> torch.Tensor:
+    def evaluate_batch(self, batch, stage: str) -> Optional[torch.Tensor]:
         (x, y), real = real_rows(batch, 2)
         y = self.network_labels(y)
         logits = self(x)  # every row: under a sharded strategy each rank runs the same forwards
-        if real is not None:  # the padding of a sharded strategy's sampler counts nowhere
-            logits, y = logits[real.to(logits.device)], y[real.to(y.device)]
-        loss = F.cross_entropy(logits, y)
+        logits, y = keep_real(real, logits, y)  # the padding of a sharded strategy's sampler counts nowhere
         acc1, acc5 = getattr(self, f"{stage}_acc1"), getattr(self, f"{stage}_acc5")
         mean_loss = getattr(self, f"{stage}_loss")
+        loss = None
         if len(y):
+            loss = F.cross_entropy(logits, y)
             acc1(logits, y)
             acc5(logits, y)
             mean_loss.update(loss.detach(), weight=len(y))
@@ -153,14 +153,12 @@ class ClassificationModule(RescaleTaskModule):
         ``indices`` the split indices its sampler drew, the unreadable files among them left out."""
         dataset = predict_dataset(self.trainer)
         samples = kept_samples(dataset, indices, len(probs))
-        batch, real = real_rows(batch, 2) if isinstance(batch, (tuple, list)) else (batch, None)
+        batch, real = real_rows(batch, len(batch) - 1) if isinstance(batch, (tuple, list)) else (batch, None)
         labels = batch[1] if isinstance(batch, (tuple, list)) and len(batch) > 1 else None  # None: unlabelled
         if labels is not None:
             labels = self.network_labels(labels).tolist()
-        if real is not None:  # a sharded strategy's padding: predicted, not written
-            keep = real.tolist()
-            probs, samples = probs[real.to(probs.device)], [s for s, k in zip(samples, keep) if k]
-            labels = None if labels is None else [label for label, k in zip(labels, keep) if k]
+        probs, samples = keep_real(real, probs, samples)  # a sharded strategy's padding: predicted, not written
+        labels = None if labels is None else keep_real(real, labels)[0]
         names = output_names(self.trained_labels, probs.shape[-1])
         self._predicted.update(class_rows(probs, names, samples, labels, dataset))
 

@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from ..common.data import real_rows
+from ..common.data import keep_real, real_rows
 from ..common.checkpoints import require_classification_checkpoint
 from ..common.module import RescaleTaskModule
 from ..common.run import class_predictions_csv, class_rows, output_names, predict_dataset, stage_dataset
@@ -111,7 +111,8 @@ class VideoClassificationModule(RescaleTaskModule):
         n, crops = logits.shape[:2]
         losses = F.cross_entropy(logits.flatten(0, 1), labels.repeat_interleave(crops),
                                  reduction="none").view(n, crops).sum(1)
-        views, labels, videos, clip_ids, losses = _real(real, logits.softmax(-1), labels, videos, clip_ids, losses)
+        views, labels, videos, clip_ids, losses = keep_real(real, logits.softmax(-1), labels, videos, clip_ids,
+                                                              losses)
         self.evaluation.update(views, labels, videos, clip_ids, losses)
 
     def _drop_skipped(self, stage: str) -> None:
@@ -151,7 +152,7 @@ class VideoClassificationModule(RescaleTaskModule):
     def predict_batch(self, batch) -> dict:
         (clips, labels, videos, clip_ids), real = real_rows(batch, 4)
         views = self._view_logits(clips).softmax(-1)
-        views, labels, videos, clip_ids = _real(real, views, self.network_labels(labels), videos, clip_ids)
+        views, labels, videos, clip_ids = keep_real(real, views, self.network_labels(labels), videos, clip_ids)
         self.evaluation.update(views, labels, videos, clip_ids, torch.zeros(len(videos)))
         return {"video": videos, "clip": clip_ids, "probs": views.mean(1)}
 
@@ -164,10 +165,3 @@ class VideoClassificationModule(RescaleTaskModule):
                           labels.tolist(), predict_dataset(self.trainer), views=views.tolist())
         self.write_predictions("csv", class_predictions_csv(rows.values()), len(rows))
 
-
-def _real(real: Optional[torch.Tensor], *columns: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The rows of ``columns`` that ``real`` marks (all of them without a mask): a sharded
-    strategy's padding is run, never counted (:func:`~rescale_tasks.common.data.eval_sampler`)."""
-    if real is None:
-        return columns
-    return tuple(column[real.to(column.device)] for column in columns)

@@ -16,7 +16,7 @@ throughput unit, images as the networks read them, and what the labels mean.
 - ``preprocessing``: an evaluation transform described for a runtime (the export sidecar's ``preprocessing``)
 """
 from .sampling import (MarkedPadding, PaddedEvalSampler, PerSampleSeed, ResumableDataLoader, ResumableSampler,
-                       ResumeMismatch, UnrepeatedSampler, eval_sampler, real_rows, check_resume, refused_resume, sample_seed, shards_parameters,
+                       ResumeMismatch, UnrepeatedSampler, eval_sampler, keep_real, real_rows, check_resume, refused_resume, sample_seed, shards_parameters,
                        sigterm_safe_worker_init, worker_init)
 from .batch_sampling import BatchListLoader, BatchListSampler
 from .empty_batches import (SKIPPED, data_may_skip_files, is_skipped, must_skip, nothing_to_evaluate,
@@ -30,7 +30,7 @@ from .text import is_utf16, to_utf8_advice
 from .module import DATA_KEY, FINGERPRINT_KEY, TaskDataModule, data_fingerprint, describe_fingerprint, same_data
 from .preprocessing import LAYOUT_ONLY, describe_transforms
 
-__all__ = ["MarkedPadding", "PaddedEvalSampler", "eval_sampler", "real_rows", "PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMismatch", "UnrepeatedSampler",
+__all__ = ["MarkedPadding", "PaddedEvalSampler", "eval_sampler", "keep_real", "real_rows", "PerSampleSeed", "ResumableDataLoader", "ResumableSampler", "ResumeMismatch", "UnrepeatedSampler",
            "check_resume", "refused_resume", "sample_seed", "shards_parameters", "sigterm_safe_worker_init", "worker_init",
            "BatchListLoader", "BatchListSampler", "SKIPPED", "data_may_skip_files", "is_skipped", "must_skip",
            "nothing_to_evaluate", "skipped_prediction", "skipped_step", "batch_size", "items_in",

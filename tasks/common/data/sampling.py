@@ -17,6 +17,7 @@ transformed under its own RNG seed derived from ``(seed, epoch, index)``.
 from __future__ import annotations
 
 import atexit
+import itertools
 import multiprocessing
 import random
 from typing import Any, Iterator, Optional, Sequence
@@ -31,7 +32,7 @@ from ..errors import ConfigError
 from ..system import ignore_in_worker
 
 __all__ = ["ResumableSampler", "ResumableDataLoader", "UnrepeatedSampler", "PaddedEvalSampler", "MarkedPadding",
-           "eval_sampler", "real_rows", "shards_parameters", "PerSampleSeed", "sample_seed",
+           "eval_sampler", "real_rows", "keep_real", "shards_parameters", "PerSampleSeed", "sample_seed",
            "worker_init", "sigterm_safe_worker_init", "ResumeMismatch", "refused_resume", "check_resume"]
 
 _MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, epoch, index) over seeds
@@ -207,11 +208,23 @@ def eval_sampler(dataset: Dataset, strategy: Any) -> tuple[Dataset, DistributedS
 
 def real_rows(batch: Sequence, fields: int) -> tuple[Sequence, Optional[torch.Tensor]]:
     """``(the batch's first fields, mask of its real rows or None)`` for an evaluation batch of
-    ``fields`` fields: a batch from :class:`MarkedPadding` has one more, the mask; other batches
-    (no padding, or a batch every file of which was skipped) have none."""
-    if len(batch) == fields + 1:
-        return batch[:fields], batch[fields]
+    ``fields`` fields: a batch from :class:`MarkedPadding` has one more, the mask (a 1-D boolean
+    tensor: no task's field is one); other batches (no padding, or a batch every file of which was
+    skipped) have none."""
+    mask = batch[fields] if len(batch) == fields + 1 else None
+    if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.dim() == 1:
+        return batch[:fields], mask
     return batch, None
+
+
+def keep_real(real: Optional[torch.Tensor], *columns: "torch.Tensor | list") -> tuple:
+    """The rows of each of ``columns`` (tensors or lists, one row per item) that ``real`` marks, all
+    of them without a mask: a sharded strategy's padding is run, never counted (:func:`eval_sampler`)."""
+    if real is None:
+        return columns
+    keep = real.tolist()
+    return tuple(column[real.to(column.device)] if isinstance(column, torch.Tensor)
+                 else list(itertools.compress(column, keep)) for column in columns)
 
 
 class ResumeMismatch(ConfigError):

@@ -9,7 +9,8 @@ import torch.multiprocessing as mp
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
-from rescale_tasks.common.data import (MarkedPadding, PaddedEvalSampler, UnrepeatedSampler, eval_sampler, real_rows)
+from rescale_tasks.common.data import (MarkedPadding, PaddedEvalSampler, UnrepeatedSampler, eval_sampler, keep_real,
+                                       real_rows)
 from eval_rank import Unreadable, collate_readable, evaluate, sharded_eval_rank, split
 
 
@@ -65,3 +66,15 @@ def test_an_unreadable_item_is_replaced_by_a_stand_in_that_counts_nowhere(tmp_pa
     mp.spawn(sharded_eval_rank, args=(2, str(tmp_path / "rendezvous"), net, str(out), (6,), 3), nprocs=2)
     got = torch.load(out, weights_only=True)
     assert got["forwards"] == [2, 2] and got["masked"] == pytest.approx(single, rel=1e-6)
+
+
+def test_only_a_boolean_last_field_is_a_mask_and_keep_real_takes_tensors_and_lists():
+    """An int64 label field is never read as the mask (a batch of one field fewer is not taken for
+    a marked one); keep_real keeps the marked rows of tensors and lists alike."""
+    images, labels, mask = torch.zeros(3, 2), torch.tensor([1, 0, 1]), torch.tensor([True, False, True])
+    assert real_rows((images, labels), 1) == ((images, labels), None)
+    fields, real = real_rows((images, labels, mask), 2)
+    assert real is mask and fields[1] is labels
+    kept_labels, kept_names = keep_real(real, labels, ["a", "b", "c"])
+    assert kept_labels.tolist() == [1, 1] and kept_names == ["a", "c"]
+    assert keep_real(None, labels, ["a"]) == (labels, ["a"])
