@@ -9,9 +9,11 @@ import io
 import json
 import logging
 import math
+import numbers
 import os
 from typing import Any, Iterable, Optional, Sequence
 
+import numpy as np
 import yaml
 
 from ..common.errors import UserError
@@ -64,11 +66,11 @@ def _kind(value: Any) -> str:
     """A cell's type as :data:`WRITTEN_SUFFIX` records it: none, bool, int, float or text."""
     if value is None:
         return "none"
-    if isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):  # numpy's bool is no number
         return "bool"
-    if isinstance(value, int):
+    if isinstance(value, numbers.Integral):  # numpy's integers too
         return "int"
-    return "float" if isinstance(value, float) else "text"
+    return "float" if isinstance(value, numbers.Real) else "text"
 
 
 def _typed(text: str, kind: str) -> Any:
@@ -141,13 +143,17 @@ def write_table(rows: Sequence[dict], stem: str, columns: Optional[Sequence[str]
     writer.writeheader()
     writer.writerows([{c: ("" if row.get(c) is None else row.get(c)) for c in cols} for row in rows])
     data = text.getvalue().encode("utf-8")
+    record = {"csv_sha256": _digest(data), "kinds": [[_kind(row.get(c)) for c in cols] for row in rows]}
+    # the record last, the old one gone first: a write stopped midway leaves a pair without a record
+    # (read by its cells, as a pair written before records), never a record of other files
+    if os.path.exists(stem + WRITTEN_SUFFIX):
+        os.remove(stem + WRITTEN_SUFFIX)
     with atomic_open(stem + ".csv", "wb") as f:
         f.write(data)
-    record = {"csv_sha256": _digest(data), "kinds": [[_kind(row.get(c)) for c in cols] for row in rows]}
-    with atomic_open(stem + WRITTEN_SUFFIX) as f:
-        f.write(json.dumps(record, separators=(",", ":")) + "\n")
     with atomic_open(stem + ".md") as f:
         f.write((f"{title}\n\n" if title else "") + markdown_table(rows, cols))
+    with atomic_open(stem + WRITTEN_SUFFIX) as f:
+        f.write(json.dumps(record, separators=(",", ":")) + "\n")
     return stem + ".csv", stem + ".md"
 
 

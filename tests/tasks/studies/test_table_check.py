@@ -53,3 +53,26 @@ def test_a_pair_written_before_the_record_reads_numbers_only_as_the_csv_writes_t
     write_table([r for r in ROWS if r["scheme"] == "bn"], str(tmp_path / "s/grid"), title="Depth study")
     (tmp_path / "s" / f"grid{WRITTEN_SUFFIX}").unlink()
     assert main(["study", "tables", str(doc)]) == 0 and main(["study", "tables", str(doc), "--check"]) == 0
+
+
+def test_numpy_cells_are_recorded_as_the_numbers_they_are_and_the_record_is_written_last(tmp_path, monkeypatch):
+    """np.int64 / np.float64 / np.bool_ cells (pandas' and numpy's means) read back as numbers and
+    booleans; a rewrite removes the old record before writing the files it describes."""
+    import json
+
+    import numpy as np
+
+    stem = str(tmp_path / "t/grid")
+    write_table([{"n": np.int64(3), "mean": np.float64(0.5), "stable": np.bool_(True)}], stem)
+    assert json.loads((tmp_path / ("t/grid" + WRITTEN_SUFFIX)).read_text())["kinds"] == [["int", "float", "bool"]]
+    written = []
+    import rescale_tasks.studies.outputs as outputs
+    real_open = outputs.atomic_open
+
+    def spy(path, *args, **kwargs):
+        written.append((path.rsplit("/", 1)[-1], (tmp_path / ("t/grid" + WRITTEN_SUFFIX)).exists()))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(outputs, "atomic_open", spy)
+    write_table([{"n": 4}], stem)
+    assert written == [("grid.csv", False), ("grid.md", False), ("grid" + WRITTEN_SUFFIX, False)]
