@@ -74,10 +74,10 @@ class UpdateTokens:
     def add(self, tokens: int) -> int:
         """Count a micro-batch of ``tokens`` target tokens over all ranks; the number its summed
         loss is divided by."""
-        if self.first == 0:
-            self.first = max(int(tokens), 1)
+        if self.first == 0 and tokens > 0:  # an update's first micro-batch with a token: not 1 for one without
+            self.first = int(tokens)
         self.total += int(tokens)
-        return self.first
+        return max(self.first, 1)
 
     def gradient_factor(self, accumulate_grad_batches: int) -> float:
         """``first * accumulate_grad_batches / total`` (1.0 for an update without a token, whose

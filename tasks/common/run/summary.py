@@ -15,7 +15,8 @@ gradient clipping threshold ``agc_clip`` (null: off) with its ``agc_eps`` and
 ``status`` (``finished``, ``diverged``, ``interrupted``), the final value of every logged scalar,
 the best validation values, curves (``[step, value]`` pairs: ``train/loss`` once per logged
 optimizer step, with the ``train/loss_step`` the loggers received at it (with gradient
-accumulation, the window's last batch's loss, undivided, as Lightning logs it), every validation
+accumulation, the window's last batch's loss, undivided, as Lightning logs it; translation's is
+the whole update's per target token), every validation
 metric once per validation with the value the loggers received, also mid-epoch with
 ``val_check_interval`` and across resumes), ``val_epoch_ends`` (the steps of the validations that
 ran at an epoch's last batch, once each: a run's per-epoch history, read by ``--last_k``), steps, epochs, training seconds and the

@@ -121,3 +121,14 @@ def test_two_ranks_accumulating_equal_one_process_on_all_their_batches(tmp_path)
         _assert_same(state["grads"], one_grads)
         _assert_same(state["weights"], one_weights)
         assert state["logged"] == pytest.approx(one_logged, rel=1e-12)
+
+
+def test_an_update_whose_first_micro_batch_has_no_token_divides_by_the_next_ones_tokens():
+    """Not by 1 (losses thousands of times too large for fp16's scaler): the stand-in divisor is the
+    first micro-batch with a token, and the factor still gives the loss summed over the update's tokens."""
+    from rescale_tasks.translation.loss import UpdateTokens
+
+    tokens = UpdateTokens()
+    assert [tokens.add(0), tokens.add(100), tokens.add(50)] == [1, 100, 100]
+    assert tokens.gradient_factor(3) == 100 * 3 / 150
+    assert tokens.add(7) == 7  # the next update counts again
