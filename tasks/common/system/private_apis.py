@@ -58,9 +58,10 @@ PRIVATE_APIS = (
                "common/cli/lightning_commands.py: RescaleCLI.parse_arguments",
                "the subcommand's parser, whose keys a one-line parse error suggests"),
     PrivateApi("lightning.pytorch.loggers.WandbLogger", "_experiment", "attribute",
-               "common/reporting/wandb_logger.py: SuiteWandbLogger.started, .experiment, current_run "
+               "common/reporting/wandb_logger.py: SuiteWandbLogger.started, .experiment, discard_run, current_run "
                "(common/run/summary.py)",
-               "whether the W&B run has started, without starting it (the public experiment starts it)"),
+               "whether the W&B run has started, without starting it (the public experiment starts it); set to "
+               "None by discard_run once a refused run's segment is removed, so nothing logs into it"),
     PrivateApi("lightning.pytorch.loggers.WandbLogger", "_wandb_init", "attribute",
                "common/reporting/wandb_logger.py: SuiteWandbLogger.__init__, label_runs",
                "the wandb.init arguments: the run name and group filled from the data's labels before the "
