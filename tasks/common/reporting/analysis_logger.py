@@ -50,18 +50,20 @@ class AnalysisPlotsLogger(L.Callback):
         self.samples = samples
         self.train = train
         self.seconds: list[float] = []  # time of every call (what the probe costs the run)
-        self._last_step: int | None = None
+        self._started_at: int | None = None  # trainer.global_step at the current batch's start
         self._pending = False  # a probe due at a skipped batch waits for the next one
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._started_at = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        # the first step, then every n; once per step with gradient accumulation
-        if not (optimizer_step_due(trainer, self.every_n_steps, self._last_step) or self._pending):
+        # the first step, then every n; once per step with gradient accumulation, and after a resume
+        if not (optimizer_step_due(trainer, self.every_n_steps, self._started_at) or self._pending):
             return
         loggers = [logger for logger in trainer.loggers if isinstance(logger, WandbLogger)]
         if not loggers:
             return
-        self._last_step = step
         # a batch of bad files has no sample to probe (common.data.empty_batches): the next one is used;
         # the same on every rank (all ranks skip such a batch together)
         self._pending = is_skipped(outputs)

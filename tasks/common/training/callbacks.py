@@ -162,13 +162,15 @@ class DivergenceMonitor(L.Callback):
         self.diverged_at = state_dict.get("diverged_at")
 
 
-def optimizer_step_due(trainer: L.Trainer, every_n_steps: int, done: Optional[int]) -> bool:
+def optimizer_step_due(trainer: L.Trainer, every_n_steps: int, started_at: Optional[int]) -> bool:
     """Whether ``on_train_batch_end`` runs right after an optimizer step due every ``every_n_steps``
-    (the first step, then every n) and not yet handled (``done``: the step handled last). Under
-    gradient accumulation every batch of a window ends at the same ``global_step``: only the
-    window's last one, the one that stepped, is due, and no batch before the first step is."""
+    (the first step, then every n): ``started_at`` is ``trainer.global_step`` at that batch's
+    ``on_train_batch_start`` (None: not seen). Under gradient accumulation every batch of a window
+    ends at the same ``global_step``: only the batch that stepped is due, none before the first
+    step, and none of a resumed run's window before its first step (its ``global_step`` is the
+    restored one, the step the run before already handled)."""
     step = trainer.global_step
-    return step >= 1 and step != done and not (step - 1) % every_n_steps
+    return step >= 1 and started_at is not None and step != started_at and not (step - 1) % every_n_steps
 
 
 class LearnedScalarsLogger(L.Callback):
@@ -184,7 +186,7 @@ class LearnedScalarsLogger(L.Callback):
         if every_n_steps < 1:
             raise ConfigError(f"learned_scalars.every_n_steps ({every_n_steps}) must be at least 1")
         self.every_n_steps = every_n_steps
-        self._logged: Optional[int] = None  # the optimizer step logged last
+        self._started_at: Optional[int] = None  # trainer.global_step at the current batch's start
 
     @staticmethod
     def _last_step(trainer: L.Trainer) -> bool:
@@ -193,12 +195,15 @@ class LearnedScalarsLogger(L.Callback):
         epochs = trainer.max_epochs
         return trainer.is_last_batch and epochs is not None and epochs > 0 and trainer.current_epoch + 1 >= epochs
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._started_at = trainer.global_step
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        if not (optimizer_step_due(trainer, self.every_n_steps, self._logged)
-                or (self._last_step(trainer) and step not in (0, self._logged))):
+        stepped = self._started_at is not None and step != self._started_at  # this batch ran an optimizer step
+        if not (optimizer_step_due(trainer, self.every_n_steps, self._started_at)
+                or (self._last_step(trainer) and stepped)):
             return
-        self._logged = step
         net = getattr(pl_module, "net", pl_module)
         values = {f"scalars/{k}": v for k, v in learned_scalars(net).items()}
         if not values:

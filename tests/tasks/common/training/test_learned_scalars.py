@@ -10,6 +10,7 @@ import csv
 import lightning.pytorch as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -63,3 +64,35 @@ def test_scalars_and_plots_once_per_due_optimizer_step(tmp_path, offline_in_tmp)
 def test_every_n_steps_below_one_is_one_error_line():
     with pytest.raises(ConfigError, match="every_n_steps"):
         LearnedScalarsLogger(every_n_steps=0)
+
+
+def test_a_resumed_run_logs_no_step_twice(tmp_path, offline_in_tmp):
+    """A run resumed from its step-2 checkpoint (mid-epoch), 2 batches accumulated a step: its
+    window's first batch ends at the restored step 2, which the first run logged (and plotted)
+    already; before, both callbacks took it for step 2 and logged it again, before any step of the
+    resumed run."""
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(16, 3, 8, 8, generator=g), torch.randint(0, 3, (16,), generator=g))
+
+    def fit(max_steps, version, ckpt_path=None):
+        L.seed_everything(0)
+        module = ClassificationModule("cifar_resnet", "rescale", network_options={"depth": 8, "base_width": 4},
+                                      num_classes=3, optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+        plots = AnalysisPlotsLogger(every_n_steps=1, samples=2)
+        wandb_logger = SuiteWandbLogger(project="resume", save_dir=str(tmp_path / "runs"), version=f"v{version}")
+        trainer = L.Trainer(max_steps=max_steps, accumulate_grad_batches=2, accelerator="cpu", devices=1,
+                            logger=[CSVLogger(tmp_path / "csv", version=version), wandb_logger],
+                            callbacks=[LearnedScalarsLogger(every_n_steps=1), plots,
+                                       ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)],
+                            log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False)
+        try:
+            trainer.fit(module, DataLoader(data, batch_size=2), ckpt_path=ckpt_path)
+        finally:
+            import wandb
+
+            wandb.finish()
+        rows = list(csv.DictReader(open(trainer.loggers[0].log_dir + "/metrics.csv")))
+        return [int(row["step"]) for row in rows if row.get("scalars/layer1.0")], len(plots.seconds)
+
+    assert fit(2, 0) == ([0, 1], 2)
+    assert fit(4, 1, str(tmp_path / "ckpt" / "last.ckpt")) == ([2, 3], 2)  # optimizer steps 3 and 4, once each
