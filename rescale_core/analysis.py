@@ -9,7 +9,9 @@ no model changes, state restored.
 
 The probes hook the merge and the ReLUs, so they run the model on its reference path
 (:func:`rescale_core.plans.reference_path`; the fast plans compute the same function but
-call neither).
+call neither), and eagerly (:func:`eager`): a model compiled with ``torch.compile`` (a run's
+``compile: true``) runs its compiled code without the hooks the probes add after it compiled, or
+with some of them.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from .plans import reference_path
 from .layers import MeanShiftBias
 from .models.transformer import TransformerEmbedding
 
-__all__ = ["signal_propagation", "residual_blocks", "stage_of", "learned_scalars", "dead_relu_fraction"]
+__all__ = ["signal_propagation", "residual_blocks", "stage_of", "learned_scalars", "dead_relu_fraction", "eager"]
 
 
 def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -38,6 +40,12 @@ def stage_of(name: str) -> str:
     """``layer3.5`` -> ``layer3``; ``encoder.layers.2.ffn`` -> ``encoder.layers``."""
     match = re.match(r"^(.*?)(?:\.\d+)(?:\.|$)", name)
     return match.group(1) if match else name.rsplit(".", 1)[0]
+
+
+def eager():
+    """Inside it, a compiled model (or part) runs its Python code eagerly, every hook called: the
+    probes' forward passes run so (``torch.compile``'s cached code would skip hooks added later)."""
+    return torch.compiler.set_stance("force_eager")
 
 
 @contextmanager
@@ -113,7 +121,7 @@ def signal_propagation(model: nn.Module, inputs, train: bool | None = True) -> l
 
     # dropout in training mode draws from a fork of the random streams: the caller's run on unchanged
     devices = sorted({p.device.index for p in model.parameters() if p.device.type == "cuda"})
-    with torch.random.fork_rng(devices=devices), _preserved_state(model, train), reference_path(model):
+    with torch.random.fork_rng(devices=devices), _preserved_state(model, train), reference_path(model), eager():
         # in the mode probed (the model's own with train=None), a mean-shift layer in training mode
         # and still measuring measures this batch, as on a training batch: it needs gradients enabled
         measuring = any(isinstance(m, MeanShiftBias) and m.measuring and m.training for m in model.modules())
@@ -187,7 +195,7 @@ def dead_relu_fraction(model: nn.Module, inputs, per_sample: bool = False) -> fl
     handles += [m.register_forward_pre_hook(tokens_hook) for m in model.modules()
                 if isinstance(m, TransformerEmbedding)]
     try:
-        with _preserved_modes(model, False), reference_path(model):
+        with _preserved_modes(model, False), reference_path(model), eager():
             model(*(inputs if isinstance(inputs, tuple) else (inputs,)))
     finally:
         for h in handles:

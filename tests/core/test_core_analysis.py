@@ -272,3 +272,19 @@ def test_signal_propagation_leaves_the_random_streams_as_they_were():
     second = signal_propagation(model, tokens, train=True)
     assert torch.equal(torch.rand(3), expected)
     assert [r["var_out"] for r in first] != [r["var_out"] for r in second]  # dropout did act, on a fork
+
+
+def test_probes_of_a_compiled_model_hook_every_block():
+    """A model compiled in place (a run's ``compile: true``) runs cached compiled code that skips
+    hooks added after it compiled: the signal probe crashed (a block's hook fired, its merge's
+    did not) once the dead-ReLU probe had compiled the model. The probes run it eagerly."""
+    torch.manual_seed(0)
+    model = _model("cifar_resnet", "rescale", depth=8, scheme_options={"mean_shift": True})
+    rescale_core.finish_measuring(model)
+    plain = copy.deepcopy(model)
+    model.compile(backend="eager")  # dynamo's tracing, without a compiler's wait
+    x = torch.randn(8, 3, 8, 8)
+    for per_sample in (True, False):
+        assert dead_relu_fraction(model, x, per_sample) == dead_relu_fraction(plain, x, per_sample)
+    expected = signal_propagation(plain, x)
+    assert signal_propagation(model, x) == expected and len(expected) == 3
