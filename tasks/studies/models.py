@@ -64,9 +64,13 @@ def load_subject(config: str, ckpt: Optional[str] = None, overrides: Sequence[st
     """Build the module and data module of ``config`` (``_defaults.yaml`` files and ``overrides``
     applied, seeded as ``rescale fit`` seeds) without training, and load ``ckpt``'s weights.
 
+    Built uncompiled whatever the config's ``compile`` says: the probes hook the network and run
+    it eagerly, and a copy of a network compiled in place (what ``dead-relu`` measures on) would
+    run the original's compiled code, not its own.
+
     A missing file, or a checkpoint of another architecture, is one :class:`UserError` line.
     """
-    cli = build_run(["--config", config, *overrides])
+    cli = build_run(["--config", config, *overrides, "--model.init_args.compile", "false"])
     subject = Subject(cli.model, cli.datamodule, name or _stem(config), config)
     if ckpt is not None:
         subject.ckpt = ckpt

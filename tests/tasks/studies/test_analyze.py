@@ -230,6 +230,21 @@ def test_dead_relu_depends_on_samples_only_with_mean_shift(tmp_path, run_config,
     assert "| rescale8 | yes | 16 |" in capsys.readouterr().out
 
 
+def test_dead_relu_of_a_compiled_config_equals_the_eager_one(tmp_path, run_config):
+    """A config with ``compile: true``: the network was compiled in place, and every copy that
+    measured mu0 ran the original's compiled code (hooks on the copy never called): 0 dead units
+    at every n, silently. The subjects are built uncompiled."""
+    config = run_config(tmp_path / "rescale8.yaml")
+    compiled = run_config(tmp_path / "compiled8.yaml", model={"init_args": {
+        "compile": True, "compile_options": {"backend": "eager"}}})  # dynamo's tracing, no compiler's wait
+    for name, path in (("dr", config), ("drc", compiled)):
+        assert main(["analyze", "dead-relu", "--config", path, "--max_samples", "4", "--eval_samples", "8",
+                     "--input", "gaussian", "--out", name]) == 0
+    eager, rows = read_csv("dr/dead_relu.csv"), read_csv("drc/dead_relu.csv")
+    assert any(float(r["dead_per_sample"]) > 0 for r in eager if r["mean_shift"] == "True")
+    assert [{**r, "run": ""} for r in rows] == [{**r, "run": ""} for r in eager]
+
+
 def test_dead_relu_measures_up_to_max_samples(tmp_path, run_config):
     """--max_samples 1024 stopped at 512 samples (the series was cut at 2^9 whatever was asked)."""
     config = run_config(tmp_path / "rescale8.yaml")
