@@ -3,7 +3,9 @@ no model changes, state restored.
 
 - :func:`signal_propagation`: per residual block, the variances of the scaled skip term, the
   scaled branch term, their sum and the block output, and the relative error of the RescaleNet
-  rebuttal's Eq. 1, ``eta_k = |Var[a x] + Var[b F] - Var[x_k]| / Var[x_k]``.
+  rebuttal's Eq. 1, ``eta_k = |Var[a x] + Var[b F] - Var[x_k]| / Var[x_k]``; and the block
+  output's average channel squared mean and average channel variance, what Brock et al.'s
+  signal propagation plots show (NF-ResNets, 2021, Sec. 3).
 - :func:`learned_scalars`: the learned branch multipliers per block (rebuttal [R2]).
 - :func:`dead_relu_fraction`: fraction of ReLU units that never fire on a batch (Sec. 4.4).
 
@@ -22,7 +24,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .blocks import ResidualMerge
+from .blocks import ResidualMerge, ResidualSublayer
 from .plans import reference_path
 from .layers import MeanShiftBias
 from .models.transformer import TransformerEmbedding
@@ -77,13 +79,26 @@ def _var(t: torch.Tensor) -> float:
     return float(t.detach().double().var(unbiased=False))
 
 
+def _channel_stats(t: torch.Tensor, dim: int) -> tuple[float, float]:
+    """(average channel squared mean, average channel variance) of ``t``, channel dimension ``dim``:
+    each channel's mean and biased variance over every other dimension (samples, positions)."""
+    x = t.detach().double().movedim(dim, 0).flatten(1)
+    return float(x.mean(dim=1).square().mean()), float(x.var(dim=1, unbiased=False).mean())
+
+
 def signal_propagation(model: nn.Module, inputs, train: bool | None = True) -> list[dict]:
     """One forward pass with hooks; one dict per residual block in forward order.
 
     Keys: ``name``, ``stage``, ``block`` (index inside its stage), ``k`` and ``L``,
     ``skip_scale``/``branch_scale`` (fixed multipliers), ``gain`` (mean learned multiplier or
     None), ``var_skip``, ``var_branch``, ``var_sum``, ``var_out`` (what the next block receives)
-    and ``eta``. ``inputs`` is a tensor or a tuple of positional arguments.
+    and ``eta``: each ``var_*`` the variance over every element of the tensor (samples, channels
+    and positions pooled). ``chan_mean_sq_out`` and ``chan_var_out``: the block output's average
+    channel squared mean and average channel variance (each channel's mean and variance over
+    samples and positions, averaged over channels: Brock et al.'s signal propagation plots; a
+    channel is dimension 1 of a conv network's output, a feature of a Transformer's).
+    ``var_out = chan_var_out`` + the variance of the channel means. ``inputs`` is a tensor or a
+    tuple of positional arguments.
 
     ``train=True`` (default) measures as at the start of training (BatchNorm uses batch
     statistics; mean-shift layers still measuring subtract this batch's means, as they would on
@@ -112,9 +127,10 @@ def signal_propagation(model: nn.Module, inputs, train: bool | None = True) -> l
             gain = None if merge.gain is None else float(merge.gain.weight.detach().mean())
             stage = stage_of(name)
             index = sum(1 for r in records if r["stage"] == stage)
+            mean_sq, chan_var = _channel_stats(out, -1 if isinstance(block, ResidualSublayer) else 1)
             rec.update(name=name, stage=stage, block=index, k=merge.k, L=merge.L,
                        skip_scale=merge.skip_scale, branch_scale=merge.branch_scale, gain=gain,
-                       var_out=_var(out))
+                       var_out=_var(out), chan_mean_sq_out=mean_sq, chan_var_out=chan_var)
             rec["eta"] = abs(rec["var_skip"] + rec["var_branch"] - rec["var_sum"]) / max(rec["var_sum"], 1e-30)
             records.append(rec)
         return hook

@@ -109,7 +109,7 @@ def test_records_come_in_forward_order():
     assert [r["block"] for r in records] == [0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 0, 1, 2]
     assert [r["k"] for r in records] == list(range(1, 17)) and {r["L"] for r in records} == {16}
     expected_keys = {"name", "stage", "block", "k", "L", "skip_scale", "branch_scale", "gain",
-                     "var_skip", "var_branch", "var_sum", "var_out", "eta"}
+                     "var_skip", "var_branch", "var_sum", "var_out", "eta", "chan_mean_sq_out", "chan_var_out"}
     for r, (_, block) in zip(records, residual_blocks(model)):
         assert set(r) == expected_keys
         assert r["skip_scale"] == block.merge.skip_scale and r["gain"] == 1.0
@@ -288,3 +288,30 @@ def test_probes_of_a_compiled_model_hook_every_block():
         assert dead_relu_fraction(model, x, per_sample) == dead_relu_fraction(plain, x, per_sample)
     expected = signal_propagation(plain, x)
     assert signal_propagation(model, x) == expected and len(expected) == 3
+
+
+@pytest.mark.parametrize("name, dim", [("cifar_resnet", 1), ("transformer_tiny", -1)])
+def test_channel_statistics_are_those_of_the_signal_propagation_plots(name, dim):
+    """Brock et al.'s plots show the average channel squared mean and the average channel variance
+    of each block's output; the probe only gave the variance over all elements, which pools the
+    channels (a ReLU network's large channel means showed nowhere). By hand, one channel at a time."""
+    torch.manual_seed(0)
+    if name == "cifar_resnet":
+        model, inputs = _model(name, "rescale", depth=8), torch.randn(6, 3, 8, 8) + 0.5
+    else:
+        model = rescale_core.create_model(name, scheme="pre_ln", src_vocab_size=30)
+        inputs = (torch.randint(3, 30, (2, 5)), torch.randint(3, 30, (2, 4)))
+    outputs = {}
+    for block_name, block in residual_blocks(model):
+        block.register_forward_hook(lambda m, a, out, n=block_name: outputs.__setitem__(n, out.detach().clone()))
+    records = signal_propagation(model, inputs, train=False)
+    assert len(records) == len(outputs) > 0
+    for record in records:
+        out = outputs[record["name"]].double().movedim(dim, 0)
+        channels = [out[c].flatten() for c in range(out.shape[0])]
+        means = [float(v.sum() / v.numel()) for v in channels]
+        variances = [float(((v - m) ** 2).sum() / v.numel()) for v, m in zip(channels, means)]
+        assert record["chan_mean_sq_out"] == pytest.approx(sum(m * m for m in means) / len(means), rel=1e-9)
+        assert record["chan_var_out"] == pytest.approx(sum(variances) / len(variances), rel=1e-9)
+    if name == "cifar_resnet":  # post-ReLU outputs: channel means far from 0
+        assert all(r["chan_mean_sq_out"] > 0.2 * r["chan_var_out"] for r in records)

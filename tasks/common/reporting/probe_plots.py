@@ -17,7 +17,8 @@ from .figures import finish_figure, new_figure
 __all__ = ["SIGNAL_COLUMNS", "SCALAR_COLUMNS", "signal_rows", "gain_rows", "signal_figure", "scalars_figure",
            "rows_by_run", "log_scale_if_positive"]
 
-SIGNAL_COLUMNS = ["run", "block", "stage", "k", "var_skip", "var_branch", "var_sum", "var_out", "eta", "gain"]
+SIGNAL_COLUMNS = ["run", "block", "stage", "k", "var_skip", "var_branch", "var_sum", "var_out", "eta", "gain",
+                  "chan_mean_sq_out", "chan_var_out"]
 SCALAR_COLUMNS = ["run", "step", "block", "stage", "k", "gain", "gain_min", "gain_max", "gain_std"]
 
 
@@ -25,7 +26,8 @@ def signal_rows(records: Sequence[dict], run: str) -> list[dict]:
     """Table rows of :func:`rescale_core.analysis.signal_propagation` records."""
     return [{"run": run, "block": r["name"], "stage": r["stage"], "k": r["k"], "var_skip": r["var_skip"],
              "var_branch": r["var_branch"], "var_sum": r["var_sum"], "var_out": r["var_out"], "eta": r["eta"],
-             "gain": r["gain"]} for r in records]
+             "gain": r["gain"], "chan_mean_sq_out": r["chan_mean_sq_out"], "chan_var_out": r["chan_var_out"]}
+            for r in records]
 
 
 def gain_rows(net: torch.nn.Module, run: str = "", step: int = 0) -> list[dict]:
