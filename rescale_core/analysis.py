@@ -29,13 +29,40 @@ from .plans import reference_path
 from .layers import MeanShiftBias
 from .models.transformer import TransformerEmbedding
 
-__all__ = ["signal_propagation", "residual_blocks", "stage_of", "learned_scalars", "dead_relu_fraction", "eager"]
+__all__ = ["signal_propagation", "residual_blocks", "stage_of", "learned_scalars", "dead_relu_fraction", "eager",
+           "full_parameters"]
+
+# the attribute through which an FSDP unit holds the module it wraps (it forwards every other
+# attribute to it, ``merge`` too): a qualified name passes through it
+try:
+    from torch.distributed.fsdp._common_utils import FSDP_WRAPPED_MODULE as _FSDP_WRAPPED
+except ImportError:  # a torch built without torch.distributed
+    _FSDP_WRAPPED = "_fsdp_wrapped_module"
 
 
 def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(qualified name, module) of every module owning a :class:`ResidualMerge`, in model order."""
-    return [(name, m) for name, m in model.named_modules()
-            if isinstance(getattr(m, "merge", None), ResidualMerge)]
+    """(qualified name, module) of every module owning a :class:`ResidualMerge`, in model order.
+    Under FSDP a block wrapped in a unit of its own is listed once, by its name in the plain
+    network (the unit, which forwards ``merge`` to it, is not a block)."""
+    return [(".".join(part for part in name.split(".") if part != _FSDP_WRAPPED), m)
+            for name, m in model.named_modules() if isinstance(dict(m.named_children()).get("merge"), ResidualMerge)]
+
+
+@contextmanager
+def full_parameters(model: nn.Module):
+    """Inside it, every parameter of ``model`` is whole on this rank: under FSDP (a run's
+    ``experiments/cluster/fsdp.yaml``) each rank holds a shard of every unit's parameters, a
+    block's gain only on one rank (elsewhere empty: its mean NaN), so they are gathered (a
+    collective: every rank enters it) and dropped again afterwards, unchanged. Without FSDP units
+    it does nothing."""
+    if torch.distributed.is_available():
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+            with FullyShardedDataParallel.summon_full_params(model, writeback=False):
+                yield
+            return
+    yield
 
 
 def stage_of(name: str) -> str:
@@ -155,9 +182,11 @@ def signal_propagation(model: nn.Module, inputs, train: bool | None = True) -> l
 
 
 def learned_scalars(model: nn.Module) -> dict[str, float]:
-    """Mean learned branch multiplier of every residual block (name -> value)."""
-    return {name: float(block.merge.gain.weight.detach().mean())
-            for name, block in residual_blocks(model) if block.merge.gain is not None}
+    """Mean learned branch multiplier of every residual block (name -> value); under FSDP every
+    rank must call it (:func:`full_parameters`)."""
+    with full_parameters(model):
+        return {name: float(block.merge.gain.weight.detach().mean())
+                for name, block in residual_blocks(model) if block.merge.gain is not None}
 
 
 def _linear_only(parent: nn.Module) -> bool:

@@ -315,3 +315,23 @@ def test_channel_statistics_are_those_of_the_signal_propagation_plots(name, dim)
         assert record["chan_var_out"] == pytest.approx(sum(variances) / len(variances), rel=1e-9)
     if name == "cifar_resnet":  # post-ReLU outputs: channel means far from 0
         assert all(r["chan_mean_sq_out"] > 0.2 * r["chan_var_out"] for r in records)
+
+
+@pytest.mark.ddp
+def test_learned_scalars_under_fsdp_are_the_whole_gains_once_each(tmp_path):
+    """Under FSDP (one unit per residual block, as experiments/cluster/fsdp.yaml) rank 0 read NaN
+    for every block's gain (the gain lay in the other rank's shard: empty here), and every block
+    twice, under names with FSDP's wrapper in them. Per-channel gains, each block's of its own mean."""
+    import torch.multiprocessing as mp
+    from fsdp_scalars_rank import scalars_rank
+
+    model = _model("cifar_resnet", "rescale", depth=8, scheme_options={"gain": "vector"})
+    with torch.no_grad():
+        for i, (_, block) in enumerate(residual_blocks(model)):
+            weight = block.merge.gain.weight
+            weight.copy_(torch.linspace(0, 2 * (i + 1), weight.numel()).view_as(weight))
+    expected = learned_scalars(model)
+    assert expected == pytest.approx({"layer1.0": 1.0, "layer2.0": 2.0, "layer3.0": 3.0})
+    out = tmp_path / "scalars.pt"
+    mp.spawn(scalars_rank, args=(2, str(tmp_path / "rendezvous"), model, str(out)), nprocs=2)
+    assert torch.load(out) == pytest.approx(expected)

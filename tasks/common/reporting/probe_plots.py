@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 import torch
 from matplotlib.ticker import MaxNLocator
 
-from rescale_core.analysis import residual_blocks, stage_of
+from rescale_core.analysis import full_parameters, residual_blocks, stage_of
 
 from .figures import finish_figure, new_figure
 
@@ -32,7 +32,13 @@ def signal_rows(records: Sequence[dict], run: str) -> list[dict]:
 
 def gain_rows(net: torch.nn.Module, run: str = "", step: int = 0) -> list[dict]:
     """The learned branch multiplier of every residual block that has one: its mean, and for a
-    vector (per-channel) gain its min, max and std (empty for a scalar gain)."""
+    vector (per-channel) gain its min, max and std (empty for a scalar gain). Under FSDP every
+    rank must call it (:func:`rescale_core.analysis.full_parameters`)."""
+    with full_parameters(net):
+        return _gain_rows(net, run, step)
+
+
+def _gain_rows(net: torch.nn.Module, run: str, step: int) -> list[dict]:
     rows = []
     for name, block in residual_blocks(net):
         gain = block.merge.gain

@@ -177,6 +177,10 @@ PRIVATE_APIS = (
                "the norms of all gradients in one fused call (one host sync for the finiteness check)"),
     PrivateApi("torch", "_foreach_copy_", "name", "rescale_core/agc.py: adaptive_clip_grad_ (the agc_clip option)",
                "every clipped gradient written back from the one buffer AGC gathers them in, in one call"),
+    PrivateApi("torch.distributed.fsdp._common_utils", "FSDP_WRAPPED_MODULE", "name",
+               "rescale_core/analysis.py: residual_blocks (the learned scalars' names under FSDP)",
+               "the attribute an FSDP unit holds its module by, in every qualified name through the unit; "
+               "torch's public API gives no way to name a wrapped module as in the plain network"),
     PrivateApi("torch.nn.modules.conv", "_ConvNd", "name",
                "common/training/acceleration.py, rescale_core/analysis.py: dead_relu_fraction",
                "the base class of every convolution (1d, 2d, 3d, transposed)"),
