@@ -183,6 +183,8 @@ def _dead_relu(args, overrides: list[str]) -> int:
         try:
             subject = load_subject(config, None, [*overrides, *shifted], name=name, device="cpu")
         except UserError as err:
+            # a config or override that fails without mean shift too: its own error, not this one
+            load_subject(config, None, overrides, name=name, device="cpu")
             raise UserError(f"{name}: `rescale analyze dead-relu` compares the network with and without "
                             f"mean-shift biases (scheme_options.mean_shift true and false), and this one cannot "
                             f"take them; leave its config out ({err})") from None

@@ -254,6 +254,16 @@ def test_dead_relu_measures_up_to_max_samples(tmp_path, run_config):
         2 ** i for i in range(11)]
 
 
+def test_dead_relu_reports_a_bad_override_as_itself(tmp_path, run_config, error_line):
+    """A typo in an override was blamed on mean shift: "this one cannot take them; leave its config
+    out (bad value for ...)", though the config takes mean-shift biases well."""
+    config = run_config(tmp_path / "rescale8.yaml")
+    assert main(["analyze", "dead-relu", "--config", config, "--out", "dr", "--",
+                 "--model.init_args.compile_options", "{backend:eager}"]) == 2
+    assert error_line().startswith("bad value for model.init_args.compile_options")
+    assert not (tmp_path / "dr").exists()
+
+
 def test_dead_relu_refuses_a_scheme_that_cannot_take_mean_shift_before_measuring(tmp_path, run_config, error_line):
     rescale = run_config(tmp_path / "rescale8.yaml")
     nf = run_config(tmp_path / "nf8.yaml", model={"init_args": {"scheme": "nf"}})
