@@ -209,7 +209,9 @@ def dead_relu_fraction(model: nn.Module, inputs, per_sample: bool = False) -> fl
 
     ``per_sample=True``: the fraction of (sample, channel) pairs that are zero at every position
     of that sample, i.e. the mean over samples of the channels silent on each: finer than "dead
-    on the whole batch", which a network at initialisation rarely has."""
+    on the whole batch", which a network at initialisation rarely has.
+
+    Raises ValueError when no ``nn.ReLU`` module runs (a fraction of no units is not 0)."""
     dead, total = 0, 0
     features_last = {relu for parent in model.modules() if _linear_only(parent)
                      for relu in parent.children() if isinstance(relu, nn.ReLU)}
@@ -245,4 +247,7 @@ def dead_relu_fraction(model: nn.Module, inputs, per_sample: bool = False) -> fl
     finally:
         for h in handles:
             h.remove()
-    return dead / max(total, 1)
+    if not total:  # 0 dead of 0 units would read as "no dead ReLUs"
+        raise ValueError(f"{type(model).__name__}: no nn.ReLU module ran on the inputs, so there are no ReLU units "
+                         "to count; dead_relu_fraction counts the outputs of nn.ReLU modules")
+    return dead / total

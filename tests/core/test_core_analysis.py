@@ -335,3 +335,10 @@ def test_learned_scalars_under_fsdp_are_the_whole_gains_once_each(tmp_path):
     out = tmp_path / "scalars.pt"
     mp.spawn(scalars_rank, args=(2, str(tmp_path / "rendezvous"), model, str(out)), nprocs=2)
     assert torch.load(out) == pytest.approx(expected)
+
+
+def test_dead_relu_fraction_of_a_network_without_relus_is_an_error():
+    """No ReLU unit ran: the probe returned 0.0, the reading of a network whose ReLUs all live."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Tanh())
+    with pytest.raises(ValueError, match="no nn.ReLU module ran"):
+        dead_relu_fraction(model, torch.randn(2, 3, 8, 8))
