@@ -46,7 +46,7 @@ RECIPE_LINE = f"stochdepth_rate ({NF_RECIPE}:24)"
 @pytest.mark.parametrize("given,dropped", [
     (["--model.init_args.scheme_options", "{zero_gamma: false}"], True),
     (["--model.init_args.scheme_options=zero_gamma: false"], True),  # a block mapping, --key=value
-    (["--model.init_args.scheme_options", "{zero_gamma: false, stochdepth_rate: 0.1}"], False),
+    (["--model.init_args.scheme_options", "{zero_gamma: false, stochdepth_rate: 0.1, stochdepth_scale: false}"], False),
     (["--model.init_args.scheme_options.zero_gamma", "false"], False),  # one key: merged
     (["--model.scheme_options.zero_gamma", "false", "--model.scheme_options", "{stochdepth_rate: 0.1}"], True),
 ])
