@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 import lightning.pytorch as L
 import torch
@@ -105,7 +106,8 @@ class WeightEMA(WeightAveraging):
             raise ConfigError(f"ema.decay: an average of the weights is kept as a whole copy of the module, which a "
                               f"sharded strategy ({type(trainer.strategy).__name__}) does not hold; train with "
                               f"trainer.strategy ddp (or one device), or drop ema.decay")
-        super().setup(trainer, pl_module, stage)
+        with _callables_aside(pl_module):
+            super().setup(trainer, pl_module, stage)
         if self._average_model is not None:
             # the copy already holds the initial weights: the first step is averaged into them
             # (AveragedModel copies the weights at its first update while it counts none)
@@ -192,6 +194,22 @@ class WeightEMA(WeightAveraging):
             return  # validate/test/predict: the checkpoint's state_dict is the average already
         super().on_load_checkpoint(trainer, pl_module, checkpoint)
         drop_kept(pl_module)
+
+
+@contextmanager
+def _callables_aside(pl_module: L.LightningModule) -> Iterator[None]:
+    """The module's own callables (the optimizer and scheduler factories) out of it while the average
+    copies it: the CLI's factories reach its parser and through it the Trainer, whose copy would be
+    a copy of the whole run (its data, its loggers) and, under DDP started by Lightning's launcher,
+    cannot be made (the handles of the processes it started). The copy holds weights only."""
+    state = vars(pl_module)
+    aside = {k: v for k, v in state.items() if callable(v) and not isinstance(v, torch.nn.Module)}
+    for key in aside:
+        del state[key]
+    try:
+        yield
+    finally:
+        state.update(aside)
 
 
 def _saved_decay(checkpoint: dict) -> Any:

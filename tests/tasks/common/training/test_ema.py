@@ -5,6 +5,10 @@ computed by hand from the weights after each step, and a run resumed from its st
 ends with the same average and training weights, to the bit, as the uninterrupted run."""
 from __future__ import annotations
 
+import functools
+import subprocess
+import sys
+
 import lightning.pytorch as L
 import pytest
 import torch
@@ -176,3 +180,26 @@ def test_a_half_precision_module_is_averaged_in_float32(tmp_path):
         expected = 0.5 * expected + 0.5 * w
     assert torch.equal(average.detach(), expected)
     assert weights[-1][0, 0] < 0.95  # it trained
+
+
+def test_the_average_copies_the_module_not_what_its_optimizer_factory_reaches(tmp_path):
+    """The CLI's optimizer factory reaches its parser and through it the Trainer; under DDP started
+    by Lightning's launcher (``--trainer.devices 2 --trainer.strategy ddp`` from the command line)
+    the Trainer holds the handles of the processes it started, which cannot be copied (the average
+    crashed at setup, a TypeError about a lock): the average is a copy of the module's weights."""
+    with subprocess.Popen([sys.executable, "-c", "pass"]) as process:  # a handle Python cannot copy
+        factory = functools.partial(_sgd, process)
+        L.seed_everything(0)
+        module = ClassificationModule("cifar_resnet", "nf", network_options={"depth": 8, "base_width": 4},
+                                      num_classes=10, in_channels=1, optimizer=factory)
+        ema = WeightEMA(decay=0.5)
+        trainer = L.Trainer(max_steps=2, accelerator="cpu", devices=1, logger=False, callbacks=[ema],
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                            limit_val_batches=0, default_root_dir=str(tmp_path))
+        trainer.fit(module, DataLoader(_digits(), batch_size=8))
+    assert module.optimizer_factory is factory and trainer.global_step == 2
+    assert ema._average_model.n_averaged == 3  # the initial weights and 2 steps
+
+
+def _sgd(process, params):
+    return torch.optim.SGD(params, lr=0.1)
