@@ -76,7 +76,13 @@ class WeightEMA(WeightAveraging):
         if decay is not None and not 0.0 < decay < 1.0:
             raise ConfigError(f"ema.decay must be between 0 and 1 (0.99999 in the official NF-ResNet code), "
                               f"got {decay}; leave it out (null) to train without an average of the weights")
-        super().__init__(device=device, use_buffers=True, multi_avg_fn=self._average)
+        try:
+            where = None if device is None else torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            raise ConfigError(f"ema.device {device!r} is not a device: give cpu (the average off the accelerator) or "
+                              f"leave it out (the average beside the module)") from None
+        super().__init__(device=where, use_buffers=True, multi_avg_fn=self._average)
+        self.where = where
         self.decay = decay
         self.warmup = warmup
         self._step = 0  # the optimizer step being averaged in (0-based)
@@ -106,6 +112,10 @@ class WeightEMA(WeightAveraging):
             raise ConfigError(f"ema.decay: an average of the weights is kept as a whole copy of the module, which a "
                               f"sharded strategy ({type(trainer.strategy).__name__}) does not hold; train with "
                               f"trainer.strategy ddp (or one device), or drop ema.decay")
+        root = trainer.strategy.root_device
+        if stage == "fit" and self.where is not None and self.where.type not in ("cpu", root.type):
+            raise ConfigError(f"ema.device {self.where}: this run trains on {root}; the average lives on cpu "
+                              f"(ema.device cpu) or beside the module (leave ema.device out)")
         with _callables_aside(pl_module):
             super().setup(trainer, pl_module, stage)
         if self._average_model is not None:

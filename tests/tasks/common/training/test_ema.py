@@ -203,3 +203,14 @@ def test_the_average_copies_the_module_not_what_its_optimizer_factory_reaches(tm
 
 def _sgd(process, params):
     return torch.optim.SGD(params, lr=0.1)
+
+
+@pytest.mark.parametrize("device, expected", [
+    ("foo", r"^ema\.device 'foo' is not a device: give cpu"),
+    ("cuda", r"^ema\.device cuda: this run trains on cpu; the average lives on cpu"),
+])
+def test_a_device_the_run_cannot_hold_the_average_on_is_one_line(tmp_path, device, expected):
+    """A misspelt ema.device, or an accelerator the run does not train on, is one line, not a
+    traceback from torch (at setup, for a device this machine lacks: no NVIDIA driver)."""
+    with pytest.raises(ConfigError, match=expected):
+        _fit(tmp_path, [WeightEMA(decay=DECAY, device=device)], max_steps=1)
