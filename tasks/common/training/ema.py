@@ -36,6 +36,7 @@ import lightning.pytorch as L
 import torch
 from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
+from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from rescale_core.plans import drop_kept
 
@@ -96,13 +97,17 @@ class WeightEMA(WeightAveraging):
         return ema_decay_at(step, self.decay, self.warmup)
 
     def _average(self, averaged: list, current: list, n_averaged: torch.Tensor) -> None:
-        weight = 1.0 - self.decay_at(self._step)
+        """One group of tensors (AveragedModel groups the average's by device and dtype): a floating
+        group is lerped by torch's EMA in one multi-tensor kernel, integer buffers (a batch norm's
+        batch count) take the current value."""
         with torch.no_grad():
-            for a, c in zip(averaged, current):
-                if a.is_floating_point():  # a half-precision module's (bf16-true) average kept in float32
-                    a.lerp_(c.to(a.dtype), weight)
-                else:  # integer buffers (a batch norm's batch count): the current value
+            if not averaged[0].is_floating_point():
+                for a, c in zip(averaged, current):
                     a.copy_(c)
+                return
+            dtype = averaged[0].dtype  # a half-precision module's (bf16-true) average is kept in float32
+            current = [c if c.dtype == dtype else c.to(dtype) for c in current]
+            get_ema_multi_avg_fn(self.decay_at(self._step))(averaged, current, n_averaged)
 
     # --- the average, off unless decay is given -----------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
