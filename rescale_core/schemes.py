@@ -100,8 +100,9 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
-__all__ = ["CONV_ONLY_OPTIONS", "FIELD_READERS", "GAIN_INIT_WITHOUT_GAIN", "TRANSFORMER_ONLY_OPTIONS", "Scheme",
-           "SchemeOptionError", "get_scheme", "list_schemes", "register_scheme", "shown"]
+__all__ = ["CONV_ONLY_OPTIONS", "FIELD_READERS", "GAIN_INIT_WITHOUT_GAIN", "TRAINING_ONLY_OPTIONS",
+           "TRANSFORMER_ONLY_OPTIONS", "Scheme", "SchemeOptionError", "get_scheme", "list_schemes", "register_scheme",
+           "shown"]
 
 Family = Literal["conv", "transformer"]
 _FAMILIES = typing.get_args(Family)  # the networks a scheme may build: conv networks, Transformers
@@ -154,6 +155,11 @@ FIELD_READERS: dict[str, frozenset[str]] = {
     "zero_classifier": _CONV,
     "shortcut_gain": _CONV, "classifier_gain": _CONV, "scalar_lr_factor": _BOTH,
 }
+#: the fields that act in training only (dropout, stochastic depth: the identity in eval mode): two
+#: schemes that differ in these alone hold the same weights and compute the same evaluation, so a
+#: checkpoint is evaluated under a config without them (a resume still refuses a change of them)
+TRAINING_ONLY_OPTIONS = frozenset({"conv_dropout", "conv_dropout_stages", "classifier_dropout", "stochdepth_rate",
+                                   "stochdepth_scale"})
 #: the fields only the conv families read (of :data:`FIELD_READERS`): as ``scheme_options`` of a
 #: Transformer they would change nothing, so the Transformer refuses them (checked field by field in
 #: tests/core/models/test_transformer_ln_free.py)

@@ -191,7 +191,8 @@ class RescaleTaskModule(L.LightningModule):
     # --- checkpoints ----------------------------------------------------------------------
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse, in one line, a checkpoint of another network, scheme or task size (runs
-        before the weights are loaded, which would fail with a page of key/shape mismatches),
+        before the weights are loaded, which would fail with a page of key/shape mismatches; a
+        scheme's training-only options may differ unless ``fit`` resumes the checkpoint),
         then match the labels it was trained on to the data's (:mod:`.data.labels`)."""
         trainer = self._trainer
         path = getattr(trainer, "ckpt_path", None) if trainer is not None else None
@@ -199,7 +200,8 @@ class RescaleTaskModule(L.LightningModule):
         self._refuse_other_classes(checkpoint, source)
         check_checkpoint_compatible(checkpoint, self.hparams, self.state_dict(), source=source,
                                     strict=self.strict_loading, normalize=resolved_architecture,
-                                    ckpt_path=str(path) if path else None)
+                                    ckpt_path=str(path) if path else None,
+                                    evaluating=trainer is None or trainer.state.fn != "fit")
         self.check_checkpoint_data(checkpoint)
         self.trained_labels = checkpoint_labels(checkpoint, source, self._datamodule())
         self._unlabelled_checkpoint = source if self.trained_labels is None else None

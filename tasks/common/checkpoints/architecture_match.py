@@ -12,6 +12,8 @@ import glob
 import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from rescale_core.schemes import TRAINING_ONLY_OPTIONS
+
 from ..errors import ConfigError
 from ..training import class_of, init_parameters, resolved_architecture
 from .files import CheckpointError, checkpoint_exists, is_remote, peek_checkpoint
@@ -107,6 +109,15 @@ def hparam_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
     return [k for k in keys if k in saved and k in current and _normal(saved[k]) != _normal(current[k])]
 
 
+def _training_only_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """The ``scheme_options`` that differ between both sides when all that differ there act in
+    training only (:data:`~rescale_core.schemes.TRAINING_ONLY_OPTIONS`: dropout, stochastic depth);
+    empty when any other option differs too."""
+    theirs, ours = (_normal(side.get("scheme_options")) or {} for side in (saved, current))
+    differing = sorted(k for k in {*theirs, *ours} if theirs.get(k) != ours.get(k))
+    return differing if differing and set(differing) <= TRAINING_ONLY_OPTIONS else []
+
+
 def state_dict_differences(saved: Mapping[str, Any], current: Mapping[str, Any], strict: bool = True,
                            limit: int = 2) -> list[str]:
     """Short descriptions of missing/unexpected keys (when ``strict``) and shape mismatches."""
@@ -132,8 +143,15 @@ def check_checkpoint_compatible(checkpoint: Mapping[str, Any], hparams: Mapping[
                                 keys: Sequence[str] = ARCHITECTURE_KEYS, source: str = "the checkpoint",
                                 strict: bool = True,
                                 normalize: Optional[Callable[[dict], dict]] = None,
-                                fix: str = MISMATCH_FIX, ckpt_path: Optional[str] = None) -> None:
+                                fix: str = MISMATCH_FIX, ckpt_path: Optional[str] = None,
+                                evaluating: bool = False) -> None:
     """Raise :class:`ConfigError` (one line) when ``checkpoint`` is of another architecture.
+
+    ``scheme_options`` that act in training only (dropout, stochastic depth:
+    :data:`~rescale_core.schemes.TRAINING_ONLY_OPTIONS`) change neither the weights nor the eval-mode
+    outputs: a checkpoint is ``evaluating`` (validate, test, predict, export) under a config that
+    differs in them alone, while a ``fit --ckpt_path`` (a resume: ``evaluating`` false) refuses a
+    change of them in one line, as it would change the run's training.
 
     Args:
         checkpoint: the loaded checkpoint (``hyper_parameters`` and ``state_dict`` are read).
@@ -152,6 +170,16 @@ def check_checkpoint_compatible(checkpoint: Mapping[str, Any], hparams: Mapping[
     if normalize is not None:
         saved, current = normalize(saved), normalize(current)
     differing = hparam_differences(saved, current, keys)
+    training_only = _training_only_differences(saved, current) if "scheme_options" in differing else []
+    if training_only and evaluating:
+        differing.remove("scheme_options")
+    elif training_only and differing == ["scheme_options"]:
+        shown = ", ".join(f"{k}={(_normal(saved.get('scheme_options')) or {}).get(k)}->"
+                          f"{(_normal(current.get('scheme_options')) or {}).get(k)}" for k in training_only)
+        raise ConfigError(f"{source} was trained with other training-only scheme_options than this run sets "
+                          f"({shown}, checkpoint -> this run, None: the scheme's default): they act in training "
+                          "only, so evaluating the checkpoint accepts the change, but resuming with it would change "
+                          f"the run's training. {trained_config_fix(fix, ckpt_path)}")
     saved_state = checkpoint.get("state_dict")
     problems = [] if state_dict is None or saved_state is None else \
         state_dict_differences(saved_state, state_dict, strict=strict)
@@ -172,7 +200,7 @@ def check_checkpoint_compatible(checkpoint: Mapping[str, Any], hparams: Mapping[
 
 def check_config_against_checkpoint(model_config: Any, ckpt_path: Optional[str],
                                     normalize: Optional[Callable[[dict], dict]] = None,
-                                    fix: str = MISMATCH_FIX) -> None:
+                                    fix: str = MISMATCH_FIX, evaluating: bool = False) -> None:
     """The CLI's check of ``--ckpt_path`` against the run's ``model`` config section.
 
     Must run before LightningCLI parses the checkpoint's hyper-parameters into the config (it
@@ -180,7 +208,8 @@ def check_config_against_checkpoint(model_config: Any, ckpt_path: Optional[str],
     ``model_config`` is the ``class_path``/``init_args`` section (a dict or a jsonargparse
     Namespace); names such as ``last`` that are not files are left to Lightning. Remote URLs
     (``s3://...``) are checked too: Lightning's CLI reads hyper-parameters from local files only.
-    ``fix``: how to fix a mismatch, for the error line.
+    ``fix``: how to fix a mismatch, for the error line. ``evaluating``: the command evaluates the
+    checkpoint rather than resuming its training (:func:`check_checkpoint_compatible`).
     """
     if not ckpt_path or model_config is None or not checkpoint_exists(str(ckpt_path)):
         return
@@ -191,7 +220,7 @@ def check_config_against_checkpoint(model_config: Any, ckpt_path: Optional[str],
     current = {"_class_path": model_config.get("class_path"), **(model_config.get("init_args") or {})}
     check_checkpoint_compatible({"hyper_parameters": saved}, current, keys=CONFIG_KEYS,
                                 source=f"checkpoint {ckpt_path}", normalize=normalize, fix=fix,
-                                ckpt_path=str(ckpt_path))
+                                ckpt_path=str(ckpt_path), evaluating=evaluating)
 
 
 def typed_model_arguments(argv: Sequence[Any]) -> set[str]:
@@ -259,13 +288,14 @@ def load_into_module(module, checkpoint: Mapping[str, Any], source: str, fix: st
                      ckpt_path: Optional[str] = None) -> int:
     """Load a (safely read) checkpoint into a LightningModule outside a Trainer, as Lightning does:
     the architecture check, the module's ``on_load_checkpoint`` hook, then its state dict. Returns
-    the checkpoint's global step. ``ckpt_path``: its file, for the fix's run config."""
+    the checkpoint's global step. ``ckpt_path``: its file, for the fix's run config. The module is
+    evaluated, not trained on: training-only scheme options may differ (:func:`check_checkpoint_compatible`)."""
     if not isinstance(checkpoint.get("state_dict"), Mapping):
         raise ConfigError(f"{source} holds no state_dict: not a Lightning checkpoint of this suite")
     strict = getattr(module, "strict_loading", True)
     check_checkpoint_compatible(checkpoint, getattr(module, "hparams", {}) or {}, module.state_dict(),
                                 source=source, strict=strict, normalize=resolved_architecture, fix=fix,
-                                ckpt_path=ckpt_path)
+                                ckpt_path=ckpt_path, evaluating=True)
     module.on_load_checkpoint(checkpoint)
     module.load_state_dict(checkpoint["state_dict"], strict=strict)
     return int(checkpoint.get("global_step") or 0)

@@ -114,7 +114,7 @@ class RescaleCLI(LightningCLI):
             if given == "last":
                 section.ckpt_path = _last_checkpoint_file(section) or given
             check_config_against_checkpoint(section.get("model"), section.get("ckpt_path"),
-                                            normalize=resolved_architecture)
+                                            normalize=resolved_architecture, evaluating=sub != "fit")
             before = copy.deepcopy(section.get("model"))
         try:
             with config_errors(self.parser):

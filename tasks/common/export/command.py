@@ -153,7 +153,7 @@ def _build(configs: list[str], overrides: list[str], ckpt_path: str, formats: li
     cli = build_run([a for c in configs for a in ("--config", c)] + overrides + PLAIN_NETWORK)
     refuse_fixed_sizes(cli.model, formats)
     check_config_against_checkpoint(cli.config.get("model"), ckpt_path, normalize=resolved_architecture,
-                                    fix=CONFIG_FIX)
+                                    fix=CONFIG_FIX, evaluating=True)
     checkpoint = safe_load(ckpt_path)
     load_into_module(cli.model, checkpoint, f"checkpoint {ckpt_path} (--ckpt_path)", fix=CONFIG_FIX,
                      ckpt_path=ckpt_path)

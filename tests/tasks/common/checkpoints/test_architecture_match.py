@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from rescale_tasks.classification.module import ClassificationModule
-from rescale_tasks.common.checkpoints import (check_checkpoint_compatible, hparam_differences,
+from rescale_tasks.common.checkpoints import (check_checkpoint_compatible, hparam_differences, load_into_module,
                                               state_dict_differences)
 from rescale_tasks.common.errors import ConfigError
 from rescale_tasks.common.training import resolved_architecture
@@ -63,3 +63,24 @@ def test_state_dict_shapes_and_keys_without_hyper_parameters():
     with pytest.raises(ConfigError) as err:
         check_checkpoint_compatible(saved, {}, current, source="checkpoint x.ckpt")
     assert str(err.value).startswith("checkpoint x.ckpt does not fit this run's network: fc.weight has shape")
+
+
+def test_training_only_scheme_options_differ_for_evaluation_not_for_a_resume():
+    """Dropout and stochastic depth are the identity at evaluation: a checkpoint trained with them is
+    evaluated under a config without them; a resume (and any option that changes weights) refuses."""
+    trained = ClassificationModule("cifar_resnet", scheme="nf", network_options={"depth": 8, "base_width": 4},
+                                   num_classes=10, in_channels=1,
+                                   scheme_options={"stochdepth_rate": 0.3, "classifier_dropout": 0.2})
+    plain = ClassificationModule("cifar_resnet", scheme="nf", network_options={"depth": 8, "base_width": 4},
+                                 num_classes=10, in_channels=1)
+    checkpoint = checkpoint_of(trained)
+    check_checkpoint_compatible(checkpoint, plain.hparams, plain.state_dict(), evaluating=True)
+    assert load_into_module(plain, checkpoint, "checkpoint x.ckpt") == 0
+    with pytest.raises(ConfigError) as err:
+        check_checkpoint_compatible(checkpoint, plain.hparams, plain.state_dict(), source="checkpoint x.ckpt")
+    message = str(err.value)
+    assert "\n" not in message and "classifier_dropout=0.2->None, stochdepth_rate=0.3->None" in message
+    assert "resuming with it would change the run's training" in message
+    other = {**plain.hparams, "scheme_options": {"stochdepth_rate": 0.3, "c": 0.5}}
+    with pytest.raises(ConfigError, match=r"\(they differ in scheme_options\)"):
+        check_checkpoint_compatible(checkpoint, other, evaluating=True)
