@@ -27,7 +27,7 @@ from torch import nn
 from .blocks import ResidualMerge, ResidualSublayer
 from .plans import reference_path
 from .layers import MeanShiftBias
-from .models.transformer import TransformerEmbedding
+from .models.transformer import MultiheadAttention, TransformerEmbedding
 
 __all__ = ["signal_propagation", "residual_blocks", "stage_of", "learned_scalars", "dead_relu_fraction", "eager",
            "full_parameters"]
@@ -91,6 +91,30 @@ def _preserved_modes(model: nn.Module, train: bool | None):
             m.training = mode
 
 
+#: the modules whose training mode does nothing but drop (dropout, the attention weights' dropout)
+_DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
+             MultiheadAttention)
+
+
+@contextmanager
+def _without_drops(model: nn.Module):
+    """Run with dropout and stochastic depth as at evaluation (the dropout modules in eval mode,
+    every residual block's ``drop_rate`` 0), the rest of the model in its mode; put back after."""
+    modes = {m: m.training for m in model.modules() if isinstance(m, _DROPOUTS)}
+    rates = {m: m.drop_rate for m in model.modules() if getattr(m, "drop_rate", 0.0)}
+    try:
+        for m in modes:
+            m.training = False
+        for m in rates:
+            m.drop_rate = 0.0
+        yield
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+        for m, rate in rates.items():
+            m.drop_rate = rate
+
+
 @contextmanager
 def _preserved_state(model: nn.Module, train: bool | None):
     """Run with the given mode and put every parameter, buffer and mode back afterwards."""
@@ -132,8 +156,10 @@ def signal_propagation(model: nn.Module, inputs, train: bool | None = True) -> l
     the first training batch); ``False`` uses eval mode; ``None`` keeps the model's mode and
     measures as that mode's forward pass would (a model in training mode: as ``True``). The
     model's parameters, buffers (BN running stats, mean-shift state) and modes are restored, and
-    the random streams (CPU, and the model's GPUs) are where they were: dropout draws from a fork.
-    Models without residual blocks (VGG) give an empty list.
+    the random streams (CPU, and the model's GPUs) are where they were. In either mode dropout and
+    stochastic depth are off, as at evaluation (the NF-ResNet paper's plots are of the network
+    without them): a network trained with a ``stochdepth_rate`` or dropout is probed as the same
+    network without one. Models without residual blocks (VGG) give an empty list.
     """
     blocks = residual_blocks(model)
     records: list[dict] = []
@@ -162,9 +188,10 @@ def signal_propagation(model: nn.Module, inputs, train: bool | None = True) -> l
             records.append(rec)
         return hook
 
-    # dropout in training mode draws from a fork of the random streams: the caller's run on unchanged
+    # any randomness of the forward pass draws from a fork of the random streams: the caller's run on unchanged
     devices = sorted({p.device.index for p in model.parameters() if p.device.type == "cuda"})
-    with torch.random.fork_rng(devices=devices), _preserved_state(model, train), reference_path(model), eager():
+    with torch.random.fork_rng(devices=devices), _preserved_state(model, train), _without_drops(model), \
+            reference_path(model), eager():
         # in the mode probed (the model's own with train=None), a mean-shift layer in training mode
         # and still measuring measures this batch, as on a training batch: it needs gradients enabled
         measuring = any(isinstance(m, MeanShiftBias) and m.measuring and m.training for m in model.modules())

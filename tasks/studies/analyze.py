@@ -245,7 +245,8 @@ def _parser() -> _Parser:
     signal.add_argument("--samples", type=int, default=64, help="samples in the probed batch (default 64)")
     mode = signal.add_mutually_exclusive_group()
     mode.add_argument("--train", dest="train", action="store_true", default=True,
-                      help="training mode, as at the first step (default): BN uses batch statistics")
+                      help="training mode, as at the first step (default): BN uses batch statistics "
+                           "(dropout and stochastic depth off in either mode)")
     mode.add_argument("--eval", dest="train", action="store_false", help="evaluation mode")
     signal.set_defaults(func=_signal)
     scalars = commands.add_parser("scalars", parents=[common, ckpt], prog="rescale analyze scalars",

@@ -259,8 +259,9 @@ def test_dead_relu_fraction_counts_a_resnets_stem_channels():
 
 
 def test_signal_propagation_leaves_the_random_streams_as_they_were():
-    """A Transformer probed in training mode runs its dropout: it drew from the caller's random
-    stream, so a training step after a probe saw other dropout masks than without it."""
+    """A Transformer probed in training mode ran its dropout, drawing from the caller's random
+    stream: a training step after a probe saw other dropout masks than without it. The probe
+    leaves the stream as it was, and runs without dropout (as the NF paper's plots)."""
     model = rescale_core.create_model("transformer_tiny", scheme="pre_ln", src_vocab_size=30)
     assert any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
     tokens = (torch.randint(3, 30, (2, 5)), torch.randint(3, 30, (2, 4)))
@@ -271,7 +272,28 @@ def test_signal_propagation_leaves_the_random_streams_as_they_were():
     torch.manual_seed(1)
     second = signal_propagation(model, tokens, train=True)
     assert torch.equal(torch.rand(3), expected)
-    assert [r["var_out"] for r in first] != [r["var_out"] for r in second]  # dropout did act, on a fork
+    assert [r["var_out"] for r in first] == [r["var_out"] for r in second]  # no dropout: no draw
+    assert any(m.training for m in model.modules() if isinstance(m, nn.Dropout))  # put back
+
+
+@pytest.mark.parametrize("train", [True, None])
+def test_signal_propagation_is_of_the_network_without_its_drops(train):
+    """Stochastic depth and dropout act in training only: in training mode the probe measures the
+    network without them (the NF paper's plots), a network with a rate as the same one without."""
+    options = {"stochdepth_rate": 0.5, "classifier_dropout": 0.3, "conv_dropout": 0.3,
+               "conv_dropout_stages": [1, 2, 3]}
+    on = {"zero_gamma": False}  # branches on at init (nf's default init cuts them off: nothing to drop)
+    dropped = _model("cifar_resnet", "nf", depth=8, scheme_options={**options, **on}).train()
+    plain = _model("cifar_resnet", "nf", depth=8, scheme_options=on).train()
+    plain.load_state_dict(dropped.state_dict())
+    rates = [b.drop_rate for _, b in residual_blocks(dropped)]
+    assert max(rates) > 0 and any(isinstance(m, nn.Dropout2d) for m in dropped.modules())
+    x = torch.randn(8, 3, 8, 8)
+    keys = ("var_skip", "var_branch", "var_sum", "var_out", "chan_mean_sq_out", "chan_var_out")
+    assert ([[r[k] for k in keys] for r in signal_propagation(dropped, x, train=train)]
+            == [[r[k] for k in keys] for r in signal_propagation(plain, x, train=train)])
+    assert [b.drop_rate for _, b in residual_blocks(dropped)] == rates and dropped.training
+    assert all(m.training for m in dropped.modules() if isinstance(m, nn.Dropout2d))
 
 
 def test_probes_of_a_compiled_model_hook_every_block():
