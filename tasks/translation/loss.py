@@ -15,7 +15,7 @@ and micro-batch it is in: :class:`UpdateTokens` keeps the count.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Optional
 
 import torch
@@ -56,6 +56,7 @@ class UpdateTokens:
     :meth:`gradient_factor`, taken once the update's last backward has run, gives what the
     gradients are multiplied by, before any clipping and the optimizer step; it starts the count of
     the next update. Host integers only (no device sync); :meth:`add_sums` keeps the update's
+    losses on this rank and :meth:`per_token` sums them over the ranks once, for the update's
     logged losses, as fairseq logs an update's."""
 
     def __init__(self) -> None:
@@ -65,11 +66,15 @@ class UpdateTokens:
         self.first, self.total = 0, 0
         self.sums: Optional[torch.Tensor] = None
 
-    def add_sums(self, sums: torch.Tensor) -> torch.Tensor:
-        """Add a micro-batch's losses summed over all ranks (any tensor, on the device: no sync);
-        those of the update so far per target token (of the micro-batches :meth:`add` counted)."""
+    def add_sums(self, sums: torch.Tensor) -> None:
+        """Add a micro-batch's losses on this rank (any tensor, on the device: no sync)."""
         self.sums = sums if self.sums is None else self.sums + sums
-        return self.sums / max(self.total, 1)
+
+    def per_token(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The update's losses so far per target token (of the micro-batches :meth:`add` counted,
+        over all ranks): this rank's sums (:meth:`add_sums`) summed over the ranks by ``reduce``,
+        once per update (every rank calls it at the same micro-batch)."""
+        return reduce(self.sums) / max(self.total, 1)
 
     def add(self, tokens: int) -> int:
         """Count a micro-batch of ``tokens`` target tokens over all ranks; the number its summed

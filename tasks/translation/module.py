@@ -278,12 +278,16 @@ class TranslationModule(RescaleTaskModule):
         sums = torch.stack([loss_sum.detach(), nll_sum.detach()])
         self.train_loss.update(sums[0] / max(ntokens, 1), weight=ntokens)
         self.train_nll.update(sums[1] / max(ntokens, 1), weight=ntokens)
-        # the step's: per token of the update so far, every micro-batch and rank (fairseq logs
-        # an update's); the last micro-batch of an update logs the whole update's
-        update_loss, update_nll = self._update_tokens.add_sums(self.trainer.strategy.reduce(sums, reduce_op="sum"))
-        self.log("train/loss_step", update_loss, prog_bar=True, on_step=True, on_epoch=False)
-        self.log("train/nll_loss_step", update_nll, on_step=True, on_epoch=False)
-        self.log("train/ppl", update_nll.exp(), on_step=True, on_epoch=False)
+        # the step's: per token of the whole update, every micro-batch and rank (fairseq logs an
+        # update's), summed over the ranks once, at the update's last micro-batch (the logger
+        # writes the step's values there only; :mod:`~rescale_tasks.common.system.private_apis`)
+        self._update_tokens.add_sums(sums)
+        if not self.trainer.fit_loop.epoch_loop._should_accumulate():
+            update_loss, update_nll = self._update_tokens.per_token(
+                lambda local: self.trainer.strategy.reduce(local, reduce_op="sum"))
+            self.log("train/loss_step", update_loss, prog_bar=True, on_step=True, on_epoch=False)
+            self.log("train/nll_loss_step", update_nll, on_step=True, on_epoch=False)
+            self.log("train/ppl", update_nll.exp(), on_step=True, on_epoch=False)
         self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True)
         self.log("train/nll_loss_epoch", self.train_nll, on_step=False, on_epoch=True)
         return loss

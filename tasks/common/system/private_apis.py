@@ -94,9 +94,11 @@ PRIVATE_APIS = (
                ("self", "states")),
     PrivateApi("lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "_should_accumulate", "method",
                "common/checkpoints/callbacks.py: _inside_window (LastCheckpoint's signal handler, "
-               "on_train_batch_start/_end, on_validation_end); common/run/summary.py: RunSummary.on_train_batch_end",
-               "whether the batch ends an optimizer step: a stop signal waits for the step's last batch, and "
-               "the loss curve takes one point per step",
+               "on_train_batch_start/_end, on_validation_end); common/run/summary.py: RunSummary.on_train_batch_end; "
+               "translation/module.py: TranslationModule.train_batch",
+               "whether the batch ends an optimizer step: a stop signal waits for the step's last batch, "
+               "the loss curve takes one point per step, and a translation update's logged loss is summed "
+               "over the ranks once",
                ("self",)),
     PrivateApi("lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "_should_check_val_fx", "method",
                "common/checkpoints/callbacks.py: _validates_after_this_step (LastCheckpoint's step saves)",

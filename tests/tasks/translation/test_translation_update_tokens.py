@@ -12,7 +12,7 @@ import lightning as L
 import pytest
 import torch
 import torch.multiprocessing as mp
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
 from rescale_tasks.translation.module import TranslationModule
 
@@ -87,6 +87,17 @@ def test_accumulated_micro_batches_give_the_gradient_of_the_whole_update():
     # and a partial update at the end of the data (1 micro-batch of 2) is that micro-batch's own
     grads, _, _ = _update([first], 2)
     _assert_same(grads, _update([first], 1)[0])
+
+
+def test_the_logged_update_losses_are_summed_over_the_ranks_once_per_update(monkeypatch):
+    """Each micro-batch's losses stay on its rank; the update's are reduced over the ranks once, at
+    its last micro-batch (they were at every micro-batch, only for the logger to keep the last)."""
+    reduced = []
+    plain = SingleDeviceStrategy.reduce
+    monkeypatch.setattr(SingleDeviceStrategy, "reduce",
+                        lambda self, tensor, *args, **kw: reduced.append(tensor) or plain(self, tensor, *args, **kw))
+    _update(BATCHES, 2)  # two micro-batches of the one update (max_steps 1), two left unread
+    assert len([t for t in reduced if isinstance(t, torch.Tensor) and t.shape == (2,)]) == 1
 
 
 def _rank(rank: int, port: int, folder: str) -> None:
