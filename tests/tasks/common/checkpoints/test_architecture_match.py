@@ -84,3 +84,19 @@ def test_training_only_scheme_options_differ_for_evaluation_not_for_a_resume():
     other = {**plain.hparams, "scheme_options": {"stochdepth_rate": 0.3, "c": 0.5}}
     with pytest.raises(ConfigError, match=r"\(they differ in scheme_options\)"):
         check_checkpoint_compatible(checkpoint, other, evaluating=True)
+
+
+def test_the_cli_check_lets_an_evaluation_differ_in_training_only_options(tmp_path):
+    """The check the CLI runs before parsing (validate/test/predict/export: ``evaluating``; fit: not)."""
+    from rescale_tasks.common.checkpoints import check_config_against_checkpoint
+
+    path = tmp_path / "last.ckpt"
+    saved = {"network": "cifar_resnet", "scheme": "nf", "scheme_options": {"stochdepth_rate": 0.3}}
+    torch.save({"hyper_parameters": saved, "state_dict": {}}, path)
+    config = {"class_path": None, "init_args": {"network": "cifar_resnet", "scheme": "nf", "scheme_options": None}}
+    check_config_against_checkpoint(config, str(path), evaluating=True)
+    with pytest.raises(ConfigError, match="stochdepth_rate=0.3->None"):
+        check_config_against_checkpoint(config, str(path))
+    config["init_args"]["scheme_options"] = {"c": 0.5}
+    with pytest.raises(ConfigError, match=r"\(they differ in scheme_options\)"):
+        check_config_against_checkpoint(config, str(path), evaluating=True)
