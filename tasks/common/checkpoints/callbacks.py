@@ -305,9 +305,10 @@ class LastCheckpoint(L.Callback):
     ``KeyboardInterrupt`` wherever the step happens to be, saves nothing); the same signal again
     stops at once. Other exceptions are left alone: a diverged or crashed run must not overwrite
     its last good checkpoint.
-    Any other checkpoint saved at the end of a step that a validation follows (Lightning's
-    ``ModelCheckpoint(every_n_train_steps=N)``, the WMT recipe's ``step<NNN>.ckpt``) is marked as
-    ``last.ckpt`` is there (:func:`resume_point`): a resume from it runs that validation.
+    Any other checkpoint saved at the end of a step that a validation or the epoch's end follows
+    (Lightning's ``ModelCheckpoint(every_n_train_steps=N)``, the WMT recipe's ``step<NNN>.ckpt``) is
+    marked as ``last.ckpt`` is there (:func:`resume_point`): a resume from it runs that validation,
+    or that epoch's end (once, no batch trained again) when no validation follows an epoch's last step.
     The file goes beside the run's other checkpoints (the ModelCheckpoint folder), where
     Lightning's ``ckpt_path="last"`` looks for it.
 
@@ -340,6 +341,7 @@ class LastCheckpoint(L.Callback):
         self._stop_due = False  # stop after this window's step: all processes agreed, or one's signal waits
         self._save_due = False  # a step save, for _SaveAfterStep
         self._step_ended = False  # between a training step's end and what follows it (a validation, the next batch)
+        self._ending_epoch = False  # resumed from a "before epoch end" file: the epoch's end is under way
         self._last_save = time.monotonic()
 
     def folder(self, trainer: L.Trainer) -> Optional[str]:
@@ -380,6 +382,7 @@ class LastCheckpoint(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_save = time.monotonic()
+        self._ending_epoch = _resumed_before_epoch_end(trainer)
         if self.on_preemption:
             self._take_over_signals(trainer, training=True)
 
@@ -479,10 +482,10 @@ class LastCheckpoint(L.Callback):
             reopen_epoch(checkpoint)
         if self._stopped_in is not None:
             resume_point(checkpoint, self._stopped_in)
-        elif self._step_ended and _validates_after_this_step(trainer):
-            # another callback's step save (a ModelCheckpoint every n steps), a validation to come:
-            # the same file as a step save of last.ckpt there, so that a resume from it runs that validation
-            resume_point(checkpoint, "before validation")
+        elif self._step_ended and _after_this_step(trainer) is not None:
+            # another callback's step save (a ModelCheckpoint every n steps), a validation or the epoch's
+            # end to come: the same file as a step save of last.ckpt there, so that a resume from it runs it
+            resume_point(checkpoint, _after_this_step(trainer))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.sanity_checking or _inside_window(trainer):
@@ -503,9 +506,9 @@ class LastCheckpoint(L.Callback):
         if not self._save_due:
             return
         self._save_due = False
-        # a validation that follows this step is still to come: a resume from this file runs it (Lightning
-        # would take the file for one saved once that validation ended, and skip it)
-        self._stopped_in = "before validation" if _validates_after_this_step(trainer) else None
+        # a validation (or the epoch's end) that follows this step is still to come: a resume from this file
+        # runs it (Lightning would take the file for one saved once it was done, and skip it)
+        self._stopped_in = _after_this_step(trainer)
         try:
             self.save(trainer)
         finally:
@@ -513,6 +516,9 @@ class LastCheckpoint(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._step_ended = False
+        if self._ending_epoch:
+            self._ending_epoch = False
+            _end_resumed_epoch(trainer)
         if _epoch_complete(trainer):
             self.save(trainer)
             return
@@ -569,6 +575,14 @@ def resume_point(checkpoint: dict, stopped_in: str) -> None:
       one saved inside the batch, Lightning would take a checkpoint of the epoch's last batch for
       one of an epoch that ended, and skip the epoch's end on resume (its training means never
       logged, an epoch-wise schedule never stepped).
+    - ``"before epoch end"``: saved at the end of an epoch's last step that no validation follows (a
+      step save, which a run killed outright before the epoch's end resumes from). Lightning would
+      take the file for one of an ended epoch and skip the epoch's end; the training batch is
+      counted completed as for ``"before validation"``, and the count of stepped batches raised as
+      the step's end raises it (Lightning raises it on resume only for a file saved inside the
+      batch). Lightning's epoch loop, restarting with no batch left, would then wait for a
+      validation that never comes and train one batch too many: :func:`_resumed_before_epoch_end`
+      lets it end, and the epoch's end runs once, as in the uninterrupted run.
     - ``"after validation"``: stopped at the end of a step that ran its validation (several
       processes finish it before they stop together; one process when the signal came during
       the last validation batch). Lightning takes such a checkpoint for one saved at the
@@ -585,9 +599,11 @@ def resume_point(checkpoint: dict, stopped_in: str) -> None:
         raise RuntimeError(f"this Lightning version's checkpoints hold no {_VAL_PROGRESS}, {_BATCH_PROGRESS} or "
                            f"{_EPOCH_STATE}: the step the signal stopped cannot be taken up where an uninterrupted "
                            "run goes on")
-    if stopped_in == "before validation":
+    if stopped_in in ("before validation", "before epoch end"):
         for counts in (batches["total"], batches["current"]):
             counts["completed"] = counts["processed"]
+    if stopped_in == "before epoch end":
+        state["_batches_that_stepped"] += 1
     if stopped_in in ("validation", "before validation"):
         before = progress["total"]["completed"]  # earlier validations' batches
         if stopped_in == "validation":
@@ -621,6 +637,45 @@ def _validates_after_this_step(trainer: L.Trainer) -> bool:
     own rule: val_check_interval, the epoch's last batch, check_val_every_n_epoch)."""
     loop = trainer.fit_loop
     return bool(loop.epoch_loop._should_check_val_fx(loop._data_fetcher))
+
+
+def _after_this_step(trainer: L.Trainer) -> Optional[str]:
+    """What a file saved at the end of the training step that just ended must resume with
+    (:func:`resume_point`): ``"before validation"``, ``"before epoch end"`` (the epoch's last step,
+    no validation after it) or None (the next batch)."""
+    if _validates_after_this_step(trainer):
+        return "before validation"
+    progress = trainer.fit_loop.epoch_progress.current
+    if progress.started > progress.processed and _epoch_complete(trainer):
+        return "before epoch end"
+    return None
+
+
+def _resumed_before_epoch_end(trainer: L.Trainer) -> bool:
+    """Whether fit resumes from a file marked ``"before epoch end"``: the epoch loop restarts with
+    every batch of its epoch done (counted completed) and no validation to run. Lightning's epoch
+    loop ends on restart only once a validation has run: it is told one has (the validation loop's
+    ``_has_run``, which nothing else reads before the epoch's end, put back there), so that it
+    ends without training a batch and the fit loop runs the epoch's end."""
+    loop = trainer.fit_loop
+    epoch_loop = loop.epoch_loop
+    if not (loop.restarting and epoch_loop.restarting and epoch_loop.restarted_on_last
+            and _epoch_complete(trainer) and not _validates_after_this_step(trainer)):
+        return False
+    epoch_loop.val_loop._has_run = True
+    return True
+
+
+def _end_resumed_epoch(trainer: L.Trainer) -> None:
+    """In the epoch's end after :func:`_resumed_before_epoch_end`: the epoch loop ran no batch, so
+    Lightning never ended its restart, and the fit loop's, which would skip the step of the
+    epoch-wise plateau schedules (``ReduceLROnPlateau``; the others stepped with the epoch's last
+    batch, before the file was saved), lasts until the epoch's end is over: both end here, as in the
+    uninterrupted run, and the validation loop is again one that has not run (ModelCheckpoint reads it)."""
+    loop = trainer.fit_loop
+    loop.epoch_loop.val_loop._has_run = False
+    loop.epoch_loop.restarting = False
+    loop._restarting = False
 
 
 def _inside_window(trainer: L.Trainer) -> bool:

@@ -104,6 +104,19 @@ PRIVATE_APIS = (
                "common/checkpoints/callbacks.py: _validates_after_this_step (LastCheckpoint's step saves)",
                "whether a validation follows the step just trained (Lightning's own rule), so that last.ckpt saved "
                "before it makes a resume run it", ("self", "data_fetcher")),
+    PrivateApi("lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "restarted_on_last", "attribute",
+               "common/checkpoints/callbacks.py: _resumed_before_epoch_end (LastCheckpoint.on_train_start)",
+               "whether the epoch loop restarts with its last batch counted completed, as a file saved at the end of "
+               "an epoch's last step that no validation follows is marked (resume_point)"),
+    PrivateApi("lightning.pytorch.loops.evaluation_loop._EvaluationLoop", "_has_run", "attribute",
+               "common/checkpoints/callbacks.py: _resumed_before_epoch_end, _end_resumed_epoch",
+               "a restarting epoch loop ends only once a validation has run: a resume with no batch and no "
+               "validation left in its epoch is let through to the epoch's end, and the flag put back there"),
+    PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", "_restarting", "attribute",
+               "common/checkpoints/callbacks.py: _end_resumed_epoch",
+               "the fit loop's restart flag, which skips the plateau schedules' step at the epoch's end: ended "
+               "there for a resume that only runs that end (the public setter would restart it again for a run "
+               "bounded by max_steps)"),
     PrivateApi("lightning.pytorch.loops.fit_loop._FitLoop", "_data_fetcher", "attribute",
                "common/checkpoints/callbacks.py: _validates_after_this_step",
                "the training data fetcher, which _should_check_val_fx reads (the epoch's last batch)"),

@@ -83,6 +83,8 @@ INSTANCES = {
     "lightning.pytorch.callbacks.ModelCheckpoint": lambda tmp: ModelCheckpoint(),
     "lightning.pytorch.callbacks.WeightAveraging": lambda tmp: WeightAveraging(),
     "lightning.pytorch.loops.fit_loop._FitLoop": lambda tmp: _quiet_trainer().fit_loop,
+    "lightning.pytorch.loops.evaluation_loop._EvaluationLoop":
+        lambda tmp: _quiet_trainer().fit_loop.epoch_loop.val_loop,
     "lightning.pytorch.LightningModule": lambda tmp: L.LightningModule(),
     "lightning.pytorch.LightningDataModule": lambda tmp: _Data(),
     "jsonargparse.ArgumentParser": lambda tmp: _parser_with_subcommands(),

@@ -15,6 +15,7 @@ import csv
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -340,3 +341,28 @@ def test_a_resume_from_a_step_checkpoint_a_validation_follows_runs_that_validati
         assert torch.equal(value, b["state_dict"][key]), key
     history = _csv_history(tmp_path)
     assert history == _csv_history(uninterrupted) and ("val/acc1", 5) in history and ("train/acc1", 5) in history
+
+
+def test_a_resume_from_a_step_checkpoint_at_an_epoch_end_no_validation_follows_ends_that_epoch(tmp_path, run_config,
+                                                                                             suite_wandb_logger):
+    """Without validation, ``step006.ckpt`` (ModelCheckpoint every 2 steps) is saved at the end of
+    the first epoch's last step, before that epoch's end: a run killed outright there resumes from
+    it. The resume skipped the epoch's end (Lightning took the file for one of an ended epoch: its
+    training means never logged, a plateau schedule not stepped); now it runs it, once, trains
+    the 6 batches of the second epoch and reports what the uninterrupted run does."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    whole.mkdir()
+    cut.mkdir()
+    no_val = ("--trainer.limit_val_batches", "0")
+    assert _fit(whole, "--config", _config(run_config, suite_wandb_logger, whole), *no_val) == 0
+    step = cut / "step006.ckpt"
+    shutil.copy(_checkpoints(whole) / "step006.ckpt", step)
+    assert torch.load(step, weights_only=True)["global_step"] == 6
+    assert _fit(cut, "--config", _config(run_config, suite_wandb_logger, cut), *no_val, "--ckpt_path", str(step)) == 0
+    assert _comparable(_summary(cut)) == _comparable(_summary(whole))
+    a, b = (torch.load(_checkpoints(f) / "last.ckpt", weights_only=True) for f in (whole, cut))
+    assert a["global_step"] == b["global_step"] == 12
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    history = _csv_history(cut)
+    assert history == _csv_history(whole) and ("train/acc1", 5) in history and ("train/acc1", 11) in history
