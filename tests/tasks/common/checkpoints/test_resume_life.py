@@ -343,17 +343,20 @@ def test_a_resume_from_a_step_checkpoint_a_validation_follows_runs_that_validati
     assert history == _csv_history(uninterrupted) and ("val/acc1", 5) in history and ("train/acc1", 5) in history
 
 
-def test_a_resume_from_a_step_checkpoint_at_an_epoch_end_no_validation_follows_ends_that_epoch(tmp_path, run_config,
+@pytest.mark.parametrize("no_val", [("--trainer.limit_val_batches", "0"), ("--trainer.check_val_every_n_epoch", "2")],
+                         ids=["no validation", "validation every 2nd epoch"])
+def test_a_resume_from_a_step_checkpoint_at_an_epoch_end_no_validation_follows_ends_that_epoch(no_val, tmp_path,
+                                                                                             run_config,
                                                                                              suite_wandb_logger):
-    """Without validation, ``step006.ckpt`` (ModelCheckpoint every 2 steps) is saved at the end of
-    the first epoch's last step, before that epoch's end: a run killed outright there resumes from
-    it. The resume skipped the epoch's end (Lightning took the file for one of an ended epoch: its
-    training means never logged, a plateau schedule not stepped); now it runs it, once, trains
-    the 6 batches of the second epoch and reports what the uninterrupted run does."""
+    """Without validation (or with one every 2nd epoch only), ``step006.ckpt`` (ModelCheckpoint every
+    2 steps) is saved at the end of the first epoch's last step, before that epoch's end: a run
+    killed outright there resumes from it. The resume skipped the epoch's end (Lightning took the
+    file for one of an ended epoch: its training means never logged, a plateau schedule not
+    stepped); now it runs it, once, trains the 6 batches of the second epoch and reports what the
+    uninterrupted run does."""
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     whole.mkdir()
     cut.mkdir()
-    no_val = ("--trainer.limit_val_batches", "0")
     assert _fit(whole, "--config", _config(run_config, suite_wandb_logger, whole), *no_val) == 0
     step = cut / "step006.ckpt"
     shutil.copy(_checkpoints(whole) / "step006.ckpt", step)
