@@ -45,7 +45,11 @@ def build_optimizer(model: nn.Module, optimizer: Callable[[Iterable], torch.opti
 
 def accepts(factory: Callable, name: str) -> bool:
     """Whether ``factory`` (a class, function or jsonargparse partial) takes argument ``name``."""
-    target = getattr(factory, "func", factory)  # functools.partial from jsonargparse
+    target = getattr(factory, "func", factory)  # functools.partial
+    if not inspect.isclass(target):
+        # jsonargparse's factory of a class given on the command line or in a config:
+        # partial(call_without_instantiate_context, instantiator, the class, **its arguments)
+        target = next((a for a in getattr(factory, "args", ()) if inspect.isclass(a)), target)
     try:
         target = target.__init__ if inspect.isclass(target) else target
         params = inspect.signature(target).parameters.values()

@@ -122,3 +122,21 @@ def test_a_resume_on_other_data_is_refused_unless_asked(tmp_path, monkeypatch, r
     with caplog.at_level(logging.INFO):
         assert main([*resume, "--ckpt_path", str(old)]) == 0
     assert "records no data fingerprint" in caplog.text
+
+
+def test_a_torch_scheduler_given_by_class_path_steps_every_epoch(tmp_path, run_config, monkeypatch):
+    """jsonargparse's factory of ``torch.optim.lr_scheduler.StepLR`` wraps the class in a generic
+    ``**kwargs`` function: it is still a plain torch schedule (no ``steps_per_epoch``, which StepLR
+    refused with a TypeError), stepped once per epoch."""
+    from rescale_tasks.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    config = run_config(tmp_path / "run.yaml", trainer={"max_epochs": 2, "limit_val_batches": 0, "logger": False})
+    assert main(["fit", "--config", config, "--trainer.default_root_dir", str(tmp_path),
+                 "--model.init_args.lr_scheduler", "torch.optim.lr_scheduler.StepLR",
+                 "--model.init_args.lr_scheduler.init_args.step_size", "1",
+                 "--model.init_args.lr_scheduler.init_args.gamma", "0.5"]) == 0
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    [schedule] = checkpoint["lr_schedulers"]
+    initial = checkpoint["optimizer_states"][0]["param_groups"][0]["initial_lr"]
+    assert schedule["last_epoch"] == 2 and schedule["_last_lr"][0] == pytest.approx(initial * 0.25)
