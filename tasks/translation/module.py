@@ -49,6 +49,7 @@ from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule
 from ..common.run import results_folder, write_result
 from ..common.system import gather_by_key, sum_tensor_over_ranks, world_size
+from ..common.training import inside_accumulation_window
 from .bleu import STYLES, bleu_statistics, bleu_from_statistics
 from .export import STEP_AT_ANY_LENGTH, translation_programs
 from .loss import UpdateTokens, label_smoothed_nll_loss, scale_gradients, tokens_over_ranks
@@ -280,9 +281,9 @@ class TranslationModule(RescaleTaskModule):
         self.train_nll.update(sums[1] / max(ntokens, 1), weight=ntokens)
         # the step's: per token of the whole update, every micro-batch and rank (fairseq logs an
         # update's), summed over the ranks once, at the update's last micro-batch (the logger
-        # writes the step's values there only; :mod:`~rescale_tasks.common.system.private_apis`)
+        # writes the step's values there only)
         self._update_tokens.add_sums(sums)
-        if not self.trainer.fit_loop.epoch_loop._should_accumulate():
+        if not inside_accumulation_window(self.trainer):
             update_loss, update_nll = self._update_tokens.per_token(
                 lambda local: self.trainer.strategy.reduce(local, reduce_op="sum"))
             self.log("train/loss_step", update_loss, prog_bar=True, on_step=True, on_epoch=False)

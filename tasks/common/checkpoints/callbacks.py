@@ -38,7 +38,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..errors import UserError
 from ..system import POLITE_SIGNALS, drop_gone_terminal, max_over_ranks, signal_label
-from ..training import DivergenceMonitor
+from ..training import DivergenceMonitor, inside_accumulation_window
 
 __all__ = ["ResumeState", "LastCheckpoint", "EpochCheckpoint", "preempted_message", "stop_signal",
            "checkpoint_folder", "planned_checkpoint_folder", "logger_folder", "LAST_NAME"]
@@ -434,7 +434,7 @@ class LastCheckpoint(L.Callback):
             if distributed:
                 if first and launcher is not None:
                     launcher.kill(signum)  # the processes Lightning started, if it started them
-            elif _inside_window(trainer):
+            elif inside_accumulation_window(trainer):
                 self._stop_due = True  # on_train_batch_start of the window's last batch
             else:
                 self._lightning_stop(signum, frame)
@@ -468,13 +468,13 @@ class LastCheckpoint(L.Callback):
             return
         self._validated_at = trainer.global_step
         self._vote(trainer)  # a signal that came during the validation stops the run right after it
-        if self._stop_due and not _inside_window(trainer):  # inside a window: at its last batch
+        if self._stop_due and not inside_accumulation_window(trainer):  # inside a window: at its last batch
             self._stop_together(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._step_ended = False
         # the step's last batch, so that no accumulated gradient is lost
-        if self._stop_due and not _inside_window(trainer):
+        if self._stop_due and not inside_accumulation_window(trainer):
             self._stop_together(trainer)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
@@ -488,7 +488,7 @@ class LastCheckpoint(L.Callback):
             resume_point(checkpoint, _after_this_step(trainer))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.sanity_checking or _inside_window(trainer):
+        if trainer.sanity_checking or inside_accumulation_window(trainer):
             return
         self._step_ended = True
         self._vote(trainer)
@@ -676,12 +676,6 @@ def _end_resumed_epoch(trainer: L.Trainer) -> None:
     loop.epoch_loop.val_loop._has_run = False
     loop.epoch_loop.restarting = False
     loop._restarting = False
-
-
-def _inside_window(trainer: L.Trainer) -> bool:
-    """Whether the training batch begun last (running, or done) ends no optimizer step: a
-    gradient-accumulation window is open, to be closed by a later batch of the epoch."""
-    return trainer.fit_loop.epoch_loop._should_accumulate()
 
 
 def _untouched(signum: int):

@@ -49,7 +49,7 @@ from ..data import DATA_KEY, data_fingerprint, is_skipped, items_in, metric_key,
 from ..errors import DataError, UserError
 from ..reporting import current_run, started
 from ..system import CODE_KEY, code_version, write_atomically
-from ..training import DivergenceMonitor
+from ..training import DivergenceMonitor, inside_accumulation_window
 from .outputs import run_directory
 
 __all__ = ["RunSummary", "SUMMARY_FILE", "MalformedSummary", "read_summary", "find_summaries", "higher_is_better"]
@@ -170,7 +170,7 @@ class RunSummary(L.Callback):
         if not is_skipped(outputs):  # a batch of bad files only: no samples, and its zero loss no point
             self.samples += items_in(pl_module, batch) * trainer.world_size
             self._window_trained = True
-        if trainer.fit_loop.epoch_loop._should_accumulate():
+        if inside_accumulation_window(trainer):
             return  # the optimizer step comes at the accumulation window's last batch
         trained, self._window_trained = self._window_trained, False
         if not trained:

@@ -93,9 +93,9 @@ PRIVATE_APIS = (
                "common/checkpoints/callbacks.py: _load_train_loader_state", "loads the saved loader position",
                ("self", "states")),
     PrivateApi("lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop", "_should_accumulate", "method",
-               "common/checkpoints/callbacks.py: _inside_window (LastCheckpoint's signal handler, "
-               "on_train_batch_start/_end, on_validation_end); common/run/summary.py: RunSummary.on_train_batch_end; "
-               "translation/module.py: TranslationModule.train_batch",
+               "common/training/callbacks.py: inside_accumulation_window (LastCheckpoint's signal handler, "
+               "on_train_batch_start/_end, on_validation_end; RunSummary.on_train_batch_end; "
+               "TranslationModule.train_batch)",
                "whether the batch ends an optimizer step: a stop signal waits for the step's last batch, "
                "the loss curve takes one point per step, and a translation update's logged loss is summed "
                "over the ranks once",

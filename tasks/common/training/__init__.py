@@ -19,7 +19,8 @@ from .schedules import ConstantLR, InverseSqrtLR, IterationMultiStepLR, WarmupCo
 from .class_paths import class_of, init_parameters
 from .optim_check import check_optimization
 from .acceleration import as_memory_format, compile_in_place, memory_format_of, use_channels_last
-from .callbacks import DivergenceMonitor, LearnedScalarsLogger, TrainingDiverged, optimizer_step_due
+from .callbacks import (DivergenceMonitor, LearnedScalarsLogger, TrainingDiverged, inside_accumulation_window,
+                        optimizer_step_due)
 from .ema import WeightEMA, ema_decay_at
 from .clipping import (check_agc_is_on, check_agc_options, clipped_parameters, output_layers,
                        pending_gradient_scale)
@@ -30,6 +31,6 @@ __all__ = ["check_network", "create_network", "default_scheme", "resolved_archit
            "InverseSqrtLR", "IterationMultiStepLR",
            "WarmupCosineLR", "WarmupMultiStepLR", "class_of", "init_parameters", "check_optimization", "as_memory_format",
            "compile_in_place", "memory_format_of", "use_channels_last", "DivergenceMonitor",
-           "LearnedScalarsLogger", "TrainingDiverged", "optimizer_step_due", "WeightEMA", "ema_decay_at", "check_agc_is_on", "check_agc_options", "clipped_parameters", "output_layers",
+           "LearnedScalarsLogger", "TrainingDiverged", "inside_accumulation_window", "optimizer_step_due", "WeightEMA", "ema_decay_at", "check_agc_is_on", "check_agc_options", "clipped_parameters", "output_layers",
            "pending_gradient_scale",
            "batch_size_of", "network_inputs", "take_samples"]

@@ -14,7 +14,8 @@ from ..data import is_skipped
 from ..errors import ConfigError
 from ..system import rank_zero_log
 
-__all__ = ["DivergenceMonitor", "LearnedScalarsLogger", "TrainingDiverged", "optimizer_step_due"]
+__all__ = ["DivergenceMonitor", "LearnedScalarsLogger", "TrainingDiverged", "inside_accumulation_window",
+           "optimizer_step_due"]
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,13 @@ class DivergenceMonitor(L.Callback):
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.diverged_at = state_dict.get("diverged_at")
+
+
+def inside_accumulation_window(trainer: L.Trainer) -> bool:
+    """Whether the training batch begun last (running, or done) ends no optimizer step: a
+    gradient-accumulation window is open, to be closed by a later batch of the epoch (Lightning's
+    own rule, ``_should_accumulate``)."""
+    return trainer.fit_loop.epoch_loop._should_accumulate()
 
 
 def optimizer_step_due(trainer: L.Trainer, every_n_steps: int, started_at: Optional[int]) -> bool:
