@@ -110,12 +110,14 @@ def hparam_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
 
 
 def _training_only_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """The ``scheme_options`` that differ between both sides when all that differ there act in
-    training only (:data:`~rescale_core.schemes.TRAINING_ONLY_OPTIONS`: dropout, stochastic depth);
-    empty when any other option differs too."""
+    """``key=saved->current`` for each ``scheme_options`` key that differs between both sides when
+    all that differ there act in training only (:data:`~rescale_core.schemes.TRAINING_ONLY_OPTIONS`:
+    dropout, stochastic depth); empty when any other option differs too."""
     theirs, ours = (_normal(side.get("scheme_options")) or {} for side in (saved, current))
     differing = sorted(k for k in {*theirs, *ours} if theirs.get(k) != ours.get(k))
-    return differing if differing and set(differing) <= TRAINING_ONLY_OPTIONS else []
+    if not differing or not set(differing) <= TRAINING_ONLY_OPTIONS:
+        return []
+    return [f"{k}={theirs.get(k)}->{ours.get(k)}" for k in differing]
 
 
 def state_dict_differences(saved: Mapping[str, Any], current: Mapping[str, Any], strict: bool = True,
@@ -174,10 +176,8 @@ def check_checkpoint_compatible(checkpoint: Mapping[str, Any], hparams: Mapping[
     if training_only and evaluating:
         differing.remove("scheme_options")
     elif training_only and differing == ["scheme_options"]:
-        shown = ", ".join(f"{k}={(_normal(saved.get('scheme_options')) or {}).get(k)}->"
-                          f"{(_normal(current.get('scheme_options')) or {}).get(k)}" for k in training_only)
         raise ConfigError(f"{source} was trained with other training-only scheme_options than this run sets "
-                          f"({shown}, checkpoint -> this run, None: the scheme's default): they act in training "
+                          f"({', '.join(training_only)}, checkpoint -> this run, None: the scheme's default): they act in training "
                           "only, so evaluating the checkpoint accepts the change, but resuming with it would change "
                           f"the run's training. {trained_config_fix(fix, ckpt_path)}")
     saved_state = checkpoint.get("state_dict")
