@@ -482,10 +482,10 @@ class LastCheckpoint(L.Callback):
             reopen_epoch(checkpoint)
         if self._stopped_in is not None:
             resume_point(checkpoint, self._stopped_in)
-        elif self._step_ended and _after_this_step(trainer) is not None:
+        elif self._step_ended and (after := _after_this_step(trainer)) is not None:
             # another callback's step save (a ModelCheckpoint every n steps), a validation or the epoch's
             # end to come: the same file as a step save of last.ckpt there, so that a resume from it runs it
-            resume_point(checkpoint, _after_this_step(trainer))
+            resume_point(checkpoint, after)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.sanity_checking or inside_accumulation_window(trainer):
