@@ -168,13 +168,24 @@ class RescaleTaskModule(L.LightningModule):
         return self.train_batch(batch, batch_idx)
 
     def validation_step(self, batch, batch_idx: int):
-        return None if nothing_to_evaluate(batch) else self.evaluate_batch(batch, "val")
+        return self.evaluate_nothing() if nothing_to_evaluate(batch) else self.evaluate_batch(batch, "val")
 
     def test_step(self, batch, batch_idx: int):
-        return None if nothing_to_evaluate(batch) else self.evaluate_batch(batch, "test")
+        return self.evaluate_nothing() if nothing_to_evaluate(batch) else self.evaluate_batch(batch, "test")
 
     def predict_step(self, batch, batch_idx: int):
-        return skipped_prediction() if nothing_to_evaluate(batch) else self.predict_batch(batch)
+        if nothing_to_evaluate(batch):
+            self.evaluate_nothing()
+            return skipped_prediction()
+        return self.predict_batch(batch)
+
+    def evaluate_nothing(self) -> None:
+        """What an evaluation step (validate, test, predict) does with a batch left without samples
+        (every file of it unreadable and skipped, :mod:`.data.empty_batches`): nothing, and it counts
+        nothing. A task whose evaluation batches are not evened out over the ranks by a stand-in item
+        (:func:`~.data.eval_sampler`) runs a forward on a stand-in input here, counted nowhere: under a
+        strategy that shards the parameters every rank must run as many forwards as the others."""
+        return None
 
     def train_batch(self, batch, batch_idx: int):
         """The task's training step on a batch that has samples: its loss (or Lightning's dict)."""

@@ -250,6 +250,14 @@ class DetectionModule(RescaleTaskModule):
         # the records move to the CPU themselves, masks thresholded and RLE-encoded on the device first
         self.evaluator.update(self(list(images)), targets)
 
+    def evaluate_nothing(self) -> None:
+        """A batch whose every image was unreadable (skipped with ``data.skip_corrupt``) still runs
+        the detector, on a black stand-in image whose detections are dropped: under a strategy that
+        shards the parameters (FSDP) each forward gathers them from every rank, so a rank skipping
+        its forward would leave the others waiting (the evaluation batch lists give every rank as
+        many batches, not as many images). Nothing is scored, predicted or drawn."""
+        self(torch.zeros(1, 3, 32, 32, device=self.device).unbind(0))
+
     def _finish_evaluation(self, prefix: str, write_results: bool) -> None:
         records = self.evaluator.gather()  # a collective: every rank's images, merged by image id
         results = self.evaluator.results(records)  # built once: what is scored is what is written

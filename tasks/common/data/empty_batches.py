@@ -34,7 +34,9 @@ samples, which torchmetrics and the multi-view evaluation cannot take) and no pr
 is needed: under DDP evaluation steps exchange nothing between ranks, each rank skips its own empty
 batches. Under a strategy that shards the parameters (FSDP) every forward is a collective, so there
 an unreadable item is replaced by a readable one marked as padding, run and never counted
-(:class:`~.sampling.MarkedPadding`), and no batch is left empty.
+(:class:`~.sampling.MarkedPadding`), and no batch is left empty; a task whose evaluation batches
+are lists of keys (detection) runs its forward on a stand-in input counted nowhere instead (the
+module's ``evaluate_nothing``, called by the base's steps for every empty evaluation batch).
 The skipped files are counted by the data module and reported by
 :class:`~..run.data_report.SkippedDataReport` after every stage.
 """

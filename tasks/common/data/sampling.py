@@ -198,7 +198,9 @@ def eval_sampler(dataset: Dataset, strategy: Any) -> tuple[Dataset, DistributedS
     A sampler that is a ``DistributedSampler`` is kept by Lightning as it is. Tasks that evaluate
     batch lists (:mod:`.batch_sampling`: detection, translation) pad by whole batches under every
     strategy, so every rank runs as many forwards, and count each item once by key (detection's
-    COCO evaluation merges by image id) or mark the padding batches (translation's fillers).
+    COCO evaluation merges by image id) or mark the padding batches (translation's fillers); a
+    detection batch whose every image was skipped as unreadable still runs a forward, on a stand-in
+    image (``DetectionModule.evaluate_nothing``).
     """
     if not shards_parameters(strategy):
         return dataset, UnrepeatedSampler(dataset)
