@@ -21,11 +21,11 @@ from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from ..common.data import keep_real, real_rows
-from ..common.errors import ConfigError
 from ..common.module import RescaleTaskModule
 from ..common.run import (PredictedSamples, class_predictions_csv, class_rows, kept_samples, output_names,
                           predict_dataset)
 from ..common.system import gather_by_key
+from ..common.training import check_lr_batch, unscaled_lr
 
 __all__ = ["ClassificationModule"]
 
@@ -54,10 +54,7 @@ class ClassificationModule(RescaleTaskModule):
                  lr_batch: Optional[int] = None, **options: Any) -> None:
         super().__init__(network, scheme, network_kwargs={"num_classes": num_classes, "in_channels": in_channels},
                          **options)
-        if lr_batch is not None and lr_batch < 1:
-            raise ConfigError(f"model.init_args.lr_batch must be at least 1 (the global batch the lr is set for), "
-                              f"got {lr_batch}")
-        self.lr_batch = lr_batch
+        self.lr_batch = check_lr_batch(lr_batch)
         self.label_smoothing = label_smoothing
         self.mixup_alpha = mixup_alpha
         top5 = min(5, num_classes)
@@ -82,20 +79,9 @@ class ClassificationModule(RescaleTaskModule):
     def _check_lr_batch(self) -> None:
         """Warn when this run's global batch is not the one its lr is set for (``lr_batch``): the
         lr stays as configured, the warning names the linear scaling rule's (Goyal et al. 2017)."""
-        trainer = self.trainer
-        per_device = getattr(trainer.datamodule, "batch_size", None)
-        if self.lr_batch is None or not per_device or not trainer.is_global_zero:
-            return
-        accumulate = trainer.accumulate_grad_batches
-        batch = per_device * trainer.world_size * accumulate
-        if batch == self.lr_batch:
-            return
-        lr = trainer.optimizers[0].defaults["lr"]
-        scaled = lr * batch / self.lr_batch
-        log.warning("lr %g is set for a global batch of %d (model.init_args.lr_batch); this run's is %d (%d "
-                    "process(es) x data.batch_size %d x accumulate_grad_batches %d): the linear scaling rule "
-                    "gives lr %g (--model.init_args.optimizer.init_args.lr %g); training on at lr %g",
-                    lr, self.lr_batch, batch, trainer.world_size, per_device, accumulate, scaled, scaled, lr)
+        line = unscaled_lr(self.trainer, self.lr_batch)
+        if line:
+            log.warning(line)
 
     # --- steps ----------------------------------------------------------------------------
     def _mixup(self, x: torch.Tensor, y: torch.Tensor):

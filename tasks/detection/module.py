@@ -41,6 +41,7 @@ from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule
 from ..common.run import note_result_file, predict_dataset, results_folder, write_result
 from ..common.system import gather_objects
+from ..common.training import check_lr_batch, unscaled_lr
 from .backbones import resnet_fpn_backbone
 from .evaluation import CocoEvaluator
 from .export import detection_programs, detector_preprocessing
@@ -97,6 +98,10 @@ class DetectionModule(RescaleTaskModule):
             ``draw_score_threshold``) into ``predictions/`` of the results folder.
         optimizer: as for every task; the default is :func:`detectron_sgd`.
         norm_weight_decay: as for every task; 0 by default (Detectron's recipe).
+        lr_batch: the global batch (images per optimizer step over all processes) the optimizer's
+            ``lr`` and the schedule's iterations are set for (Detectron2's recipes: 16); a fit at
+            another global batch says, in one warning line, the lr the linear scaling rule gives
+            for its batch and that the iterations scale the other way. None: no check.
     """
 
     throughput_unit = "images"  # training throughput in images/s (common.data.throughput)
@@ -120,7 +125,8 @@ class DetectionModule(RescaleTaskModule):
                  backbone_checkpoint: Optional[str] = None, min_size: int = 800, max_size: int = 1333,
                  detector_options: Optional[dict[str, Any]] = None, draw_predictions: int = 0,
                  draw_score_threshold: float = 0.5, optimizer: OptimizerFactory = detectron_sgd,
-                 norm_weight_decay: Optional[float] = 0.0, **options: Any) -> None:
+                 norm_weight_decay: Optional[float] = 0.0, lr_batch: Optional[int] = None,
+                 **options: Any) -> None:
         if detector not in DETECTORS:
             raise ConfigError(f"model.detector must be one of {', '.join(DETECTORS)}, got {detector!r}")
         self.check_arguments({"backbone_checkpoint": backbone_checkpoint})
@@ -130,6 +136,7 @@ class DetectionModule(RescaleTaskModule):
                          options=dict(detector_options or {}))
         super().__init__(network, scheme, optimizer=optimizer, norm_weight_decay=norm_weight_decay,
                          network_kwargs={"detection": detection}, **options)
+        self.lr_batch = check_lr_batch(lr_batch)
         self.detector_kind = detector
         self.iou_types = ("bbox", "segm") if detector == "maskrcnn" else ("bbox",)
         self.draw_predictions, self.draw_score_threshold = draw_predictions, draw_score_threshold
@@ -221,6 +228,14 @@ class DetectionModule(RescaleTaskModule):
             raise ConfigError("model.detector maskrcnn trains on instance masks but data.masks is false: set "
                               "--data.init_args.masks true (the json's segmentations), or train a box-only "
                               "detector (--model.init_args.detector fasterrcnn or retinanet)")
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        line = unscaled_lr(self.trainer, self.lr_batch, more=(
+            ", and max_steps, the schedule's milestones and warmup_iters and val_check_interval x {factor} "
+            "for the recipe's epochs (experiments/coco/_defaults.yaml)"))
+        if line:
+            log.warning(line)
 
     def train_batch(self, batch, batch_idx: int) -> torch.Tensor:
         images, targets = batch
