@@ -168,9 +168,27 @@ class DetectionModule(RescaleTaskModule):
                                  _skip_resize=True, **detection["options"])
         except TypeError as err:
             raise ConfigError(f"model.detector_options: {err}") from None
+        if detection["checkpoint"] is None:
+            self._say_frozen_from_scratch(backbone.body, detection["trainable_layers"])
         net.scheme = backbone.scheme  # parameter groups and run names read the scheme here
         install_padding_aware_measurement(net)
         return net
+
+    @staticmethod
+    def _say_frozen_from_scratch(body: torch.nn.Module, trainable_layers: Optional[int]) -> None:
+        """One warning line each for what only fits a backbone from a checkpoint, asked for without
+        one (``backbone_checkpoint: null``): FrozenBatchNorm2d, which keeps BN's initial statistics and
+        affine parameters (the backbone trains without normalization), and frozen stages, which keep
+        their random weights."""
+        if any(type(m).__name__ == "FrozenBatchNorm2d" for m in body.modules()):
+            log.warning("frozen_bn true without a backbone checkpoint: FrozenBatchNorm2d keeps the initial "
+                        "statistics and affine parameters (mean 0, variance 1, scale 1, shift 0), so the backbone "
+                        "trains without normalization; leave model.init_args.frozen_bn unset (null) or false to "
+                        "train its BN from scratch")
+        if any(not p.requires_grad for p in body.parameters()):
+            log.warning(f"trainable_layers {trainable_layers} without a backbone checkpoint: the stages it freezes "
+                        "keep their random initialization and never train; leave model.init_args.trainable_layers "
+                        "unset (null: 5 from scratch, as torchvision) or set it to 5")
 
     #: the last part of the names of the layers whose outputs are a torchvision detector's predictions
     PREDICTORS = ("cls_logits", "bbox_pred", "cls_score", "mask_fcn_logits", "bbox_reg")

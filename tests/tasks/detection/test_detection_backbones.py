@@ -154,6 +154,23 @@ def test_bn_checkpoint_gives_frozen_bn(tmp_path):
     assert any(isinstance(m, nn.BatchNorm2d) for m in trainable.body.modules())
 
 
+def test_frozen_settings_without_a_checkpoint_are_warned(caplog):
+    """FrozenBN and frozen stages are the ImageNet recipe's: without a backbone checkpoint they would
+    keep BN at identity and random stages frozen, each said in one warning line naming its setting;
+    the defaults say nothing, nor does frozen_bn on a network without BN."""
+    from rescale_tasks.detection.module import DetectionModule
+
+    tiny = dict(network="resnet18", network_options=TINY, detector="fasterrcnn", num_classes=3, fpn_channels=16)
+    with caplog.at_level("WARNING", logger="rescale_tasks.detection.module"):
+        DetectionModule(scheme="bn", **tiny)
+        DetectionModule(scheme="rescale", frozen_bn=True, **tiny)
+        assert not caplog.records
+        DetectionModule(scheme="bn", frozen_bn=True, trainable_layers=3, **tiny)
+    frozen_bn, frozen_stages = [r.getMessage() for r in caplog.records]
+    assert frozen_bn.startswith("frozen_bn true without a backbone checkpoint") and "model.init_args.frozen_bn" in frozen_bn
+    assert frozen_stages.startswith("trainable_layers 3 without a backbone checkpoint: the stages it freezes")
+
+
 def test_checkpoint_mismatch_is_one_line(tmp_path):
     path, _ = _fit_checkpoint(tmp_path, "rescale")
     with pytest.raises(ConfigError) as err:

@@ -301,6 +301,11 @@ def test_every_coco_config_builds_its_recipe(config, coco_canvases):
     assert module.hparams.heads_norm == ("gn" if scheme == "gn" else None)
     named = yaml.safe_load(config.read_text())["model"]["init_args"].get("backbone_checkpoint")
     assert (named is None) == (backbone == "gn_scratch")  # every 1x run starts from ImageNet
+    # built without its checkpoint (route 2, docs/tasks/detection.md): every stage trains and BN with it,
+    # not FrozenBatchNorm2d at its initial values on a frozen random stem
+    body = module.net.backbone.body
+    assert all(p.requires_grad for p in body.parameters())
+    assert not [m for m in body.modules() if type(m).__name__ == "FrozenBatchNorm2d"]
     optimizer = module.optimizer_factory(module.net.parameters())
     assert optimizer.defaults["lr"] == (0.01 if detector == "retinanet" else 0.02)
     assert module.hparams.norm_weight_decay == 0.0 and optimizer.defaults["weight_decay"] == 1e-4
