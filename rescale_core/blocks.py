@@ -12,7 +12,8 @@ Zhang et al. 2019).
   state dict's; code reads the branch through :meth:`ResidualBlock.branch_layers` (one
   :class:`BranchLayer` per convolution, in forward order), the contract every plan unpacks.
 - :class:`ResidualSublayer`: the Transformer sublayer (attention or feed-forward branch)
-  under post-LN, pre-LN, ``rescale``, ``rezero`` or ``skipinit``.
+  under post-LN, pre-LN, ``rescale``, ``rezero`` or ``skipinit``; :func:`share_layer_gain` gives
+  the sublayers of one Transformer layer one gain (``Scheme.layer_gain``, ReZero's).
 
 Each holds its reference definition (``_forward_reference``: the plain layer-by-layer code)
 and one dispatch to its execution plan (:mod:`rescale_core.plans`): the folded, lean and frozen
@@ -26,6 +27,7 @@ first scalar bias; ours has its own. CIFAR ResNets use projection (option B) sho
 """
 from __future__ import annotations
 
+import functools
 from typing import Iterable, NamedTuple
 
 import torch
@@ -38,7 +40,7 @@ from .plans.dispatch import Planned, implementation
 from .schemes import FIELD_READERS, GAIN_INIT_WITHOUT_GAIN, Scheme, SchemeOptionError, get_scheme, list_schemes
 
 __all__ = ["ResidualMerge", "BranchLayer", "ResidualBlock", "ResidualSublayer", "pre_conv_bias", "scheme_conv",
-           "conv_norm", "check_buildable", "CONV_NORMS"]
+           "conv_norm", "check_buildable", "share_layer_gain", "CONV_NORMS"]
 
 #: the norm layers a conv network can put after its convolutions (``Scheme.norm``)
 CONV_NORMS = ("bn", "gn", "dyt", "derf")
@@ -401,3 +403,34 @@ class ResidualSublayer(Planned):
     def _forward_reference(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         out = self.dropout(self.fn(self.pre_norm(x), *args, **kwargs))
         return self.post_norm(self.merge(x, out))
+
+
+def share_layer_gain(scheme: Scheme, layer: nn.Module, names: tuple[str, ...]) -> None:
+    """Under ``scheme.layer_gain``, the :class:`ResidualSublayer` children ``names`` of ``layer`` (a
+    Transformer layer) share the first one's gain: one parameter, multiplying every sublayer's
+    branch, whose gradient is the sum of theirs (ReZero's ``resweight``: majumderb/rezero
+    ``rezero/transformer/rztx.py``, ``RZTXEncoderLayer`` and ``RZTXDecoderLayer``). The state dict
+    keeps one entry per sublayer, of equal values; a checkpoint whose entries differ (trained with
+    a gain per sublayer) is refused, not loaded as the last one's."""
+    if not scheme.layer_gain:
+        return
+    sublayers = [getattr(layer, name) for name in names]
+    shared = sublayers[0].merge.gain
+    for sub in sublayers[1:]:
+        sub.merge.gain = shared
+    layer.register_load_state_dict_pre_hook(functools.partial(_refuse_unshared_gains, names=names,
+                                                              scheme=scheme.name))
+
+
+def _refuse_unshared_gains(module: nn.Module, state_dict: dict, prefix: str, *args, names: tuple[str, ...],
+                           scheme: str) -> None:
+    """Load-state-dict pre-hook of :func:`share_layer_gain`: a ValueError where the entries of the
+    shared gain differ (one would silently overwrite the others)."""
+    found = {name: state_dict[f"{prefix}{name}.merge.gain.weight"] for name in names
+             if f"{prefix}{name}.merge.gain.weight" in state_dict}
+    values = list(found.values())
+    if any(v.shape != values[0].shape or not torch.equal(v, values[0]) for v in values[1:]):
+        held = ", ".join(f"{name} {v.flatten()[0].item():.4g}" for name, v in found.items())
+        raise ValueError(f"{prefix.rstrip('.') or 'layer'}: the checkpoint holds one gain per sublayer ({held}), "
+                         f"scheme {scheme} shares one per layer (layer_gain, ReZero's resweight): load it with "
+                         "scheme_options {layer_gain: false}, the network it was trained as")

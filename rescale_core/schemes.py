@@ -29,10 +29,12 @@ The merge every scheme reduces to (block k of L, k = 1..L)::
 - ``fixup``: Fixup (Zhang et al., ICLR 2019): last branch layer and classifier zero-initialised,
   the other branch layers' He std scaled by ``L^(-1/(2m-2))``, scalar biases before each conv,
   activation and the classifier, one scalar multiplier per branch; scalars at lr/10.
-- ``rezero``: ReZero (Bachlechner et al. 2020): ``x + a F(x)``, ``a = 0`` at init: the fields of
-  ``skipinit``, under the name its paper gives it (the same network, seed for seed). Deviation:
-  one ``a`` per branch (a Transformer's every sublayer), where the ReZero code shares one between
-  the sublayers of a Transformer layer (docs/transformers.md).
+- ``rezero``: ReZero (Bachlechner et al. 2020): ``x + a F(x)``, ``a = 0`` at init, no
+  normalisation: in a conv network the fields of ``skipinit`` (one ``a`` per residual block, the
+  same network seed for seed); in a Transformer one ``a`` per layer, shared by its sublayers
+  (``layer_gain``: self-attention and feed-forward; the decoder's cross-attention too), as the
+  ReZero code's ``resweight`` (majumderb/rezero ``rztx.py``; docs/transformers.md), where
+  ``skipinit`` has one per sublayer.
 - SkipInit's counter-examples (rebuttal): ``bn_scaled`` (a BN ResNet whose blocks output
   ``alpha (x + F(x))``, alpha = sqrt(1/2)), ``bn_head`` (one BN before the classifier only),
   ``bn_merge`` (BN on the branch plus a BN after the merge).
@@ -147,7 +149,8 @@ FIELD_READERS: dict[str, frozenset[str]] = {
     "scaled_ws": _CONV, "norm_alpha": _BOTH, "norm_alpha_attention": _TRANSFORMER, "norm_alpha_ffn": _TRANSFORMER,
     "norm_alpha_final": _TRANSFORMER,
     # the merge
-    "merge": _BOTH, "c": _BOTH, "fixed_beta": _BOTH, "gain": _BOTH, "gain_init": _BOTH, "block_scale": _BOTH,
+    "merge": _BOTH, "c": _BOTH, "fixed_beta": _BOTH, "gain": _BOTH, "gain_init": _BOTH, "layer_gain": _TRANSFORMER,
+    "block_scale": _BOTH,
     "skip_alpha": _BOTH, "merge_norm": _CONV, "layout": _BOTH, "nf_alpha": _BOTH,  # a Transformer refuses preact
     # the network
     "head_norm": _CONV, "classifier_dropout": _CONV, "stochdepth_rate": _CONV, "stochdepth_scale": _CONV,
@@ -198,6 +201,9 @@ def _unread_options(scheme: "Scheme") -> list[tuple[str, str]]:
         ("conv_dropout_stages", scheme.conv_dropout == 0.0,
          "an option without conv_dropout (it picks the stages conv_dropout drops in: remove it, or set "
          "conv_dropout)"),
+        ("layer_gain", scheme.gain is None,
+         "an option without a gain (it shares the gain between the sublayers of a Transformer layer, and "
+         "there is none: remove it, or set gain)"),
         ("scalar_lr_factor", scheme.gain is None and not scheme.scalar_biases,
          "an option without a gain or scalar_biases (it sets their learning rate, and the network has "
          "neither: remove it)"),
@@ -308,6 +314,8 @@ class Scheme:
     fixed_beta: bool = True               # rescale: beta = L^-1/2 + init multiplier
     gain: Optional[str] = None            # "scalar" | "vector" | None
     gain_init: float = 1.0
+    layer_gain: bool = False              # transformers: one gain per layer, shared by its sublayers
+    #                                       (ReZero's resweight); false: one per sublayer
     block_scale: float = 1.0              # counter-example: x_k = block_scale * (x + F(x))
     skip_alpha: Optional[float] = None    # x_k = skip_alpha * x + F(x) (DeepNorm's alpha; None: 1,
     #                                       or under init deepnorm each stack's constant)
@@ -499,7 +507,7 @@ register_scheme(Scheme("skipinit_reg", gain="scalar", gain_init=0.0, init="he_fa
                        conv_bias=True, classifier_dropout=0.2))
 register_scheme(Scheme("fixup", gain="scalar", scalar_biases=True, init="fixup",
                        zero_classifier=True, scalar_lr_factor=0.1))
-register_scheme(Scheme("rezero", families=_CONV_TF, gain="scalar", gain_init=0.0,
+register_scheme(Scheme("rezero", families=_CONV_TF, gain="scalar", gain_init=0.0, layer_gain=True,
                        init="he_fan_in"))
 register_scheme(Scheme("bn_scaled", norm="bn", block_scale=math.sqrt(0.5)))
 register_scheme(Scheme("bn_head", head_norm=True, init="he_fan_in"))

@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..blocks import ResidualSublayer, check_buildable, sublayer_norm
+from ..blocks import ResidualSublayer, check_buildable, share_layer_gain, sublayer_norm
 from ..plans.folds import scaled_linear
 from ..generation import greedy_search
 from ..init import TransformerStack, init_transformer_embeddings, stack_scheme
@@ -303,6 +303,7 @@ class TransformerEncoderLayer(nn.Module):
         super().__init__()
         self.self_attn = _attention_sublayer(cfg, scheme, k, L, "encoder")
         self.ffn = _ffn_sublayer(cfg, scheme, k + 1, L, "encoder")
+        share_layer_gain(scheme, self, ("self_attn", "ffn"))
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.ffn(self.self_attn(x, attn_mask=attn_mask))
@@ -316,6 +317,7 @@ class TransformerDecoderLayer(nn.Module):
         self.self_attn = _attention_sublayer(cfg, scheme, k, L, "decoder")
         self.cross_attn = _attention_sublayer(cfg, scheme, k + 1, L, "decoder")
         self.ffn = _ffn_sublayer(cfg, scheme, k + 2, L, "decoder")
+        share_layer_gain(scheme, self, ("self_attn", "cross_attn", "ffn"))
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None,
                 memory_mask: torch.Tensor | None = None, self_mask: torch.Tensor | None = None,

@@ -71,6 +71,8 @@ IMPLEMENTED_FIELDS: dict[str, tuple | None] = {
     "fixed_beta": _BOOL,          # branch_scale and init
     "gain": (None, "scalar", "vector"),  # the branch multiplier: none, one or per-channel values
     "gain_init": None,            # init value of the gain
+    "layer_gain": _BOOL,          # one Gain module shared by a Transformer layer's sublayers: each
+    #                               sublayer's plan reads its merge.gain as the reference does
     "block_scale": None,          # inside skip_scale / branch_scale (a Scheme refuses it beside Fixup's bias)
     "skip_alpha": None,           # inside skip_scale (DeepNorm's alpha), which the plans read
     "merge_norm": _BOOL,          # merge_norm runs as a module; no scale is carried through it

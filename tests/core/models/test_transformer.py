@@ -114,7 +114,11 @@ def test_forward_backward_and_training_moves_every_parameter(scheme):
         if step == 0 and scheme in ("rezero", "skipinit"):
             gains = [n for n, p in model.named_parameters()
                      if n.endswith("gain.weight") and p.grad.abs().sum() > 0]
-            assert len(gains) == 6  # every decoder gain; encoder gains wait for the cross gains
+            # every decoder gain (6 sublayers' under skipinit, 2 layers' under rezero); encoder gains
+            # wait for the cross gains
+            assert gains == [n for n, _ in model.named_parameters()
+                             if n.startswith("decoder.") and n.endswith("gain.weight")]
+            assert len(gains) == {"rezero": 2, "skipinit": 6}[scheme]
         opt.step()
     unchanged = [n for n, p in model.named_parameters() if torch.equal(p.detach(), before[n])]
     assert unchanged == []
