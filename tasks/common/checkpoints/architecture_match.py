@@ -12,6 +12,7 @@ import glob
 import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+import torch
 from rescale_core.schemes import TRAINING_ONLY_OPTIONS
 
 from ..errors import ConfigError
@@ -19,7 +20,8 @@ from ..training import class_of, init_parameters, resolved_architecture
 from .files import CheckpointError, checkpoint_exists, is_remote, peek_checkpoint
 
 __all__ = ["NETWORK_PREFIX", "network_weights", "ARCHITECTURE_KEYS", "CONFIG_KEYS", "check_checkpoint_compatible", "check_config_against_checkpoint",
-           "hparam_differences", "state_dict_differences", "MISMATCH_FIX", "CONFIG_FILE", "saved_config",
+           "hparam_differences", "state_dict_differences", "tied_apart", "UNSHARED_GAINS", "MISMATCH_FIX",
+           "CONFIG_FILE", "saved_config",
            "trained_config_fix", "load_into_module",
            "typed_model_arguments", "run_arguments_over_checkpoint", "require_classification_checkpoint"]
 
@@ -120,10 +122,42 @@ def _training_only_differences(saved: Mapping[str, Any], current: Mapping[str, A
     return [f"{k}={theirs.get(k)}->{ours.get(k)}" for k in differing]
 
 
+#: why a checkpoint's gains per sublayer do not load into a ``layer_gain`` Transformer, and what to do
+UNSHARED_GAINS = ("one gain per sublayer, where this network shares one per Transformer layer (scheme_options "
+                  "layer_gain: rezero's, since it follows the ReZero code); a rezero checkpoint written before "
+                  "is the skipinit network: record that in it (torch.load it, set its ['hyper_parameters']"
+                  "['scheme'] = 'skipinit', torch.save it) and run it with --model.init_args.scheme skipinit")
+
+
+def tied_apart(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The pairs of entries that are one tensor in ``current`` (tied weights, shared gains: the
+    same storage) but hold different values in ``saved``: loading would keep one of each pair and
+    silently drop the other."""
+    tied: dict[tuple, list[str]] = {}
+    for key, value in current.items():
+        # plain tensors with data only: a sharded one (FSDP's DTensor) or a meta one (a shape to check
+        # against) has no storage of its own to compare
+        if (key in saved and type(value) in (torch.Tensor, torch.nn.Parameter) and value.numel()
+                and not value.is_meta and not getattr(saved[key], "is_meta", False)):
+            where = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape), value.stride())
+            tied.setdefault(where, []).append(key)
+    return [(keys[0], key) for keys in tied.values() for key in keys[1:]
+            if not (hasattr(saved[key], "shape") and tuple(saved[key].shape) == tuple(saved[keys[0]].shape)
+                    and bool((saved[key] == saved[keys[0]]).all()))]
+
+
 def state_dict_differences(saved: Mapping[str, Any], current: Mapping[str, Any], strict: bool = True,
                            limit: int = 2) -> list[str]:
-    """Short descriptions of missing/unexpected keys (when ``strict``) and shape mismatches."""
+    """Short descriptions of missing/unexpected keys (when ``strict``), shape mismatches and
+    entries tied here that differ in ``saved`` (:func:`tied_apart`)."""
     problems = []
+    apart = tied_apart(saved, current)
+    if apart:
+        (first, second), more = apart[0], f" (+{len(apart) - 1} more pairs)" if len(apart) > 1 else ""
+        why = (UNSHARED_GAINS if all(a.endswith("merge.gain.weight") for pair in apart for a in pair)
+               else "the two apart, where this network ties them")
+        problems.append(f"{first} and {second}{more} are one tensor here but differ in the checkpoint, "
+                        f"which holds {why}")
     shapes = [k for k in current if k in saved and hasattr(saved[k], "shape") and hasattr(current[k], "shape")
               and tuple(saved[k].shape) != tuple(current[k].shape)]
     for key in shapes[:limit]:

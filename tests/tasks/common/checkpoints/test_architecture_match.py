@@ -100,3 +100,31 @@ def test_the_cli_check_lets_an_evaluation_differ_in_training_only_options(tmp_pa
     config["init_args"]["scheme_options"] = {"c": 0.5}
     with pytest.raises(ConfigError, match=r"\(they differ in scheme_options\)"):
         check_config_against_checkpoint(config, str(path), evaluating=True)
+
+
+def test_a_checkpoint_of_gains_per_sublayer_is_refused_in_one_line_where_they_are_shared():
+    """A rezero checkpoint written when each sublayer had its own gain (now: one per Transformer
+    layer) would load as one sublayer's gain, the others' dropped: one line says what it is, and
+    how to load it as the skipinit network it is; an equal pair loads."""
+    from rescale_tasks.translation.module import TranslationModule
+
+    def translation(**options) -> TranslationModule:
+        torch.manual_seed(0)
+        return TranslationModule("transformer_tiny", scheme="rezero", scheme_options=options or None,
+                                 vocab_size=30, pad_index=1, bos_index=0, eos_index=2)
+
+    shared, apart = translation(), translation(layer_gain=False)
+    saved = checkpoint_of(apart)
+    saved["hyper_parameters"]["scheme_options"] = None  # as rezero recorded it before layer_gain
+    shared.on_load_checkpoint(saved)  # the gains all 0: equal, nothing is lost
+    saved["state_dict"]["net.decoder.layers.1.ffn.merge.gain.weight"] = torch.tensor([0.25])
+    with pytest.raises(ConfigError, match=r"net\.decoder\.layers\.1\.self_attn\.merge\.gain\.weight and "
+                                          r"net\.decoder\.layers\.1\.ffn\.merge\.gain\.weight are one tensor here but "
+                                          r"differ in the checkpoint, which holds one gain per sublayer.*"
+                                          r"\['scheme'\] = 'skipinit'") as err:
+        shared.on_load_checkpoint(saved)
+    assert "\n" not in str(err.value)
+    assert state_dict_differences({"a": torch.ones(2), "b": torch.zeros(2)},
+                                  dict.fromkeys("ab", torch.ones(2))) == [
+        "a and b are one tensor here but differ in the checkpoint, which holds the two apart, where this "
+        "network ties them"]
