@@ -13,6 +13,8 @@ A line longer than the model's source positions is translated from the pieces th
 warning line names it: one output line per input line, as scoring against references needs
 (``fairseq-interactive`` refuses such a line instead; splitting it would translate fragments the
 model never saw as sentences). Split such lines into sentences to have them translated whole.
+A checkpoint whose weights hold NaN or infinite values (saved after its run diverged) is refused
+in one line: none of its hypotheses would finish, and every output line would be empty.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import torch
 
 from rescale_core.generation import GenerationConfig, best_tokens, generate
 
-from ..common.checkpoints import load_into_module, safe_load
+from ..common.checkpoints import load_into_module, non_finite_text, non_finite_weights, safe_load
 from ..common.errors import UserArgumentParser, UserError
 from ..common.system import atomic_open, require_writable, resolve_device
 from ..common.training import init_parameters
@@ -46,6 +48,11 @@ def load_translator(path: str, device: str | torch.device = "cpu") -> Translatio
     if "sentencepiece" not in checkpoint or "hyper_parameters" not in checkpoint:
         raise UserError(f"{path} is not a translation checkpoint of this suite (no SentencePiece model "
                         "inside); give a checkpoint written by rescale fit with a TranslationModule config")
+    broken = non_finite_weights(checkpoint)
+    if broken:  # its every score is NaN: no hypothesis finishes and every line would come out empty
+        raise UserError(f"checkpoint {path} (--ckpt_path) cannot translate: {non_finite_text(broken)} (weights saved "
+                        "after the run diverged), so every translation would be an empty line; give a checkpoint "
+                        "saved before the divergence")
     accepted = init_parameters(TranslationModule)  # its own arguments and the shared ones it hands on
     hparams = {k: v for k, v in checkpoint["hyper_parameters"].items() if k in accepted}
     module = TranslationModule(**hparams)

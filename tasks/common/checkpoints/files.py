@@ -35,7 +35,8 @@ from ..errors import UserError
 from ..system import FULL_DISK, write_failure
 
 __all__ = ["AtomicCheckpointIO", "safe_load", "SAFE_GLOBALS", "CheckpointError", "CheckpointInfo", "RUN_CONFIG_KEY",
-           "peek_checkpoint", "checkpoint_run_id", "is_remote", "checkpoint_exists", "require_restorable"]
+           "peek_checkpoint", "checkpoint_run_id", "is_remote", "checkpoint_exists", "require_restorable",
+           "non_finite_weights", "non_finite_text"]
 
 
 class CheckpointError(UserError):
@@ -358,3 +359,16 @@ def checkpoint_run_id(checkpoint: dict) -> Optional[str]:
     """The W&B run id a loaded checkpoint records (its ResumeState callback's); None without a W&B logger."""
     return next((value.get("run_id") for key, value in (checkpoint.get("callbacks") or {}).items()
                  if key.startswith("ResumeState") and isinstance(value, dict)), None)
+
+
+def non_finite_weights(checkpoint: dict) -> list[str]:
+    """The ``state_dict`` entries of a loaded checkpoint holding a NaN or an infinity (weights saved
+    after a run diverged): every output of such a network is NaN."""
+    return [key for key, value in (checkpoint.get("state_dict") or {}).items()
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(value.isfinite().all())]
+
+
+def non_finite_text(keys: list[str], shown: int = 2) -> str:
+    """``keys`` (of :func:`non_finite_weights`) for a message: the first few and how many more."""
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return f"{', '.join(keys[:shown])}{more} hold{'s' if len(keys) == 1 else ''} NaN or infinite values"
