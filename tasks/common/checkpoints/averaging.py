@@ -32,7 +32,9 @@ run ids, recorded by :class:`.callbacks.ResumeState`), saved from other network 
 other things (a translation run's SentencePiece model, compared by its bytes' digest; a task's
 label names and order, :mod:`..data.labels`) are refused in one line naming the first two files
 that differ. A checkpoint that records no run id, vocabulary or labels (no W&B logger; written
-before checkpoints carried them) is compared by what it records.
+before checkpoints carried them) is compared by what it records. A checkpoint to average whose weights hold NaN or
+infinite values (saved after its run diverged) is refused in one line naming it: the average would
+be NaN wherever it is.
 """
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ from ..data import LABELS_KEY, checkpoint_labels
 from ..errors import UserArgumentParser
 from ..training import resolved_architecture
 from .architecture_match import ARCHITECTURE_KEYS, hparam_differences
-from .files import AtomicCheckpointIO, CheckpointError, checkpoint_exists, checkpoint_run_id, is_remote, safe_load
+from .files import (AtomicCheckpointIO, CheckpointError, checkpoint_exists, checkpoint_run_id, is_remote, non_finite_text,
+                    non_finite_weights, safe_load)
 
 __all__ = ["average_checkpoints", "main"]
 
@@ -268,6 +271,13 @@ def average_checkpoints(paths: list[str], num: Optional[int] = None, named: Opti
                                   + (f" on the save schedule (left out: {_left_out_text(left_out, names)})"
                                      if left_out else "") + f"; choose 1..{len(loaded)}")
         loaded = loaded[-num:]
+    for checkpoint, path in loaded:
+        broken = non_finite_weights(checkpoint)
+        if broken:  # NaN + anything is NaN: the average's every such weight would be NaN
+            raise CheckpointError(f"cannot average {path} (global step {checkpoint.get('global_step')}): "
+                                  f"{non_finite_text(broken)}, weights saved after the run diverged, which would make "
+                                  "those of the average NaN too; name the checkpoints saved before the divergence one "
+                                  "by one")
     newest = loaded[-1][0]
     reference = newest["state_dict"]
     sums: dict[str, torch.Tensor] = {}

@@ -234,3 +234,20 @@ def test_an_output_that_cannot_be_written_is_one_line_about_the_output(checkpoin
     assert errors[0] == (f"error: cannot write {out}: File too large ([Errno 27]); nothing was written (an earlier file "
                          "there is as it was): free space, or give --output a folder on another disk")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_weights_that_are_not_finite_are_not_averaged(checkpoints, tmp_path, error_line):
+    """A checkpoint saved after its run diverged holds NaN weights: averaged in, it would make those
+    of the average NaN (a network whose every output is NaN), so it is refused in one line."""
+    folder = _run_folder(checkpoints, tmp_path / "run")
+    diverged = safe_load(folder / "s008.ckpt")
+    name = next(k for k, v in diverged["state_dict"].items() if v.is_floating_point())
+    diverged["state_dict"][name] = torch.full_like(diverged["state_dict"][name], float("inf"))
+    _save(diverged, folder / "s008.ckpt")
+    out = tmp_path / "avg.ckpt"
+    assert main(["average-checkpoints", str(folder), "--num", "2", "--output", str(out)]) == 2
+    assert error_line() == (f"cannot average {folder / 's008.ckpt'} (global step 8): {name} holds NaN or infinite "
+                            "values, weights saved after the run diverged, which would make those of the average NaN "
+                            "too; name the checkpoints saved before the divergence one by one")
+    assert not out.exists()
+    assert main(["average-checkpoints", str(folder / "s006.ckpt"), "--output", str(out)]) == 0
