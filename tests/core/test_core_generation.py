@@ -113,6 +113,56 @@ def test_beam_search_equals_exhaustive_search():
             assert len(small) == 2 and small[0].score <= expected[0][0] + 1e-5
 
 
+def fairseq_beam(model, src: torch.Tensor, beam: int, max_len: int, min_len: int, alpha: float, style: str):
+    """fairseq's ``SequenceGenerator`` for one sentence, step by step from its description, every
+    log-probability recomputed without a cache: at step 0 the one empty prefix; each step the
+    ``min(2 * beam, candidates - 1)`` best extensions (pad never; EOS not before ``min_len``, only
+    EOS at ``max_len``); those ending in EOS among the first ``beam`` finish (until ``beam`` have),
+    scored by their summed log-probability / lp(tokens + EOS); the first ``beam`` others go on;
+    the search ends with ``beam`` finished or at ``max_len``. ``(score, tokens)``, best first."""
+    prefixes, finished = [([], 0.0)], []
+    for step in range(max_len + 1):
+        candidates = []
+        for b, (tokens, score) in enumerate(prefixes):
+            with torch.no_grad():
+                lp = model(src, torch.tensor([[BOS] + tokens]))[0, -1].float().log_softmax(-1)
+            lp[PAD] = -math.inf
+            if step >= max_len:
+                lp = torch.where(torch.arange(len(lp)) == EOS, lp, -math.inf)
+            elif step < min_len:
+                lp[EOS] = -math.inf
+            candidates += [(score + float(lp[v]), b, v) for v in range(len(lp))]
+        best = sorted(candidates, key=lambda c: -c[0])[:min(2 * beam, len(candidates) - 1)]
+        for score, b, v in best[:beam]:
+            if v == EOS and score > -math.inf and len(finished) < beam:
+                finished.append((score / length_penalty(step + 1, alpha, style), prefixes[b][0]))
+        if len(finished) == beam or step == max_len:
+            break
+        going_on = [c for c in best if not (c[2] == EOS and c[0] > -math.inf)][:beam]
+        prefixes = [(prefixes[b][0] + [v], score) for score, b, v in going_on]
+    return sorted(finished, key=lambda f: -f[0])
+
+
+def test_a_small_beam_finds_what_fairseqs_search_finds():
+    """With beams far narrower than the 7-word vocabulary, the batched search returns exactly the
+    hypotheses (tokens, scores, order) of fairseq's algorithm run one sentence at a time: which
+    candidates finish, which go on, when a sentence stops."""
+    torch.manual_seed(5)
+    model = rescale_core.create_model("transformer_tiny", scheme="post_ln", src_vocab_size=7,
+                                      tie_output=False).eval()
+    with torch.no_grad():
+        model.output_projection.weight.mul_(6.0)  # peaked enough that EOS ends beams at varied steps
+    src = torch.tensor([[3, 4, 5, 6, 2], [6, 5, 2, PAD, PAD]])
+    for beam, alpha, style, min_len in ((2, 1.0, "fairseq", 1), (3, 0.6, "gnmt", 2)):
+        nbest = beam_search(model, src, **IDS, beam=beam, max_len_a=0.0, max_len_b=5, min_len=min_len,
+                            len_penalty=alpha, length_penalty_style=style)
+        for row, hyps in zip(src, nbest):
+            expected = fairseq_beam(model, row[row.ne(PAD)][None], beam, 5, min_len, alpha, style)
+            assert [h.tokens.tolist() for h in hyps] == [tokens for _, tokens in expected], (beam, style)
+            torch.testing.assert_close(torch.tensor([h.score for h in hyps]),
+                                       torch.tensor([score for score, _ in expected]), **TOL)
+
+
 def test_beam_hypotheses_are_teacher_forced_scores(model, sources):
     """Every returned hypothesis (beams reordered, sentences dropped on the way) scores exactly
     what the model gives its tokens without a cache; n-best lists are sorted, beam long."""
