@@ -57,6 +57,11 @@ def test_the_big_recipe_sits_over_the_base_one(scheme, tmp_path, monkeypatch):
     assert module.optimizer_factory(module.net.parameters()).defaults["lr"] == 1e-3
     assert cli.datamodule.max_tokens == 3584 and cli.config.trainer.accumulate_grad_batches == 16
     assert module.label_smoothing == 0.1  # the rest from ../_defaults.yaml
+    # its 30000 updates saved every 1000, all kept: the last five average the run's end (every 5000,
+    # the base recipe's, would average from update 10000)
+    kept = [c for c in cli.trainer.checkpoint_callbacks if c._every_n_train_steps]
+    assert cli.config.trainer.max_steps == 30000
+    assert [(c._every_n_train_steps, c.save_top_k) for c in kept] == [(1000, -1)]
 
 
 @pytest.mark.parametrize("scheme", ["post_ln", "tfixup"])
