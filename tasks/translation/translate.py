@@ -116,6 +116,10 @@ def _read_input(path: str) -> list[str]:
     one translation would stand for all of its lines."""
     where = "standard input" if path == "-" else f"{path} (--input)"
     if path == "-":
+        if sys.stdin.isatty():  # else the command waits without a word (on stderr: stdout may be the output file)
+            log.warning("warning: standard input is this terminal: type the source sentences, one per line, and end "
+                        "them with Ctrl-D (Ctrl-Z then Enter on Windows) to have them all translated; or give "
+                        "--input FILE or a pipe (< news.en)")
         lines = read_lines(sys.stdin.buffer, where)
     else:
         try:
@@ -172,9 +176,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--output", default="-", help="where the translations go (default: stdout)")
     p.add_argument("--beam", type=int, help="beam size (1: greedy; default: the checkpoint's)")
     p.add_argument("--len_penalty", type=float, help="length penalty alpha (default: the checkpoint's)")
-    p.add_argument("--length_penalty_style", choices=("fairseq", "gnmt"), help="len^alpha or ((5+len)/6)^alpha")
-    p.add_argument("--max_len_a", type=float)
-    p.add_argument("--max_len_b", type=int)
+    p.add_argument("--length_penalty_style", choices=("fairseq", "gnmt"),
+                   help="len^alpha or ((5+len)/6)^alpha, len counting eos (default: the checkpoint's)")
+    p.add_argument("--max_len_a", type=float, help="at most int(a * source tokens, eos counted, + b) tokens "
+                   "(default: the checkpoint's)")
+    p.add_argument("--max_len_b", type=int, help="see --max_len_a (default: the checkpoint's)")
     p.add_argument("--max_tokens", type=_positive, default=4096, help="source tokens per batch (padded), >= 1")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (auto: a GPU when there is one)")
     args = p.parse_args(argv)

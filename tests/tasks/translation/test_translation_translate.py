@@ -1,6 +1,7 @@
-"""`rescale translate` with a checkpoint it cannot translate with: weights that are NaN or infinite
-(saved after a run diverged) would finish no hypothesis and give an empty line for every input
-line with exit status 0; one line refuses them instead."""
+"""`rescale translate` on an untrained checkpoint (no training: a second to build): weights that are
+NaN or infinite (saved after a run diverged) would finish no hypothesis and give an empty line for
+every input line with exit status 0, so one line refuses them; read from a terminal, it says how to
+end the input instead of waiting without a word."""
 from __future__ import annotations
 
 import io
@@ -50,3 +51,24 @@ def test_translate_refuses_weights_that_are_not_finite(untrained_checkpoint, tmp
                             "hold NaN or infinite values (weights saved after the run diverged), so every translation "
                             "would be an empty line; give a checkpoint saved before the divergence")
     assert not out.exists()
+
+
+def test_translate_from_a_terminal_says_how_to_end_the_input(untrained_checkpoint, tmp_path, monkeypatch, capsys):
+    """Typed at a terminal without ``< file``, the command reads standard input to its end before
+    translating: it says so on stderr (stdout may be the output file) instead of waiting without a word."""
+    import os
+    import sys
+
+    checkpoint = tmp_path / "model.ckpt"
+    torch.save(untrained_checkpoint, checkpoint)
+    typing, terminal = os.openpty()
+    os.write(typing, b"Open file\nSave as\n\x04")  # Ctrl-D on a line of its own: the end of the input
+    with open(terminal, "rb", buffering=0) as raw:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(raw)))
+        out = tmp_path / "out.de"
+        assert main(["translate", "--ckpt_path", str(checkpoint), "--output", str(out), "--device", "cpu",
+                     "--max_len_b", "3"]) == 0
+    os.close(typing)
+    err = capsys.readouterr().err
+    assert "standard input is this terminal: type the source sentences, one per line, and end them with Ctrl-D" in err
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 2
