@@ -44,6 +44,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from rescale_core.generation import GenerationConfig, best_tokens, generate
 
+from ..common.checkpoints import non_finite_text, non_finite_weights
 from ..common.data import skipped_prediction
 from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule
@@ -54,7 +55,7 @@ from .bleu import STYLES, bleu_statistics, bleu_from_statistics
 from .export import STEP_AT_ANY_LENGTH, translation_programs
 from .loss import UpdateTokens, label_smoothed_nll_loss, scale_gradients, tokens_over_ranks
 
-__all__ = ["TranslationModule", "HYPOTHESES_FILE", "BLEU_FILE"]
+__all__ = ["TranslationModule", "HYPOTHESES_FILE", "BLEU_FILE", "refuse_diverged_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,16 @@ def fairseq_adam(params: Iterable) -> torch.optim.Optimizer:
     """The translation default: Adam at lr 7e-4 with betas (0.9, 0.98) (fairseq's Transformer
     recipe, Ott et al. 2018)."""
     return torch.optim.Adam(params, lr=7e-4, betas=(0.9, 0.98), eps=1e-8)
+
+
+def refuse_diverged_weights(checkpoint: dict[str, Any], named: str) -> None:
+    """One line refusing a checkpoint whose weights hold NaN or infinite values (saved after its run
+    diverged): none of its hypotheses would finish, so every translation would be an empty line."""
+    broken = non_finite_weights(checkpoint)
+    if broken:
+        raise ConfigError(f"{named} cannot translate: {non_finite_text(broken)} (weights saved after the run "
+                          "diverged), so every translation would be an empty line; give a checkpoint saved before "
+                          "the divergence")
 
 
 def _pieces(processor: spm.SentencePieceProcessor) -> list[str]:
@@ -232,7 +243,9 @@ class TranslationModule(RescaleTaskModule):
 
     def check_checkpoint_data(self, checkpoint: dict[str, Any]) -> None:
         """Refuse data in another direction or pair, or tokenized by another SentencePiece model of
-        the same size, than the checkpoint's (one line each)."""
+        the same size, than the checkpoint's, and weights that are NaN or infinite (one line each)."""
+        path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
+        refuse_diverged_weights(checkpoint, f"checkpoint {path} (--ckpt_path)" if path else "the checkpoint")
         self._check_pair(checkpoint)
         proto = checkpoint.get("sentencepiece")
         if proto is not None and self.processor is not None and proto != self.processor.serialized_model_proto():

@@ -29,13 +29,13 @@ import torch
 
 from rescale_core.generation import GenerationConfig, best_tokens, generate
 
-from ..common.checkpoints import load_into_module, non_finite_text, non_finite_weights, safe_load
+from ..common.checkpoints import load_into_module, safe_load
 from ..common.errors import UserArgumentParser, UserError
 from ..common.system import atomic_open, require_writable, resolve_device
 from ..common.training import init_parameters
 from .batching import batch_by_size
 from .corpus import CR_ONLY, read_lines
-from .module import TranslationModule
+from .module import TranslationModule, refuse_diverged_weights
 
 __all__ = ["load_translator", "translate_lines", "cut_lines", "cut_warning", "main"]
 
@@ -48,11 +48,7 @@ def load_translator(path: str, device: str | torch.device = "cpu") -> Translatio
     if "sentencepiece" not in checkpoint or "hyper_parameters" not in checkpoint:
         raise UserError(f"{path} is not a translation checkpoint of this suite (no SentencePiece model "
                         "inside); give a checkpoint written by rescale fit with a TranslationModule config")
-    broken = non_finite_weights(checkpoint)
-    if broken:  # its every score is NaN: no hypothesis finishes and every line would come out empty
-        raise UserError(f"checkpoint {path} (--ckpt_path) cannot translate: {non_finite_text(broken)} (weights saved "
-                        "after the run diverged), so every translation would be an empty line; give a checkpoint "
-                        "saved before the divergence")
+    refuse_diverged_weights(checkpoint, f"checkpoint {path} (--ckpt_path)")
     accepted = init_parameters(TranslationModule)  # its own arguments and the shared ones it hands on
     hparams = {k: v for k, v in checkpoint["hyper_parameters"].items() if k in accepted}
     module = TranslationModule(**hparams)

@@ -125,6 +125,27 @@ def test_data_read_in_the_other_direction_than_the_checkpoint_is_one_line(traine
     assert main(["test", *tiny(handful_root), "--ckpt_path", str(trained), "--output_dir", "tested"]) == 0
 
 
+def test_a_checkpoint_of_weights_that_are_not_finite_is_one_line(trained, handful_root, tmp_path, error_line):
+    """A checkpoint saved after its run diverged (NaN weights): `rescale predict` had written an empty
+    line for every test line, and `test` the same with BLEU 0, each finishing as if it had worked."""
+    import torch
+
+    from rescale_tasks.common.checkpoints import safe_load
+
+    checkpoint = safe_load(trained)
+    name = "net.output_projection.weight" if "net.output_projection.weight" in checkpoint["state_dict"] else \
+        next(k for k, v in checkpoint["state_dict"].items() if v.is_floating_point())
+    checkpoint["state_dict"][name] = torch.full_like(checkpoint["state_dict"][name], float("nan"))
+    diverged = tmp_path / "diverged.ckpt"
+    torch.save(checkpoint, diverged)
+    for command in ("predict", "test"):
+        assert main([command, *tiny(handful_root), "--ckpt_path", str(diverged), "--output_dir", "out"]) == 2
+        assert error_line() == (f"checkpoint {diverged} (--ckpt_path) cannot translate: {name} holds NaN or infinite "
+                                "values (weights saved after the run diverged), so every translation would be an empty "
+                                "line; give a checkpoint saved before the divergence")
+    assert not Path("out").exists() or not any(Path("out").rglob("*.txt"))
+
+
 def test_translations_that_are_all_empty_score_bleu_0_and_are_written(trained, handful_root, tmp_path, capsys):
     """A test split every translation of which is empty (here: every source line empty; a model
     early in training that ends every sentence at once): `rescale test` logs BLEU 0 and writes its
