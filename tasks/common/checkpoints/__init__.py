@@ -8,8 +8,8 @@ builds, and ``rescale average-checkpoints``.
 - ``averaging``: ``rescale average-checkpoints``: the weights of a run's last N checkpoints, averaged
 """
 from .files import (RUN_CONFIG_KEY, SAFE_GLOBALS, AtomicCheckpointIO, CheckpointError, CheckpointInfo,
-                    checkpoint_exists, checkpoint_run_id, is_remote, non_finite_text, non_finite_weights, peek_checkpoint,
-                    require_restorable, safe_load)
+                    checkpoint_exists, checkpoint_run_id, is_remote, non_finite_text, non_finite_weights,
+                    peek_checkpoint, require_restorable, safe_load)
 from .callbacks import (LAST_NAME, EpochCheckpoint, LastCheckpoint, ResumeState, checkpoint_folder,
                         logger_folder, planned_checkpoint_folder, preempted_message, stop_signal)
 from .architecture_match import (ARCHITECTURE_KEYS, CONFIG_FILE, CONFIG_KEYS, MISMATCH_FIX, NETWORK_PREFIX,
@@ -20,7 +20,8 @@ from .architecture_match import (ARCHITECTURE_KEYS, CONFIG_FILE, CONFIG_KEYS, MI
 from .averaging import average_checkpoints
 
 __all__ = ["RUN_CONFIG_KEY", "SAFE_GLOBALS", "AtomicCheckpointIO", "CheckpointError", "CheckpointInfo", "checkpoint_exists",
-           "checkpoint_run_id", "is_remote", "non_finite_text", "non_finite_weights", "peek_checkpoint", "require_restorable", "safe_load", "LAST_NAME", "EpochCheckpoint",
+           "checkpoint_run_id", "is_remote", "peek_checkpoint", "require_restorable", "safe_load", "LAST_NAME", "EpochCheckpoint",
+           "non_finite_text", "non_finite_weights",
            "LastCheckpoint", "ResumeState", "checkpoint_folder", "logger_folder", "planned_checkpoint_folder",
            "preempted_message", "stop_signal",
            "ARCHITECTURE_KEYS", "CONFIG_FILE", "CONFIG_KEYS", "MISMATCH_FIX", "NETWORK_PREFIX", "saved_config",

@@ -32,9 +32,9 @@ run ids, recorded by :class:`.callbacks.ResumeState`), saved from other network 
 other things (a translation run's SentencePiece model, compared by its bytes' digest; a task's
 label names and order, :mod:`..data.labels`) are refused in one line naming the first two files
 that differ. A checkpoint that records no run id, vocabulary or labels (no W&B logger; written
-before checkpoints carried them) is compared by what it records. A checkpoint to average whose weights hold NaN or
-infinite values (saved after its run diverged) is refused in one line naming it: the average would
-be NaN wherever it is.
+before checkpoints carried them) is compared by what it records. A checkpoint to average whose
+weights hold NaN or infinite values (saved after its run diverged) is refused in one line naming
+it: the average would be NaN wherever it is.
 """
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ from ..data import LABELS_KEY, checkpoint_labels
 from ..errors import UserArgumentParser
 from ..training import resolved_architecture
 from .architecture_match import ARCHITECTURE_KEYS, hparam_differences
-from .files import (AtomicCheckpointIO, CheckpointError, checkpoint_exists, checkpoint_run_id, is_remote, non_finite_text,
-                    non_finite_weights, safe_load)
+from .files import (AtomicCheckpointIO, CheckpointError, checkpoint_exists, checkpoint_run_id, is_remote,
+                    non_finite_text, non_finite_weights, safe_load)
 
 __all__ = ["average_checkpoints", "main"]
 
