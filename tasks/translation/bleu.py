@@ -5,7 +5,9 @@
   the deep-Transformer papers after them, via tensor2tensor's ``get_ende_bleu.sh``): hypotheses
   and references tokenized, hyphenated compounds split (``a-b`` -> ``a ##AT##-##AT## b``), then
   BLEU on the tokens. Deviation: sacreBLEU's 13a tokenizer stands in for Moses'
-  ``tokenizer.perl`` (not installable here); the signature says ``tok:13a+compound-split``.
+  ``tokenizer.perl`` (sacremoses is no dependency of the suite): 13a keeps non-ASCII quotes and
+  apostrophes on their words and splits abbreviations' periods and digit hyphens, Moses the
+  other way round; the signature says ``tok:13a+compound-split``.
 
 Under DDP each rank scores its own sentences; the n-gram statistics (matches and totals per
 order, hypothesis and reference lengths), not the scores, are summed over ranks and BLEU is
