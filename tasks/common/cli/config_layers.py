@@ -9,7 +9,7 @@ overrides, for a caller that needs a setting without building the run (a study r
 points' logger); :func:`key_location` names the file and line that set a key (a bad one's error);
 :func:`refuse_lost_overrides` refuses an option that a later ``--config`` would override;
 :func:`replaced_mappings` says which keys of a mapping argument (``scheme_options`` ...) a later
-layer that gives the whole mapping drops.
+layer that gives the whole mapping (alone, or inside the ``model`` section it gives) drops.
 """
 from __future__ import annotations
 
@@ -162,10 +162,15 @@ def replaced_mappings(argv: Sequence[str]) -> list[str]:
     (:data:`MAPPING_ARGUMENTS`) whole and so drops keys a layer before it set: the mapping is
     replaced, not merged, so ``--model.init_args.scheme_options "{zero_gamma: false}"`` after a
     recipe that sets ``scheme_options: {stochdepth_rate: 0.1}`` trains without stochastic depth.
-    A dotted option (``--model.init_args.scheme_options.zero_gamma false``) adds its key."""
+    The mapping may be given inside a bigger one (``--model.init_args '{scheme_options: {...}}'``,
+    a config's ``model: {init_args: {scheme_options: ...}}``): jsonargparse merges the sections
+    around it key by key and replaces the mapping itself all the same. A dotted option
+    (``--model.init_args.scheme_options.zero_gamma false``) adds its key; a dropped key that a
+    later layer sets again is not lost, and not named."""
     configs = dict(_config_positions(argv))
     layers: list[tuple[str, list[tuple[tuple[str, ...], int, bool]]]] = [
         (path, _file_keys(path)) for path in defaults_for(list(configs.values()))]
+    mappings = [_key_parts(m) for m in MAPPING_ARGUMENTS]
     for i, arg in enumerate(argv):
         if i in configs:
             layers.append((configs[i], _file_keys(configs[i])))
@@ -174,24 +179,26 @@ def replaced_mappings(argv: Sequence[str]) -> list[str]:
         if not sep:
             value = argv[i + 1] if i + 1 < len(argv) else ""
         parts = _key_parts(name)
-        if not any(parts[:len(_key_parts(m))] == _key_parts(m) for m in MAPPING_ARGUMENTS):
-            continue
+        if not parts or not any(m[:len(parts)] == parts or parts[:len(m)] == m for m in mappings):
+            continue  # an option neither in a mapping argument nor around one
         try:
             given = load_yaml(value, file=False)
         except (UserError, yaml.YAMLError):
             given = None
-        keys = [(parts, 0, isinstance(given, dict) and bool(given))]
-        keys += [((*parts, str(k)), 0, False) for k in given] if isinstance(given, dict) else []
-        layers.append((f"--{name}", keys))
+        layers.append((f"--{name}", [(parts, 0, isinstance(given, dict) and bool(given)),
+                                     *_mapping_keys(given, parts)]))
     found = []
-    for mapping in map(_key_parts, MAPPING_ARGUMENTS):
+    for mapping in mappings:
         held: dict[str, str] = {}  # key -> where it was set
-        for source, keys in layers:
+        given_in = [{leaf[len(mapping)] for leaf, _, _ in keys
+                     if len(leaf) > len(mapping) and leaf[:len(mapping)] == mapping} for _, keys in layers]
+        for n, (source, keys) in enumerate(layers):
             whole = any(leaf == mapping for leaf, _, _ in keys)
             inside = {leaf[len(mapping)]: f"{source}:{line}" if line else source
                       for leaf, line, _ in keys if len(leaf) > len(mapping) and leaf[:len(mapping)] == mapping}
             if whole:
-                dropped = sorted(set(held) - set(inside))
+                later = set().union(*given_in[n + 1:])  # set again after this layer: not lost to it
+                dropped = sorted(set(held) - set(inside) - later)
                 if dropped:
                     what = ", ".join(f"{k} ({held[k]})" for k in dropped)
                     option = "--" + ".".join((mapping[0], "init_args", *mapping[1:]))
@@ -200,6 +207,20 @@ def replaced_mappings(argv: Sequence[str]) -> list[str]:
                                  f"with {option}.KEY VALUE")
                 held = {}
             held.update(inside)
+    return found
+
+
+def _mapping_keys(value, prefix: tuple[str, ...]) -> list[tuple[tuple[str, ...], int, bool]]:
+    """The keys a mapping given on the command line at ``prefix`` sets, as :func:`_file_keys` lists
+    a file's (line 0: no file); [] for a value that is no mapping."""
+    found: list[tuple[tuple[str, ...], int, bool]] = []
+    for key, sub in (value.items() if isinstance(value, dict) else ()):
+        at = prefix if str(key) == "init_args" else (*prefix, str(key))
+        section = isinstance(sub, dict) and bool(sub)
+        if str(key) != "init_args" or not section:
+            found.append((at, 0, section))
+        if section:
+            found += _mapping_keys(sub, at)
     return found
 
 

@@ -71,6 +71,44 @@ def test_a_config_file_giving_the_mapping_after_another_is_logged_and_the_run_is
     assert f"{overlay} gives model.scheme_options whole" in caplog.text and RECIPE_LINE in caplog.text
 
 
+DIGITS = str(Path(__file__).resolve().parents[4] / "experiments" / "digits" / "rescale56.yaml")
+DIGITS_LINE = f"classifier_gain ({DIGITS}:7)"
+
+
+def test_a_mapping_given_whole_inside_a_section_given_on_the_command_line_is_named_as_jsonargparse_applies_it(caplog):
+    """``--model.init_args '{scheme_options: {...}}'``: jsonargparse merges ``init_args`` key by key
+    (the config's scheme and optimizer stay) and replaces the ``scheme_options`` inside it, dropping
+    the config's classifier_gain: the run says so, and no more (network_options gives every key)."""
+    given = "{scheme_options: {shortcut_gain: 2.0}, network_options: {depth: 8, base_width: 4}}"
+    with caplog.at_level(logging.WARNING):
+        cli = build_run(["--config", DIGITS, "--model.init_args", given])
+    init = cli.config["model"]["init_args"]
+    assert dict(init["scheme_options"]) == {"shortcut_gain": 2.0}  # replaced
+    assert init["scheme"] == "rescale" and init["optimizer"]["init_args"]["lr"] == 0.05  # merged
+    warned = [r.getMessage() for r in caplog.records if "whole" in r.getMessage()]
+    assert warned == [f"--model.init_args gives model.scheme_options whole, which replaces the mapping set before "
+                      f"it and drops {DIGITS_LINE}: repeat the dropped keys in it, or change one key alone with "
+                      "--model.init_args.scheme_options.KEY VALUE"]
+
+
+@pytest.mark.parametrize("given,dropped", [
+    (["--model", "{init_args: {scheme_options: {shortcut_gain: 2.0}}}"], "--model"),
+    (["--model.init_args=scheme_options: {shortcut_gain: 2.0}"], "--model.init_args"),
+    (["--model.init_args", "{scheme: bn}"], None),  # around the mapping, without it: merged
+    (["--model.init_args", "{scheme_options: {shortcut_gain: 2.0, classifier_gain: 1.0}}"], None),
+    # the dropped key given again after it: not lost
+    (["--model.init_args", "{scheme_options: {shortcut_gain: 2.0}}", "--model.init_args.scheme_options.classifier_gain",
+      "1.0"], None),
+    (["--model.init_args.scheme_options", "{shortcut_gain: 2.0}", "--model.init_args.scheme_options.classifier_gain",
+      "1.0"], None),
+])
+def test_a_mapping_given_whole_inside_a_bigger_one_is_named_only_where_it_drops_a_key(given, dropped):
+    lines = replaced_mappings(["fit", "--config", DIGITS, *given])
+    assert lines == ([f"{dropped} gives model.scheme_options whole, which replaces the mapping set before it and "
+                      f"drops {DIGITS_LINE}: repeat the dropped keys in it, or change one key alone with "
+                      "--model.init_args.scheme_options.KEY VALUE"] if dropped else [])
+
+
 def test_every_mapping_argument_of_the_task_modules_is_listed():
     mappings = set()
     for module in (ClassificationModule, DetectionModule, TranslationModule, VideoClassificationModule):
