@@ -9,18 +9,26 @@ without the file's name, or, for a repeated key, not at all (the last one silent
 :func:`refuse_duplicate_keys` makes jsonargparse's YAML loader refuse one too (YAML values given on
 the command line, such as ``--model.init_args.scheme_options '{c: 1, c: 2}'``); every Lightning
 command of the suite installs it before it parses (``lightning_commands.run_lightning``).
+
+Within :func:`files_read_once` (a whole Lightning command) each file is read from disk and composed
+once (:func:`composed`, :func:`load_file`), however many of the command's checks look at it, so
+they all see the same text.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
-from typing import Any, Optional
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator, Optional
 
 import yaml
 from jsonargparse import get_loader, set_loader
 
 from ..errors import ConfigError, UserError
 
-__all__ = ["check_config_file", "load_yaml", "refuse_duplicate_keys", "SafeLoader", "UniqueKeyLoader", "DuplicateKeyError"]
+__all__ = ["check_config_file", "load_yaml", "refuse_duplicate_keys", "SafeLoader", "UniqueKeyLoader", "DuplicateKeyError",
+           "files_read_once", "composed", "load_file"]
 
 _EXAMPLE = "Run configs live in experiments/<task>/, e.g. experiments/imagenet/rescale50.yaml"
 
@@ -82,6 +90,65 @@ def load_yaml(text: str, source: Optional[str] = None, file: bool = True) -> Any
         raise (err.naming(source, file) if source else err) from None
 
 
+#: the files the running command has read: (what, absolute path) -> the file's bytes, its YAML nodes
+_command_files: ContextVar[Optional[dict]] = ContextVar("rescale_command_files", default=None)
+
+
+@contextlib.contextmanager
+def files_read_once() -> Iterator[None]:
+    """While it is open, each config file is read and composed once (the file checks, the options a
+    later ``--config`` would override, the mappings a layer drops, the file and line an error
+    names); nested, the outermost one holds. Outside it every call reads the file again."""
+    if _command_files.get() is not None:
+        yield
+        return
+    token = _command_files.set({})
+    try:
+        yield
+    finally:
+        _command_files.reset(token)
+
+
+def _once(what: str, path: str, read: Callable[[], Any]) -> Any:
+    files = _command_files.get()
+    if files is None:
+        return read()
+    key = (what, os.path.abspath(path))
+    if key not in files:  # an error is raised again at the next call, not kept
+        files[key] = read()
+    return files[key]
+
+
+def _file_bytes(path: str) -> bytes:
+    """The bytes of a file (``OSError`` where it cannot be read)."""
+    def read() -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+    return _once("bytes", path, read)
+
+
+def composed(path: str) -> Optional[yaml.Node]:
+    """The YAML node tree of a file (None: no document); ``OSError``, ``UnicodeDecodeError`` or
+    ``yaml.YAMLError`` where it cannot be read as YAML."""
+    return _once("nodes", path, lambda: yaml.compose(_file_bytes(path).decode("utf-8"), Loader=SafeLoader))
+
+
+def load_file(path: str) -> Any:
+    """A YAML file's content as :func:`load_yaml` reads it (a key given twice: a
+    :class:`DuplicateKeyError` naming the file and both lines), from its :func:`composed` nodes."""
+    node = composed(path)
+    if node is None:
+        return None
+    node = copy.deepcopy(node)  # PyYAML resolves a merge key (<<: *anchor) in the nodes it constructs from
+    loader = UniqueKeyLoader("")
+    try:
+        return loader.construct_document(node)
+    except DuplicateKeyError as err:
+        raise err.naming(path) from None
+    finally:
+        loader.dispose()
+
+
 def _inline(text: str) -> str:
     """How a YAML value without a file is named in an error: the value itself (shortened)."""
     flat = " ".join(text.split())
@@ -116,8 +183,7 @@ def _text(path: str, where: str) -> str:
     if os.path.isdir(path):
         raise UserError(f"{path} is a folder, not a config file ({where}); give one of its YAML files. {_EXAMPLE}")
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = _file_bytes(path)
     except OSError as err:
         raise UserError(f"cannot read config file {path} ({where}): {err.strerror}") from None
     if b"\0" in data:
@@ -135,9 +201,9 @@ def _text(path: str, where: str) -> str:
 def check_config_file(path: str, where: str = "--config") -> None:
     """Refuse, in one :class:`UserError` line naming ``path``, a file that is no YAML mapping.
     ``where``: how the file was given (``--config``, or the config it is the defaults of)."""
-    text = _text(path, where)
+    _text(path, where)
     try:
-        content = load_yaml(text, path)
+        content = load_file(path)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         at = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path

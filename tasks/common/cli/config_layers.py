@@ -20,7 +20,7 @@ from typing import Optional
 import yaml
 
 from ..errors import UserError
-from .config_files import SafeLoader, check_config_file, load_yaml
+from .config_files import check_config_file, composed, load_file, load_yaml
 
 __all__ = ["DEFAULTS_NAME", "CONFIG_FLAGS", "defaults_for", "check_layers", "flag_values", "yaml_layers",
            "key_location", "refuse_lost_overrides", "replaced_mappings", "MAPPING_ARGUMENTS"]
@@ -105,8 +105,7 @@ def yaml_layers(configs: Sequence[str]) -> Iterator[dict]:
     itself reports it)."""
     for path in [*defaults_for(configs), *configs]:
         try:
-            with open(path) as f:
-                data = load_yaml(f.read(), path) or {}
+            data = load_file(path) or {}
         except (OSError, UnicodeDecodeError, yaml.YAMLError, UserError):
             continue
         if isinstance(data, dict):
@@ -255,8 +254,7 @@ def _file_keys(path: str) -> list[tuple[tuple[str, ...], int, bool]]:
     "batch_size")``), with its line and whether it holds a section (a mapping with keys, walked in
     turn: an ``init_args`` section adds no level of its own); [] for a file that cannot be read."""
     try:
-        with open(path, encoding="utf-8") as f:
-            root = yaml.compose(f.read(), Loader=SafeLoader)
+        root = composed(path)
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return []
     found: list[tuple[tuple[str, ...], int, bool]] = []

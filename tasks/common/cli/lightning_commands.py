@@ -36,7 +36,7 @@ from ..run import (ResultsFolder, RunSummary, SaveConfigToRun, SkippedDataReport
 from ..system import rank_zero_log, require_writable, write_output
 from ..training import (DivergenceMonitor, LearnedScalarsLogger, WeightEMA, check_network, check_optimization, class_of,
                         resolved_architecture)
-from .config_files import SafeLoader, refuse_duplicate_keys
+from .config_files import SafeLoader, files_read_once, refuse_duplicate_keys
 from .config_layers import (CONFIG_FLAGS, check_layers, flag_values, key_location, refuse_lost_overrides,
                             replaced_mappings)
 from .moved_modules import follow_moved_modules
@@ -489,31 +489,32 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
     their ``_defaults.yaml`` applied. ``run=False``: parse and instantiate only (no subcommand), for
     tests, notebooks and the studies; ``from_command_line``: ``argv`` is the command line (``sys.argv``
     less the log flags ``rescale`` took before the command)."""
-    refuse_duplicate_keys()  # in YAML values on the command line too
-    follow_moved_modules()  # the class paths of configs written before the modules moved
-    defaults = check_layers(flag_values(argv, CONFIG_FLAGS))
-    refuse_lost_overrides(argv)  # an option before a --config that sets it again
-    for line in replaced_mappings(argv):  # a mapping given whole drops the keys set before it
-        rank_zero_log(log, logging.WARNING, line)
-    quiet_libraries()  # before the Trainer is built: it prints an advert
-    # once per run: under DDP the other ranks run this command again (Lightning's launcher)
-    rank_zero_log(log, logging.DEBUG, "defaults applied (outermost first): " + (", ".join(defaults) or "none"))
-    if any(a == "--print_config" or a.startswith("--print_config=") for a in argv):
-        # a comment beside the printed config, on stderr: the YAML on stdout stays a config that can be
-        # saved and reused
-        write_output("# defaults applied (outermost first): " + (", ".join(defaults) or "none"), sys.stderr)
-    if run:
-        # the subcommand the command line names gets a parser; all four only for a line that names none
-        built = (argv[0],) if argv and argv[0] in TRAINER_SUBCOMMANDS else TRAINER_SUBCOMMANDS
-        parser_kwargs = {cmd: {"default_config_files": defaults} for cmd in built}
-        parser_kwargs["exit_on_error"] = False  # raise, for one-line errors (subcommands inherit it)
-        # an abbreviated key (trainer.max_epoch) is a misspelling to name, not a key to guess (inherited too)
-        parser_kwargs["allow_abbrev"] = False
-    else:  # parse and instantiate only (no subcommand): tests, notebooks, tools
-        parser_kwargs = {"default_config_files": defaults, "exit_on_error": False, "allow_abbrev": False}
-        argv = argv[1:] if argv and argv[0] in TRAINER_SUBCOMMANDS else argv
-    return RescaleCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
-                      subclass_mode_data=True, save_config_callback=SaveConfigToRun,
-                      seed_everything_default=0, trainer_defaults=trainer_defaults(),
-                      parser_kwargs=parser_kwargs, args=argv, run=run,
-                      subcommands=built if run else None, from_command_line=from_command_line)
+    with files_read_once():  # each config file read and composed once by the checks below
+        refuse_duplicate_keys()  # in YAML values on the command line too
+        follow_moved_modules()  # the class paths of configs written before the modules moved
+        defaults = check_layers(flag_values(argv, CONFIG_FLAGS))
+        refuse_lost_overrides(argv)  # an option before a --config that sets it again
+        for line in replaced_mappings(argv):  # a mapping given whole drops the keys set before it
+            rank_zero_log(log, logging.WARNING, line)
+        quiet_libraries()  # before the Trainer is built: it prints an advert
+        # once per run: under DDP the other ranks run this command again (Lightning's launcher)
+        rank_zero_log(log, logging.DEBUG, "defaults applied (outermost first): " + (", ".join(defaults) or "none"))
+        if any(a == "--print_config" or a.startswith("--print_config=") for a in argv):
+            # a comment beside the printed config, on stderr: the YAML on stdout stays a config that can be
+            # saved and reused
+            write_output("# defaults applied (outermost first): " + (", ".join(defaults) or "none"), sys.stderr)
+        if run:
+            # the subcommand the command line names gets a parser; all four only for a line that names none
+            built = (argv[0],) if argv and argv[0] in TRAINER_SUBCOMMANDS else TRAINER_SUBCOMMANDS
+            parser_kwargs = {cmd: {"default_config_files": defaults} for cmd in built}
+            parser_kwargs["exit_on_error"] = False  # raise, for one-line errors (subcommands inherit it)
+            # an abbreviated key (trainer.max_epoch) is a misspelling to name, not a key to guess (inherited too)
+            parser_kwargs["allow_abbrev"] = False
+        else:  # parse and instantiate only (no subcommand): tests, notebooks, tools
+            parser_kwargs = {"default_config_files": defaults, "exit_on_error": False, "allow_abbrev": False}
+            argv = argv[1:] if argv and argv[0] in TRAINER_SUBCOMMANDS else argv
+        return RescaleCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
+                          subclass_mode_data=True, save_config_callback=SaveConfigToRun,
+                          seed_everything_default=0, trainer_defaults=trainer_defaults(),
+                          parser_kwargs=parser_kwargs, args=argv, run=run,
+                          subcommands=built if run else None, from_command_line=from_command_line)

@@ -9,6 +9,8 @@ import pytest
 
 from rescale_tasks.cli import main
 from rescale_tasks.common.cli import load_yaml
+from rescale_tasks.common.cli.config_files import check_config_file, files_read_once, load_file
+from rescale_tasks.common.cli.config_layers import key_location
 
 
 @pytest.fixture(autouse=True)
@@ -106,6 +108,18 @@ def test_keys_repeated_only_across_mappings_or_over_a_merge_still_load(run_confi
               "{c: 1, gain: vector}", "--print_config"])
     printed = capsys.readouterr().out
     assert done.value.code == 0 and "scheme: rescale" in printed and "gain: vector" in printed
+
+
+def test_a_file_over_a_merge_read_once_for_a_command_loads_as_often_as_asked(tmp_path):
+    """Within a command each file is composed once; loading it again (a check, a layer) gives the
+    same mapping, the key after a merge no duplicate, and its keys are those written."""
+    path = tmp_path / "run.yaml"
+    path.write_text("base: &base {lr: 0.1, momentum: 0.9}\nsgd:\n  <<: *base\n  lr: 0.2\n")
+    with files_read_once():
+        for _ in range(2):
+            check_config_file(str(path))
+            assert load_file(str(path)) == {"base": {"lr": 0.1, "momentum": 0.9}, "sgd": {"lr": 0.2, "momentum": 0.9}}
+        assert key_location("sgd.lr", [str(path)]) == f"{path}:4"  # the line written, not the anchor's
 
 
 def test_a_config_of_another_experiments_folder_is_refused_in_one_line(tmp_path, monkeypatch, error_line):

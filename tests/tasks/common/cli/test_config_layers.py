@@ -4,7 +4,10 @@ the refusal of an option a later ``--config`` sets again; the keys of a mapping 
 layer giving the whole mapping drops."""
 from __future__ import annotations
 
+import builtins
+import inspect
 import logging
+import os
 import typing
 from pathlib import Path
 
@@ -107,6 +110,29 @@ def test_a_mapping_given_whole_inside_a_bigger_one_is_named_only_where_it_drops_
     assert lines == ([f"{dropped} gives model.scheme_options whole, which replaces the mapping set before it and "
                       f"drops {DIGITS_LINE}: repeat the dropped keys in it, or change one key alone with "
                       "--model.init_args.scheme_options.KEY VALUE"] if dropped else [])
+
+
+def test_a_command_reads_each_config_file_once(tmp_path, monkeypatch):
+    """The file checks, the options a later --config would override (one look per option before
+    it), the mappings a layer drops: one read of each file for the command (jsonargparse's own
+    reading aside), so all of them see the same text."""
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("model:\n  init_args:\n    network_options: {depth: 8, base_width: 4}\n")
+    opened: list[str] = []
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        caller = inspect.currentframe().f_back.f_globals["__name__"]
+        if str(file).endswith(".yaml") and caller.startswith("rescale_tasks."):  # jsonargparse reads them too
+            opened.append(os.path.abspath(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    cli = build_run(["--config", DIGITS, "--trainer.max_steps", "1", "--data.init_args.batch_size", "8",
+                     "--config", str(overlay)])
+    assert cli.config["model"]["init_args"]["network_options"]["depth"] == 8
+    defaults = str(Path(DIGITS).parent / "_defaults.yaml")
+    assert sorted(opened) == sorted([defaults, DIGITS, str(overlay)])
 
 
 def test_every_mapping_argument_of_the_task_modules_is_listed():
