@@ -13,6 +13,7 @@ layer that gives the whole mapping (alone, or inside the ``model`` section it gi
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Optional
@@ -162,7 +163,8 @@ def replaced_mappings(argv: Sequence[str]) -> list[str]:
     replaced, not merged, so ``--model.init_args.scheme_options "{zero_gamma: false}"`` after a
     recipe that sets ``scheme_options: {stochdepth_rate: 0.1}`` trains without stochastic depth.
     The mapping may be given inside a bigger one (``--model.init_args '{scheme_options: {...}}'``,
-    a config's ``model: {init_args: {scheme_options: ...}}``): jsonargparse merges the sections
+    a config's ``model: {init_args: {scheme_options: ...}}``, the file of ``--model model.yaml``):
+    jsonargparse merges the sections
     around it key by key and replaces the mapping itself all the same. A dotted option
     (``--model.init_args.scheme_options.zero_gamma false``) adds its key; a dropped key that a
     later layer sets again is not lost, and not named."""
@@ -180,6 +182,10 @@ def replaced_mappings(argv: Sequence[str]) -> list[str]:
         parts = _key_parts(name)
         if not parts or not any(m[:len(parts)] == parts or parts[:len(m)] == m for m in mappings):
             continue  # an option neither in a mapping argument nor around one
+        if any(len(parts) < len(m) for m in mappings) and os.path.isfile(value):  # a section's file: --model m.yaml
+            layers.append((value, [(parts, 0, True), *[((*parts, *leaf), line, section)
+                                                       for leaf, line, section in _file_keys(value)]]))
+            continue
         try:
             given = load_yaml(value, file=False)
         except (UserError, yaml.YAMLError):

@@ -112,6 +112,16 @@ def test_a_mapping_given_whole_inside_a_bigger_one_is_named_only_where_it_drops_
                       "--model.init_args.scheme_options.KEY VALUE"] if dropped else [])
 
 
+def test_a_mapping_given_whole_in_the_file_of_a_section_option_is_named(tmp_path):
+    """``--model model.yaml``: jsonargparse reads the section from the file, and replaces the
+    ``scheme_options`` it gives as any layer would."""
+    part = tmp_path / "model.yaml"
+    part.write_text("init_args:\n  scheme_options: {shortcut_gain: 2.0}\n")
+    assert replaced_mappings(["fit", "--config", DIGITS, "--model", str(part)]) == [
+        f"{part} gives model.scheme_options whole, which replaces the mapping set before it and drops {DIGITS_LINE}: "
+        "repeat the dropped keys in it, or change one key alone with --model.init_args.scheme_options.KEY VALUE"]
+
+
 def test_a_command_reads_each_config_file_once(tmp_path, monkeypatch):
     """The file checks, the options a later --config would override (one look per option before
     it), the mappings a layer drops: one read of each file for the command (jsonargparse's own
