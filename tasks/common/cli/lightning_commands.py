@@ -499,10 +499,17 @@ def run_lightning(argv: list[str], run: bool = True, from_command_line: bool = F
         quiet_libraries()  # before the Trainer is built: it prints an advert
         # once per run: under DDP the other ranks run this command again (Lightning's launcher)
         rank_zero_log(log, logging.DEBUG, "defaults applied (outermost first): " + (", ".join(defaults) or "none"))
-        if any(a == "--print_config" or a.startswith("--print_config=") for a in argv):
+        printing = [a.partition("=")[2] for a in argv if a == "--print_config" or a.startswith("--print_config=")]
+        if printing:
             # a comment beside the printed config, on stderr: the YAML on stdout stays a config that can be
             # saved and reused
             write_output("# defaults applied (outermost first): " + (", ".join(defaults) or "none"), sys.stderr)
+            if defaults and any("skip_default" in flags.split(",") for flags in printing):
+                # jsonargparse counts what the _defaults.yaml set as defaults: the output is a run config
+                folder = os.path.dirname(flag_values(argv, CONFIG_FLAGS)[0]) or "."
+                write_output(f"# skip_default leaves out what these defaults set too (network, optimizer, data ...): "
+                             f"the printed config builds this run only as a --config in {folder}, where they apply",
+                             sys.stderr)
         if run:
             # the subcommand the command line names gets a parser; all four only for a line that names none
             built = (argv[0],) if argv and argv[0] in TRAINER_SUBCOMMANDS else TRAINER_SUBCOMMANDS

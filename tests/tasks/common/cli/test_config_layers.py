@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rescale_tasks.classification.module import ClassificationModule
-from rescale_tasks.common.cli import build_run
+from rescale_tasks.common.cli import build_run, run_lightning
 from rescale_tasks.common.cli.config_layers import (MAPPING_ARGUMENTS, key_location, refuse_lost_overrides,
                                                     replaced_mappings)
 from rescale_tasks.common.errors import UserError
@@ -120,6 +120,18 @@ def test_a_mapping_given_whole_in_the_file_of_a_section_option_is_named(tmp_path
     assert replaced_mappings(["fit", "--config", DIGITS, "--model", str(part)]) == [
         f"{part} gives model.scheme_options whole, which replaces the mapping set before it and drops {DIGITS_LINE}: "
         "repeat the dropped keys in it, or change one key alone with --model.init_args.scheme_options.KEY VALUE"]
+
+
+def test_a_config_printed_without_its_defaults_says_where_it_builds_the_run(capsys):
+    """``--print_config=skip_default`` leaves out what the ``_defaults.yaml`` set (jsonargparse
+    counts them as defaults): the network, the optimizer, the data; saved elsewhere, the printed
+    config would build another run, so stderr says where it builds this one."""
+    with pytest.raises(SystemExit):
+        run_lightning(["fit", "--config", DIGITS, "--print_config=skip_default"], run=False)
+    printed = capsys.readouterr()
+    assert "cifar_resnet" not in printed.out and "DigitsDataModule" not in printed.out
+    assert ("# skip_default leaves out what these defaults set too (network, optimizer, data ...): the printed config "
+            f"builds this run only as a --config in {Path(DIGITS).parent}, where they apply") in printed.err
 
 
 def test_a_command_reads_each_config_file_once(tmp_path, monkeypatch):
