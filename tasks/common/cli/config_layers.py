@@ -86,18 +86,24 @@ def _refuse_other_experiments(configs: Sequence[str], where: str) -> None:
 
 
 def flag_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
-    """Every value ``argv`` gives one of ``flags``, in order: ``--flag value`` and ``--flag=value``
-    (a flag at the end, with no value after it, gives none)."""
-    found = []
+    """Every value ``argv`` gives one of ``flags``, in order: ``--flag value`` and ``--flag=value``,
+    and as argparse reads a short flag, ``-c value``, ``-c=value`` and ``-cvalue`` (a flag at the
+    end, with no value after it, gives none)."""
+    return [value for _, value in _flag_positions(argv, flags)]
+
+
+def _flag_positions(argv: Sequence[str], flags: Sequence[str]) -> Iterator[tuple[int, str]]:
+    """(index, value) of every value ``argv`` gives one of ``flags`` (:func:`flag_values`)."""
+    short = [f for f in flags if len(f) == 2 and f[0] == "-" and f[1] != "-"]
     for i, arg in enumerate(argv):
         key, sep, value = arg.partition("=")
-        if key not in flags:
-            continue
-        if sep:
-            found.append(value)
-        elif i + 1 < len(argv):
-            found.append(argv[i + 1])
-    return found
+        if key in flags:
+            if sep:
+                yield i, value
+            elif i + 1 < len(argv):
+                yield i, argv[i + 1]
+        elif any(arg.startswith(f) and len(arg) > 2 for f in short):
+            yield i, arg[2:]
 
 
 def yaml_layers(configs: Sequence[str]) -> Iterator[dict]:
@@ -230,13 +236,7 @@ def _mapping_keys(value, prefix: tuple[str, ...]) -> list[tuple[tuple[str, ...],
 
 
 def _config_positions(argv: Sequence[str]) -> Iterator[tuple[int, str]]:
-    for i, arg in enumerate(argv):
-        key, sep, value = arg.partition("=")
-        if key in CONFIG_FLAGS:
-            if sep:
-                yield i, value
-            elif i + 1 < len(argv):
-                yield i, argv[i + 1]
+    return _flag_positions(argv, CONFIG_FLAGS)
 
 
 def _key_parts(name: str) -> tuple[str, ...]:

@@ -15,8 +15,8 @@ import pytest
 
 from rescale_tasks.classification.module import ClassificationModule
 from rescale_tasks.common.cli import build_run, run_lightning
-from rescale_tasks.common.cli.config_layers import (MAPPING_ARGUMENTS, key_location, refuse_lost_overrides,
-                                                    replaced_mappings)
+from rescale_tasks.common.cli.config_layers import (CONFIG_FLAGS, MAPPING_ARGUMENTS, flag_values, key_location,
+                                                    refuse_lost_overrides, replaced_mappings)
 from rescale_tasks.common.errors import UserError
 from rescale_tasks.common.module import RescaleTaskModule
 from rescale_tasks.common.training import init_parameters
@@ -132,6 +132,15 @@ def test_a_config_printed_without_its_defaults_says_where_it_builds_the_run(caps
     assert "cifar_resnet" not in printed.out and "DigitsDataModule" not in printed.out
     assert ("# skip_default leaves out what these defaults set too (network, optimizer, data ...): the printed config "
             f"builds this run only as a --config in {Path(DIGITS).parent}, where they apply") in printed.err
+
+
+def test_a_config_given_as_c_with_its_path_attached_gets_its_defaults():
+    """``-cexperiments/digits/rescale56.yaml`` (argparse's short option with its value attached) is
+    a --config like any other: its _defaults.yaml applies, and the file is checked."""
+    assert flag_values(["fit", "-ca.yaml", "-c=b.yaml", "-c", "c.yaml", "--config=d.yaml"], CONFIG_FLAGS) == [
+        "a.yaml", "b.yaml", "c.yaml", "d.yaml"]
+    cli = build_run(["-c" + DIGITS, "--model.init_args.network_options", "{depth: 8, base_width: 4}"])
+    assert cli.config["model"]["init_args"]["network"] == "cifar_resnet"  # from experiments/digits/_defaults.yaml
 
 
 def test_a_command_reads_each_config_file_once(tmp_path, monkeypatch):
