@@ -9,14 +9,16 @@ overrides, for a caller that needs a setting without building the run (a study r
 points' logger); :func:`key_location` names the file and line that set a key (a bad one's error);
 :func:`refuse_lost_overrides` refuses an option that a later ``--config`` would override;
 :func:`replaced_mappings` says which keys of a mapping argument (``scheme_options`` ...) a later
-layer that gives the whole mapping (alone, or inside the ``model`` section it gives) drops.
+layer that gives the whole mapping (alone, or inside the ``model`` section it gives) drops;
+:func:`carried_arguments` which arguments of an optimizer or schedule stay when a later layer
+gives another class.
 """
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import yaml
 
@@ -24,7 +26,8 @@ from ..errors import UserError
 from .config_files import check_config_file, composed, load_file, load_yaml
 
 __all__ = ["DEFAULTS_NAME", "CONFIG_FLAGS", "defaults_for", "check_layers", "flag_values", "yaml_layers",
-           "key_location", "refuse_lost_overrides", "replaced_mappings", "MAPPING_ARGUMENTS"]
+           "key_location", "refuse_lost_overrides", "replaced_mappings", "carried_arguments", "MAPPING_ARGUMENTS",
+           "CLASS_ARGUMENTS"]
 
 DEFAULTS_NAME = "_defaults.yaml"
 #: the task modules' mapping arguments (dotted, without ``init_args`` levels): a layer that gives
@@ -33,6 +36,9 @@ DEFAULTS_NAME = "_defaults.yaml"
 #: ``optimizer``) is merged key by key
 MAPPING_ARGUMENTS = ("model.scheme_options", "model.network_options", "model.compile_options",
                      "model.detector_options")
+#: the task modules' class arguments (dotted, without ``init_args`` levels) whose class a layer may
+#: change: jsonargparse keeps the arguments set before it that the new class takes too
+CLASS_ARGUMENTS = ("model.optimizer", "model.lr_scheduler")
 CONFIG_FLAGS = ("--config", "-c")
 
 
@@ -170,55 +176,148 @@ def replaced_mappings(argv: Sequence[str]) -> list[str]:
     recipe that sets ``scheme_options: {stochdepth_rate: 0.1}`` trains without stochastic depth.
     The mapping may be given inside a bigger one (``--model.init_args '{scheme_options: {...}}'``,
     a config's ``model: {init_args: {scheme_options: ...}}``, the file of ``--model model.yaml``):
-    jsonargparse merges the sections
-    around it key by key and replaces the mapping itself all the same. A dotted option
-    (``--model.init_args.scheme_options.zero_gamma false``) adds its key; a dropped key that a
-    later layer sets again is not lost, and not named."""
-    configs = dict(_config_positions(argv))
-    layers: list[tuple[str, list[tuple[tuple[str, ...], int, bool]]]] = [
-        (path, _file_keys(path)) for path in defaults_for(list(configs.values()))]
+    jsonargparse merges the sections around it key by key and replaces the mapping itself all the
+    same. A dotted option (``--model.init_args.scheme_options.zero_gamma false``) adds its key; a
+    dropped key that a later layer sets again is not lost, and not named."""
     mappings = [_key_parts(m) for m in MAPPING_ARGUMENTS]
+    layers = _layers(argv, mappings)
+    found = []
+    for mapping in mappings:
+        held: dict[str, str] = {}  # key -> where it was set
+        given_in = [set(_inside(keys, mapping, source)) for source, keys, _ in layers]
+        for n, (source, keys, _) in enumerate(layers):
+            whole = any(leaf == mapping for leaf, _, _ in keys)
+            inside = _inside(keys, mapping, source)
+            if whole:
+                later = set().union(*given_in[n + 1:])  # set again after this layer: not lost to it
+                dropped = sorted(set(held) - set(inside) - later)
+                if dropped:
+                    what = ", ".join(f"{k} ({held[k]})" for k in dropped)
+                    found.append(f"{source} gives {'.'.join(mapping)} whole, which replaces the mapping set before "
+                                 f"it and drops {what}: repeat the dropped keys in it, or change one key alone "
+                                 f"with {_option(mapping)}.KEY VALUE")
+                held = {}
+            held.update(inside)
+    return found
+
+
+def carried_arguments(argv: Sequence[str], final: dict[str, Any]) -> list[str]:
+    """One line for each class argument (:data:`CLASS_ARGUMENTS`) whose class a layer changes
+    (``--model.init_args.optimizer torch.optim.Adam`` after a recipe's SGD) while arguments set
+    for the class before it stay: jsonargparse keeps those the new class takes too, so Adam trains
+    at the recipe's SGD ``lr`` and ``weight_decay`` unless they are given again. ``final``: each
+    class argument's ``init_args`` as parsed (the values named)."""
+    arguments = [_key_parts(a) for a in CLASS_ARGUMENTS]
+    layers = _layers(argv, arguments)
+    found = []
+    for argument in arguments:
+        taken = final.get(".".join(argument)) or {}
+        held: dict[str, str] = {}  # key -> where it was set
+        current: Optional[str] = None  # the class in effect
+        change: Optional[tuple[str, str, str, dict[str, str]]] = None  # the last: source, old, new, carried
+        for source, keys, content in layers:
+            given = _at(content, argument)
+            inside = {k: where for k, where in _inside(keys, argument, source).items() if k != "class_path"}
+            if given is None and any(leaf == argument for leaf, _, _ in keys):  # null: no class, nothing held
+                held, current, change = {}, None, None
+                continue
+            new = given if isinstance(given, str) else given.get("class_path") if isinstance(given, dict) else None
+            if isinstance(new, str) and current is not None and _class_name(new) != _class_name(current):
+                change = (source, current, new, {k: held[k] for k in held if k not in inside})
+            elif change is not None:
+                change[3].update((k, "") for k in inside)  # given again: not carried
+            if isinstance(new, str):
+                current = new
+            held.update(inside)
+        if change is None:
+            continue
+        source, old, new, carried = change
+        kept = [f"{k}={taken[k]} ({where})" for k, where in sorted(carried.items()) if where and k in taken]
+        if kept:
+            found.append(f"{source} gives {'.'.join(argument)} the class {new} in place of {old}, and jsonargparse keeps "
+                         f"the arguments set for {old} that {new} takes too: {', '.join(kept)}; give them again "
+                         f"({_option(argument)}.init_args.KEY VALUE) to change them")
+    return found
+
+
+def _layers(argv: Sequence[str], arguments: Sequence[tuple[str, ...]]
+            ) -> list[tuple[str, list[tuple[tuple[str, ...], int, bool]], Any]]:
+    """The layers of the run that may set ``arguments`` (dotted parts, without ``init_args``), in
+    the order the command applies them: (where, the keys it sets as :func:`_file_keys` lists them,
+    its content as a mapping without ``init_args`` levels needed): the ``_defaults.yaml`` files,
+    then the ``--config`` files and the options in and around the arguments, a section's file
+    (``--model model.yaml``) included."""
+    configs = dict(_config_positions(argv))
+    layers = [(path, _file_keys(path), _file_content(path)) for path in defaults_for(list(configs.values()))]
     for i, arg in enumerate(argv):
         if i in configs:
-            layers.append((configs[i], _file_keys(configs[i])))
+            layers.append((configs[i], _file_keys(configs[i]), _file_content(configs[i])))
             continue
         name, sep, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
         if not sep:
             value = argv[i + 1] if i + 1 < len(argv) else ""
         parts = _key_parts(name)
-        if not parts or not any(m[:len(parts)] == parts or parts[:len(m)] == m for m in mappings):
-            continue  # an option neither in a mapping argument nor around one
-        if any(len(parts) < len(m) for m in mappings) and os.path.isfile(value):  # a section's file: --model m.yaml
+        if not parts or not any(m[:len(parts)] == parts or parts[:len(m)] == m for m in arguments):
+            continue  # an option neither in an argument nor around one
+        if any(len(parts) < len(m) for m in arguments) and os.path.isfile(value):  # a section's file: --model m.yaml
             layers.append((value, [(parts, 0, True), *[((*parts, *leaf), line, section)
-                                                       for leaf, line, section in _file_keys(value)]]))
+                                                       for leaf, line, section in _file_keys(value)]],
+                           _nested(parts, _file_content(value))))
             continue
         try:
             given = load_yaml(value, file=False)
         except (UserError, yaml.YAMLError):
             given = None
         layers.append((f"--{name}", [(parts, 0, isinstance(given, dict) and bool(given)),
-                                     *_mapping_keys(given, parts)]))
-    found = []
-    for mapping in mappings:
-        held: dict[str, str] = {}  # key -> where it was set
-        given_in = [{leaf[len(mapping)] for leaf, _, _ in keys
-                     if len(leaf) > len(mapping) and leaf[:len(mapping)] == mapping} for _, keys in layers]
-        for n, (source, keys) in enumerate(layers):
-            whole = any(leaf == mapping for leaf, _, _ in keys)
-            inside = {leaf[len(mapping)]: f"{source}:{line}" if line else source
-                      for leaf, line, _ in keys if len(leaf) > len(mapping) and leaf[:len(mapping)] == mapping}
-            if whole:
-                later = set().union(*given_in[n + 1:])  # set again after this layer: not lost to it
-                dropped = sorted(set(held) - set(inside) - later)
-                if dropped:
-                    what = ", ".join(f"{k} ({held[k]})" for k in dropped)
-                    option = "--" + ".".join((mapping[0], "init_args", *mapping[1:]))
-                    found.append(f"{source} gives {'.'.join(mapping)} whole, which replaces the mapping set before "
-                                 f"it and drops {what}: repeat the dropped keys in it, or change one key alone "
-                                 f"with {option}.KEY VALUE")
-                held = {}
-            held.update(inside)
-    return found
+                                     *_mapping_keys(given, parts)], _nested(parts, given)))
+    return layers
+
+
+def _inside(keys: list[tuple[tuple[str, ...], int, bool]], argument: tuple[str, ...], source: str) -> dict[str, str]:
+    """The keys of ``argument`` a layer's ``keys`` set, each with where (``path:line``, or the option)."""
+    return {leaf[len(argument)]: f"{source}:{line}" if line else source
+            for leaf, line, _ in keys if len(leaf) > len(argument) and leaf[:len(argument)] == argument}
+
+
+def _option(argument: tuple[str, ...]) -> str:
+    """The command-line option of a dotted argument: ``--model.init_args.scheme_options``."""
+    return "--" + ".".join((argument[0], "init_args", *argument[1:]))
+
+
+def _file_content(path: str) -> Any:
+    try:
+        return load_file(path)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, UserError):
+        return None
+
+
+def _nested(parts: tuple[str, ...], value: Any) -> dict:
+    """``value`` given at the dotted ``parts``: ``{"model": {"optimizer": value}}``."""
+    for part in reversed(parts):
+        value = {part: value}
+    return value
+
+
+_MISSING = object()
+
+
+def _at(content: Any, parts: tuple[str, ...]) -> Any:
+    """The value ``content`` gives at ``parts`` (``init_args`` levels written or not), else
+    :data:`_MISSING`."""
+    for part in parts:
+        if not isinstance(content, dict):
+            return _MISSING
+        if part in content:
+            content = content[part]
+        elif isinstance(content.get("init_args"), dict) and part in content["init_args"]:
+            content = content["init_args"][part]
+        else:
+            return _MISSING
+    return content
+
+
+def _class_name(class_path: str) -> str:
+    return class_path.rsplit(".", 1)[-1]
 
 
 def _mapping_keys(value, prefix: tuple[str, ...]) -> list[tuple[tuple[str, ...], int, bool]]:

@@ -37,8 +37,8 @@ from ..system import rank_zero_log, require_writable, write_output
 from ..training import (DivergenceMonitor, LearnedScalarsLogger, WeightEMA, check_network, check_optimization, class_of,
                         resolved_architecture)
 from .config_files import SafeLoader, files_read_once, refuse_duplicate_keys
-from .config_layers import (CONFIG_FLAGS, check_layers, flag_values, key_location, refuse_lost_overrides,
-                            replaced_mappings)
+from .config_layers import (CLASS_ARGUMENTS, CONFIG_FLAGS, carried_arguments, check_layers, flag_values, key_location,
+                            refuse_lost_overrides, replaced_mappings)
 from .moved_modules import follow_moved_modules
 from .parse_errors import config_errors, trainer_config_errors
 from .quiet import quiet_evaluation, quiet_libraries, quiet_resume
@@ -214,6 +214,8 @@ class RescaleCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         init = config.get("model", {}).get("init_args", {}) or {}
         model_class = class_of(config.get("model", {}).get("class_path"))
+        for line in carried_arguments(getattr(self, "_argv", []), _class_arguments(init)):
+            rank_zero_log(log, logging.WARNING, line)  # an optimizer's class changed, the recipe's lr kept
         if "network" in init and _builds_registered_network(model_class):
             check_network(init.get("network"), init.get("scheme"), init.get("scheme_options"))
         if (config.get("trainer") or {}).get("enable_checkpointing") is False:
@@ -335,6 +337,18 @@ def _given_as_flag(key: str, argv: list[str]) -> bool:
         if name and name not in ("config", "print_config") and wanted[:len(parts(name))] == parts(name):
             return True
     return False
+
+
+def _class_arguments(init) -> dict[str, dict]:
+    """The ``init_args`` the model's class arguments (:data:`~.config_layers.CLASS_ARGUMENTS`) were
+    parsed to, by dotted name."""
+    found = {}
+    for argument in CLASS_ARGUMENTS:
+        given = init.get(argument.split(".", 1)[1]) if hasattr(init, "get") else None
+        arguments = given.get("init_args") if hasattr(given, "get") else None
+        if hasattr(arguments, "get"):
+            found[argument] = arguments.as_dict() if hasattr(arguments, "as_dict") else dict(arguments)
+    return found
 
 
 def _refuse_lightning_optimizer(config, model_class) -> None:

@@ -15,8 +15,8 @@ import pytest
 
 from rescale_tasks.classification.module import ClassificationModule
 from rescale_tasks.common.cli import build_run, run_lightning
-from rescale_tasks.common.cli.config_layers import (CONFIG_FLAGS, MAPPING_ARGUMENTS, flag_values, key_location,
-                                                    refuse_lost_overrides, replaced_mappings)
+from rescale_tasks.common.cli.config_layers import (CONFIG_FLAGS, MAPPING_ARGUMENTS, carried_arguments, flag_values,
+                                                    key_location, refuse_lost_overrides, replaced_mappings)
 from rescale_tasks.common.errors import UserError
 from rescale_tasks.common.module import RescaleTaskModule
 from rescale_tasks.common.training import init_parameters
@@ -141,6 +141,37 @@ def test_a_config_given_as_c_with_its_path_attached_gets_its_defaults():
         "a.yaml", "b.yaml", "c.yaml", "d.yaml"]
     cli = build_run(["-c" + DIGITS, "--model.init_args.network_options", "{depth: 8, base_width: 4}"])
     assert cli.config["model"]["init_args"]["network"] == "cifar_resnet"  # from experiments/digits/_defaults.yaml
+
+
+def test_an_optimizer_of_another_class_says_which_arguments_of_the_recipes_it_keeps(caplog):
+    """``--model.init_args.optimizer torch.optim.Adam`` after the digits recipe's SGD: jsonargparse
+    keeps the recipe's lr and weight_decay (Adam takes both), so Adam trains at SGD's lr 0.05; the
+    run says so, naming where each was set."""
+    with caplog.at_level(logging.WARNING):
+        cli = build_run(["--config", DIGITS, "--model.init_args.network_options", "{depth: 8, base_width: 4}",
+                         "--model.init_args.optimizer", "torch.optim.Adam"])
+    optimizer = cli.config["model"]["init_args"]["optimizer"]
+    assert optimizer["class_path"] == "torch.optim.Adam"
+    assert (optimizer["init_args"]["lr"], optimizer["init_args"]["weight_decay"]) == (0.05, 0.0005)  # kept
+    defaults = f"{Path(DIGITS).parent / '_defaults.yaml'}:13"
+    assert [r.getMessage() for r in caplog.records if "jsonargparse keeps" in r.getMessage()] == [
+        "--model.init_args.optimizer gives model.optimizer the class torch.optim.Adam in place of torch.optim.SGD, and "
+        "jsonargparse keeps the arguments set for torch.optim.SGD that torch.optim.Adam takes too: lr=0.05 "
+        f"({defaults}), weight_decay=0.0005 ({defaults}); give them again "
+        "(--model.init_args.optimizer.init_args.KEY VALUE) to change them"]
+
+
+@pytest.mark.parametrize("given,kept", [
+    (["--model.init_args", "{optimizer: {class_path: torch.optim.AdamW, init_args: {lr: 0.001}}}"], ["weight_decay"]),
+    (["--model.init_args.optimizer", "AdamW", "--model.init_args.optimizer.weight_decay", "0.01"], ["lr"]),
+    (["--model.init_args.optimizer", "torch.optim.SGD"], []),  # the same class: merged
+    (["--model.init_args.optimizer", "{class_path: AdamW, init_args: {lr: 0.01, weight_decay: 0.01}}"], []),
+])
+def test_the_arguments_an_optimizer_of_another_class_keeps_are_those_set_before_and_not_again(given, kept):
+    final = {"model.optimizer": {"lr": 0.05, "weight_decay": 0.0005, "betas": (0.9, 0.999)}}
+    lines = carried_arguments(["fit", "--config", DIGITS, *given], final)
+    assert len(lines) == bool(kept) and all(f" {k}=" in lines[0] for k in kept)
+    assert not lines or all(f" {k}=" not in lines[0] for k in {"lr", "weight_decay"} - set(kept))
 
 
 def test_a_command_reads_each_config_file_once(tmp_path, monkeypatch):
