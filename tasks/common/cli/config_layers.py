@@ -259,7 +259,8 @@ def _layers(argv: Sequence[str], arguments: Sequence[tuple[str, ...]]
         parts = _key_parts(name)
         if not parts or not any(m[:len(parts)] == parts or parts[:len(m)] == m for m in arguments):
             continue  # an option neither in an argument nor around one
-        if any(len(parts) < len(m) for m in arguments) and os.path.isfile(value):  # a section's file: --model m.yaml
+        section_file = not name.endswith("init_args") and os.path.isfile(value)  # --model m.yaml (not init_args)
+        if section_file and any(len(parts) < len(m) for m in arguments):
             layers.append((value, [(parts, 0, True), *[((*parts, *leaf), line, section)
                                                        for leaf, line, section in _file_keys(value)]],
                            _nested(parts, _file_content(value))))

@@ -63,6 +63,9 @@ def digits_config(tmp_path, run_config):
     (["--trainer.callbacks+=NoSuchCallback"], ["bad value for trainer.callbacks: 'NoSuchCallback' is not an "
                                                "importable class"]),
     (["--data.init_args.batch_size", "-1"], ["data.batch_size must be at least 1, got -1."]),
+    (["--model.init_args", "bn"], ["bad value for model.init_args: expected a mapping of the class's arguments, as "
+                                   "--model.init_args '{name: value}' or --model.init_args.NAME VALUE (a file of the "
+                                   "whole section: --model FILE)"]),
 ])
 def test_bad_override_is_one_line(args, expected, error_line):
     code = main(["fit", "--config", RESCALE50, *args, *CPU])

@@ -60,6 +60,8 @@ RAW = {
     "_INVALID_CHOICE": (suite, ["fitt"], "unknown command 'fitt'; did you mean fit?"),
     "_BAD_IMPORT": (command, ["--net", "Nett"], "bad value for net: 'Nett' is not an importable class"),
     "_NO_VALUE": (command, ["--epochs", "-1e-4"], "option --epochs or a key under it got no value: write --key VALUE"),
+    "_NOT_A_MAPPING": (command, ["--net", NET, "--net.init_args", "3"],
+                       "bad value for net.init_args: expected a mapping of the class's arguments"),
 }
 
 

@@ -117,6 +117,7 @@ def test_a_mapping_given_whole_in_the_file_of_a_section_option_is_named(tmp_path
     ``scheme_options`` it gives as any layer would."""
     part = tmp_path / "model.yaml"
     part.write_text("init_args:\n  scheme_options: {shortcut_gain: 2.0}\n")
+    assert replaced_mappings(["fit", "--config", DIGITS, "--model.init_args", str(part)]) == []  # refused: no file
     assert replaced_mappings(["fit", "--config", DIGITS, "--model", str(part)]) == [
         f"{part} gives model.scheme_options whole, which replaces the mapping set before it and drops {DIGITS_LINE}: "
         "repeat the dropped keys in it, or change one key alone with --model.init_args.scheme_options.KEY VALUE"]
