@@ -155,14 +155,12 @@ def refuse_lost_overrides(argv: Sequence[str]) -> None:
             continue
         if not sep:
             value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else ""
-        wanted = _key_parts(name.rstrip("+"))
-        # a mapping is replaced by the file's; so is a logger, callback ... turned off (false, null)
-        is_mapping = value.lstrip().startswith("{") or value.strip().lower() in ("false", "null", "none")
+        given = _option_keys(_key_parts(name.rstrip("+")), value)
         for position, path in configs:
             if position <= i:
                 continue
             line = next((line for leaf, line, section in _file_keys(path)
-                         if not section and _overlaps(wanted, leaf, is_mapping)), None)
+                         if not section and any(_overlaps(key, leaf, replaced) for key, replaced in given)), None)
             if line is not None:
                 raise UserError(f"--{name} comes before --config {path}, whose line {line} sets it again and is "
                                 "applied after it, so the option would be lost: give options after the last --config")
@@ -234,8 +232,8 @@ def carried_arguments(argv: Sequence[str], final: dict[str, Any]) -> list[str]:
         source, old, new, carried = change
         kept = [f"{k}={taken[k]} ({where})" for k, where in sorted(carried.items()) if where and k in taken]
         if kept:
-            found.append(f"{source} gives {'.'.join(argument)} the class {new} in place of {old}, and jsonargparse keeps "
-                         f"the arguments set for {old} that {new} takes too: {', '.join(kept)}; give them again "
+            found.append(f"{source} gives {'.'.join(argument)} the class {new} in place of {old}, and jsonargparse "
+                         f"keeps the arguments set for {old} that {new} takes too: {', '.join(kept)}; give them again "
                          f"({_option(argument)}.init_args.KEY VALUE) to change them")
     return found
 
@@ -342,6 +340,25 @@ def _config_positions(argv: Sequence[str]) -> Iterator[tuple[int, str]]:
 def _key_parts(name: str) -> tuple[str, ...]:
     """A dotted key without its ``init_args`` levels (``data.init_args.batch_size`` = ``data.batch_size``)."""
     return tuple(p for p in name.split(".") if p and p != "init_args")
+
+
+def _option_keys(option: tuple[str, ...], value: str) -> list[tuple[tuple[str, ...], bool]]:
+    """The keys an option sets, each with whether a file's keys below it replace it: a mapping (a
+    file's replaces it), a logger, callback ... turned off (false, null). A mapping given for a
+    section (``--model.init_args '{scheme: bn}'``, ``--trainer '{max_steps: 3}'``) sets its keys
+    alone: jsonargparse merges a later file's other keys of the section with them."""
+    replaced = value.lstrip().startswith("{") or value.strip().lower() in ("false", "null", "none")
+    try:
+        given = load_yaml(value, file=False) if len(option) == 1 and replaced else None
+    except (UserError, yaml.YAMLError):
+        given = None
+    if not isinstance(given, dict) or not given:
+        return [(option, replaced)]
+    keys = []
+    for key, sub in given.items():
+        for name, inner in (sub.items() if key == "init_args" and isinstance(sub, dict) else [(key, sub)]):
+            keys.append(((*option, str(name)), isinstance(inner, dict) or inner is None or inner is False))
+    return keys
 
 
 def _overlaps(option: tuple[str, ...], leaf: tuple[str, ...], option_is_mapping: bool) -> bool:

@@ -30,6 +30,10 @@ SPELLINGS = {"with init_args": "trainer:\n  max_epochs: 1\nmodel:\n  class_path:
                                   "  scheme: bn\n"}
 
 
+DIGITS = str(Path(__file__).resolve().parents[4] / "experiments" / "digits" / "rescale56.yaml")
+DIGITS_LINE = f"classifier_gain ({DIGITS}:7)"
+
+
 @pytest.mark.parametrize("spelling", sorted(SPELLINGS))
 @pytest.mark.parametrize("key", ["model.init_args.scheme", "model.scheme"])
 def test_a_key_with_or_without_init_args_is_found_on_its_line(tmp_path, spelling, key):
@@ -40,6 +44,26 @@ def test_a_key_with_or_without_init_args_is_found_on_its_line(tmp_path, spelling
     with pytest.raises(UserError, match=rf"^--{key} comes before --config {run}, whose line 7 sets it again"):
         refuse_lost_overrides(["fit", f"--{key}", "gn", "--config", str(run)])
     refuse_lost_overrides(["fit", f"--{key.replace('scheme', 'width')}", "2", "--config", str(run)])
+
+
+def test_a_mapping_option_before_a_config_is_refused_only_where_the_config_sets_one_of_its_keys(tmp_path):
+    """``--model.init_args '{label_smoothing: 0.1}' --config overlay.yaml``: jsonargparse merges the
+    overlay's other model keys with the option's, so the option is not lost and runs as given; an
+    overlay that sets label_smoothing again is refused, as a dotted option before it is."""
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("model:\n  init_args:\n    network_options: {depth: 8, base_width: 4}\n")
+    cli = build_run(["--config", DIGITS, "--model.init_args", "{label_smoothing: 0.1}", "--trainer", "{max_steps: 3}",
+                     "--config", str(overlay)])
+    init = cli.config["model"]["init_args"]
+    assert init["label_smoothing"] == 0.1 and init["network_options"]["depth"] == 8  # both layers: merged
+    assert cli.config["trainer"]["max_steps"] == 3
+    overlay.write_text("model:\n  init_args:\n    label_smoothing: 0.2\n")
+    for option in (["--model.init_args", "{label_smoothing: 0.1}"], ["--model", "{init_args: {label_smoothing: 0.1}}"],
+                   ["--model.init_args", "{scheme_options: {c: 1}}"]):
+        if "scheme_options" in option[1]:
+            overlay.write_text("model:\n  init_args:\n    scheme_options: {shortcut_gain: 1.0}\n")
+        with pytest.raises(UserError, match=rf"^--{option[0][2:]} comes before --config {overlay}, whose line 3 sets"):
+            refuse_lost_overrides(["fit", "--config", DIGITS, *option, "--config", str(overlay)])
 
 
 NF_RECIPE = str(Path(__file__).resolve().parents[4] / "experiments" / "imagenet" / "nf_resnet50.yaml")
@@ -72,10 +96,6 @@ def test_a_config_file_giving_the_mapping_after_another_is_logged_and_the_run_is
                          "{base_width: 4}"])
     assert cli.model.net.scheme.stochdepth_rate == 0.0  # what the line says: dropped
     assert f"{overlay} gives model.scheme_options whole" in caplog.text and RECIPE_LINE in caplog.text
-
-
-DIGITS = str(Path(__file__).resolve().parents[4] / "experiments" / "digits" / "rescale56.yaml")
-DIGITS_LINE = f"classifier_gain ({DIGITS}:7)"
 
 
 def test_a_mapping_given_whole_inside_a_section_given_on_the_command_line_is_named_as_jsonargparse_applies_it(caplog):
