@@ -26,8 +26,8 @@ from ..errors import UserError
 from .config_files import check_config_file, composed, load_file, load_yaml
 
 __all__ = ["DEFAULTS_NAME", "CONFIG_FLAGS", "defaults_for", "check_layers", "flag_values", "yaml_layers",
-           "key_location", "refuse_lost_overrides", "replaced_mappings", "carried_arguments", "MAPPING_ARGUMENTS",
-           "CLASS_ARGUMENTS"]
+           "key_location", "refuse_lost_overrides", "replaced_mappings", "carried_arguments", "option_sets",
+           "MAPPING_ARGUMENTS", "CLASS_ARGUMENTS"]
 
 DEFAULTS_NAME = "_defaults.yaml"
 #: the task modules' mapping arguments (dotted, without ``init_args`` levels): a layer that gives
@@ -199,6 +199,14 @@ def replaced_mappings(argv: Sequence[str]) -> list[str]:
     return found
 
 
+def option_sets(argv: Sequence[str], key: str) -> bool:
+    """Whether an option of ``argv`` gives the dotted ``key`` itself: ``--model.init_args.num_classes
+    5``, or a mapping holding it (``--model.init_args '{num_classes: 5}'``, ``--model '{init_args:
+    {...}}'``); ``init_args`` levels written or not."""
+    wanted = _key_parts(key)
+    return any(any(leaf == wanted for leaf, _, _ in keys) for _, keys, _ in _layers(argv, [wanted], files=False))
+
+
 def carried_arguments(argv: Sequence[str], final: dict[str, Any]) -> list[str]:
     """One line for each class argument (:data:`CLASS_ARGUMENTS`) whose class a layer changes
     (``--model.init_args.optimizer torch.optim.Adam`` after a recipe's SGD) while arguments set
@@ -238,18 +246,20 @@ def carried_arguments(argv: Sequence[str], final: dict[str, Any]) -> list[str]:
     return found
 
 
-def _layers(argv: Sequence[str], arguments: Sequence[tuple[str, ...]]
+def _layers(argv: Sequence[str], arguments: Sequence[tuple[str, ...]], files: bool = True
             ) -> list[tuple[str, list[tuple[tuple[str, ...], int, bool]], Any]]:
     """The layers of the run that may set ``arguments`` (dotted parts, without ``init_args``), in
     the order the command applies them: (where, the keys it sets as :func:`_file_keys` lists them,
     its content as a mapping without ``init_args`` levels needed): the ``_defaults.yaml`` files,
     then the ``--config`` files and the options in and around the arguments, a section's file
-    (``--model model.yaml``) included."""
+    (``--model model.yaml``) included; ``files=False``: the options alone."""
     configs = dict(_config_positions(argv))
-    layers = [(path, _file_keys(path), _file_content(path)) for path in defaults_for(list(configs.values()))]
+    layers = [(path, _file_keys(path), _file_content(path)) for path in defaults_for(list(configs.values()))
+              if files]
     for i, arg in enumerate(argv):
         if i in configs:
-            layers.append((configs[i], _file_keys(configs[i]), _file_content(configs[i])))
+            if files:
+                layers.append((configs[i], _file_keys(configs[i]), _file_content(configs[i])))
             continue
         name, sep, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
         if not sep:
@@ -258,7 +268,7 @@ def _layers(argv: Sequence[str], arguments: Sequence[tuple[str, ...]]
         if not parts or not any(m[:len(parts)] == parts or parts[:len(m)] == m for m in arguments):
             continue  # an option neither in an argument nor around one
         section_file = not name.endswith("init_args") and os.path.isfile(value)  # --model m.yaml (not init_args)
-        if section_file and any(len(parts) < len(m) for m in arguments):
+        if section_file and any(len(parts) < len(m) for m in arguments) and files:
             layers.append((value, [(parts, 0, True), *[((*parts, *leaf), line, section)
                                                        for leaf, line, section in _file_keys(value)]],
                            _nested(parts, _file_content(value))))

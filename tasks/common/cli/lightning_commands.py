@@ -10,7 +10,6 @@ loggers are chosen by ``class_path``/``init_args``.
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 import os
 import re
@@ -38,7 +37,7 @@ from ..training import (DivergenceMonitor, LearnedScalarsLogger, WeightEMA, chec
                         resolved_architecture)
 from .config_files import SafeLoader, files_read_once, refuse_duplicate_keys
 from .config_layers import (CLASS_ARGUMENTS, CONFIG_FLAGS, carried_arguments, check_layers, flag_values, key_location,
-                            refuse_lost_overrides, replaced_mappings)
+                            option_sets, refuse_lost_overrides, replaced_mappings)
 from .moved_modules import follow_moved_modules
 from .parse_errors import config_errors, trainer_config_errors
 from .quiet import quiet_evaluation, quiet_libraries, quiet_resume
@@ -170,9 +169,7 @@ class RescaleCLI(LightningCLI):
             if given is None or key not in hparams or given == actual:
                 continue
             where = key_location(f"model.init_args.{key}", flag_values(argv, CONFIG_FLAGS))
-            parameter = inspect.signature(type(self.model).__init__).parameters.get(key)
-            default = parameter.default if parameter is not None else None
-            typed = _given_as_flag(f"model.init_args.{key}", argv) and given != default
+            typed = option_sets(argv, f"model.init_args.{key}")  # even the class's default
             if where is None and (not typed or config.get("ckpt_path")):
                 continue  # the class's default, or a checkpoint's value
             raise ConfigError(f"{where + ': ' if where else ''}model.init_args.{key}: {given} is set from the data "

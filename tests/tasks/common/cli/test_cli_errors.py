@@ -341,6 +341,9 @@ def test_a_linked_argument_a_config_file_or_a_mapping_sets_is_refused(tmp_path, 
     plain = run_config(tmp_path / "plain.yaml")
     assert main(["fit", "--config", plain, "--model.init_args", "{in_channels: 2}"]) == 2
     assert error_line().startswith("model.init_args.in_channels: 2 is set from the data module, which gives 1")
+    assert main(["fit", "--config", plain, "--model.init_args", "{in_channels: 3}"]) == 2  # the class's default too
+    assert error_line().startswith("model.init_args.in_channels: 3 is set from the data module, which gives 1")
+    assert build_run(["--config", plain, "--model.init_args", "{label_smoothing: 0.1}"]).model.hparams.in_channels == 1
     agreeing = run_config(tmp_path / "agreeing.yaml", model={"init_args": {"num_classes": 10}})
     assert build_run(["--config", agreeing]).model.hparams.num_classes == 10
     assert build_run(["--config", plain, "--model", "ClassificationModule"]).model.hparams.num_classes == 10
