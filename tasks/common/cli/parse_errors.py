@@ -42,6 +42,7 @@ _SUBTYPES = re.compile(r"^\s*Subtypes: \[(.*)\]\s*$", re.M)
 _GIVEN = re.compile(r"^\s*Given value: (.*)$", re.M)
 _NO_HELP = {"help", "config", "print_config"}
 _LIST_INDEX = re.compile(r"^--\d+\.\S")
+_REQUIRED = re.compile(r"^the following arguments are required: (.+)$")
 _NOT_A_MAPPING = re.compile(r"^'\w+' object has no attribute 'keys'$")  # init_args given a scalar
 _FLOW_MAPPING_NO_SPACE = re.compile(r"^\{.*[\w\]\"']:[^\s/].*\}$")
 
@@ -288,6 +289,11 @@ def describe_argument_error(err: BaseException, parser=None) -> str:
         value = given if given is not None else match.group(2)
         got = f", got {value!r}" if value is not None else ""
         return f"bad value for {key}: expected {expected}{got}{_flow_mapping_hint(value)}{hint}"
+    match = _REQUIRED.match(leaf)
+    if match:  # rescale fit without a --config: "the following arguments are required: fit.data, fit.model"
+        names = [n.strip().split(".", 1)[-1] for n in match.group(1).split(",")]
+        return (f"no {' and no '.join(names)} given: give a run config, --config experiments/<task>/<run>.yaml (e.g. "
+                f"experiments/digits/rescale56.yaml), which sets them, or {' and '.join('--' + n for n in names)}")
     if _NOT_A_MAPPING.match(leaf) and key.endswith("init_args"):  # --model.init_args bn, --model.init_args m.yaml
         section = key[:-len(".init_args")] or key
         return (f"bad value for {key}: expected a mapping of the class's arguments, as --{key} '{{name: value}}' "

@@ -152,6 +152,12 @@ def test_unknown_command_is_one_line(error_line):
 
 # --- the one-line errors that existed before ------------------------------------------------------
 
+def test_a_command_without_a_config_says_to_give_one(error_line):
+    assert main(["fit"]) == 2
+    assert error_line() == ("no data and no model given: give a run config, --config experiments/<task>/<run>.yaml "
+                            "(e.g. experiments/digits/rescale56.yaml), which sets them, or --data and --model")
+
+
 def test_missing_config_file(error_line):
     assert main(["fit", "--config", "experiments/imagenet/nope.yaml"]) == 2
     assert error_line().startswith("config file not found: experiments/imagenet/nope.yaml")

@@ -31,6 +31,13 @@ def command() -> ArgumentParser:
     return parser
 
 
+def needs_a_net() -> ArgumentParser:
+    parser, sub = ArgumentParser(exit_on_error=False), ArgumentParser(exit_on_error=False)
+    sub.add_subclass_arguments(Net, "net", required=True)
+    parser.add_subcommands().add_subcommand("fit", sub)
+    return parser
+
+
 def suite() -> ArgumentParser:
     parser = ArgumentParser(exit_on_error=False)
     parser.add_subcommands().add_subcommand("fit", command())
@@ -60,6 +67,7 @@ RAW = {
     "_INVALID_CHOICE": (suite, ["fitt"], "unknown command 'fitt'; did you mean fit?"),
     "_BAD_IMPORT": (command, ["--net", "Nett"], "bad value for net: 'Nett' is not an importable class"),
     "_NO_VALUE": (command, ["--epochs", "-1e-4"], "option --epochs or a key under it got no value: write --key VALUE"),
+    "_REQUIRED": (needs_a_net, ["fit"], "no net given: give a run config, --config experiments/<task>/<run>.yaml"),
     "_NOT_A_MAPPING": (command, ["--net", NET, "--net.init_args", "3"],
                        "bad value for net.init_args: expected a mapping of the class's arguments"),
 }
