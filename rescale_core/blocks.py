@@ -429,8 +429,9 @@ def _refuse_unshared_gains(module: nn.Module, state_dict: dict, prefix: str, *ar
     found = {name: state_dict[f"{prefix}{name}.merge.gain.weight"] for name in names
              if f"{prefix}{name}.merge.gain.weight" in state_dict}
     values = list(found.values())
-    if any(v.shape != values[0].shape or not torch.equal(v, values[0]) for v in values[1:]):
+    if any(v.shape != values[0].shape or not bool(torch.eq(v, values[0]).logical_or_(v.isnan() & values[0].isnan()).all())
+           for v in values[1:]):  # NaN equal to NaN: a diverged checkpoint is refused for its NaN, not here
         held = ", ".join(f"{name} {v.flatten()[0].item():.4g}" for name, v in found.items())
-        raise ValueError(f"{prefix.rstrip('.') or 'layer'}: the checkpoint holds one gain per sublayer ({held}), "
-                         f"scheme {scheme} shares one per layer (layer_gain, ReZero's resweight): load it with "
-                         "scheme_options {layer_gain: false}, the network it was trained as")
+        raise ValueError(f"{prefix.rstrip('.') or 'layer'}: the checkpoint holds one gain per sublayer ({held}), the "
+                         f"skipinit network, where scheme {scheme} shares one per layer (layer_gain, ReZero's "
+                         "resweight): load it into a skipinit network (scheme_options {layer_gain: false})")

@@ -73,12 +73,13 @@ def fairseq_adam(params: Iterable) -> torch.optim.Optimizer:
 
 def refuse_diverged_weights(checkpoint: dict[str, Any], named: str) -> None:
     """One line refusing a checkpoint whose weights hold NaN or infinite values (saved after its run
-    diverged): none of its hypotheses would finish, so every translation would be an empty line."""
+    diverged), to translate, evaluate or train on: none of its hypotheses would finish, so every
+    translation would be an empty line."""
     broken = non_finite_weights(checkpoint)
     if broken:
-        raise ConfigError(f"{named} cannot translate: {non_finite_text(broken)} (weights saved after the run "
-                          "diverged), so every translation would be an empty line; give a checkpoint saved before "
-                          "the divergence")
+        raise ConfigError(f"{named}: {non_finite_text(broken)} (weights saved after the run diverged), from "
+                          "which every translation would be an empty line and training would go on from NaN; give a "
+                          "checkpoint saved before the divergence")
 
 
 def _pieces(processor: spm.SentencePieceProcessor) -> list[str]:

@@ -123,10 +123,10 @@ def _training_only_differences(saved: Mapping[str, Any], current: Mapping[str, A
 
 
 #: why a checkpoint's gains per sublayer do not load into a ``layer_gain`` Transformer, and what to do
-UNSHARED_GAINS = ("one gain per sublayer, where this network shares one per Transformer layer (scheme_options "
-                  "layer_gain: rezero's, since it follows the ReZero code); a rezero checkpoint written before "
-                  "is the skipinit network: record that in it (torch.load it, set its ['hyper_parameters']"
-                  "['scheme'] = 'skipinit', torch.save it) and run it with --model.init_args.scheme skipinit")
+UNSHARED_GAINS = ("one gain per sublayer (the skipinit network), where this network shares one per Transformer "
+                  "layer (scheme_options layer_gain, rezero's as in the ReZero code): record skipinit in it "
+                  "(torch.load it, set its ['hyper_parameters']['scheme'] = 'skipinit', torch.save it) and run "
+                  "it with --model.init_args.scheme skipinit")
 
 
 def tied_apart(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -141,9 +141,14 @@ def tied_apart(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[tup
                 and not value.is_meta and not getattr(saved[key], "is_meta", False)):
             where = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape), value.stride())
             tied.setdefault(where, []).append(key)
-    return [(keys[0], key) for keys in tied.values() for key in keys[1:]
-            if not (hasattr(saved[key], "shape") and tuple(saved[key].shape) == tuple(saved[keys[0]].shape)
-                    and bool((saved[key] == saved[keys[0]]).all()))]
+    return [(keys[0], key) for keys in tied.values() for key in keys[1:] if not _same(saved[key], saved[keys[0]])]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two saved entries hold the same values, NaN equal to NaN (a diverged checkpoint's
+    tied weights are one tensor, which the refusal of non-finite weights names)."""
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+            and bool(torch.eq(a, b).logical_or_(a.isnan() & b.isnan()).all()))
 
 
 def state_dict_differences(saved: Mapping[str, Any], current: Mapping[str, Any], strict: bool = True,

@@ -65,6 +65,10 @@ def test_rezero_model_round_trips_and_refuses_a_checkpoint_of_unshared_gains():
     with pytest.raises(ValueError, match=r"^decoder\.layers\.1: the checkpoint holds one gain per sublayer "
                                          r"\(self_attn 0, cross_attn 0\.5, ffn 0\).*layer_gain: false"):
         fresh.load_state_dict(old.state_dict())
+    with torch.no_grad():  # a diverged run's shared gain: NaN in every entry is one value, not one per sublayer
+        model.decoder.layers[1].ffn.merge.gain.weight.fill_(float("nan"))
+    fresh.load_state_dict(model.state_dict())
+    assert fresh.decoder.layers[1].cross_attn.merge.gain.weight.isnan().all()
 
 
 def test_layer_gain_is_refused_where_nothing_reads_it():

@@ -133,16 +133,18 @@ def test_a_checkpoint_of_weights_that_are_not_finite_is_one_line(trained, handfu
     from rescale_tasks.common.checkpoints import safe_load
 
     checkpoint = safe_load(trained)
-    name = "net.output_projection.weight" if "net.output_projection.weight" in checkpoint["state_dict"] else \
-        next(k for k, v in checkpoint["state_dict"].items() if v.is_floating_point())
-    checkpoint["state_dict"][name] = torch.full_like(checkpoint["state_dict"][name], float("nan"))
+    for key, value in checkpoint["state_dict"].items():  # every float, the tied embedding and output projection too
+        if value.is_floating_point():
+            value.fill_(float("nan"))
+    names = [k for k, v in checkpoint["state_dict"].items() if v.is_floating_point()]
     diverged = tmp_path / "diverged.ckpt"
     torch.save(checkpoint, diverged)
-    for command in ("predict", "test"):
+    for command in ("predict", "test", "validate"):
         assert main([command, *tiny(handful_root), "--ckpt_path", str(diverged), "--output_dir", "out"]) == 2
-        assert error_line() == (f"checkpoint {diverged} (--ckpt_path) cannot translate: {name} holds NaN or infinite "
-                                "values (weights saved after the run diverged), so every translation would be an empty "
-                                "line; give a checkpoint saved before the divergence")
+        assert error_line() == (f"checkpoint {diverged} (--ckpt_path): {names[0]}, {names[1]} and {len(names) - 2} "
+                                "more hold NaN or infinite values (weights saved after the run diverged), from which "
+                                "every translation would be an empty line and training would go on from NaN; give a "
+                                "checkpoint saved before the divergence")
     assert not Path("out").exists() or not any(Path("out").rglob("*.txt"))
 
 

@@ -47,9 +47,10 @@ def test_translate_refuses_weights_that_are_not_finite(untrained_checkpoint, tmp
     out = tmp_path / "out.de"
     assert main(["translate", "--ckpt_path", str(broken), "--input", str(source), "--output", str(out),
                  "--device", "cpu"]) == 2
-    assert error_line() == (f"checkpoint {broken} (--ckpt_path) cannot translate: {names[0]}, {names[1]} and 1 more "
-                            "hold NaN or infinite values (weights saved after the run diverged), so every translation "
-                            "would be an empty line; give a checkpoint saved before the divergence")
+    assert error_line() == (f"checkpoint {broken} (--ckpt_path): {names[0]}, {names[1]} and 1 more "
+                            "hold NaN or infinite values (weights saved after the run diverged), from which every "
+                            "translation would be an empty line and training would go on from NaN; give a checkpoint "
+                            "saved before the divergence")
     assert not out.exists()
 
 
