@@ -364,10 +364,15 @@ def _option_keys(option: tuple[str, ...], value: str) -> list[tuple[tuple[str, .
         given = None
     if not isinstance(given, dict) or not given:
         return [(option, replaced)]
+    classes = [_key_parts(a) for a in CLASS_ARGUMENTS]
     keys = []
     for key, sub in given.items():
         for name, inner in (sub.items() if key == "init_args" and isinstance(sub, dict) else [(key, sub)]):
-            keys.append(((*option, str(name)), isinstance(inner, dict) or inner is None or inner is False))
+            at = (*option, str(name))
+            if at in classes and isinstance(inner, dict):  # a class's init_args merge with a later file's
+                keys += [(leaf, False) for leaf, _, section in _mapping_keys(inner, at) if not section]
+            else:
+                keys.append((at, isinstance(inner, dict) or inner is None or inner is False))
     return keys
 
 

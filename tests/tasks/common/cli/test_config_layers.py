@@ -66,6 +66,22 @@ def test_a_mapping_option_before_a_config_is_refused_only_where_the_config_sets_
             refuse_lost_overrides(["fit", "--config", DIGITS, *option, "--config", str(overlay)])
 
 
+
+def test_an_optimizer_given_in_a_section_mapping_before_a_config_is_merged_not_refused(tmp_path):
+    """``--model.init_args '{optimizer: {class_path: SGD, init_args: {lr: 0.7}}}' --config overlay.yaml``
+    where the overlay sets the optimizer's momentum: jsonargparse merges a class's init_args, so the
+    lr is kept and nothing is refused; an overlay setting the lr (or the class) again is refused."""
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("model:\n  init_args:\n    optimizer:\n      init_args: {momentum: 0.5}\n")
+    option = ["--model.init_args", "{optimizer: {class_path: torch.optim.SGD, init_args: {lr: 0.7}}}"]
+    refuse_lost_overrides(["fit", "--config", DIGITS, *option, "--config", str(overlay)])
+    cli = build_run(["--config", DIGITS, *option, "--trainer", "{max_steps: 3}", "--config", str(overlay)])
+    assert cli.config["model"]["init_args"]["optimizer"]["init_args"]["lr"] == 0.7
+    assert cli.config["model"]["init_args"]["optimizer"]["init_args"]["momentum"] == 0.5
+    overlay.write_text("model:\n  init_args:\n    optimizer:\n      init_args: {lr: 0.2}\n")
+    with pytest.raises(UserError, match=rf"^--model.init_args comes before --config {overlay}, whose line 4 sets"):
+        refuse_lost_overrides(["fit", "--config", DIGITS, *option, "--config", str(overlay)])
+
 NF_RECIPE = str(Path(__file__).resolve().parents[4] / "experiments" / "imagenet" / "nf_resnet50.yaml")
 RECIPE_LINE = f"stochdepth_rate ({NF_RECIPE}:24)"
 
