@@ -12,7 +12,6 @@ checkpoint names, with their probabilities (:mod:`rescale_tasks.common.run.predi
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Optional
 
 import torch
@@ -25,11 +24,9 @@ from ..common.module import RescaleTaskModule
 from ..common.run import (PredictedSamples, class_predictions_csv, class_rows, kept_samples, output_names,
                           predict_dataset)
 from ..common.system import gather_by_key
-from ..common.training import check_lr_batch, unscaled_lr
+from ..common.training import check_lr_batch, warn_unscaled_lr
 
 __all__ = ["ClassificationModule"]
-
-log = logging.getLogger(__name__)
 
 
 class ClassificationModule(RescaleTaskModule):
@@ -74,14 +71,7 @@ class ClassificationModule(RescaleTaskModule):
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
-        self._check_lr_batch()
-
-    def _check_lr_batch(self) -> None:
-        """Warn when this run's global batch is not the one its lr is set for (``lr_batch``): the
-        lr stays as configured, the warning names the linear scaling rule's (Goyal et al. 2017)."""
-        line = unscaled_lr(self.trainer, self.lr_batch)
-        if line:
-            log.warning(line)
+        warn_unscaled_lr(self.trainer, self.lr_batch)
 
     # --- steps ----------------------------------------------------------------------------
     def _mixup(self, x: torch.Tensor, y: torch.Tensor):

@@ -34,14 +34,15 @@ import os
 from typing import Any, Iterable, Optional
 
 import torch
+from torchvision.ops import FrozenBatchNorm2d
 
 from ..common.checkpoints import require_classification_checkpoint
 from ..common.data import IMAGE_DECODING
 from ..common.errors import ConfigError
 from ..common.module import OptimizerFactory, RescaleTaskModule
 from ..common.run import note_result_file, predict_dataset, results_folder, write_result
-from ..common.system import gather_objects
-from ..common.training import check_lr_batch, unscaled_lr
+from ..common.system import gather_objects, rank_zero_log
+from ..common.training import check_lr_batch, warn_unscaled_lr
 from .backbones import resnet_fpn_backbone
 from .evaluation import CocoEvaluator
 from .export import detection_programs, detector_preprocessing
@@ -180,15 +181,17 @@ class DetectionModule(RescaleTaskModule):
         one (``backbone_checkpoint: null``): FrozenBatchNorm2d, which keeps BN's initial statistics and
         affine parameters (the backbone trains without normalization), and frozen stages, which keep
         their random weights."""
-        if any(type(m).__name__ == "FrozenBatchNorm2d" for m in body.modules()):
-            log.warning("frozen_bn true without a backbone checkpoint: FrozenBatchNorm2d keeps the initial "
-                        "statistics and affine parameters (mean 0, variance 1, scale 1, shift 0), so the backbone "
-                        "trains without normalization; leave model.init_args.frozen_bn unset (null) or false to "
-                        "train its BN from scratch")
+        if any(isinstance(m, FrozenBatchNorm2d) for m in body.modules()):
+            rank_zero_log(log, logging.WARNING,
+                          "frozen_bn true without a backbone checkpoint: FrozenBatchNorm2d keeps the initial statistics "
+                          "and affine parameters (mean 0, variance 1, scale 1, shift 0), so the backbone trains "
+                          "without normalization; leave model.init_args.frozen_bn unset (null) or false to train its "
+                          "BN from scratch")
         if any(not p.requires_grad for p in body.parameters()):
-            log.warning(f"trainable_layers {trainable_layers} without a backbone checkpoint: the stages it freezes "
-                        "keep their random initialization and never train; leave model.init_args.trainable_layers "
-                        "unset (null: 5 from scratch, as torchvision) or set it to 5")
+            rank_zero_log(log, logging.WARNING,
+                          f"trainable_layers {trainable_layers} without a backbone checkpoint: the stages it freezes "
+                          "keep their random initialization and never train; leave model.init_args.trainable_layers "
+                          "unset (null: 5 from scratch, as torchvision) or set it to 5")
 
     #: the last part of the names of the layers whose outputs are a torchvision detector's predictions
     PREDICTORS = ("cls_logits", "bbox_pred", "cls_score", "mask_fcn_logits", "bbox_reg")
@@ -249,11 +252,9 @@ class DetectionModule(RescaleTaskModule):
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
-        line = unscaled_lr(self.trainer, self.lr_batch, more=(
+        warn_unscaled_lr(self.trainer, self.lr_batch, more=(
             ", and max_steps, the schedule's milestones and warmup_iters and val_check_interval x {factor} "
             "for the recipe's epochs (experiments/coco/_defaults.yaml)"))
-        if line:
-            log.warning(line)
 
     def train_batch(self, batch, batch_idx: int) -> torch.Tensor:
         images, targets = batch

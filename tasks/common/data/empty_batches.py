@@ -31,12 +31,14 @@ corrupt files, a batch of one bad video. First thing in the base's ``validation_
 skipped_prediction()`` (which also silences Lightning's warning about a None prediction): the
 batch adds nothing to the metrics (they cover the samples that were read, not a batch of zero
 samples, which torchmetrics and the multi-view evaluation cannot take) and no prediction. No vote
-is needed: under DDP evaluation steps exchange nothing between ranks, each rank skips its own empty
-batches. Under a strategy that shards the parameters (FSDP) every forward is a collective, so there
+is needed: under DDP evaluation steps exchange nothing between ranks, each rank passes over its own
+empty batches. Under a strategy that shards the parameters (FSDP) every forward is a collective, so there
 an unreadable item is replaced by a readable one marked as padding, run and never counted
 (:class:`~.sampling.MarkedPadding`), and no batch is left empty; a task whose evaluation batches
 are lists of keys (detection) runs its forward on a stand-in input counted nowhere instead (the
-module's ``evaluate_nothing``, called by the base's steps for every empty evaluation batch).
+module's ``evaluate_nothing``, called by the base's steps for every empty evaluation batch, under
+every strategy: a stand-in forward costs one small image, and a module run by torch's own FSDP
+wrapping has no Lightning strategy to ask).
 The skipped files are counted by the data module and reported by
 :class:`~..run.data_report.SkippedDataReport` after every stage.
 """
@@ -99,7 +101,8 @@ def is_skipped(outputs: Any) -> bool:
 
 def nothing_to_evaluate(batch: Any) -> bool:
     """Whether a validation, test or predict ``batch`` holds no sample (every file of it was bad and
-    skipped): its step then returns None at once. This rank's batch only, never a collective."""
+    skipped): its step then counts nothing and returns None (after the module's ``evaluate_nothing``,
+    a stand-in forward for a task that needs one). This rank's batch only, never a collective."""
     return batch_size(batch) == 0
 
 

@@ -17,7 +17,7 @@ from .networks import check_network, create_network, default_scheme, resolved_ar
 from .optim import accepts, build_optimizer, build_scheduler, default_sgd, training_state_differences
 from .schedules import ConstantLR, InverseSqrtLR, IterationMultiStepLR, WarmupCosineLR, WarmupMultiStepLR
 from .class_paths import class_of, init_parameters
-from .optim_check import check_lr_batch, check_optimization, unscaled_lr
+from .optim_check import check_lr_batch, check_optimization, warn_unscaled_lr
 from .acceleration import as_memory_format, compile_in_place, memory_format_of, use_channels_last
 from .callbacks import (DivergenceMonitor, LearnedScalarsLogger, TrainingDiverged, inside_accumulation_window,
                         optimizer_step_due)
@@ -29,7 +29,7 @@ from .inputs import batch_size_of, network_inputs, take_samples
 __all__ = ["check_network", "create_network", "default_scheme", "resolved_architecture", "accepts",
            "build_optimizer", "build_scheduler", "default_sgd", "training_state_differences", "ConstantLR",
            "InverseSqrtLR", "IterationMultiStepLR",
-           "WarmupCosineLR", "WarmupMultiStepLR", "class_of", "init_parameters", "check_lr_batch", "check_optimization", "unscaled_lr", "as_memory_format",
+           "WarmupCosineLR", "WarmupMultiStepLR", "class_of", "init_parameters", "check_lr_batch", "check_optimization", "warn_unscaled_lr", "as_memory_format",
            "compile_in_place", "memory_format_of", "use_channels_last", "DivergenceMonitor",
            "LearnedScalarsLogger", "TrainingDiverged", "inside_accumulation_window", "optimizer_step_due", "WeightEMA", "ema_decay_at", "check_agc_is_on", "check_agc_options", "clipped_parameters", "output_layers",
            "pending_gradient_scale",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import logging
 from typing import Any, Callable, Optional
 
 import torch
@@ -21,7 +22,9 @@ from .class_paths import class_of
 from .clipping import check_agc_is_on, check_agc_options
 from .optim import build_scheduler
 
-__all__ = ["check_lr_batch", "check_optimization", "unscaled_lr"]
+log = logging.getLogger(__name__)
+
+__all__ = ["check_lr_batch", "check_optimization", "warn_unscaled_lr"]
 
 OPTIMIZER_KEY = "model.init_args.optimizer"
 SCHEDULER_KEY = "model.init_args.lr_scheduler"
@@ -126,23 +129,23 @@ def check_lr_batch(lr_batch: Optional[int]) -> Optional[int]:
     return lr_batch
 
 
-def unscaled_lr(trainer: Any, lr_batch: Optional[int], more: str = "") -> Optional[str]:
-    """The warning line for a fit whose global batch (processes x ``data.batch_size`` x
+def warn_unscaled_lr(trainer: Any, lr_batch: Optional[int], more: str = "") -> None:
+    """Log the warning line for a fit whose global batch (processes x ``data.batch_size`` x
     ``accumulate_grad_batches``) is not ``lr_batch``, the one its lr is set for: it names the lr the
     linear scaling rule (Goyal et al. 2017) gives, and ``more`` (what else the recipe scales, with
-    ``{factor}``: ``lr_batch`` / this run's batch, what a schedule in iterations is multiplied by). None
+    ``{factor}``: ``lr_batch`` / this run's batch, what a schedule in iterations is multiplied by). Nothing
     when the batches agree, without ``lr_batch`` or a data module's ``batch_size``, and off rank 0.
     The lr stays as configured."""
     per_device = getattr(getattr(trainer, "datamodule", None), "batch_size", None)
     if lr_batch is None or not per_device or not trainer.is_global_zero:
-        return None
+        return
     accumulate = trainer.accumulate_grad_batches
     batch = per_device * trainer.world_size * accumulate
     if batch == lr_batch:
-        return None
+        return
     lr = trainer.optimizers[0].defaults["lr"]
     scaled = lr * batch / lr_batch
-    return (f"lr {lr:g} is set for a global batch of {lr_batch} (model.init_args.lr_batch); this run's is {batch} "
-            f"({trainer.world_size} process(es) x data.batch_size {per_device} x accumulate_grad_batches "
-            f"{accumulate}): the linear scaling rule gives lr {scaled:g} (--model.init_args.optimizer.init_args.lr "
-            f"{scaled:g}){more.format(factor=f'{lr_batch / batch:g}')}; training on at lr {lr:g}")
+    log.warning(f"lr {lr:g} is set for a global batch of {lr_batch} (model.init_args.lr_batch); this run's is {batch} "
+                f"({trainer.world_size} process(es) x data.batch_size {per_device} x accumulate_grad_batches "
+                f"{accumulate}): the linear scaling rule gives lr {scaled:g} (--model.init_args.optimizer.init_args.lr "
+                f"{scaled:g}){more.format(factor=f'{lr_batch / batch:g}')}; training on at lr {lr:g}")
