@@ -18,6 +18,7 @@ with some of them.
 from __future__ import annotations
 
 import copy
+import os
 import re
 from contextlib import contextmanager
 
@@ -209,11 +210,22 @@ def signal_propagation(model: nn.Module, inputs, train: bool | None = True) -> l
 
 
 def learned_scalars(model: nn.Module) -> dict[str, float]:
-    """Mean learned branch multiplier of every residual block (name -> value); under FSDP every
-    rank must call it (:func:`full_parameters`)."""
+    """Mean learned branch multiplier of every residual block (name -> value), a multiplier shared
+    by several blocks once, under their common name (``Scheme.layer_gain``: a Transformer layer's
+    sublayers share one, named by the layer); under FSDP every rank must call it
+    (:func:`full_parameters`)."""
     with full_parameters(model):
-        return {name: float(block.merge.gain.weight.detach().mean())
-                for name, block in residual_blocks(model) if block.merge.gain is not None}
+        sharing: dict[int, tuple[list[str], nn.Module]] = {}
+        for name, block in residual_blocks(model):
+            if block.merge.gain is not None:
+                sharing.setdefault(id(block.merge.gain), ([], block.merge.gain))[0].append(name)
+        return {_common_name(names): float(gain.weight.detach().mean()) for names, gain in sharing.values()}
+
+
+def _common_name(names: list[str]) -> str:
+    """The dotted prefix ``names`` share (``encoder.layers.0`` of its ``.self_attn`` and ``.ffn``); one name: itself."""
+    common = os.path.commonprefix([n.split(".") for n in names])
+    return ".".join(common) or names[0]
 
 
 def _linear_only(parent: nn.Module) -> bool:

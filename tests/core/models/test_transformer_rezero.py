@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rescale_core import create_model, get_scheme
+from rescale_core.analysis import learned_scalars
 from rescale_core.models.transformer import TransformerConfig, TransformerDecoderLayer, TransformerEncoderLayer
 from rescale_core.schemes import SchemeOptionError
 
@@ -77,3 +78,12 @@ def test_layer_gain_is_refused_where_nothing_reads_it():
     with pytest.raises(SchemeOptionError, match="layer_gain: true is not an option of a conv network"):
         create_model("cifar_resnet", depth=8, scheme="skipinit", scheme_options={"layer_gain": True})
     create_model("cifar_resnet", depth=8, scheme="rezero")  # its definition: one gain per block there
+
+
+def test_a_shared_gain_is_one_learned_scalar_named_by_its_layer():
+    """``learned_scalars`` (the logged and plotted multipliers) lists a layer's shared gain once, under
+    the layer's name; it had listed it under each sublayer (2-3 copies of one value)."""
+    rezero = learned_scalars(create_model("transformer_tiny", scheme="rezero", src_vocab_size=40))
+    assert sorted(rezero) == ["decoder.layers.0", "decoder.layers.1", "encoder.layers.0", "encoder.layers.1"]
+    skipinit = learned_scalars(create_model("transformer_tiny", scheme="skipinit", src_vocab_size=40))
+    assert len(skipinit) == 2 * 2 + 2 * 3 and "decoder.layers.1.cross_attn" in skipinit
