@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 import torch
 
 from rescale_tasks.common.cli import run_lightning
@@ -62,6 +63,12 @@ def test_the_big_recipe_sits_over_the_base_one(scheme, tmp_path, monkeypatch):
     kept = [c for c in cli.trainer.checkpoint_callbacks if c._every_n_train_steps]
     assert cli.config.trainer.max_steps == 30000
     assert [(c._every_n_train_steps, c.save_top_k) for c in kept] == [(1000, -1)]
+    # its callbacks list replaces the base recipe's whole: the same list, but for the save interval
+    base, big = (yaml.safe_load((folder / "_defaults.yaml").read_text())["trainer"]["callbacks"]
+                 for folder in (WMT, WMT / "big"))
+    for callback in base + big:
+        callback.get("init_args", {}).pop("every_n_train_steps", None)
+    assert big == base
 
 
 @pytest.mark.parametrize("scheme", ["post_ln", "tfixup"])
