@@ -103,8 +103,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
 __all__ = ["CONV_ONLY_OPTIONS", "FIELD_READERS", "GAIN_INIT_WITHOUT_GAIN", "TRAINING_ONLY_OPTIONS",
-           "TRANSFORMER_ONLY_OPTIONS", "Scheme", "SchemeOptionError", "get_scheme", "list_schemes", "register_scheme",
-           "shown"]
+           "TRANSFORMER_ONLY_OPTIONS", "Scheme", "SchemeOptionError", "definition", "definition_changes", "get_scheme",
+           "list_schemes", "register_scheme", "shown"]
 
 Family = Literal["conv", "transformer"]
 _FAMILIES = typing.get_args(Family)  # the networks a scheme may build: conv networks, Transformers
@@ -492,6 +492,24 @@ def get_scheme(scheme: "str | Scheme", **overrides) -> Scheme:
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise KeyError(f"unknown scheme {scheme!r}.{hint} Known schemes: {', '.join(list_schemes())}")
     return _SCHEMES[scheme].replace(**overrides) if overrides else _SCHEMES[scheme]
+
+
+def definition(scheme: Scheme) -> dict[str, Any]:
+    """Every field of ``scheme`` but ``name`` and ``families``, as JSON holds it (a tuple as a
+    list): the network a run built, which its ``run_summary.json`` records as ``scheme_fields``."""
+    return {f.name: list(value) if isinstance(value := getattr(scheme, f.name), tuple) else value
+            for f in dataclasses.fields(scheme) if f.name not in _IDENTITY}
+
+
+def definition_changes(recorded: dict[str, Any], scheme: Scheme) -> dict[str, tuple[Any, Any]]:
+    """The fields whose value in ``recorded`` (a :func:`definition` written earlier, as JSON read it
+    back) differs from ``scheme``'s: field -> (recorded value, value now). A field ``recorded`` lacks
+    (one added to :class:`Scheme` since) counts at its default, so a new field changes no earlier
+    record unless the scheme sets it off its default (``layer_gain`` of ``rezero``); a recorded
+    field :class:`Scheme` no longer has is left out."""
+    defaults, now = definition(type(scheme)(scheme.name)), definition(scheme)
+    return {key: (recorded.get(key, defaults[key]), value) for key, value in now.items()
+            if recorded.get(key, defaults[key]) != value}
 
 
 _CONV_TF = ("conv", "transformer")

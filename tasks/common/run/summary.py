@@ -6,7 +6,11 @@ says (the studies put it in each grid point's folder). ``rescale compare`` and t
 aggregations read these files wherever the runs ran (this machine, a SLURM array, a sweep
 agent), so they need neither W&B's servers nor its file format.
 
-Contents: the run's identity (project, group, name, network, scheme, ``seed_everything`` (the
+Contents: the run's identity (project, group, name, network, scheme, ``scheme_options``,
+``scheme_fields`` (every field of the scheme the network was built with, after its options, but
+its name and families: the definition it ran, which the scheme's name does not say once the code
+defines the scheme otherwise; read back, a field added to ``Scheme`` since counts at its default;
+absent from a summary written before it was kept), ``seed_everything`` (the
 weights' and random streams' seed) and ``data_seed`` (the data order's, ``data.init_args.seed``;
 both named as in the W&B config; a summary written before had ``seed``, read as
 ``seed_everything``), lr, the adaptive
@@ -43,6 +47,7 @@ import lightning.pytorch as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from rescale_core.schemes import Scheme, definition, definition_changes, get_scheme
 
 from ..checkpoints import LastCheckpoint, preempted_message
 from ..data import DATA_KEY, data_fingerprint, is_skipped, items_in, metric_key, run_metric_key, unit_of
@@ -52,7 +57,8 @@ from ..system import CODE_KEY, code_version, write_atomically
 from ..training import DivergenceMonitor, inside_accumulation_window
 from .outputs import run_directory
 
-__all__ = ["RunSummary", "SUMMARY_FILE", "MalformedSummary", "read_summary", "find_summaries", "higher_is_better"]
+__all__ = ["RunSummary", "SUMMARY_FILE", "MalformedSummary", "read_summary", "find_summaries", "higher_is_better",
+           "scheme_changes", "shown_changes"]
 
 SUMMARY_FILE = "run_summary.json"
 STEP_LOSS = "train/loss_step"  # the training loss every task logs at each step: the curve's values
@@ -279,6 +285,7 @@ class RunSummary(L.Callback):
             "network": hparams.get("network"),
             "scheme": getattr(pl_module, "scheme_name", None) or hparams.get("scheme"),
             "scheme_options": hparams.get("scheme_options") or {},
+            "scheme_fields": _scheme_fields(pl_module),
             "network_options": hparams.get("network_options") or {},
             "num_classes": hparams.get("num_classes"),
             "seed_everything": int(os.environ["PL_GLOBAL_SEED"]) if os.environ.get("PL_GLOBAL_SEED") else None,
@@ -332,6 +339,33 @@ class RunSummary(L.Callback):
             return None
         self._written = True
         return path
+
+
+def _scheme_fields(pl_module: L.LightningModule) -> Optional[dict]:
+    """The fields of the scheme the run's network was built with, after its options
+    (:func:`rescale_core.schemes.definition`); None for a network without one."""
+    scheme = getattr(getattr(pl_module, "net", None), "scheme", None)
+    return definition(scheme) if isinstance(scheme, Scheme) else None
+
+
+def scheme_changes(summary: dict) -> dict[str, tuple[Any, Any]]:
+    """What the definition a run recorded (``scheme_fields``) says otherwise than its scheme's name
+    and ``scheme_options`` give in this code: field -> (recorded, now), as
+    :func:`rescale_core.schemes.definition_changes`. Empty for a summary without the record (written
+    before it was kept) and for a scheme this code does not know or options it refuses."""
+    recorded, name = summary.get("scheme_fields"), summary.get("scheme")
+    if not isinstance(recorded, dict) or not isinstance(name, str):
+        return {}
+    try:
+        now = get_scheme(name, **(summary.get("scheme_options") or {}))
+    except (KeyError, TypeError, ValueError):
+        return {}
+    return definition_changes(recorded, now)
+
+
+def shown_changes(changes: dict[str, tuple[Any, Any]]) -> str:
+    """``layer_gain false (now true)``: the fields :func:`scheme_changes` found, as YAML writes them."""
+    return ", ".join(f"{key} {json.dumps(old)} (now {json.dumps(new)})" for key, (old, new) in sorted(changes.items()))
 
 
 def _epochs(trainer: L.Trainer, status: str) -> int:
@@ -390,7 +424,7 @@ _TEXT = ("name", "project", "group", "run_id", "task", "network", "scheme", "sta
 _NUMBER = ("num_classes", "seed", "seed_everything", "data_seed", "lr", "agc_clip", "agc_eps", "batch_size", "accumulate_grad_batches", "global_batch",
            "world_size", "diverged_step", "steps",
            "epochs", "train_seconds", "samples", "samples_per_second")
-_MAPPING = ("scheme_options", "network_options", CODE_KEY, DATA_KEY)
+_MAPPING = ("scheme_options", "scheme_fields", "network_options", CODE_KEY, DATA_KEY)
 _METRICS = ("final", "best")  # metric name -> number
 
 

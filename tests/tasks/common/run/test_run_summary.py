@@ -9,6 +9,7 @@ import pytest
 from rescale_tasks.cli import main
 from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.common.run import find_summaries, read_summary
+from rescale_tasks.common.run.summary import scheme_changes, shown_changes
 
 
 @pytest.fixture(autouse=True)
@@ -78,14 +79,26 @@ def test_a_diverged_run_says_so(tmp_path, run_config):
 def test_a_run_without_a_logger_trains_and_still_writes_its_summary(tmp_path, run_config):
     """``trainer.logger: false``: the suite's learning-rate monitor stays quiet (Lightning's own
     refuses to start without a logger) and the summary goes to the root folder. The summary
-    records the run's adaptive gradient clipping threshold."""
+    records the run's adaptive gradient clipping threshold, and the definition of the scheme it
+    built (``scheme_fields``: the name alone did not say it once the code defined the scheme
+    otherwise, as ``rezero``'s ``layer_gain``)."""
     config = run_config(tmp_path / "run.yaml", trainer={"default_root_dir": str(tmp_path / "root")},
-                        model={"init_args": {"agc_clip": 0.02}})
+                        model={"init_args": {"agc_clip": 0.02, "scheme_options": {"c": 3.0}}})
     assert main(["fit", "--config", config]) == 0  # TINY_RUN has logger: false
     s = read_summary(str(tmp_path / "root"))
     assert s["status"] == "finished" and s["steps"] == 2 and s["num_classes"] == 10 and s["agc_clip"] == 0.02
     assert (s["agc_eps"], s["agc_clip_classifier"], s["precision"], s["accumulate_grad_batches"]) == (1e-3, False,
                                                                                                     "32-true", 1)
+    fields = s["scheme_fields"]
+    assert (fields["merge"], fields["c"], fields["mean_shift"], fields["conv_dropout_stages"]) == ("rescale", 3.0,
+                                                                                                 True, [3, 4])
+    assert "name" not in fields and scheme_changes(s) == {}
+    del fields["layer_gain"]  # a field added to Scheme after the run, at its default: the same definition
+    assert scheme_changes(s) == {}
+    fields["mean_shift"] = False  # the code defines rescale otherwise since the run
+    assert shown_changes(scheme_changes(s)) == "mean_shift false (now true)"
+    del s["scheme_fields"]  # a summary written before the record: nothing known to differ
+    assert scheme_changes(s) == {}
 
 
 # --- every validation once, at its step, with the value the logger received ---------------------
