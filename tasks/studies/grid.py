@@ -32,6 +32,7 @@ import yaml
 from ..common.cli import CONFIG_FLAGS, flag_values, load_yaml, trainer_defaults, yaml_layers
 from ..common.errors import UserError
 from ..common.run import SUMMARY_FILE, read_summary
+from ..common.run.summary import scheme_changes, shown_changes
 from ..common.system import atomic_open, lock_holder
 
 __all__ = ["GridPoint", "Grid", "PointState", "GRID_FILE", "POINTS_DIR", "LOG_FILE", "OUTCOME_FILE",
@@ -174,10 +175,24 @@ class Grid:
                 f"({', '.join(self.config_files(point))} or a _defaults.yaml above them): put them back as they were, "
                 f"or run the study again with another --out")
 
+    def check_definition(self, point: GridPoint) -> None:
+        """Refuse to reuse ``point`` (done, or resumed) when its run recorded another definition of
+        its scheme than the scheme's name and options give in this code (``run_summary.json``'s
+        ``scheme_fields``): its result is of another network than the study's name says. A
+        summary without the record (written before it was kept) is reused as ever."""
+        summary = self.state(point).summary
+        changes = scheme_changes(summary) if summary is not None else {}
+        if changes:
+            raise UserError(
+                f"{self.study_dir} already holds point {point.name} run under another definition of scheme "
+                f"{summary.get('scheme')} ({shown_changes(changes)}); give the study another --out folder, or "
+                f"delete {self.point_dir(point)} to run it again")
+
     def save(self) -> str:
         """Write ``grid.json`` with each point's :meth:`configs_digest`; refuse when the folder
         holds a point of the same name that ran with other settings (its results would be mixed up
-        with this grid's), an edited config included, or points that ran from another folder."""
+        with this grid's), an edited config or another definition of its scheme included
+        (:meth:`check_definition`), or points that ran from another folder."""
         digests: dict[tuple, str] = {}  # points share configs: read each set of YAML layers once
         for point in self.points:
             if point.config_digest is None:
@@ -204,6 +219,9 @@ class Grid:
                         f"{self.study_dir} already holds point {point.name} run with other settings "
                         f"(configs, their values, seed or overrides differ); give the study another --out "
                         f"folder, or delete {self.point_dir(point)} to run it again")
+        for point in self.points:
+            if os.path.isdir(self.point_dir(point)):
+                self.check_definition(point)
         os.makedirs(self.study_dir, exist_ok=True)
         write_json(self.path, self.to_dict())
         return self.path

@@ -291,6 +291,7 @@ def _cmd_run_point(args, overrides: list[str]) -> int:
         raise UserError("rescale study run-point: give the point's index (or --point=<index>)")
     grid = Grid.load(args.study_dir)
     point = grid.point(key)
+    grid.check_definition(point)
     state = grid.state(point)
     if state.state == "done":
         log.info(f"{point.name}: done ({state.summary.get('status')}), nothing to run")

@@ -22,6 +22,7 @@ import lightning.pytorch as L
 import pytest
 import yaml
 
+from rescale_core.schemes import definition, get_scheme
 from rescale_tasks.cli import main
 import forked
 from wandb_runs import find_offline_runs, read_offline_run
@@ -448,6 +449,32 @@ def test_a_config_edited_after_points_ran_is_refused_a_comment_is_not(tmp_path, 
     assert "already holds point seed0 run with other settings" in error_line()
     config.write_text(text)  # put back: the study goes on
     assert main(study) == 0
+
+
+def test_a_point_run_under_another_definition_of_its_scheme_is_refused_one_without_the_record_is_not(
+        tmp_path, run_config, error_line):
+    """`rezero` came to share one gain per Transformer layer (`layer_gain`) with its configs unchanged:
+    a point whose summary records the definition before was reused as the new network. It is refused
+    in one line, writing the grid again and in `run-point`; a summary without the record (written
+    before it was kept) is reused as ever, and so is one recording the same definition."""
+    config = tiny(run_config, tmp_path / "tiny.yaml")
+    study = ["study", "seeds", "--config", config, "--seeds", "2", "--out", "s", "--engine", "slurm"]
+    assert main(study) == 0
+    older = {**summary("finished", 0.5, 2.0, 0.25, 0), "scheme": "rezero", "scheme_options": {}}
+    fields = definition(get_scheme("rezero"))
+    for i, run in enumerate([older, {**older, "scheme_fields": fields}]):
+        (tmp_path / f"s/points/seed{i}").mkdir(parents=True)
+        (tmp_path / f"s/points/seed{i}/run_summary.json").write_text(json.dumps(run))
+    assert main(study) == 0
+    (tmp_path / "s/points/seed1/run_summary.json").write_text(json.dumps(
+        {**older, "scheme_fields": {**fields, "layer_gain": False}}))
+    refusal = (f"{tmp_path / 's'} already holds point seed1 run under another definition of scheme rezero "
+               f"(layer_gain false (now true)); give the study another --out folder, or delete "
+               f"{tmp_path / 's/points/seed1'} to run it again")
+    assert main(study) == 2
+    assert error_line() == refusal
+    assert main(["study", "run-point", "s", "1"]) == 2
+    assert error_line() == refusal
 
 
 def test_an_overlay_after_the_double_dash_is_one_of_the_configs(tmp_path, run_config, error_line):
