@@ -10,7 +10,11 @@ run keeps its summary in ``wandb/offline-run-*/files``); W&B's own run files are
 (``wandb sync`` uploads offline runs). They are grouped by experiment (the W&B group, e.g.
 ``imagenet-resnet50``; else the network) and, inside one, by variant: the scheme plus its options
 and the training settings that change the method (adaptive gradient clipping: ``nf[agc_clip=0.01]``;
-its ``agc_eps`` and ``agc_clip_classifier`` too where they are not the defaults).
+its ``agc_eps`` and ``agc_clip_classifier`` too where they are not the defaults). A run whose
+summary records another definition of its scheme (``scheme_fields``) than its name and options give
+in this code is named by the options that would build that network now (a ``rezero`` run trained
+before its gain was shared per Transformer layer: ``rezero[layer_gain=False]``), a variant apart
+from the scheme as defined now; a summary without the record counts as the scheme it names.
 Several runs of a variant are seeds, shown as mean +- std (sample std, n-1); runs of one variant
 that differ in another recorded setting (network, network options, learning rate, batch size, the
 data read: run_summary.json's ``data``, unknown in older summaries), in
@@ -55,9 +59,10 @@ from ..common.data import describe_fingerprint, same_data
 from ..common.errors import UserArgumentParser, UserError
 from ..common.reporting import new_figure, wandb_mode
 from ..common.run import MalformedSummary, find_summaries, higher_is_better, read_summary
+from ..common.run.summary import scheme_changes
 from .outputs import StudyOutputs, check_wandb_run
 
-__all__ = ["main", "compare_rows", "mean_std", "variant_of", "experiment_of", "pick_metric", "METRICS",
+__all__ = ["main", "compare_rows", "mean_std", "variant_of", "scheme_options_of", "experiment_of", "pick_metric", "METRICS",
            "latest_segments", "run_identity", "bar_label", "last_k_mean", "last_k_column", "check_last_k"]
 
 log = logging.getLogger(__name__)
@@ -138,13 +143,24 @@ def experiment_of(run: dict) -> str:
     return run.get("group") or run.get("network") or "runs"
 
 
+def scheme_options_of(run: dict) -> dict:
+    """The options that give the run's scheme, in this code, the definition the run recorded
+    (``scheme_fields``): its ``scheme_options``, and each field the code defines otherwise since
+    at the run's value (a ``rezero`` run trained before its gain was shared per Transformer layer:
+    ``{"layer_gain": False}``). A run without the record: its ``scheme_options``."""
+    return {**(run.get("scheme_options") or {}), **{key: old for key, (old, _) in scheme_changes(run).items()}}
+
+
 def variant_of(run: dict) -> str:
     """``rescale``, ``rescale[c=10,gain=vector]``, ``nf[agc_clip=0.01]`` or
     ``nf[agc_clip=0.01,agc_clip_classifier=True]``: the scheme, the options that change it and the
-    training settings that change the method (:data:`METHOD_SETTINGS`)."""
+    training settings that change the method (:data:`METHOD_SETTINGS`). The options are those that
+    build the network the run recorded (:func:`scheme_options_of`): a run of an earlier definition
+    of its scheme is the variant this code would run with them (``rezero[layer_gain=False]``), never
+    a seed of the scheme as the code defines it now."""
     settings = {key: run.get(key) for key in METHOD_SETTINGS
                 if not (key in _AGC_DETAILS and run.get("agc_clip") is None)}
-    options = {**(run.get("scheme_options") or {}),
+    options = {**scheme_options_of(run),
                **{key: value for key, value in settings.items()
                   if value is not None and value != METHOD_SETTINGS[key]}}
     extra = ",".join(f"{k}={options[k]}" for k in sorted(options))
@@ -299,7 +315,7 @@ def _baseline(variants: dict[str, list[dict]], wanted: Optional[str]) -> Optiona
     if wanted:  # the variant so named, else the scheme's first variant with options
         return wanted if wanted in variants else next((v for v in sorted(variants) if v.split("[")[0] == wanted), None)
     normalized = [v for v, runs in variants.items()
-                  if _is_normalized(v.split("[")[0], (runs[0].get("scheme_options") if runs else None))]
+                  if _is_normalized(v.split("[")[0], (scheme_options_of(runs[0]) if runs else None))]
     # bn, gn, post_ln, pre_ln as such, then with options, then any other normalized variant
     rank = {scheme: i for i, scheme in enumerate(BASELINES)}
     return min(normalized, key=lambda v: (rank.get(v.split("[")[0], len(BASELINES)), "[" in v, v), default=None)

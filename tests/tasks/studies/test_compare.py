@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from rescale_core.schemes import definition, get_scheme
 from rescale_tasks.cli import main
 from rescale_tasks.studies.compare import mean_std
 
@@ -20,8 +21,9 @@ def _in_tmp(tmp_path, monkeypatch):
 def write_run(folder: Path, group: str, scheme: str, acc: float | None, speed: float, loss: float,
               seed: int, status: str = "finished", **extra) -> None:
     folder.mkdir(parents=True)
+    options = extra.pop("scheme_options", {})
     summary = {"name": f"{scheme}-{seed}", "group": group, "network": "resnet50", "scheme": scheme,
-               "scheme_options": {}, "seed": seed, "status": status, "samples_per_second": speed,
+               "scheme_options": options, "seed": seed, "status": status, "samples_per_second": speed,
                "final": {"train/loss_epoch": loss, "val/acc1": acc if acc is not None else "nan"},
                "best": {"val/acc1": acc} if acc is not None else {},
                "curves": {"train/loss": [[1, 2.3], [2, loss]], "val/acc1": [[0, acc or 0.1]]}, **extra}
@@ -253,6 +255,27 @@ def test_agc_runs_that_clip_otherwise_are_variants_of_their_own(tmp_path, capsys
     assert rows == {"bn": ("1", "0.97"), "nf": ("1", "0.8"), "nf[agc_clip=0.01]": ("1", "0.9"),
                     "nf[agc_clip=0.01,agc_clip_classifier=True]": ("1", "0.5"),
                     "nf[agc_clip=0.01,agc_eps=0.1]": ("1", "0.6")}
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_runs_of_two_definitions_of_one_scheme_are_not_pooled_as_its_seeds(tmp_path, capsys):
+    """`rezero` came to share one gain per Transformer layer (`layer_gain`): a run recording the
+    definition before was averaged with the new ones as one scheme. It is the variant the options
+    that build its network now name (`rezero[layer_gain=False]`), pooled with the runs given that
+    option; a summary without the record counts as the scheme it names, as before."""
+    root = tmp_path / "runs"
+    now = definition(get_scheme("rezero"))
+    write_run(root / "bn", "wmt", "bn", 0.97, 20.0, 0.05, 0)
+    write_run(root / "new", "wmt", "rezero", 0.90, 10.0, 0.1, 0, scheme_fields=now)
+    write_run(root / "unrecorded", "wmt", "rezero", 0.80, 10.0, 0.1, 1)
+    write_run(root / "old", "wmt", "rezero", 0.50, 10.0, 0.1, 0, scheme_fields={**now, "layer_gain": False})
+    write_run(root / "option", "wmt", "rezero", 0.60, 10.0, 0.1, 1, scheme_options={"layer_gain": False},
+              scheme_fields={**now, "layer_gain": False})
+    assert main(["compare", str(root), "--out", "cmp"]) == 0
+    with open(tmp_path / "cmp/compare.csv") as f:
+        rows = {r["variant"]: (r["runs"], r["mean"]) for r in csv.DictReader(f)}
+    assert rows == {"bn": ("1", "0.97"), "rezero": ("2", str((0.90 + 0.80) / 2)),
+                    "rezero[layer_gain=False]": ("2", str((0.50 + 0.60) / 2))}
     assert "warning" not in capsys.readouterr().err
 
 
