@@ -31,6 +31,7 @@ def aggregate(grid: Grid, out: Optional[str] = None, metric: Optional[str] = Non
     metric = metric or settings.get("metric")
     last_k = last_k or settings.get("last_k")  # the study's --last_k, unless given again
     check_last_k(last_k, metric)
+    grid.check_one_definition()  # before anything is written
     margin = float(settings.get("learn_margin", 0.05))
     outputs = StudyOutputs(out or grid.study_dir)
     rows, metric = point_rows(grid, metric, margin, last_k)

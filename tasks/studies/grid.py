@@ -43,6 +43,7 @@ POINTS_DIR = "points"
 LOG_FILE = "log.txt"
 OUTCOME_FILE = "outcome.json"
 DONE = ("finished", "diverged")
+_NOW = "as the code defines it now"  # a recorded scheme definition that scheme_changes finds unchanged
 _NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.+=")
 
 
@@ -187,6 +188,30 @@ class Grid:
                 f"{self.study_dir} already holds point {point.name} run under another definition of scheme "
                 f"{summary.get('scheme')} ({shown_changes(changes)}); give the study another --out folder, or "
                 f"delete {self.point_dir(point)} to run it again")
+
+    def check_one_definition(self) -> None:
+        """Refuse to tabulate the done points of one scheme (name and options) whose runs recorded
+        different definitions of it (``scheme_fields``: some ran before the code defined it
+        otherwise, others after): the tables would average two networks under one name. A summary
+        without the record is left alone, as when the grid is written."""
+        found: dict[str, dict[str, list[str]]] = {}
+        for point in self.points:
+            state = self.state(point)
+            summary = state.summary or {}
+            if state.state != "done" or not isinstance(summary.get("scheme_fields"), dict):
+                continue
+            scheme = json.dumps([summary.get("scheme"), summary.get("scheme_options") or {}], default=str)
+            what = shown_changes(scheme_changes(summary)) or _NOW
+            found.setdefault(scheme, {}).setdefault(what, []).append(point.name)
+        for scheme, definitions in found.items():
+            if len(definitions) > 1:
+                listed = "; ".join(f"{what}: {', '.join(names)}" for what, names in definitions.items())
+                earlier = [name for what, names in definitions.items() if what != _NOW for name in names]
+                raise UserError(
+                    f"{self.study_dir}: its points of scheme {json.loads(scheme)[0]} ran under {len(definitions)} "
+                    f"definitions of it ({listed}), which its tables would average as one; delete the points of "
+                    f"the earlier ones from {os.path.join(self.study_dir, POINTS_DIR)} ({', '.join(earlier)}) and "
+                    f"run the study again")
 
     def save(self) -> str:
         """Write ``grid.json`` with each point's :meth:`configs_digest`; refuse when the folder

@@ -477,6 +477,29 @@ def test_a_point_run_under_another_definition_of_its_scheme_is_refused_one_witho
     assert error_line() == refusal
 
 
+def test_points_of_one_scheme_run_under_two_definitions_of_it_are_not_tabulated_as_one(tmp_path, run_config,
+                                                                                        error_line):
+    """A seed run before `rezero` shared its gain per Transformer layer and one run after were
+    averaged as one scheme by `study aggregate`: refused in one line naming the earlier points,
+    before anything is written; a point without the record is left alone, as when reused."""
+    config = tiny(run_config, tmp_path / "tiny.yaml")
+    assert main(["study", "seeds", "--config", config, "--seeds", "3", "--out", "s", "--engine", "slurm"]) == 0
+    now = definition(get_scheme("rezero"))
+    runs = [{"scheme_fields": {**now, "layer_gain": False}}, {"scheme_fields": now}, {}]
+    for i, extra in enumerate(runs):
+        (tmp_path / f"s/points/seed{i}").mkdir(parents=True)
+        (tmp_path / f"s/points/seed{i}/run_summary.json").write_text(json.dumps(
+            {**summary("finished", 0.5, 2.0, 0.25, i), "scheme": "rezero", "scheme_options": {}, **extra}))
+    assert main(["study", "aggregate", "s"]) == 2
+    assert error_line() == (
+        f"{tmp_path / 's'}: its points of scheme rezero ran under 2 definitions of it (layer_gain false (now true): "
+        f"seed0; as the code defines it now: seed1), which its tables would average as one; delete the points of "
+        f"the earlier ones from {tmp_path / 's/points'} (seed0) and run the study again")
+    assert not (tmp_path / "s/seeds.csv").exists()
+    (tmp_path / "s/points/seed0/run_summary.json").unlink()
+    assert main(["study", "aggregate", "s"]) == 0
+
+
 def test_an_overlay_after_the_double_dash_is_one_of_the_configs(tmp_path, run_config, error_line):
     """`-- --config overlay.yaml` applies a config to every point as --config does: an edited value in
     it is refused as one in the configs (the points that ran read the old value), and the logger it
