@@ -501,15 +501,19 @@ def definition(scheme: Scheme) -> dict[str, Any]:
             for f in dataclasses.fields(scheme) if f.name not in _IDENTITY}
 
 
-def definition_changes(recorded: dict[str, Any], scheme: Scheme) -> dict[str, tuple[Any, Any]]:
+def definition_changes(recorded: dict[str, Any], scheme: Scheme,
+                       family: Optional[str] = None) -> dict[str, tuple[Any, Any]]:
     """The fields whose value in ``recorded`` (a :func:`definition` written earlier, as JSON read it
     back) differs from ``scheme``'s: field -> (recorded value, value now). A field ``recorded`` lacks
     (one added to :class:`Scheme` since) counts at its default, so a new field changes no earlier
     record unless the scheme sets it off its default (``layer_gain`` of ``rezero``); a recorded
-    field :class:`Scheme` no longer has is left out."""
+    field :class:`Scheme` no longer has is left out. ``family`` (``conv`` or ``transformer``: the
+    network the record is of): only the fields it reads (:data:`FIELD_READERS`), so that
+    ``rezero``'s ``layer_gain`` leaves its conv networks as they were."""
     defaults, now = definition(type(scheme)(scheme.name)), definition(scheme)
     return {key: (recorded.get(key, defaults[key]), value) for key, value in now.items()
-            if recorded.get(key, defaults[key]) != value}
+            if recorded.get(key, defaults[key]) != value
+            and (family is None or family in FIELD_READERS.get(key, _BOTH))}
 
 
 _CONV_TF = ("conv", "transformer")

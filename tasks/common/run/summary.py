@@ -47,6 +47,7 @@ import lightning.pytorch as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from rescale_core.registry import model_entry
 from rescale_core.schemes import Scheme, definition, definition_changes, get_scheme
 
 from ..checkpoints import LastCheckpoint, preempted_message
@@ -351,8 +352,10 @@ def _scheme_fields(pl_module: L.LightningModule) -> Optional[dict]:
 def scheme_changes(summary: dict) -> dict[str, tuple[Any, Any]]:
     """What the definition a run recorded (``scheme_fields``) says otherwise than its scheme's name
     and ``scheme_options`` give in this code: field -> (recorded, now), as
-    :func:`rescale_core.schemes.definition_changes`. Empty for a summary without the record (written
-    before it was kept) and for a scheme this code does not know or options it refuses."""
+    :func:`rescale_core.schemes.definition_changes`, of the fields its network reads (a registered
+    Transformer's or a conv network's; every field for a network this code does not know). Empty for
+    a summary without the record (written before it was kept) and for a scheme this code does not
+    know or options it refuses."""
     recorded, name = summary.get("scheme_fields"), summary.get("scheme")
     if not isinstance(recorded, dict) or not isinstance(name, str):
         return {}
@@ -360,7 +363,16 @@ def scheme_changes(summary: dict) -> dict[str, tuple[Any, Any]]:
         now = get_scheme(name, **(summary.get("scheme_options") or {}))
     except (KeyError, TypeError, ValueError):
         return {}
-    return definition_changes(recorded, now)
+    return definition_changes(recorded, now, _family(summary.get("network")))
+
+
+def _family(network: Any) -> Optional[str]:
+    """``transformer`` or ``conv``: the scheme fields a registered network reads
+    (:data:`rescale_core.schemes.FIELD_READERS`); None for a network this code does not know."""
+    try:
+        return "transformer" if model_entry(str(network)).family == "transformer" else "conv"
+    except KeyError:
+        return None
 
 
 def shown_changes(changes: dict[str, tuple[Any, Any]]) -> str:

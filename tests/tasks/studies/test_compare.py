@@ -263,19 +263,25 @@ def test_runs_of_two_definitions_of_one_scheme_are_not_pooled_as_its_seeds(tmp_p
     definition before was averaged with the new ones as one scheme. It is the variant the options
     that build its network now name (`rezero[layer_gain=False]`), pooled with the runs given that
     option; a summary without the record counts as the scheme it names, as before."""
-    root = tmp_path / "runs"
-    now = definition(get_scheme("rezero"))
-    write_run(root / "bn", "wmt", "bn", 0.97, 20.0, 0.05, 0)
-    write_run(root / "new", "wmt", "rezero", 0.90, 10.0, 0.1, 0, scheme_fields=now)
-    write_run(root / "unrecorded", "wmt", "rezero", 0.80, 10.0, 0.1, 1)
-    write_run(root / "old", "wmt", "rezero", 0.50, 10.0, 0.1, 0, scheme_fields={**now, "layer_gain": False})
+    root, now = tmp_path / "runs", definition(get_scheme("rezero"))
+    old = {**now, "layer_gain": False}
+    tiny = {"network": "transformer_tiny"}
+    write_run(root / "post_ln", "wmt", "post_ln", 0.97, 20.0, 0.05, 0, **tiny)
+    write_run(root / "new", "wmt", "rezero", 0.90, 10.0, 0.1, 0, scheme_fields=now, **tiny)
+    write_run(root / "unrecorded", "wmt", "rezero", 0.80, 10.0, 0.1, 1, **tiny)
+    write_run(root / "old", "wmt", "rezero", 0.50, 10.0, 0.1, 0, scheme_fields=old, **tiny)
     write_run(root / "option", "wmt", "rezero", 0.60, 10.0, 0.1, 1, scheme_options={"layer_gain": False},
-              scheme_fields={**now, "layer_gain": False})
+              scheme_fields=old, **tiny)
+    # a conv network reads no layer_gain: the same network before and after, one variant
+    write_run(root / "conv_old", "cifar", "rezero", 0.70, 10.0, 0.1, 0, scheme_fields=old)
+    write_run(root / "conv_new", "cifar", "rezero", 0.72, 10.0, 0.1, 1, scheme_fields=now)
+    write_run(root / "conv_bn", "cifar", "bn", 0.75, 10.0, 0.1, 0)
     assert main(["compare", str(root), "--out", "cmp"]) == 0
     with open(tmp_path / "cmp/compare.csv") as f:
-        rows = {r["variant"]: (r["runs"], r["mean"]) for r in csv.DictReader(f)}
-    assert rows == {"bn": ("1", "0.97"), "rezero": ("2", str((0.90 + 0.80) / 2)),
-                    "rezero[layer_gain=False]": ("2", str((0.50 + 0.60) / 2))}
+        rows = {(r["experiment"], r["variant"]): (r["runs"], r["mean"]) for r in csv.DictReader(f)}
+    assert rows == {("wmt", "post_ln"): ("1", "0.97"), ("wmt", "rezero"): ("2", str((0.90 + 0.80) / 2)),
+                    ("wmt", "rezero[layer_gain=False]"): ("2", str((0.50 + 0.60) / 2)),
+                    ("cifar", "bn"): ("1", "0.75"), ("cifar", "rezero"): ("2", str((0.70 + 0.72) / 2))}
     assert "warning" not in capsys.readouterr().err
 
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from rescale_core.schemes import definition, get_scheme
 from rescale_tasks.cli import main
 from wandb_runs import find_offline_runs, read_offline_run
 from rescale_tasks.common.run import find_summaries, read_summary
@@ -99,6 +100,11 @@ def test_a_run_without_a_logger_trains_and_still_writes_its_summary(tmp_path, ru
     assert shown_changes(scheme_changes(s)) == "mean_shift false (now true)"
     del s["scheme_fields"]  # a summary written before the record: nothing known to differ
     assert scheme_changes(s) == {}
+    # rezero before its gain was shared per Transformer layer: a conv network reads no layer_gain
+    s.update(scheme="rezero", scheme_options={}, scheme_fields={**definition(get_scheme("rezero")),
+                                                                "layer_gain": False})
+    assert scheme_changes(s) == {} and scheme_changes({**s, "network": "transformer_tiny"}) == {
+        "layer_gain": (False, True)}
 
 
 # --- every validation once, at its step, with the value the logger received ---------------------
