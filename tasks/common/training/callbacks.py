@@ -140,7 +140,9 @@ class DivergenceMonitor(L.Callback):
                         f"{what} is not finite; scheme={scheme}, lr={lr:.4g}. Likely cause: learning rate too "
                         f"high for this scheme/depth, or a scheme without normalisation at a depth it cannot train "
                         f"(see the scheme's init); lower --model.init_args.optimizer.init_args.lr or add warm-up.")
-        for logger in trainer.loggers:
+        # rank 0's loggers only: on the other ranks a logger's experiment is Lightning's stand-in,
+        # whose summary is no mapping (every rank gets here, at the same step)
+        for logger in trainer.loggers if trainer.is_global_zero else ():
             # at the row of the last step trained (Lightning logs optimizer step k's values at k - 1)
             logger.log_metrics({"diverged": 1.0}, step=max(trainer.global_step - 1, 0))
             experiment = getattr(logger, "experiment", None)

@@ -4,6 +4,7 @@ and end to end through `rescale fit`: one `error: training diverged at step N ..
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 from pathlib import Path
 
@@ -159,3 +160,26 @@ def test_cli_run_that_diverges(tmp_path, monkeypatch, capsys, run_config, suite_
     # the stop leaves unlogged), never past it (rescale compare --wandb_project counts steps from the rows)
     assert [row["trainer/global_step"] for row in run.history if "diverged" in row] == [step]
     assert max(row["trainer/global_step"] for row in run.history) == step
+
+
+@pytest.mark.ddp
+def test_a_run_that_diverges_under_ddp_stops_on_every_rank_and_writes_its_summary(tmp_path, run_config,
+                                                                                 rescale_processes):
+    """Two processes (gloo) with a logger, ``divergence.raise_error false`` (the studies'): both ranks
+    read the divergence at the same step and stop; rank 1 wrote the W&B/CSV summary of Lightning's
+    stand-in for a logger there (no mapping), crashed with a traceback, and the run left no
+    ``run_summary.json``. Now the run ends as one that finished, its summary saying ``diverged``."""
+    config = run_config(tmp_path / "diverges.yaml",
+                        model={"init_args": {"scheme": "none", "optimizer": {
+                            "class_path": "torch.optim.SGD", "init_args": {"lr": 1000.0, "momentum": 0.9}}}},
+                        trainer={"limit_train_batches": 4, "limit_val_batches": 0, "log_every_n_steps": 1,
+                                 "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
+                                            "init_args": {"save_dir": str(tmp_path / "csv"), "version": "v"}}})
+    summary = tmp_path / "run_summary.json"
+    done = rescale_processes(["fit", "--config", config, "--divergence.raise_error", "false",
+                              "--run_summary.path", str(summary)], 2)
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    s = json.loads(summary.read_text())
+    assert s["status"] == "diverged" and s["world_size"] == 2 and 1 <= s["diverged_step"] < 4, s
+    (rows,) = (tmp_path / "csv").rglob("metrics.csv")
+    assert "diverged" in rows.read_text().splitlines()[0]  # rank 0's logger got the flag
