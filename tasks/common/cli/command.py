@@ -35,7 +35,10 @@ def run_command(command: Callable[[], int | None]) -> int:
     except (UserError, TrainingDiverged) as err:
         if os.environ.get("RESCALE_TRACEBACK", "") not in ("", "0"):  # the error behind the line
             traceback.print_exception(getattr(err, "original", None) or err, file=sys.stderr)
-        log.error("error: %s", err)
+        if isinstance(err, TrainingDiverged):  # every process read it at the same step: one line for the run
+            rank_zero_log(log, logging.ERROR, f"error: {err}")
+        else:
+            log.error("error: %s", err)
         return getattr(err, "exit_code", 1)
     except SIGTERMException as err:  # a stop signal while training (checkpoints.callbacks.LastCheckpoint)
         # every process stopped at the same step: one line for the run

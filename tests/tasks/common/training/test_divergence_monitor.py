@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 from pathlib import Path
 
 import lightning.pytorch as L
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import forked
 from rescale_tasks.cli import main
 from rescale_tasks.common.errors import ConfigError
 from wandb_runs import find_offline_runs, read_offline_run
@@ -162,6 +164,11 @@ def test_cli_run_that_diverges(tmp_path, monkeypatch, capsys, run_config, suite_
     assert max(row["trainer/global_step"] for row in run.history) == step
 
 
+# no normalisation and lr 1000: diverges within a few steps
+_DIVERGING = {"scheme": "none", "optimizer": {"class_path": "torch.optim.SGD",
+                                             "init_args": {"lr": 1000.0, "momentum": 0.9}}}
+
+
 @pytest.mark.ddp
 def test_a_run_that_diverges_under_ddp_stops_on_every_rank_and_writes_its_summary(tmp_path, run_config,
                                                                                  rescale_processes):
@@ -170,8 +177,7 @@ def test_a_run_that_diverges_under_ddp_stops_on_every_rank_and_writes_its_summar
     stand-in for a logger there (no mapping), crashed with a traceback, and the run left no
     ``run_summary.json``. Now the run ends as one that finished, its summary saying ``diverged``."""
     config = run_config(tmp_path / "diverges.yaml",
-                        model={"init_args": {"scheme": "none", "optimizer": {
-                            "class_path": "torch.optim.SGD", "init_args": {"lr": 1000.0, "momentum": 0.9}}}},
+                        model={"init_args": _DIVERGING},
                         trainer={"limit_train_batches": 4, "limit_val_batches": 0, "log_every_n_steps": 1,
                                  "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
                                             "init_args": {"save_dir": str(tmp_path / "csv"), "version": "v"}}})
@@ -183,3 +189,19 @@ def test_a_run_that_diverges_under_ddp_stops_on_every_rank_and_writes_its_summar
     assert s["status"] == "diverged" and s["world_size"] == 2 and 1 <= s["diverged_step"] < 4, s
     (rows,) = (tmp_path / "csv").rglob("metrics.csv")
     assert "diverged" in rows.read_text().splitlines()[0]  # rank 0's logger got the flag
+
+
+@pytest.mark.ddp
+def test_a_run_that_diverges_under_ddp_says_so_in_one_line(tmp_path, run_config):
+    """``divergence.raise_error`` (the default) with two processes: both stop at the same step with
+    ``TrainingDiverged``, and the run's stderr (the ranks' together, as a job's log has them) holds
+    its line once, not once per process."""
+    config = run_config(tmp_path / "diverges.yaml", model={"init_args": _DIVERGING},
+                        trainer={"limit_train_batches": 4, "limit_val_batches": 0,
+                                 "default_root_dir": str(tmp_path / "run")})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = forked.ddp_run("rescale_tasks.cli", ["fit", "--config", config, "--trainer.devices", "2",
+                                                "--trainer.strategy", "ddp"], 2, env=env, timeout=300)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert lines[0].startswith("error: training diverged at step ")
