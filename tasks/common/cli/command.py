@@ -35,8 +35,7 @@ def run_command(command: Callable[[], int | None]) -> int:
     except (UserError, TrainingDiverged) as err:
         if os.environ.get("RESCALE_TRACEBACK", "") not in ("", "0"):  # the error behind the line
             traceback.print_exception(getattr(err, "original", None) or err, file=sys.stderr)
-        # raised by every process together (a divergence read at the same step): one line for the run
-        if isinstance(err, TrainingDiverged) or getattr(err, "every_process", False):
+        if isinstance(err, TrainingDiverged):  # every process read it at the same step: one line for the run
             rank_zero_log(log, logging.ERROR, f"error: {err}")
         else:
             log.error("error: %s", err)

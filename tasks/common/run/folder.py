@@ -37,7 +37,6 @@ import warnings
 from typing import Iterator, Optional
 
 import lightning.pytorch as L
-import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.loggers import CSVLogger
@@ -47,7 +46,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from ..checkpoints import (LAST_NAME, checkpoint_exists, checkpoint_folder, is_remote, logger_folder, peek_checkpoint,
                            require_restorable, safe_load)
 from ..errors import UserError
-from ..system import LOCK_FILE, folder_lock, max_over_ranks, require_writable
+from ..system import LOCK_FILE, folder_lock, require_writable
 from .summary import RunSummary, read_summary
 
 __all__ = ["run_folder", "claim_run_folder", "resume_point", "refuse_starting_over", "evaluation_checkpoint",
@@ -80,69 +79,18 @@ def claim_run_folder(trainer: L.Trainer) -> Iterator[Optional[str]]:
     without a logger has no run id: its checkpoint folder (``<default_root_dir>/checkpoints``)
     is what two runs must not share, and is locked instead."""
     folder = run_folder(trainer)
-    told = _ranks_started_outside(trainer)
     if rank_zero_only.rank != 0:
-        if told and max_over_ranks(0):
-            raise _RankZeroRefused("rank 0 of this run was refused its run folder")
         yield folder
         return
-    with contextlib.ExitStack() as held:
-        with _telling_other_ranks(told):
-            held.enter_context(_claim(trainer, folder))
-        yield folder
-
-
-class _RankZeroRefused(UserError):
-    """Rank 0 was refused the run folder and said why in its line; the other ranks stop quietly."""
-
-    every_process = True  # its line once, from rank 0 (:mod:`..cli.command`)
-
-
-def _ranks_started_outside(trainer: L.Trainer) -> bool:
-    """Whether this run's processes were started outside Lightning (``torchrun``, SLURM's ``srun``),
-    so that every rank runs the command up to ``fit``, and rank 0 alone holds the run's lock: the
-    ranks' process group is set up now (as ``fit`` would, which then finds it ready), so that a
-    rank 0 refused the folder can stop the others. Lightning's own launcher starts the other ranks
-    once ``fit`` begins, after the lock is settled."""
-    environment = getattr(trainer.strategy, "cluster_environment", None)
-    setup = getattr(trainer.strategy, "setup_distributed", None)
-    if trainer.world_size < 2 or environment is None or not environment.creates_processes_externally \
-            or setup is None:
-        return False
-    if not torch.distributed.is_initialized():
-        setup()
-    return True
-
-
-@contextlib.contextmanager
-def _telling_other_ranks(told: bool) -> Iterator[None]:
-    """Rank 0's lock taken (or refused) in the block; with ranks started outside Lightning, whether it
-    was refused goes to every rank (:func:`max_over_ranks`), which all stop with it rather than wait
-    in ``fit`` for a rank 0 that is gone."""
-    try:
-        yield
-    except BaseException:
-        if told:
-            max_over_ranks(1)
-        raise
-    if told:
-        max_over_ranks(0)
-
-
-def _claim(trainer: L.Trainer, folder: Optional[str]) -> contextlib.AbstractContextManager:
-    """The lock rank 0 holds while the run trains (see :func:`claim_run_folder`), not yet entered."""
     if folder is not None:
-        return folder_lock(folder, "run folder", "one process at a time trains a run id: wait until that one ends, "
-                                                 "or give this run another id (--trainer.logger.init_args.id)",
-                           "give trainer.logger.init_args.save_dir a folder you can write")
-    return _checkpoint_folder_lock(trainer)
-
-
-@contextlib.contextmanager
-def _checkpoint_folder_lock(trainer: L.Trainer) -> Iterator[None]:
+        with folder_lock(folder, "run folder", "one process at a time trains a run id: wait until that one ends, "
+                                               "or give this run another id (--trainer.logger.init_args.id)",
+                         "give trainer.logger.init_args.save_dir a folder you can write"):
+            yield folder
+        return
     checkpoints = checkpoint_folder(trainer)
     if trainer.loggers or is_remote(checkpoints):
-        yield
+        yield folder
         return
     fresh = not os.path.isdir(checkpoints) or set(os.listdir(checkpoints)) <= {LOCK_FILE}
     with folder_lock(checkpoints, "checkpoint folder", "one process at a time trains into a checkpoint folder: "
@@ -153,7 +101,7 @@ def _checkpoint_folder_lock(trainer: L.Trainer) -> Iterator[None]:
         if fresh:  # it holds the lock alone: no other run's checkpoints for Lightning to warn about
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty",
                                     category=UserWarning)
-        yield
+        yield folder
 
 
 def _last_of(trainer: L.Trainer) -> str:

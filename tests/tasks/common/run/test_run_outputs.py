@@ -240,27 +240,6 @@ def test_a_run_without_a_logger_is_refused_while_another_trains_into_its_checkpo
     assert not [w for w in recwarn if "exists and is not empty" in str(w.message)]
 
 
-@pytest.mark.ddp
-def test_ranks_started_outside_lightning_all_stop_when_rank_0_is_refused_the_run_folder(tmp_path, run_config):
-    """Two ranks started as ``torchrun`` or SLURM's ``srun`` start them, each running the command, while
-    another process trains into the same folder: rank 0 (which alone takes the lock) was refused in
-    one line and the other rank went on into ``fit`` and waited there for it (until the process
-    group's 30-minute timeout). Now both stop at once, with the one line and nothing written."""
-    import forked
-    from rescale_tasks.common.system import folder_lock
-
-    config = run_config(tmp_path / "run.yaml", trainer={"limit_val_batches": 0, "num_sanity_val_steps": 0,
-                                                        "default_root_dir": str(tmp_path / "run")})
-    with folder_lock(str(tmp_path / "run" / "checkpoints"), "checkpoint folder"):
-        done = forked.ddp_run("rescale_tasks.cli", ["fit", "--config", config, "--trainer.devices", "2",
-                                                    "--trainer.strategy", "ddp"], 2,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=60)
-    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert lines[0].startswith(f"error: checkpoint folder {tmp_path / 'run' / 'checkpoints'} is in use by pid ")
-    assert sorted(p.name for p in (tmp_path / "run").rglob("*")) == [".lock", "checkpoints"]
-
-
 def test_a_run_without_a_logger_after_one_that_diverged_in_its_folder_is_refused_not_written_over(tmp_path, run_config,
                                                                                                   error_line):
     """No logger: one after the other in one ``default_root_dir``. The first diverges at its first
