@@ -307,7 +307,10 @@ def test_dyt_puts_the_pointwise_layer_where_bn_has_batchnorm(name, kwargs):
 
 
 TRANSFORMER_ONLY_VALUES = {"norm_position": {"norm_position": "pre"}, "norm_alpha_attention": {"norm_alpha_attention": 0.3},
-                           "norm_alpha_ffn": {"norm_alpha_ffn": 0.3}, "norm_alpha_final": {"norm_alpha_final": 0.3}}
+                           "norm_alpha_ffn": {"norm_alpha_ffn": 0.3}, "norm_alpha_final": {"norm_alpha_final": 0.3},
+                           "layer_gain": {"layer_gain": True}}
+#: the scheme each option is tried on: one whose network the option would change if a ResNet read it
+TRANSFORMER_ONLY_BASE = {"layer_gain": "skipinit"}
 
 
 def test_options_only_transformers_read_change_no_resnet_and_are_refused(monkeypatch):
@@ -326,7 +329,8 @@ def test_options_only_transformers_read_change_no_resnet_and_are_refused(monkeyp
         return rescale_core.create_model("cifar_resnet", depth=8, scheme=scheme, scheme_options=options,
                                          num_classes=3).eval()
 
-    for scheme, option in [("dyt", option) for option in TRANSFORMER_ONLY_VALUES] + [("nf", "norm_position")]:
+    for scheme, option in ([(TRANSFORMER_ONLY_BASE.get(option, "dyt"), option) for option in TRANSFORMER_ONLY_VALUES]
+                           + [("nf", "norm_position")]):
         with pytest.raises(SchemeOptionError, match=f"^scheme_options.{option}: .* is not an option of a conv "
                                                     "network") as refused:
             built(scheme, TRANSFORMER_ONLY_VALUES[option])
@@ -334,9 +338,9 @@ def test_options_only_transformers_read_change_no_resnet_and_are_refused(monkeyp
     with monkeypatch.context() as lifted:
         for option in TRANSFORMER_ONLY_OPTIONS:
             lifted.setitem(schemes.FIELD_READERS, option, frozenset({"conv", "transformer"}))
-        plain = built("dyt", None)
         for option, values in TRANSFORMER_ONLY_VALUES.items():
-            other = built("dyt", values)
+            plain = built(TRANSFORMER_ONLY_BASE.get(option, "dyt"), None)
+            other = built(TRANSFORMER_ONLY_BASE.get(option, "dyt"), values)
             assert all(torch.equal(v, other.state_dict()[k]) for k, v in plain.state_dict().items()), option
             assert torch.equal(plain(x), other(x)), option
     assert built("dyt", {"norm_alpha": 0.3})  # DyT's alpha of a conv network
