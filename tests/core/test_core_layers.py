@@ -190,7 +190,8 @@ def test_no_device_sync_in_forward_once_measured_cuda():
     model = rescale_core.create_model("resnet18", scheme="rescale", base_width=8, num_classes=3,
                                       scheme_options={"measure_batches": 1}).cuda().train()
     x = torch.randn(2, 3, 32, 32, device="cuda")
-    model(x)
+    model(x)  # the measuring forward runs the reference path
+    model(x)  # the first planned forward builds the plan's cached constants (a copy to the device, once)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
